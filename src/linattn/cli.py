@@ -1,0 +1,56 @@
+"""The `linattn` command: every experiment, report and benchmark is one subcommand.
+
+Each subcommand lives in its own module, which defines
+
+    configure(parser: argparse.ArgumentParser) -> None   # adds the subcommand's options
+    run(args: argparse.Namespace) -> int                  # does the work, returns the exit status
+
+and is listed once in ``COMMANDS`` below. Bad input (a ``ValueError`` or ``TypeError`` raised by the
+library) ends the command with a one-line message naming the problem and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> module that implements it; the module's docstring's first line is the help text.
+COMMANDS: dict[str, str] = {
+    "verify": "linattn.experiments.verify",
+    "table1": "linattn.experiments.table1",
+    "costs": "linattn.experiments.costs",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one subparser per entry of ``COMMANDS``."""
+    parser = argparse.ArgumentParser(
+        prog="linattn",
+        description="Attention as matrix algebra: recompute the spec's checks, tables and figures.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        summary = (module.__doc__ or name).strip().splitlines()[0]
+        command = sub.add_parser(name, help=summary, description=module.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.configure(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.run(args) or 0)
+    except (ValueError, TypeError) as error:
+        print(f"linattn {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

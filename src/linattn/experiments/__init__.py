@@ -1,0 +1,1 @@
+"""One module per check, table or figure of the spec, plus benchmarks; each is a `linattn` command."""

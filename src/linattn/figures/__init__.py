@@ -1,0 +1,1 @@
+"""Figures rendered from the experiments' computed numbers (matplotlib)."""
