@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from linattn.experiments._args import int_list, nonnegative_int, positive_int
 from linattn.reference import recall_errors, recall_theory
-from linattn.reference._checks import as_positive_int
+from linattn.reference._checks import aspositive_int
 
 COLUMNS = (
     ("additive", "Additive"),
@@ -38,10 +39,10 @@ def compute_table1(
 
     ``progress`` shows a tqdm bar on stderr (after one second, and only on a terminal).
     """
-    r, repetitions = as_positive_int("r", r), as_positive_int("repetitions", repetitions)
+    r, repetitions = aspositive_int("r", r), aspositive_int("repetitions", repetitions)
     if isinstance(ns, (str, bytes)) or not isinstance(ns, Sequence) or len(ns) == 0:
         raise ValueError(f"ns must be a non-empty sequence of integers >= 1, got {ns!r}")
-    ns = [as_positive_int("ns", n) for n in ns]
+    ns = [aspositive_int("ns", n) for n in ns]
     bar = tqdm(
         total=len(ns) * repetitions,
         desc="Table 1",
@@ -83,47 +84,15 @@ def table1_markdown(rows: list[dict[str, float]], r: int = 32, repetitions: int 
     return "\n".join(lines)
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    """An argparse type: an integer >= 0 (a seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _int_list(text: str) -> list[int]:
-    """An argparse type: a comma-separated list of integers >= 1, such as 8,16,32."""
-    parts = [part.strip() for part in text.split(",")]
-    if not text.strip() or any(not part for part in parts):
-        raise argparse.ArgumentTypeError(
-            f"expected integers >= 1 separated by commas, got {text!r}"
-        )
-    return [_positive_int(part) for part in parts]
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``linattn table1``."""
-    parser.add_argument("--r", type=_positive_int, default=32, help="key and value dimension r = d")
+    parser.add_argument("--r", type=positive_int, default=32, help="key and value dimension r = d")
     parser.add_argument(
-        "--ns", type=_int_list, default=[8, 16, 32, 64, 128], help="pairs stored, e.g. 8,16,32"
+        "--ns", type=int_list, default=[8, 16, 32, 64, 128], help="pairs stored, e.g. 8,16,32"
     )
-    parser.add_argument("--repetitions", type=_positive_int, default=200, help="repetitions per n")
+    parser.add_argument("--repetitions", type=positive_int, default=200, help="repetitions per n")
     parser.add_argument(
-        "--seed", type=_nonnegative_int, default=2, help="seed of each n's generator"
+        "--seed", type=nonnegative_int, default=2, help="seed of each n's generator"
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
