@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from linattn.experiments._args import int_list, nonnegative_int, positive_int
 from linattn.reference import recall_errors, recall_theory
-from linattn.reference._checks import aspositive_int
+from linattn.reference._checks import as_positive_int
 
 COLUMNS = (
     ("additive", "Additive"),
@@ -39,10 +39,10 @@ def compute_table1(
 
     ``progress`` shows a tqdm bar on stderr (after one second, and only on a terminal).
     """
-    r, repetitions = aspositive_int("r", r), aspositive_int("repetitions", repetitions)
+    r, repetitions = as_positive_int("r", r), as_positive_int("repetitions", repetitions)
     if isinstance(ns, (str, bytes)) or not isinstance(ns, Sequence) or len(ns) == 0:
         raise ValueError(f"ns must be a non-empty sequence of integers >= 1, got {ns!r}")
-    ns = [aspositive_int("ns", n) for n in ns]
+    ns = [as_positive_int("ns", n) for n in ns]
     bar = tqdm(
         total=len(ns) * repetitions,
         desc="Table 1",
