@@ -62,3 +62,14 @@ def test_beta_checks():
         ref.wy_transition(GOOD, np.full(6, np.nan))
     with pytest.raises(ValueError, match="beta must be a 1-D array"):
         ref.transition_product(GOOD, np.ones((6, 1)))
+
+
+def test_flags_and_scalars():
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        ref.softmax_attention(GOOD, GOOD, GOOD, causal="yes")
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        ref.linear_attention_quadratic(GOOD, GOOD, GOOD, causal=1)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        ref.attention_maps(np.random.default_rng(0), scale=float("inf"))
+    with pytest.raises(TypeError, match="beta must be a real number"):
+        ref.householder_spectrum(GOOD[0], "1")

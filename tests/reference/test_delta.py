@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linattn.reference import (
     chunked_delta_rule,
@@ -106,3 +108,13 @@ def test_bad_delta_inputs():
         pseudo_values(K, V, beta, np.zeros((6, 5)))
     with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\]"):
         householder_spectrum(K[0], 2.5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 20), C=st.integers(1, 24), seed=st.integers(0, 2**16))
+def test_chunked_equals_recurrent_for_any_n_and_chunk_size(n, C, seed):
+    Q, K, V, beta = draws(n=n, seed=seed, beta_high=2.0)
+    O, S = delta_rule(Q, K, V, beta)
+    Oc, Sc = chunked_delta_rule(Q, K, V, beta, C)
+    np.testing.assert_allclose(Oc, O, atol=1e-10)
+    np.testing.assert_allclose(Sc, S, atol=1e-10)

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linattn.reference import (
     causal_linear_attention,
@@ -87,3 +89,12 @@ def test_bad_chunk_sizes():
         chunked_linear_attention(Q, K, V, 2.0)
     with pytest.raises(TypeError, match="phi"):
         linear_attention(Q, K, V, phi="elu")
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 20), C=st.integers(1, 24), seed=st.integers(0, 2**16))
+def test_chunked_equals_recurrent_for_any_n_and_chunk_size(n, C, seed):
+    Q, K, V = draws(n=n, seed=seed)
+    np.testing.assert_allclose(
+        chunked_linear_attention(Q, K, V, C), causal_linear_attention(Q, K, V), atol=1e-13
+    )
