@@ -1,8 +1,8 @@
 """Rebuild every claim of the spec into one page: checks, tables, figures and measured results.
 
-Runs what ``linattn verify``, ``linattn table1`` and ``linattn costs`` print (the same functions, the
-same text), draws the spec's nine figures and the Table 1 plot, writes the appendix's numbers files,
-gathers the benchmark (``runs/bench.json``, from ``linattn bench``) and the recall sweep
+Runs what ``linattn verify``, ``linattn table1`` and ``linattn costs`` print (the same functions,
+the same text), draws the spec's nine figures and the Table 1 plot, writes the appendix's numbers
+files, gathers the benchmark (``runs/bench.json``, from ``linattn bench``) and the recall sweep
 (``runs/mqar.jsonl``, from ``linattn mqar``) when they exist, and writes ``DIR/index.html`` (one
 self-contained page, the figures beside it, nothing fetched from the network) and ``DIR/report.md``.
 
@@ -114,8 +114,7 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
     start = time.perf_counter()
     figures_dir = out / "figures"
     steps = 1 + len(TABLE1_NS) + 1 + len(SPEC_FIGURES) + 4
-    bar = tqdm(total=steps, desc="linattn report", unit="step", file=sys.stderr,
-               disable=args.quiet)
+    bar = tqdm(total=steps, desc="linattn report", unit="step", file=sys.stderr, disable=args.quiet)
 
     def begin(description: str) -> None:
         bar.set_postfix_str(description)
@@ -186,16 +185,33 @@ def write_files(report: Report, out: Path) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``linattn report``."""
-    parser.add_argument("--out", type=Path, default=Path("report"),
-                        help="directory for index.html, report.md and the figures (default: report)")
-    parser.add_argument("--force", action="store_true",
-                        help="write into --out even if it already holds files")
-    parser.add_argument("--bench", type=Path, default=Path("runs/bench.json"),
-                        help="benchmark results to include when present (default: runs/bench.json)")
-    parser.add_argument("--mqar", type=Path, default=Path("runs/mqar.jsonl"),
-                        help="recall results to include when present (default: runs/mqar.jsonl)")
-    parser.add_argument("--table1-repetitions", type=positive_int, default=200,
-                        help="repetitions per n for Table 1 (default: the spec's 200)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("report"),
+        help="directory for index.html, report.md and the figures (default: report)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="write into --out even if it already holds files"
+    )
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        default=Path("runs/bench.json"),
+        help="benchmark results to include when present (default: runs/bench.json)",
+    )
+    parser.add_argument(
+        "--mqar",
+        type=Path,
+        default=Path("runs/mqar.jsonl"),
+        help="recall results to include when present (default: runs/mqar.jsonl)",
+    )
+    parser.add_argument(
+        "--table1-repetitions",
+        type=positive_int,
+        default=200,
+        help="repetitions per n for Table 1 (default: the spec's 200)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -205,8 +221,10 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_out_dir(Path(args.out), args.force)
     report = build_report(args, out)
     failed = [check.name for check in report.checks if not check.passed]
-    print(f"{len(report.checks) - len(failed)} of {len(report.checks)} checks passed; "
-          f"report built in {report.seconds:.0f} s")
+    print(
+        f"{len(report.checks) - len(failed)} of {len(report.checks)} checks passed; "
+        f"report built in {report.seconds:.0f} s"
+    )
     if failed:
         print("FAILED: " + "; ".join(failed), file=sys.stderr)
     print((out / "index.html").resolve())

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # the dataclass lives in report.py, which imports this module
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px;
        margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
+h1 { font-size: 1.6em; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
 table { border-collapse: collapse; margin: .8em 0; font-size: .92em; }
 th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -27,6 +28,7 @@ th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: ta
 .summary { font-size: 1.1em; padding: .6em 1em; border-radius: 6px; background: #eef7ef; }
 .summary.failed { background: #fbeaea; }
 figure { margin: 1.5em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figure.plot img { max-width: 760px; }
 figcaption { font-size: .95em; margin-top: .4em; }
 pre { background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
 .note { color: #555; font-style: italic; } nav li { display: inline; margin-right: 1em; }
@@ -57,8 +59,9 @@ def markdown_to_html(markdown: str) -> str:
         if all(line.startswith("|") for line in lines):
             out.append(_table(lines))
         elif all(line.startswith("- ") for line in lines):
-            out.append("<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in lines)
-                       + "</ul>")
+            out.append(
+                "<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in lines) + "</ul>"
+            )
         else:
             out.append(f"<p>{_inline(' '.join(lines))}</p>")
     return "\n".join(out)
@@ -72,9 +75,14 @@ def _table(lines: list[str]) -> str:
     header, body = _cells(lines[0]), [_cells(line) for line in lines[2:]]
     rows = ["<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"]
     for row in body:
-        rows.append("<tr>" + "".join(
-            f'<td class="num">{_inline(c)}</td>' if _numeric(c) else f"<td>{_inline(c)}</td>"
-            for c in row) + "</tr>")
+        rows.append(
+            "<tr>"
+            + "".join(
+                f'<td class="num">{_inline(c)}</td>' if _numeric(c) else f"<td>{_inline(c)}</td>"
+                for c in row
+            )
+            + "</tr>"
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -82,10 +90,12 @@ def _numeric(cell: str) -> bool:
     return bool(re.fullmatch(r"-?[\d,.]+", cell))
 
 
-def _figure(name: str, caption: str) -> str:
+def _figure(name: str, caption: str, plot: bool = False) -> str:
+    """One figure with its caption; a data plot is drawn narrower than a diagram."""
     title, _, rest = caption.partition(". ")
+    width = ' class="plot"' if plot else ""
     return (
-        f'<figure id="{_e(name)}"><img src="figures/{_e(name)}.png" alt="{_e(caption)}">'
+        f'<figure id="{_e(name)}"{width}><img src="figures/{_e(name)}.png" alt="{_e(caption)}">'
         f"<figcaption><b>{_e(title)}.</b> {_e(rest)} "
         f'<a href="figures/{_e(name)}.svg">SVG</a></figcaption></figure>'
     )
@@ -96,11 +106,14 @@ def _error(x: float) -> str:
 
 
 def _checks_html(report: Report) -> str:
-    rows = ["<tr><th>#</th><th>Check</th><th>Largest error</th><th>Tolerance</th>"
-            "<th>Verdict</th><th>Printed with it</th></tr>"]
+    rows = [
+        "<tr><th>#</th><th>Check</th><th>Largest error</th><th>Tolerance</th>"
+        "<th>Verdict</th><th>Printed with it</th></tr>"
+    ]
     for index, check in enumerate(report.checks, start=1):
-        verdict = '<span class="pass">PASS</span>' if check.passed else \
-            '<span class="fail">FAIL</span>'
+        verdict = (
+            '<span class="pass">PASS</span>' if check.passed else '<span class="fail">FAIL</span>'
+        )
         rows.append(
             f'<tr><td class="num">{index}</td><td>{_e(check.name)}</td>'
             f'<td class="num">{_error(check.error)}</td>'
@@ -130,11 +143,19 @@ def _mqar_rows(report: Report) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _simple_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _simple_table(
+    header: tuple[str, ...], rows: list[tuple[str, ...]], numbers: bool = True
+) -> str:
     head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
-    body = "".join("<tr>" + "".join(
-        f'<td class="num">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>" for c in row)
-        + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="num">{_e(c)}</td>' if numbers and _numeric(c) else f"<td>{_e(c)}</td>"
+            for c in row
+        )
+        + "</tr>"
+        for row in rows
+    )
     return f"<table>{head}{body}</table>"
 
 
@@ -146,10 +167,14 @@ def render_html(report: Report) -> str:
     """The whole page as one HTML document."""
     passed, total = _passed(report)
     failed = [c.name for c in report.checks if not c.passed]
-    summary = (f"{passed} of {total} checks passed" if not failed else
-               f"{len(failed)} of {total} checks FAILED: " + "; ".join(failed))
+    summary = (
+        f"{passed} of {total} checks passed"
+        if not failed
+        else f"{len(failed)} of {total} checks FAILED: " + "; ".join(failed)
+    )
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>linattn report: attention as matrix algebra, recomputed</title>",
         f"<style>{STYLE}</style></head><body>",
@@ -170,8 +195,12 @@ def render_html(report: Report) -> str:
         f"<pre>{_e(report.verify_text)}</pre></details>",
         '<h2 id="table1">Table 1</h2>',
         markdown_to_html(report.table1_text),
-        _figure("table1", "Table 1 as a plot. The read error of each memory against the number "
-                "of stored pairs n, with the two theory curves (dotted)."),
+        _figure(
+            "table1",
+            "Table 1 as a plot. The read error of each memory against the number "
+            "of stored pairs n, with the two theory curves (dotted).",
+            plot=True,
+        ),
         "<details><summary>As printed by <code>linattn table1</code></summary>"
         f"<pre>{_e(report.table1_text)}</pre></details>",
         '<h2 id="costs">Costs</h2>',
@@ -187,34 +216,53 @@ def render_html(report: Report) -> str:
     if report.bench is not None:
         parts += [
             f"<p>From <code>{_e(report.bench_source)}</code>.</p>",
-            _figure("bench", "Benchmark. Time of one forward pass against the sequence length T."),
+            _figure(
+                "bench",
+                "Benchmark. Time of one forward pass against the sequence length T.",
+                plot=True,
+            ),
             _simple_table(("series", "T", "milliseconds"), _bench_rows(report)),
         ]
     else:
-        parts.append(f'<p class="note">No benchmark results at <code>{_e(report.bench_source)}'
-                     "</code>: run <code>linattn bench</code> first to include them.</p>")
+        parts.append(
+            f'<p class="note">No benchmark results at <code>{_e(report.bench_source)}'
+            "</code>: run <code>linattn bench</code> first to include them.</p>"
+        )
     parts.append('<h2 id="recall">Recall</h2>')
     if report.mqar is not None:
         parts += [
             f"<p>From <code>{_e(report.mqar_source)}</code>.</p>",
-            _figure("mqar", "Recall. Multi-query associative recall accuracy against the state "
-                    "size of one block."),
+            _figure(
+                "mqar",
+                "Recall. Multi-query associative recall accuracy against the state "
+                "size of one block.",
+                plot=True,
+            ),
             _simple_table(("series", "state numbers", "accuracy", "runs"), _mqar_rows(report)),
         ]
     else:
-        parts.append(f'<p class="note">No recall results at <code>{_e(report.mqar_source)}'
-                     "</code>: run <code>linattn mqar</code> first to include them.</p>")
+        parts.append(
+            f'<p class="note">No recall results at <code>{_e(report.mqar_source)}'
+            "</code>: run <code>linattn mqar</code> first to include them.</p>"
+        )
     parts += [
         '<h2 id="numbers">Numbers files</h2>',
         "<p>The TeX macros that the spec's appendix writes for its TikZ figures: "
-        + ", ".join(f'<a href="numbers/{_e(n)}"><code>{_e(n)}</code></a>'
-                    for n in report.numbers_files)
+        + ", ".join(
+            f'<a href="numbers/{_e(n)}"><code>{_e(n)}</code></a>' for n in report.numbers_files
+        )
         + ". The computed data: "
-        + ", ".join(f'<a href="data/{n}"><code>{n}</code></a>'
-                    for n in ("verify.json", "table1.json", "costs.json")) + ".</p>",
+        + ", ".join(
+            f'<a href="data/{n}"><code>{n}</code></a>'
+            for n in ("verify.json", "table1.json", "costs.json")
+        )
+        + ".</p>",
         '<h2 id="environment">Machine</h2>',
-        _simple_table(("", ""), [(k, v) for k, v in report.environment.items()]
-                      + [("date", report.date)]),
+        _simple_table(
+            ("", ""),
+            [(k, v) for k, v in report.environment.items()] + [("date", report.date)],
+            numbers=False,
+        ),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -254,15 +302,27 @@ def render_markdown(report: Report) -> str:
         lines += [f"![{f['caption']}](figures/{f['name']}.png)", "", f["caption"], ""]
     lines += ["## Benchmark", ""]
     if report.bench is not None:
-        lines += [f"From `{report.bench_source}`.", "", "![Benchmark](figures/bench.png)", "",
-                  "| series | T | milliseconds |", "|---|---|---|"]
+        lines += [
+            f"From `{report.bench_source}`.",
+            "",
+            "![Benchmark](figures/bench.png)",
+            "",
+            "| series | T | milliseconds |",
+            "|---|---|---|",
+        ]
         lines += [f"| {a} | {b} | {c} |" for a, b, c in _bench_rows(report)]
     else:
         lines.append(f"No benchmark results at `{report.bench_source}`.")
     lines += ["", "## Recall", ""]
     if report.mqar is not None:
-        lines += [f"From `{report.mqar_source}`.", "", "![Recall](figures/mqar.png)", "",
-                  "| series | state numbers | accuracy | runs |", "|---|---|---|---|"]
+        lines += [
+            f"From `{report.mqar_source}`.",
+            "",
+            "![Recall](figures/mqar.png)",
+            "",
+            "| series | state numbers | accuracy | runs |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _mqar_rows(report)]
     else:
         lines.append(f"No recall results at `{report.mqar_source}`.")

@@ -37,29 +37,46 @@ def attention_maps(
     for column, (name, M) in enumerate((("softmax P", P), ("linear A (elu + 1)", A))):
         ax = fig.add_subplot(grid[0, column])
         image = ax.imshow(M, cmap=style.CMAP, vmin=0, vmax=top, interpolation="nearest")
-        ax.set_title(f"{name}: rank {reference.matrix_rank(M)}\n"
-                     f"mean largest weight of a row {reference.mean_peak_weight(M):.2f}",
-                     fontsize=10.5)
+        ax.set_title(
+            f"{name}: rank {reference.matrix_rank(M)}\n"
+            f"mean largest weight of a row {reference.mean_peak_weight(M):.2f}",
+            fontsize=10.5,
+        )
         ax.set_xlabel("key j")
         ax.set_ylabel("query i")
         ax.set_xticks([0, n - 1], [1, n])
         ax.set_yticks([0, n - 1], [1, n])
     fig.colorbar(image, cax=fig.add_subplot(grid[0, 2]), label="attention weight")
     ax = fig.add_subplot(grid[0, 4])  # column 3 is a spacer for the colour bar's label
-    spectra = [(name, np.linalg.svd(M, compute_uv=False), color, marker)
-               for name, M, color, marker in (("softmax", P, style.KEY, "o"),
-                                              ("linear", A, style.STATE, "s"))]
+    spectra = [
+        (name, np.linalg.svd(M, compute_uv=False), color, marker)
+        for name, M, color, marker in (
+            ("softmax", P, style.KEY, "o"),
+            ("linear", A, style.STATE, "s"),
+        )
+    ]
     # Zero singular values cannot sit on a log axis: draw them as crosses on a floor below all
     # the nonzero ones.
     floor = min(float(sv[sv > ZERO].min()) for _, sv, _, _ in spectra) / 10
     for name, sv, color, marker in spectra:
         nonzero = sv[sv > ZERO]
-        ax.semilogy(np.arange(1, len(nonzero) + 1), nonzero, marker=marker, color=color,
-                    label=f"{name}: {len(nonzero)} nonzero")
+        ax.semilogy(
+            np.arange(1, len(nonzero) + 1),
+            nonzero,
+            marker=marker,
+            color=color,
+            label=f"{name}: {len(nonzero)} nonzero",
+        )
         zeros = np.arange(len(nonzero) + 1, len(sv) + 1)
         if len(zeros):
-            ax.semilogy(zeros, np.full(len(zeros), floor), marker="x", ls="none", color=color,
-                        label=f"{name}: {len(zeros)} zero (below {ZERO:g})")
+            ax.semilogy(
+                zeros,
+                np.full(len(zeros), floor),
+                marker="x",
+                ls="none",
+                color=color,
+                label=f"{name}: {len(zeros)} zero (below {ZERO:g})",
+            )
     ax.set_xlabel("index of the singular value")
     ax.set_ylabel("singular value")
     ax.set_title(f"Singular values (n = {n}, d = r = {d})", fontsize=10.5)

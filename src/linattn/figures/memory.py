@@ -41,25 +41,49 @@ def cache_and_state(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list
     memory.axhline(linear_state, color=style.STATE, lw=2, label="linear attention: rd + r")
     memory.axhline(delta_state, color=style.VALUE, lw=1.5, ls="--", label="delta rule: rd")
     memory.plot([even], [reference.kv_cache_numbers(even, d)], "o", color=style.INK)
-    memory.annotate(f"break-even: t = {even:,}", xy=(even, linear_state),
-                    xytext=(even * 4, linear_state / 12), fontsize=10,
-                    arrowprops={"arrowstyle": "->", "color": style.INK})
+    memory.annotate(
+        f"break-even: t = {even:,}",
+        xy=(even, linear_state),
+        xytext=(even * 4, linear_state / 12),
+        fontsize=10,
+        arrowprops={"arrowstyle": "->", "color": style.INK},
+    )
     memory.plot([t, t], [linear_state, cache_t], color=style.ERROR, lw=1)
-    memory.text(t / 1.3, np.sqrt(linear_state * cache_t),
-                f"t = {t:,}:\n{cache_t:,} against\n{int(linear_state):,} numbers,\n"
-                f"{ratio:,.0f} times fewer", ha="right", va="center", fontsize=9.5,
-                color=style.ERROR)
+    memory.text(
+        t / 1.3,
+        np.sqrt(linear_state * cache_t),
+        f"t = {t:,}:\n{cache_t:,} against\n{int(linear_state):,} numbers,\n"
+        f"{ratio:,.0f} times fewer",
+        ha="right",
+        va="center",
+        fontsize=9.5,
+        color=style.ERROR,
+    )
     memory.set_xlabel("generation step t (tokens so far)")
     memory.set_ylabel("numbers stored, one head")
     memory.set_title(f"Memory at step t (d = r = {d})")
     memory.legend(loc="upper left", fontsize=9, frameon=False)
 
-    work.loglog(steps, [reference.softmax_step_ops(int(s), d) for s in steps], color=style.KEY,
-                lw=2, label="softmax: about 4td")
-    work.axhline(reference.linear_step_ops(r, d), color=style.STATE, lw=2,
-                 label="linear attention: about 4rd")
-    work.axhline(reference.delta_step_ops(r, d), color=style.VALUE, lw=1.5, ls="--",
-                 label="delta rule: about 6rd")
+    work.loglog(
+        steps,
+        [reference.softmax_step_ops(int(s), d) for s in steps],
+        color=style.KEY,
+        lw=2,
+        label="softmax: about 4td",
+    )
+    work.axhline(
+        reference.linear_step_ops(r, d),
+        color=style.STATE,
+        lw=2,
+        label="linear attention: about 4rd",
+    )
+    work.axhline(
+        reference.delta_step_ops(r, d),
+        color=style.VALUE,
+        lw=1.5,
+        ls="--",
+        label="delta rule: about 6rd",
+    )
     work.set_xlabel("generation step t (tokens so far)")
     work.set_ylabel("operations for step t, one head")
     work.set_title("Work at step t")

@@ -1,4 +1,4 @@
-"""Data plots: Table 1 against n, the benchmark's time against T, recall accuracy against state size.
+"""Data plots: Table 1 against n, the benchmark's time against T, recall against state size.
 
 The last two read result files written by other commands (``linattn bench`` and ``linattn mqar``);
 their formats are documented in ``load_bench`` and ``load_mqar``, which check them and raise a
@@ -56,8 +56,9 @@ def table1_plot(rows: Sequence[dict], out_dir: Path | str, r: int = 32) -> list[
     for key, label, color, marker, line in TABLE1_SERIES:
         ax.plot(ns, [row[key] for row in rows], marker=marker, color=color, ls=line, label=label)
     ax.axhline(1.0, color=style.SCORE, lw=0.8)
-    ax.text(ns.min(), 1.02, "a memory that returns zero", fontsize=8.5, color=style.SCORE,
-            va="bottom")
+    ax.text(
+        ns.min(), 1.02, "a memory that returns zero", fontsize=8.5, color=style.SCORE, va="bottom"
+    )
     ax.axvline(r, color=style.SCORE, lw=0.8, ls="--")
     ax.text(r * 1.04, 1.6, f"n = r = {r}", fontsize=8.5, color=style.SCORE, va="bottom")
     ax.set_xscale("log", base=2)
@@ -83,8 +84,10 @@ def load_bench(path: Path | str) -> dict | None:
     if not isinstance(results, list) or not results:
         raise ValueError(f"{path}: expected an object with a non-empty list 'results'")
     for index, row in enumerate(results):
-        if not isinstance(row, dict) or not _number(row.get("T")) or not _number(
-            row.get("seconds")
+        if (
+            not isinstance(row, dict)
+            or not _number(row.get("T"))
+            or not _number(row.get("seconds"))
         ):
             raise ValueError(f"{path}: results[{index}] needs numbers 'T' and 'seconds'")
         if "name" not in row and "method" not in row:

@@ -52,8 +52,9 @@ def softmax_products(out_dir: Path | str, n: int = 8, d: int = 3, seed: int = 0)
     x += n + gap / 2
     _operator(ax, x, n / 2, "=")
     x += gap / 2
-    style.matrix_block(ax, x, 0, G, style.SCORE, "G (scores)", "n × n: 2n²d operations",
-                       symmetric=True, bold=True)
+    style.matrix_block(
+        ax, x, 0, G, style.SCORE, "G (scores)", "n × n: 2n²d operations", symmetric=True, bold=True
+    )
     x += n
     style.arrow(ax, (x + 0.3, n / 2), (x + 3.7, n / 2), "softmax\nof each row")
     x += 4
@@ -89,41 +90,82 @@ def reordering(out_dir: Path | str, n: int = 12, r: int = 4, seed: int = 1) -> l
     ax = style.blank_axes(fig)
     top = n + 5.0
     ax.text(0, top + n + 2.0, "Left order: (φ(Q) φ(K)ᵀ) V, an n × n matrix first", fontsize=13)
-    x = _product_row(ax, top, [(FQ, style.QUERY, "φ(Q)", "n × r", False),
-                                (FK.T, style.KEY, "φ(K)ᵀ", "r × n", False),
-                                (A, style.SCORE, "A", "n × n: 2n²r operations", True)],
-                     n)
+    x = _product_row(
+        ax,
+        top,
+        [
+            (FQ, style.QUERY, "φ(Q)", "n × r", False),
+            (FK.T, style.KEY, "φ(K)ᵀ", "r × n", False),
+            (A, style.SCORE, "A", "n × n: 2n²r operations", True),
+        ],
+        n,
+    )
     x = _then(ax, x, top, n)
-    right_edge = _product_row(ax, top, [(A, style.SCORE, "A", "n × n", False),
-                                         (V, style.VALUE, "V", "n × d", False),
-                                         (left, style.INK, "O", "n × d: 2n²d ops, rows ÷ normaliser", False)],
-                              n, x0=x)
+    right_edge = _product_row(
+        ax,
+        top,
+        [
+            (A, style.SCORE, "A", "n × n", False),
+            (V, style.VALUE, "V", "n × d", False),
+            (left, style.INK, "O", "n × d: 2n²d ops, rows ÷ normaliser", False),
+        ],
+        n,
+        x0=x,
+    )
     ax.text(0, n + 2.0, "Right order: φ(Q) (φ(K)ᵀ V), an r × d matrix first", fontsize=13)
-    x = _product_row(ax, 0.0, [(FK.T, style.KEY, "φ(K)ᵀ", "r × n", False),
-                               (V, style.VALUE, "V", "n × d", False),
-                               (M, style.STATE, "M", "r × d: 2nrd operations", True)],
-                     n)
+    x = _product_row(
+        ax,
+        0.0,
+        [
+            (FK.T, style.KEY, "φ(K)ᵀ", "r × n", False),
+            (V, style.VALUE, "V", "n × d", False),
+            (M, style.STATE, "M", "r × d: 2nrd operations", True),
+        ],
+        n,
+    )
     x = _then(ax, x, 0.0, n)
-    x = _product_row(ax, 0.0, [(FQ, style.QUERY, "φ(Q)", "n × r", False),
-                               (M, style.STATE, "M", "r × d", False),
-                               (right, style.INK, "O", "n × d: 2nrd ops, rows ÷ normaliser", False)],
-                     n, x0=x)
-    ax.text(0, -2.4,
-            f"n = {n}, r = d = {r}, φ = elu + 1.  The two orders give the same output: largest "
-            f"difference {difference:.1e} (with the normaliser z = φ(K)ᵀ1, one more column of V).",
-            fontsize=10, ha="left", va="top", color=style.INK)
+    x = _product_row(
+        ax,
+        0.0,
+        [
+            (FQ, style.QUERY, "φ(Q)", "n × r", False),
+            (M, style.STATE, "M", "r × d", False),
+            (right, style.INK, "O", "n × d: 2nrd ops, rows ÷ normaliser", False),
+        ],
+        n,
+        x0=x,
+    )
+    ax.text(
+        0,
+        -2.4,
+        f"n = {n}, r = d = {r}, φ = elu + 1.  The two orders give the same output: largest "
+        f"difference {difference:.1e} (with the normaliser z = φ(K)ᵀ1, one more column of V).",
+        fontsize=10,
+        ha="left",
+        va="top",
+        color=style.INK,
+    )
     ax.set_xlim(-0.5, max(right_edge, x) + 0.5)
     ax.set_ylim(-3.4, 2 * n + 8.0)
     return style.save(fig, out_dir, "reordering")
 
 
 def _product_row(ax, y: float, blocks, n: int, x0: float = 0.0) -> float:
-    """Draw ``X · Y = Z`` with each block vertically centred on a row of height n; return its end."""
+    """Draw ``X · Y = Z``, each block centred on a row of height n; return where it ends."""
     gap, x = 1.6, x0
     for index, (data, color, label, shape, bold) in enumerate(blocks):
         rows, cols = data.shape
-        style.matrix_block(ax, x, y + (n - rows) / 2, data, color, label, shape, bold=bold,
-                           symmetric=bool((data < 0).any()))
+        style.matrix_block(
+            ax,
+            x,
+            y + (n - rows) / 2,
+            data,
+            color,
+            label,
+            shape,
+            bold=bold,
+            symmetric=bool((data < 0).any()),
+        )
         x += cols
         if index < len(blocks) - 1:
             _operator(ax, x + gap / 2, y + n / 2, "·" if index == 0 else "=")

@@ -1,7 +1,7 @@
 """Shared look of the figures: colours, matrix blocks, saving to PNG and SVG.
 
-matplotlib is imported lazily (it is the optional ``plot`` extra) and always with the Agg backend, so
-that figures render on a machine without a display.
+matplotlib is imported lazily (it is the optional ``plot`` extra) and always with the Agg backend,
+so that figures render on a machine without a display.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, out_dir: Path | str, name: str) -> list[Path]:
-    """Write ``fig`` to ``out_dir/name.png`` and ``out_dir/name.svg``, close it, return both paths."""
+    """Write ``fig`` to ``out_dir/name.png`` and ``.svg``, close it, return both paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
@@ -91,17 +91,23 @@ def matrix_block(
     extent = (x, x + cols, y, y + rows)
     if symmetric:
         bound = float(np.abs(data).max()) or 1.0
-        ax.imshow(data, extent=extent, cmap=cmap or DIVERGING, vmin=-bound, vmax=bound,
-                  interpolation="nearest", zorder=1)
+        ax.imshow(
+            data,
+            extent=extent,
+            cmap=cmap or DIVERGING,
+            vmin=-bound,
+            vmax=bound,
+            interpolation="nearest",
+            zorder=1,
+        )
     else:
         ax.imshow(data, extent=extent, cmap=cmap or CMAP, interpolation="nearest", zorder=1)
-    frame = ax.add_patch(
-        _rectangle((x, y), cols, rows, color, linewidth=3.0 if bold else 1.5)
-    )
+    frame = ax.add_patch(_rectangle((x, y), cols, rows, color, linewidth=3.0 if bold else 1.5))
     frame.set_zorder(2)
     if label:
-        ax.text(x + cols / 2, y + rows + 0.4, label, ha="center", va="bottom", color=color,
-                fontsize=12)
+        ax.text(
+            x + cols / 2, y + rows + 0.4, label, ha="center", va="bottom", color=color, fontsize=12
+        )
     if shape:
         ax.text(x + cols / 2, y - 0.4, shape, ha="center", va="top", color=INK, fontsize=9)
     return extent
@@ -124,34 +130,83 @@ def value_grid(
         for j in range(cols):
             red = highlight is not None and bool(highlight[i, j])
             ax.add_patch(
-                _rectangle((x + j * cell, y + (rows - 1 - i) * cell), cell, cell, color,
-                           linewidth=1.0, fill="#fbe3e3" if red else "white")
+                _rectangle(
+                    (x + j * cell, y + (rows - 1 - i) * cell),
+                    cell,
+                    cell,
+                    color,
+                    linewidth=1.0,
+                    fill="#fbe3e3" if red else "white",
+                )
             )
-            ax.text(x + (j + 0.5) * cell, y + (rows - 0.5 - i) * cell, fmt.format(_clean(data[i, j])),
-                    ha="center", va="center", fontsize=11, color=ERROR if red else INK)
+            ax.text(
+                x + (j + 0.5) * cell,
+                y + (rows - 0.5 - i) * cell,
+                fmt.format(_clean(data[i, j])),
+                ha="center",
+                va="center",
+                fontsize=11,
+                color=ERROR if red else INK,
+            )
     if label:
-        ax.text(x + cols * cell / 2, y + rows * cell + 0.15, label, ha="center", va="bottom",
-                color=color, fontsize=11)
+        ax.text(
+            x + cols * cell / 2,
+            y + rows * cell + 0.15,
+            label,
+            ha="center",
+            va="bottom",
+            color=color,
+            fontsize=11,
+        )
     return (x, x + cols * cell, y, y + rows * cell)
 
 
-def arrow(ax: Any, start: tuple[float, float], end: tuple[float, float], text: str = "",
-          color: str = INK, offset: float = 0.35) -> None:
+def arrow(
+    ax: Any,
+    start: tuple[float, float],
+    end: tuple[float, float],
+    text: str = "",
+    color: str = INK,
+    offset: float = 0.35,
+) -> None:
     """A straight arrow from ``start`` to ``end`` with ``text`` above its middle."""
-    ax.annotate("", xy=end, xytext=start,
-                arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.4, "shrinkA": 0,
-                            "shrinkB": 0})
+    ax.annotate(
+        "",
+        xy=end,
+        xytext=start,
+        arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.4, "shrinkA": 0, "shrinkB": 0},
+    )
     if text:
-        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + offset, text, ha="center",
-                va="bottom", fontsize=10, color=color)
+        ax.text(
+            (start[0] + end[0]) / 2,
+            (start[1] + end[1]) / 2 + offset,
+            text,
+            ha="center",
+            va="bottom",
+            fontsize=10,
+            color=color,
+        )
 
 
-def _rectangle(xy: tuple[float, float], width: float, height: float, color: str,
-               linewidth: float = 1.5, fill: str | None = None) -> Any:
+def _rectangle(
+    xy: tuple[float, float],
+    width: float,
+    height: float,
+    color: str,
+    linewidth: float = 1.5,
+    fill: str | None = None,
+) -> Any:
     from matplotlib.patches import Rectangle
 
-    return Rectangle(xy, width, height, fill=fill is not None, facecolor=fill or "none",
-                     edgecolor=color, linewidth=linewidth)
+    return Rectangle(
+        xy,
+        width,
+        height,
+        fill=fill is not None,
+        facecolor=fill or "none",
+        edgecolor=color,
+        linewidth=linewidth,
+    )
 
 
 def _clean(x: float) -> float:

@@ -16,8 +16,8 @@ from linattn import reference
 from linattn.figures import style
 
 INTERFERENCE_CAPTION = (
-    "Figure 5. A worked example: two orthogonal keys are stored exactly, and the third key, (1, 1), "
-    "adds crosstalk to every read."
+    "Figure 5. A worked example: two orthogonal keys are stored exactly, and the third key, "
+    "(1, 1), adds crosstalk to every read."
 )
 OVERWRITE_CAPTION = (
     "Figure 6. A new value under an old key: the additive rule keeps the old value; the delta rule "
@@ -47,10 +47,16 @@ def interference(out_dir: Path | str) -> list[Path]:
     plane = fig.add_axes((0.02, 0.12, 0.2, 0.76))
     for i, key in enumerate(keys):
         color = style.ERROR if i == 2 else style.KEY
-        plane.annotate("", xy=key, xytext=(0, 0),
-                       arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2})
-        plane.text(key[0] + 0.06, key[1] + 0.06, f"k{i + 1} = {_vector_text(key)}", color=color,
-                   fontsize=10)
+        plane.annotate(
+            "", xy=key, xytext=(0, 0), arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2}
+        )
+        plane.text(
+            key[0] + 0.06,
+            key[1] + 0.06,
+            f"k{i + 1} = {_vector_text(key)}",
+            color=color,
+            fontsize=10,
+        )
     plane.set_xlim(-0.2, 1.8)
     plane.set_ylim(-0.2, 1.5)
     plane.set_aspect("equal")
@@ -62,8 +68,15 @@ def interference(out_dir: Path | str) -> list[Path]:
     x = 0.0
     for t, S in enumerate(states, start=1):
         style.value_grid(ax, x, 0.5, S, style.STATE, f"S{t}")
-        ax.text(x + 1, 0.1, f"+ k{t} v{t}ᵀ, v{t} = {_vector_text(values[t - 1])}", ha="center",
-                va="top", fontsize=9, color=style.INK)
+        ax.text(
+            x + 1,
+            0.1,
+            f"+ k{t} v{t}ᵀ, v{t} = {_vector_text(values[t - 1])}",
+            ha="center",
+            va="top",
+            fontsize=9,
+            color=style.INK,
+        )
         if t < 3:
             style.arrow(ax, (x + 2.3, 1.5), (x + 3.3, 1.5))
         x += 3.6
@@ -101,18 +114,31 @@ def overwrite(out_dir: Path | str) -> list[Path]:
     ax = style.blank_axes(fig)
     rows = {"additive": 4.2, "delta": 0.0}
     for name, y in rows.items():
-        ax.text(-0.4, y + 1.0, "additive rule" if name == "additive" else "delta rule (β = 1)",
-                ha="right", va="center", fontsize=12)
+        ax.text(
+            -0.4,
+            y + 1.0,
+            "additive rule" if name == "additive" else "delta rule (β = 1)",
+            ha="right",
+            va="center",
+            fontsize=12,
+        )
         style.value_grid(ax, 0, y, S2, style.STATE, "S2")
     # Additive: write k3 v3^T on top of what k1 stored.
     y = rows["additive"]
     style.arrow(ax, (2.3, y + 1), (5.7, y + 1), f"+ k3 v3ᵀ, v3 = {_vector_text(values[2])}")
     style.value_grid(ax, 6, y, example["additive_S3"], style.STATE, "S3")
     style.arrow(ax, (8.3, y + 1), (10.7, y + 1), "read k3ᵀS3")
-    style.value_grid(ax, 11, y + 0.5, additive_read[None], style.ERROR, "read",
-                     highlight=np.ones((1, 2), bool))
-    ax.text(13.4, y + 1, f"= v1 + v3: the old value {_vector_text(values[0])} stays",
-            va="center", fontsize=11, color=style.ERROR)
+    style.value_grid(
+        ax, 11, y + 0.5, additive_read[None], style.ERROR, "read", highlight=np.ones((1, 2), bool)
+    )
+    ax.text(
+        13.4,
+        y + 1,
+        f"= v1 + v3: the old value {_vector_text(values[0])} stays",
+        va="center",
+        fontsize=11,
+        color=style.ERROR,
+    )
     # Delta: read, correct, write the difference.
     y = rows["delta"]
     style.arrow(ax, (2.3, y + 1), (3.7, y + 1), "read")
@@ -123,11 +149,23 @@ def overwrite(out_dir: Path | str) -> list[Path]:
     style.value_grid(ax, 12, y, example["delta_S3"], style.STATE, "S3")
     style.arrow(ax, (14.3, y + 1), (16.7, y + 1), "read k3ᵀS3")
     style.value_grid(ax, 17, y + 0.5, delta_read[None], style.VALUE, "read")
-    ax.text(19.4, y + 1, f"= v3 {_vector_text(v3[0])}: only the new value",
-            va="center", fontsize=11, color=style.VALUE)
-    ax.text(0, -1.3, f"keys k1 = k3 = {_vector_text(keys[0])}, k2 = {_vector_text(keys[1])}; "
-            f"values v1 = {_vector_text(values[0])}, v2 = {_vector_text(values[1])}, "
-            f"v3 = {_vector_text(values[2])}", fontsize=10, va="top")
+    ax.text(
+        19.4,
+        y + 1,
+        f"= v3 {_vector_text(v3[0])}: only the new value",
+        va="center",
+        fontsize=11,
+        color=style.VALUE,
+    )
+    ax.text(
+        0,
+        -1.3,
+        f"keys k1 = k3 = {_vector_text(keys[0])}, k2 = {_vector_text(keys[1])}; "
+        f"values v1 = {_vector_text(values[0])}, v2 = {_vector_text(values[1])}, "
+        f"v3 = {_vector_text(values[2])}",
+        fontsize=10,
+        va="top",
+    )
     ax.set_xlim(-4.2, 25.5)
     ax.set_ylim(-2.0, 7.2)
     return style.save(fig, out_dir, "overwrite")
@@ -136,8 +174,9 @@ def overwrite(out_dir: Path | str) -> list[Path]:
 def _column_step(k: np.ndarray, s: np.ndarray, v: float, beta: float):
     """One delta-rule step on one column: (A s, new s) with A = I - beta k k^T (section 7.2)."""
     A = reference.transition_product(k[None], np.array([beta]))
-    _, S = reference.delta_rule(k[None], k[None], np.array([[v]]), np.array([beta]),
-                                initial_state=s[:, None])
+    _, S = reference.delta_rule(
+        k[None], k[None], np.array([[v]]), np.array([beta]), initial_state=s[:, None]
+    )
     return A @ s, S[:, 0]
 
 
@@ -159,14 +198,27 @@ def householder(
         moved, new = _column_step(k, s, v, beta)
         line = np.linspace(-2.4, 2.4, 2)
         ax.plot(line * normal[0], line * normal[1], color=style.SCORE, ls="--", lw=1)
-        ax.plot(v * k[0] + line * normal[0], v * k[1] + line * normal[1], color=style.VALUE,
-                ls=":", lw=1.5)
+        ax.plot(
+            v * k[0] + line * normal[0],
+            v * k[1] + line * normal[1],
+            color=style.VALUE,
+            ls=":",
+            lw=1.5,
+        )
         ax.text(*(-1.2 * normal + 0.1 * k), "k⊥", color=style.SCORE, fontsize=10)
         # The hyperplane of one equation, k^T x = v (the Kaczmarz view of section 7.2).
-        ax.text(*(v * k - 0.9 * normal + 0.15 * k), f"kᵀx = {v:g}", color=style.VALUE,
-                fontsize=10, rotation=np.degrees(angle) - 90, ha="center", va="center")
-        ax.annotate("", xy=k, xytext=(0, 0),
-                    arrowprops={"arrowstyle": "-|>", "color": style.KEY, "lw": 2})
+        ax.text(
+            *(v * k - 0.9 * normal + 0.15 * k),
+            f"kᵀx = {v:g}",
+            color=style.VALUE,
+            fontsize=10,
+            rotation=np.degrees(angle) - 90,
+            ha="center",
+            va="center",
+        )
+        ax.annotate(
+            "", xy=k, xytext=(0, 0), arrowprops={"arrowstyle": "-|>", "color": style.KEY, "lw": 2}
+        )
         ax.text(*(k * 1.05 + np.array([0.0, -0.22])), "k", color=style.KEY, fontsize=12)
         for point, name, color, offset, align in (
             (s, "s", style.STATE, (0.0, 0.14), "center"),
@@ -174,14 +226,32 @@ def householder(
             (new, "s new", style.VALUE, (0.12, 0.0), "left"),
         ):
             ax.plot(*point, "o", color=color, ms=7)
-            ax.text(point[0] + offset[0], point[1] + offset[1], name, color=color, fontsize=11,
-                    ha=align, va="center")
-        ax.annotate("", xy=moved, xytext=s,
-                    arrowprops={"arrowstyle": "-|>", "color": style.SCORE, "lw": 1.4})
-        ax.annotate("", xy=new, xytext=moved,
-                    arrowprops={"arrowstyle": "-|>", "color": style.VALUE, "lw": 1.4})
-        ax.set_title(f"β = {beta:g}: kᵀs = {k @ s:.2f} → {k @ moved:.2f} → {k @ new:.2f}\n"
-                     f"the part along k⊥ stays {normal @ s:.2f}", fontsize=10.5)
+            ax.text(
+                point[0] + offset[0],
+                point[1] + offset[1],
+                name,
+                color=color,
+                fontsize=11,
+                ha=align,
+                va="center",
+            )
+        ax.annotate(
+            "",
+            xy=moved,
+            xytext=s,
+            arrowprops={"arrowstyle": "-|>", "color": style.SCORE, "lw": 1.4},
+        )
+        ax.annotate(
+            "",
+            xy=new,
+            xytext=moved,
+            arrowprops={"arrowstyle": "-|>", "color": style.VALUE, "lw": 1.4},
+        )
+        ax.set_title(
+            f"β = {beta:g}: kᵀs = {k @ s:.2f} → {k @ moved:.2f} → {k @ new:.2f}\n"
+            f"the part along k⊥ stays {normal @ s:.2f}",
+            fontsize=10.5,
+        )
         ax.set_aspect("equal")
         ax.set_xlim(-1.6, 2.8)
         ax.set_ylim(-0.8, 2.8)
