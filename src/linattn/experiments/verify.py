@@ -331,6 +331,8 @@ def cost_checks() -> list[Check]:
             f"section 9: attention costs more beyond n = {crossover:,}",
             layer_softmax_ops(crossover, d_model) == layer_dense_ops(crossover, d_model)
             and layer_softmax_ops(crossover + 1, d_model) > layer_dense_ops(crossover + 1, d_model),
+            detail=f"d_model = {d_model:,}: 4 n^2 d_model > 24 n d_model^2 beyond "
+            f"{crossover:,} tokens",
         ),
         compare(
             "section 9: linear attention is r / (6 d_model) of the rest",

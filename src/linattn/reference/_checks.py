@@ -64,6 +64,22 @@ def as_chunk_size(C: object) -> int:
     return as_positive_int("C", C)
 
 
+def as_flag(name: str, value: object) -> bool:
+    """A yes/no option such as ``causal``: a bool, not merely something truthy."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def as_real(name: str, value: object) -> float:
+    """A finite real number, or an error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
 def as_feature_map(phi: object) -> Callable[[np.ndarray], np.ndarray]:
     """The feature map phi: a callable from an (n, d) array to an (n, r) array."""
     if not callable(phi):

@@ -13,6 +13,7 @@ import numpy as np
 from linattn.reference._checks import (
     as_chunk_size,
     as_feature_map,
+    as_flag,
     as_matrix,
     features,
     non_empty,
@@ -30,6 +31,7 @@ def _features(Q, K, V, phi, causal=False):
     """Validate Q, K, V and phi; return phi(Q), phi(K), V as float64 arrays."""
     Q, K, V = as_matrix("Q", Q), as_matrix("K", K), as_matrix("V", V)
     phi = as_feature_map(phi)
+    causal = as_flag("causal", causal)
     non_empty("Q", Q)
     non_empty("K", K)
     same_columns(("Q", "K"), Q, K)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from linattn.reference._checks import as_matrix, as_positive_int
+from linattn.reference._checks import as_matrix, as_positive_int, as_real
 from linattn.reference.linear import linear_attention_quadratic
 from linattn.reference.softmax import softmax_attention
 
@@ -20,8 +20,7 @@ def attention_maps(
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     n, d = as_positive_int("n", n), as_positive_int("d", d)
-    if not np.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+    scale = as_real("scale", scale)
     Q, K = scale * rng.standard_normal((n, d)), scale * rng.standard_normal((n, d))
     return softmax_attention(Q, K, np.eye(n))[1], linear_attention_quadratic(Q, K, np.eye(n))[1]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from linattn.reference._checks import as_matrix, non_empty, same_columns, same_rows
+from linattn.reference._checks import as_flag, as_matrix, non_empty, same_columns, same_rows
 
 
 def softmax_attention(
@@ -20,6 +20,7 @@ def softmax_attention(
     constant added to a row, and the subtraction prevents overflow.
     """
     Q, K, V = as_matrix("Q", Q), as_matrix("K", K), as_matrix("V", V)
+    causal = as_flag("causal", causal)
     non_empty("Q", Q)
     non_empty("K", K)
     same_columns(("Q", "K"), Q, K)
