@@ -107,7 +107,7 @@ def reordering(out_dir: Path | str, n: int = 12, r: int = 4, seed: int = 1) -> l
         [
             (A, style.SCORE, "A", "n × n", False),
             (V, style.VALUE, "V", "n × d", False),
-            (left, style.INK, "O", "n × d: 2n²d ops, rows ÷ normaliser", False),
+            (left, style.INK, "O", "n × d: 2n²d operations,\nrows ÷ normaliser", False),
         ],
         n,
         x0=x,
@@ -130,7 +130,7 @@ def reordering(out_dir: Path | str, n: int = 12, r: int = 4, seed: int = 1) -> l
         [
             (FQ, style.QUERY, "φ(Q)", "n × r", False),
             (M, style.STATE, "M", "r × d", False),
-            (right, style.INK, "O", "n × d: 2nrd ops, rows ÷ normaliser", False),
+            (right, style.INK, "O", "n × d: 2nrd operations,\nrows ÷ normaliser", False),
         ],
         n,
         x0=x,
@@ -145,7 +145,7 @@ def reordering(out_dir: Path | str, n: int = 12, r: int = 4, seed: int = 1) -> l
         va="top",
         color=style.INK,
     )
-    ax.set_xlim(-0.5, max(right_edge, x) + 0.5)
+    ax.set_xlim(-0.5, max(right_edge, x) + 3.0)
     ax.set_ylim(-3.4, 2 * n + 8.0)
     return style.save(fig, out_dir, "reordering")
 
