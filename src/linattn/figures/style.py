@@ -24,6 +24,9 @@ CMAP = "Blues"
 DIVERGING = "RdBu_r"
 
 DPI = 150
+# Text in the SVG as paths: the file needs no installed font. ("none" keeps it as <text>, which
+# the tests use to read the numbers a figure shows.)
+SVG_FONTTYPE = "path"
 
 
 def pyplot() -> Any:
@@ -44,7 +47,7 @@ def pyplot() -> Any:
             "axes.spines.top": False,
             "axes.spines.right": False,
             "svg.hashsalt": "linattn",  # the same SVG ids on every run
-            "svg.fonttype": "path",  # text as paths: the SVG needs no installed font
+            "svg.fonttype": SVG_FONTTYPE,
         }
     )
     return plt
