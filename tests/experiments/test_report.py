@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,13 @@ def test_a_read_only_directory_gives_a_clear_error(tmp_path):
             report.prepare_out_dir(locked, force=False)
     finally:
         locked.chmod(0o700)
+
+
+def test_without_matplotlib_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    status, _, stderr = run_cli(["report", "--out", str(tmp_path / "r")])
+    assert status == 2 and "pip install 'linattn[plot]'" in stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_defaults_are_the_spec_procedure():

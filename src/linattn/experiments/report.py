@@ -217,6 +217,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the report; print the page's path last. Exit status 1 if a check fails."""
+    try:
+        import matplotlib  # noqa: F401 (the figures need it: the optional `plot` extra)
+    except ImportError:
+        print(
+            "linattn report: error: the figures need matplotlib: "
+            "pip install 'linattn[plot]' (or matplotlib>=3.7)",
+            file=sys.stderr,
+        )
+        return 2
     args.argv = _argv(args)
     out = prepare_out_dir(Path(args.out), args.force)
     report = build_report(args, out)
