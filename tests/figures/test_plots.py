@@ -44,6 +44,12 @@ def test_table1_plot(tmp_path):
     assert opens(png)[0] > 500
 
 
+def test_table1_plot_needs_rows(tmp_path):
+    with pytest.raises(ValueError, match="non-empty list of Table 1 rows"):
+        plots.table1_plot([], tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_files_are_none(tmp_path):
     assert plots.load_bench(tmp_path / "none.json") is None
     assert plots.load_mqar(tmp_path / "none.jsonl") is None

@@ -46,6 +46,8 @@ def table1_plot(rows: Sequence[dict], out_dir: Path | str, r: int = 32) -> list[
 
     ``rows`` are those of ``linattn.experiments.table1.compute_table1``.
     """
+    if len(rows) == 0 or any("n" not in row for row in rows):
+        raise ValueError("rows must be a non-empty list of Table 1 rows, each with its 'n'")
     plt = style.pyplot()
     ns = np.array([row["n"] for row in rows])
     fig, ax = plt.subplots(figsize=(7.5, 4.6))

@@ -181,7 +181,10 @@ def _column_step(k: np.ndarray, s: np.ndarray, v: float, beta: float):
 
 
 def householder(
-    out_dir: Path | str, angle: float = np.pi / 6, s=(-0.2, 1.6), v: float = 2.0
+    out_dir: Path | str,
+    angle: float = np.pi / 6,
+    s: tuple[float, float] = (-0.2, 1.6),
+    v: float = 2.0,
 ) -> list[Path]:
     """Figure 7: one delta-rule write on one column s of the state, for beta = 1 and beta = 0.5.
 
