@@ -159,6 +159,7 @@ def test_tied_and_untied_embeddings():
     assert n_untied - n_tied == 37 * 32
 
 
+@pytest.mark.slow  # about 2-3 minutes here: inductor compiles C++ kernels for every op of the graph
 def test_torch_compile_on_cpu():
     if shutil.which("gcc") is None and shutil.which("cc") is None and shutil.which("g++") is None:
         pytest.skip("torch.compile on the CPU needs a C/C++ compiler; none found on PATH")
