@@ -68,7 +68,7 @@ def test_decay_gates_shapes_ranges_and_initialisation():
         assert ((A >= 1) & (A <= 16)).all()
         dt = F.softplus(gate.dt_bias)
         assert ((dt >= 1e-3 * (1 - 1e-5)) & (dt <= 0.1 * (1 + 1e-5))).all()
-    # GLA: g = logsigmoid(a) / 16, so with a = 0 the decay is alpha = sigmoid(0)^(1/16) = 0.5^(1/16).
+    # GLA: g = logsigmoid(a) / 16, so a = 0 gives the decay alpha = sigmoid(0)^(1/16) = 0.5^(1/16).
     torch.nn.init.zeros_(gla.a_proj[1].weight)
     torch.nn.init.zeros_(gla.a_proj[1].bias)
     torch.testing.assert_close(gla(x).exp(), torch.full((2, 5, 2, 8), 0.5 ** (1 / 16)))

@@ -45,9 +45,15 @@ def test_dict_round_trip_and_fingerprint():
     assert LMConfig.from_dict(config.to_dict()) == config
     assert config.fingerprint() == LMConfig.from_dict(config.to_dict()).fingerprint()
     # Fields that shape the state change the fingerprint; the context limit does not.
-    assert config.fingerprint() != LMConfig(vocab_size=10, mixers=("kda", "kda"), d_model=32).fingerprint()
-    assert config.fingerprint() == LMConfig(
-        vocab_size=10, mixers=("kda", "softmax"), d_model=32, max_seq_len=99
-    ).fingerprint()
+    assert (
+        config.fingerprint()
+        != LMConfig(vocab_size=10, mixers=("kda", "kda"), d_model=32).fingerprint()
+    )
+    assert (
+        config.fingerprint()
+        == LMConfig(
+            vocab_size=10, mixers=("kda", "softmax"), d_model=32, max_seq_len=99
+        ).fingerprint()
+    )
     with pytest.raises(ValueError, match="unknown LMConfig fields"):
         LMConfig.from_dict(dict(config.to_dict(), depth=3))

@@ -79,7 +79,9 @@ def test_generation_resumed_from_a_saved_cache_gives_the_same_tokens(mixers, tmp
     cache.save(tmp_path / "cache.pt")
     del cache
     loaded = Cache.load(tmp_path / "cache.pt")
-    rest = model.generate(first[:, -1:], 7, temperature=0.8, top_k=10, cache=loaded, generator=generator)
+    rest = model.generate(
+        first[:, -1:], 7, temperature=0.8, top_k=10, cache=loaded, generator=generator
+    )
     assert torch.equal(torch.cat([first, rest[:, 1:]], dim=1), whole)
 
 

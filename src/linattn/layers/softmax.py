@@ -2,10 +2,10 @@
 
     o_i = sum_{j <= i} softmax_j(q_i^T k_j / sqrt(D)) v_j
 
-Its generation state is the KV cache, ``k, v: [B, t, H, D]``: 2 t D numbers per head after t tokens,
-the one state that grows with t (spec section 9). Optional rotary position embedding (RoPE, Su et al.,
-2021) rotates q and k by their absolute position, which the cache supplies: the number of cached
-tokens.
+Its generation state is the KV cache, ``k, v: [B, t, H, D]``: 2 t D numbers per head after t
+tokens, the one state that grows with t (spec section 9). Optional rotary position embedding (RoPE,
+Su et al., 2021) rotates q and k by their absolute position, which the cache supplies: the number of
+cached tokens.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ class SoftmaxAttention(TokenMixer):
         new_state = None
         if state is not None:
             # The cache grows by concatenation: [B, start, H, D] -> [B, start + T, H, D].
-            new_state = {name: torch.cat([state[name], t], dim=1) for name, t in (("k", k), ("v", v))}
+            new_state = {
+                name: torch.cat([state[name], t], dim=1) for name, t in (("k", k), ("v", v))
+            }
         if start == 0:
             o = ops.softmax_attention(q, k, v, causal=True)
         else:
