@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn.layers.softmax import SoftmaxAttention, attend_with_past, rotary
+from linattn.layers.softmax import SoftmaxAttention, rotary
 
 
 def naive_causal_attention(q, k, v):
@@ -40,12 +40,13 @@ def test_rotary_of_an_odd_dimension_leaves_the_last_channel():
     torch.testing.assert_close(rotary(x, 4)[..., 4], x[..., 4])
 
 
-def test_attention_with_past_is_the_last_rows_of_causal_attention():
+def test_layer_is_causal_multi_head_attention():
     torch.manual_seed(1)
-    q, k, v = (torch.randn(2, 9, 2, 4, dtype=torch.float64) for _ in range(3))
-    full = naive_causal_attention(q, k, v)
-    torch.testing.assert_close(attend_with_past(q, k, v), full)
-    torch.testing.assert_close(attend_with_past(q[:, 6:], k, v), full[:, 6:])
+    layer = SoftmaxAttention(16, 2, rope=False).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    q, k, v = (p(x).view(2, 9, 2, 8) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
+    expected = layer.o_proj(naive_causal_attention(q, k, v).reshape(2, 9, 16))
+    torch.testing.assert_close(layer(x)[0], expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("rope", [True, False])

@@ -29,9 +29,9 @@ class LinearAttention(RecurrentMixer):
 
     Args (besides those of ``RecurrentMixer``):
         feature_map: ``"elu_plus_one"``, ``"taylor"`` or ``"identity"``. The Taylor map of Based
-            sends a K-vector to 1 + K + K^2 features; q and k are first scaled by K^(-1/4) so that
-            phi(q)^T phi(k) = 1 + s + s^2 / 2 with s = q^T k / sqrt(K), the Taylor polynomial of
-            exp(s). Keep ``key_dim`` small with it (16 gives 273 features, the models' default).
+            sends a K-vector to 1 + K + K^2 features with phi(q)^T phi(k) = 1 + s + s^2 / 2,
+            s = q^T k / sqrt(K): the Taylor polynomial of exp(s), the softmax's kernel. Keep
+            ``key_dim`` small with it (16 gives 273 features, the models' default).
         normalize: divide by phi(q_t)^T z_t, z_t = sum of phi(k_s) (the normaliser is one more
             column of the memory: S is [K', V + 1]). Needs a positive feature map.
         decay: ``None``, ``"scalar"`` (per head), ``"channel"`` (per key channel, KDA-style
@@ -81,7 +81,7 @@ class LinearAttention(RecurrentMixer):
         if self.feature_map == "elu_plus_one":
             return features.elu_plus_one(x)
         if self.feature_map == "taylor":
-            return features.taylor_exp(x * self.key_dim**-0.25)
+            return features.taylor_exp(x)  # folds in the softmax's 1 / sqrt(K)
         return features.identity(x)
 
     def recurrence(self, x, q, k, v, mode, S, keep):
