@@ -35,6 +35,18 @@ def feed(model: CausalLM, ids: torch.Tensor, pieces) -> torch.Tensor:
     return torch.cat(out, dim=1)
 
 
+def random_split(n: int, generator: torch.Generator) -> tuple[int, ...]:
+    """Lengths >= 1 summing to n, cut at random points."""
+    cuts = sorted(
+        torch.randperm(n - 1, generator=generator)[
+            : int(torch.randint(1, 6, (1,), generator=generator))
+        ]
+        + 1
+    )
+    edges = [0, *(int(c) for c in cuts), n]
+    return tuple(b - a for a, b in zip(edges[:-1], edges[1:], strict=True))
+
+
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
@@ -60,8 +72,11 @@ def test_prompt_split_anywhere_gives_the_same_logits(mixers):
     model = make_model(mixers, torch.float64)
     with torch.no_grad():
         full = model(ids)
-        # Pieces shorter than, equal to and longer than chunk_size = 8, and of one token.
-        for pieces in [(1, 20), (13, 8), (3, 5, 1, 9, 3), (8, 8, 5)]:
+        # Pieces shorter than, equal to and longer than chunk_size = 8, and of one token; and
+        # three random splits.
+        rng = torch.Generator().manual_seed(3)
+        random = [random_split(21, rng) for _ in range(3)]
+        for pieces in [(1, 20), (13, 8), (3, 5, 1, 9, 3), (8, 8, 5), *random]:
             error = (feed(model, ids, pieces) - full).abs().max().item()
             assert error < 1e-10 * full.abs().max().item(), (pieces, error)
 
