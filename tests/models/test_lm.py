@@ -236,7 +236,7 @@ def test_context_longer_than_max_seq_len():
     with pytest.raises(ValueError, match=r"6 cached \+ 3 new.*max_seq_len = 8"):
         model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
     assert cache.position == 6  # the refused call left the cache as it was
-    with pytest.raises(ValueError, match="max_seq_len = 8"):
+    with pytest.raises(ValueError, match=r"4 new \+ 5 generated\) exceeds max_seq_len = 8"):
         model.generate(torch.zeros(1, 4, dtype=torch.long), 6)
     assert model.generate(torch.zeros(1, 4, dtype=torch.long), 5).shape == (1, 9)
 

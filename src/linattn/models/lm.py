@@ -93,8 +93,7 @@ class CausalLM(nn.Module):
     def new_cache(self, batch_size: int, device: torch.device | str | None = None) -> Cache:
         """An empty generation cache for ``batch_size`` sequences, in the model's dtype (states in
         float32, or float64 for a float64 model), on ``device`` (default: the model's)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        _check_int("batch_size", batch_size, 1)
         device = self.device if device is None else device
         blocks = [b.mixer.new_state(batch_size, self.dtype, device) for b in self.blocks]
         growing = [b.mixer.growing for b in self.blocks]
@@ -122,7 +121,7 @@ class CausalLM(nn.Module):
 
     # -- forward ------------------------------------------------------------------------------
 
-    def _check_ids(self, input_ids: Tensor, start: int) -> None:
+    def _check_ids(self, input_ids: Tensor) -> None:
         if not isinstance(input_ids, Tensor):
             raise TypeError(f"input_ids must be a tensor, got {type(input_ids).__name__}")
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
@@ -138,18 +137,26 @@ class CausalLM(nn.Module):
                 f"input_ids holds token id {bad}, "
                 f"outside the vocabulary [0, {self.config.vocab_size})"
             )
+
+    def _check_context(self, cached: int, new: int, later: int = 0) -> None:
+        """The context (cached + new tokens, + ``later`` ones still to be fed) fits max_seq_len."""
         limit = self.config.max_seq_len
-        if limit is not None and start + input_ids.shape[1] > limit:
+        total = cached + new + later
+        if limit is not None and total > limit:
+            later_text = f" + {later} generated" if later else ""
             raise ValueError(
-                f"context of {start + input_ids.shape[1]} tokens ({start} cached + "
-                f"{input_ids.shape[1]} new) exceeds max_seq_len = {limit}"
+                f"context of {total} tokens ({cached} cached + {new} new{later_text}) "
+                f"exceeds max_seq_len = {limit}"
             )
 
     def forward(self, input_ids: Tensor, cache: Cache | None = None) -> Tensor:
-        """input_ids: [B, T] -> logits [B, T, vocab_size]; advances ``cache`` by T tokens."""
+        """input_ids: [B, T] -> logits [B, T, vocab_size]; advances ``cache`` by T tokens.
+
+        Every check runs before any work, so a refused call leaves the cache as it was."""
+        self._check_ids(input_ids)
         if cache is not None:
-            self._check_cache(cache, input_ids.shape[0] if isinstance(input_ids, Tensor) else -1)
-        self._check_ids(input_ids, 0 if cache is None else cache.position)
+            self._check_cache(cache, input_ids.shape[0])
+        self._check_context(0 if cache is None else cache.position, input_ids.shape[1])
         x = self.embed(input_ids.long())  # [B, T, d_model]
         for i, block in enumerate(self.blocks):
             x, state = block(x, None if cache is None else cache.blocks[i])
@@ -182,34 +189,17 @@ class CausalLM(nn.Module):
         place: afterwards it holds every token but the last one returned (which the next call
         should feed first), so that generation can be saved (``cache.save``) and resumed.
         """
-        if (
-            isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 0
-        ):
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        _check_int("max_new_tokens", max_new_tokens, 0)
+        if top_k is not None:
+            _check_int("top_k", top_k, 1)
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
-        ):
-            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+        self._check_ids(input_ids)
         if cache is None:
-            batch = (
-                input_ids.shape[0] if isinstance(input_ids, Tensor) and input_ids.dim() == 2 else 1
-            )
-            cache = self.new_cache(batch)
-        start = cache.position
-        # Check the whole context before any work: the prompt plus every token fed back.
-        total = (
-            input_ids.shape[1] + max(max_new_tokens - 1, 0) if isinstance(input_ids, Tensor) else 0
-        )
-        limit = self.config.max_seq_len
-        if limit is not None and start + total > limit:
-            raise ValueError(
-                f"generation needs a context of {start + total} tokens, "
-                f"beyond max_seq_len = {limit}"
-            )
+            cache = self.new_cache(input_ids.shape[0])
+        self._check_cache(cache, input_ids.shape[0])
+        # The whole context before any work: the prompt, then every sampled token but the last.
+        self._check_context(cache.position, input_ids.shape[1], max(max_new_tokens - 1, 0))
         if generator is None and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
         logits = self(input_ids, cache=cache)[:, -1]  # [B, vocab]
@@ -220,6 +210,11 @@ class CausalLM(nn.Module):
             if step + 1 < max_new_tokens:
                 logits = self(token, cache=cache)[:, -1]
         return torch.cat(out, dim=1)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def sample(
