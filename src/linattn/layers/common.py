@@ -38,6 +38,8 @@ class TokenMixer(nn.Module):
 
     Subclasses set ``d_model`` and implement ``mix`` and ``state_spec``. ``growing`` names the state
     tensors whose axis 1 is time (softmax attention's keys and values); all others are fixed-size.
+    Setting ``mixer.mode`` to ``"parallel"``, ``"recurrent"`` or ``"chunk"`` forces one form of the
+    op (for cross-checks); ``None``, the default, lets ``pick_mode`` choose.
     """
 
     growing: tuple[str, ...] = ()
@@ -92,6 +94,8 @@ class TokenMixer(nn.Module):
             raise ValueError(f"state must hold the tensors {sorted(spec)}, got {got}")
         for name, (shape, dt) in spec.items():
             tensor = state[name]
+            if not isinstance(tensor, Tensor):
+                raise ValueError(f"state[{name!r}] must be a tensor, got {type(tensor).__name__}")
             got = list(tensor.shape)
             want = list(shape)
             if name in self.growing and len(got) == len(want):
