@@ -81,7 +81,7 @@ def test_prompt_split_anywhere_gives_the_same_logits(mixers):
             assert error < 1e-10 * full.abs().max().item(), (pieces, error)
 
 
-@pytest.mark.parametrize("mixers", [("gated_deltanet",), HYBRID], ids=["gated_deltanet", "hybrid"])
+@pytest.mark.parametrize("mixers", CASES, ids=IDS)
 def test_generation_resumed_from_a_saved_cache_gives_the_same_tokens(mixers, tmp_path):
     model = make_model(mixers, torch.float32)
     prompt = torch.randint(0, 37, (2, 6), generator=torch.Generator().manual_seed(3))
