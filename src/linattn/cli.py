@@ -21,8 +21,8 @@ COMMANDS: dict[str, str] = {
     "accuracy": "linattn.experiments.accuracy",
     "verify": "linattn.experiments.verify",
     "table1": "linattn.experiments.table1",
-    "costs": "linattn.experiments.costs",
     "memory": "linattn.experiments.memory",
+    "costs": "linattn.experiments.costs",
 }
 
 
