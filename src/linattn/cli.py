@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "accuracy": "linattn.experiments.accuracy",
     "verify": "linattn.experiments.verify",
     "table1": "linattn.experiments.table1",
+    "memory": "linattn.experiments.memory",
     "costs": "linattn.experiments.costs",
     "report": "linattn.experiments.report",
 }
