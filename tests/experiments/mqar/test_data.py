@@ -102,7 +102,8 @@ def test_without_replacement_matches_sequential_draws() -> None:
     task = MQARTask(vocab_size=64, seq_len=20, n_kv=2)  # 8 slots
     p = gap_probabilities(task.n_slots, task.power_a)
     _, _, slots = generate(task, 40000, rng=7, return_slots=True)
-    expected = np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(8) if i != j) for j in range(8)])
+    second = [sum(p[i] * p[j] / (1 - p[i]) for i in range(8) if i != j) for j in range(8)]
+    expected = np.array(second)
     observed = np.bincount(slots[:, 1].numpy(), minlength=8)
     assert stats.chisquare(observed, f_exp=expected * observed.sum()).pvalue > 1e-3
 

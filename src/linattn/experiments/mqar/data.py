@@ -1,4 +1,6 @@
-"""Multi-query associative recall (MQAR) data, after Arora et al. (2023), "Zoology" (arXiv 2312.04927).
+"""Multi-query associative recall (MQAR) data, after Arora et al. (2023), "Zoology".
+
+Reference: arXiv 2312.04927.
 
 The task behind the recall trade-off of the spec (sections 6.3, 7.3, 9): a sequence first lists
 ``n_kv`` key-value pairs, then asks for the keys again, one by one, and the model must answer each
@@ -19,8 +21,8 @@ Layout of one sequence of ``seq_len`` tokens (T = seq_len, n = n_kv, V = vocab_s
   drawn. (Zoology's choice; real text shows power-law gaps between repeated bigrams.) We draw the
   ordered sample with the Gumbel-top-k trick: adding independent Gumbel noise to ``log p`` and
   taking the n largest gives exactly the sequential weighted draw without replacement, vectorised.
-* ``labels`` is -100 (ignored by ``cross_entropy``) everywhere except at each query position, where it
-  is the value paired with that key: the model reads the key and must predict its value as the next
+* ``labels`` is -100 (ignored by ``cross_entropy``) everywhere except at each query position, where
+  it is the value paired with that key: the model reads the key and must predict its value as the next
   token. Accuracy counts these positions only.
 * the other positions after the context are filler: token 0, or, with ``random_non_queries=True``
   (Zoology's default, and ours), uniform random tokens from the whole vocabulary, so that the model
@@ -34,13 +36,13 @@ Worked example: ``generate(MQARTask(vocab_size=20, seq_len=16, n_kv=2, random_no
     label     -100 -100 -100 -100 12   -100 -100 -100 -100 -100 14   -100 -100 -100 -100 -100
 
 Keys 4, 3 (< V/2 = 10), values 12, 14 (>= 10); s = (16 - 4) // 2 = 6 slots; key 4 drew slot 0
-(position 4, right after the context) and key 3 slot 3 (position 4 + 6 = 10). At position 10 the model
-sees key 3 and must emit 14, the token that followed 3 in the context.
+(position 4, right after the context) and key 3 slot 3 (position 4 + 6 = 10). At position 10 the
+model sees key 3 and must emit 14, the token that followed 3 in the context.
 
 Constraints, checked before any work (Zoology asserts the same): ``seq_len`` even, ``vocab_size >
 seq_len``, and ``4 n_kv <= seq_len`` (the context takes 2n tokens and the n queries need n of the
-(T - 2n) / 2 slots). Differences from Zoology's generator: a ``numpy.random.Generator`` instead of the
-global NumPy seed; the weighted draw via Gumbel-top-k (same distribution); no multi-pass contexts.
+(T - 2n) / 2 slots). Differences from Zoology's generator: a ``numpy.random.Generator`` instead of
+the global NumPy seed; the weighted draw via Gumbel-top-k (same distribution); no multi-pass contexts.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def gap_probabilities(n_slots: int, power_a: float = 0.01) -> np.ndarray:
 
 
 def _distinct_draws(rng: np.random.Generator, rows: int, low: int, high: int, k: int) -> np.ndarray:
-    """``rows`` independent uniform draws of k distinct integers from [low, high), shape [rows, k]."""
+    """``rows`` independent draws of k distinct integers, uniform on [low, high); [rows, k]."""
     noise = rng.random((rows, high - low))
     # argpartition then argsort of the k smallest: a uniform random ordered k-subset per row.
     part = np.argpartition(noise, k - 1, axis=1)[:, :k]
