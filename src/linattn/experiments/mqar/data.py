@@ -22,8 +22,8 @@ Layout of one sequence of ``seq_len`` tokens (T = seq_len, n = n_kv, V = vocab_s
   ordered sample with the Gumbel-top-k trick: adding independent Gumbel noise to ``log p`` and
   taking the n largest gives exactly the sequential weighted draw without replacement, vectorised.
 * ``labels`` is -100 (ignored by ``cross_entropy``) everywhere except at each query position, where
-  it is the value paired with that key: the model reads the key and must predict its value as the next
-  token. Accuracy counts these positions only.
+  it is the value paired with that key: the model reads the key and must predict its value as the
+  next token. Accuracy counts these positions only.
 * the other positions after the context are filler: token 0, or, with ``random_non_queries=True``
   (Zoology's default, and ours), uniform random tokens from the whole vocabulary, so that the model
   cannot find the queries by looking for the only non-zero tokens.
@@ -42,7 +42,7 @@ model sees key 3 and must emit 14, the token that followed 3 in the context.
 Constraints, checked before any work (Zoology asserts the same): ``seq_len`` even, ``vocab_size >
 seq_len``, and ``4 n_kv <= seq_len`` (the context takes 2n tokens and the n queries need n of the
 (T - 2n) / 2 slots). Differences from Zoology's generator: a ``numpy.random.Generator`` instead of
-the global NumPy seed; the weighted draw via Gumbel-top-k (same distribution); no multi-pass contexts.
+the global NumPy seed; the weighted draw via Gumbel-top-k (same law); no multi-pass contexts.
 """
 
 from __future__ import annotations
