@@ -53,7 +53,9 @@ def test_training_runs_and_learns_the_value_half() -> None:
 def test_evaluate_scores_an_oracle_at_one_and_a_constant_at_zero() -> None:
     inputs, labels = data.eval_set(TASK, 50, seed=0)
     acc, loss = train.evaluate(Oracle(TASK.vocab_size, TASK.n_kv), inputs, labels, 16)
-    assert acc == 1.0 and loss == pytest.approx(math.log1p((TASK.vocab_size - 1) * math.exp(-10)))
+    assert acc == 1.0 and loss == pytest.approx(
+        math.log1p((TASK.vocab_size - 1) * math.exp(-10)), rel=1e-4
+    )
     constant = TinyGRU(TASK.vocab_size)
     for p in constant.parameters():
         torch.nn.init.zeros_(p)  # logits all zero: argmax is token 0, never a value
