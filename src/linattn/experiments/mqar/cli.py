@@ -38,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"subset of: {', '.join(MECHANISMS)} (default: all)")  # fmt: skip
     parser.add_argument("--widths", nargs="+", type=int, metavar="D", help="model widths d_model")
     parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's)")
+    parser.add_argument("--seq-len", type=int, help="sequence length T (even; default: preset's)")
+    parser.add_argument("--n-kv", type=int, help="key-value pairs per sequence (<= T/4)")
+    parser.add_argument("--vocab-size", type=int, help="vocabulary size V (> T)")
     parser.add_argument("--lr", nargs="+", type=float, metavar="LR",
                         help="learning rates to sweep; each run reports its best")  # fmt: skip
     parser.add_argument("--seed", type=int, help="seed for data and initialisation (default 0)")
@@ -60,8 +63,17 @@ def run(args: argparse.Namespace) -> int:
         train_overrides["warmup_steps"] = min(preset.train.warmup_steps, max(args.steps // 10, 0))
     if args.seed is not None:
         train_overrides["seed"] = args.seed
+    task_overrides = {
+        name: value
+        for name, value in (
+            ("seq_len", args.seq_len), ("n_kv", args.n_kv), ("vocab_size", args.vocab_size)
+        )
+        if value is not None
+    }  # fmt: skip
+    # Task and training settings are validated here, before any model is built or trained.
     preset = replace(
         preset,
+        task=replace(preset.task, **task_overrides),
         train=replace(preset.train, **train_overrides),
         mechanisms=tuple(args.mechanisms or preset.mechanisms),
         widths=tuple(args.widths or preset.widths),
