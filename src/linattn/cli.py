@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "verify": "linattn.experiments.verify",
     "table1": "linattn.experiments.table1",
     "costs": "linattn.experiments.costs",
+    "memory": "linattn.experiments.memory",
+    "mqar": "linattn.experiments.mqar.cli",
 }
 
 
