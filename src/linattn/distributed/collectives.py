@@ -146,6 +146,12 @@ def init_process_group(
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(
-        backend=backend, timeout=datetime.timedelta(seconds=float(timeout)), **kwargs
-    )
+    try:
+        dist.init_process_group(
+            backend=backend, timeout=datetime.timedelta(seconds=float(timeout)), **kwargs
+        )
+    except RuntimeError as error:  # DistStoreError and friends: a peer did not join in time
+        raise PeerFailureError(
+            f"rendezvous failed within the {timeout:g} s timeout: a peer did not join or the "
+            f"address is wrong ({type(error).__name__}: {str(error).splitlines()[0]})"
+        ) from error

@@ -39,8 +39,12 @@ def run_local(
     nproc: int,
     deadline: float = 120.0,
     env: dict[str, str] | None = None,
+    world_size: int | None = None,
 ) -> list[RankResult]:
     """Run ``python *args`` as ranks 0..nproc-1 of one job on 127.0.0.1; wait at most ``deadline``.
+
+    ``world_size`` (default ``nproc``) larger than ``nproc`` leaves ranks missing: the job's
+    rendezvous then waits for peers that never arrive.
 
     Each rank gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     MASTER_ADDR=127.0.0.1, MASTER_PORT) and OMP_NUM_THREADS=1 unless already set in ``env``.
@@ -55,7 +59,7 @@ def run_local(
         rank_env = base | {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(nproc),
+            "WORLD_SIZE": str(world_size or nproc),
             "LOCAL_WORLD_SIZE": str(nproc),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
