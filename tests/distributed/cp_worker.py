@@ -57,10 +57,28 @@ def call(name: str, fn, x: dict, initial_state, **kwargs):
     """Run ``fn`` (an op or its context-parallel version) on the case's inputs."""
     _, _, rule, _, normalize = next(c for c in CASES if c[0] == name)
     if rule == "delta":
-        return fn(x["q"], x["k"], x["v"], x["beta"], x["g"], chunk_size=CHUNK,
-                  initial_state=initial_state, output_final_state=True, **kwargs)
-    return fn(x["q"], x["k"], x["v"], x["g"], normalize=normalize, chunk_size=CHUNK,
-              initial_state=initial_state, output_final_state=True, **kwargs)
+        return fn(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["beta"],
+            x["g"],
+            chunk_size=CHUNK,
+            initial_state=initial_state,
+            output_final_state=True,
+            **kwargs,
+        )
+    return fn(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        normalize=normalize,
+        chunk_size=CHUNK,
+        initial_state=initial_state,
+        output_final_state=True,
+        **kwargs,
+    )
 
 
 def leaves(x: dict) -> dict:

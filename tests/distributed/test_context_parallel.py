@@ -66,8 +66,12 @@ def prefix_state(name: str, case: dict, stop: int) -> torch.Tensor:
 
 
 def run_and_compare(lengths: list[int], tmp_path: Path) -> None:
-    results = run_local([str(WORKER), str(tmp_path), ",".join(map(str, lengths))], len(lengths),
-                        deadline=240, env=worker_env())
+    results = run_local(
+        [str(WORKER), str(tmp_path), ",".join(map(str, lengths))],
+        len(lengths),
+        deadline=240,
+        env=worker_env(),
+    )
     for r in results:
         assert r.returncode == 0, f"rank {r.rank} failed ({r.returncode}):\n{r.output[-3000:]}"
     ranks = [torch.load(tmp_path / f"rank{p}.pt", weights_only=False) for p in range(len(lengths))]
@@ -80,15 +84,18 @@ def run_and_compare(lengths: list[int], tmp_path: Path) -> None:
             case, o, S, grads = reference(name, dtype, T)
             got = [rank[key] for rank in ranks]
             checks = [("o", torch.cat([g["o"] for g in got], dim=1), o)]
-            checks += [(f"state after slice {p}", got[p]["S"], prefix_state(name, case, stops[p]))
-                       for p in range(len(lengths) - 1)]
+            checks += [
+                (f"state after slice {p}", got[p]["S"], prefix_state(name, case, stops[p]))
+                for p in range(len(lengths) - 1)
+            ]
             checks.append(("final state", got[-1]["S"], S))
             for n, ref in grads.items():
                 if ref is None:
                     continue
                 if n == "S0":  # replicated: every rank holds the total over ranks
-                    checks += [(f"grad S0 on rank {p}", g["grads"]["S0"], ref)
-                               for p, g in enumerate(got)]
+                    checks += [
+                        (f"grad S0 on rank {p}", g["grads"]["S0"], ref) for p, g in enumerate(got)
+                    ]
                 else:
                     checks.append((f"grad {n}", torch.cat([g["grads"][n] for g in got], 1), ref))
             for what, x, ref in checks:

@@ -24,8 +24,13 @@ DEADLINE = 90.0
 
 
 def launch(scenario: str, nproc: int = 2, world_size: int | None = None):
-    return run_local([WORKER, scenario, str(TIMEOUT)], nproc, deadline=DEADLINE,
-                     env=worker_env(), world_size=world_size)
+    return run_local(
+        [WORKER, scenario, str(TIMEOUT)],
+        nproc,
+        deadline=DEADLINE,
+        env=worker_env(),
+        world_size=world_size,
+    )
 
 
 @pytest.mark.slow  # the context-parallel tests run the same path

@@ -88,7 +88,9 @@ def _failed(name: str, group: dist.ProcessGroup | None, error: Exception) -> Pee
     )
 
 
-def all_gather(x: Tensor, group: dist.ProcessGroup | None = None, name: str = "all_gather") -> Tensor:
+def all_gather(
+    x: Tensor, group: dist.ProcessGroup | None = None, name: str = "all_gather"
+) -> Tensor:
     """Stack every rank's ``x`` (same shape and dtype on all ranks): returns [P, *x.shape]."""
     _, world = group_size(group)
     x = x.contiguous()
@@ -128,9 +130,7 @@ def all_gather_strings(
     return [str(s) for s in out]
 
 
-def init_process_group(
-    backend: str | None = None, timeout: float = 60.0, **kwargs: object
-) -> None:
+def init_process_group(backend: str | None = None, timeout: float = 60.0, **kwargs: object) -> None:
     """``torch.distributed.init_process_group`` from torchrun's environment, with a timeout.
 
     backend: "gloo" (CPU tensors) or "nccl" (CUDA tensors); None picks nccl when CUDA is available

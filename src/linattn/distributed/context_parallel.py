@@ -141,9 +141,7 @@ class _IncomingState(torch.autograd.Function):
         return d_packed, d_S0, None, None, None
 
 
-def _incoming_state(
-    M: Tensor | None, N: Tensor, S0: Tensor | None, group
-) -> Tensor:
+def _incoming_state(M: Tensor | None, N: Tensor, S0: Tensor | None, group) -> Tensor:
     """Step 3: all-gather the maps and fold those of the ranks before this one into S_0."""
     packed = N.reshape(-1) if M is None else torch.cat([M.reshape(-1), N.reshape(-1)])
     if S0 is None:
