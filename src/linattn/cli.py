@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "costs": "linattn.experiments.costs",
     "memory": "linattn.experiments.memory",
     "mqar": "linattn.experiments.mqar.cli",
+    "cp-bytes": "linattn.distributed.demo",
 }
 
 

@@ -86,6 +86,25 @@ def leaves(x: dict) -> dict:
     return {n: (None if t is None else t.detach().clone().requires_grad_()) for n, t in x.items()}
 
 
+BYTES_LENGTHS = (16, 1024)
+
+
+def count_bytes(rank: int) -> dict:
+    """Bytes this rank contributes, by collective, for each case at two slice lengths (float32)."""
+    import linattn.distributed as ld
+
+    counts = {}
+    for name, fn_name, *_ in CASES:
+        for T in BYTES_LENGTHS:
+            case = make_case(name, T, torch.float32, seed=rank)
+            x = leaves(case["inputs"])
+            with ld.count_bytes() as counter:
+                o, _ = call(name, getattr(ld, fn_name), x, x["S0"])
+                (o * case["weights"]["o"]).sum().backward()
+            counts[(name, T)] = dict(counter.by_op)
+    return counts
+
+
 def main(out_dir: str, lengths: list[int]) -> None:
     import linattn.distributed as ld
 
@@ -108,6 +127,7 @@ def main(out_dir: str, lengths: list[int]) -> None:
             loss.backward()
             grads = {n: (None if t is None else t.grad) for n, t in x.items()}
             results[(name, str(dtype))] = {"o": o.detach(), "S": S.detach(), "grads": grads}
+    results["bytes"] = count_bytes(rank)
     torch.save(results, f"{out_dir}/rank{rank}.pt")
     torch.distributed.destroy_process_group()
 

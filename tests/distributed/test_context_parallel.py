@@ -103,6 +103,27 @@ def run_and_compare(lengths: list[int], tmp_path: Path) -> None:
                 if not ok:
                     failures.append(f"{name} {dtype} {what}: error {err:.3g}")
     assert not failures, "\n".join(failures)
+    check_bytes([rank["bytes"] for rank in ranks])
+
+
+def expected_bytes(name: str, world: int) -> dict[str, int]:
+    """What each rank should contribute (float32): the shape descriptor, its map, the gradients."""
+    _, _, rule, gate, normalize = next(c for c in CASES if c[0] == name)
+    Vs = cp_worker.V + int(normalize)
+    N = cp_worker.B * cp_worker.H * cp_worker.K * Vs
+    per_head = {"scalar": 1, "channel": cp_worker.K, None: 0}[gate]
+    M = cp_worker.B * cp_worker.H * (cp_worker.K * cp_worker.K if rule == "delta" else per_head)
+    L = M + N
+    return {"descriptor": 10 * 8, "maps": 4 * L, "map_grads": 4 * (world * L + N)}
+
+
+def check_bytes(per_rank: list[dict]) -> None:
+    """The same bytes on every rank, at both slice lengths, and exactly the maps' size."""
+    for name, *_ in CASES:
+        want = expected_bytes(name, len(per_rank))
+        for p, counts in enumerate(per_rank):
+            for T in cp_worker.BYTES_LENGTHS:
+                assert counts[(name, T)] == want, (name, p, T, counts[(name, T)], want)
 
 
 def test_two_ranks_unequal_slices(tmp_path):
