@@ -37,7 +37,9 @@ def compute_memory(
     Recurrent states are float32 whatever the model dtype (float64 for float64); the KV cache and
     the convolution state are in the model dtype.
     """
-    if not contexts or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in contexts):
+    if not contexts or any(
+        isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in contexts
+    ):
         raise ValueError(f"contexts must be integers >= 0, got {contexts!r}")
     with torch.device("meta"):
         model = CausalLM(config).to(dtype)
@@ -62,7 +64,7 @@ def compute_memory(
 
 
 def human_bytes(n: int) -> str:
-    """1536 -> '1.500 KiB' (three decimals, so that a normaliser column or a convolution state shows)."""
+    """1536 -> '1.500 KiB': three decimals, so that a normaliser column or a conv state shows."""
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if size < 1024 or unit == "TiB":
@@ -80,7 +82,11 @@ def memory_markdown(result: dict) -> str:
         f"| {b['index']} | {b['mixer']} | " + " | ".join(human_bytes(x) for x in b["bytes"]) + " |"
         for b in result["blocks"]
     ]
-    rows.append("| all | whole model | " + " | ".join(f"**{human_bytes(x)}**" for x in result["total"]) + " |")
+    rows.append(
+        "| all | whole model | "
+        + " | ".join(f"**{human_bytes(x)}**" for x in result["total"])
+        + " |"
+    )
     c = result["config"]
     head_dim = c["head_dim"] or c["d_model"] // c["n_heads"]
     title = (
@@ -95,7 +101,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected integers >= 0, got {text!r}")
     return values
@@ -105,7 +113,9 @@ def _mixer_list(text: str) -> tuple[str, ...]:
     names = tuple(x.strip() for x in text.split(",") if x.strip())
     unknown = [n for n in names if n not in MIXERS]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown mixers {unknown}; choose from {', '.join(MIXERS)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown mixers {unknown}; choose from {', '.join(MIXERS)}"
+        )
     return names
 
 

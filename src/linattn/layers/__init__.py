@@ -1,8 +1,8 @@
 """Token mixers: ``nn.Module`` layers ``[B, T, d_model] -> [B, T, d_model]`` around the ops.
 
 Each mixer's ``forward(x, state=None)`` returns ``(y, new_state)``; with a state (from
-``mixer.new_state(batch_size, dtype)``) it advances it, running the op in chunk mode for a prompt and
-in recurrent mode for a one-token decoding step.
+``mixer.new_state(batch_size, dtype)``) it advances it, running the op in chunk mode for a prompt
+and in recurrent mode for a one-token decoding step.
 
 - ``SoftmaxAttention``: causal, optional rotary embeddings; its state is the KV cache.
 - ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay.

@@ -4,9 +4,9 @@
       -> op (chunk for training and prefill, recurrent step for decoding) -> o
       -> per-head RMSNorm * act(output gate) -> output projection
 
-The subclasses (``LinearAttention``, ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``) only say
-what differs: the transition and the write of the memory ``S_t = A_t S_{t-1} + k_t w_t^T`` (the table
-of DESIGN.md), in ``recurrence``; and the memory's shape, in ``memory_shape``.
+The subclasses (``LinearAttention``, ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``) only
+say what differs: the transition and the write of the memory ``S_t = A_t S_{t-1} + k_t w_t^T``
+(the table of DESIGN.md), in ``recurrence``; and the memory's shape, in ``memory_shape``.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class RecurrentMixer(TokenMixer):
         n_heads: number of heads H.
         head_dim: value dimension V per head (default ``d_model // n_heads``).
         key_dim: query/key dimension K per head, before any feature map (default ``head_dim``).
-        short_conv: causal depthwise convolution (kernel ``conv_size``) + SiLU on q, k and v; without
-            it, q, k and v go through SiLU alone.
+        short_conv: causal depthwise convolution (kernel ``conv_size``) + SiLU on q, k and v;
+            without it, q, k and v go through SiLU alone.
         gate_activation: ``"silu"`` or ``"sigmoid"`` for the output gate.
         gate_rank: ``None`` for a full output-gate projection, an int for a low-rank one with bias
             (KDA: d_model -> rank -> H*V).
@@ -83,7 +83,8 @@ class RecurrentMixer(TokenMixer):
     # -- what the subclasses define ------------------------------------------------------------
 
     def memory_shape(self) -> tuple[int, int]:
-        """(rows, columns) of one head's memory S: (K, V) unless a feature map or normaliser widens it."""
+        """(rows, columns) of one head's memory S: (K, V), unless features or a normaliser widen
+        it."""
         return self.key_dim, self.head_dim
 
     def recurrence(

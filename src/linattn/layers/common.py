@@ -60,7 +60,9 @@ class TokenMixer(nn.Module):
     ) -> State:
         """Zero state for ``batch_size`` sequences: what the mixer holds before the first token."""
         spec = self.state_spec(batch_size, dtype)
-        return {name: torch.zeros(shape, dtype=dt, device=device) for name, (shape, dt) in spec.items()}
+        return {
+            name: torch.zeros(shape, dtype=dt, device=device) for name, (shape, dt) in spec.items()
+        }
 
     def pick_mode(self, T: int, state: State | None) -> str:
         """The op's mode: recurrent for a decoding step (T = 1 with a state), chunk otherwise."""
@@ -106,10 +108,10 @@ class TokenMixer(nn.Module):
 class ShortConvolution(nn.Module):
     """Causal depthwise convolution over time, then SiLU (Mamba, H3, DeltaNet, KDA).
 
-    ``y[t, c] = silu(sum_{i < kernel} w[c, i] x[t - kernel + 1 + i, c])``, with ``x[s] = 0`` before the
-    first token. Its generation state is the last ``kernel - 1`` inputs, ``[B, channels, kernel - 1]``:
-    calling it on a sequence in pieces of any lengths, passing the state along, gives the outputs of
-    one call on the whole sequence.
+    ``y[t, c] = silu(sum_{i < kernel} w[c, i] x[t - kernel + 1 + i, c])``, with ``x[s] = 0``
+    before the first token. Its generation state is the last ``kernel - 1`` inputs,
+    ``[B, channels, kernel - 1]``: calling it on a sequence in pieces of any lengths, passing the
+    state along, gives the outputs of one call on the whole sequence.
     """
 
     def __init__(self, channels: int, kernel_size: int = 4) -> None:
@@ -137,9 +139,9 @@ class ShortConvolution(nn.Module):
 class GatedRMSNorm(nn.Module):
     """Per-head output norm and gate: ``o <- rmsnorm(o) * weight * act(gate)``.
 
-    o, gate: [B, T, H, V]; the norm runs over each head's V channels with one weight of size V shared
-    by the heads (as Gated DeltaNet and KDA do). ``act`` is ``"silu"`` (Gated DeltaNet, GLA) or
-    ``"sigmoid"`` (KDA).
+    o, gate: [B, T, H, V]; the norm runs over each head's V channels with one weight of size V
+    shared by the heads (as Gated DeltaNet and KDA do). ``act`` is ``"silu"`` (Gated DeltaNet,
+    GLA) or ``"sigmoid"`` (KDA).
     """
 
     def __init__(self, head_dim: int, activation: str = "silu", eps: float = 1e-6) -> None:
@@ -157,27 +159,27 @@ class GatedRMSNorm(nn.Module):
 
 
 def low_rank(d_in: int, rank: int, d_out: int, bias: bool = False) -> nn.Sequential:
-    """x -> W2 (W1 x) (+ b): the low-rank projection of GLA and KDA gates (d_in -> rank -> d_out)."""
+    """x -> W2 (W1 x) (+ b): the low-rank projection of GLA and KDA gates, d_in -> rank -> d_out."""
     return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=bias))
 
 
 class DecayGate(nn.Module):
     """Data-dependent log-decay ``g = log(alpha) <= 0``, per head or per key channel.
 
-    - ``kind="scalar"`` (Mamba-2, Gated DeltaNet): ``g = -exp(A_log) * softplus(a_proj x + dt_bias)``
-      with one value per head, ``g: [B, T, H]``. Initialisation as in Mamba-2: ``A_log = log(A)``,
-      ``A ~ uniform(1, 16)`` per head; ``dt_bias = softplus^{-1}(dt)``, ``dt`` log-uniform in
-      [0.001, 0.1], so that the initial step sizes ``softplus(dt_bias)`` span that range.
+    - ``kind="scalar"`` (Mamba-2, Gated DeltaNet): one value per head, ``g: [B, T, H]``,
+      ``g = -exp(A_log) * softplus(a_proj x + dt_bias)``. Initialisation as in Mamba-2:
+      ``A_log = log(A)``, ``A ~ uniform(1, 16)`` per head; ``dt_bias = softplus^{-1}(dt)``, ``dt``
+      log-uniform in [0.001, 0.1], so that the initial step sizes ``softplus(dt_bias)`` span
+      that range.
     - ``kind="channel"`` (KDA): the same formula per key channel, ``g: [B, T, H, K]``, with
-      ``a_proj`` low-rank (d_model -> ``rank`` -> H*K), ``A_log`` per head and ``dt_bias`` per channel,
-      initialised as above (KDA starts its ``dt_bias`` at 0; we use the Mamba-2 range for both).
-    - ``kind="gla"`` (GLA): ``g = logsigmoid(a_proj x) / 16`` per key channel, ``a_proj`` low-rank with
-      bias (rank 16 in the paper); the normaliser 16 keeps the initial decay close to 1.
+      ``a_proj`` low-rank (d_model -> ``rank`` -> H*K), ``A_log`` per head and ``dt_bias`` per
+      channel, initialised as above (Kimi Linear starts ``dt_bias`` at 0; we use the Mamba-2
+      range for both).
+    - ``kind="gla"`` (GLA): ``g = logsigmoid(a_proj x) / 16`` per key channel, ``a_proj``
+      low-rank with bias (rank 16 in the paper); dividing by 16 keeps the initial decay near 1.
     """
 
-    def __init__(
-        self, d_model: int, n_heads: int, key_dim: int, kind: str, rank: int = 16
-    ) -> None:
+    def __init__(self, d_model: int, n_heads: int, key_dim: int, kind: str, rank: int = 16) -> None:
         super().__init__()
         if kind not in ("scalar", "channel", "gla"):
             raise ValueError(f"kind must be 'scalar', 'channel' or 'gla', got {kind!r}")

@@ -4,21 +4,21 @@
     S <- S + beta_t k_t (v_t - S^T k_t)^T       (the delta rule: write only the difference)
     o_t = S^T q_t / sqrt(K)
 
-    DeltaNet        A_t = I - beta_t k_t k_t^T                      (Schlag et al., 2021; Yang et al., 2024b)
-    GatedDeltaNet   A_t = alpha_t (I - beta_t k_t k_t^T)            (Yang, Kautz and Hatamizadeh, 2025)
-    KDA             A_t = (I - beta_t k_t k_t^T) Diag(alpha_t)      (Kimi Team, 2025)
+    DeltaNet       A_t = I - beta_t k_t k_t^T                 (Schlag 2021; Yang 2024b)
+    GatedDeltaNet  A_t = alpha_t (I - beta_t k_t k_t^T)       (Yang, Kautz and Hatamizadeh, 2025)
+    KDA            A_t = (I - beta_t k_t k_t^T) Diag(alpha_t) (Kimi Team, 2025)
 
 and the write is ``w_t = beta_t v_t`` for all three. What the papers build around it: q and k
 L2-normalised per head (so ``I - beta k k^T`` has eigenvalues 1 and 1 - beta, spec 7.2), ``beta_t =
-sigmoid(b_proj x_t)`` in (0, 1), or in (0, 2) with ``allow_neg_eigval`` (the eigenvalue 1 - beta then
-reaches -1; Grazzi et al., 2025).
+sigmoid(b_proj x_t)`` in (0, 1), or in (0, 2) with ``allow_neg_eigval`` (the eigenvalue 1 - beta
+then reaches -1; Grazzi et al., 2025).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from linattn import ops
 from linattn.layers.base import RecurrentMixer
@@ -49,11 +49,15 @@ class DeltaNet(RecurrentMixer):
             rank = self.head_dim if decay_rank is None else decay_rank
             self.decay = DecayGate(d_model, n_heads, self.key_dim, self.decay_kind, rank=rank)
 
+    def beta(self, x: Tensor) -> Tensor:
+        """The write strength: x [B, T, d_model] -> sigmoid(b_proj x) [B, T, H], times 2 with
+        ``allow_neg_eigval``."""
+        beta = torch.sigmoid(self.b_proj(x))
+        return 2.0 * beta if self.allow_neg_eigval else beta
+
     def recurrence(self, x, q, k, v, mode, S, keep):
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        beta = torch.sigmoid(self.b_proj(x))  # [B, T, H]
-        if self.allow_neg_eigval:
-            beta = 2.0 * beta
+        beta = self.beta(x)  # [B, T, H]
         g = None if self.decay is None else self.decay(x)  # [B, T, H] or [B, T, H, K]
         return ops.delta_rule(
             q,

@@ -1,14 +1,15 @@
-"""``LinearAttention``: the additive memory, with a feature map and an optional decay (spec 4, 5, 10).
+"""``LinearAttention``: the additive memory, a feature map, an optional decay (spec 4, 5, 10).
 
     S_t = A_t S_{t-1} + phi(k_t) v_t^T,   o_t = S_t^T phi(q_t)  (/ phi(q_t)^T z_t when normalised)
 
 with ``A_t = I`` (linear attention), ``alpha_t I`` (scalar decay, Mamba-2 / RetNet) or
-``Diag(alpha_t)`` (per-channel decay, GLA). One class; the mixers of ``linattn.models`` configure it:
+``Diag(alpha_t)`` (per-channel decay, GLA). One class; the mixers of ``linattn.models`` configure
+it:
 
-    "linear"        phi = elu + 1, normalised, no decay                    (Katharopoulos et al., 2020)
-    "taylor"        phi = 2nd-order Taylor features of exp, normalised     (Based, Arora et al., 2024)
-    "scalar_decay"  phi = identity, per-head decay -exp(A_log) softplus(.) (Mamba-2 / Gated DeltaNet)
-    "gla"           phi = identity, per-channel decay logsigmoid(.) / 16   (GLA, Yang et al., 2024a)
+    "linear"        phi = elu + 1, normalised, no decay                 (Katharopoulos et al., 2020)
+    "taylor"        phi = 2nd-order Taylor features of exp, normalised  (Based, Arora et al., 2024)
+    "scalar_decay"  phi = identity, per-head decay -exp(A_log) softplus (Mamba-2)
+    "gla"           phi = identity, per-channel decay logsigmoid / 16   (GLA, Yang et al., 2024a)
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ class LinearAttention(RecurrentMixer):
     """Linear attention with a feature map and an optional decay.
 
     Args (besides those of ``RecurrentMixer``):
-        feature_map: ``"elu_plus_one"``, ``"taylor"`` or ``"identity"``. The Taylor map of Based sends
-            a K-vector to 1 + K + K^2 features; q and k are first scaled by K^(-1/4) so that
-            phi(q)^T phi(k) = 1 + s + s^2 / 2 with s = q^T k / sqrt(K), the Taylor polynomial of
-            exp(s). Keep ``key_dim`` small with it (16 gives 273 features, the models' default).
-        normalize: divide by phi(q_t)^T z_t, z_t = sum of phi(k_s) (the normaliser is one more column
-            of the memory: S is [K', V + 1]). Needs a positive feature map.
+        feature_map: ``"elu_plus_one"``, ``"taylor"`` or ``"identity"``. The Taylor map of Based
+            sends a K-vector to 1 + K + K^2 features with phi(q)^T phi(k) = 1 + s + s^2 / 2,
+            s = q^T k / sqrt(K): the Taylor polynomial of exp(s), the softmax's kernel. Keep
+            ``key_dim`` small with it (16 gives 273 features, the models' default).
+        normalize: divide by phi(q_t)^T z_t, z_t = sum of phi(k_s) (the normaliser is one more
+            column of the memory: S is [K', V + 1]). Needs a positive feature map.
         decay: ``None``, ``"scalar"`` (per head), ``"channel"`` (per key channel, KDA-style
-            parametrisation) or ``"gla"`` (per key channel, GLA's logsigmoid / 16); see ``DecayGate``.
+            parametrisation) or ``"gla"`` (per key channel, GLA's logsigmoid / 16); see
+            ``DecayGate``.
         decay_rank: rank of the low-rank gate projection of the per-channel decays (GLA: 16).
     """
 
@@ -79,7 +81,7 @@ class LinearAttention(RecurrentMixer):
         if self.feature_map == "elu_plus_one":
             return features.elu_plus_one(x)
         if self.feature_map == "taylor":
-            return features.taylor_exp(x * self.key_dim**-0.25)
+            return features.taylor_exp(x)  # folds in the softmax's 1 / sqrt(K)
         return features.identity(x)
 
     def recurrence(self, x, q, k, v, mode, S, keep):

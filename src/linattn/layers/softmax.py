@@ -2,10 +2,10 @@
 
     o_i = sum_{j <= i} softmax_j(q_i^T k_j / sqrt(D)) v_j
 
-Its generation state is the KV cache, ``k, v: [B, t, H, D]``: 2 t D numbers per head after t tokens,
-the one state that grows with t (spec section 9). Optional rotary position embedding (RoPE, Su et al.,
-2021) rotates q and k by their absolute position, which the cache supplies: the number of cached
-tokens.
+Its generation state is the KV cache, ``k, v: [B, t, H, D]``: 2 t D numbers per head after t
+tokens, the one state that grows with t (spec section 9). Optional rotary position embedding (RoPE,
+Su et al., 2021) rotates q and k by their absolute position, which the cache supplies: the number of
+cached tokens.
 """
 
 from __future__ import annotations
@@ -30,17 +30,6 @@ def rotary(x: Tensor, start: int, base: float = 10000.0) -> Tensor:
     if D % 2:  # an odd last channel is not rotated
         rotated.append(x[..., 2 * half :])
     return torch.cat(rotated, dim=-1)
-
-
-def attend_with_past(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Causal attention of the last T_q positions: q [B, T_q, H, D] against k, v [B, T_k, H, D],
-    T_k >= T_q, query i sitting at position T_k - T_q + i. Scores in float32 at least."""
-    T_q, T_k = q.shape[1], k.shape[1]
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.einsum("bihd,bjhd->bhij", q.to(dtype), k.to(dtype)) * q.shape[-1] ** -0.5
-    allowed = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril(T_k - T_q)
-    weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)  # [B, H, T_q, T_k]
-    return torch.einsum("bhij,bjhd->bihd", weights, v.to(dtype)).to(q.dtype)
 
 
 class SoftmaxAttention(TokenMixer):
@@ -89,9 +78,11 @@ class SoftmaxAttention(TokenMixer):
         new_state = None
         if state is not None:
             # The cache grows by concatenation: [B, start, H, D] -> [B, start + T, H, D].
-            new_state = {name: torch.cat([state[name], t], dim=1) for name, t in (("k", k), ("v", v))}
-        if start == 0:
+            new_state = {
+                name: torch.cat([state[name], t], dim=1) for name, t in (("k", k), ("v", v))
+            }
+        if new_state is None:
             o = ops.softmax_attention(q, k, v, causal=True)
-        else:
-            o = attend_with_past(q, new_state["k"], new_state["v"])
+        else:  # the T queries are the last T positions of the cached keys and values
+            o = ops.softmax_attention(q, new_state["k"], new_state["v"], causal=True)
         return self.o_proj(o.reshape(B, T, H * D)), new_state  # [B, T, H, D] -> [B, T, H*D]

@@ -1,8 +1,12 @@
 """A small causal language model over the mixers of ``linattn.layers``, hybrids included.
 
-    from linattn.models import CausalLM, LMConfig
-    model = CausalLM(LMConfig(vocab_size=256, mixers=("kda", "kda", "kda", "softmax")))
-    ids = model.generate(prompt, max_new_tokens=32, temperature=0.8, top_k=50, seed=0)
+Example::
+
+    >>> import torch
+    >>> from linattn.models import CausalLM, LMConfig
+    >>> model = CausalLM(LMConfig(vocab_size=256, mixers=("kda", "kda", "kda", "softmax")))
+    >>> prompt = torch.randint(0, 256, (1, 8))
+    >>> ids = model.generate(prompt, max_new_tokens=32, temperature=0.8, top_k=50, seed=0)
 """
 
 from linattn.models.cache import Cache

@@ -36,8 +36,8 @@ class LMConfig:
         vocab_size: number of token ids.
         d_model: width of the residual stream.
         n_heads: heads of every mixer.
-        head_dim: value (and key) dimension per head; default ``d_model // n_heads``, which then must
-            divide evenly.
+        head_dim: value (and key) dimension per head; default ``d_model // n_heads``, which then
+            must divide evenly.
         mixers: one mechanism name per block, from ``MIXERS``; e.g. ``("kda", "kda", "kda",
             "softmax")`` for a Kimi-Linear-style hybrid (spec section 10).
         mlp_ratio: hidden width of the SwiGLU MLP as a multiple of d_model.
@@ -90,7 +90,9 @@ class LMConfig:
         if self.max_seq_len is not None:
             _positive_int("max_seq_len", self.max_seq_len)
         if isinstance(self.mixers, str):
-            raise ValueError(f"LMConfig.mixers must be a sequence of names, got the string {self.mixers!r}")
+            raise ValueError(
+                f"LMConfig.mixers must be a sequence of names, got the string {self.mixers!r}"
+            )
         self.mixers = tuple(self.mixers)
         if not self.mixers:
             raise ValueError("LMConfig.mixers must name at least one mixer")

@@ -1,11 +1,11 @@
 """``CausalLM``: a small causal language model whose blocks use any mixer, hybrids included.
 
-    ids -> embedding -> [x + mixer(rmsnorm(x)); x + swiglu(rmsnorm(x))] x n_layers -> rmsnorm -> head
+    ids -> embedding -> [x + mixer(norm(x)); x + swiglu(norm(x))] x n_layers -> norm -> head
 
 Generation keeps one fixed-size state per recurrent block and a KV cache per softmax block
 (``new_cache``); ``model(ids, cache=cache)`` runs the new tokens and advances the cache, so a prompt
-can be fed whole (chunk mode), in pieces of any lengths, or one token at a time (recurrent mode) with
-the same logits.
+can be fed whole (chunk mode), in pieces of any lengths, or one token at a time (recurrent mode)
+with the same logits.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ class CausalLM(nn.Module):
             )
         if cache.batch_size != batch_size:
             raise ValueError(
-                f"cache holds batch size {cache.batch_size}, but input_ids has batch size {batch_size}"
+                f"cache holds batch size {cache.batch_size}, "
+                f"but input_ids has batch size {batch_size}"
             )
         for i, (block, state) in enumerate(zip(self.blocks, cache.blocks, strict=True)):
             try:
@@ -127,12 +128,15 @@ class CausalLM(nn.Module):
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
         if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
-            raise ValueError(f"input_ids must have shape [B, T] with B, T >= 1, got {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must have shape [B, T] with B, T >= 1, got {tuple(input_ids.shape)}"
+            )
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= self.config.vocab_size:
             bad = low if low < 0 else high
             raise ValueError(
-                f"input_ids holds token id {bad}, outside the vocabulary [0, {self.config.vocab_size})"
+                f"input_ids holds token id {bad}, "
+                f"outside the vocabulary [0, {self.config.vocab_size})"
             )
         limit = self.config.max_seq_len
         if limit is not None and start + input_ids.shape[1] > limit:
@@ -178,22 +182,33 @@ class CausalLM(nn.Module):
         place: afterwards it holds every token but the last one returned (which the next call
         should feed first), so that generation can be saved (``cache.save``) and resumed.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0
+        ):
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+        ):
             raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
         if cache is None:
-            batch = input_ids.shape[0] if isinstance(input_ids, Tensor) and input_ids.dim() == 2 else 1
+            batch = (
+                input_ids.shape[0] if isinstance(input_ids, Tensor) and input_ids.dim() == 2 else 1
+            )
             cache = self.new_cache(batch)
         start = cache.position
         # Check the whole context before any work: the prompt plus every token fed back.
-        total = input_ids.shape[1] + max(max_new_tokens - 1, 0) if isinstance(input_ids, Tensor) else 0
+        total = (
+            input_ids.shape[1] + max(max_new_tokens - 1, 0) if isinstance(input_ids, Tensor) else 0
+        )
         limit = self.config.max_seq_len
         if limit is not None and start + total > limit:
             raise ValueError(
-                f"generation needs a context of {start + total} tokens, beyond max_seq_len = {limit}"
+                f"generation needs a context of {start + total} tokens, "
+                f"beyond max_seq_len = {limit}"
             )
         if generator is None and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
