@@ -41,11 +41,6 @@ def kind_of(beta: Tensor | None, g: Tensor | None) -> int:
     return SCALAR if g.dim() == 3 else CHANNEL
 
 
-def m_shape(kind: int, B: int, H: int, K: int) -> tuple[int, ...] | None:
-    """Shape of the stored M for ``kind`` (None for the identity)."""
-    return {IDENTITY: None, SCALAR: (B, H, 1, 1), CHANNEL: (B, H, K, 1), FULL: (B, H, K, K)}[kind]
-
-
 def apply(M: Tensor | None, N: Tensor, S: Tensor) -> Tensor:
     """M S + N for a stored M (None, a diagonal [B, H, 1|K, 1], or a full [B, H, K, K])."""
     if M is None:
