@@ -87,6 +87,28 @@ def leaves(x: dict) -> dict:
 
 
 BYTES_LENGTHS = (16, 1024)
+# Inference (no autograd) in the other local forms, and the delta rule's qk normalisation:
+# (name, keyword arguments), float64.
+EXTRAS = [
+    ("kda", {"mode": "recurrent"}),
+    ("linear_normalize", {"mode": "parallel"}),
+    ("gated_deltanet", {"mode": "parallel"}),
+    ("delta", {"use_qk_l2norm": True}),
+]
+
+
+def extras(start: int, stop: int, T: int) -> dict:
+    """Outputs and state after this rank's slice for each of ``EXTRAS``, under no_grad."""
+    import linattn.distributed as ld
+
+    out = {}
+    for i, (name, kwargs) in enumerate(EXTRAS):
+        fn = getattr(ld, next(c[1] for c in CASES if c[0] == name))
+        full = make_case(name, T, torch.float64)["inputs"]
+        part = {n: (t if n == "S0" or t is None else t[:, start:stop]) for n, t in full.items()}
+        with torch.no_grad():
+            out[i] = call(name, fn, part, part["S0"], **kwargs)
+    return out
 
 
 def count_bytes(rank: int) -> dict:
@@ -128,6 +150,7 @@ def main(out_dir: str, lengths: list[int]) -> None:
             grads = {n: (None if t is None else t.grad) for n, t in x.items()}
             results[(name, str(dtype))] = {"o": o.detach(), "S": S.detach(), "grads": grads}
     results["bytes"] = count_bytes(rank)
+    results["extras"] = extras(start, stop, sum(lengths))
     torch.save(results, f"{out_dir}/rank{rank}.pt")
     torch.distributed.destroy_process_group()
 

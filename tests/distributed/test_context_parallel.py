@@ -102,8 +102,25 @@ def run_and_compare(lengths: list[int], tmp_path: Path) -> None:
                 ok, err = close(x, ref, dtype)
                 if not ok:
                     failures.append(f"{name} {dtype} {what}: error {err:.3g}")
+    failures += check_extras([rank["extras"] for rank in ranks], lengths)
     assert not failures, "\n".join(failures)
     check_bytes([rank["bytes"] for rank in ranks])
+
+
+def check_extras(per_rank: list[dict], lengths: list[int]) -> list[str]:
+    """Inference in the recurrent and parallel forms, and with qk normalisation (float64)."""
+    failures = []
+    T = sum(lengths)
+    for i, (name, kwargs) in enumerate(cp_worker.EXTRAS):
+        x = make_case(name, T, torch.float64)["inputs"]
+        fn = getattr(ops, next(c[1] for c in CASES if c[0] == name))
+        o, S = call(name, fn, x, x["S0"], **kwargs)
+        got_o = torch.cat([rank[i][0] for rank in per_rank], dim=1)
+        for what, got, ref in (("o", got_o, o), ("final state", per_rank[-1][i][1], S)):
+            ok, err = close(got, ref, torch.float64)
+            if not ok:
+                failures.append(f"{name} {kwargs} {what}: error {err:.3g}")
+    return failures
 
 
 def expected_bytes(name: str, world: int) -> dict[str, int]:

@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
 import pytest
 
-from linattn.distributed import demo
+from linattn import cli
 
 from .test_context_parallel import worker_env
 
 
-def main(argv: list[str]) -> int:
-    """``linattn cp-bytes ARGS`` as the CLI runs it (the CLI maps ValueError to status 2).
-
-    Parsed here rather than through ``linattn.cli.main``, which imports every command's module.
-    """
-    parser = argparse.ArgumentParser(prog="linattn cp-bytes")
-    demo.configure(parser)
-    try:
-        return demo.run(parser.parse_args(argv))
-    except ValueError as error:
-        print(f"linattn cp-bytes: error: {error}", file=sys.stderr)
-        return 2
+@pytest.fixture
+def main(monkeypatch):
+    """``linattn cp-bytes ARGS`` through the real CLI, with only this command registered (the
+    CLI imports every command's module, and this branch need not hold the others)."""
+    monkeypatch.setattr(cli, "COMMANDS", {"cp-bytes": cli.COMMANDS["cp-bytes"]})
+    for name, value in worker_env().items():
+        monkeypatch.setenv(name, value)
+    return lambda argv: cli.main(["cp-bytes", *argv])
 
 
 @pytest.mark.slow
-def test_cp_bytes_at_4096_and_65536_tokens(tmp_path, capsys, monkeypatch):
-    for name, value in worker_env().items():
-        monkeypatch.setenv(name, value)
+def test_cp_bytes_at_4096_and_65536_tokens(main, tmp_path, capsys):
     out = tmp_path / "bytes.json"
     argv = ["--lengths", "4096", "65536", "--mechanisms", "linear", "deltanet"]
     assert main([*argv, "--json", str(out)]) == 0
@@ -47,6 +39,6 @@ def test_cp_bytes_at_4096_and_65536_tokens(tmp_path, capsys, monkeypatch):
     assert "deltanet" in capsys.readouterr().out
 
 
-def test_cp_bytes_rejects_bad_options(capsys):
+def test_cp_bytes_rejects_bad_options(main, capsys):
     assert main(["--nproc", "0"]) == 2
     assert "--nproc must be >= 1" in capsys.readouterr().err
