@@ -152,8 +152,11 @@ def main(out_dir: str, lengths: list[int]) -> None:
     results["bytes"] = count_bytes(rank)
     results["extras"] = extras(start, stop, sum(lengths))
     torch.save(results, f"{out_dir}/rank{rank}.pt")
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], [int(n) for n in sys.argv[2].split(",")])
+    try:
+        main(sys.argv[1], [int(n) for n in sys.argv[2].split(",")])
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -43,4 +43,10 @@ def main(scenario: str, timeout: float) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]))
+    try:
+        main(sys.argv[1], float(sys.argv[2]))
+    finally:
+        # As any torch.distributed program should: tear the group down, also after an error, so
+        # that the process ends with Python's exit status rather than an abort in gloo's threads.
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -107,34 +107,36 @@ def measure(mechanism: str, T: int, args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point under torchrun: measure, check the ranks agree, print on rank 0."""
+    """Entry point under torchrun: every rank measures; rank 0 prints its table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _options(parser)
     parser.add_argument("--timeout", type=float, default=600.0, help="process group timeout, s")
     args = parser.parse_args(argv)
     ld.init_process_group("gloo", timeout=args.timeout)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    rows = [measure(m, T, args) for m in args.mechanisms for T in args.lengths]
-    if rank == 0:
-        B, H, K, V = args.batch, args.heads, args.key_dim, args.value_dim
-        print(
-            f"bytes each rank contributes to collectives, forward + backward; {world} ranks, "
-            f"B={B} H={H} K={K} V={V}, float32"
-        )
-        print(
-            f"{'mechanism':<16}{'T per rank':>12}{'descriptor':>12}{'maps':>10}"
-            f"{'map_grads':>11}{'total':>10}{'seconds':>9}"
-        )
-        for r in rows:
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        rows = [measure(m, T, args) for m in args.mechanisms for T in args.lengths]
+        if rank == 0:
+            B, H, K, V = args.batch, args.heads, args.key_dim, args.value_dim
             print(
-                f"{r['mechanism']:<16}{r['T']:>12}{r['bytes_descriptor']:>12}"
-                f"{r['bytes_maps']:>10}{r['bytes_map_grads']:>11}{r['bytes']:>10}"
-                f"{r['seconds']:>9}"
+                f"bytes each rank contributes to collectives, forward + backward; {world} ranks, "
+                f"B={B} H={H} K={K} V={V}, float32"
             )
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"world_size": world, "rows": rows}, f, indent=1)
-    dist.destroy_process_group()
+            print(
+                f"{'mechanism':<16}{'T per rank':>12}{'descriptor':>12}{'maps':>10}"
+                f"{'map_grads':>11}{'total':>10}{'seconds':>9}"
+            )
+            for r in rows:
+                print(
+                    f"{r['mechanism']:<16}{r['T']:>12}{r['bytes_descriptor']:>12}"
+                    f"{r['bytes_maps']:>10}{r['bytes_map_grads']:>11}{r['bytes']:>10}"
+                    f"{r['seconds']:>9}"
+                )
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"world_size": world, "rows": rows}, f, indent=1)
+    finally:
+        dist.destroy_process_group()
     return 0
 
 

@@ -182,21 +182,23 @@ def main(argv: list[str] | None = None) -> int:
         collectives.init_process_group(args.backend, timeout=args.timeout)
         if dist.get_backend() == "nccl":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    model, task, config = build(args)
-    model = model.to(device)
-    result = train_data_parallel(model, task, config, evaluate=not args.no_eval)
-    rank = dist.get_rank() if distributed else 0
-    if rank == 0:
-        print(
-            f"{result.world_size} rank(s), {config.steps} steps, global batch {config.batch_size}: "
-            f"first loss {result.losses[0]:.6f}, last loss {result.losses[-1]:.6f}, held-out "
-            f"accuracy {result.accuracy:.3f}, {result.seconds:.1f} s"
-        )
-        if args.loss_file:
-            with open(args.loss_file, "w") as f:
-                json.dump(dataclasses.asdict(result), f)
-    if distributed:
-        dist.destroy_process_group()
+    try:
+        model, task, config = build(args)
+        result = train_data_parallel(model.to(device), task, config, evaluate=not args.no_eval)
+        if (dist.get_rank() if distributed else 0) == 0:
+            print(
+                f"{result.world_size} rank(s), {config.steps} steps, global batch "
+                f"{config.batch_size}: first loss {result.losses[0]:.6f}, last loss "
+                f"{result.losses[-1]:.6f}, held-out accuracy {result.accuracy:.3f}, "
+                f"{result.seconds:.1f} s"
+            )
+            if args.loss_file:
+                with open(args.loss_file, "w") as f:
+                    json.dump(dataclasses.asdict(result), f)
+    finally:
+        # Also after an error: the process then ends with Python's exit status, not an abort.
+        if distributed and dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 
