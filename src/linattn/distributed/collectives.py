@@ -67,7 +67,7 @@ def _record(name: str, x: Tensor) -> None:
         counter.add(name, x.numel() * x.element_size())
 
 
-def group_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+def rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
     """(rank, world size) of this process in ``group`` (None: the default group).
 
     Raises ``RuntimeError`` with the fix if no process group was initialised.
@@ -92,7 +92,7 @@ def all_gather(
     x: Tensor, group: dist.ProcessGroup | None = None, name: str = "all_gather"
 ) -> Tensor:
     """Stack every rank's ``x`` (same shape and dtype on all ranks): returns [P, *x.shape]."""
-    _, world = group_size(group)
+    _, world = rank_and_size(group)
     x = x.contiguous()
     _record(name, x)
     out = [torch.empty_like(x) for _ in range(world)]
@@ -107,7 +107,7 @@ def all_reduce_sum(
     x: Tensor, group: dist.ProcessGroup | None = None, name: str = "all_reduce"
 ) -> Tensor:
     """The elementwise sum of every rank's ``x`` (returned as a new tensor)."""
-    group_size(group)
+    rank_and_size(group)
     x = x.clone().contiguous()
     _record(name, x)
     try:
@@ -121,7 +121,7 @@ def all_gather_strings(
     text: str, group: dist.ProcessGroup | None = None, name: str = "all_gather_strings"
 ) -> list[str]:
     """Every rank's ``text`` (used only to share error messages, never on the hot path)."""
-    _, world = group_size(group)
+    _, world = rank_and_size(group)
     out: list[object] = [None] * world
     try:
         dist.all_gather_object(out, text, group=group)

@@ -107,7 +107,7 @@ class _IncomingState(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, packed, S0, m_shape, n_shape, group):  # noqa: D102
-        rank, world = collectives.group_size(group)
+        rank, world = collectives.rank_and_size(group)
         gathered = collectives.all_gather(packed.detach(), group, name="maps")  # [P, L]
         ctx.save_for_backward(gathered[:rank], S0)
         ctx.meta = (m_shape, n_shape, group, rank, world)
@@ -151,6 +151,10 @@ def _incoming_state(M: Tensor | None, N: Tensor, S0: Tensor | None, group) -> Te
 
 
 def _needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether this rank's map or S_0 needs a gradient: then it joins the backward all-reduce.
+
+    q is left out on purpose: it reaches only the local op, so it needs no collective.
+    """
     return torch.is_grad_enabled() and any(
         isinstance(t, Tensor) and t.requires_grad for t in tensors
     )
@@ -201,7 +205,7 @@ def linear_attention(
     except (ValueError, TypeError) as e:
         error = f"{type(e).__name__}: {e}"
     v_cols = 0 if error else V + int(bool(normalize))
-    needs_grad = _needs_grad(q, k, v, g, initial_state)
+    needs_grad = _needs_grad(k, v, g, initial_state)
     local = _descriptor(q, v_cols, None, g, initial_state, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     # Step 2: this slice's map, in the compute dtype (the ones column is the normaliser's value).
@@ -272,7 +276,7 @@ def delta_rule(
         _checks.state(initial_state, B, H, K, V)
     except (ValueError, TypeError) as e:
         error = f"{type(e).__name__}: {e}"
-    needs_grad = _needs_grad(q, k, v, beta, g, initial_state)
+    needs_grad = _needs_grad(k, v, beta, g, initial_state)
     local = _descriptor(q, 0 if error else V, beta, g, initial_state, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     dtype = _compute_dtype(q.dtype)

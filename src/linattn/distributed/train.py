@@ -77,7 +77,7 @@ def train_data_parallel(
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     distributed = dist.is_available() and dist.is_initialized()
-    rank, world = collectives.group_size(group) if distributed else (0, 1)
+    rank, world = collectives.rank_and_size(group) if distributed else (0, 1)
     if config.batch_size % world:
         raise ValueError(
             f"the global batch_size {config.batch_size} must be divisible by the number of ranks "
