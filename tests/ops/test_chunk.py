@@ -63,3 +63,23 @@ def test_ut_transform_is_the_inverse_formula():
     W, U0 = ut_transform(k, v, beta, None, None)
     torch.testing.assert_close(W, T @ k, rtol=0, atol=1e-12)
     torch.testing.assert_close(U0, T @ v, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("C", [17, 37, 64])
+def test_sub_blocks_equal_the_exact_decay_tensor(C):
+    # The boundary trick between sub-blocks against exp(G_i - G_j) built whole, strong decay too.
+    gen = torch.Generator().manual_seed(C)
+    a, b = torch.randn(2, 3, C, 5, generator=gen, dtype=torch.float64)
+    g = -3.0 * torch.rand(3, C, 5, generator=gen, dtype=torch.float64)
+    exact = torch.tril(_gates._channel_products(a, b, g))
+    torch.testing.assert_close(_gates.decayed_products(a, b, g), exact, rtol=1e-12, atol=1e-14)
+    strict = _gates.decayed_products(a, b, g, strict=True)
+    torch.testing.assert_close(strict, torch.tril(exact, -1), rtol=1e-12, atol=1e-14)
+
+
+def test_sub_block_gradcheck():
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 19, 2, generator=gen, dtype=torch.float64)
+    g = -torch.rand(19, 2, generator=gen, dtype=torch.float64) - 0.01
+    inputs = [t.clone().requires_grad_() for t in (a, b, g)]
+    assert torch.autograd.gradcheck(_gates.decayed_products, inputs)
