@@ -29,7 +29,7 @@ def test_smoke_preset_end_to_end(tmp_path, capsys) -> None:
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert [r["mechanism"] for r in rows] == list(MECHANISMS)
     for row in rows:
-        assert row["preset"] == "smoke" and row["steps"] == 3 and 0.0 <= row["accuracy"] <= 1.0
+        assert row["preset"] == "smoke" and row["steps"] == 2 and 0.0 <= row["accuracy"] <= 1.0
         assert len(row["state_numbers_per_block"]) == row["n_layers"]
         assert row["state_numbers"] > 0
         assert f"| {row['mechanism']} | {row['d_model']} |" in out
@@ -37,10 +37,6 @@ def test_smoke_preset_end_to_end(tmp_path, capsys) -> None:
     # softmax's KV cache: keys and values of every token seen, 2 T d_model numbers per block
     assert by_name["softmax"]["state_numbers"] >= 2 * 16 * 16
     assert plot.read_bytes()[:4] == b"\x89PNG"
-    # a second run reuses every row instead of training again
-    assert main(argv) == 0
-    assert "reused" in capsys.readouterr().out
-    assert len(results.read_text().splitlines()) == len(MECHANISMS)
 
 
 @pytest.mark.parametrize(

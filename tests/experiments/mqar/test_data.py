@@ -145,3 +145,18 @@ def test_bad_types_and_counts() -> None:
         generate(MQARTask(), 0, rng=0)
     with pytest.raises(TypeError, match="task must be an MQARTask"):
         generate({"seq_len": 64}, 3, rng=0)
+
+
+def test_training_mixture_of_key_value_counts() -> None:
+    task = MQARTask(vocab_size=300, seq_len=128, n_kv=16)
+    inputs, labels = data.train_batch(task, 12, seed=0, step=5, mix=(4, 8, 16))
+    asked = (labels != IGNORE_INDEX).sum(1).tolist()
+    assert asked == [4] * 4 + [8] * 4 + [16] * 4  # equal shares, in the order of mix
+    for n, rows in ((4, slice(0, 4)), (8, slice(4, 8)), (16, slice(8, 12))):
+        check_sequences(MQARTask(300, 128, n), inputs[rows], labels[rows])
+    again = data.train_batch(task, 12, seed=0, step=5, mix=(4, 8, 16))
+    assert torch.equal(inputs, again[0])
+    with pytest.raises(ValueError, match="multiple of len"):
+        data.train_batch(task, 10, seed=0, step=0, mix=(4, 8, 16))
+    with pytest.raises(ValueError, match="n_kv too large"):
+        data.train_batch(task, 8, seed=0, step=0, mix=(16, 40))

@@ -24,7 +24,7 @@ PRESET = Preset(
     ),  # fmt: skip
     mechanisms=("softmax", "deltanet"),
     widths=(8, 16),
-    lrs=(1e-3, 3e-3),
+    lrs=(1e-3,),
 )
 
 REQUIRED = {"mechanism", "d_model", "state_numbers", "accuracy", "seq_len", "n_kv", "steps",
@@ -39,8 +39,8 @@ def meter(model: TinyGRU, seq_len: int) -> list[int]:
     return [model.rnn.hidden_size, model.rnn.hidden_size]  # a GRU keeps one vector
 
 
-def sweep_rows(tmp_path, **kwargs) -> list[dict]:
-    return run_sweep(PRESET, results_path=tmp_path / "r.jsonl", checkpoint_dir=tmp_path / "ck",
+def sweep_rows(tmp_path, preset: Preset = PRESET, **kwargs) -> list[dict]:
+    return run_sweep(preset, results_path=tmp_path / "r.jsonl", checkpoint_dir=tmp_path / "ck",
                      progress=False, builder=builder, meter=meter, log=lambda _: None,
                      **kwargs)  # fmt: skip
 
@@ -50,7 +50,7 @@ def comparable(row: dict) -> dict:
 
 
 def test_sweep_writes_one_row_per_mechanism_and_width(tmp_path) -> None:
-    rows = sweep_rows(tmp_path)
+    rows = sweep_rows(tmp_path, replace(PRESET, lrs=(1e-3, 3e-3)))
     assert [(r["mechanism"], r["d_model"]) for r in rows] == [
         ("softmax", 8), ("softmax", 16), ("deltanet", 8), ("deltanet", 16)
     ]  # fmt: skip
@@ -83,14 +83,14 @@ def test_interrupted_sweep_resumes_to_the_same_numbers(tmp_path, monkeypatch) ->
 
     def crashing_batch(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 40:  # 12 batches per pair: the 4th pair, first lr, after a checkpoint
+        if calls["n"] == 22:  # 6 batches per pair: the 4th pair, after its step-2 checkpoint
             raise KeyboardInterrupt
         return real_batch(*args, **kwargs)
 
     monkeypatch.setattr(data, "train_batch", crashing_batch)
     with pytest.raises(KeyboardInterrupt):
         sweep_rows(tmp_path / "resumed")
-    assert len(sweep.read_results(tmp_path / "resumed" / "r.jsonl")) == 3  # 4th pair, step 3
+    assert len(sweep.read_results(tmp_path / "resumed" / "r.jsonl")) == 3
     monkeypatch.setattr(data, "train_batch", real_batch)
     resumed = sweep_rows(tmp_path / "resumed")
     assert [comparable(r) for r in resumed] == [comparable(r) for r in straight]
@@ -117,7 +117,7 @@ def test_config_hash_tracks_what_changes_results() -> None:
     h = sweep.config_hash(PRESET, "softmax", 8)
     assert h != sweep.config_hash(PRESET, "softmax", 16)
     assert h != sweep.config_hash(PRESET, "deltanet", 8)
-    assert h != sweep.config_hash(replace(PRESET, lrs=(1e-3,)), "softmax", 8)
+    assert h != sweep.config_hash(replace(PRESET, lrs=(1e-3, 3e-3)), "softmax", 8)
     assert h != sweep.config_hash(replace(PRESET, task=MQARTask(32, 16, 3)), "softmax", 8)
     relaxed = replace(PRESET, train=replace(PRESET.train, checkpoint_every=5), name="other")
     assert h == sweep.config_hash(relaxed, "softmax", 8)
@@ -157,7 +157,8 @@ def test_stand_in_builder_is_seeded_per_run(tmp_path) -> None:
         seen.append(model.embed.weight.detach().clone())
         return model
 
-    run_sweep(replace(PRESET, widths=(8,)), results_path=tmp_path / "r.jsonl", checkpoint_dir=None,
+    preset = replace(PRESET, widths=(8,), lrs=(1e-3, 3e-3))
+    run_sweep(preset, results_path=tmp_path / "r.jsonl", checkpoint_dir=None,
               progress=False, builder=recording_builder, meter=meter,
               log=lambda _: None)  # fmt: skip
     assert len(seen) == 4 and all(torch.equal(seen[0], w) for w in seen)

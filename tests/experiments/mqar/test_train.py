@@ -103,10 +103,10 @@ def test_crash_between_checkpoints_resumes_from_the_last_one(tmp_path, monkeypat
 
     real_batch = data.train_batch
 
-    def crashing_batch(task, batch_size, seed, step):
+    def crashing_batch(task, batch_size, seed, step, mix=None):
         if step == 7:  # steps 0..6 done, the last checkpoint was written after step 5
             raise RuntimeError("simulated crash")
-        return real_batch(task, batch_size, seed, step)
+        return real_batch(task, batch_size, seed, step, mix)
 
     path = tmp_path / "run.pt"
     monkeypatch.setattr(data, "train_batch", crashing_batch)
@@ -158,3 +158,15 @@ def test_model_returning_wrong_shape_is_a_clear_error() -> None:
 
     with pytest.raises(ValueError, match=r"logits \[B, T, vocab\]"):
         train.train(Flat(), TASK, CONFIG, progress=False)
+
+
+def test_training_on_a_mixture_validates_before_training() -> None:
+    config = TrainConfig(**{**CONFIG.to_dict(), "train_n_kv": (1, 2)})
+    assert config.train_n_kv == (1, 2)
+    result = train.train(fresh_model(), TASK, config, progress=False)
+    assert result.complete and result.steps == CONFIG.steps
+    with pytest.raises(ValueError, match="divide batch_size"):
+        TrainConfig(batch_size=8, train_n_kv=(1, 2, 3))
+    too_many = TrainConfig(**{**CONFIG.to_dict(), "train_n_kv": (2, 8)})  # 8 > seq_len / 4
+    with pytest.raises(ValueError, match="n_kv too large"):
+        train.train(fresh_model(), TASK, too_many, progress=False)

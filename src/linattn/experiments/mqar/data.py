@@ -48,7 +48,7 @@ the global NumPy seed; the weighted draw via Gumbel-top-k (same law); no multi-p
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -181,14 +181,29 @@ def generate(
     return out + (torch.from_numpy(slots),) if return_slots else out
 
 
-def train_batch(task: MQARTask, batch_size: int, seed: int, step: int) -> tuple[torch.Tensor, ...]:
+def train_batch(
+    task: MQARTask, batch_size: int, seed: int, step: int, mix: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, ...]:
     """The training batch of step ``step``: fresh sequences, a pure function of (seed, step).
 
     Drawing each batch from its own seed (instead of a stream) is what lets a resumed run see
-    exactly the batches the uninterrupted run would have seen.
+    exactly the batches the uninterrupted run would have seen. ``mix``: key-value counts to train
+    on, in equal shares of the batch (Zoology trains on a mixture of counts and tests each); None
+    means ``task.n_kv`` alone. Every count must fit ``task.seq_len`` (``ValueError`` otherwise).
     """
+    tasks = [task] if mix is None else mix_tasks(task, mix)
+    if batch_size % len(tasks):
+        raise ValueError(f"batch_size ({batch_size}) must be a multiple of len(mix) ({len(tasks)})")
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, step)))
-    return generate(task, batch_size, rng)
+    parts = [generate(t, batch_size // len(tasks), rng) for t in tasks]
+    return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+
+
+def mix_tasks(task: MQARTask, mix: tuple[int, ...]) -> list[MQARTask]:
+    """``task`` with each key-value count of ``mix`` (validated like any task)."""
+    if not mix:
+        raise ValueError("mix must name at least one key-value count")
+    return [replace(task, n_kv=n) for n in mix]
 
 
 def eval_set(task: MQARTask, num_examples: int, seed: int) -> tuple[torch.Tensor, ...]:

@@ -101,7 +101,7 @@ PRESETS: dict[str, Preset] = {
         description="seconds; checks that every mechanism trains end to end (used by the tests)",
         task=MQARTask(vocab_size=32, seq_len=16, n_kv=2),
         train=TrainConfig(
-            steps=3, batch_size=4, warmup_steps=1, eval_every=3, eval_examples=8, eval_batch_size=8
+            steps=2, batch_size=4, warmup_steps=1, eval_every=2, eval_examples=8, eval_batch_size=8
         ),
         widths=(16,),
     ),

@@ -39,6 +39,8 @@ class TrainConfig:
     """Optimisation settings. ``lr`` peaks after ``warmup_steps`` and decays to ``min_lr_ratio*lr``.
 
     ``stop_accuracy``: stop early once the held-out accuracy reaches it (None: run all ``steps``).
+    ``train_n_kv``: key-value counts of the training sequences, equal shares of each batch (Zoology
+    trains on such a mixture); None: the task's own count. Evaluation is always at the task's count.
     ``checkpoint_every`` does not change the numbers, so it is left out of the fingerprint.
     """
 
@@ -54,6 +56,7 @@ class TrainConfig:
     eval_batch_size: int = 250
     seed: int = 0
     stop_accuracy: float | None = None
+    train_n_kv: tuple[int, ...] | None = None
     checkpoint_every: int = 100
 
     def __post_init__(self) -> None:
@@ -70,6 +73,15 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
+        if self.train_n_kv is not None:
+            object.__setattr__(self, "train_n_kv", tuple(self.train_n_kv))
+            for n in self.train_n_kv:
+                _check_int("train_n_kv", n, 1)
+            if not self.train_n_kv or self.batch_size % len(self.train_n_kv):
+                raise ValueError(
+                    f"train_n_kv must be non-empty and divide batch_size ({self.batch_size}) into "
+                    f"equal shares, got {self.train_n_kv}"
+                )
         if self.stop_accuracy is not None and not 0.0 < self.stop_accuracy <= 1.0:
             raise ValueError(f"stop_accuracy must be in (0, 1] or None, got {self.stop_accuracy}")
 
@@ -234,6 +246,8 @@ def train(
         raise TypeError(f"task must be an MQARTask, got {type(task).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if config.train_n_kv is not None:
+        data.mix_tasks(task, config.train_n_kv)  # every count must fit the sequence: fail early
     path = Path(checkpoint) if checkpoint is not None else None
     optimizer = make_optimizer(model, config)
     expected = fingerprint(model, task, config)
@@ -300,7 +314,7 @@ def _train_step(
     config: TrainConfig,
     step: int,
 ) -> tuple[float, int, int]:
-    inputs, labels = data.train_batch(task, config.batch_size, config.seed, step)
+    inputs, labels = data.train_batch(task, config.batch_size, config.seed, step, config.train_n_kv)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, config)
     loss, hits, asked = masked_loss_and_hits(model(inputs), labels)
