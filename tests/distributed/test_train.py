@@ -24,9 +24,15 @@ from .test_context_parallel import worker_env
 
 
 def options(steps: int, dtype: str) -> list[str]:
-    """A tiny recall model: the MQAR smoke task (V=32, T=16, 2 pairs), DeltaNet, width 16."""
+    """A tiny recall model: the MQAR smoke task (V=32, T=16), DeltaNet, width 16, global batch 8.
+
+    Trained on a mixture of 1 and 2 key-value pairs: rows 0-3 of each batch hold 1 query, rows
+    4-7 hold 2, so rank 0's shard has 4 queries and rank 1's has 8. A per-rank mean averaged over
+    the ranks would weight them wrongly; the loss must be the global batch's mean.
+    """
     return ["--preset", "smoke", "--mechanism", "deltanet", "--steps", str(steps),
-            "--batch-size", "8", "--dtype", dtype, "--no-eval"]  # fmt: skip
+            "--batch-size", "8", "--train-n-kv", "1", "2", "--dtype", dtype,
+            "--no-eval"]  # fmt: skip
 
 
 def one_process(steps: int, dtype: str) -> np.ndarray:

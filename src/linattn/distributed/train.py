@@ -7,11 +7,12 @@ the step) and keeps its ``batch_size / N`` rows, so the global batch is the sing
 
 The loss each rank back-propagates is ``N * (sum of its query cross-entropies) / (queries in the
 global batch)``. DDP averages gradients over the N ranks, so the gradient every rank applies is
-the gradient of the global batch's mean loss, exactly, whatever the split of the queries. The
-logged loss is that global mean (an all-reduce of the ranks' sums). Optimiser, schedule and
-clipping are the MQAR loop's (``mqar.train.make_optimizer``, ``learning_rate``, ``grad_clip``);
-the gradients are identical on every rank after DDP's all-reduce, so every rank takes the same
-step. With one process (no process group) the same function is the plain loop.
+the gradient of the global batch's mean loss, exactly, whatever the split of the queries (with a
+mixture of key-value counts, ``TrainConfig.train_n_kv``, the shards hold different numbers of
+queries). The logged loss is that global mean (an all-reduce of the ranks' sums). Optimiser,
+schedule and clipping are the MQAR loop's (``mqar.train.make_optimizer``, ``learning_rate``,
+``grad_clip``); the gradients are identical on every rank after DDP's all-reduce, so every rank
+takes the same step. With one process (no process group) the same function is the plain loop.
 
 Differences from ``mqar.train.train``: no checkpoints and no early stop (a run is a fixed number
 of steps); the loss is kept in the model's dtype (float64 models train in float64, which the
@@ -90,7 +91,9 @@ def train_data_parallel(
     started = time.perf_counter()
     model.train()
     for step in range(config.steps):
-        inputs, labels = data.train_batch(task, config.batch_size, config.seed, step)
+        inputs, labels = data.train_batch(
+            task, config.batch_size, config.seed, step, config.train_n_kv
+        )
         inputs, labels = inputs.to(device), labels.to(device)
         queries = int((labels != IGNORE_INDEX).sum())  # in the global batch
         x, y = _shard(inputs, rank, world), _shard(labels, rank, world)
@@ -138,7 +141,7 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, MQARTask, TrainConfig]:
     preset = PRESETS[args.preset]
     overrides = {
         name: getattr(args, name)
-        for name in ("steps", "batch_size", "lr", "seed")
+        for name in ("steps", "batch_size", "lr", "seed", "train_n_kv")
         if getattr(args, name) is not None
     }
     config = dataclasses.replace(preset.train, **overrides)
@@ -157,6 +160,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="global batch size")
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--train-n-kv",
+        type=int,
+        nargs="+",
+        default=None,
+        help="train on this mixture of key-value counts (equal shares of each batch)",
+    )
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
     parser.add_argument(
