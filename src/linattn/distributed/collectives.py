@@ -31,7 +31,7 @@ class PeerFailureError(RuntimeError):
     """A collective failed: some rank raised, exited, or did not arrive within the timeout."""
 
 
-@dataclass
+@dataclass(eq=False)  # counters are told apart by identity (nested counters may hold equal counts)
 class ByteCount:
     """Bytes this rank contributed to collectives, in total and per collective name."""
 
