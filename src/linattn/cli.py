@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "memory": "linattn.experiments.memory",
     "costs": "linattn.experiments.costs",
     "report": "linattn.experiments.report",
+    "mqar": "linattn.experiments.mqar.cli",
+    "cp-bytes": "linattn.distributed.demo",
 }
 
 

@@ -1,0 +1,27 @@
+"""linattn beyond one process: context parallelism and data-parallel training (torch.distributed).
+
+- ``linear_attention``, ``delta_rule``: context-parallel versions of the ops; each rank of a
+  process group holds a contiguous slice of one long sequence and the ranks exchange only the
+  slices' affine maps S -> M S + N (spec section 8), whose size does not depend on the slice length.
+- ``init_process_group``: torchrun's environment plus a timeout after which a rank waiting for a
+  failed or missing peer raises ``PeerFailureError`` instead of hanging.
+- ``count_bytes``: the bytes this rank contributes to collectives.
+- ``linattn.distributed.train``: data-parallel MQAR training with ``DistributedDataParallel``.
+"""
+
+from linattn.distributed.collectives import (
+    ByteCount,
+    PeerFailureError,
+    count_bytes,
+    init_process_group,
+)
+from linattn.distributed.context_parallel import delta_rule, linear_attention
+
+__all__ = [
+    "ByteCount",
+    "PeerFailureError",
+    "count_bytes",
+    "delta_rule",
+    "init_process_group",
+    "linear_attention",
+]

@@ -1,0 +1,305 @@
+"""Context parallelism: one long sequence split across the ranks of a process group (section 8).
+
+Rank p holds the contiguous slice p of the sequence (slices may differ in length). Because a slice
+acts on the state as an affine map S -> M_p S + N_p (``linattn.distributed.maps``), the ranks only
+exchange these maps, whose size does not depend on the slice length:
+
+1. every rank checks its inputs and all-gathers a small shape descriptor; a mismatch across ranks
+   (B, H, K, V, dtype, gate kind, initial state, autograd) or bad input on any rank raises the
+   same ``ValueError`` on every rank, before any heavy work;
+2. every rank computes its slice's map (M_p, N_p);
+3. the maps are all-gathered and each rank folds the maps before it into its incoming state,
+   S_in(p) = M_{p-1}(... (M_0 S_0 + N_0) ...) + N_{p-1};
+4. each rank runs the ordinary op on its slice from ``initial_state=S_in(p)``.
+
+Autograd crosses ranks. Step 3 is one ``torch.autograd.Function`` (``_IncomingState``) whose
+backward all-reduces the gradients every rank computed for every map and keeps its own slot: the
+gradient of rank p's map is the sum over ranks q > p of what rank q's loss says about it. We do not
+use ``torch.distributed.nn.functional.all_gather``: with a plain differentiable all-gather, rank 0
+(which folds no maps) and the maps nobody folds would not be on every rank's backward graph, so
+the ranks would disagree on whether to run the backward collective and hang. Here every rank's
+incoming state depends on the one Function, so each rank runs exactly one backward all-reduce.
+
+Conventions:
+- The objective is the sum over ranks of each rank's loss (as with ``DistributedDataParallel``
+  every rank must call ``backward`` on a loss that depends on its outputs).
+- ``initial_state`` S_0 is replicated: pass the same tensor on every rank. Its gradient is the
+  total over ranks, and every rank receives that same total in ``S_0.grad``.
+- ``final_state`` on rank p is the state after rank p's slice; on the last rank it is the final
+  state of the whole sequence.
+- ``cu_seqlens`` (packed sequences) is not supported: one call is one sequence per batch row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from linattn import ops
+from linattn.distributed import collectives, maps
+from linattn.ops import _checks
+
+_DTYPES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+# The fields of the shape descriptor each rank contributes (int64), in order.
+_FIELDS = ("error", "B", "H", "K", "V", "kind", "dtype", "initial_state", "grad", "T")
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _descriptor(q, v_cols, beta, g, initial_state, needs_grad, error) -> dict[str, int]:
+    if error is not None:
+        return dict.fromkeys(_FIELDS, 0) | {"error": 1}
+    B, T, H, K = q.shape
+    state = 0 if initial_state is None else 1 + int(initial_state.requires_grad and needs_grad)
+    return {
+        "error": 0,
+        "B": B,
+        "H": H,
+        "K": K,
+        "V": v_cols,
+        "kind": maps.kind_of(beta, g),
+        "dtype": _DTYPES[q.dtype],
+        "initial_state": state,
+        "grad": int(needs_grad),
+        "T": T,
+    }
+
+
+def _agree(local: dict[str, int], error: str | None, group, device) -> None:
+    """Step 1: all-gather the descriptors; raise the same ValueError on every rank on a mismatch."""
+    mine = torch.tensor([local[f] for f in _FIELDS], dtype=torch.int64, device=device)
+    table = collectives.all_gather(mine, group, name="descriptor").tolist()  # [P, fields]
+    rows = [dict(zip(_FIELDS, row, strict=True)) for row in table]
+    if any(r["error"] for r in rows):
+        messages = collectives.all_gather_strings(error or "", group)
+        bad = "; ".join(f"rank {p}: {m}" for p, m in enumerate(messages) if rows[p]["error"])
+        raise ValueError(f"invalid input to context-parallel attention ({bad})")
+    shared = [f for f in _FIELDS if f not in ("error", "T")]
+    if any(r[f] != rows[0][f] for r in rows for f in shared):
+        seen = "; ".join(
+            f"rank {p}: " + ", ".join(f"{f}={r[f]}" for f in shared) for p, r in enumerate(rows)
+        )
+        raise ValueError(
+            "the slices of one context-parallel call must agree across ranks in B, H, K, V, "
+            "dtype, gate kind (0 none, 1 scalar, 2 per channel, 3 delta rule), initial state "
+            "(0 none, 1 given, 2 given with grad) and whether autograd is on; only T may differ. "
+            f"Got {seen}"
+        )
+
+
+def _fold(gathered: Tensor, S0: Tensor, m_shape, n_shape) -> Tensor:
+    """Step 3: S <- M_j S + N_j for the packed maps gathered [p, L], oldest first."""
+    m_numel = 0 if m_shape is None else math.prod(m_shape)
+    S = S0
+    for row in gathered:
+        M = None if m_shape is None else row[:m_numel].view(m_shape)
+        S = maps.apply(M, row[m_numel:].view(n_shape), S)
+    return S
+
+
+class _IncomingState(torch.autograd.Function):
+    """packed map of this rank [L], S_0 -> S_in(p); backward: one all-reduce of map gradients."""
+
+    @staticmethod
+    def forward(ctx, packed, S0, m_shape, n_shape, group):  # noqa: D102
+        rank, world = collectives.rank_and_size(group)
+        gathered = collectives.all_gather(packed.detach(), group, name="maps")  # [P, L]
+        ctx.save_for_backward(gathered[:rank], S0)
+        ctx.meta = (m_shape, n_shape, group, rank, world)
+        # A fresh tensor even on rank 0, where the fold is empty and S_in(0) = S_0.
+        return _fold(gathered[:rank], S0, m_shape, n_shape).clone()
+
+    @staticmethod
+    def backward(ctx, dS):  # noqa: D102
+        before, S0 = ctx.saved_tensors
+        m_shape, n_shape, group, rank, world = ctx.meta
+        L = before.shape[1]  # [rank, L]: the maps of the ranks before this one
+        s0_grad = ctx.needs_input_grad[1]
+        if rank == 0:
+            d_maps, d_s0 = None, dS  # S_in(0) = S_0
+        else:
+            with torch.enable_grad():
+                maps_in = before.detach().requires_grad_()
+                s0_in = S0.detach().requires_grad_()
+                S = _fold(maps_in, s0_in, m_shape, n_shape)
+                d_maps, d_s0 = torch.autograd.grad(S, (maps_in, s0_in), dS, allow_unused=True)
+        # One buffer: a slot per rank's map, then S_0's gradient (only if it needs one; the
+        # descriptor check made that decision the same on every rank).
+        buffer = dS.new_zeros(world * L + (S0.numel() if s0_grad else 0))
+        if d_maps is not None:
+            buffer[: rank * L] = d_maps.reshape(-1)
+        if s0_grad and d_s0 is not None:
+            buffer[world * L :] = d_s0.reshape(-1)
+        total = collectives.all_reduce_sum(buffer, group, name="map_grads")
+        d_packed = total[rank * L : (rank + 1) * L]
+        d_S0 = total[world * L :].view_as(S0) if s0_grad else None
+        return d_packed, d_S0, None, None, None
+
+
+def _incoming_state(M: Tensor | None, N: Tensor, S0: Tensor | None, group) -> Tensor:
+    """Step 3: all-gather the maps and fold those of the ranks before this one into S_0."""
+    packed = N.reshape(-1) if M is None else torch.cat([M.reshape(-1), N.reshape(-1)])
+    if S0 is None:
+        S0 = N.new_zeros(N.shape)
+    m_shape = None if M is None else tuple(M.shape)
+    return _IncomingState.apply(packed, S0, m_shape, tuple(N.shape), group)
+
+
+def _needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether this rank's map or S_0 needs a gradient: then it joins the backward all-reduce.
+
+    q is left out on purpose: it reaches only the local op, so it needs no collective.
+    """
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in tensors
+    )
+
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    *,
+    normalize: bool = False,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Context-parallel ``linattn.ops.linear_attention``: this rank's slice of one long sequence.
+
+    S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t) (spec sections 4, 5; decay of
+    section 10), with the slices' maps S -> M_p S + N_p exchanged between ranks (section 8).
+
+    Args:
+        q, k: [B, T_p, H, K] and v: [B, T_p, H, V]: the tokens of this rank's slice (slice p holds
+            the tokens after those of ranks 0..p-1). T_p may differ between ranks.
+        g: None, [B, T_p, H] or [B, T_p, H, K] (log-decay <= 0), the same kind on every rank.
+        normalize, scale, mode, chunk_size: as in ``linattn.ops.linear_attention`` (mode and
+            chunk_size apply to the local computation).
+        initial_state: S_0 [B, H, K, V] ([B, H, K, V + 1] with normalize) or None; the same on every
+            rank (replicated; its gradient is summed over ranks).
+        output_final_state: return the state after this rank's slice.
+        group: the process group (None: the default group).
+
+    Returns:
+        o [B, T_p, H, V] for this slice; the state after this slice (float32, or float64 for float64
+        inputs) or None. Equal to the single-process op on the concatenated sequence.
+    """
+    error = None
+    try:
+        _, _, _, K, V = _checks.qkv(q, k, v)
+        B, T, H = q.shape[:3]
+        _checks.gate(g, B, T, H, K)
+        _checks.options(mode, chunk_size)
+        _checks.scale(scale)
+        _checks.state(initial_state, B, H, K, V + int(bool(normalize)))
+    except (ValueError, TypeError) as e:
+        error = f"{type(e).__name__}: {e}"
+    v_cols = 0 if error else V + int(bool(normalize))
+    needs_grad = _needs_grad(k, v, g, initial_state)
+    local = _descriptor(q, v_cols, None, g, initial_state, needs_grad, error)
+    _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
+    # Step 2: this slice's map, in the compute dtype (the ones column is the normaliser's value).
+    dtype = _compute_dtype(q.dtype)
+    values = v.to(dtype)
+    if normalize:
+        values = torch.cat([values, torch.ones_like(values[..., :1])], dim=-1)  # [B, T, H, V + 1]
+    M, N = maps.additive_map(k.to(dtype), values, None if g is None else g.to(dtype))
+    S0 = None if initial_state is None else initial_state.to(dtype)
+    # Steps 3-4.
+    S_in = _incoming_state(M, N, S0, group)
+    return ops.linear_attention(
+        q,
+        k,
+        v,
+        g,
+        normalize=normalize,
+        scale=scale,
+        mode=mode,
+        chunk_size=chunk_size,
+        initial_state=S_in,
+        output_final_state=output_final_state,
+    )
+
+
+def delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Context-parallel ``linattn.ops.delta_rule`` (delta rule, Gated DeltaNet, KDA).
+
+    S_t = A_t S_{t-1} + beta_t k_t v_t^T with A_t = I - beta_t k_t k_t^T (g None),
+    alpha_t (I - beta_t k_t k_t^T) (g [B, T, H]) or (I - beta_t k_t k_t^T) Diag(alpha_t)
+    (g [B, T, H, K]); o_t = S_t^T (scale q_t) (sections 7, 8, 10). Each slice's map has the compact
+    WY form M_p = prod_t A_t (section 8), [B, H, K, K], exchanged between ranks.
+
+    Args:
+        q, k: [B, T_p, H, K]; v: [B, T_p, H, V]; beta: [B, T_p, H] in [0, 2]; g: None, [B, T_p, H]
+            or [B, T_p, H, K] (<= 0), the same kind on every rank. T_p may differ between ranks.
+        scale, mode, chunk_size, use_qk_l2norm: as in ``linattn.ops.delta_rule``.
+        initial_state: S_0 [B, H, K, V] or None, the same on every rank (gradient summed over
+            ranks).
+        output_final_state: return the state after this rank's slice.
+        group: the process group (None: the default group).
+
+    Returns:
+        o [B, T_p, H, V] for this slice, and the state after it (or None).
+    """
+    error = None
+    try:
+        _, _, _, K, V = _checks.qkv(q, k, v)
+        B, T, H = q.shape[:3]
+        _checks.beta(beta, B, T, H)
+        _checks.gate(g, B, T, H, K)
+        _checks.options(mode, chunk_size)
+        _checks.scale(scale)
+        _checks.state(initial_state, B, H, K, V)
+    except (ValueError, TypeError) as e:
+        error = f"{type(e).__name__}: {e}"
+    needs_grad = _needs_grad(k, v, beta, g, initial_state)
+    local = _descriptor(q, 0 if error else V, beta, g, initial_state, needs_grad, error)
+    _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
+    dtype = _compute_dtype(q.dtype)
+    M, N = maps.delta_map(
+        k.to(dtype),
+        v.to(dtype),
+        beta.to(dtype),
+        None if g is None else g.to(dtype),
+        chunk_size=chunk_size,
+        use_qk_l2norm=use_qk_l2norm,
+    )
+    S0 = None if initial_state is None else initial_state.to(dtype)
+    S_in = _incoming_state(M, N, S0, group)
+    return ops.delta_rule(
+        q,
+        k,
+        v,
+        beta,
+        g,
+        scale=scale,
+        mode=mode,
+        chunk_size=chunk_size,
+        initial_state=S_in,
+        output_final_state=output_final_state,
+        use_qk_l2norm=use_qk_l2norm,
+    )

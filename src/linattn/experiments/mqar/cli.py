@@ -1,0 +1,105 @@
+"""Multi-query associative recall (MQAR): train every mechanism, table and plot accuracy vs state.
+
+The recall benchmark of Arora et al. (2023, "Zoology"): each sequence lists key-value pairs, then
+asks for the keys again; a model must answer with the values. Fixed-state mechanisms forget (spec
+6.3, 7.3); the delta rule uses the same state better (7, 10). Presets:
+
+  smoke    seconds: every mechanism trains a few steps (the tests run it)
+  cpu      about 15 minutes on 2 CPU cores (the README's run)
+  zoology  the paper's scale: V=8192, T=512, 64 pairs, widths 64-512, an lr sweep (for a GPU)
+
+Results are appended to a JSON lines file (one object per mechanism and width; schema in
+linattn.experiments.mqar.sweep); a rerun reuses finished rows and resumes interrupted training from
+its checkpoint, so an interrupted sweep can simply be started again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from linattn.experiments.mqar.sweep import (
+    MECHANISMS,
+    PRESETS,
+    plot_results,
+    results_table,
+    run_sweep,
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``linattn mqar``."""
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="default: cpu")
+    parser.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS), metavar="NAME",
+                        help=f"subset of: {', '.join(MECHANISMS)} (default: all)")  # fmt: skip
+    parser.add_argument("--widths", nargs="+", type=int, metavar="D", help="model widths d_model")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's)")
+    parser.add_argument("--seq-len", type=int, help="sequence length T (even; default: preset's)")
+    parser.add_argument("--n-kv", type=int, help="key-value pairs per sequence (<= T/4)")
+    parser.add_argument("--vocab-size", type=int, help="vocabulary size V (> T)")
+    parser.add_argument("--lr", nargs="+", type=float, metavar="LR",
+                        help="learning rates to sweep; each run reports its best")  # fmt: skip
+    parser.add_argument("--seed", type=int, help="seed for data and initialisation (default 0)")
+    parser.add_argument("--results", default="runs/mqar.jsonl", help="JSON lines file to append to")
+    parser.add_argument("--plot", default="runs/mqar.png", help="PNG to write ('none': no plot)")
+    parser.add_argument("--checkpoint-dir", default="runs/mqar-checkpoints",
+                        help="where runs save and resume ('none': no checkpoints)")  # fmt: skip
+    parser.add_argument("--fresh", action="store_true",
+                        help="retrain even if this sweep has results or checkpoints")  # fmt: skip
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the preset (with overrides), run the sweep, print the table, write the plot."""
+    preset = PRESETS[args.preset]
+    train_overrides = {}
+    if args.steps is not None:
+        train_overrides["steps"] = args.steps
+        train_overrides["warmup_steps"] = min(preset.train.warmup_steps, max(args.steps // 10, 0))
+    if args.seed is not None:
+        train_overrides["seed"] = args.seed
+    task_overrides = {
+        name: value
+        for name, value in (
+            ("seq_len", args.seq_len), ("n_kv", args.n_kv), ("vocab_size", args.vocab_size)
+        )
+        if value is not None
+    }  # fmt: skip
+    # Task and training settings are validated here, before any model is built or trained.
+    preset = replace(
+        preset,
+        task=replace(preset.task, **task_overrides),
+        train=replace(preset.train, **train_overrides),
+        mechanisms=tuple(args.mechanisms or preset.mechanisms),
+        widths=tuple(args.widths or preset.widths),
+        lrs=tuple(args.lr or preset.lrs),
+    )
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    t = preset.task
+    print(f"MQAR preset {preset.name!r}: {preset.description}")
+    print(
+        f"task: vocab {t.vocab_size}, seq_len {t.seq_len}, {t.n_kv} key-value pairs; "
+        f"{preset.train.steps} steps of {preset.train.batch_size}; widths {list(preset.widths)}; "
+        f"lr {list(preset.lrs)}; {torch.get_num_threads()} threads",
+        flush=True,
+    )
+    checkpoint_dir = None if args.checkpoint_dir == "none" else Path(args.checkpoint_dir)
+    started = time.perf_counter()
+    rows = run_sweep(preset, results_path=Path(args.results), checkpoint_dir=checkpoint_dir,
+                     fresh=args.fresh, progress=not args.no_progress)  # fmt: skip
+    wall = time.perf_counter() - started
+    print()
+    print(results_table(rows))
+    print(f"\nwall time {wall:.0f} s ({wall / 60:.1f} min); results appended to {args.results}")
+    if args.plot != "none":
+        title = f"MQAR: T={t.seq_len}, {t.n_kv} pairs, vocab {t.vocab_size}"
+        print(f"plot: {plot_results(rows, args.plot, title=title)}")
+    return 0

@@ -1,0 +1,348 @@
+"""MQAR sweep: every mechanism at several widths; table and plot of accuracy against state size.
+
+Mechanisms (``MECHANISMS``; the mixer of each block of ``linattn.models.CausalLM``):
+
+=================  ==========================================  ===================================
+name               mixers                                      spec
+=================  ==========================================  ===================================
+softmax            softmax, softmax                            2 (state: the KV cache)
+linear             linear, linear (elu + 1 features)           4, 5
+taylor             taylor, taylor (Based, 2nd-order Taylor)    4
+scalar_decay       scalar_decay x 2 (Mamba-2 / RetNet decay)   10
+deltanet           deltanet, deltanet                          7, 8
+gated_deltanet     gated_deltanet x 2                          10
+kda                kda, kda (Kimi Delta Attention)             10
+hybrid             kda, kda, kda, softmax                      10 (3:1 hybrid)
+=================  ==========================================  ===================================
+
+Every model has 2 blocks (mixer + MLP), as in Zoology, except the hybrid: a 3:1 interleave needs 4
+blocks, so it has twice the depth (and about twice the parameters) at the same width; its state size
+per layer is the mean over its 4 blocks, ``(3 kda + 1 KV cache) / 4``. The table lists parameters so
+that this is visible.
+
+State size (``state_numbers``): the numbers a block keeps between tokens at the end of a sequence
+of ``seq_len`` tokens, from the model's cache accounting (``cache.numbers_per_block()`` after
+running the sequence through ``model.new_cache``): ``H d_k d_v`` (plus normaliser and
+short-convolution state) for the recurrent mechanisms, ``2 T H d_head`` (and the conv state) for
+softmax attention's KV cache. Reported per layer (mean over the blocks).
+
+Results (``results_path``, JSON lines, one object per (mechanism, width), appended when it
+finishes): ``preset, mechanism, mixers, n_layers, d_model, n_heads, params, state_numbers (per
+layer, mean over blocks), state_numbers_per_block, vocab_size, seq_len, n_kv, power_a, steps
+(taken), max_steps, batch_size, lr (the best of the sweep), lr_sweep [{lr, accuracy,
+best_accuracy, steps, seconds}], accuracy (final held-out accuracy at that lr), best_accuracy,
+eval_loss, stopped_early, evals [{step, accuracy, loss}], seconds (training wall time summed over
+the lr sweep, resumed pieces included), seed, threads, torch, config_hash, finished (UTC ISO
+time)``. A rerun of the same sweep skips pairs whose ``config_hash`` is already in the file and
+resumes an interrupted pair from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from linattn.experiments.mqar.data import MQARTask
+from linattn.experiments.mqar.train import TrainConfig, train
+
+MECHANISMS: dict[str, tuple[str, ...]] = {
+    "softmax": ("softmax", "softmax"),
+    "linear": ("linear", "linear"),
+    "taylor": ("taylor", "taylor"),
+    "scalar_decay": ("scalar_decay", "scalar_decay"),
+    "deltanet": ("deltanet", "deltanet"),
+    "gated_deltanet": ("gated_deltanet", "gated_deltanet"),
+    "kda": ("kda", "kda"),
+    "hybrid": ("kda", "kda", "kda", "softmax"),
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A sweep: one task, one training recipe, the mechanisms and widths to cross, lrs to try."""
+
+    name: str
+    description: str
+    task: MQARTask
+    train: TrainConfig
+    widths: tuple[int, ...]
+    mechanisms: tuple[str, ...] = tuple(MECHANISMS)
+    lrs: tuple[float, ...] = (1e-3,)
+    n_heads: int = 2
+    model_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.mechanisms if m not in MECHANISMS]
+        if unknown:
+            raise ValueError(f"unknown mechanism(s) {unknown}; choose from {list(MECHANISMS)}")
+        if not self.mechanisms or not self.widths or not self.lrs:
+            raise ValueError("a preset needs at least one mechanism, one width and one lr")
+        for width in self.widths:
+            if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+                raise ValueError(f"widths must be ints >= 1, got {width!r}")
+            if width % self.n_heads:
+                raise ValueError(f"width {width} is not divisible by n_heads={self.n_heads}")
+        for lr in self.lrs:
+            if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+                raise ValueError(f"lrs must be finite numbers > 0, got {lr!r}")
+
+
+PRESETS: dict[str, Preset] = {
+    "smoke": Preset(
+        name="smoke",
+        description="seconds; checks that every mechanism trains end to end (used by the tests)",
+        task=MQARTask(vocab_size=32, seq_len=16, n_kv=2),
+        train=TrainConfig(
+            steps=2, batch_size=4, warmup_steps=1, eval_every=2, eval_examples=8, eval_batch_size=8
+        ),
+        widths=(16,),
+    ),
+    "cpu": Preset(
+        name="cpu",
+        description="about 15 minutes on 2 CPU cores: T=128, 16 key-value pairs",
+        task=MQARTask(vocab_size=256, seq_len=128, n_kv=16),
+        train=TrainConfig(
+            steps=600,
+            batch_size=32,
+            lr=3e-3,
+            warmup_steps=30,
+            eval_every=100,
+            eval_examples=500,
+            stop_accuracy=0.999,
+        ),  # fmt: skip
+        widths=(32, 64),
+        lrs=(3e-3,),
+    ),
+    "zoology": Preset(
+        name="zoology",
+        description=(
+            "paper scale (Arora et al. 2023, Figure 2 hardest setting): V=8192, T=512, 64 pairs, "
+            "widths 64-512, 4 learning rates; for a GPU-sized budget, not run in CI"
+        ),
+        task=MQARTask(vocab_size=8192, seq_len=512, n_kv=64),
+        train=TrainConfig(
+            steps=100_000,
+            batch_size=64,
+            warmup_steps=1000,
+            eval_every=2000,
+            eval_examples=3000,
+            weight_decay=0.1,
+        ),  # fmt: skip
+        widths=(64, 128, 256, 512),
+        lrs=(1e-4, 4.6e-4, 2.2e-3, 1e-2),
+    ),
+}
+
+# (mechanism, d_model, preset) -> model mapping ids [B, T] to logits [B, T, vocab]
+Builder = Callable[[str, int, Preset], nn.Module]
+# (model, seq_len) -> numbers of state per block after seq_len tokens
+StateMeter = Callable[[nn.Module, int], list[int]]
+
+
+def build_model(mechanism: str, d_model: int, preset: Preset) -> nn.Module:
+    """The ``linattn.models.CausalLM`` for one mechanism at one width."""
+    from linattn.models import CausalLM, LMConfig
+
+    config = LMConfig(
+        vocab_size=preset.task.vocab_size,
+        d_model=d_model,
+        n_heads=preset.n_heads,
+        mixers=MECHANISMS[mechanism],
+        max_seq_len=preset.task.seq_len,
+        **preset.model_options,
+    )
+    return CausalLM(config)
+
+
+@torch.no_grad()
+def measure_state(model: nn.Module, seq_len: int) -> list[int]:
+    """Numbers of state per block after a sequence of ``seq_len`` tokens (cache accounting)."""
+    cache = model.new_cache(1)
+    was_training = model.training
+    model.eval()
+    model(torch.zeros(1, seq_len, dtype=torch.long), cache=cache)
+    model.train(was_training)
+    return [int(n) for n in cache.numbers_per_block()]
+
+
+def config_hash(preset: Preset, mechanism: str, d_model: int) -> str:
+    """A short hash of everything that determines one (mechanism, width) result."""
+    blob = json.dumps(
+        {
+            "task": preset.task.to_dict(),
+            "train": {k: v for k, v in preset.train.to_dict().items() if k != "checkpoint_every"},
+            "lrs": list(preset.lrs),
+            "mixers": list(MECHANISMS[mechanism]),
+            "d_model": d_model,
+            "n_heads": preset.n_heads,
+            "model_options": preset.model_options,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def read_results(path: Path) -> list[dict]:
+    """All rows of a results file (missing file: none)."""
+    if not path.exists():
+        return []
+    with path.open() as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def run_pair(
+    preset: Preset,
+    mechanism: str,
+    d_model: int,
+    *,
+    checkpoint_dir: Path | None,
+    progress: bool = True,
+    builder: Builder = build_model,
+    meter: StateMeter = measure_state,
+) -> dict:
+    """Train one (mechanism, width) at every lr of the preset; the result row (best lr)."""
+    sweep = []
+    for lr in preset.lrs:
+        torch.manual_seed(preset.train.seed)  # the same initialisation for every lr
+        model = builder(mechanism, d_model, preset)
+        config = replace(preset.train, lr=lr)
+        path = None
+        if checkpoint_dir is not None:
+            key = config_hash(preset, mechanism, d_model)
+            path = checkpoint_dir / f"{preset.name}-{mechanism}-d{d_model}-{key}-lr{lr:g}.pt"
+        desc = f"{mechanism} d={d_model} lr={lr:g}"
+        result = train(model, preset.task, config, checkpoint=path, progress=progress, desc=desc)
+        sweep.append((lr, result, model))
+    lr, best, model = max(sweep, key=lambda item: (item[1].accuracy, -item[1].eval_loss))
+    per_block = meter(model, preset.task.seq_len)
+    return {
+        "preset": preset.name,
+        "mechanism": mechanism,
+        "mixers": list(MECHANISMS[mechanism]),
+        "n_layers": len(MECHANISMS[mechanism]),
+        "d_model": d_model,
+        "n_heads": preset.n_heads,
+        "params": sum(p.numel() for p in model.parameters()),
+        "state_numbers": sum(per_block) / len(per_block),
+        "state_numbers_per_block": per_block,
+        **{k: v for k, v in preset.task.to_dict().items() if k != "random_non_queries"},
+        "steps": best.steps,
+        "max_steps": preset.train.steps,
+        "batch_size": preset.train.batch_size,
+        "lr": lr,
+        "lr_sweep": [
+            {
+                "lr": x,
+                "accuracy": r.accuracy,
+                "best_accuracy": r.best_accuracy,
+                "steps": r.steps,
+                "seconds": round(r.seconds, 2),
+            }
+            for x, r, _ in sweep
+        ],  # fmt: skip
+        "accuracy": best.accuracy,
+        "best_accuracy": best.best_accuracy,
+        "eval_loss": best.eval_loss,
+        "stopped_early": best.stopped_early,
+        "evals": best.evals,
+        "seconds": round(sum(r.seconds for _, r, _ in sweep), 2),
+        "seed": preset.train.seed,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "config_hash": config_hash(preset, mechanism, d_model),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def run_sweep(
+    preset: Preset,
+    *,
+    results_path: str | Path,
+    checkpoint_dir: str | Path | None = None,
+    fresh: bool = False,
+    progress: bool = True,
+    builder: Builder = build_model,
+    meter: StateMeter = measure_state,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Run every (mechanism, width) of ``preset``; append each finished row to ``results_path``.
+
+    Returns the rows of this sweep (reused ones included), in mechanism then width order. With
+    ``fresh=True`` earlier rows and checkpoints of this preset are ignored (checkpoints deleted).
+    """
+    results_path = Path(results_path)
+    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    done = {} if fresh else {r.get("config_hash"): r for r in read_results(results_path)}
+    rows = []
+    for mechanism in preset.mechanisms:
+        for d_model in preset.widths:
+            key = config_hash(preset, mechanism, d_model)
+            if key in done:
+                log(f"{mechanism} d={d_model}: already in {results_path}, reused")
+                rows.append(done[key])
+                continue
+            if fresh and ckpt is not None:
+                for old in ckpt.glob(f"{preset.name}-{mechanism}-d{d_model}-{key}-lr*.pt"):
+                    old.unlink()
+            row = run_pair(preset, mechanism, d_model, checkpoint_dir=ckpt, progress=progress,
+                           builder=builder, meter=meter)  # fmt: skip
+            results_path.parent.mkdir(parents=True, exist_ok=True)
+            with results_path.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            log(
+                f"{mechanism} d={d_model}: accuracy {row['accuracy']:.3f}, state "
+                f"{row['state_numbers']:.0f}/layer, {row['steps']} steps, {row['seconds']:.0f} s"
+            )
+            rows.append(row)
+    return rows
+
+
+def results_table(rows: Sequence[dict]) -> str:
+    """Markdown table: mechanism, width, state per layer, parameters, accuracy, steps, time."""
+    lines = [
+        "| mechanism | d_model | state / layer | params | accuracy | steps | lr | time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mechanism']} | {r['d_model']} | {r['state_numbers']:,.0f} | {r['params']:,} "
+            f"| {r['accuracy']:.3f} | {r['steps']} | {r['lr']:g} | {r['seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_results(rows: Sequence[dict], path: str | Path, title: str = "MQAR") -> Path:
+    """PNG of accuracy against state numbers per layer (log scale), one curve per mechanism."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for mechanism in dict.fromkeys(r["mechanism"] for r in rows):
+        points = sorted(
+            (r["state_numbers"], r["accuracy"]) for r in rows if r["mechanism"] == mechanism
+        )
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, marker="o", label=mechanism)
+    ax.set_xscale("log")
+    ax.set_xlabel("state size per layer (numbers)")
+    ax.set_ylabel("held-out query accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,63 @@
+"""A slice's affine map (M, N): agrees with ``ops.chunk_affine_map`` and with the op's own state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn import ops
+from linattn.distributed import maps
+
+from .cp_worker import CASES, make_case
+
+# (name, delta rule?)
+NAMES = [(name, rule == "delta") for name, _, rule, _, normalize in CASES if not normalize]
+
+
+def slice_map(x: dict, delta: bool, chunk_size: int = 4):
+    if delta:
+        return maps.delta_map(x["k"], x["v"], x["beta"], x["g"], chunk_size=chunk_size,
+                              use_qk_l2norm=False)  # fmt: skip
+    return maps.additive_map(x["k"], x["v"], x["g"])
+
+
+def full_matrix(M: torch.Tensor | None, K: int) -> torch.Tensor:
+    """A stored M (None, diagonal [.., 1|K, 1] or full) as the [B, H, K, K] matrix."""
+    eye = torch.eye(K, dtype=torch.float64)
+    if M is None:
+        return eye
+    if M.shape[-1] == 1 and K > 1:
+        return M * eye  # the diagonal times I
+    return M
+
+
+@pytest.mark.parametrize("name, delta", NAMES)
+def test_map_equals_chunk_affine_map(name, delta):
+    x = make_case(name, 13, torch.float64)["inputs"]
+    M, N = slice_map(x, delta)
+    M_ref, N_ref = ops.chunk_affine_map(x["k"], x["v"], x["beta"], x["g"])
+    K = x["k"].shape[-1]
+    torch.testing.assert_close(full_matrix(M, K).expand_as(M_ref), M_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(N, N_ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, delta", NAMES)
+def test_map_moves_any_state_like_the_op(name, delta):
+    """M S + N is the op's final state from S, for a slice of many chunks (T = 203, C = 8)."""
+    x = make_case(name, 203, torch.float64)["inputs"]
+    M, N = slice_map(x, delta, chunk_size=8)
+    S = x["S0"]
+    if delta:
+        _, S_out = ops.delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], initial_state=S,
+                                  output_final_state=True)  # fmt: skip
+    else:
+        _, S_out = ops.linear_attention(x["q"], x["k"], x["v"], x["g"], initial_state=S,
+                                        output_final_state=True)  # fmt: skip
+    torch.testing.assert_close(maps.apply(M, N, S), S_out, rtol=0, atol=1e-10)
+
+
+def test_stored_forms():
+    x = make_case("gla", 5, torch.float64)["inputs"]
+    assert maps.additive_map(x["k"], x["v"], x["g"])[0].shape == (2, 2, 4, 1)
+    assert maps.additive_map(x["k"], x["v"], None)[0] is None
+    assert maps.kind_of(None, x["g"]) == maps.CHANNEL

@@ -1,0 +1,59 @@
+"""``linattn mqar``: the smoke preset end to end with the real model, and bad configurations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from linattn import cli
+from linattn.experiments.mqar.sweep import MECHANISMS
+
+
+@pytest.fixture(autouse=True)
+def only_mqar(monkeypatch) -> None:
+    """Parse with the mqar subcommand alone: these tests need no other command's module."""
+    monkeypatch.setattr(cli, "COMMANDS", {"mqar": cli.COMMANDS["mqar"]})
+
+
+def main(argv: list[str]) -> int:
+    return cli.main(argv)
+
+
+def test_smoke_preset_end_to_end(tmp_path, capsys) -> None:
+    results, plot = tmp_path / "mqar.jsonl", tmp_path / "mqar.png"
+    argv = ["mqar", "--preset", "smoke", "--results", str(results), "--plot", str(plot),
+            "--checkpoint-dir", str(tmp_path / "ck"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["mechanism"] for r in rows] == list(MECHANISMS)
+    for row in rows:
+        assert row["preset"] == "smoke" and row["steps"] == 2 and 0.0 <= row["accuracy"] <= 1.0
+        assert len(row["state_numbers_per_block"]) == row["n_layers"]
+        assert row["state_numbers"] > 0
+        assert f"| {row['mechanism']} | {row['d_model']} |" in out
+    by_name = {r["mechanism"]: r for r in rows}
+    # softmax's KV cache: keys and values of every token seen, 2 T d_model numbers per block
+    assert by_name["softmax"]["state_numbers"] >= 2 * 16 * 16
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--n-kv", "5"], "n_kv too large"),
+        (["--vocab-size", "16"], "vocab_size must be larger than seq_len"),
+        (["--seq-len", "17", "--vocab-size", "64"], "seq_len must be even"),
+        (["--widths", "15"], "not divisible by n_heads"),
+        (["--steps", "0"], "steps must be >= 1"),
+        (["--lr", "-1"], "lrs must be"),
+    ],
+)
+def test_bad_configuration_fails_before_training(tmp_path, capsys, extra, message) -> None:
+    results = tmp_path / "mqar.jsonl"
+    argv = ["mqar", "--preset", "smoke", "--results", str(results), "--no-progress"] + extra
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("linattn mqar: error:")
+    assert not results.exists()  # nothing was trained

@@ -1,0 +1,164 @@
+"""The MQAR sweep machinery with a stand-in model: rows, reuse, resume, table, plot, presets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from linattn.experiments.mqar import data, sweep
+from linattn.experiments.mqar.data import MQARTask
+from linattn.experiments.mqar.sweep import MECHANISMS, PRESETS, Preset, run_sweep
+from linattn.experiments.mqar.train import TrainConfig
+
+from .conftest import TinyGRU
+
+PRESET = Preset(
+    name="unit",
+    description="stand-in",
+    task=MQARTask(vocab_size=32, seq_len=16, n_kv=2),
+    train=TrainConfig(
+        steps=6, batch_size=4, warmup_steps=1, eval_every=3, eval_examples=8, checkpoint_every=2
+    ),  # fmt: skip
+    mechanisms=("softmax", "deltanet"),
+    widths=(8, 16),
+    lrs=(1e-3,),
+)
+
+REQUIRED = {"mechanism", "d_model", "state_numbers", "accuracy", "seq_len", "n_kv", "steps",
+            "seconds", "preset", "vocab_size", "params", "lr", "config_hash"}  # fmt: skip
+
+
+def builder(mechanism: str, d_model: int, preset: Preset) -> TinyGRU:
+    return TinyGRU(preset.task.vocab_size, d_model)
+
+
+def meter(model: TinyGRU, seq_len: int) -> list[int]:
+    return [model.rnn.hidden_size, model.rnn.hidden_size]  # a GRU keeps one vector
+
+
+def sweep_rows(tmp_path, preset: Preset = PRESET, **kwargs) -> list[dict]:
+    return run_sweep(preset, results_path=tmp_path / "r.jsonl", checkpoint_dir=tmp_path / "ck",
+                     progress=False, builder=builder, meter=meter, log=lambda _: None,
+                     **kwargs)  # fmt: skip
+
+
+def comparable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("seconds", "finished", "lr_sweep")}
+
+
+def test_sweep_writes_one_row_per_mechanism_and_width(tmp_path) -> None:
+    rows = sweep_rows(tmp_path, replace(PRESET, lrs=(1e-3, 3e-3)))
+    assert [(r["mechanism"], r["d_model"]) for r in rows] == [
+        ("softmax", 8), ("softmax", 16), ("deltanet", 8), ("deltanet", 16)
+    ]  # fmt: skip
+    written = sweep.read_results(tmp_path / "r.jsonl")
+    assert written == json.loads(json.dumps(rows))
+    for row in written:
+        assert REQUIRED <= set(row)
+        assert row["state_numbers"] == row["d_model"] and row["preset"] == "unit"
+        assert [x["lr"] for x in row["lr_sweep"]] == [1e-3, 3e-3]
+        assert row["accuracy"] == max(x["accuracy"] for x in row["lr_sweep"])
+        assert row["mixers"] == list(MECHANISMS[row["mechanism"]])
+
+
+def test_rerun_reuses_finished_rows(tmp_path, monkeypatch) -> None:
+    first = sweep_rows(tmp_path)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished pair was trained again")
+
+    monkeypatch.setattr(sweep, "train", no_training)
+    assert sweep_rows(tmp_path) == first
+    assert len(sweep.read_results(tmp_path / "r.jsonl")) == 4
+
+
+def test_interrupted_sweep_resumes_to_the_same_numbers(tmp_path, monkeypatch) -> None:
+    straight = sweep_rows(tmp_path / "straight")
+
+    real_batch = data.train_batch
+    calls = {"n": 0}
+
+    def crashing_batch(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 22:  # 6 batches per pair: the 4th pair, after its step-2 checkpoint
+            raise KeyboardInterrupt
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(data, "train_batch", crashing_batch)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_rows(tmp_path / "resumed")
+    assert len(sweep.read_results(tmp_path / "resumed" / "r.jsonl")) == 3
+    monkeypatch.setattr(data, "train_batch", real_batch)
+    resumed = sweep_rows(tmp_path / "resumed")
+    assert [comparable(r) for r in resumed] == [comparable(r) for r in straight]
+
+
+def test_fresh_retrains(tmp_path) -> None:
+    sweep_rows(tmp_path)
+    rows = sweep_rows(tmp_path, fresh=True)
+    assert len(rows) == 4 and len(sweep.read_results(tmp_path / "r.jsonl")) == 8
+
+
+def test_table_and_plot(tmp_path) -> None:
+    rows = sweep_rows(tmp_path)
+    table = sweep.results_table(rows)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert lines[2].startswith("| softmax | 8 | 8 |")
+    assert f"| {rows[3]['accuracy']:.3f} |" in lines[5]
+    path = sweep.plot_results(rows, tmp_path / "plot.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_config_hash_tracks_what_changes_results() -> None:
+    h = sweep.config_hash(PRESET, "softmax", 8)
+    assert h != sweep.config_hash(PRESET, "softmax", 16)
+    assert h != sweep.config_hash(PRESET, "deltanet", 8)
+    assert h != sweep.config_hash(replace(PRESET, lrs=(1e-3, 3e-3)), "softmax", 8)
+    assert h != sweep.config_hash(replace(PRESET, task=MQARTask(32, 16, 3)), "softmax", 8)
+    relaxed = replace(PRESET, train=replace(PRESET.train, checkpoint_every=5), name="other")
+    assert h == sweep.config_hash(relaxed, "softmax", 8)
+
+
+def test_presets_are_consistent() -> None:
+    assert set(PRESETS) == {"smoke", "cpu", "zoology"}
+    cpu = PRESETS["cpu"].task
+    assert cpu.seq_len >= 128 and cpu.n_kv >= 16
+    zoo = PRESETS["zoology"]
+    assert zoo.task.vocab_size == 8192 and max(zoo.widths) == 512 and len(zoo.lrs) > 1
+    for preset in PRESETS.values():
+        assert set(preset.mechanisms) == set(MECHANISMS)
+    assert MECHANISMS["hybrid"] == ("kda", "kda", "kda", "softmax")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(mechanisms=("mamba",)), "unknown mechanism"),
+        (dict(widths=(15,)), "not divisible by n_heads"),
+        (dict(widths=()), "at least one"),
+        (dict(lrs=(0.0,)), "lrs must be"),
+    ],
+)
+def test_bad_presets(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        replace(PRESET, **kwargs)
+
+
+def test_stand_in_builder_is_seeded_per_run(tmp_path) -> None:
+    """Each run starts from the same initialisation (seeded right before building)."""
+    seen = []
+
+    def recording_builder(mechanism, d_model, preset):
+        model = builder(mechanism, d_model, preset)
+        seen.append(model.embed.weight.detach().clone())
+        return model
+
+    preset = replace(PRESET, widths=(8,), lrs=(1e-3, 3e-3))
+    run_sweep(preset, results_path=tmp_path / "r.jsonl", checkpoint_dir=None,
+              progress=False, builder=recording_builder, meter=meter,
+              log=lambda _: None)  # fmt: skip
+    assert len(seen) == 4 and all(torch.equal(seen[0], w) for w in seen)
