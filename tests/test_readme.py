@@ -44,3 +44,17 @@ def test_readme_python_example_runs(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     exec(compile(python_examples()[index], f"README.md example {index}", "exec"), {})
+
+
+def test_readme_context_parallel_script_runs_on_two_processes(tmp_path):
+    """The README's `cp_example.py`, launched as 2 local processes the way torchrun does."""
+    from linattn.distributed.launch import run_local
+
+    readme = (ROOT / "README.md").read_text()
+    scripts = re.findall(r"```python cp_example.py\n(.*?)```", readme, re.S)
+    assert len(scripts) == 1
+    script = tmp_path / "cp_example.py"
+    script.write_text(scripts[0])
+    results = run_local([str(script)], nproc=2, deadline=120)
+    assert [r.returncode for r in results] == [0, 0], [r.output for r in results]
+    assert "2 ranks x 2048 tokens; final state (1, 4, 64, 64)" in results[1].output
