@@ -1,1 +1,1 @@
-"""One module per check, table or figure of the spec, plus benchmarks; each is a `linattn` command."""
+"""One module per check, table or figure of the spec, plus benchmarks; each a `linattn` command."""

@@ -1,0 +1,141 @@
+"""The cost model of section 9: operations and memory of one head, and of one layer.
+
+An operation is one floating-point addition or multiplication; an (a x b) @ (b x c) product costs
+2abc (section 1). n tokens, head dimension d (values have length d too), r features, chunks of C
+tokens, step t of generation, model width d_model. Every function returns an exact count.
+"""
+
+from __future__ import annotations
+
+from linattn.reference._checks import as_positive_int
+
+
+def softmax_training_ops(n: int, d: int) -> int:
+    """Section 2 / 9: 4 n^2 d (the scores Q K^T and the product P V, 2 n^2 d each)."""
+    n, d = as_positive_int("n", n), as_positive_int("d", d)
+    return 4 * n * n * d
+
+
+def linear_training_ops(n: int, r: int, d: int, C: int) -> int:
+    """Section 5.1 / 9: 2 n C (r + d) + 4 n r d, causal linear attention in blocks of C.
+
+    Inside the blocks, n / C masked C x C products of 2 C^2 (r + d); across them, the state
+    products of 4 C r d per block.
+    """
+    n, r, d, C = _sizes(n=n, r=r, d=d, C=C)
+    return 2 * n * C * (r + d) + 4 * n * r * d
+
+
+def delta_training_ops(n: int, r: int, d: int, C: int) -> int:
+    """Section 8 / 9: n (4 C r + 3 C d + 6 r d), the delta rule in blocks of C (n / C chunks of
+    ``delta_chunk_ops``)."""
+    n, r, d, C = _sizes(n=n, r=r, d=d, C=C)
+    return n * (4 * C * r + 3 * C * d + 6 * r * d)
+
+
+def linear_chunk_ops(C: int, r: int, d: int) -> int:
+    """Section 8: one chunk of the additive rule costs 2 C^2 (r + d) + 4 C r d."""
+    C, r, d = _sizes(C=C, r=r, d=d)
+    return 2 * C * C * (r + d) + 4 * C * r * d
+
+
+def delta_chunk_ops(C: int, r: int, d: int) -> int:
+    """Section 8: one chunk of the delta rule costs 4 C^2 r + 3 C^2 d + 6 C r d (the masked
+    products counted in full, the forward substitution at C^2 d)."""
+    C, r, d = _sizes(C=C, r=r, d=d)
+    return 4 * C * C * r + 3 * C * C * d + 6 * C * r * d
+
+
+def delta_to_linear_chunk_ratio(C: int, r: int, d: int) -> float:
+    """Section 8: delta_chunk_ops / linear_chunk_ops; with r = d it is (7 C + 6 d) / (4 C + 4 d),
+    between 1.5 (C << d) and 1.75 (C >> d)."""
+    return delta_chunk_ops(C, r, d) / linear_chunk_ops(C, r, d)
+
+
+def softmax_step_ops(t: int, d: int) -> int:
+    """Section 2 / 9: about 4 t d operations at generation step t (read the whole KV cache)."""
+    t, d = as_positive_int("t", t), as_positive_int("d", d)
+    return 4 * t * d
+
+
+def linear_step_ops(r: int, d: int) -> int:
+    """Section 5 / 9: about 4 r d operations per generation step.
+
+    Write phi(k) v^T and read S^T phi(q), 2 r d each.
+    """
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    return 4 * r * d
+
+
+def delta_step_ops(r: int, d: int) -> int:
+    """Section 9: about 6 r d operations per generation step.
+
+    Read S^T k, write k u^T and read S^T q, 2 r d each.
+    """
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    return 6 * r * d
+
+
+def kv_cache_numbers(t: int, d: int) -> int:
+    """Section 2 / 9: the KV cache after t tokens holds 2 t d numbers (keys and values)."""
+    t, d = as_positive_int("t", t), as_positive_int("d", d)
+    return 2 * t * d
+
+
+def linear_state_numbers(r: int, d: int) -> int:
+    """Section 5 / 9: the state of linear attention holds r d + r numbers (S and z)."""
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    return r * d + r
+
+
+def delta_state_numbers(r: int, d: int) -> int:
+    """Section 9: the state of the delta rule holds r d numbers (no normaliser)."""
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    return r * d
+
+
+def break_even_tokens(r: int, d: int) -> int:
+    """Section 5 / Figure 3: the state is the size of the cache after about
+    (r d + r) // (2 d) tokens (64 for r = d = 128; the spec rounds down)."""
+    return linear_state_numbers(r, d) // (2 * as_positive_int("d", d))
+
+
+def layer_dense_ops(n: int, d_model: int) -> int:
+    """Section 9: the four projections and an MLP of width 4 d_model cost 24 n d_model^2."""
+    n, d_model = as_positive_int("n", n), as_positive_int("d_model", d_model)
+    return 24 * n * d_model * d_model
+
+
+def layer_softmax_ops(n: int, d_model: int) -> int:
+    """Section 9: the softmax attention products of all heads cost 4 n^2 d_model."""
+    n, d_model = as_positive_int("n", n), as_positive_int("d_model", d_model)
+    return 4 * n * n * d_model
+
+
+def layer_linear_ops(n: int, r: int, d_model: int) -> int:
+    """Section 9: linear attention costs 4 n r d_model for all heads."""
+    n, r = as_positive_int("n", n), as_positive_int("r", r)
+    return 4 * n * r * as_positive_int("d_model", d_model)
+
+
+def crossover_tokens(d_model: int) -> int:
+    """Section 9: 4 n^2 d_model > 24 n d_model^2 exactly when n > 6 d_model; returns 6 d_model."""
+    return 6 * as_positive_int("d_model", d_model)
+
+
+def linear_fraction(r: int, d_model: int) -> float:
+    """Section 9: linear attention is 4 n r d_model / (24 n d_model^2) = r / (6 d_model) of the
+    rest of the layer, at every length."""
+    r, d_model = as_positive_int("r", r), as_positive_int("d_model", d_model)
+    return r / (6 * d_model)
+
+
+def attention_matrix_bytes(n: int, bytes_per_number: int = 2) -> int:
+    """Section 2: P has n^2 entries, n^2 * bytes_per_number bytes (2 GiB at n = 32,768, 2 bytes)."""
+    n = as_positive_int("n", n)
+    return n * n * as_positive_int("bytes_per_number", bytes_per_number)
+
+
+def _sizes(**sizes: int) -> tuple[int, ...]:
+    """Each size checked as a positive integer, in the order given."""
+    return tuple(as_positive_int(name, value) for name, value in sizes.items())
