@@ -1,0 +1,132 @@
+"""Input validation shared by the public ops: every check runs before any work is done.
+
+Each failure is a ``ValueError`` (wrong shape, range, value) or a ``TypeError`` (wrong type or
+dtype) whose message names the argument and states what was expected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MODES = ("parallel", "recurrent", "chunk")
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def tensor(name: str, x: object, ndim: int) -> torch.Tensor:
+    """``x`` must be a floating tensor with ``ndim`` dimensions and finite values."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float64, float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains non-finite values (NaN or Inf)")
+    return x
+
+
+def qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
+    """q, k: [B, T, H, K], v: [B, T, H, V], one dtype; returns (B, T, H, K, V)."""
+    tensor("q", q, 4)
+    tensor("k", k, 4)
+    tensor("v", v, 4)
+    if q.shape != k.shape:
+        raise ValueError(
+            f"q and k must have the same shape [B, T, H, K], got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}"
+        )
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"v must have shape [B, T, H, V] with B, T, H = {tuple(q.shape[:3])}, got "
+            f"{tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, T, H, K = q.shape
+    if T < 1 or K < 1 or v.shape[3] < 1:
+        raise ValueError(f"q, k, v must have T >= 1 and nonzero K, V; got q {tuple(q.shape)}")
+    return B, T, H, K, v.shape[3]
+
+
+def gate(g: object, B: int, T: int, H: int, K: int) -> None:
+    """g: None, [B, T, H] (scalar decay per head) or [B, T, H, K] (per channel), all <= 0."""
+    if g is None:
+        return
+    ndim = g.dim() if isinstance(g, torch.Tensor) else 0
+    tensor("g", g, 4 if ndim == 4 else 3)
+    if tuple(g.shape) not in ((B, T, H), (B, T, H, K)):
+        raise ValueError(
+            f"g must be None, [B, T, H] = {(B, T, H)} or [B, T, H, K] = {(B, T, H, K)}, "
+            f"got {tuple(g.shape)}"
+        )
+    if bool((g > 0).any()):
+        raise ValueError(f"g is a log-decay and must be <= 0; got max {g.max().item():.3g}")
+
+
+def beta(b: object, B: int, T: int, H: int) -> None:
+    """beta: [B, T, H] with values in [0, 2]."""
+    tensor("beta", b, 3)
+    if tuple(b.shape) != (B, T, H):
+        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {tuple(b.shape)}")
+    if bool((b < 0).any()) or bool((b > 2).any()):
+        raise ValueError(
+            f"beta must lie in [0, 2]; got range [{b.min().item():.3g}, {b.max().item():.3g}]"
+        )
+
+
+def options(mode: object, chunk_size: object) -> None:
+    """mode in MODES; chunk_size an int >= 1."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def scale(s: object) -> None:
+    """scale: None or a finite real number."""
+    if s is None:
+        return
+    if isinstance(s, bool) or not isinstance(s, (int, float)):
+        raise TypeError(f"scale must be None or a float, got {type(s).__name__}")
+    if not torch.isfinite(torch.tensor(float(s))):
+        raise ValueError(f"scale must be finite, got {s}")
+
+
+def seqlens(cu_seqlens: object, B: int, T: int) -> int:
+    """cu_seqlens: None or a 1-D integer tensor 0 = c_0 < c_1 < ... < c_N = T, with B == 1.
+
+    Returns the number of sequences (B when cu_seqlens is None).
+    """
+    if cu_seqlens is None:
+        return B
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex:
+        raise TypeError(f"cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}"
+        )
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs batch size B = 1 (packed sequences), got B = {B}")
+    if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != T:
+        raise ValueError(
+            f"cu_seqlens must start at 0 and end at T = {T}, got {cu_seqlens.tolist()}"
+        )
+    if bool((cu_seqlens[1:] <= cu_seqlens[:-1]).any()):
+        raise ValueError(f"cu_seqlens must be strictly increasing, got {cu_seqlens.tolist()}")
+    return cu_seqlens.numel() - 1
+
+
+def state(s: object, N: int, H: int, K: int, V: int) -> None:
+    """initial_state: None or [N, H, K, V] (N = B, or the number of sequences with cu_seqlens)."""
+    if s is None:
+        return
+    tensor("initial_state", s, 4)
+    if tuple(s.shape) != (N, H, K, V):
+        raise ValueError(
+            f"initial_state must have shape [N, H, K, V] = {(N, H, K, V)} (N = batch size or "
+            f"number of sequences in cu_seqlens), got {tuple(s.shape)}"
+        )

@@ -1,0 +1,83 @@
+"""The dispatch shared by the public ops: dtype, layout, scale, mode and packed sequences.
+
+Public layout [B, T, H, D] -> internal [B, H, T, D] in the compute dtype (float64 for float64
+inputs, float32 otherwise), so that states and cumulative gates accumulate in float32 at least.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops.chunk import chunk_forward
+from linattn.ops.parallel import parallel_forward
+from linattn.ops.recurrent import recurrent_forward
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; float32, bfloat16 and float16 are computed in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def forward(
+    mode: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
+    """One batch of equal-length sequences in the internal layout, in the chosen form."""
+    if mode == "recurrent":
+        return recurrent_forward(q, k, v, beta, g, initial_state)
+    if mode == "parallel":
+        return parallel_forward(q, k, v, beta, g, initial_state)
+    return chunk_forward(q, k, v, beta, g, initial_state, chunk_size)
+
+
+def run(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    *,
+    scale: float,
+    mode: str,
+    chunk_size: int,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Validated public tensors in, (o [B, T, H, V] in the compute dtype, final state) out.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] or None; g: None, [B, T, H] or
+    [B, T, H, K]; initial_state: [N, H, K, V] or None (N = B, or the number of packed sequences).
+    """
+    dtype = compute_dtype(q.dtype)
+    # [B, T, H, D] -> [B, H, T, D]; the scale is folded into q once.
+    q = q.to(dtype).transpose(1, 2) * scale
+    k = k.to(dtype).transpose(1, 2)
+    v = v.to(dtype).transpose(1, 2)
+    if beta is not None:
+        beta = beta.to(dtype).transpose(1, 2)  # [B, H, T]
+    if g is not None:
+        g = g.to(dtype).transpose(1, 2)  # [B, H, T] or [B, H, T, K]
+        if g.dim() == 3:
+            g = g.unsqueeze(-1)  # scalar decay as one shared channel: [B, H, T, 1]
+    if initial_state is not None:
+        initial_state = initial_state.to(dtype)
+    if cu_seqlens is None:
+        o, S = forward(mode, q, k, v, beta, g, initial_state, chunk_size)
+        return o.transpose(1, 2), S
+    # Packed sequences (B = 1): each runs alone from its own initial state.
+    outputs, states = [], []
+    bounds = cu_seqlens.tolist()
+    for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        part = [None if x is None else x[:, :, start:end] for x in (q, k, v, beta, g)]
+        S0 = None if initial_state is None else initial_state[n : n + 1]
+        o, S = forward(mode, *part, S0, chunk_size)
+        outputs.append(o)
+        states.append(S)
+    return torch.cat(outputs, dim=2).transpose(1, 2), torch.cat(states, dim=0)

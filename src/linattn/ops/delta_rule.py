@@ -1,0 +1,84 @@
+"""The delta rule, Gated DeltaNet and Kimi Delta Attention in three forms (sections 7, 8, 10)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from linattn.ops import _checks, _engine
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(|x|^2 + eps) along the last dimension (the keys and queries of DeltaNet)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    use_qk_l2norm: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The delta rule and its gated forms; o_t = S_t^T (scale q_t), alpha_t = exp(g_t).
+
+    - g None: the delta rule (sections 7, 8),
+      S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T;
+    - g [B, T, H]: Gated DeltaNet, S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T;
+    - g [B, T, H, K]: Kimi Delta Attention,
+      S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T.
+
+    The decay is applied first and the error is read from the decayed state. The chunk form solves
+    one unit-lower-triangular system per chunk for the pseudo-values (the UT transform, section 8),
+    with the decay folded into its masks as cumulative log-gates (every exponent <= 0).
+
+    Args:
+        q, k: [B, T, H, K] (keys used as given unless use_qk_l2norm). v: [B, T, H, V].
+        beta: [B, T, H], in [0, 2] (1 overwrites, 2 is the Householder reflection).
+        g: None, [B, T, H] or [B, T, H, K]; a log-decay, every entry <= 0.
+        scale: multiplies q; None means 1 / sqrt(K).
+        mode: "parallel" (the whole sequence as one chunk), "recurrent" (token by token; the
+            generation step) or "chunk".
+        chunk_size: any int >= 1; used by mode="chunk".
+        initial_state: [B, H, K, V] or None (zeros); [N, H, K, V] with cu_seqlens.
+        output_final_state: return the state after the last token (else None).
+        cu_seqlens: None or cumulative sequence lengths [N + 1] (B = 1): packed sequences.
+        use_qk_l2norm: normalise q and k to unit length along K first (x / sqrt(|x|^2 + 1e-6)).
+
+    Returns:
+        o: [B, T, H, V] in the input dtype; final_state [B, H, K, V] (or [N, H, K, V]) in float32
+        (float64 for float64 inputs), or None.
+    """
+    B, T, H, K, V = _checks.qkv(q, k, v)
+    _checks.beta(beta, B, T, H)
+    _checks.gate(g, B, T, H, K)
+    _checks.options(mode, chunk_size)
+    _checks.scale(scale)
+    N = _checks.seqlens(cu_seqlens, B, T)
+    _checks.state(initial_state, N, H, K, V)
+    if use_qk_l2norm:
+        dtype = _engine.compute_dtype(q.dtype)
+        q, k = l2norm(q.to(dtype)), l2norm(k.to(dtype))
+    o, S = _engine.run(
+        q,
+        k,
+        v,
+        beta,
+        g,
+        scale=1.0 / math.sqrt(K) if scale is None else float(scale),
+        mode=mode,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return o.to(v.dtype), S if output_final_state else None

@@ -1,0 +1,26 @@
+"""The parallel form: the whole sequence as one block (spec sections 4, 5.1 and 8).
+
+With a single block of C = T tokens, the chunk form *is* the masked n x n product: for linear
+attention ``O = (Q K^T * D) V`` with the causal decay mask ``D_ij = exp(G_i - G_j)`` (i >= j, 0
+above the diagonal), and for the delta rule the same product with the pseudo-values U from one
+T x T unit-lower-triangular solve in place of V. Quadratic in T: for tests and short sequences.
+Internal layout as in ``chunk``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from linattn.ops.chunk import chunk_forward
+
+
+def parallel_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The masked n x n product; returns o [B, H, T, V] and the final state [B, H, K, V]."""
+    return chunk_forward(q, k, v, beta, g, initial_state, chunk_size=k.shape[2])

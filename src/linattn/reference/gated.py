@@ -1,0 +1,66 @@
+"""The float64 oracle for every gated and delta-rule op: the DESIGN.md table, taken literally.
+
+One memory ``S_t`` (K x V) for one head, updated as ``S_t = A_t S_{t-1} + k_t w_t^T`` and read as
+``o_t = S_t^T (scale q_t)``:
+
+    rule        g          transition A_t                          write w_t
+    additive    None       I                                       v_t
+    additive    [T]        alpha_t I                               v_t
+    additive    [T, K]     Diag(alpha_t)                           v_t
+    delta       None       I - beta_t k_t k_t^T                    beta_t v_t
+    delta       [T]        alpha_t (I - beta_t k_t k_t^T)          beta_t v_t
+    delta       [T, K]     (I - beta_t k_t k_t^T) Diag(alpha_t)    beta_t v_t
+
+with ``alpha_t = exp(g_t)`` (spec sections 4, 5, 7, 8 and 10). Every transition is built as a full
+K x K matrix on purpose: this is the slow, obviously right definition that the fast forms are tested
+against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def transition(k_t, beta_t=None, g_t=None, *, rule="additive"):
+    """The K x K matrix A_t of one step (the table in the module docstring)."""
+    k_t = np.asarray(k_t, dtype=np.float64)
+    dim = k_t.shape[0]
+    if g_t is None:
+        decay = np.eye(dim)
+    else:
+        alpha = np.exp(np.asarray(g_t, dtype=np.float64))
+        decay = alpha * np.eye(dim) if alpha.ndim == 0 else np.diag(alpha)
+    if rule == "additive":
+        return decay
+    if rule == "delta":
+        # The decay is applied first; (I - beta k k^T) then acts on the decayed state.
+        return (np.eye(dim) - beta_t * np.outer(k_t, k_t)) @ decay
+    raise ValueError(f"rule must be 'additive' or 'delta', got {rule!r}")
+
+
+def write(v_t, beta_t=None, *, rule="additive"):
+    """The write w_t of one step: v_t (additive rule) or beta_t v_t (delta rule)."""
+    v_t = np.asarray(v_t, dtype=np.float64)
+    return v_t if rule == "additive" else beta_t * v_t
+
+
+def recurrence(q, k, v, beta=None, g=None, *, rule="additive", scale=1.0, initial_state=None):
+    """Run S_t = A_t S_{t-1} + k_t w_t^T, o_t = S_t^T (scale q_t) for one head; return (O, S_T).
+
+    q, k: [T, K]; v: [T, V]; beta: [T] (delta rule only); g: None, [T] or [T, K] (log-decay);
+    initial_state: [K, V] or None (zeros). Returns O [T, V] and the final state [K, V], float64.
+    """
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    if rule == "delta" and beta is None:
+        raise ValueError("beta is required for rule='delta'")
+    S = np.zeros((k.shape[1], v.shape[1]))
+    if initial_state is not None:
+        S = np.array(initial_state, dtype=np.float64)
+    out = np.empty((q.shape[0], v.shape[1]))
+    for t in range(q.shape[0]):
+        beta_t = None if beta is None else float(beta[t])
+        g_t = None if g is None else g[t]
+        A = transition(k[t], beta_t, g_t, rule=rule)
+        S = A @ S + np.outer(k[t], write(v[t], beta_t, rule=rule))
+        out[t] = S.T @ (scale * q[t])
+    return out, S
