@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "verify": "linattn.experiments.verify",
     "table1": "linattn.experiments.table1",
     "costs": "linattn.experiments.costs",
+    "bench": "linattn.experiments.bench",
 }
 
 
@@ -34,8 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
         summary = (module.__doc__ or name).strip().splitlines()[0]
-        command = sub.add_parser(name, help=summary, description=module.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        command = sub.add_parser(
+            name,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.configure(command)
         command.set_defaults(_module=module)
     return parser
