@@ -35,12 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
         summary = (module.__doc__ or name).strip().splitlines()[0]
-        command = sub.add_parser(
-            name,
-            help=summary,
-            description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        command = sub.add_parser(name, help=summary, description=module.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         module.configure(command)
         command.set_defaults(_module=module)
     return parser
