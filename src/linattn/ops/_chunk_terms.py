@@ -1,0 +1,128 @@
+"""The state-independent terms of a group of chunks, and their gradients (spec sections 5.1, 8).
+
+A group is n chunks of C tokens of all P = B H heads, laid out ``[n, P, C, D]`` (so that chunk j of
+every head, ``x[j]``, is one contiguous batch for the state loop). With G the cumulative log-gate
+inside each chunk (``[n, P, C, 1|K]``, or None without decay), for a chunk with incoming state S:
+
+    Qd = q * exp(G)            Kd = k * exp(G)            Ke = k * exp(G_C - G)     D = exp(G_C)
+    A_qk = decayed tril(q k^T) (j <= i)      A_kk = decayed tril(k k^T) (j < i)
+    delta rule:  Ainv = (I + diag(beta) A_kk)^{-1},  W = Ainv (beta * Kd),  U0 = Ainv (beta * v)
+    linear attention:  W = 0, U0 = v
+    U = U0 - W S;   o = Qd S + A_qk U;   S_next = D * S + Ke^T U
+
+Every exponent is <= 0 (G_C - G_i >= ... is a sum of the later gates, g <= 0).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._blockmath import ChannelProducts, causal_mask, scalar_decay, unit_lower_inverse
+
+
+class Products:
+    """A decayed causal product of a [..., C, K] by b [..., C, K] for any gate, with its gradient."""
+
+    def __init__(self, a: Tensor, b: Tensor, G: Tensor | None, strict: bool) -> None:
+        self.a, self.b, self.G, self.strict = a, b, G, strict
+        if G is not None and G.shape[-1] > 1:
+            self.channel = ChannelProducts(a, b, G, strict)
+            self.A = self.channel.A
+            return
+        self.channel = None
+        P = a @ b.transpose(-1, -2)  # [..., C, C]
+        if G is None:
+            self.decay = None
+            self.A = P.masked_fill_(~causal_mask(a.shape[-2], strict, a), 0.0)
+        else:
+            self.decay = scalar_decay(G, strict)  # [..., C, C], zero above the diagonal
+            self.A = P.mul_(self.decay)
+
+    def backward(self, dA: Tensor) -> tuple[Tensor, Tensor]:
+        """(da, db) for the upstream gradient dA of A (only its causal part is used)."""
+        if self.channel is not None:
+            return self.channel.backward(dA)
+        if self.decay is None:
+            dP = dA.masked_fill(~causal_mask(dA.shape[-1], self.strict, dA), 0.0)
+        else:
+            dP = dA * self.decay
+        return dP @ self.b, dP.transpose(-1, -2) @ self.a
+
+
+class Terms:
+    """All state-independent terms of one group (see the module docstring)."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
+        self.q, self.k, self.v, self.beta = q, k, v, beta
+        if g is None:
+            self.G = self.eG = self.eEnd = self.D = None
+            self.Qd, self.Kd, self.Ke = q, k, k
+        else:
+            self.G = torch.cumsum(g, dim=-2)  # [n, P, C, 1|K]
+            G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
+            self.eG = torch.exp(self.G)  # exp(G_i) <= 1
+            self.eEnd = torch.exp(G_end - self.G)  # exp(G_C - G_i) <= 1
+            self.D = torch.exp(G_end).transpose(-1, -2)  # [n, P, 1|K, 1]: scales the rows of S
+            self.Qd, self.Kd, self.Ke = q * self.eG, k * self.eG, k * self.eEnd
+        self.qk = Products(q, k, self.G, strict=False)
+        self.A_qk = self.qk.A  # [n, P, C, C]
+        if beta is None:
+            self.W, self.U0 = None, v
+            return
+        self.kk = Products(k, k, self.G, strict=True)
+        b = beta.unsqueeze(-1)  # [n, P, C, 1]
+        A = b * self.kk.A
+        A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+        self.Ainv = unit_lower_inverse(A)  # [n, P, C, C]
+        self.bKd, self.bv = b * self.Kd, b * v
+        self.W = self.Ainv @ self.bKd  # [n, P, C, K]
+        self.U0 = self.Ainv @ self.bv  # [n, P, C, V]
+
+    def gradients(
+        self, dQd: Tensor, dA_qk: Tensor, dKe: Tensor, dD: Tensor | None, dW, dU0: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+        """(dq, dk, dv, dbeta, dg) from the gradients of Qd, A_qk, Ke, D (rows), W and U0.
+
+        dD: [n, P, 1|K, 1] or None. dW is None for linear attention (then dU0 = dv).
+        """
+        dq, dk = self.qk.backward(dA_qk)
+        dG = None if self.G is None else self.q * dq - self.k * dk  # the decay inside A_qk
+        dbeta = None
+        if self.W is None:
+            dv = dU0
+            dKd = None
+        else:
+            # X = Ainv R with R = beta * [Kd, v]: dR = Ainv^T dX, dA = -dR X^T (strictly lower).
+            AinvT = self.Ainv.transpose(-1, -2)
+            dR_k, dR_v = AinvT @ dW, AinvT @ dU0
+            dA = -(dR_k @ self.W.transpose(-1, -2) + dR_v @ self.U0.transpose(-1, -2))
+            b = self.beta.unsqueeze(-1)
+            dKd = b * dR_k
+            dv = b * dR_v
+            # A = I + diag(beta) A_kk: dbeta from both the rows of L and the right-hand side.
+            dbeta = (dA * self.kk.A).sum(-1) + (dR_k * self.Kd).sum(-1) + (dR_v * self.v).sum(-1)
+            dk_l, dk_r = self.kk.backward(b * dA)
+            dk = dk + dk_l + dk_r
+            if dG is not None:
+                dG = dG + self.k * (dk_l - dk_r)
+        if self.G is None:
+            dq = dq + dQd
+            dk = dk + dKe + (dKd if dKd is not None else 0)
+            return dq, dk, dv, dbeta, None
+        # The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C).
+        dq = dq + dQd * self.eG
+        dk = dk + dKe * self.eEnd
+        dG = dG + dQd * self.Qd - dKe * self.Ke
+        if dKd is not None:
+            dk = dk + dKd * self.eG
+            dG = dG + dKd * self.Kd
+        dG_end = (dKe * self.Ke).sum(-2, keepdim=True)  # [n, P, 1, K]
+        if self.G.shape[-1] == 1:  # scalar decay: one gate per token, shared by the channels
+            dG, dG_end = dG.sum(-1, keepdim=True), dG_end.sum(-1, keepdim=True)
+        if dD is not None:
+            dG_end = dG_end + (dD * self.D).transpose(-1, -2)  # [n, P, 1, 1|K]
+        dG[..., -1:, :] += dG_end
+        # G = cumsum(g): dg_i = sum_{l >= i} dG_l (a reversed cumulative sum inside the chunk).
+        dg = torch.flip(torch.cumsum(torch.flip(dG, dims=(-2,)), dim=-2), dims=(-2,))
+        return dq, dk, dv, dbeta, dg

@@ -1,0 +1,206 @@
+"""The chunk form as one autograd function: groups of chunks, memory linear in T (spec 5.1, 8).
+
+The sequence is processed in groups of chunks sized to stay in the cache (``GROUP_TOKENS`` tokens
+of all heads). Within a group, every state-independent term (gates, masks, the UT transform's
+inverse, W, U0; ``_chunk_terms.Terms``) is computed for all its chunks at once in batched products;
+only the state recurrence loops over chunks, two small batched products per chunk:
+
+    U_j = U0_j - W_j S_j;    S_{j+1} = D_j * S_j + Ke_j^T U_j       (delta rule)
+    S_{j+1} = D_j * S_j + Ke_j^T v_j                                 (linear attention: one
+                                                                       batched product, then a sum)
+
+then the outputs of the group are two batched products, ``o = Qd S + A_qk U``. The forward pass
+saves only the inputs and the state entering each chunk (T / C states of K x V per head); the
+backward pass recomputes each group's terms from them and runs the state gradient backwards:
+
+    dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j * dS_{j+1} + Qd_j^T dO_j - W_j^T dU_j
+
+Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None; g None,
+[B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]. The scale multiplies q inside.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._chunk_terms import Terms
+
+NAMES = ("q", "k", "v", "beta", "g")
+GROUP_TOKENS = 1024  # tokens per group (all heads): the working set stays in the cache
+
+
+def _gather(x: Tensor | None, t0: int, t1: int, n: int, C: int) -> Tensor | None:
+    """Tokens [t0, t1) of x [B, H, T, ...] as chunks [n, B * H, C, ...], zero-padded to n C."""
+    if x is None:
+        return None
+    part = x[:, :, t0:t1]
+    B, H = x.shape[:2]
+    out = part.new_zeros(n * C, B, H, *x.shape[3:])
+    out[: t1 - t0] = part.movedim(2, 0)  # [t, B, H, ...]
+    # [n C, B, H, ...] -> [n, C, B H, ...] -> [n, B H, C, ...]
+    return out.reshape(n, C, B * H, *x.shape[3:]).transpose(1, 2).contiguous()
+
+
+def _scatter(dst: Tensor, y: Tensor, t0: int, t1: int) -> None:
+    """Write chunks y [n, B * H, C, D] into tokens [t0, t1) of dst [B, H, T, D]."""
+    B, H = dst.shape[:2]
+    n, _, C = y.shape[:3]
+    flat = y.transpose(1, 2).reshape(n * C, B, H, *y.shape[3:])  # [n C, B, H, ...]
+    dst[:, :, t0:t1] = flat[: t1 - t0].movedim(0, 2)
+
+
+def _groups(T: int, C: int):
+    """(first chunk, t0, t1, chunks) of each group of whole chunks covering T tokens."""
+    per_group = max(1, GROUP_TOKENS // C)
+    n_chunks = -(-T // C)
+    for c0 in range(0, n_chunks, per_group):
+        n = min(per_group, n_chunks - c0)
+        yield c0, c0 * C, min(T, (c0 + n) * C), n
+
+
+def _inputs(ctx_or_args, t0, t1, n, C, scale):
+    """The group's q (scaled), k, v, beta, g as chunks [n, P, C, ...]."""
+    q, k, v, beta, g = ctx_or_args
+    qg = _gather(q, t0, t1, n, C)
+    qg.mul_(scale)
+    return (
+        qg,
+        _gather(k, t0, t1, n, C),
+        _gather(v, t0, t1, n, C),
+        _gather(beta, t0, t1, n, C),
+        _gather(g, t0, t1, n, C),
+    )
+
+
+class ChunkFunction(torch.autograd.Function):
+    """o, S_final = chunk form of ``S_t = A_t S_{t-1} + k_t w_t^T`` (DESIGN.md's table)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, S0, scale: float, C: int):
+        B, H, T, K = k.shape
+        V = v.shape[-1]
+        P = B * H
+        n_chunks = -(-T // C)
+        states = q.new_empty(n_chunks, P, K, V)  # the state entering every chunk
+        o = q.new_empty(B, H, T, V)
+        S = S0.reshape(P, K, V).clone()
+        for c0, t0, t1, n in _groups(T, C):
+            qg, kg, vg, bg, gg = _inputs((q, k, v, beta, g), t0, t1, n, C, scale)
+            terms = Terms(qg, kg, vg, bg, gg)
+            st = states[c0 : c0 + n]
+            U = _state_loop(terms, S, st)
+            og = torch.baddbmm(
+                (terms.A_qk @ U).flatten(0, 1),
+                terms.Qd.flatten(0, 1),
+                st.flatten(0, 1),
+            )  # [n P, C, V]
+            _scatter(o, og.view(n, P, C, V), t0, t1)
+        ctx.save_for_backward(q, k, v, beta, g, states)
+        ctx.scale, ctx.C = scale, C
+        return o, S.view(B, H, K, V)
+
+    @staticmethod
+    def backward(ctx, d_o, d_S):
+        q, k, v, beta, g, states = ctx.saved_tensors
+        scale, C = ctx.scale, ctx.C
+        B, H, T, K = k.shape
+        V = v.shape[-1]
+        P = B * H
+        inputs = (q, k, v, beta, g)
+        grads = {
+            name: torch.empty_like(x) if x is not None and needed else None
+            for name, x, needed in zip(NAMES, inputs, ctx.needs_input_grad[:5], strict=True)
+        }
+        dS = q.new_zeros(P, K, V) if d_S is None else d_S.reshape(P, K, V).clone()
+        for c0, t0, t1, n in reversed(list(_groups(T, C))):
+            qg, kg, vg, bg, gg = _inputs((q, k, v, beta, g), t0, t1, n, C, scale)
+            terms = Terms(qg, kg, vg, bg, gg)
+            st = states[c0 : c0 + n]  # [n, P, K, V]
+            U = (
+                vg
+                if terms.W is None
+                else torch.baddbmm(
+                    terms.U0.flatten(0, 1), terms.W.flatten(0, 1), st.flatten(0, 1), alpha=-1
+                ).view(n, P, C, V)
+            )
+            dO = _gather(d_o, t0, t1, n, C)
+            dS_next = q.new_empty(n, P, K, V)  # gradient of the state leaving each chunk
+            dU = _state_loop_backward(terms, dO, dS, dS_next)
+            dQd = dO @ st.transpose(-1, -2)  # [n, P, C, K]
+            dA_qk = dO @ U.transpose(-1, -2)  # [n, P, C, C]
+            dKe = U @ dS_next.transpose(-1, -2)  # [n, P, C, K]
+            dD = None
+            if terms.D is not None:
+                dD = (dS_next * st).sum(-1, keepdim=True)  # [n, P, K, 1]
+                if terms.D.shape[-2] == 1:
+                    dD = dD.sum(-2, keepdim=True)
+            dW = None if terms.W is None else -(dU @ st.transpose(-1, -2))
+            dq, dk, dv, dbeta, dg = terms.gradients(dQd, dA_qk, dKe, dD, dW, dU)
+            dq.mul_(scale)
+            for name, value in zip(NAMES, (dq, dk, dv, dbeta, dg), strict=True):
+                if grads[name] is not None:
+                    _scatter(grads[name], value, t0, t1)
+        dS0 = dS.view(B, H, K, V)
+        return grads["q"], grads["k"], grads["v"], grads["beta"], grads["g"], dS0, None, None
+
+
+def _state_loop(terms: Terms, S: Tensor, states: Tensor) -> Tensor:
+    """Run S through the group's chunks in place; fill ``states`` [n, P, K, V]; return U."""
+    n = states.shape[0]
+    if terms.W is None:
+        # Linear attention: U = v, and the writes N_j = Ke_j^T v_j are one batched product.
+        N = terms.Ke.transpose(-1, -2) @ terms.v  # [n, P, K, V]
+        for j in range(n):
+            states[j] = S
+            if terms.D is not None:
+                S.mul_(terms.D[j])
+            S.add_(N[j])
+        return terms.v
+    U = torch.empty_like(terms.U0)
+    KeT = terms.Ke.transpose(-1, -2)
+    for j in range(n):
+        states[j] = S
+        torch.baddbmm(terms.U0[j], terms.W[j], S, alpha=-1, out=U[j])
+        if terms.D is not None:
+            S.mul_(terms.D[j])
+        S.baddbmm_(KeT[j], U[j])
+    return U
+
+
+def _state_loop_backward(terms: Terms, dO: Tensor, dS: Tensor, dS_next: Tensor) -> Tensor:
+    """Run the state gradient dS backwards through the group in place; fill ``dS_next``
+    (the gradient of the state leaving each chunk); return dU (= dU0)."""
+    n = dO.shape[0]
+    dU = terms.A_qk.transpose(-1, -2) @ dO  # [n, P, C, V]: the part that does not need dS
+    dS_local = terms.Qd.transpose(-1, -2) @ dO  # [n, P, K, V]
+    for j in reversed(range(n)):
+        dS_next[j] = dS
+        if terms.W is not None:
+            dU[j].baddbmm_(terms.Ke[j], dS)
+            if terms.D is not None:
+                dS.mul_(terms.D[j])
+            dS.add_(dS_local[j]).baddbmm_(terms.W[j].transpose(-1, -2), dU[j], alpha=-1)
+        else:
+            if terms.D is not None:
+                dS.mul_(terms.D[j])
+            dS.add_(dS_local[j])
+    if terms.W is None:
+        dU += terms.Ke @ dS_next
+    return dU
+
+
+def chunk_function(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+    chunk_size: int,
+    scale: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """The chunk form (internal layout, see the module docstring); o [B, H, T, V], final state."""
+    B, H, T, K = k.shape
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
+    return ChunkFunction.apply(q, k, v, beta, g, S0, float(scale), min(chunk_size, T))
