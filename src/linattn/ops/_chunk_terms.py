@@ -18,11 +18,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._blockmath import ChannelProducts, causal_mask, scalar_decay, unit_lower_inverse
+from linattn.ops._blockmath import ChannelProducts, scalar_decay, unit_lower_inverse
 
 
 class Products:
-    """A decayed causal product of a [..., C, K] by b [..., C, K] for any gate, with its gradient."""
+    """A decayed causal product of a by b ([..., C, K]) for any gate, with its gradient."""
 
     def __init__(self, a: Tensor, b: Tensor, G: Tensor | None, strict: bool) -> None:
         self.a, self.b, self.G, self.strict = a, b, G, strict
@@ -34,7 +34,7 @@ class Products:
         P = a @ b.transpose(-1, -2)  # [..., C, C]
         if G is None:
             self.decay = None
-            self.A = P.masked_fill_(~causal_mask(a.shape[-2], strict, a), 0.0)
+            self.A = P.tril_(-1 if strict else 0)
         else:
             self.decay = scalar_decay(G, strict)  # [..., C, C], zero above the diagonal
             self.A = P.mul_(self.decay)
@@ -44,7 +44,7 @@ class Products:
         if self.channel is not None:
             return self.channel.backward(dA)
         if self.decay is None:
-            dP = dA.masked_fill(~causal_mask(dA.shape[-1], self.strict, dA), 0.0)
+            dP = dA.tril(-1 if self.strict else 0)
         else:
             dP = dA * self.decay
         return dP @ self.b, dP.transpose(-1, -2) @ self.a
@@ -72,12 +72,16 @@ class Terms:
             return
         self.kk = Products(k, k, self.G, strict=True)
         b = beta.unsqueeze(-1)  # [n, P, C, 1]
-        A = b * self.kk.A
+        A = self.kk.A.mul(b)
         A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
         self.Ainv = unit_lower_inverse(A)  # [n, P, C, C]
-        self.bKd, self.bv = b * self.Kd, b * v
-        self.W = self.Ainv @ self.bKd  # [n, P, C, K]
-        self.U0 = self.Ainv @ self.bv  # [n, P, C, V]
+        # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
+        K = k.shape[-1]
+        R = k.new_empty(*k.shape[:-1], K + v.shape[-1])
+        torch.mul(self.Kd, b, out=R[..., :K])
+        torch.mul(v, b, out=R[..., K:])
+        self.X = self.Ainv @ R  # [n, P, C, K + V]
+        self.W, self.U0 = self.X[..., :K], self.X[..., K:]
 
     def gradients(
         self, dQd: Tensor, dA_qk: Tensor, dKe: Tensor, dD: Tensor | None, dW, dU0: Tensor
@@ -94,9 +98,10 @@ class Terms:
             dKd = None
         else:
             # X = Ainv R with R = beta * [Kd, v]: dR = Ainv^T dX, dA = -dR X^T (strictly lower).
-            AinvT = self.Ainv.transpose(-1, -2)
-            dR_k, dR_v = AinvT @ dW, AinvT @ dU0
-            dA = -(dR_k @ self.W.transpose(-1, -2) + dR_v @ self.U0.transpose(-1, -2))
+            dR = self.Ainv.transpose(-1, -2) @ torch.cat([dW, dU0], dim=-1)  # [n, P, C, K + V]
+            dA = -(dR @ self.X.transpose(-1, -2))
+            K = self.k.shape[-1]
+            dR_k, dR_v = dR[..., :K], dR[..., K:]
             b = self.beta.unsqueeze(-1)
             dKd = b * dR_k
             dv = b * dR_v

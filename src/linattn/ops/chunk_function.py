@@ -30,47 +30,76 @@ NAMES = ("q", "k", "v", "beta", "g")
 GROUP_TOKENS = 1024  # tokens per group (all heads): the working set stays in the cache
 
 
-def _gather(x: Tensor | None, t0: int, t1: int, n: int, C: int) -> Tensor | None:
-    """Tokens [t0, t1) of x [B, H, T, ...] as chunks [n, B * H, C, ...], zero-padded to n C."""
+def _gather(
+    x: Tensor | None, t0: int, t1: int, n: int, C: int, out: Tensor | None = None, scale=None
+) -> Tensor | None:
+    """Tokens [t0, t1) of x [B, H, T, ...] as chunks [n, B * H, C, ...], zero-padded to n C.
+
+    One strided copy (times ``scale`` if given) into ``out`` (a reused buffer) when given.
+    """
     if x is None:
         return None
-    part = x[:, :, t0:t1]
-    B, H = x.shape[:2]
-    out = part.new_zeros(n * C, B, H, *x.shape[3:])
-    out[: t1 - t0] = part.movedim(2, 0)  # [t, B, H, ...]
-    # [n C, B, H, ...] -> [n, C, B H, ...] -> [n, B H, C, ...]
-    return out.reshape(n, C, B * H, *x.shape[3:]).transpose(1, 2).contiguous()
+    B, H, tail = x.shape[0], x.shape[1], x.shape[3:]
+    if out is None:
+        out = x.new_empty(n, B * H, C, *tail)
+    dst = out[:n].view(n, B, H, C, *tail)
+    full, rem = divmod(t1 - t0, C)
+    # [B, H, full C, ...] -> [B, H, full, C, ...] -> [full, B, H, C, ...]
+    src = x[:, :, t0 : t0 + full * C].unflatten(2, (full, C)).movedim(2, 0)
+    if scale is None:
+        dst[:full].copy_(src)
+    else:
+        torch.mul(src, scale, out=dst[:full])
+    if rem:
+        last = dst[full]
+        last.zero_()
+        last[:, :, :rem] = (
+            x[:, :, t0 + full * C : t1] if scale is None else x[:, :, t0 + full * C : t1] * scale
+        )
+    return out[:n]
 
 
 def _scatter(dst: Tensor, y: Tensor, t0: int, t1: int) -> None:
-    """Write chunks y [n, B * H, C, D] into tokens [t0, t1) of dst [B, H, T, D]."""
-    B, H = dst.shape[:2]
-    n, _, C = y.shape[:3]
-    flat = y.transpose(1, 2).reshape(n * C, B, H, *y.shape[3:])  # [n C, B, H, ...]
-    dst[:, :, t0:t1] = flat[: t1 - t0].movedim(0, 2)
+    """Write chunks y [n, B * H, C, ...] into tokens [t0, t1) of dst [B, H, T, ...]."""
+    B, H, tail = dst.shape[0], dst.shape[1], dst.shape[3:]
+    n, C = y.shape[0], y.shape[2]
+    src = y.view(n, B, H, C, *tail)
+    full, rem = divmod(t1 - t0, C)
+    # [B, H, full C, ...] -> [full, B, H, C, ...], written in one strided copy
+    dst[:, :, t0 : t0 + full * C].unflatten(2, (full, C)).movedim(2, 0).copy_(src[:full])
+    if rem:
+        dst[:, :, t0 + full * C : t1] = src[full, :, :, :rem]
 
 
 def _groups(T: int, C: int):
     """(first chunk, t0, t1, chunks) of each group of whole chunks covering T tokens."""
-    per_group = max(1, GROUP_TOKENS // C)
     n_chunks = -(-T // C)
+    per_group = _chunks_per_group(C)
     for c0 in range(0, n_chunks, per_group):
         n = min(per_group, n_chunks - c0)
         yield c0, c0 * C, min(T, (c0 + n) * C), n
 
 
-def _inputs(ctx_or_args, t0, t1, n, C, scale):
-    """The group's q (scaled), k, v, beta, g as chunks [n, P, C, ...]."""
-    q, k, v, beta, g = ctx_or_args
-    qg = _gather(q, t0, t1, n, C)
-    qg.mul_(scale)
-    return (
-        qg,
-        _gather(k, t0, t1, n, C),
-        _gather(v, t0, t1, n, C),
-        _gather(beta, t0, t1, n, C),
-        _gather(g, t0, t1, n, C),
-    )
+def _chunks_per_group(C: int) -> int:
+    return max(1, GROUP_TOKENS // C)
+
+
+class _Gatherer:
+    """Reused group buffers for q (scaled), k, v, beta, g: one strided copy each per group."""
+
+    def __init__(self, tensors, C: int, scale: float) -> None:
+        self.tensors, self.C, self.scale = tensors, C, scale
+        n = _chunks_per_group(C)
+        self.buffers = [
+            None if x is None else x.new_empty(n, x.shape[0] * x.shape[1], C, *x.shape[3:])
+            for x in tensors
+        ]
+
+    def __call__(self, t0: int, t1: int, n: int):
+        return tuple(
+            _gather(x, t0, t1, n, self.C, buf, self.scale if i == 0 else None)
+            for i, (x, buf) in enumerate(zip(self.tensors, self.buffers, strict=True))
+        )
 
 
 class ChunkFunction(torch.autograd.Function):
@@ -85,8 +114,9 @@ class ChunkFunction(torch.autograd.Function):
         states = q.new_empty(n_chunks, P, K, V)  # the state entering every chunk
         o = q.new_empty(B, H, T, V)
         S = S0.reshape(P, K, V).clone()
+        gather = _Gatherer((q, k, v, beta, g), C, scale)
         for c0, t0, t1, n in _groups(T, C):
-            qg, kg, vg, bg, gg = _inputs((q, k, v, beta, g), t0, t1, n, C, scale)
+            qg, kg, vg, bg, gg = gather(t0, t1, n)
             terms = Terms(qg, kg, vg, bg, gg)
             st = states[c0 : c0 + n]
             U = _state_loop(terms, S, st)
@@ -113,8 +143,9 @@ class ChunkFunction(torch.autograd.Function):
             for name, x, needed in zip(NAMES, inputs, ctx.needs_input_grad[:5], strict=True)
         }
         dS = q.new_zeros(P, K, V) if d_S is None else d_S.reshape(P, K, V).clone()
+        gather = _Gatherer((q, k, v, beta, g, d_o), C, scale)
         for c0, t0, t1, n in reversed(list(_groups(T, C))):
-            qg, kg, vg, bg, gg = _inputs((q, k, v, beta, g), t0, t1, n, C, scale)
+            qg, kg, vg, bg, gg, dO = gather(t0, t1, n)
             terms = Terms(qg, kg, vg, bg, gg)
             st = states[c0 : c0 + n]  # [n, P, K, V]
             U = (
@@ -124,7 +155,6 @@ class ChunkFunction(torch.autograd.Function):
                     terms.U0.flatten(0, 1), terms.W.flatten(0, 1), st.flatten(0, 1), alpha=-1
                 ).view(n, P, C, V)
             )
-            dO = _gather(d_o, t0, t1, n, C)
             dS_next = q.new_empty(n, P, K, V)  # gradient of the state leaving each chunk
             dU = _state_loop_backward(terms, dO, dS, dS_next)
             dQd = dO @ st.transpose(-1, -2)  # [n, P, C, K]
