@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 # name -> module that implements it; the module's docstring's first line is the help text.
 COMMANDS: dict[str, str] = {
+    "accuracy": "linattn.experiments.accuracy",
     "verify": "linattn.experiments.verify",
     "table1": "linattn.experiments.table1",
     "costs": "linattn.experiments.costs",

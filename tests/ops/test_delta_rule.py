@@ -88,3 +88,50 @@ def test_default_scale_and_l2norm():
     o_ref, _ = oracle(qn, kn, x["v"], x["beta"], x["g"], x["S0"], rule="delta", scale=1 / 3.0)
     assert (o - o_ref).abs().max() < 1e-10
     assert (qn.norm(dim=-1) - 1).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 3)])
+@pytest.mark.parametrize("gate", [None, "scalar", "channel"])
+def test_gradcheck(mode, C, gate):
+    x = make_inputs(B=1, T=7, H=1, K=3, V=2, gate=gate, rule="delta", state=True)
+    x["beta"] = 0.1 + 0.9 * x["beta"]  # inside (0, 2), away from the edges gradcheck steps over
+    names = [n for n in ("q", "k", "v", "beta", "g", "S0") if x[n] is not None]
+
+    def f(*tensors):
+        return run(dict(x, **dict(zip(names, tensors, strict=True))), mode, C)
+
+    inputs = [x[n].clone().requires_grad_() for n in names]
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk", "parallel"])
+def test_kda_with_equal_channels_is_gated_deltanet(mode):
+    x = make_inputs(T=40, gate="scalar", rule="delta", state=True)
+    o_gdn, S_gdn = run(x, mode, 16)
+    y = dict(x, g=x["g"].unsqueeze(-1).expand(*x["g"].shape, 4).contiguous())
+    o_kda, S_kda = run(y, mode, 16)
+    torch.testing.assert_close(o_kda, o_gdn, rtol=0, atol=1e-12)
+    torch.testing.assert_close(S_kda, S_gdn, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk", "parallel"])
+@pytest.mark.parametrize("shape", ["scalar", "channel"])
+def test_zero_gate_is_the_delta_rule(mode, shape):
+    x = make_inputs(T=40, gate=shape, rule="delta", state=True)
+    o_zero, S_zero = run(dict(x, g=torch.zeros_like(x["g"])), mode, 16)
+    o_plain, S_plain = run(dict(x, g=None), mode, 16)
+    torch.testing.assert_close(o_zero, o_plain, rtol=0, atol=1e-12)
+    torch.testing.assert_close(S_zero, S_plain, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk", "parallel"])
+def test_beta_one_overwrites(mode):
+    # Figure 6: keys e1, e2, e1 with beta = 1; the repeated key reads back its newest value.
+    keys = torch.tensor([[1.0, 0], [0, 1], [1, 0]], dtype=torch.float64)[None, :, None]
+    values = torch.tensor([[3.0, 1], [-1, 2], [0, 4]], dtype=torch.float64)[None, :, None]
+    beta = torch.ones(1, 3, 1, dtype=torch.float64)
+    o, S = delta_rule(
+        keys, keys, values, beta, scale=1.0, mode=mode, chunk_size=2, output_final_state=True
+    )
+    assert torch.equal(S[0, 0], torch.tensor([[0.0, 4], [-1, 2]], dtype=torch.float64))
+    assert torch.equal(o[0, 2, 0], values[0, 2, 0])  # e1 reads back 0, 4: the newest value

@@ -93,3 +93,21 @@ def test_low_precision(dtype, tol, gate, normalize):
         assert S.dtype == torch.float32
         assert rel_rms(o, o_ref) < tol, (mode, C)
         assert rel_rms(S, S_ref) < tol, (mode, C)
+
+
+@pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 3)])
+@pytest.mark.parametrize("gate", [None, "scalar", "channel"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gradcheck(mode, C, gate, normalize):
+    x = make_inputs(B=1, T=7, H=1, K=3, V=2, gate=gate, state=True, positive=normalize)
+    if normalize:
+        x["S0"] = torch.cat([x["S0"].abs(), torch.rand(1, 1, 3, 1, dtype=torch.float64)], -1)
+    names = [n for n in ("q", "k", "v", "g", "S0") if x[n] is not None]
+
+    def f(*tensors):
+        y = dict(x, **dict(zip(names, tensors, strict=True)))
+        o, S = run(y, mode, C, normalize)
+        return o, S
+
+    inputs = [x[n].clone().requires_grad_() for n in names]
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7)

@@ -4,7 +4,9 @@ Layout [B, T, H, D]; states [B, H, K, V]. Each op has the forms "parallel", "rec
 "chunk", which agree to rounding and are tested against ``linattn.reference.gated.recurrence``.
 """
 
+from linattn.ops.affine import chunk_affine_map
 from linattn.ops.delta_rule import delta_rule
 from linattn.ops.linear_attention import linear_attention
+from linattn.ops.softmax import softmax_attention
 
-__all__ = ["delta_rule", "linear_attention"]
+__all__ = ["chunk_affine_map", "delta_rule", "linear_attention", "softmax_attention"]

@@ -48,6 +48,22 @@ def qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
     return B, T, H, K, v.shape[3]
 
 
+def kv(k: object, v: object) -> tuple[int, int, int, int, int]:
+    """k: [B, T, H, K], v: [B, T, H, V], one dtype (for ops without queries); returns the sizes."""
+    tensor("k", k, 4)
+    tensor("v", v, 4)
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"v must have shape [B, T, H, V] with B, T, H = {tuple(k.shape[:3])}, got "
+            f"{tuple(v.shape)}"
+        )
+    if k.dtype != v.dtype:
+        raise TypeError(f"k and v must share one dtype, got {k.dtype} and {v.dtype}")
+    if k.shape[1] < 1:
+        raise ValueError(f"k must have T >= 1 tokens, got shape {tuple(k.shape)}")
+    return (*k.shape, v.shape[3])
+
+
 def gate(g: object, B: int, T: int, H: int, K: int) -> None:
     """g: None, [B, T, H] (scalar decay per head) or [B, T, H, K] (per channel), all <= 0."""
     if g is None:

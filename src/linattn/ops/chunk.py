@@ -14,9 +14,9 @@ S (K x V) and tokens i = 1..C, Gamma_i = Diag(exp G_i):
     S_out = Diag(exp G_C) S + (K * exp(G_C - G))^T U = M S + N,
     M = Diag(exp G_C) - (K * exp(G_C - G))^T W,   N = (K * exp(G_C - G))^T U0.
 
-Everything except the state recurrence (G, the masks, the solves, W, U0, M, N) is computed for all
-blocks at once in batched ops; only ``S <- M S + N`` loops over blocks (a cumulative sum when there
-is neither decay nor a delta rule). No loop over tokens.
+Everything except the state recurrence (G, the decayed products, the solves, W, U0, M, N) is
+computed for all blocks at once in batched ops; only ``S <- M S + N`` loops over blocks (a
+cumulative sum when there is neither decay nor a delta rule). No loop over tokens.
 
 Internal layout: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None (additive rule); g None,
 [B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]; the scale is already folded into q.
@@ -37,12 +37,12 @@ class BlockTerms(NamedTuple):
     """Everything about a block that does not depend on its incoming state.
 
     Shapes for blocks laid out as [..., C, D] (``...`` = B, H, N):
-    mask [..., C, C] or [..., K, C, C] or None; q_gate, k_to_end [..., C, 1|K] (exp G_i and
+    g [..., C, 1|K] or None (the block's log-gates); q_gate, k_to_end [..., C, 1|K] (exp G_i and
     exp(G_C - G_i)) or None; W [..., C, K] or None (additive rule); U0 [..., C, V];
     M_diag [..., 1|K, 1] (exp G_C) or None; M [..., K, K] or None (delta rule only); N [..., K, V].
     """
 
-    mask: Tensor | None
+    g: Tensor | None
     q_gate: Tensor | None
     k_to_end: Tensor | None
     W: Tensor | None
@@ -52,14 +52,14 @@ class BlockTerms(NamedTuple):
     N: Tensor
 
 
-def ut_transform(k: Tensor, v: Tensor, beta: Tensor, mask: Tensor | None, k_gate: Tensor | None):
+def ut_transform(k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, k_gate: Tensor | None):
     """Solve (I + L) [W, U0] = diag(beta) [K * exp G, V] for every block at once (section 8).
 
     k: [..., C, K]; v: [..., C, V]; beta: [..., C]; returns W [..., C, K] and U0 [..., C, V].
     One unit-lower-triangular solve per block replaces the token loop of the delta rule.
     """
     C = k.shape[-2]
-    L = beta.unsqueeze(-1) * _gates.decayed_products(k, k, mask, strict=True)  # [..., C, C]
+    L = beta.unsqueeze(-1) * _gates.decayed_products(k, k, g, strict=True)  # [..., C, C]
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
     k_decayed = k if k_gate is None else k * k_gate
     rhs = beta.unsqueeze(-1) * torch.cat([k_decayed, v], dim=-1)  # [..., C, K + V]
@@ -69,14 +69,13 @@ def ut_transform(k: Tensor, v: Tensor, beta: Tensor, mask: Tensor | None, k_gate
 
 def block_terms(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None) -> BlockTerms:
     """Steps 1-3 of the chunk form for blocks [..., C, D]: gates, UT transform, (M, N)."""
-    # Step 1: cumulative log-gates and the masked decay exp(G_i - G_j), every exponent <= 0.
-    mask = _gates.decay_mask(g)
+    # Step 1: cumulative log-gates exp(G_i) and exp(G_C - G_i), every exponent <= 0.
     q_gate, k_to_end = _gates.cumulative(g)
     # Step 2: pseudo-values. Additive rule: U = V. Delta rule: U = U0 - W S (UT transform).
     if beta is None:
         W, U0 = None, v
     else:
-        W, U0 = ut_transform(k, v, beta, mask, q_gate)
+        W, U0 = ut_transform(k, v, beta, g, q_gate)
     # Step 3: the block's affine map S_out = M S_in + N.
     k_end = k if k_to_end is None else k * k_to_end  # [..., C, K]
     N = k_end.transpose(-1, -2) @ U0  # [..., K, V]
@@ -86,7 +85,7 @@ def block_terms(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None) -> 
         K = k.shape[-1]
         diag = k.new_ones(K) if M_diag is None else M_diag.squeeze(-1).expand(*N.shape[:-2], K)
         M = torch.diag_embed(diag) - k_end.transpose(-1, -2) @ W  # [..., K, K]
-    return BlockTerms(mask, q_gate, k_to_end, W, U0, M_diag, M, N)
+    return BlockTerms(g, q_gate, k_to_end, W, U0, M_diag, M, N)
 
 
 def _blocks(x: Tensor | None, C: int, pad: int) -> Tensor | None:
@@ -147,6 +146,6 @@ def chunk_forward(
     U = terms.U0 if terms.W is None else terms.U0 - terms.W @ states  # [B, H, N, C, V]
     # Step 6: outputs: the read of the incoming state plus the masked product inside the block.
     q_read = qb if terms.q_gate is None else qb * terms.q_gate
-    scores = _gates.decayed_products(qb, kb, terms.mask)  # [B, H, N, C, C]
+    scores = _gates.decayed_products(qb, kb, terms.g)  # [B, H, N, C, C]
     o = q_read @ states + scores @ U  # [B, H, N, C, V]
     return o.reshape(B, H, -1, v.shape[-1])[:, :, :T], final

@@ -1,0 +1,16 @@
+"""linattn accuracy: the table of errors against the float64 oracle, and its bounds."""
+
+from __future__ import annotations
+
+from linattn.experiments.accuracy import MECHANISMS, accuracy_markdown, compute_accuracy
+
+
+def test_accuracy_table_within_the_issue_bounds():
+    rows = compute_accuracy(T=70, K=4, V=3)
+    assert len(rows) == 3 * len(MECHANISMS)
+    for r in rows:
+        assert r["float64"] < 1e-10, r
+        assert r["float32"] < 1e-5, r
+        assert r["bfloat16"] < 1e-2, r
+    text = accuracy_markdown(rows, 70, 4, 3)
+    assert text.count("\n| ") == len(rows) + 1 and "KDA" in text

@@ -1,0 +1,103 @@
+"""Bad input: a clear ValueError/TypeError naming the argument, raised before any work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.ops import delta_rule, linear_attention
+
+from .cases import make_inputs
+
+
+@pytest.fixture
+def x():
+    return make_inputs(B=1, T=8, gate="scalar", rule="delta", dtype=torch.float32)
+
+
+def lin(x, **kw):
+    args = {n: x[n] for n in ("q", "k", "v")}
+    return linear_attention(**{**args, **kw})
+
+
+def delta(x, **kw):
+    args = {n: x[n] for n in ("q", "k", "v", "beta")}
+    return delta_rule(**{**args, **kw})
+
+
+def poison(t, value):
+    t = t.clone()
+    t.view(-1)[3] = value
+    return t
+
+
+CASES = [
+    # (argument named in the message, keyword overrides)
+    ("k", lambda x: {"k": x["k"][..., :3]}),
+    ("v", lambda x: {"v": x["v"][:, :5]}),
+    ("q", lambda x: {"q": x["q"][0]}),
+    ("q", lambda x: {"q": poison(x["q"], float("nan"))}),
+    ("k", lambda x: {"k": poison(x["k"], float("inf"))}),
+    ("v", lambda x: {"v": poison(x["v"], float("-inf"))}),
+    ("g", lambda x: {"g": -x["g"] + 0.1}),
+    ("g", lambda x: {"g": poison(x["g"], float("nan"))}),
+    ("g", lambda x: {"g": x["g"][:, :4]}),
+    ("g", lambda x: {"g": torch.zeros(1, 8, 2, 3)}),
+    ("mode", lambda x: {"mode": "fused"}),
+    ("chunk_size", lambda x: {"chunk_size": 0}),
+    ("chunk_size", lambda x: {"chunk_size": -3}),
+    ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([0, 5, 3, 8])}),
+    ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([0, 5, 5, 8])}),
+    ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([0, 5, 7])}),
+    ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([1, 5, 8])}),
+    ("initial_state", lambda x: {"initial_state": torch.zeros(1, 2, 4, 4)}),
+    ("initial_state", lambda x: {"initial_state": torch.full((1, 2, 4, 3), float("nan"))}),
+]
+
+
+@pytest.mark.parametrize("name,bad", CASES)
+@pytest.mark.parametrize("op", [lin, delta])
+def test_value_errors_name_the_argument(op, name, bad, x):
+    with pytest.raises(ValueError, match=name):
+        op(x, **bad(x))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 2.1, float("nan")], ids=["negative", "above-two", "nan"])
+def test_beta_range(bad, x):
+    with pytest.raises(ValueError, match="beta"):
+        delta(x, beta=poison(x["beta"], bad))
+    with pytest.raises(ValueError, match="beta"):
+        delta(x, beta=x["beta"][..., :1])
+
+
+def test_type_errors(x):
+    with pytest.raises(TypeError, match="chunk_size"):
+        lin(x, chunk_size=4.0)
+    with pytest.raises(TypeError, match="q"):
+        lin(x, q=x["q"].numpy())
+    with pytest.raises(TypeError, match="dtype"):
+        lin(x, v=x["v"].double())
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        lin(x, cu_seqlens=torch.tensor([0.0, 8.0]))
+    with pytest.raises(TypeError, match="q"):
+        lin(x, q=x["q"].to(torch.int64))
+
+
+def test_cu_seqlens_needs_batch_one():
+    y = make_inputs(B=2, T=8)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        linear_attention(y["q"], y["k"], y["v"], cu_seqlens=torch.tensor([0, 8]))
+
+
+def test_checks_run_before_work(x, monkeypatch):
+    # Patch the engine to fail loudly: bad input must never reach it.
+    from linattn.ops import _engine
+
+    def boom(*args, **kwargs):
+        raise AssertionError("work started before validation")
+
+    monkeypatch.setattr(_engine, "run", boom)
+    with pytest.raises(ValueError, match="beta"):
+        delta(x, beta=x["beta"] + 3)
+    with pytest.raises(ValueError, match="mode"):
+        lin(x, mode="fused")
