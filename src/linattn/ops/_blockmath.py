@@ -49,51 +49,73 @@ def _halves(x: Tensor, s: int) -> tuple[Tensor, Tensor]:
     return v[..., 1, :, :], v[..., 0, :, :]
 
 
-class ChannelProducts:
-    """A_ij = sum_c a_ic b_jc exp(G_ic - G_jc), j <= i (j < i if strict), and its gradient.
+SMALL = 4  # quadrants up to this size are products of broadcast vectors, not tiny matmuls
 
-    a, b, G: [..., C, K]. Keeps the scaled factors of each halving level for the backward pass.
+
+def _quadrant_product(a: Tensor, b: Tensor, s: int) -> Tensor:
+    """a [..., s, K] times b [..., s, K] transposed: [..., s, s]."""
+    if s <= SMALL:  # batched matmuls of 1 x K x 1 blocks cost more than the arithmetic
+        return (a.unsqueeze(-2) * b.unsqueeze(-3)).sum(-1)
+    return a @ b.transpose(-1, -2)
+
+
+class ChannelProducts:
+    """A_p = sum_c a_p,ic b_jc exp(G_ic - G_jc) for several left factors a_p and one right b.
+
+    A_p is causal (j <= i), or strictly causal (j < i) where ``strict[p]``. All tensors are
+    [..., C, K]. The exponentials and the scaled right factor of each halving level are shared by
+    the products (A_qk and A_kk of the delta rule have the same k on the right) and kept for the
+    backward pass.
     """
 
-    def __init__(self, a: Tensor, b: Tensor, G: Tensor, strict: bool) -> None:
-        self.C, self.strict = a.shape[-2], strict
+    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor, strict: list[bool]) -> None:
+        self.C, self.strict = b.shape[-2], strict
         C2 = 1 << max(0, (self.C - 1).bit_length())  # next power of two
-        a, b = _pad_pow2(a, C2), _pad_pow2(b, C2)
+        self.lefts = [_pad_pow2(a, C2) for a in lefts]
+        self.b = _pad_pow2(b, C2)
         G = _pad_pow2(G, C2, value_last=True)  # g = 0 on padding: G stays, exponents stay <= 0
-        self.a, self.b, self.levels = a, b, []
-        A = a.new_zeros(*a.shape[:-1], C2)
+        self.levels = []
+        As = [b.new_zeros(*self.b.shape[:-1], C2) for _ in lefts]
         s = 1
         while s < C2:
-            a_low, _ = _halves(a, s)
-            _, b_up = _halves(b, s)
             G_low, G_up = _halves(G, s)
             ref = G_low[..., :1, :]  # [..., m, 1, K]: the first row of the lower half
             e_low = torch.exp(G_low - ref)  # exponents <= 0 (rows at or after r)
-            e_up = torch.exp(ref - G_up)  # exponents <= 0 (rows before r)
-            a_s, b_s = a_low * e_low, b_up * e_up
-            _quadrants(A, s).copy_(a_s @ b_s.transpose(-1, -2))
-            self.levels.append((s, e_low, e_up, a_s, b_s))
+            b_s = _halves(self.b, s)[1] * torch.exp(ref - G_up)  # exponents <= 0 (rows before r)
+            a_s = [_halves(a, s)[0] * e_low for a in self.lefts]
+            for A, a in zip(As, a_s, strict=True):
+                _quadrants(A, s).copy_(_quadrant_product(a, b_s, s))
+            self.levels.append((s, e_low, torch.exp(ref - G_up), a_s, b_s))
             s *= 2
-        if not strict:
-            A.diagonal(dim1=-2, dim2=-1).copy_((a * b).sum(-1))
-        self.A = A[..., : self.C, : self.C]
+        for A, a, st in zip(As, self.lefts, strict, strict=True):
+            if not st:
+                A.diagonal(dim1=-2, dim2=-1).copy_((a * self.b).sum(-1))
+        self.As = [A[..., : self.C, : self.C] for A in As]
 
-    def backward(self, dA: Tensor) -> tuple[Tensor, Tensor]:
-        """(da, db) for an upstream gradient dA [..., C, C] (only its lower part is used)."""
-        C2 = self.a.shape[-2]
-        dA = torch.nn.functional.pad(dA, (0, C2 - self.C, 0, C2 - self.C))
-        da, db = torch.zeros_like(self.a), torch.zeros_like(self.b)
+    def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """([da_p], db) for upstream gradients dA_p [..., C, C] (only the causal parts count)."""
+        pad = self.b.shape[-2] - self.C
+        dAs = [torch.nn.functional.pad(dA, (0, pad, 0, pad)) if pad else dA for dA in dAs]
+        das = [torch.zeros_like(a) for a in self.lefts]
+        db = torch.zeros_like(self.b)
         for s, e_low, e_up, a_s, b_s in self.levels:
-            dQ = _quadrants(dA, s)  # [..., m, s, s]
-            da_low, _ = _halves(da, s)
             _, db_up = _halves(db, s)
-            da_low += (dQ @ b_s) * e_low
-            db_up += (dQ.transpose(-1, -2) @ a_s) * e_up
-        if not self.strict:
-            diag = dA.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
-            da += diag * self.b
-            db += diag * self.a
-        return da[..., : self.C, :], db[..., : self.C, :]
+            db_s = 0
+            for dA, da, a in zip(dAs, das, a_s, strict=True):
+                dQ = _quadrants(dA, s)  # [..., m, s, s]
+                if s <= SMALL:
+                    _halves(da, s)[0].add_((dQ.unsqueeze(-1) * b_s.unsqueeze(-3)).sum(-2) * e_low)
+                    db_s = db_s + (dQ.unsqueeze(-1) * a.unsqueeze(-2)).sum(-3)
+                else:
+                    _halves(da, s)[0].add_((dQ @ b_s) * e_low)
+                    db_s = db_s + dQ.transpose(-1, -2) @ a
+            db_up.add_(db_s * e_up)
+        for dA, da, a, st in zip(dAs, das, self.lefts, self.strict, strict=True):
+            if not st:
+                diag = dA.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
+                da.add_(diag * self.b)
+                db.add_(diag * a)
+        return [da[..., : self.C, :] for da in das], db[..., : self.C, :]
 
 
 def causal_mask(C: int, strict: bool, like: Tensor) -> Tensor:
@@ -102,14 +124,13 @@ def causal_mask(C: int, strict: bool, like: Tensor) -> Tensor:
     return torch.tril(ones, -1 if strict else 0)
 
 
-def scalar_decay(G: Tensor, strict: bool) -> Tensor:
-    """exp(G_i - G_j) on j <= i (j < i if strict), 0 elsewhere; G [..., C, 1] -> [..., C, C].
+def scalar_decay(G: Tensor) -> Tensor:
+    """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> [..., C, C].
 
-    The exponent is masked to -inf before the exponential, so none is evaluated above 0.
+    The exponent is cut to 0 above the diagonal before the exponential (``tril_``), so none is
+    evaluated above 0, and the result is cut to 0 there after it.
     """
-    diff = G - G.transpose(-1, -2)  # [..., C, C]
-    mask = causal_mask(G.shape[-2], strict, G)
-    return torch.exp(diff.masked_fill(~mask, float("-inf")))
+    return torch.sub(G, G.transpose(-1, -2)).tril_().exp_().tril_()
 
 
 def unit_lower_inverse(A: Tensor) -> Tensor:

@@ -22,32 +22,41 @@ from linattn.ops._blockmath import ChannelProducts, scalar_decay, unit_lower_inv
 
 
 class Products:
-    """A decayed causal product of a by b ([..., C, K]) for any gate, with its gradient."""
+    """Decayed causal products of several left factors by one right factor, with gradients.
 
-    def __init__(self, a: Tensor, b: Tensor, G: Tensor | None, strict: bool) -> None:
-        self.a, self.b, self.G, self.strict = a, b, G, strict
+    A_p[i, j] = sum_c a_p,ic b_jc exp(G_ic - G_jc) for j <= i (j < i where ``strict[p]``), else 0:
+    A_qk (a = q) and A_kk (a = k, strict) share b = k and the decay. G: None, [..., C, 1] or
+    [..., C, K].
+    """
+
+    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor | None, strict: list[bool]):
+        self.lefts, self.b, self.strict = lefts, b, strict
+        self.channel = self.decay = None
         if G is not None and G.shape[-1] > 1:
-            self.channel = ChannelProducts(a, b, G, strict)
-            self.A = self.channel.A
+            self.channel = ChannelProducts(lefts, b, G, strict)
+            self.As = self.channel.As
             return
-        self.channel = None
-        P = a @ b.transpose(-1, -2)  # [..., C, C]
-        if G is None:
-            self.decay = None
-            self.A = P.tril_(-1 if strict else 0)
-        else:
-            self.decay = scalar_decay(G, strict)  # [..., C, C], zero above the diagonal
-            self.A = P.mul_(self.decay)
+        if G is not None:
+            self.decay = scalar_decay(G)  # [..., C, C], zero above the diagonal
+        self.As = []
+        for a, st in zip(lefts, strict, strict=True):
+            P = a @ b.transpose(-1, -2)  # [..., C, C]
+            if self.decay is not None:
+                P.mul_(self.decay)  # zero above the diagonal
+            self.As.append(P.tril_(-1) if st else P if self.decay is not None else P.tril_())
 
-    def backward(self, dA: Tensor) -> tuple[Tensor, Tensor]:
-        """(da, db) for the upstream gradient dA of A (only its causal part is used)."""
+    def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """([da_p], db) for the upstream gradients dA_p (only their causal parts are used)."""
         if self.channel is not None:
-            return self.channel.backward(dA)
-        if self.decay is None:
-            dP = dA.tril(-1 if self.strict else 0)
-        else:
-            dP = dA * self.decay
-        return dP @ self.b, dP.transpose(-1, -2) @ self.a
+            return self.channel.backward(dAs)
+        das, db = [], 0
+        for dA, a, st in zip(dAs, self.lefts, self.strict, strict=True):
+            dP = dA.tril(-1 if st else 0) if self.decay is None else dA * self.decay
+            if st and self.decay is not None:
+                dP.tril_(-1)
+            das.append(dP @ self.b)
+            db = db + dP.transpose(-1, -2) @ a
+        return das, db
 
 
 class Terms:
@@ -65,14 +74,15 @@ class Terms:
             self.eEnd = torch.exp(G_end - self.G)  # exp(G_C - G_i) <= 1
             self.D = torch.exp(G_end).transpose(-1, -2)  # [n, P, 1|K, 1]: scales the rows of S
             self.Qd, self.Kd, self.Ke = q * self.eG, k * self.eG, k * self.eEnd
-        self.qk = Products(q, k, self.G, strict=False)
-        self.A_qk = self.qk.A  # [n, P, C, C]
-        if beta is None:
+        delta = beta is not None
+        self.products = Products([q, k] if delta else [q], k, self.G, [False, True][: 1 + delta])
+        self.A_qk = self.products.As[0]  # [n, P, C, C]
+        if not delta:
             self.W, self.U0 = None, v
             return
-        self.kk = Products(k, k, self.G, strict=True)
+        self.A_kk = self.products.As[1]  # [n, P, C, C], strictly lower
         b = beta.unsqueeze(-1)  # [n, P, C, 1]
-        A = self.kk.A.mul(b)
+        A = self.A_kk.mul(b)
         A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
         self.Ainv = unit_lower_inverse(A)  # [n, P, C, C]
         # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
@@ -90,12 +100,10 @@ class Terms:
 
         dD: [n, P, 1|K, 1] or None. dW is None for linear attention (then dU0 = dv).
         """
-        dq, dk = self.qk.backward(dA_qk)
-        dG = None if self.G is None else self.q * dq - self.k * dk  # the decay inside A_qk
-        dbeta = None
+        dbeta = dKd = None
         if self.W is None:
+            (dq,), dk = self.products.backward([dA_qk])
             dv = dU0
-            dKd = None
         else:
             # X = Ainv R with R = beta * [Kd, v]: dR = Ainv^T dX, dA = -dR X^T (strictly lower).
             dR = self.Ainv.transpose(-1, -2) @ torch.cat([dW, dU0], dim=-1)  # [n, P, C, K + V]
@@ -106,11 +114,14 @@ class Terms:
             dKd = b * dR_k
             dv = b * dR_v
             # A = I + diag(beta) A_kk: dbeta from both the rows of L and the right-hand side.
-            dbeta = (dA * self.kk.A).sum(-1) + (dR_k * self.Kd).sum(-1) + (dR_v * self.v).sum(-1)
-            dk_l, dk_r = self.kk.backward(b * dA)
-            dk = dk + dk_l + dk_r
+            dbeta = (dA * self.A_kk).sum(-1) + (dR_k * self.Kd).sum(-1) + (dR_v * self.v).sum(-1)
+            (dq, dk_left), dk = self.products.backward([dA_qk, dA.mul_(b)])
+        # The decay inside the products: dG = sum_p a_p * da_p - b * db (see ``Products``).
+        dG = None if self.G is None else self.q * dq - self.k * dk
+        if self.W is not None:
             if dG is not None:
-                dG = dG + self.k * (dk_l - dk_r)
+                dG.add_(self.k * dk_left)
+            dk = dk + dk_left
         if self.G is None:
             dq = dq + dQd
             dk = dk + dKe + (dKd if dKd is not None else 0)
