@@ -3,6 +3,9 @@
 import re
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,3 +27,20 @@ def test_ci_runs_the_readme_test_command():
     test_command = quick_start_commands()[1]
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert test_command in ci_lines
+
+
+def python_examples() -> list[str]:
+    """Every ```python block of the README, in order."""
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def test_readme_has_python_examples():
+    assert len(python_examples()) >= 2
+
+
+@pytest.mark.parametrize("index", range(len(python_examples())))
+def test_readme_python_example_runs(index, tmp_path, monkeypatch):
+    """Each example runs as printed, in an empty folder (it may write files there)."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    exec(compile(python_examples()[index], f"README.md example {index}", "exec"), {})

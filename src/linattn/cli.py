@@ -21,7 +21,9 @@ COMMANDS: dict[str, str] = {
     "accuracy": "linattn.experiments.accuracy",
     "verify": "linattn.experiments.verify",
     "table1": "linattn.experiments.table1",
+    "memory": "linattn.experiments.memory",
     "costs": "linattn.experiments.costs",
+    "report": "linattn.experiments.report",
     "bench": "linattn.experiments.bench",
 }
 
@@ -36,8 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
         summary = (module.__doc__ or name).strip().splitlines()[0]
-        command = sub.add_parser(name, help=summary, description=module.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        command = sub.add_parser(
+            name,
+            help=summary,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.configure(command)
         command.set_defaults(_module=module)
     return parser

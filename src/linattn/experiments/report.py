@@ -1,0 +1,251 @@
+"""Rebuild every claim of the spec into one page: checks, tables, figures and measured results.
+
+Runs what ``linattn verify``, ``linattn table1`` and ``linattn costs`` print (the same functions,
+the same text), draws the spec's nine figures and the Table 1 plot, writes the appendix's numbers
+files, gathers the benchmark (``runs/bench.json``, from ``linattn bench``) and the recall sweep
+(``runs/mqar.jsonl``, from ``linattn mqar``) when they exist, and writes ``DIR/index.html`` (one
+self-contained page, the figures beside it, nothing fetched from the network) and ``DIR/report.md``.
+
+An existing, non-empty DIR is not overwritten without ``--force``. The last line printed is the path
+of ``DIR/index.html``; the exit status is 1 if a check fails (the report is written all the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from linattn.experiments import costs as costs_command
+from linattn.experiments import table1 as table1_command
+from linattn.experiments import verify as verify_command
+from linattn.experiments._args import positive_int
+from linattn.experiments.report_page import render_html, render_markdown
+
+TABLE1_NS = (8, 16, 32, 64, 128)
+TABLE1_R = 32
+
+
+@dataclass
+class Report:
+    """Everything the page shows, gathered by ``build_report``."""
+
+    command: str
+    date: str
+    environment: dict[str, str]
+    checks: list[verify_command.Check]
+    verify_text: str
+    table1_rows: list[dict[str, float]]
+    table1_text: str
+    costs: dict[str, object]
+    costs_text: str
+    figures: list[dict[str, str]] = field(default_factory=list)  # number, name, caption
+    numbers_files: list[str] = field(default_factory=list)
+    bench: dict | None = None
+    bench_source: str = ""
+    mqar: list[dict] | None = None
+    mqar_source: str = ""
+    seconds: float = 0.0
+
+
+def prepare_out_dir(out: Path, force: bool) -> Path:
+    """Create ``out`` (or accept it empty, or with ``force``) and check it is writable.
+
+    Raises ``ValueError`` with a clear message: ``out`` is a file, exists with files in it and
+    ``force`` is off, cannot be created, or cannot be written.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"the report path {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(
+            f"the report directory {out} already exists and is not empty; "
+            "pass --force to overwrite it, or choose another --out"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # Probe with a real file: os.access does not see read-only mounts or some ACLs.
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".linattn-probe-"):
+            pass
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ValueError(f"cannot write the report to {out}: {reason}") from None
+    return out
+
+
+def environment() -> dict[str, str]:
+    """The machine and the library versions, without importing the heavy libraries."""
+    info = {
+        "machine": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "processor": platform.processor() or platform.machine(),
+        "CPU cores": str(os.cpu_count()),
+        "Python": platform.python_version(),
+    }
+    for package in ("linattn", "numpy", "scipy", "torch", "matplotlib", "tqdm"):
+        try:
+            info[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            info[package] = _module_version(package)
+    return info
+
+
+def _module_version(package: str) -> str:
+    """The version of an imported-by-path package (``PYTHONPATH=src``), or "not installed"."""
+    try:
+        module = __import__(package)
+    except ImportError:
+        return "not installed"
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def build_report(args: argparse.Namespace, out: Path) -> Report:
+    """Compute, draw and gather everything, with one progress bar on stderr."""
+    from linattn.figures import SPEC_FIGURES, numbers, plots
+
+    start = time.perf_counter()
+    figures_dir = out / "figures"
+    steps = 1 + len(TABLE1_NS) + 1 + len(SPEC_FIGURES) + 4
+    bar = tqdm(total=steps, desc="linattn report", unit="step", file=sys.stderr, disable=args.quiet)
+
+    def begin(description: str) -> None:
+        bar.set_postfix_str(description)
+
+    with bar:
+        begin("verify")
+        checks = verify_command.run_checks()
+        bar.update()
+        rows: list[dict[str, float]] = []
+        for n in TABLE1_NS:  # each n has its own generator: one n at a time is the same table
+            begin(f"table 1, n = {n}")
+            rows += table1_command.compute_table1(TABLE1_R, (n,), args.table1_repetitions)
+            bar.update()
+        begin("costs")
+        costs = costs_command.compute_costs()
+        report = Report(
+            command=" ".join(["linattn", "report", *args.argv]),
+            date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            environment=environment(),
+            checks=checks,
+            verify_text=verify_command.report(checks),
+            table1_rows=rows,
+            table1_text=table1_command.table1_markdown(rows, TABLE1_R, args.table1_repetitions),
+            costs=costs,
+            costs_text=costs_command.costs_markdown(costs),
+        )
+        bar.update()
+        for figure in SPEC_FIGURES:
+            begin(f"figure {figure.number}")
+            figure.draw(figures_dir)
+            report.figures.append(
+                {"number": str(figure.number), "name": figure.name, "caption": figure.caption}
+            )
+            bar.update()
+        begin("table 1 plot, numbers files")
+        plots.table1_plot(rows, figures_dir, TABLE1_R)
+        report.numbers_files = [p.name for p in numbers.write_numbers(out / "numbers")]
+        bar.update()
+        begin("benchmark")
+        report.bench = plots.load_bench(args.bench)
+        report.bench_source = str(args.bench)
+        if report.bench is not None:
+            plots.bench_plot(report.bench, figures_dir)
+        bar.update()
+        begin("recall")
+        report.mqar = plots.load_mqar(args.mqar)
+        report.mqar_source = str(args.mqar)
+        if report.mqar is not None:
+            plots.mqar_plot(report.mqar, figures_dir)
+        bar.update()
+        begin("pages")
+        report.seconds = time.perf_counter() - start
+        write_files(report, out)
+        bar.update()
+    return report
+
+
+def write_files(report: Report, out: Path) -> None:
+    """index.html, report.md, and the computed data as JSON under data/."""
+    data = out / "data"
+    data.mkdir(exist_ok=True)
+    (data / "verify.json").write_text(verify_command.to_json(report.checks) + "\n")
+    (data / "table1.json").write_text(json.dumps(report.table1_rows, indent=2) + "\n")
+    (data / "costs.json").write_text(json.dumps(report.costs, indent=2) + "\n")
+    (out / "report.md").write_text(render_markdown(report))
+    (out / "index.html").write_text(render_html(report))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``linattn report``."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("report"),
+        help="directory for index.html, report.md and the figures (default: report)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="write into --out even if it already holds files"
+    )
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        default=Path("runs/bench.json"),
+        help="benchmark results to include when present (default: runs/bench.json)",
+    )
+    parser.add_argument(
+        "--mqar",
+        type=Path,
+        default=Path("runs/mqar.jsonl"),
+        help="recall results to include when present (default: runs/mqar.jsonl)",
+    )
+    parser.add_argument(
+        "--table1-repetitions",
+        type=positive_int,
+        default=200,
+        help="repetitions per n for Table 1 (default: the spec's 200)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the report; print the page's path last. Exit status 1 if a check fails."""
+    try:
+        import matplotlib  # noqa: F401 (the figures need it: the optional `plot` extra)
+    except ImportError:
+        print(
+            "linattn report: error: the figures need matplotlib: "
+            "pip install 'linattn[plot]' (or matplotlib>=3.7)",
+            file=sys.stderr,
+        )
+        return 2
+    args.argv = _argv(args)
+    out = prepare_out_dir(Path(args.out), args.force)
+    report = build_report(args, out)
+    failed = [check.name for check in report.checks if not check.passed]
+    print(
+        f"{len(report.checks) - len(failed)} of {len(report.checks)} checks passed; "
+        f"report built in {report.seconds:.0f} s"
+    )
+    if failed:
+        print("FAILED: " + "; ".join(failed), file=sys.stderr)
+    print((out / "index.html").resolve())
+    return 1 if failed else 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The options as they would be typed, for the page's record of how it was made."""
+    words = ["--out", str(args.out)]
+    if args.force:
+        words.append("--force")
+    if args.table1_repetitions != 200:
+        words += ["--table1-repetitions", str(args.table1_repetitions)]
+    words += ["--bench", str(args.bench), "--mqar", str(args.mqar)]
+    return words

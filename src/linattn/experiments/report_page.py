@@ -1,0 +1,331 @@
+"""The pages of ``linattn report``: ``report.md`` and a self-contained ``index.html``.
+
+The HTML has its style inline and refers only to files beside it (``figures/*.png``, ``*.svg``,
+``numbers/*.tex``, ``data/*.json``), so it opens from disk with no network. The Markdown written by
+``table1_markdown`` and ``costs_markdown`` is turned into HTML by ``markdown_to_html``, which knows
+just what those functions write: paragraphs, pipe tables, bullet lists, ``**bold**`` and ``$math$``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the dataclass lives in report.py, which imports this module
+    from linattn.experiments.report import Report
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px;
+       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .92em; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.pass { color: #1d7a36; font-weight: bold; } .fail { color: #b3261e; font-weight: bold; }
+.summary { font-size: 1.1em; padding: .6em 1em; border-radius: 6px; background: #eef7ef; }
+.summary.failed { background: #fbeaea; }
+figure { margin: 1.5em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figure.plot img { max-width: 760px; }
+figcaption { font-size: .95em; margin-top: .4em; }
+pre { background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
+.note { color: #555; font-style: italic; } nav li { display: inline; margin-right: 1em; }
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _inline(text: str) -> str:
+    """Escape, then **bold** -> <b>, `code` -> <code>, $math$ -> <i> with \\beta -> β."""
+    text = _e(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+    def math_span(match: re.Match[str]) -> str:
+        return "<i>" + match.group(1).replace("\\beta", "β").replace("\\", "") + "</i>"
+
+    return re.sub(r"\$(.+?)\$", math_span, text)
+
+
+def markdown_to_html(markdown: str) -> str:
+    """The Markdown subset of the experiments' printed tables as HTML."""
+    blocks, out = re.split(r"\n\s*\n", markdown.strip()), []
+    for block in blocks:
+        lines = block.splitlines()
+        if all(line.startswith("|") for line in lines):
+            out.append(_table(lines))
+        elif all(line.startswith("- ") for line in lines):
+            out.append(
+                "<ul>" + "".join(f"<li>{_inline(line[2:])}</li>" for line in lines) + "</ul>"
+            )
+        else:
+            out.append(f"<p>{_inline(' '.join(lines))}</p>")
+    return "\n".join(out)
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def _table(lines: list[str]) -> str:
+    header, body = _cells(lines[0]), [_cells(line) for line in lines[2:]]
+    rows = ["<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"]
+    for row in body:
+        rows.append(
+            "<tr>"
+            + "".join(
+                f'<td class="num">{_inline(c)}</td>' if _numeric(c) else f"<td>{_inline(c)}</td>"
+                for c in row
+            )
+            + "</tr>"
+        )
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _numeric(cell: str) -> bool:
+    return bool(re.fullmatch(r"-?[\d,.]+", cell))
+
+
+def _figure(name: str, caption: str, plot: bool = False) -> str:
+    """One figure with its caption; a data plot is drawn narrower than a diagram."""
+    title, _, rest = caption.partition(". ")
+    width = ' class="plot"' if plot else ""
+    return (
+        f'<figure id="{_e(name)}"{width}><img src="figures/{_e(name)}.png" alt="{_e(caption)}">'
+        f"<figcaption><b>{_e(title)}.</b> {_e(rest)} "
+        f'<a href="figures/{_e(name)}.svg">SVG</a></figcaption></figure>'
+    )
+
+
+def _error(x: float) -> str:
+    return "" if math.isnan(x) else f"{x:.1e}"
+
+
+def _checks_html(report: Report) -> str:
+    rows = [
+        "<tr><th>#</th><th>Check</th><th>Largest error</th><th>Tolerance</th>"
+        "<th>Verdict</th><th>Printed with it</th></tr>"
+    ]
+    for index, check in enumerate(report.checks, start=1):
+        verdict = (
+            '<span class="pass">PASS</span>' if check.passed else '<span class="fail">FAIL</span>'
+        )
+        rows.append(
+            f'<tr><td class="num">{index}</td><td>{_e(check.name)}</td>'
+            f'<td class="num">{_error(check.error)}</td>'
+            f'<td class="num">{"" if not check.tolerance else _error(check.tolerance)}</td>'
+            f"<td>{verdict}</td><td>{_e(check.detail)}</td></tr>"
+        )
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _bench_rows(report: Report) -> list[tuple[str, str, str]]:
+    from linattn.figures.plots import bench_series
+
+    rows = []
+    for name, points in bench_series(report.bench or {"results": []}).items():
+        for T, seconds in points:
+            rows.append((name, f"{T:,.0f}", f"{seconds * 1e3:.3f}"))
+    return rows
+
+
+def _mqar_rows(report: Report) -> list[tuple[str, str, str, str]]:
+    from linattn.figures.plots import mqar_series
+
+    rows = []
+    for name, points in mqar_series(report.mqar or []).items():
+        for state, accuracy, runs in points:
+            rows.append((name, f"{state:,.0f}", f"{accuracy:.3f}", str(runs)))
+    return rows
+
+
+def _simple_table(
+    header: tuple[str, ...], rows: list[tuple[str, ...]], numbers: bool = True
+) -> str:
+    head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="num">{_e(c)}</td>' if numbers and _numeric(c) else f"<td>{_e(c)}</td>"
+            for c in row
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table>{head}{body}</table>"
+
+
+def _passed(report: Report) -> tuple[int, int]:
+    return sum(check.passed for check in report.checks), len(report.checks)
+
+
+def render_html(report: Report) -> str:
+    """The whole page as one HTML document."""
+    passed, total = _passed(report)
+    failed = [c.name for c in report.checks if not c.passed]
+    summary = (
+        f"{passed} of {total} checks passed"
+        if not failed
+        else f"{len(failed)} of {total} checks FAILED: " + "; ".join(failed)
+    )
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>linattn report: attention as matrix algebra, recomputed</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>Attention as matrix algebra: every claim recomputed</h1>",
+        f"<p>Made by <code>{_e(report.command)}</code> on {_e(report.date)}, in "
+        f"{report.seconds:.0f} s, with linattn {_e(report.environment.get('linattn', ''))}.</p>",
+        f'<p class="summary{" failed" if failed else ""}">{_e(summary)}</p>',
+        '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
+        '<li><a href="#costs">Costs</a></li><li><a href="#figures">Figures</a></li>'
+        '<li><a href="#bench">Benchmark</a></li><li><a href="#recall">Recall</a></li>'
+        '<li><a href="#numbers">Numbers files</a></li>'
+        '<li><a href="#environment">Machine</a></li></ul></nav>',
+        '<h2 id="checks">Checks</h2>',
+        "<p>Every numerical check the spec prints, with the spec's seeds "
+        "(<code>linattn verify</code>).</p>",
+        _checks_html(report),
+        "<details><summary>As printed by <code>linattn verify</code></summary>"
+        f"<pre>{_e(report.verify_text)}</pre></details>",
+        '<h2 id="table1">Table 1</h2>',
+        markdown_to_html(report.table1_text),
+        _figure(
+            "table1",
+            "Table 1 as a plot. The read error of each memory against the number "
+            "of stored pairs n, with the two theory curves (dotted).",
+            plot=True,
+        ),
+        "<details><summary>As printed by <code>linattn table1</code></summary>"
+        f"<pre>{_e(report.table1_text)}</pre></details>",
+        '<h2 id="costs">Costs</h2>',
+        markdown_to_html(report.costs_text),
+        "<details><summary>As printed by <code>linattn costs</code></summary>"
+        f"<pre>{_e(report.costs_text)}</pre></details>",
+        '<h2 id="figures">Figures</h2>',
+        "<p>The spec's nine figures, drawn from numbers computed by "
+        "<code>linattn.reference</code>.</p>",
+        *(_figure(f["name"], f["caption"]) for f in report.figures),
+        '<h2 id="bench">Benchmark</h2>',
+    ]
+    if report.bench is not None:
+        parts += [
+            f"<p>From <code>{_e(report.bench_source)}</code>.</p>",
+            _figure(
+                "bench",
+                "Benchmark. Time of one forward pass against the sequence length T.",
+                plot=True,
+            ),
+            _simple_table(("series", "T", "milliseconds"), _bench_rows(report)),
+        ]
+    else:
+        parts.append(
+            f'<p class="note">No benchmark results at <code>{_e(report.bench_source)}'
+            "</code>: run <code>linattn bench</code> first to include them.</p>"
+        )
+    parts.append('<h2 id="recall">Recall</h2>')
+    if report.mqar is not None:
+        parts += [
+            f"<p>From <code>{_e(report.mqar_source)}</code>.</p>",
+            _figure(
+                "mqar",
+                "Recall. Multi-query associative recall accuracy against the state "
+                "size of one block.",
+                plot=True,
+            ),
+            _simple_table(("series", "state numbers", "accuracy", "runs"), _mqar_rows(report)),
+        ]
+    else:
+        parts.append(
+            f'<p class="note">No recall results at <code>{_e(report.mqar_source)}'
+            "</code>: run <code>linattn mqar</code> first to include them.</p>"
+        )
+    parts += [
+        '<h2 id="numbers">Numbers files</h2>',
+        "<p>The TeX macros that the spec's appendix writes for its TikZ figures: "
+        + ", ".join(
+            f'<a href="numbers/{_e(n)}"><code>{_e(n)}</code></a>' for n in report.numbers_files
+        )
+        + ". The computed data: "
+        + ", ".join(
+            f'<a href="data/{n}"><code>{n}</code></a>'
+            for n in ("verify.json", "table1.json", "costs.json")
+        )
+        + ".</p>",
+        '<h2 id="environment">Machine</h2>',
+        _simple_table(
+            ("", ""),
+            [(k, v) for k, v in report.environment.items()] + [("date", report.date)],
+            numbers=False,
+        ),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def render_markdown(report: Report) -> str:
+    """The same content as Markdown, the printed outputs verbatim."""
+    passed, total = _passed(report)
+    lines = [
+        "# Attention as matrix algebra: every claim recomputed",
+        "",
+        f"Made by `{report.command}` on {report.date}, in {report.seconds:.0f} s. "
+        f"{passed} of {total} checks passed.",
+        "",
+        "## Checks",
+        "",
+        "As printed by `linattn verify`:",
+        "",
+        "```text",
+        report.verify_text,
+        "```",
+        "",
+        "## Table 1",
+        "",
+        report.table1_text,
+        "",
+        "![Table 1 as a plot](figures/table1.png)",
+        "",
+        "## Costs",
+        "",
+        report.costs_text,
+        "",
+        "## Figures",
+        "",
+    ]
+    for f in report.figures:
+        lines += [f"![{f['caption']}](figures/{f['name']}.png)", "", f["caption"], ""]
+    lines += ["## Benchmark", ""]
+    if report.bench is not None:
+        lines += [
+            f"From `{report.bench_source}`.",
+            "",
+            "![Benchmark](figures/bench.png)",
+            "",
+            "| series | T | milliseconds |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {a} | {b} | {c} |" for a, b, c in _bench_rows(report)]
+    else:
+        lines.append(f"No benchmark results at `{report.bench_source}`.")
+    lines += ["", "## Recall", ""]
+    if report.mqar is not None:
+        lines += [
+            f"From `{report.mqar_source}`.",
+            "",
+            "![Recall](figures/mqar.png)",
+            "",
+            "| series | state numbers | accuracy | runs |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _mqar_rows(report)]
+    else:
+        lines.append(f"No recall results at `{report.mqar_source}`.")
+    lines += ["", "## Machine", ""]
+    lines += [f"- {k}: {v}" for k, v in report.environment.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,96 @@
+"""Figure 3: the KV cache against the fixed state as t grows, with the break-even point (spec 5, 9).
+
+Every number comes from the cost model in ``linattn.reference`` (``kv_cache_numbers``,
+``linear_state_numbers``, ``delta_state_numbers``, ``break_even_tokens`` and the per-step operation
+counts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from linattn import reference
+from linattn.figures import style
+
+CAPTION = (
+    "Figure 3. Generation: softmax attention reads a cache that grows; linear attention reads one "
+    "matrix of fixed size."
+)
+
+
+def cache_and_state(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list[Path]:
+    """Figure 3: numbers stored and operations per step for one head, against the step t.
+
+    Softmax attention keeps 2td numbers (the KV cache), linear attention rd + r and the delta rule
+    rd, with r = d. The break-even step and the ratio at step ``t`` are marked.
+    """
+    plt = style.pyplot()
+    r = d
+    steps = np.unique(np.geomspace(1, 2 * t, 400).astype(np.int64))
+    cache = np.array([reference.kv_cache_numbers(int(s), d) for s in steps], dtype=float)
+    linear_state = float(reference.linear_state_numbers(r, d))
+    delta_state = float(reference.delta_state_numbers(r, d))
+    even = reference.break_even_tokens(r, d)
+    cache_t = reference.kv_cache_numbers(t, d)
+    ratio = cache_t / linear_state
+
+    fig, (memory, work) = plt.subplots(1, 2, figsize=(12, 4.4))
+    memory.loglog(steps, cache, color=style.KEY, lw=2, label="softmax: KV cache, 2td")
+    memory.axhline(linear_state, color=style.STATE, lw=2, label="linear attention: rd + r")
+    memory.axhline(delta_state, color=style.VALUE, lw=1.5, ls="--", label="delta rule: rd")
+    memory.plot([even], [reference.kv_cache_numbers(even, d)], "o", color=style.INK)
+    memory.annotate(
+        f"break-even: t = {even:,}",
+        xy=(even, linear_state),
+        xytext=(even * 4, linear_state / 12),
+        fontsize=10,
+        arrowprops={"arrowstyle": "->", "color": style.INK},
+    )
+    memory.plot([t, t], [linear_state, cache_t], color=style.ERROR, lw=1)
+    memory.text(
+        t / 1.3,
+        np.sqrt(linear_state * cache_t),
+        f"t = {t:,}:\n{cache_t:,} against\n{int(linear_state):,} numbers,\n"
+        f"{ratio:,.0f} times fewer",
+        ha="right",
+        va="center",
+        fontsize=9.5,
+        color=style.ERROR,
+    )
+    memory.set_xlabel("generation step t (tokens so far)")
+    memory.set_ylabel("numbers stored, one head")
+    memory.set_title(f"Memory at step t (d = r = {d})")
+    memory.legend(loc="upper left", fontsize=9, frameon=False)
+
+    work.loglog(
+        steps,
+        [reference.softmax_step_ops(int(s), d) for s in steps],
+        color=style.KEY,
+        lw=2,
+        label="softmax: about 4td",
+    )
+    work.axhline(
+        reference.linear_step_ops(r, d),
+        color=style.STATE,
+        lw=2,
+        label="linear attention: about 4rd",
+    )
+    work.axhline(
+        reference.delta_step_ops(r, d),
+        color=style.VALUE,
+        lw=1.5,
+        ls="--",
+        label="delta rule: about 6rd",
+    )
+    work.set_xlabel("generation step t (tokens so far)")
+    work.set_ylabel("operations for step t, one head")
+    work.set_title("Work at step t")
+    work.legend(loc="upper left", fontsize=9, frameon=False)
+    for ax in (memory, work):
+        ax.minorticks_off()  # a log axis over six decades: minor ticks only add clutter (and time)
+        ax.set_xlim(1, 2 * t)
+        ax.grid(True, which="major", color="#dddddd", lw=0.6)
+    fig.tight_layout()
+    return style.save(fig, out_dir, "cache-and-state")

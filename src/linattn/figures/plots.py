@@ -1,0 +1,191 @@
+"""Data plots: Table 1 against n, the benchmark's time against T, recall against state size.
+
+The last two read result files written by other commands (``linattn bench`` and ``linattn mqar``);
+their formats are documented in ``load_bench`` and ``load_mqar``, which check them and raise a
+``ValueError`` naming the file and the problem.
+
+``runs/bench.json`` (one JSON object)::
+
+    {"meta": {...free-form: device, dtype, B, H, K, torch, ...},
+     "results": [{"name": "delta rule, chunk", "T": 1024, "seconds": 0.0123,
+                  ...optional: "method", "mode", "peak_bytes", "repeats"}, ...]}
+
+``name`` labels a series (when missing, "method" and "mode" make one); ``seconds`` is the time of
+one forward pass (the median of the repeats). ``runs/mqar.jsonl`` (one JSON object per line)::
+
+    {"mechanism": "deltanet", "state_numbers": 8192, "accuracy": 0.97,
+     ...optional: "preset", "d_model", "seed", ...}
+
+``state_numbers`` is the recurrent state (or KV cache) of one block in numbers; ``accuracy`` the
+recall accuracy in [0, 1]. Rows with the same series and state size are averaged (several seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from linattn import reference
+from linattn.figures import style
+
+TABLE1_SERIES = (
+    ("additive", "additive rule", style.KEY, "o", "-"),
+    ("delta_all", "delta rule, all pairs", style.STATE, "s", "-"),
+    ("delta_newest", "delta rule, 8 newest pairs", style.STATE, "^", "--"),
+    ("least_squares", "least squares", style.VALUE, "D", "-"),
+)
+
+
+def table1_plot(rows: Sequence[dict], out_dir: Path | str, r: int = 32) -> list[Path]:
+    """Table 1 (spec 7.3) as the read error of each memory against n, with the two theory curves.
+
+    ``rows`` are those of ``linattn.experiments.table1.compute_table1``.
+    """
+    if len(rows) == 0 or any("n" not in row for row in rows):
+        raise ValueError("rows must be a non-empty list of Table 1 rows, each with its 'n'")
+    plt = style.pyplot()
+    ns = np.array([row["n"] for row in rows])
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    grid = np.unique(np.geomspace(max(1, ns.min()), ns.max(), 200).astype(int))
+    theory = np.array([reference.recall_theory(int(n), r) for n in grid])
+    ax.plot(grid, theory[:, 0], color=style.KEY, lw=1, ls=":", label="theory, additive")
+    ax.plot(grid, theory[:, 1], color=style.VALUE, lw=1, ls=":", label="theory, least squares")
+    for key, label, color, marker, line in TABLE1_SERIES:
+        ax.plot(ns, [row[key] for row in rows], marker=marker, color=color, ls=line, label=label)
+    ax.axhline(1.0, color=style.SCORE, lw=0.8)
+    ax.text(
+        ns.min(), 1.02, "a memory that returns zero", fontsize=8.5, color=style.SCORE, va="bottom"
+    )
+    ax.axvline(r, color=style.SCORE, lw=0.8, ls="--")
+    ax.text(r * 1.04, 1.6, f"n = r = {r}", fontsize=8.5, color=style.SCORE, va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("pairs stored, n")
+    ax.set_ylabel("root-mean-square read error")
+    ax.set_title(f"Table 1: read error of three memories, r = d = {r}")
+    ax.legend(fontsize=8.5, frameon=False, loc="upper left")
+    fig.tight_layout()
+    return style.save(fig, out_dir, "table1")
+
+
+def load_bench(path: Path | str) -> dict | None:
+    """The benchmark file (format in the module docstring), or None when it does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list) or not results:
+        raise ValueError(f"{path}: expected an object with a non-empty list 'results'")
+    for index, row in enumerate(results):
+        if (
+            not isinstance(row, dict)
+            or not _number(row.get("T"))
+            or not _number(row.get("seconds"))
+        ):
+            raise ValueError(f"{path}: results[{index}] needs numbers 'T' and 'seconds'")
+        if "name" not in row and "method" not in row:
+            raise ValueError(f"{path}: results[{index}] needs a 'name' (or a 'method')")
+    return data
+
+
+def bench_series(data: dict) -> dict[str, list[tuple[float, float]]]:
+    """The benchmark's rows as {series name: [(T, seconds), ...] sorted by T}."""
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row in data["results"]:
+        name = row.get("name") or ", ".join(str(row[k]) for k in ("method", "mode") if k in row)
+        series[name].append((float(row["T"]), float(row["seconds"])))
+    return {name: sorted(points) for name, points in series.items()}
+
+
+def bench_plot(data: dict, out_dir: Path | str) -> list[Path]:
+    """The benchmark's time of one forward pass against the sequence length T, log-log."""
+    plt = style.pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    lengths: set[float] = set()
+    for name, points in bench_series(data).items():
+        T, seconds = zip(*points, strict=True)
+        ax.loglog(T, seconds, marker="o", label=name)
+        lengths.update(T)
+    ax.set_xticks(sorted(lengths), [f"{T:,.0f}" for T in sorted(lengths)])
+    ax.minorticks_off()
+    ax.set_xlabel("sequence length T (tokens)")
+    ax.set_ylabel("seconds per forward pass")
+    meta = data.get("meta") or {}
+    described = ", ".join(f"{k} = {v}" for k, v in meta.items() if isinstance(v, (str, int, float)))
+    ax.set_title("Benchmark" + (f"\n{described}" if described else ""), fontsize=9.5)
+    ax.grid(True, which="major", color="#dddddd", lw=0.6)
+    ax.legend(fontsize=8.5, frameon=False)
+    fig.tight_layout()
+    return style.save(fig, out_dir, "bench")
+
+
+def load_mqar(path: Path | str) -> list[dict] | None:
+    """The recall results, one JSON object a line (format in the module docstring), or None."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}, line {number}: not valid JSON ({error})") from None
+        if not isinstance(row, dict) or not (row.get("mechanism") or row.get("mixer")):
+            raise ValueError(f"{path}, line {number}: needs a 'mechanism'")
+        if not _number(row.get("state_numbers")) or not _number(row.get("accuracy")):
+            raise ValueError(f"{path}, line {number}: needs numbers 'state_numbers', 'accuracy'")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no results")
+    return rows
+
+
+def mqar_series(rows: Sequence[dict]) -> dict[str, list[tuple[float, float, int]]]:
+    """{series: [(state numbers, mean accuracy, runs), ...] sorted by state size}.
+
+    A series is a mechanism, with its preset when the file holds several presets.
+    """
+    presets = {row.get("preset") for row in rows}
+    groups: dict[tuple[str, float], list[float]] = defaultdict(list)
+    for row in rows:
+        name = str(row.get("mechanism") or row.get("mixer"))
+        if len(presets) > 1:
+            name += f" ({row.get('preset')})"
+        groups[(name, float(row["state_numbers"]))].append(float(row["accuracy"]))
+    series: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    for (name, state), accuracies in sorted(groups.items()):
+        series[name].append((state, float(np.mean(accuracies)), len(accuracies)))
+    return dict(series)
+
+
+def mqar_plot(rows: Sequence[dict], out_dir: Path | str) -> list[Path]:
+    """Recall accuracy against the state size of one block, one line per mechanism."""
+    plt = style.pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for name, points in mqar_series(rows).items():
+        state, accuracy, _ = zip(*points, strict=True)
+        ax.plot(state, accuracy, marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("state of one block (numbers; KV cache for softmax)")
+    ax.set_ylabel("recall accuracy")
+    ax.set_title("Multi-query associative recall")
+    ax.grid(True, which="major", color="#dddddd", lw=0.6)
+    ax.legend(fontsize=8.5, frameon=False)
+    fig.tight_layout()
+    return style.save(fig, out_dir, "mqar")
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

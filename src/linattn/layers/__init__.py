@@ -1,0 +1,30 @@
+"""Token mixers: ``nn.Module`` layers ``[B, T, d_model] -> [B, T, d_model]`` around the ops.
+
+Each mixer's ``forward(x, state=None)`` returns ``(y, new_state)``; with a state (from
+``mixer.new_state(batch_size, dtype)``) it advances it, running the op in chunk mode for a prompt
+and in recurrent mode for a one-token decoding step.
+
+- ``SoftmaxAttention``: causal, optional rotary embeddings; its state is the KV cache.
+- ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay.
+- ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``: the delta rule, without decay, with a
+  per-head decay, with a per-channel decay.
+"""
+
+from linattn.layers.base import RecurrentMixer
+from linattn.layers.common import DecayGate, GatedRMSNorm, ShortConvolution, TokenMixer
+from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
+from linattn.layers.linear import LinearAttention
+from linattn.layers.softmax import SoftmaxAttention
+
+__all__ = [
+    "DecayGate",
+    "DeltaNet",
+    "GatedDeltaNet",
+    "GatedRMSNorm",
+    "KimiDeltaAttention",
+    "LinearAttention",
+    "RecurrentMixer",
+    "ShortConvolution",
+    "SoftmaxAttention",
+    "TokenMixer",
+]

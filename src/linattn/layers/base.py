@@ -1,0 +1,130 @@
+"""``RecurrentMixer``: what every fixed-memory mixer builds around its op (spec sections 5, 7, 10).
+
+    x -> q, k, v projections -> short convolution + SiLU -> [mixer: features / norms / gates]
+      -> op (chunk for training and prefill, recurrent step for decoding) -> o
+      -> per-head RMSNorm * act(output gate) -> output projection
+
+The subclasses (``LinearAttention``, ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``) only
+say what differs: the transition and the write of the memory ``S_t = A_t S_{t-1} + k_t w_t^T``
+(the table of DESIGN.md), in ``recurrence``; and the memory's shape, in ``memory_shape``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linattn.layers.common import (
+    GatedRMSNorm,
+    ShortConvolution,
+    State,
+    StateSpec,
+    TokenMixer,
+    check_positive,
+    low_rank,
+    state_dtype,
+)
+
+
+class RecurrentMixer(TokenMixer):
+    """Projections, short convolution, output gate and norm, state handling of a recurrent mixer.
+
+    Args:
+        d_model: width of the residual stream.
+        n_heads: number of heads H.
+        head_dim: value dimension V per head (default ``d_model // n_heads``).
+        key_dim: query/key dimension K per head, before any feature map (default ``head_dim``).
+        short_conv: causal depthwise convolution (kernel ``conv_size``) + SiLU on q, k and v;
+            without it, q, k and v go through SiLU alone.
+        gate_activation: ``"silu"`` or ``"sigmoid"`` for the output gate.
+        gate_rank: ``None`` for a full output-gate projection, an int for a low-rank one with bias
+            (KDA: d_model -> rank -> H*V).
+        chunk_size: block length C of the chunk form.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        key_dim: int | None = None,
+        *,
+        short_conv: bool = True,
+        conv_size: int = 4,
+        gate_activation: str = "silu",
+        gate_rank: int | None = None,
+        chunk_size: int = 64,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__(d_model, chunk_size)
+        check_positive("n_heads", n_heads)
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            head_dim = d_model // n_heads
+        check_positive("head_dim", head_dim)
+        key_dim = head_dim if key_dim is None else key_dim
+        check_positive("key_dim", key_dim)
+        H, K, V = n_heads, key_dim, head_dim
+        self.n_heads, self.key_dim, self.head_dim = H, K, V
+        self.q_proj = nn.Linear(d_model, H * K, bias=False)
+        self.k_proj = nn.Linear(d_model, H * K, bias=False)
+        self.v_proj = nn.Linear(d_model, H * V, bias=False)
+        # One depthwise convolution over [q | k | v] is three per-channel convolutions.
+        self.conv = ShortConvolution(H * (2 * K + V), conv_size) if short_conv else None
+        if gate_rank is None:
+            self.g_proj: nn.Module = nn.Linear(d_model, H * V, bias=False)
+        else:
+            self.g_proj = low_rank(d_model, gate_rank, H * V, bias=True)
+        self.o_norm = GatedRMSNorm(V, gate_activation, norm_eps)
+        self.o_proj = nn.Linear(H * V, d_model, bias=False)
+
+    # -- what the subclasses define ------------------------------------------------------------
+
+    def memory_shape(self) -> tuple[int, int]:
+        """(rows, columns) of one head's memory S: (K, V), unless features or a normaliser widen
+        it."""
+        return self.key_dim, self.head_dim
+
+    def recurrence(
+        self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mode: str, S: Tensor | None, keep: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Run the op: q, k [B, T, H, K], v [B, T, H, V], S the initial memory [B, H, *memory_shape]
+        or None -> (o [B, T, H, V], final memory if ``keep`` else None). ``x`` feeds the gates."""
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------------
+
+    def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
+        """``S``: [B, H, rows, cols] in float32 (float64 for float64 models); ``conv``: the last
+        ``conv_size - 1`` inputs of the short convolution, [B, H*(2K+V), conv_size - 1]."""
+        spec: StateSpec = {
+            "S": ((batch_size, self.n_heads, *self.memory_shape()), state_dtype(dtype))
+        }
+        if self.conv is not None:
+            spec["conv"] = ((batch_size, self.conv.channels, self.conv.kernel_size - 1), dtype)
+        return spec
+
+    def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
+        B, T, _ = x.shape
+        H, K, V = self.n_heads, self.key_dim, self.head_dim
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [B, T, H(2K+V)]
+        new_state: State | None = None if state is None else {}
+        if self.conv is not None:
+            qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
+            if new_state is not None:
+                new_state["conv"] = conv_state
+        else:
+            qkv = F.silu(qkv)
+        q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
+        q, k = q.view(B, T, H, K), k.view(B, T, H, K)  # [B, T, H*K] -> [B, T, H, K]
+        v = v.reshape(B, T, H, V)  # [B, T, H*V] -> [B, T, H, V]
+        mode = self.pick_mode(T, state)
+        S = None if state is None else state["S"]
+        o, S = self.recurrence(x, q, k, v, mode, S, keep=state is not None)
+        if new_state is not None:
+            new_state["S"] = S.to(state_dtype(x.dtype))
+        gate = self.g_proj(x).view(B, T, H, V)  # [B, T, H*V] -> [B, T, H, V]
+        o = self.o_norm(o.to(x.dtype), gate)
+        return self.o_proj(o.reshape(B, T, H * V)), new_state  # [B, T, H, V] -> [B, T, H*V]

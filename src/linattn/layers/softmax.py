@@ -1,0 +1,88 @@
+"""``SoftmaxAttention``: causal multi-head softmax attention with a KV cache (spec sections 2, 9).
+
+    o_i = sum_{j <= i} softmax_j(q_i^T k_j / sqrt(D)) v_j
+
+Its generation state is the KV cache, ``k, v: [B, t, H, D]``: 2 t D numbers per head after t
+tokens, the one state that grows with t (spec section 9). Optional rotary position embedding (RoPE,
+Su et al., 2021) rotates q and k by their absolute position, which the cache supplies: the number of
+cached tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from linattn import ops
+from linattn.layers.common import State, StateSpec, TokenMixer, check_positive
+
+
+def rotary(x: Tensor, start: int, base: float = 10000.0) -> Tensor:
+    """Rotate channel pairs (i, i + D/2) of x [B, T, H, D] by angle (start + t) * base^(-2i/D)."""
+    D = x.shape[-1]
+    half = D // 2
+    freq = base ** (-torch.arange(half, dtype=torch.float64, device=x.device) * 2.0 / D)  # [D/2]
+    pos = torch.arange(start, start + x.shape[1], dtype=torch.float64, device=x.device)  # [T]
+    angle = (pos[:, None] * freq[None, :]).to(x.dtype)  # [T, D/2]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]  # [T, 1, D/2]: broadcast over H
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    rotated = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
+    if D % 2:  # an odd last channel is not rotated
+        rotated.append(x[..., 2 * half :])
+    return torch.cat(rotated, dim=-1)
+
+
+class SoftmaxAttention(TokenMixer):
+    """Causal softmax attention. Args: d_model, n_heads, head_dim (default d_model // n_heads),
+    rope (rotary embeddings, default True), rope_base (10000)."""
+
+    growing = ("k", "v")
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        *,
+        rope: bool = True,
+        rope_base: float = 10000.0,
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__(d_model, chunk_size)
+        check_positive("n_heads", n_heads)
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            head_dim = d_model // n_heads
+        check_positive("head_dim", head_dim)
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.rope, self.rope_base = rope, rope_base
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+
+    def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
+        """``k``, ``v``: [B, t, H, D] in the model's dtype, t = 0 before the first token."""
+        shape = (batch_size, 0, self.n_heads, self.head_dim)
+        return {"k": (shape, dtype), "v": (shape, dtype)}
+
+    def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
+        B, T, _ = x.shape
+        H, D = self.n_heads, self.head_dim
+        # [B, T, H*D] -> [B, T, H, D]
+        q, k, v = (proj(x).view(B, T, H, D) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        start = 0 if state is None else state["k"].shape[1]  # absolute position of the first token
+        if self.rope:
+            q, k = rotary(q, start, self.rope_base), rotary(k, start, self.rope_base)
+        new_state = None
+        if state is not None:
+            # The cache grows by concatenation: [B, start, H, D] -> [B, start + T, H, D].
+            new_state = {
+                name: torch.cat([state[name], t], dim=1) for name, t in (("k", k), ("v", v))
+            }
+        if new_state is None:
+            o = ops.softmax_attention(q, k, v, causal=True)
+        else:  # the T queries are the last T positions of the cached keys and values
+            o = ops.softmax_attention(q, new_state["k"], new_state["v"], causal=True)
+        return self.o_proj(o.reshape(B, T, H * D)), new_state  # [B, T, H, D] -> [B, T, H*D]

@@ -1,0 +1,17 @@
+"""A small causal language model over the mixers of ``linattn.layers``, hybrids included.
+
+Example::
+
+    >>> import torch
+    >>> from linattn.models import CausalLM, LMConfig
+    >>> model = CausalLM(LMConfig(vocab_size=256, mixers=("kda", "kda", "kda", "softmax")))
+    >>> prompt = torch.randint(0, 256, (1, 8))
+    >>> ids = model.generate(prompt, max_new_tokens=32, temperature=0.8, top_k=50, seed=0)
+"""
+
+from linattn.models.cache import Cache
+from linattn.models.config import MIXERS, LMConfig
+from linattn.models.lm import Block, CausalLM, SwiGLU, sample
+from linattn.models.mixers import build_mixer
+
+__all__ = ["MIXERS", "Block", "Cache", "CausalLM", "LMConfig", "SwiGLU", "build_mixer", "sample"]

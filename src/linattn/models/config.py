@@ -1,0 +1,142 @@
+"""``LMConfig``: the configuration of ``CausalLM``, validated when it is made."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+
+# One name per mechanism of the spec (DESIGN.md's table); ``linattn.models.mixers`` builds them.
+MIXERS = (
+    "softmax",
+    "linear",
+    "taylor",
+    "scalar_decay",
+    "gla",
+    "deltanet",
+    "gated_deltanet",
+    "kda",
+)
+
+# Fields that change neither the parameters' shapes nor what the state means.
+_NOT_IN_FINGERPRINT = ("max_seq_len", "chunk_size", "init_std")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"LMConfig.{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass
+class LMConfig:
+    """A causal language model: embeddings, ``len(mixers)`` blocks (pre-norm mixer + SwiGLU MLP),
+    final norm, LM head.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: width of the residual stream.
+        n_heads: heads of every mixer.
+        head_dim: value (and key) dimension per head; default ``d_model // n_heads``, which then
+            must divide evenly.
+        mixers: one mechanism name per block, from ``MIXERS``; e.g. ``("kda", "kda", "kda",
+            "softmax")`` for a Kimi-Linear-style hybrid (spec section 10).
+        mlp_ratio: hidden width of the SwiGLU MLP as a multiple of d_model.
+        tie_embeddings: the LM head shares the embedding matrix.
+        max_seq_len: longest context (prompt plus generated tokens) the model accepts; None for no
+            limit (the recurrent mixers need none; rotary embeddings need none either).
+        short_conv, conv_size: causal depthwise convolution (kernel 4) + SiLU on q, k, v of the
+            recurrent mixers.
+        chunk_size: block length C of the chunk form.
+        rope, rope_base: rotary position embeddings in the softmax blocks.
+        taylor_dim: key dimension of the ``"taylor"`` mixer before its feature map (1 + K + K^2
+            features: 273 for 16), independent of head_dim so that its state stays modest.
+        allow_neg_eigval: beta in (0, 2) instead of (0, 1) in the delta-rule mixers.
+        gate_rank: rank of GLA's low-rank decay projection (16 in the paper).
+        norm_eps: epsilon of every RMSNorm.
+        init_std: standard deviation of the normal initialisation of linear and embedding weights.
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    n_heads: int = 2
+    head_dim: int | None = None
+    mixers: tuple[str, ...] = ("deltanet", "deltanet")
+    mlp_ratio: float = 4.0
+    tie_embeddings: bool = True
+    max_seq_len: int | None = 2048
+    short_conv: bool = True
+    conv_size: int = 4
+    chunk_size: int = 64
+    rope: bool = True
+    rope_base: float = 10000.0
+    taylor_dim: int = 16
+    allow_neg_eigval: bool = False
+    gate_rank: int = 16
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "conv_size", "chunk_size", "taylor_dim"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("gate_rank", self.gate_rank)
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"LMConfig.d_model ({self.d_model}) must be divisible by n_heads "
+                    f"({self.n_heads}), or give head_dim"
+                )
+        else:
+            _positive_int("head_dim", self.head_dim)
+        if self.max_seq_len is not None:
+            _positive_int("max_seq_len", self.max_seq_len)
+        if isinstance(self.mixers, str):
+            raise ValueError(
+                f"LMConfig.mixers must be a sequence of names, got the string {self.mixers!r}"
+            )
+        self.mixers = tuple(self.mixers)
+        if not self.mixers:
+            raise ValueError("LMConfig.mixers must name at least one mixer")
+        for i, name in enumerate(self.mixers):
+            if name not in MIXERS:
+                raise ValueError(
+                    f"LMConfig.mixers[{i}] is {name!r}, an unknown mixer; choose from {MIXERS}"
+                )
+        if not self.mlp_ratio > 0:
+            raise ValueError(f"LMConfig.mlp_ratio must be > 0, got {self.mlp_ratio!r}")
+        if not (self.norm_eps > 0 and self.init_std > 0 and self.rope_base > 0):
+            raise ValueError("LMConfig.norm_eps, init_std and rope_base must be > 0")
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.mixers)
+
+    @property
+    def head_size(self) -> int:
+        """The head dimension in use: ``head_dim`` or ``d_model // n_heads``."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return max(1, round(self.mlp_ratio * self.d_model))
+
+    def to_dict(self) -> dict:
+        """A plain dict (JSON-serialisable); ``LMConfig(**d)`` rebuilds the config."""
+        d = asdict(self)
+        d["mixers"] = list(self.mixers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LMConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown LMConfig fields: {unknown}")
+        return cls(**d)
+
+    def fingerprint(self) -> str:
+        """A short hash of the fields that shape the model's generation state (all but max_seq_len,
+        chunk_size and init_std): caches carry it, so that a cache made for another model
+        configuration is recognised."""
+        d = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_FINGERPRINT}
+        text = json.dumps(d, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,70 @@
+"""``build_mixer(name, config)``: the mixer of one block, from its name in ``LMConfig.mixers``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from linattn.layers import (
+    DeltaNet,
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    LinearAttention,
+    SoftmaxAttention,
+    TokenMixer,
+)
+from linattn.models.config import MIXERS, LMConfig
+
+
+def _recurrent_kwargs(c: LMConfig) -> dict:
+    return dict(
+        head_dim=c.head_size,
+        short_conv=c.short_conv,
+        conv_size=c.conv_size,
+        chunk_size=c.chunk_size,
+        norm_eps=c.norm_eps,
+    )
+
+
+def _delta_kwargs(c: LMConfig) -> dict:
+    return dict(_recurrent_kwargs(c), allow_neg_eigval=c.allow_neg_eigval)
+
+
+# name -> builder; "linear", "taylor", "scalar_decay" and "gla" are one class, configured.
+_BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
+    "softmax": lambda c: SoftmaxAttention(
+        c.d_model, c.n_heads, c.head_size, rope=c.rope, rope_base=c.rope_base
+    ),
+    "linear": lambda c: LinearAttention(
+        c.d_model, c.n_heads, feature_map="elu_plus_one", normalize=True, **_recurrent_kwargs(c)
+    ),
+    "taylor": lambda c: LinearAttention(
+        c.d_model,
+        c.n_heads,
+        key_dim=c.taylor_dim,
+        feature_map="taylor",
+        normalize=True,
+        **_recurrent_kwargs(c),
+    ),
+    "scalar_decay": lambda c: LinearAttention(
+        c.d_model, c.n_heads, feature_map="identity", decay="scalar", **_recurrent_kwargs(c)
+    ),
+    "gla": lambda c: LinearAttention(
+        c.d_model,
+        c.n_heads,
+        feature_map="identity",
+        decay="gla",
+        decay_rank=c.gate_rank,
+        **_recurrent_kwargs(c),
+    ),
+    "deltanet": lambda c: DeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
+    "gated_deltanet": lambda c: GatedDeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
+    "kda": lambda c: KimiDeltaAttention(c.d_model, c.n_heads, **_delta_kwargs(c)),
+}
+assert tuple(_BUILDERS) == MIXERS
+
+
+def build_mixer(name: str, config: LMConfig) -> TokenMixer:
+    """The token mixer called ``name`` (one of ``MIXERS``) with the sizes of ``config``."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown mixer {name!r}; choose from {MIXERS}")
+    return _BUILDERS[name](config)

@@ -1,0 +1,235 @@
+"""`linattn report`: one page with every check, table and figure, and the measured results."""
+
+import contextlib
+import html
+import io
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from linattn import cli
+from linattn.experiments import costs, report, table1, verify
+from linattn.experiments.report_page import markdown_to_html, render_html, render_markdown
+from linattn.figures import SPEC_FIGURES
+
+PIL = pytest.importorskip("PIL.Image")
+REPETITIONS = "3"  # a reduced Table 1 keeps the test fast; the default is the spec's 200
+
+
+def run_cli(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    bench, mqar = root / "bench.json", root / "mqar.jsonl"
+    bench.write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"name": "softmax", "T": 128, "seconds": 0.001},
+                    {"name": "softmax", "T": 256, "seconds": 0.004},
+                ]
+            }
+        )
+    )
+    mqar.write_text(
+        json.dumps({"mechanism": "deltanet", "state_numbers": 4096, "accuracy": 0.875}) + "\n"
+    )
+    out = root / "out"
+    status, stdout, stderr = run_cli(
+        [
+            "report",
+            "--out",
+            str(out),
+            "--bench",
+            str(bench),
+            "--mqar",
+            str(mqar),
+            "--table1-repetitions",
+            REPETITIONS,
+        ]
+    )
+    return out, status, stdout, stderr
+
+
+def printed(argv):
+    status, stdout, _ = run_cli(argv)
+    assert status == 0
+    return stdout.rstrip("\n")
+
+
+def test_status_and_last_line_is_the_page(built):
+    out, status, stdout, stderr = built
+    assert status == 0
+    assert stdout.splitlines()[-1] == str((out / "index.html").resolve())
+    assert "linattn report" in stderr  # the progress bar goes to stderr
+
+
+def test_files(built):
+    out = built[0]
+    for name in (
+        "index.html",
+        "report.md",
+        "numbers/attention-maps-numbers.tex",
+        "numbers/memory-numbers.tex",
+        "data/verify.json",
+        "data/table1.json",
+        "data/costs.json",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    names = [f.name for f in SPEC_FIGURES] + ["table1", "bench", "mqar"]
+    for name in names:
+        for suffix in ("png", "svg"):
+            assert (out / "figures" / f"{name}.{suffix}").stat().st_size > 0
+
+
+def test_every_image_of_the_page_exists_and_opens(built):
+    out = built[0]
+    page = (out / "index.html").read_text()
+    sources = re.findall(r'<img src="([^"]+)"', page)
+    assert len(sources) == len(SPEC_FIGURES) + 3
+    for source in sources:
+        with PIL.open(out / source) as image:
+            image.load()
+    for figure in SPEC_FIGURES:  # each figure with its caption
+        assert f"<b>Figure {figure.number}.</b>" in page
+
+
+def test_the_page_needs_no_network(built):
+    page = (built[0] / "index.html").read_text()
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    assert "<style>" in page
+
+
+def test_checks_are_what_verify_prints(built):
+    out = built[0]
+    text = printed(["verify"])
+    assert f"```text\n{text}\n```" in (out / "report.md").read_text()
+    page = (out / "index.html").read_text()
+    assert f"<pre>{html.escape(text)}</pre>" in page
+    assert page.count('<span class="pass">PASS</span>') == len(verify.run_checks())
+    assert json.loads((out / "data" / "verify.json").read_text())["passed"] is True
+
+
+def test_tables_are_what_table1_and_costs_print(built):
+    out = built[0]
+    markdown = (out / "report.md").read_text()
+    assert printed(["table1", "--repetitions", REPETITIONS]) in markdown
+    assert printed(["costs"]) in markdown
+    page = (out / "index.html").read_text()
+    assert markdown_to_html(printed(["costs"])) in page
+
+
+def test_results_are_gathered(built):
+    out = built[0]
+    page, markdown = (out / "index.html").read_text(), (out / "report.md").read_text()
+    assert "| softmax | 256 | 4.000 |" in markdown
+    assert "| deltanet | 4,096 | 0.875 | 1 |" in markdown
+    assert "No benchmark results" not in page and "No recall results" not in page
+
+
+def small_report(**changes):
+    rows = table1.compute_table1(ns=(8,), repetitions=2)
+    computed = costs.compute_costs()
+    checks = verify.figure5_checks()
+    fields = dict(
+        command="linattn report",
+        date="today",
+        environment={"Python": "3"},
+        checks=checks,
+        verify_text=verify.report(checks),
+        table1_rows=rows,
+        table1_text=table1.table1_markdown(rows),
+        costs=computed,
+        costs_text=costs.costs_markdown(computed),
+        bench_source="runs/bench.json",
+        mqar_source="runs/mqar.jsonl",
+    )
+    fields.update(changes)
+    return report.Report(**fields)
+
+
+def test_absent_results_are_said_so():
+    page, markdown = render_html(small_report()), render_markdown(small_report())
+    assert "No benchmark results at <code>runs/bench.json</code>" in page
+    assert "No recall results at <code>runs/mqar.jsonl</code>" in page
+    assert "No benchmark results at `runs/bench.json`" in markdown
+
+
+def test_a_failed_check_shows():
+    failing = verify.Check("made to fail", 1.0, 1e-12, False)
+    page = render_html(small_report(checks=[failing]))
+    assert "1 of 1 checks FAILED: made to fail" in page
+    assert '<span class="fail">FAIL</span>' in page
+
+
+def test_markdown_to_html_escapes():
+    assert markdown_to_html("a <b> & **c**") == "<p>a &lt;b&gt; &amp; <b>c</b></p>"
+    assert "<i>β_t = 1</i>" in markdown_to_html("$\\beta_t = 1$")
+
+
+def test_an_existing_report_is_not_overwritten(built):
+    out = built[0]
+    before = (out / "index.html").read_text()
+    status, stdout, stderr = run_cli(["report", "--out", str(out)])
+    assert status == 2 and stdout == ""
+    assert "already exists and is not empty; pass --force" in stderr
+    assert (out / "index.html").read_text() == before
+
+
+def test_force_and_empty_directories_are_accepted(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "old.txt").write_text("old")
+    assert report.prepare_out_dir(tmp_path / "full", force=True) == tmp_path / "full"
+    (tmp_path / "empty").mkdir()
+    assert report.prepare_out_dir(tmp_path / "empty", force=False) == tmp_path / "empty"
+    assert report.prepare_out_dir(tmp_path / "new" / "deep", force=False).is_dir()
+
+
+def test_a_file_is_not_a_report_directory(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    status, _, stderr = run_cli(["report", "--out", str(path)])
+    assert status == 2 and "exists and is not a directory" in stderr
+
+
+def test_an_unwritable_directory_gives_a_clear_error(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a directory should be")
+    status, _, stderr = run_cli(["report", "--out", str(blocker / "report")])
+    assert status == 2 and f"cannot write the report to {blocker / 'report'}" in stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only directory")
+def test_a_read_only_directory_gives_a_clear_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="cannot write the report to"):
+            report.prepare_out_dir(locked, force=False)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_without_matplotlib_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    status, _, stderr = run_cli(["report", "--out", str(tmp_path / "r")])
+    assert status == 2 and "pip install 'linattn[plot]'" in stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_defaults_are_the_spec_procedure():
+    parser = cli.build_parser()
+    args = parser.parse_args(["report"])
+    assert args.table1_repetitions == 200 and args.out == Path("report")
+    assert args.bench == Path("runs/bench.json") and args.mqar == Path("runs/mqar.jsonl")

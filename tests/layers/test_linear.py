@@ -1,0 +1,88 @@
+"""LinearAttention: feature maps, normaliser, decays, state layout, options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.layers import LinearAttention
+
+
+def test_taylor_features_give_the_taylor_polynomial_of_exp():
+    torch.manual_seed(0)
+    layer = LinearAttention(32, 2, key_dim=4, feature_map="taylor", normalize=True).double()
+    q, k = (
+        torch.randn(3, 5, 2, 4, dtype=torch.float64),
+        torch.randn(3, 5, 2, 4, dtype=torch.float64),
+    )
+    s = (q * k).sum(-1) / 2.0  # q^T k / sqrt(K), K = 4
+    torch.testing.assert_close((layer.phi(q) * layer.phi(k)).sum(-1), 1 + s + s**2 / 2)
+    assert layer.feature_dim() == 1 + 4 + 16
+    assert layer.memory_shape() == (21, 17)  # 21 features, V = 16 plus the normaliser column
+
+
+def test_favor_features_are_a_saved_buffer_and_estimate_the_softmax_kernel():
+    torch.manual_seed(2)
+    layer = LinearAttention(32, 2, feature_map="favor", normalize=True, num_features=4096).double()
+    assert layer.memory_shape() == (4096, 17)
+    assert "favor.W" in layer.state_dict()
+    # 400 pairs with moderate scores: FAVOR+ is unbiased, so estimate / exact averages to 1.
+    q = torch.randn(1, 200, 2, 16, dtype=torch.float64) / 2
+    k = torch.randn(1, 200, 2, 16, dtype=torch.float64) / 2
+    ratio = (layer.phi(q) * layer.phi(k)).sum(-1) / torch.exp((q * k).sum(-1) / 4.0)
+    assert abs(ratio.mean().item() - 1) < 0.01 and (ratio - 1).abs().median() < 0.05
+    y, state = layer(torch.randn(1, 5, 32, dtype=torch.float64), layer.new_state(1, torch.float64))
+    assert y.shape == (1, 5, 32) and state["S"].shape == (1, 2, 4096, 17)
+
+
+@pytest.mark.parametrize("feature_map", ["elu_plus_one", "relu", "taylor", "favor"])
+def test_every_feature_map_runs_with_a_state(feature_map):
+    torch.manual_seed(3)
+    layer = LinearAttention(32, 2, key_dim=4, feature_map=feature_map).double()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    whole, _ = layer(x)
+    state = layer.new_state(2, torch.float64)
+    first, state = layer(x[:, :4], state)
+    rest, state = layer(x[:, 4:], state)
+    torch.testing.assert_close(torch.cat([first, rest], 1), whole, rtol=0, atol=1e-12)
+
+
+def test_normalised_elu_layer_state_has_the_normaliser_column():
+    layer = LinearAttention(32, 2, feature_map="elu_plus_one", normalize=True)
+    state = layer.new_state(2, torch.float32)
+    assert state["S"].shape == (2, 2, 16, 17) and state["conv"].shape == (2, 2 * 48, 3)
+    torch.manual_seed(1)
+    _, state = layer(torch.randn(2, 6, 32), state)
+    # z = sum of phi(k) over the 6 tokens is positive (elu + 1 > 0): the last column of S.
+    assert (state["S"][..., -1] > 0).all()
+
+
+@pytest.mark.parametrize(("decay", "shape"), [("scalar", (2, 5, 2)), ("gla", (2, 5, 2, 16))])
+def test_decays_are_non_positive_log_gates(decay, shape):
+    layer = LinearAttention(32, 2, feature_map="identity", decay=decay)
+    g = layer.decay(torch.randn(2, 5, 32))
+    assert g.shape == shape and (g <= 0).all()
+
+
+def test_without_short_convolution_there_is_no_conv_state():
+    layer = LinearAttention(32, 2, feature_map="identity", decay="scalar", short_conv=False)
+    assert set(layer.new_state(1, torch.float32)) == {"S"}
+    y, state = layer(torch.randn(1, 3, 32), layer.new_state(1, torch.float32))
+    assert y.shape == (1, 3, 32) and set(state) == {"S"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(feature_map="cosine"), "feature_map must be one of"),
+        (dict(decay="vector"), "decay must be one of"),
+        (dict(feature_map="identity", normalize=True), "positive feature map"),
+        (dict(feature_map="taylor", decay="gla"), "per-channel decay"),
+        (dict(feature_map="favor", num_features=20, decay="channel"), "per-channel decay"),
+        (dict(key_dim=0), "key_dim must be an integer >= 1"),
+        (dict(chunk_size=0), "chunk_size must be an integer >= 1"),
+    ],
+)
+def test_bad_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LinearAttention(32, 2, **kwargs)

@@ -1,0 +1,59 @@
+"""LMConfig: validation with clear errors, round trip, fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+
+from linattn.models import MIXERS, LMConfig
+
+
+def test_defaults_and_derived_sizes():
+    config = LMConfig(vocab_size=100)
+    assert config.mixers == ("deltanet", "deltanet") and config.n_layers == 2
+    assert config.head_size == 64 and config.mlp_hidden == 512
+    assert LMConfig(vocab_size=10, d_model=48, n_heads=4, head_dim=8).head_size == 8
+
+
+def test_mixers_become_a_tuple_and_every_name_is_accepted():
+    config = LMConfig(vocab_size=10, mixers=list(MIXERS))
+    assert config.mixers == MIXERS
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(mixers=("kda", "mamba")), r"mixers\[1\] is 'mamba', an unknown mixer"),
+        (dict(mixers=()), "at least one mixer"),
+        (dict(mixers="kda"), "sequence of names"),
+        (dict(d_model=30, n_heads=4), r"d_model \(30\) must be divisible by n_heads \(4\)"),
+        (dict(vocab_size=0), "vocab_size must be an integer >= 1"),
+        (dict(n_heads=0), "n_heads must be an integer >= 1"),
+        (dict(head_dim=0), "head_dim must be an integer >= 1"),
+        (dict(chunk_size=0), "chunk_size must be an integer >= 1"),
+        (dict(max_seq_len=0), "max_seq_len must be an integer >= 1"),
+        (dict(mlp_ratio=0), "mlp_ratio must be > 0"),
+    ],
+)
+def test_bad_configs_name_the_problem(kwargs, message):
+    kwargs = dict(dict(vocab_size=10), **kwargs)
+    with pytest.raises(ValueError, match=message):
+        LMConfig(**kwargs)
+
+
+def test_dict_round_trip_and_fingerprint():
+    config = LMConfig(vocab_size=10, mixers=("kda", "softmax"), d_model=32)
+    assert LMConfig.from_dict(config.to_dict()) == config
+    assert config.fingerprint() == LMConfig.from_dict(config.to_dict()).fingerprint()
+    # Fields that shape the state change the fingerprint; the context limit does not.
+    assert (
+        config.fingerprint()
+        != LMConfig(vocab_size=10, mixers=("kda", "kda"), d_model=32).fingerprint()
+    )
+    assert (
+        config.fingerprint()
+        == LMConfig(
+            vocab_size=10, mixers=("kda", "softmax"), d_model=32, max_seq_len=99
+        ).fingerprint()
+    )
+    with pytest.raises(ValueError, match="unknown LMConfig fields"):
+        LMConfig.from_dict(dict(config.to_dict(), depth=3))
