@@ -27,7 +27,11 @@ from torch import Tensor
 from linattn.ops._chunk_terms import Terms
 
 NAMES = ("q", "k", "v", "beta", "g")
-GROUP_TOKENS = 1024  # tokens per group (all heads): the working set stays in the cache
+# Token-heads per group: 4 chunks of 64 tokens of 8 heads, about 0.5 MB per input in float32, so
+# that a group's working set stays in a core's L2 cache. Measured on this machine (one thread,
+# T = 16,384): 2,048 and 4,096 token-heads per group are as fast as each other and 10-30% faster
+# than 8,192-32,768.
+GROUP_ROWS = 2048
 
 
 def _gather(
@@ -71,17 +75,18 @@ def _scatter(dst: Tensor, y: Tensor, t0: int, t1: int) -> None:
         dst[:, :, t0 + full * C : t1] = src[full, :, :, :rem]
 
 
-def _groups(T: int, C: int):
+def _groups(T: int, C: int, P: int):
     """(first chunk, t0, t1, chunks) of each group of whole chunks covering T tokens."""
     n_chunks = -(-T // C)
-    per_group = _chunks_per_group(C)
+    per_group = _chunks_per_group(C, P)
     for c0 in range(0, n_chunks, per_group):
         n = min(per_group, n_chunks - c0)
         yield c0, c0 * C, min(T, (c0 + n) * C), n
 
 
-def _chunks_per_group(C: int) -> int:
-    return max(1, GROUP_TOKENS // C)
+def _chunks_per_group(C: int, P: int) -> int:
+    """Chunks per group for chunks of C tokens of P heads."""
+    return max(1, GROUP_ROWS // (C * P))
 
 
 class _Gatherer:
@@ -89,7 +94,7 @@ class _Gatherer:
 
     def __init__(self, tensors, C: int, scale: float) -> None:
         self.tensors, self.C, self.scale = tensors, C, scale
-        n = _chunks_per_group(C)
+        n = _chunks_per_group(C, tensors[0].shape[0] * tensors[0].shape[1])
         self.buffers = [
             None if x is None else x.new_empty(n, x.shape[0] * x.shape[1], C, *x.shape[3:])
             for x in tensors
@@ -115,7 +120,7 @@ class ChunkFunction(torch.autograd.Function):
         o = q.new_empty(B, H, T, V)
         S = S0.reshape(P, K, V)
         gather = _Gatherer((q, k, v, beta, g), C, scale)
-        for c0, t0, t1, n in _groups(T, C):
+        for c0, t0, t1, n in _groups(T, C, P):
             qg, kg, vg, bg, gg = gather(t0, t1, n)
             terms = Terms(qg, kg, vg, bg, gg)
             st = states[c0 : c0 + n]
@@ -144,7 +149,7 @@ class ChunkFunction(torch.autograd.Function):
         }
         dS = q.new_zeros(P, K, V) if d_S is None else d_S.reshape(P, K, V).clone()
         gather = _Gatherer((q, k, v, beta, g, d_o), C, scale)
-        for c0, t0, t1, n in reversed(list(_groups(T, C))):
+        for c0, t0, t1, n in reversed(list(_groups(T, C, P))):
             qg, kg, vg, bg, gg, dO = gather(t0, t1, n)
             terms = Terms(qg, kg, vg, bg, gg)
             st = states[c0 : c0 + n]  # [n, P, K, V]
