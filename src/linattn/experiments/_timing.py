@@ -27,15 +27,29 @@ import torch
 ROOF_SIZE = 2048  # n x n @ n x n float32: 2 n^3 operations, large enough to run at full rate
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]  # the clock of every timing; `linattn bench --clock cpu` switches it
+
+
+def use_clock(name: str) -> None:
+    """Time with wall-clock time ("wall") or with this process's CPU time ("cpu").
+
+    CPU time counts only the cycles this process ran, so on a machine shared with other jobs it
+    stays close to the time on an idle machine (for one thread; with several threads it adds them).
+    """
+    global clock
+    clock = CLOCKS[name]
+
+
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tuple[float, list]:
-    """Median wall time (s) of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs."""
+    """Median time (s, by ``clock``) of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     ordered = sorted(times)
     mid = len(ordered) // 2
     median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])

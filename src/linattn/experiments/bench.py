@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from linattn.experiments import _bench_cases as cases
-from linattn.experiments import _generation
+from linattn.experiments import _generation, _timing
 from linattn.experiments._args import int_list, positive_int
 from linattn.experiments._timing import (
     matmul_rate,
@@ -185,7 +185,8 @@ def bench_markdown(result: dict) -> str:
     lines = [
         f"**linattn bench** (float32, B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, "
         f"V = {cfg['V']}, chunk size {cfg['chunk_size']}, {result['machine']['threads']} threads; "
-        f"medians; matrix-product roof {result['roof_ops_per_s'] / 1e9:,.0f} GFLOP/s)",
+        f"medians of {cfg['clock']} time; matrix-product roof "
+        f"{result['roof_ops_per_s'] / 1e9:,.0f} GFLOP/s)",
         "",
         "| mechanism | form | T | fwd ms | fwd GFLOP/s | fwd eff. | fwd+bwd ms | fwd+bwd eff. | "
         "peak MiB fwd | peak MiB fwd+bwd | softmax / this (fwd) |",
@@ -303,6 +304,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--generation-K", type=positive_int, default=128, help="head dimension of the step")
     add("--generation-repeats", type=positive_int, default=50, help="timed steps (median)")
     add("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    add(
+        "--clock",
+        choices=sorted(_timing.CLOCKS),
+        default="wall",
+        help="wall: elapsed time; cpu: this process's CPU time (steadier on a shared machine)",
+    )
     add("--seed", type=int, default=0, help="seed of the random inputs")
     add("--out", type=Path, default=Path("runs/bench"), help="directory for bench.json/md/png")
     add("--json", action="store_true", help="print JSON instead of Markdown")
@@ -321,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark, write bench.json, bench.md and bench.png under --out, print the tables."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    _timing.use_clock(args.clock)
     result = compute_bench(args)
     result["config"]["out"] = str(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
