@@ -207,8 +207,10 @@ def _state_loop(terms: Terms, S: Tensor, states: Tensor) -> tuple[Tensor, Tensor
     for j in range(n):
         out = states[j + 1] if j + 1 < n else S_out
         torch.baddbmm(terms.U0[j], terms.W[j], states[j], alpha=-1, out=U[j])
-        decayed = states[j] if terms.D is None else terms.D[j] * states[j]
-        torch.baddbmm(decayed, KeT[j], U[j], out=out)
+        if terms.D is None:
+            torch.baddbmm(states[j], KeT[j], U[j], out=out)
+        else:
+            torch.mul(states[j], terms.D[j], out=out).baddbmm_(KeT[j], U[j])
     return U, S_out
 
 
