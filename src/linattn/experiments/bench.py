@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -133,6 +134,17 @@ def _memory(args, rows) -> None:
             rows[i][key] = value
 
 
+def _progress(row: dict) -> None:
+    """One line per timed row on stderr, so that a long run shows where it is."""
+    both = row.get("forward_backward_s")
+    print(
+        f"bench: {row['mechanism']} {row['mode']} T={row['T']}: forward {row['forward_s']:.4g} s"
+        + ("" if both is None else f", forward+backward {both:.4g} s"),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def compute_bench(args: argparse.Namespace) -> dict:
     """Every row of the benchmark (see the module docstring) and the generation table."""
     torch.manual_seed(args.seed)
@@ -147,6 +159,7 @@ def compute_bench(args: argparse.Namespace) -> dict:
             for T in args.T:
                 if T <= _max_T(args, mech, mode):
                     rows.append(_row(args, mech, mode, T, roofs[-1]))
+                    _progress(rows[-1])
     if args.memory and memory_supported():
         _memory(args, rows)
     softmax = {r["T"]: r for r in rows if r["mechanism"] == "softmax"}
@@ -289,12 +302,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--parallel-max-T", type=positive_int, default=1024, help="longest T of the parallel form")
     add("--recurrent-max-T", type=positive_int, default=1024, help="longest T, recurrent form")
     add("--softmax-max-T", type=positive_int, default=16384, help="longest T of softmax attention")
-    add("--repeats", type=positive_int, default=5, help="timed runs per configuration (median)")
+    add("--repeats", type=positive_int, default=3, help="timed runs per configuration (median)")
     add("--no-backward", action="store_true", help="time the forward pass only")
     add("--no-memory", dest="memory", action="store_false", help="skip the peak-memory child")
     add("--memory-min-T", type=positive_int, default=1, help="measure memory from this T on")
     add("--no-fla", dest="fla", action="store_false", help="skip the fla-core comparison")
-    add("--fla-max-T", type=positive_int, default=16384, help="longest T timed with fla-core")
+    add("--fla-max-T", type=positive_int, default=4096, help="longest T timed with fla-core")
     add(
         "--generation-t",
         type=lambda s: [] if s == "none" else int_list(s),
