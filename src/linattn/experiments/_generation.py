@@ -4,6 +4,8 @@ A recurrent step reads and writes a fixed state [B, H, K, V]; a softmax decoding
 whole KV cache of t tokens (section 9). Both are timed as the public calls a decoder makes: the
 recurrent form with T = 1 and an initial state, and PyTorch's scaled_dot_product_attention of one
 query over the cache (the append of the new key and value to a preallocated cache is not timed).
+The delta rule's step is also timed as its kernel alone (``recurrent.step`` on the internal
+layout): the public call adds its input checks and layout changes, a fixed cost per call.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 
 from linattn.experiments._timing import median_time
 from linattn.ops import delta_rule, linear_attention
+from linattn.ops.recurrent import step
 from linattn.reference.costs import (
     delta_state_numbers,
     delta_step_ops,
@@ -46,7 +49,12 @@ def step_times(H: int, K: int, repeats: int) -> dict[str, float]:
             repeats,
             warmup=3,
         )
-    return {"linear": linear, "delta": delta}
+        # The same step without the public call's checks and layout changes: ``recurrent.step``
+        # on the internal layout, as a decoder that keeps its state in that layout calls it.
+        qi, ki, vi = (x[:, 0].contiguous() for x in (q, k, v))  # [B, H, D]
+        b = beta[:, 0].contiguous()  # [B, H]
+        kernel, _ = median_time(lambda: step(S, qi, ki, vi, b, None), repeats, warmup=3)
+    return {"linear": linear, "delta": delta, "delta_kernel": kernel}
 
 
 def softmax_step_time(t: int, H: int, K: int, repeats: int) -> float:
@@ -76,6 +84,8 @@ def generation_rows(ts: list[int], H: int, K: int, repeats: int) -> list[dict]:
                 "softmax_step_s": softmax,
                 "linear_step_s": recurrent["linear"],
                 "delta_step_s": recurrent["delta"],
+                "delta_kernel_step_s": recurrent["delta_kernel"],
+                "softmax_over_delta_kernel": softmax / recurrent["delta_kernel"],
                 "softmax_over_linear": softmax / recurrent["linear"],
                 "softmax_over_delta": softmax / recurrent["delta"],
                 "softmax_step_ops": H * softmax_step_ops(t, K),
@@ -93,15 +103,16 @@ def generation_markdown(rows: list[dict]) -> str:
     lines = [
         f"**Generation step** (B = 1, H = {rows[0]['H']}, K = V = {rows[0]['K']}, float32; median)",
         "",
-        "| cache t | softmax step | linear step | delta step | softmax / delta | KV cache | "
-        "state | cache / state |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| cache t | softmax step | linear step | delta step | delta step (kernel) | "
+        "softmax / delta | softmax / kernel | KV cache | state | cache / state |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['t']:,} | {r['softmax_step_s'] * 1e6:,.0f} us | "
             f"{r['linear_step_s'] * 1e6:,.0f} us | {r['delta_step_s'] * 1e6:,.0f} us | "
-            f"{r['softmax_over_delta']:,.0f}x | {r['cache_bytes'] / 2**20:,.0f} MiB | "
+            f"{r['delta_kernel_step_s'] * 1e6:,.0f} us | {r['softmax_over_delta']:,.0f}x | "
+            f"{r['softmax_over_delta_kernel']:,.0f}x | {r['cache_bytes'] / 2**20:,.0f} MiB | "
             f"{r['state_bytes'] / 2**10:,.0f} KiB | {r['cache_bytes'] / r['state_bytes']:,.0f} |"
         )
     return "\n".join(lines)
