@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -129,9 +130,15 @@ def _memory(args, rows) -> None:
                 | {"backward": backward}
             )
             where.append((i, "forward_backward_peak_bytes" if backward else "forward_peak_bytes"))
-    if jobs:
-        for (i, key), value in zip(where, measure_memory_in_child(jobs), strict=True):
-            rows[i][key] = value
+    if not jobs:
+        return
+    try:
+        peaks = measure_memory_in_child(jobs, timeout=args.memory_timeout)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:  # keep the timings regardless
+        print(f"bench: peak memory not measured: {error}", file=sys.stderr)
+        return
+    for (i, key), value in zip(where, peaks, strict=True):
+        rows[i][key] = value
 
 
 def _progress(row: dict) -> None:
@@ -305,7 +312,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--repeats", type=positive_int, default=3, help="timed runs per configuration (median)")
     add("--no-backward", action="store_true", help="time the forward pass only")
     add("--no-memory", dest="memory", action="store_false", help="skip the peak-memory child")
-    add("--memory-min-T", type=positive_int, default=1, help="measure memory from this T on")
+    add("--memory-min-T", type=positive_int, default=16384, help="measure memory from this T on")
+    add("--memory-timeout", type=positive_int, default=3600, help="seconds for the memory child")
     add("--no-fla", dest="fla", action="store_false", help="skip the fla-core comparison")
     add("--fla-max-T", type=positive_int, default=4096, help="longest T timed with fla-core")
     add(
