@@ -12,6 +12,8 @@ from linattn.experiments import bench
 TINY = [
     "--clock",
     "cpu",
+    "--memory-min-T",
+    "1",
     "--T",
     "32,64",
     "--H",
