@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "report": "linattn.experiments.report",
     "mqar": "linattn.experiments.mqar.cli",
     "cp-bytes": "linattn.distributed.demo",
+    "bench": "linattn.experiments.bench",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops.chunk import chunk_forward
+from linattn.ops.chunk_function import chunk_function
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
 
@@ -28,13 +28,19 @@ def forward(
     g: Tensor | None,
     initial_state: Tensor | None,
     chunk_size: int,
+    scale: float,
 ) -> tuple[Tensor, Tensor]:
-    """One batch of equal-length sequences in the internal layout, in the chosen form."""
+    """One batch of equal-length sequences in the internal layout, in the chosen form.
+
+    The chunk form takes q unscaled and the scale (it folds the scale into its per-group copy of
+    q, which saves a whole-sequence copy); the other forms take q already scaled.
+    """
+    if mode == "chunk":
+        return chunk_function(q, k, v, beta, g, initial_state, chunk_size, scale)
+    q = q * scale
     if mode == "recurrent":
         return recurrent_forward(q, k, v, beta, g, initial_state)
-    if mode == "parallel":
-        return parallel_forward(q, k, v, beta, g, initial_state)
-    return chunk_forward(q, k, v, beta, g, initial_state, chunk_size)
+    return parallel_forward(q, k, v, beta, g, initial_state)
 
 
 def run(
@@ -56,8 +62,8 @@ def run(
     [B, T, H, K]; initial_state: [N, H, K, V] or None (N = B, or the number of packed sequences).
     """
     dtype = compute_dtype(q.dtype)
-    # [B, T, H, D] -> [B, H, T, D]; the scale is folded into q once.
-    q = q.to(dtype).transpose(1, 2) * scale
+    # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
+    q = q.to(dtype).transpose(1, 2)
     k = k.to(dtype).transpose(1, 2)
     v = v.to(dtype).transpose(1, 2)
     if beta is not None:
@@ -69,7 +75,7 @@ def run(
     if initial_state is not None:
         initial_state = initial_state.to(dtype)
     if cu_seqlens is None:
-        o, S = forward(mode, q, k, v, beta, g, initial_state, chunk_size)
+        o, S = forward(mode, q, k, v, beta, g, initial_state, chunk_size, scale)
         return o.transpose(1, 2), S
     # Packed sequences (B = 1): each runs alone from its own initial state.
     outputs, states = [], []
@@ -77,7 +83,7 @@ def run(
     for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         part = [None if x is None else x[:, :, start:end] for x in (q, k, v, beta, g)]
         S0 = None if initial_state is None else initial_state[n : n + 1]
-        o, S = forward(mode, *part, S0, chunk_size)
+        o, S = forward(mode, *part, S0, chunk_size, scale)
         outputs.append(o)
         states.append(S)
     return torch.cat(outputs, dim=2).transpose(1, 2), torch.cat(states, dim=0)

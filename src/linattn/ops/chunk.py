@@ -20,6 +20,10 @@ cumulative sum when there is neither decay nor a delta rule). No loop over token
 
 Internal layout: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None (additive rule); g None,
 [B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]; the scale is already folded into q.
+
+This is the reference engine: all blocks at once, plain autograd. It runs the parallel form (one
+block of T tokens) and is the cross-check of ``chunk_function``, which runs ``mode="chunk"`` with
+the same algebra in cache-sized groups of blocks and its own backward pass (memory linear in T).
 """
 
 from __future__ import annotations

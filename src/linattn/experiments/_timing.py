@@ -1,0 +1,110 @@
+"""Timing and memory measurement for `linattn bench`: medians, the matrix-product roof, peak RSS.
+
+Speed is reported as a ratio to the rate of one large float32 matrix product timed in the same
+process (the "roof"), so that a loaded or a faster machine moves both alike.
+
+Peak memory on the CPU: each configuration is measured in a child process started with glibc's
+``MALLOC_MMAP_THRESHOLD_=65536``, so that every tensor above 64 KiB is its own mapping and is
+returned to the system when freed (resident memory then follows live memory). Before each call the
+child resets the kernel's peak-RSS counter (``/proc/self/clear_refs``), and afterwards reads
+``VmHWM - VmRSS(before)``: the extra resident memory of the call at its peak, outputs and gradients
+included, inputs and the upstream gradient excluded (they exist before the call).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOF_SIZE = 2048  # n x n @ n x n float32: 2 n^3 operations, large enough to run at full rate
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]  # the clock of every timing; `linattn bench --clock cpu` switches it
+
+
+def use_clock(name: str) -> None:
+    """Time with wall-clock time ("wall") or with this process's CPU time ("cpu").
+
+    CPU time counts only the cycles this process ran, so on a machine shared with other jobs it
+    stays close to the time on an idle machine (for one thread; with several threads it adds them).
+    """
+    global clock
+    clock = CLOCKS[name]
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tuple[float, list]:
+    """Median time (s, by ``clock``) of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    ordered = sorted(times)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    return median, times
+
+
+def matmul_rate(n: int = ROOF_SIZE, repeats: int = 5) -> float:
+    """Operations per second of one n x n float32 matrix product into a reused output (median)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    seconds, _ = median_time(lambda: torch.mm(a, b, out=out), repeats)
+    return 2 * n**3 / seconds
+
+
+def _status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_extra_bytes(fn: Callable[[], object]) -> int:
+    """Peak resident memory of ``fn()`` above the resident memory before it, in bytes (Linux).
+
+    Meaningful in a process started with MALLOC_MMAP_THRESHOLD_ set (see the module docstring).
+    """
+    gc.collect()
+    before = _status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    result = fn()
+    peak = _status_kib("VmHWM")
+    del result
+    return max(0, peak - before) * 1024
+
+
+def memory_supported() -> bool:
+    """Whether this system lets a process read and reset its peak RSS (Linux /proc)."""
+    return Path("/proc/self/clear_refs").exists() and Path("/proc/self/status").exists()
+
+
+def measure_memory_in_child(jobs: list[dict], timeout: float = 1800) -> list[dict]:
+    """Run ``linattn.experiments._memory_child`` on ``jobs`` in a fresh process; its results."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536")
+    src = str(Path(__file__).resolve().parents[2])  # the directory that holds linattn/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "linattn.experiments._memory_child"],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"memory measurement failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

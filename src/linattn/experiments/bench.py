@@ -1,0 +1,361 @@
+"""Speed and memory of every mechanism and form on the CPU, as ratios measured in one run.
+
+For each mechanism (softmax, linear attention with and without decays, the delta rule, Gated
+DeltaNet, KDA), form and length T, on float32 inputs [B, T, H, D]: the median time of the forward
+pass and of forward plus backward, the section-9 operation count, the achieved rate, its
+*efficiency* (the rate over that of a large float32 matrix product timed in the same process), and
+the peak extra memory (measured in a child process). Then the generation step against a softmax
+decoding step over a KV cache, and, when fla-core is importable, our chunk forms against its
+pure-PyTorch chunked references. Writes bench.json, bench.md and bench.png (log-log time vs T).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from linattn.experiments import _bench_cases as cases
+from linattn.experiments import _generation, _timing
+from linattn.experiments._args import int_list, positive_int
+from linattn.experiments._timing import (
+    matmul_rate,
+    measure_memory_in_child,
+    median_time,
+    memory_supported,
+)
+
+MODES = ("chunk", "parallel", "recurrent")
+SLOW_CALL_S = 1.0  # a call slower than this is repeated at most 3 times
+
+
+def _time_call(mech, inputs, mode, C, backward, repeats, d_o=None) -> float:
+    """Median seconds of the forward (no autograd graph) or of forward + backward."""
+    if backward:
+        for x in inputs.values():
+            x.requires_grad_(True)
+
+        def fn():
+            for x in inputs.values():
+                x.grad = None
+            cases.call(mech, inputs, mode, C).backward(d_o)
+
+    else:
+
+        def fn():
+            with torch.no_grad():
+                cases.call(mech, inputs, mode, C)
+
+    first, _ = median_time(fn, 1, warmup=0)  # the warm-up run, timed to choose the repeats
+    n = repeats if first < SLOW_CALL_S else min(repeats, 3)
+    seconds, _ = median_time(fn, n, warmup=0)
+    for x in inputs.values():
+        x.requires_grad_(False)
+        x.grad = None
+    return seconds
+
+
+def _time_fla(mech, inputs, C, repeats) -> tuple[float, float] | None:
+    """(median seconds, max |o_ours - o_fla|) of the fla-core reference, or None."""
+    ref = cases.fla_reference(mech)
+    if ref is None:
+        return None
+    prepared = cases.prepare_fla(inputs)
+    with torch.no_grad():
+        theirs = ref(prepared, C)
+        ours = cases.call(mech, inputs, "chunk", C)
+        seconds, _ = median_time(lambda: ref(prepared, C), repeats, warmup=0)
+    return seconds, float((theirs.float() - ours).abs().max())
+
+
+def _max_T(args, mech, mode) -> int:
+    """The longest T timed for this mechanism and form (quadratic forms are capped)."""
+    if mech.family == "softmax":
+        return args.softmax_max_T
+    return {"chunk": max(args.T), "parallel": args.parallel_max_T}.get(mode, args.recurrent_max_T)
+
+
+def _row(args, mech, mode, T, roof) -> dict:
+    """Time one (mechanism, form, T); the memory and fla columns are filled in later."""
+    B, H, K, V, C = args.B, args.H, args.K, args.V, args.chunk_size
+    inputs = cases.make_inputs(mech, B, T, H, K, V, seed=args.seed)
+    d_o = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(args.seed + 1))
+    ops = cases.forward_ops(mech, B, T, H, K, V, C if mode == "chunk" else T)
+    fwd = _time_call(mech, inputs, mode, C, False, args.repeats)
+    row = {
+        "mechanism": mech.name,
+        "mode": mode,
+        "T": T,
+        "B": B,
+        "H": H,
+        "K": K,
+        "V": V,
+        "chunk_size": C,
+        "forward_ops": ops,
+        "forward_s": fwd,
+        "roof_ops_per_s": roof,
+        "forward_rate": ops / fwd,
+        "forward_efficiency": ops / fwd / roof,
+    }
+    if not args.no_backward:
+        both = _time_call(mech, inputs, mode, C, True, args.repeats, d_o)
+        both_ops = cases.BACKWARD_FACTOR * ops
+        row.update(
+            backward_ops=both_ops,
+            forward_backward_s=both,
+            forward_backward_rate=both_ops / both,
+            forward_backward_efficiency=both_ops / both / roof,
+        )
+    if args.fla and mode == "chunk" and T <= args.fla_max_T:
+        fla = _time_fla(mech, inputs, C, min(args.repeats, 3))
+        if fla is not None:
+            row.update(fla_forward_s=fla[0], fla_max_abs_diff=fla[1], fla_speedup=fla[0] / fwd)
+    return row
+
+
+def _memory(args, rows) -> None:
+    """Fill peak extra memory (forward; forward + backward) for the chunk and softmax rows."""
+    jobs, where = [], []
+    for i, r in enumerate(rows):
+        if r["mode"] != "chunk" or r["T"] < args.memory_min_T:
+            continue
+        for backward in (False, True) if not args.no_backward else (False,):
+            jobs.append(
+                {k: r[k] for k in ("mechanism", "B", "T", "H", "K", "V", "mode", "chunk_size")}
+                | {"backward": backward}
+            )
+            where.append((i, "forward_backward_peak_bytes" if backward else "forward_peak_bytes"))
+    if not jobs:
+        return
+    try:
+        peaks = measure_memory_in_child(jobs, timeout=args.memory_timeout)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:  # keep the timings regardless
+        print(f"bench: peak memory not measured: {error}", file=sys.stderr)
+        return
+    for (i, key), value in zip(where, peaks, strict=True):
+        rows[i][key] = value
+
+
+def _progress(row: dict) -> None:
+    """One line per timed row on stderr, so that a long run shows where it is."""
+    both = row.get("forward_backward_s")
+    print(
+        f"bench: {row['mechanism']} {row['mode']} T={row['T']}: forward {row['forward_s']:.4g} s"
+        + ("" if both is None else f", forward+backward {both:.4g} s"),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def compute_bench(args: argparse.Namespace) -> dict:
+    """Every row of the benchmark (see the module docstring) and the generation table."""
+    torch.manual_seed(args.seed)
+    roofs = []
+    rows = []
+    for name in args.mechanisms:
+        mech = cases.BY_NAME[name]
+        # Re-measured per mechanism: the load of a shared machine drifts.
+        roofs.append(matmul_rate())
+        modes = ("chunk",) if mech.family == "softmax" else args.modes
+        for mode in modes:
+            for T in args.T:
+                if T <= _max_T(args, mech, mode):
+                    rows.append(_row(args, mech, mode, T, roofs[-1]))
+                    _progress(rows[-1])
+    if args.memory and memory_supported():
+        _memory(args, rows)
+    softmax = {r["T"]: r for r in rows if r["mechanism"] == "softmax"}
+    for r in rows:
+        if r["T"] in softmax and r["mechanism"] != "softmax":
+            r["softmax_over_this_forward"] = softmax[r["T"]]["forward_s"] / r["forward_s"]
+    generation = []
+    if args.generation_t:
+        generation = _generation.generation_rows(
+            args.generation_t, args.H, args.generation_K, args.generation_repeats
+        )
+    return {
+        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "roof_ops_per_s": sorted(roofs)[len(roofs) // 2],
+        "rows": rows,
+        "generation": generation,
+    }
+
+
+def _ms(s: float | None) -> str:
+    return "" if s is None else f"{s * 1e3:,.1f}"
+
+
+def _mib(b: int | None) -> str:
+    return "" if b is None else f"{b / 2**20:,.0f}"
+
+
+def bench_markdown(result: dict) -> str:
+    """The benchmark as Markdown tables."""
+    cfg = result["config"]
+    lines = [
+        f"**linattn bench** (float32, B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, "
+        f"V = {cfg['V']}, chunk size {cfg['chunk_size']}, {result['machine']['threads']} threads; "
+        f"medians of {cfg['clock']} time; matrix-product roof "
+        f"{result['roof_ops_per_s'] / 1e9:,.0f} GFLOP/s)",
+        "",
+        "| mechanism | form | T | fwd ms | fwd GFLOP/s | fwd eff. | fwd+bwd ms | fwd+bwd eff. | "
+        "peak MiB fwd | peak MiB fwd+bwd | softmax / this (fwd) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        ratio = r.get("softmax_over_this_forward")
+        lines.append(
+            f"| {r['mechanism']} | {r['mode']} | {r['T']:,} | {_ms(r['forward_s'])} | "
+            f"{r['forward_rate'] / 1e9:,.1f} | {r['forward_efficiency']:.2f} | "
+            f"{_ms(r.get('forward_backward_s'))} | "
+            + (f"{r['forward_backward_efficiency']:.2f}" if "forward_backward_s" in r else "")
+            + f" | {_mib(r.get('forward_peak_bytes'))}"
+            + f" | {_mib(r.get('forward_backward_peak_bytes'))}"
+            + f" | {'' if ratio is None else f'{ratio:,.2f}'} |"
+        )
+    fla = [r for r in result["rows"] if "fla_forward_s" in r]
+    if fla:
+        lines += [
+            "",
+            "**Against fla-core's pure-PyTorch chunked references** (forward, same inputs)",
+            "",
+            "| mechanism | T | ours ms | fla ms | speed-up | max abs diff |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in fla:
+            lines.append(
+                f"| {r['mechanism']} | {r['T']:,} | {_ms(r['forward_s'])} | "
+                f"{_ms(r['fla_forward_s'])} | {r['fla_speedup']:,.1f}x | "
+                f"{r['fla_max_abs_diff']:.1e} |"
+            )
+    if result["generation"]:
+        lines += ["", _generation.generation_markdown(result["generation"])]
+    return "\n".join(lines)
+
+
+def bench_plot(result: dict, path: Path) -> bool:
+    """Log-log time against T of every mechanism's chunk form and of softmax; False without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name in dict.fromkeys(r["mechanism"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["mechanism"] == name and r["mode"] == "chunk"]
+        if not rows:
+            continue
+        Ts = [r["T"] for r in rows]
+        style = {"color": "black", "linewidth": 2.5} if name == "softmax" else {}
+        (line,) = ax.plot(Ts, [r["forward_s"] for r in rows], "o-", label=f"{name} fwd", **style)
+        if all("forward_backward_s" in r for r in rows):
+            ax.plot(
+                Ts,
+                [r["forward_backward_s"] for r in rows],
+                "s--",
+                color=line.get_color(),
+                alpha=0.6,
+                label=f"{name} fwd+bwd",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel("median time (s)")
+    cfg = result["config"]
+    ax.set_title(f"float32 CPU, B={cfg['B']}, H={cfg['H']}, K=V={cfg['K']}: chunk forms vs softmax")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``linattn bench``."""
+    names = [m.name for m in cases.MECHANISMS]
+    add = parser.add_argument
+    add("--T", type=int_list, default=[1024, 4096, 16384, 65536], help="sequence lengths")
+    add("--B", type=positive_int, default=1, help="batch size")
+    add("--H", type=positive_int, default=8, help="heads")
+    add("--K", type=positive_int, default=64, help="key dimension")
+    add("--V", type=positive_int, default=64, help="value dimension")
+    add("--chunk-size", type=positive_int, default=64, help="chunk size C of the chunk form")
+    add(
+        "--mechanisms",
+        type=lambda s: _choices(s, names),
+        default=names,
+        help=f"comma-separated subset of {','.join(names)}",
+    )
+    add(
+        "--modes",
+        type=lambda s: _choices(s, MODES),
+        default=list(MODES),
+        help="forms to time: chunk,parallel,recurrent",
+    )
+    add("--parallel-max-T", type=positive_int, default=1024, help="longest T of the parallel form")
+    add("--recurrent-max-T", type=positive_int, default=1024, help="longest T, recurrent form")
+    add("--softmax-max-T", type=positive_int, default=16384, help="longest T of softmax attention")
+    add("--repeats", type=positive_int, default=3, help="timed runs per configuration (median)")
+    add("--no-backward", action="store_true", help="time the forward pass only")
+    add("--no-memory", dest="memory", action="store_false", help="skip the peak-memory child")
+    add("--memory-min-T", type=positive_int, default=16384, help="measure memory from this T on")
+    add("--memory-timeout", type=positive_int, default=3600, help="seconds for the memory child")
+    add("--no-fla", dest="fla", action="store_false", help="skip the fla-core comparison")
+    add("--fla-max-T", type=positive_int, default=4096, help="longest T timed with fla-core")
+    add(
+        "--generation-t",
+        type=lambda s: [] if s == "none" else int_list(s),
+        default=[1024, 16384, 131072],
+        help="KV-cache lengths of the generation step ('none')",
+    )
+    add("--generation-K", type=positive_int, default=128, help="head dimension of the step")
+    add("--generation-repeats", type=positive_int, default=50, help="timed steps (median)")
+    add("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    add(
+        "--clock",
+        choices=sorted(_timing.CLOCKS),
+        default="wall",
+        help="wall: elapsed time; cpu: this process's CPU time (steadier on a shared machine)",
+    )
+    add("--seed", type=int, default=0, help="seed of the random inputs")
+    add("--out", type=Path, default=Path("runs/bench"), help="directory for bench.json/md/png")
+    add("--json", action="store_true", help="print JSON instead of Markdown")
+
+
+def _choices(text: str, allowed) -> list[str]:
+    """A comma-separated subset of ``allowed``."""
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [c for c in chosen if c not in allowed]
+    if bad or not chosen:
+        raise argparse.ArgumentTypeError(f"expected a subset of {','.join(allowed)}, got {text!r}")
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, write bench.json, bench.md and bench.png under --out, print the tables."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _timing.use_clock(args.clock)
+    result = compute_bench(args)
+    result["config"]["out"] = str(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = bench_markdown(result)
+    (args.out / "bench.json").write_text(json.dumps(result, indent=2))
+    (args.out / "bench.md").write_text(text + "\n")
+    bench_plot(result, args.out / "bench.png")
+    print(json.dumps(result, indent=2) if args.json else text)
+    return 0

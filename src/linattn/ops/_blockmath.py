@@ -1,0 +1,145 @@
+"""Batched block algebra of the fast chunk form: decayed masked products and the unit-lower inverse.
+
+Blocks are laid out ``[..., C, D]`` with a cumulative log-gate ``G: [..., C, 1]`` (scalar decay)
+or ``[..., C, K]`` (per channel), or ``None`` (no decay). Every exponent evaluated is <= 0 (spec
+section 8 with decay; DESIGN.md): the decay between tokens j <= i is exp(G_i - G_j), never
+exp(G_i) * exp(-G_j).
+
+Per-channel decay cannot leave the sum over channels, so the masked product
+``A_ij = sum_c a_ic b_jc exp(G_ic - G_jc)`` is built by halving: a block of 2s tokens is two halves;
+its lower-left s x s quadrant is one matrix product with the reference index r = the first row of
+the lower half (``a_i exp(G_i - G_r)`` for i >= r, ``b_j exp(G_r - G_j)`` for j < r: both exponents
+<= 0), and the two diagonal halves recurse. All quadrants of one size are one batched product, so
+a block of C tokens takes log2(C) batched products and no token loop.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _pad_pow2(x: Tensor, C2: int, value_last: bool = False) -> Tensor:
+    """Pad the token axis (-2) of ``x`` to C2 rows: zeros, or copies of the last row."""
+    C = x.shape[-2]
+    if C == C2:
+        return x
+    if value_last:
+        fill = x[..., -1:, :].expand(*x.shape[:-2], C2 - C, x.shape[-1])
+    else:
+        fill = x.new_zeros(*x.shape[:-2], C2 - C, x.shape[-1])
+    return torch.cat([x, fill], dim=-2)
+
+
+def _quadrants(X: Tensor, s: int) -> Tensor:
+    """The lower-left s x s quadrants of the 2s x 2s diagonal blocks of X [..., C, C] (a view).
+
+    Returns [..., C / (2s), s, s].
+    """
+    C = X.shape[-1]
+    m = C // (2 * s)
+    blocks = X.unflatten(-1, (m, 2 * s)).unflatten(-3, (m, 2 * s))  # [..., m, 2s, m, 2s]
+    diag = blocks.diagonal(dim1=-4, dim2=-2)  # [..., 2s, 2s, m]
+    return diag.movedim(-1, -3)[..., s:, :s]  # [..., m, s, s]
+
+
+def _halves(x: Tensor, s: int) -> tuple[Tensor, Tensor]:
+    """Lower and upper halves of the 2s-token blocks of x [..., C, D]: each [..., C/(2s), s, D]."""
+    v = x.unflatten(-2, (x.shape[-2] // (2 * s), 2, s))  # [..., m, 2, s, D]
+    return v[..., 1, :, :], v[..., 0, :, :]
+
+
+SMALL = 4  # quadrants up to this size are products of broadcast vectors, not tiny matmuls
+
+
+def _quadrant_product(a: Tensor, b: Tensor, s: int) -> Tensor:
+    """a [..., s, K] times b [..., s, K] transposed: [..., s, s]."""
+    if s <= SMALL:  # batched matmuls of 1 x K x 1 blocks cost more than the arithmetic
+        return (a.unsqueeze(-2) * b.unsqueeze(-3)).sum(-1)
+    return a @ b.transpose(-1, -2)
+
+
+class ChannelProducts:
+    """A_p = sum_c a_p,ic b_jc exp(G_ic - G_jc) for several left factors a_p and one right b.
+
+    A_p is causal (j <= i), or strictly causal (j < i) where ``strict[p]``. All tensors are
+    [..., C, K]. The exponentials and the scaled right factor of each halving level are shared by
+    the products (A_qk and A_kk of the delta rule have the same k on the right) and kept for the
+    backward pass.
+    """
+
+    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor, strict: list[bool]) -> None:
+        self.C, self.strict = b.shape[-2], strict
+        C2 = 1 << max(0, (self.C - 1).bit_length())  # next power of two
+        self.lefts = [_pad_pow2(a, C2) for a in lefts]
+        self.b = _pad_pow2(b, C2)
+        G = _pad_pow2(G, C2, value_last=True)  # g = 0 on padding: G stays, exponents stay <= 0
+        self.levels = []
+        As = [b.new_zeros(*self.b.shape[:-1], C2) for _ in lefts]
+        s = 1
+        while s < C2:
+            G_low, G_up = _halves(G, s)
+            ref = G_low[..., :1, :]  # [..., m, 1, K]: the first row of the lower half
+            e_low = torch.exp(G_low - ref)  # exponents <= 0 (rows at or after r)
+            b_s = _halves(self.b, s)[1] * torch.exp(ref - G_up)  # exponents <= 0 (rows before r)
+            a_s = [_halves(a, s)[0] * e_low for a in self.lefts]
+            for A, a in zip(As, a_s, strict=True):
+                _quadrants(A, s).copy_(_quadrant_product(a, b_s, s))
+            self.levels.append((s, e_low, torch.exp(ref - G_up), a_s, b_s))
+            s *= 2
+        for A, a, st in zip(As, self.lefts, strict, strict=True):
+            if not st:
+                A.diagonal(dim1=-2, dim2=-1).copy_((a * self.b).sum(-1))
+        self.As = [A[..., : self.C, : self.C] for A in As]
+
+    def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """([da_p], db) for upstream gradients dA_p [..., C, C] (only the causal parts count)."""
+        pad = self.b.shape[-2] - self.C
+        dAs = [torch.nn.functional.pad(dA, (0, pad, 0, pad)) if pad else dA for dA in dAs]
+        das = [torch.zeros_like(a) for a in self.lefts]
+        db = torch.zeros_like(self.b)
+        for s, e_low, e_up, a_s, b_s in self.levels:
+            _, db_up = _halves(db, s)
+            db_s = 0
+            for dA, da, a in zip(dAs, das, a_s, strict=True):
+                dQ = _quadrants(dA, s)  # [..., m, s, s]
+                if s <= SMALL:
+                    _halves(da, s)[0].add_((dQ.unsqueeze(-1) * b_s.unsqueeze(-3)).sum(-2) * e_low)
+                    db_s = db_s + (dQ.unsqueeze(-1) * a.unsqueeze(-2)).sum(-3)
+                else:
+                    _halves(da, s)[0].add_((dQ @ b_s) * e_low)
+                    db_s = db_s + dQ.transpose(-1, -2) @ a
+            db_up.add_(db_s * e_up)
+        for dA, da, a, st in zip(dAs, das, self.lefts, self.strict, strict=True):
+            if not st:
+                diag = dA.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
+                da.add_(diag * self.b)
+                db.add_(diag * a)
+        return [da[..., : self.C, :] for da in das], db[..., : self.C, :]
+
+
+def causal_mask(C: int, strict: bool, like: Tensor) -> Tensor:
+    """Boolean [C, C]: True where j <= i (j < i if strict)."""
+    ones = torch.ones(C, C, dtype=torch.bool, device=like.device)
+    return torch.tril(ones, -1 if strict else 0)
+
+
+def scalar_decay(G: Tensor) -> Tensor:
+    """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> [..., C, C].
+
+    The exponent is cut to 0 above the diagonal before the exponential (``tril_``), so none is
+    evaluated above 0, and the result is cut to 0 there after it.
+    """
+    return torch.sub(G, G.transpose(-1, -2)).tril_().exp_().tril_()
+
+
+def unit_lower_inverse(A: Tensor) -> Tensor:
+    """(I + L)^{-1} for unit-lower-triangular A [..., C, C]: one batched triangular solve.
+
+    The explicit inverse serves twice: W and U0 are one product with it, and the backward pass
+    needs its transpose (dR = A^{-T} dX). Measured on this CPU, a batched solve against the
+    identity costs about one product of the same blocks; the doubling of blocks (two batched
+    products per level) and a row-by-row substitution both cost more.
+    """
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
+    return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)

@@ -1,0 +1,144 @@
+"""The state-independent terms of a group of chunks, and their gradients (spec sections 5.1, 8).
+
+A group is n chunks of C tokens of all P = B H heads, laid out ``[n, P, C, D]`` (so that chunk j of
+every head, ``x[j]``, is one contiguous batch for the state loop). With G the cumulative log-gate
+inside each chunk (``[n, P, C, 1|K]``, or None without decay), for a chunk with incoming state S:
+
+    Qd = q * exp(G)            Kd = k * exp(G)            Ke = k * exp(G_C - G)     D = exp(G_C)
+    A_qk = decayed tril(q k^T) (j <= i)      A_kk = decayed tril(k k^T) (j < i)
+    delta rule:  Ainv = (I + diag(beta) A_kk)^{-1},  W = Ainv (beta * Kd),  U0 = Ainv (beta * v)
+    linear attention:  W = 0, U0 = v
+    U = U0 - W S;   o = Qd S + A_qk U;   S_next = D * S + Ke^T U
+
+Every exponent is <= 0 (G_C - G_i >= ... is a sum of the later gates, g <= 0).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._blockmath import ChannelProducts, scalar_decay, unit_lower_inverse
+
+
+class Products:
+    """Decayed causal products of several left factors by one right factor, with gradients.
+
+    A_p[i, j] = sum_c a_p,ic b_jc exp(G_ic - G_jc) for j <= i (j < i where ``strict[p]``), else 0:
+    A_qk (a = q) and A_kk (a = k, strict) share b = k and the decay. G: None, [..., C, 1] or
+    [..., C, K].
+    """
+
+    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor | None, strict: list[bool]):
+        self.lefts, self.b, self.strict = lefts, b, strict
+        self.channel = self.decay = None
+        if G is not None and G.shape[-1] > 1:
+            self.channel = ChannelProducts(lefts, b, G, strict)
+            self.As = self.channel.As
+            return
+        if G is not None:
+            self.decay = scalar_decay(G)  # [..., C, C], zero above the diagonal
+        self.As = []
+        for a, st in zip(lefts, strict, strict=True):
+            P = a @ b.transpose(-1, -2)  # [..., C, C]
+            if self.decay is not None:
+                P.mul_(self.decay)  # zero above the diagonal
+            self.As.append(P.tril_(-1) if st else P if self.decay is not None else P.tril_())
+
+    def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """([da_p], db) for the upstream gradients dA_p (only their causal parts are used)."""
+        if self.channel is not None:
+            return self.channel.backward(dAs)
+        das, db = [], 0
+        for dA, a, st in zip(dAs, self.lefts, self.strict, strict=True):
+            dP = dA.tril(-1 if st else 0) if self.decay is None else dA * self.decay
+            if st and self.decay is not None:
+                dP.tril_(-1)
+            das.append(dP @ self.b)
+            db = db + dP.transpose(-1, -2) @ a
+        return das, db
+
+
+class Terms:
+    """All state-independent terms of one group (see the module docstring)."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
+        self.q, self.k, self.v, self.beta = q, k, v, beta
+        if g is None:
+            self.G = self.eG = self.eEnd = self.D = None
+            self.Qd, self.Kd, self.Ke = q, k, k
+        else:
+            self.G = torch.cumsum(g, dim=-2)  # [n, P, C, 1|K]
+            G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
+            self.eG = torch.exp(self.G)  # exp(G_i) <= 1
+            self.eEnd = torch.exp(G_end - self.G)  # exp(G_C - G_i) <= 1
+            self.D = torch.exp(G_end).transpose(-1, -2)  # [n, P, 1|K, 1]: scales the rows of S
+            self.Qd, self.Kd, self.Ke = q * self.eG, k * self.eG, k * self.eEnd
+        delta = beta is not None
+        self.products = Products([q, k] if delta else [q], k, self.G, [False, True][: 1 + delta])
+        self.A_qk = self.products.As[0]  # [n, P, C, C]
+        if not delta:
+            self.W, self.U0 = None, v
+            return
+        self.A_kk = self.products.As[1]  # [n, P, C, C], strictly lower
+        b = beta.unsqueeze(-1)  # [n, P, C, 1]
+        A = self.A_kk.mul(b)
+        A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+        self.Ainv = unit_lower_inverse(A)  # [n, P, C, C]
+        # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
+        K = k.shape[-1]
+        R = k.new_empty(*k.shape[:-1], K + v.shape[-1])
+        torch.mul(self.Kd, b, out=R[..., :K])
+        torch.mul(v, b, out=R[..., K:])
+        self.X = self.Ainv @ R  # [n, P, C, K + V]
+        self.W, self.U0 = self.X[..., :K], self.X[..., K:]
+
+    def gradients(
+        self, dQd: Tensor, dA_qk: Tensor, dKe: Tensor, dD: Tensor | None, dW, dU0: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+        """(dq, dk, dv, dbeta, dg) from the gradients of Qd, A_qk, Ke, D (rows), W and U0.
+
+        dD: [n, P, 1|K, 1] or None. dW is None for linear attention (then dU0 = dv).
+        """
+        dbeta = dKd = None
+        if self.W is None:
+            (dq,), dk = self.products.backward([dA_qk])
+            dv = dU0
+        else:
+            # X = Ainv R with R = beta * [Kd, v]: dR = Ainv^T dX, dA = -dR X^T (strictly lower).
+            dR = self.Ainv.transpose(-1, -2) @ torch.cat([dW, dU0], dim=-1)  # [n, P, C, K + V]
+            dA = -(dR @ self.X.transpose(-1, -2))
+            K = self.k.shape[-1]
+            dR_k, dR_v = dR[..., :K], dR[..., K:]
+            b = self.beta.unsqueeze(-1)
+            dKd = b * dR_k
+            dv = b * dR_v
+            # A = I + diag(beta) A_kk: dbeta from both the rows of L and the right-hand side.
+            dbeta = (dA * self.A_kk).sum(-1) + (dR_k * self.Kd).sum(-1) + (dR_v * self.v).sum(-1)
+            (dq, dk_left), dk = self.products.backward([dA_qk, dA.mul_(b)])
+        # The decay inside the products: dG = sum_p a_p * da_p - b * db (see ``Products``).
+        dG = None if self.G is None else self.q * dq - self.k * dk
+        if self.W is not None:
+            if dG is not None:
+                dG.add_(self.k * dk_left)
+            dk = dk + dk_left
+        if self.G is None:
+            dq = dq + dQd
+            dk = dk + dKe + (dKd if dKd is not None else 0)
+            return dq, dk, dv, dbeta, None
+        # The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C).
+        dq = dq + dQd * self.eG
+        dk = dk + dKe * self.eEnd
+        dG = dG + dQd * self.Qd - dKe * self.Ke
+        if dKd is not None:
+            dk = dk + dKd * self.eG
+            dG = dG + dKd * self.Kd
+        dG_end = (dKe * self.Ke).sum(-2, keepdim=True)  # [n, P, 1, K]
+        if self.G.shape[-1] == 1:  # scalar decay: one gate per token, shared by the channels
+            dG, dG_end = dG.sum(-1, keepdim=True), dG_end.sum(-1, keepdim=True)
+        if dD is not None:
+            dG_end = dG_end + (dD * self.D).transpose(-1, -2)  # [n, P, 1, 1|K]
+        dG[..., -1:, :] += dG_end
+        # G = cumsum(g): dg_i = sum_{l >= i} dG_l (a reversed cumulative sum inside the chunk).
+        dg = torch.flip(torch.cumsum(torch.flip(dG, dims=(-2,)), dim=-2), dims=(-2,))
+        return dq, dk, dv, dbeta, dg

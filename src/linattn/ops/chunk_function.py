@@ -1,0 +1,258 @@
+"""The chunk form as one autograd function: groups of chunks, memory linear in T (spec 5.1, 8).
+
+The sequence is processed in groups of chunks sized to stay in the cache (``GROUP_TOKENS`` tokens
+of all heads). Within a group, every state-independent term (gates, masks, the UT transform's
+inverse, W, U0; ``_chunk_terms.Terms``) is computed for all its chunks at once in batched products;
+only the state recurrence loops over chunks, two small batched products per chunk:
+
+    U_j = U0_j - W_j S_j;    S_{j+1} = D_j * S_j + Ke_j^T U_j       (delta rule)
+    S_{j+1} = D_j * S_j + Ke_j^T v_j                                 (linear attention: one
+                                                                       batched product, then a sum)
+
+then the outputs of the group are two batched products, ``o = Qd S + A_qk U``. The forward pass
+saves only the inputs and the state entering each chunk (T / C states of K x V per head); the
+backward pass recomputes each group's terms from them and runs the state gradient backwards:
+
+    dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j * dS_{j+1} + Qd_j^T dO_j - W_j^T dU_j
+
+Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None; g None,
+[B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]. The scale multiplies q inside.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._chunk_terms import Terms
+
+NAMES = ("q", "k", "v", "beta", "g")
+# Token-heads per group: 4 chunks of 64 tokens of 8 heads, about 0.5 MB per input in float32, so
+# that a group's working set stays in a core's L2 cache. Measured on this machine (one thread,
+# T = 16,384): 2,048 and 4,096 token-heads per group are as fast as each other and 10-30% faster
+# than 8,192-32,768.
+GROUP_ROWS = 2048
+
+
+def _gather(
+    x: Tensor | None, t0: int, t1: int, n: int, C: int, out: Tensor | None = None, scale=None
+) -> Tensor | None:
+    """Tokens [t0, t1) of x [B, H, T, ...] as chunks [n, B * H, C, ...], zero-padded to n C.
+
+    One strided copy (times ``scale`` if given) into ``out`` (a reused buffer) when given.
+    """
+    if x is None:
+        return None
+    B, H, tail = x.shape[0], x.shape[1], x.shape[3:]
+    if out is None:
+        out = x.new_empty(n, B * H, C, *tail)
+    dst = out[:n].view(n, B, H, C, *tail)
+    full, rem = divmod(t1 - t0, C)
+    # [B, H, full C, ...] -> [B, H, full, C, ...] -> [full, B, H, C, ...]
+    src = x[:, :, t0 : t0 + full * C].unflatten(2, (full, C)).movedim(2, 0)
+    if scale is None:
+        dst[:full].copy_(src)
+    else:
+        torch.mul(src, scale, out=dst[:full])
+    if rem:
+        last = dst[full]
+        last.zero_()
+        last[:, :, :rem] = (
+            x[:, :, t0 + full * C : t1] if scale is None else x[:, :, t0 + full * C : t1] * scale
+        )
+    return out[:n]
+
+
+def _scatter(dst: Tensor, y: Tensor, t0: int, t1: int) -> None:
+    """Write chunks y [n, B * H, C, ...] into tokens [t0, t1) of dst [B, H, T, ...]."""
+    B, H, tail = dst.shape[0], dst.shape[1], dst.shape[3:]
+    n, C = y.shape[0], y.shape[2]
+    src = y.view(n, B, H, C, *tail)
+    full, rem = divmod(t1 - t0, C)
+    # [B, H, full C, ...] -> [full, B, H, C, ...], written in one strided copy
+    dst[:, :, t0 : t0 + full * C].unflatten(2, (full, C)).movedim(2, 0).copy_(src[:full])
+    if rem:
+        dst[:, :, t0 + full * C : t1] = src[full, :, :, :rem]
+
+
+def _groups(T: int, C: int, P: int):
+    """(first chunk, t0, t1, chunks) of each group of whole chunks covering T tokens."""
+    n_chunks = -(-T // C)
+    per_group = _chunks_per_group(C, P)
+    for c0 in range(0, n_chunks, per_group):
+        n = min(per_group, n_chunks - c0)
+        yield c0, c0 * C, min(T, (c0 + n) * C), n
+
+
+def _chunks_per_group(C: int, P: int) -> int:
+    """Chunks per group for chunks of C tokens of P heads."""
+    return max(1, GROUP_ROWS // (C * P))
+
+
+class _Gatherer:
+    """Reused group buffers for q (scaled), k, v, beta, g: one strided copy each per group."""
+
+    def __init__(self, tensors, C: int, scale: float) -> None:
+        self.tensors, self.C, self.scale = tensors, C, scale
+        n = _chunks_per_group(C, tensors[0].shape[0] * tensors[0].shape[1])
+        self.buffers = [
+            None if x is None else x.new_empty(n, x.shape[0] * x.shape[1], C, *x.shape[3:])
+            for x in tensors
+        ]
+
+    def __call__(self, t0: int, t1: int, n: int):
+        return tuple(
+            _gather(x, t0, t1, n, self.C, buf, self.scale if i == 0 else None)
+            for i, (x, buf) in enumerate(zip(self.tensors, self.buffers, strict=True))
+        )
+
+
+class ChunkFunction(torch.autograd.Function):
+    """o, S_final = chunk form of ``S_t = A_t S_{t-1} + k_t w_t^T`` (DESIGN.md's table)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, S0, scale: float, C: int):
+        B, H, T, K = k.shape
+        V = v.shape[-1]
+        P = B * H
+        n_chunks = -(-T // C)
+        states = q.new_empty(n_chunks, P, K, V)  # the state entering every chunk
+        o = q.new_empty(B, H, T, V)
+        S = S0.reshape(P, K, V)
+        gather = _Gatherer((q, k, v, beta, g), C, scale)
+        for c0, t0, t1, n in _groups(T, C, P):
+            qg, kg, vg, bg, gg = gather(t0, t1, n)
+            terms = Terms(qg, kg, vg, bg, gg)
+            st = states[c0 : c0 + n]
+            U, S = _state_loop(terms, S, st)
+            og = torch.baddbmm(
+                (terms.A_qk @ U).flatten(0, 1),
+                terms.Qd.flatten(0, 1),
+                st.flatten(0, 1),
+            )  # [n P, C, V]
+            _scatter(o, og.view(n, P, C, V), t0, t1)
+        ctx.save_for_backward(q, k, v, beta, g, states)
+        ctx.scale, ctx.C = scale, C
+        return o, S.view(B, H, K, V)
+
+    @staticmethod
+    def backward(ctx, d_o, d_S):
+        q, k, v, beta, g, states = ctx.saved_tensors
+        scale, C = ctx.scale, ctx.C
+        B, H, T, K = k.shape
+        V = v.shape[-1]
+        P = B * H
+        inputs = (q, k, v, beta, g)
+        grads = {
+            name: torch.empty_like(x) if x is not None and needed else None
+            for name, x, needed in zip(NAMES, inputs, ctx.needs_input_grad[:5], strict=True)
+        }
+        dS = q.new_zeros(P, K, V) if d_S is None else d_S.reshape(P, K, V).clone()
+        gather = _Gatherer((q, k, v, beta, g, d_o), C, scale)
+        for c0, t0, t1, n in reversed(list(_groups(T, C, P))):
+            qg, kg, vg, bg, gg, dO = gather(t0, t1, n)
+            terms = Terms(qg, kg, vg, bg, gg)
+            st = states[c0 : c0 + n]  # [n, P, K, V]
+            U = (
+                vg
+                if terms.W is None
+                else torch.baddbmm(
+                    terms.U0.flatten(0, 1), terms.W.flatten(0, 1), st.flatten(0, 1), alpha=-1
+                ).view(n, P, C, V)
+            )
+            dS_next = q.new_empty(n, P, K, V)  # gradient of the state leaving each chunk
+            dU, dS = _state_loop_backward(terms, dO, dS, dS_next)
+            dQd = dO @ st.transpose(-1, -2)  # [n, P, C, K]
+            dA_qk = dO @ U.transpose(-1, -2)  # [n, P, C, C]
+            dKe = U @ dS_next.transpose(-1, -2)  # [n, P, C, K]
+            dD = None
+            if terms.D is not None:
+                dD = (dS_next * st).sum(-1, keepdim=True)  # [n, P, K, 1]
+                if terms.D.shape[-2] == 1:
+                    dD = dD.sum(-2, keepdim=True)
+            dW = None if terms.W is None else -(dU @ st.transpose(-1, -2))
+            dq, dk, dv, dbeta, dg = terms.gradients(dQd, dA_qk, dKe, dD, dW, dU)
+            dq.mul_(scale)
+            for name, value in zip(NAMES, (dq, dk, dv, dbeta, dg), strict=True):
+                if grads[name] is not None:
+                    _scatter(grads[name], value, t0, t1)
+        dS0 = dS.view(B, H, K, V)
+        return grads["q"], grads["k"], grads["v"], grads["beta"], grads["g"], dS0, None, None
+
+
+def _state_loop(terms: Terms, S: Tensor, states: Tensor) -> tuple[Tensor, Tensor]:
+    """States entering each chunk of the group (into ``states`` [n, P, K, V]), starting from S.
+
+    The only sequential step. Delta rule: U_j = U0_j - W_j S_j, S_{j+1} = D_j S_j + Ke_j^T U_j,
+    two small batched products per chunk (the affine form S_{j+1} = M_j S_j + N_j would need one,
+    but M = D - Ke^T W costs one more product per chunk: measured, no faster on one thread).
+    Linear attention: S_{j+1} = D_j S_j + N_j with N = Ke^T v one batched product, so the loop
+    is a row scaling and a sum. Returns U (the pseudo-values; v for linear attention) and the
+    state leaving the group.
+    """
+    n = states.shape[0]
+    KeT = terms.Ke.transpose(-1, -2)  # [n, P, K, C]
+    states[0] = S
+    S_out = torch.empty_like(S)
+    if terms.W is None:
+        N = KeT @ terms.v  # [n, P, K, V]
+        for j in range(n):
+            out = states[j + 1] if j + 1 < n else S_out
+            if terms.D is None:
+                torch.add(N[j], states[j], out=out)
+            else:
+                torch.addcmul(N[j], terms.D[j], states[j], out=out)
+        return terms.v, S_out
+    U = torch.empty_like(terms.U0)
+    for j in range(n):
+        out = states[j + 1] if j + 1 < n else S_out
+        torch.baddbmm(terms.U0[j], terms.W[j], states[j], alpha=-1, out=U[j])
+        if terms.D is None:
+            torch.baddbmm(states[j], KeT[j], U[j], out=out)
+        else:
+            torch.mul(states[j], terms.D[j], out=out).baddbmm_(KeT[j], U[j])
+    return U, S_out
+
+
+def _state_loop_backward(
+    terms: Terms, dO: Tensor, dS: Tensor, dS_next: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Run the state gradient backwards through the group; fill ``dS_next`` [n, P, K, V] (the
+    gradient of the state leaving each chunk); return dU and the gradient of the entering state.
+
+    dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j dS_{j+1} + Qd_j^T dO_j - W_j^T dU_j.
+    """
+    n = dO.shape[0]
+    dU = terms.A_qk.transpose(-1, -2) @ dO  # [n, P, C, V]: the part that does not need dS
+    dS_local = terms.Qd.transpose(-1, -2) @ dO  # [n, P, K, V]
+    dS_next[n - 1] = dS
+    dS_in = torch.empty_like(dS)
+    for j in range(n - 1, -1, -1):
+        out = dS_next[j - 1] if j > 0 else dS_in
+        dS_j = dS_next[j]
+        if terms.W is not None:
+            dU[j].baddbmm_(terms.Ke[j], dS_j)
+            dS_local[j].baddbmm_(terms.W[j].transpose(-1, -2), dU[j], alpha=-1)
+        if terms.D is None:
+            torch.add(dS_local[j], dS_j, out=out)
+        else:
+            torch.addcmul(dS_local[j], terms.D[j], dS_j, out=out)
+    if terms.W is None:
+        dU.add_(terms.Ke @ dS_next)
+    return dU, dS_in
+
+
+def chunk_function(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+    chunk_size: int,
+    scale: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """The chunk form (internal layout, see the module docstring); o [B, H, T, V], final state."""
+    B, H, T, K = k.shape
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
+    return ChunkFunction.apply(q, k, v, beta, g, S0, float(scale), min(chunk_size, T))

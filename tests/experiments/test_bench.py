@@ -1,0 +1,115 @@
+"""`linattn bench`: the structure of its output on a tiny configuration (never its timings)."""
+
+import json
+
+import pytest
+import torch
+
+from linattn import cli
+from linattn.experiments import _bench_cases as cases
+from linattn.experiments import bench
+
+TINY = [
+    "--clock",
+    "cpu",
+    "--memory-min-T",
+    "1",
+    "--T",
+    "32,64",
+    "--H",
+    "2",
+    "--K",
+    "8",
+    "--V",
+    "8",
+    "--chunk-size",
+    "16",
+    "--repeats",
+    "1",
+]
+
+
+def test_tiny_run_writes_json_markdown_and_plot(tmp_path, capsys):
+    args = TINY + [
+        "--mechanisms",
+        "softmax,linear,delta",
+        "--modes",
+        "chunk,recurrent",
+        "--generation-t",
+        "16,32",
+        "--generation-K",
+        "8",
+        "--generation-repeats",
+        "1",
+        "--no-fla",
+        "--out",
+        str(tmp_path),
+    ]
+    assert cli.main(["bench", *args]) == 0
+    out = capsys.readouterr().out
+    assert "| mechanism | form | T |" in out and "**Generation step**" in out
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert (tmp_path / "bench.md").read_text().strip() == out.strip()
+    rows = result["rows"]
+    keys = {(r["mechanism"], r["mode"], r["T"]) for r in rows}
+    assert keys == {("softmax", "chunk", 32), ("softmax", "chunk", 64)} | {
+        (m, mode, T)
+        for m in ("linear", "delta")
+        for mode in ("chunk", "recurrent")
+        for T in (32, 64)
+    }
+    for r in rows:
+        assert r["forward_s"] > 0 and r["forward_backward_s"] > 0
+        assert r["forward_efficiency"] == pytest.approx(r["forward_rate"] / r["roof_ops_per_s"])
+        assert r["backward_ops"] == cases.BACKWARD_FACTOR * r["forward_ops"]
+        if r["mode"] == "chunk":  # peak memory is measured for the chunk forms and softmax
+            assert r["forward_peak_bytes"] >= 0 and r["forward_backward_peak_bytes"] >= 0
+    assert [g["t"] for g in result["generation"]] == [16, 32]
+    assert result["generation"][0]["cache_bytes"] == 4 * 2 * 16 * 8 * 2  # 2 t d per head, float32
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_operation_counts_follow_section_9():
+    from linattn.reference.costs import delta_training_ops, linear_training_ops
+
+    for name, count in (
+        ("linear", linear_training_ops),
+        ("gla", linear_training_ops),
+        ("delta", delta_training_ops),
+        ("kda", delta_training_ops),
+    ):
+        mech = cases.BY_NAME[name]
+        assert cases.forward_ops(mech, 2, 128, 3, 16, 16, 32) == 2 * 3 * count(128, 16, 16, 32)
+    assert cases.forward_ops(cases.BY_NAME["softmax"], 1, 128, 2, 16, 16, 32) == 2 * 4 * 128**2 * 16
+
+
+def test_inputs_are_in_the_ops_ranges():
+    for mech in cases.MECHANISMS:
+        x = cases.make_inputs(mech, 1, 16, 2, 8, 8)
+        assert x["q"].dtype == torch.float32 and x["v"].shape == (1, 16, 2, 8)
+        if "beta" in x:
+            assert bool(((x["beta"] >= 0) & (x["beta"] <= 2)).all())
+        if "g" in x:
+            assert bool((x["g"] <= 0).all())
+
+
+def test_fla_comparison_when_installed():
+    mech = cases.BY_NAME["delta"]
+    if cases.fla_reference(mech) is None:
+        pytest.skip("fla-core is not installed")
+    x = cases.make_inputs(mech, 1, 64, 2, 16, 16)
+    ours = cases.call(mech, x, "chunk", 16)
+    theirs = cases.fla_reference(mech)(cases.prepare_fla(x), 16)
+    torch.testing.assert_close(theirs.float(), ours, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_options_exit_2(capsys):
+    with pytest.raises(SystemExit) as error:
+        cli.main(["bench", "--mechanisms", "nope"])
+    assert error.value.code == 2
+    assert "expected a subset" in capsys.readouterr().err
+    assert bench._choices("chunk,parallel", bench.MODES) == ["chunk", "parallel"]
