@@ -112,14 +112,15 @@ def block_states(terms: BlockTerms, S0: Tensor) -> tuple[Tensor, Tensor]:
         totals = torch.cumsum(terms.N, dim=2)  # [B, H, N, K, V]
         states = torch.cat([torch.zeros_like(totals[:, :, :1]), totals[:, :, :-1]], dim=2)
         return S0.unsqueeze(2) + states, S0 + totals[:, :, -1]
+    # unbind, not M[:, :, n]: each indexing's backward would allocate a zero tensor of the
+    # full size, making the backward quadratic in the number of blocks.
+    maps = terms.M if terms.M is not None else terms.M_diag
+    apply = torch.matmul if terms.M is not None else torch.mul
     states = []
     S = S0
-    for n in range(terms.N.shape[2]):
+    for M_n, N_n in zip(maps.unbind(2), terms.N.unbind(2), strict=True):
         states.append(S)
-        if terms.M is not None:
-            S = terms.M[:, :, n] @ S + terms.N[:, :, n]
-        else:
-            S = terms.M_diag[:, :, n] * S + terms.N[:, :, n]
+        S = apply(M_n, S) + N_n
     return torch.stack(states, dim=2), S
 
 
