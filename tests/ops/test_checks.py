@@ -101,3 +101,16 @@ def test_checks_run_before_work(x, monkeypatch):
         delta(x, beta=x["beta"] + 3)
     with pytest.raises(ValueError, match="mode"):
         lin(x, mode="fused")
+
+
+def test_all_finite_settles_an_overflowing_sum_entry_by_entry():
+    """Finite entries whose sum overflows are finite; a NaN or an Inf anywhere is not."""
+    from linattn.ops._checks import all_finite
+
+    huge = torch.full((4, 1000), 3e38, dtype=torch.float32)
+    assert not torch.isfinite(huge.sum())
+    assert all_finite(huge)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        x = torch.randn(4, 1000)
+        x[2, 517] = bad
+        assert not all_finite(x)

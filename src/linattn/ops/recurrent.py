@@ -32,9 +32,14 @@ def step(
     if beta_t is None:
         u_t = v_t
     else:
-        u_t = beta_t.unsqueeze(-1) * (v_t - torch.einsum("bhkv,bhk->bhv", S, k_t))
-    S = S + k_t.unsqueeze(-1) * u_t.unsqueeze(-2)  # rank-one write k_t u_t^T
-    return torch.einsum("bhkv,bhk->bhv", S, q_t), S
+        u_t = beta_t.unsqueeze(-1) * (v_t - read(S, k_t))
+    S = torch.addcmul(S, k_t.unsqueeze(-1), u_t.unsqueeze(-2))  # rank-one write k_t u_t^T
+    return read(S, q_t), S
+
+
+def read(S: Tensor, x: Tensor) -> Tensor:
+    """S^T x for every batch and head: S [B, H, K, V], x [B, H, K] -> [B, H, V]."""
+    return (x.unsqueeze(-2) @ S).squeeze(-2)  # [B, H, 1, K] @ [B, H, K, V]
 
 
 def recurrent_forward(
