@@ -232,4 +232,4 @@ def test_defaults_are_the_spec_procedure():
     parser = cli.build_parser()
     args = parser.parse_args(["report"])
     assert args.table1_repetitions == 200 and args.out == Path("report")
-    assert args.bench == Path("runs/bench.json") and args.mqar == Path("runs/mqar.jsonl")
+    assert args.bench == Path("runs/bench/bench.json") and args.mqar == Path("runs/mqar.jsonl")

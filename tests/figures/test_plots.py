@@ -117,3 +117,18 @@ def test_bad_mqar_file(tmp_path, line, message):
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=message):
         plots.load_mqar(path)
+
+
+def test_load_bench_reads_what_linattn_bench_writes(tmp_path):
+    """The bench command's own file (``rows`` with mechanism, mode, T, forward_s) is read as is."""
+    import json
+
+    from linattn.figures import plots
+
+    rows = [
+        {"mechanism": "delta", "mode": "chunk", "T": T, "forward_s": 0.001 * T} for T in (64, 128)
+    ]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"config": {"B": 1}, "rows": rows}))
+    data = plots.load_bench(path)
+    assert plots.bench_series(data) == {"delta, chunk": [(64.0, 0.064), (128.0, 0.128)]}

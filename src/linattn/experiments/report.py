@@ -2,9 +2,10 @@
 
 Runs what ``linattn verify``, ``linattn table1`` and ``linattn costs`` print (the same functions,
 the same text), draws the spec's nine figures and the Table 1 plot, writes the appendix's numbers
-files, gathers the benchmark (``runs/bench.json``, from ``linattn bench``) and the recall sweep
-(``runs/mqar.jsonl``, from ``linattn mqar``) when they exist, and writes ``DIR/index.html`` (one
-self-contained page, the figures beside it, nothing fetched from the network) and ``DIR/report.md``.
+files, gathers the benchmark (``runs/bench/bench.json``, from ``linattn bench``) and the recall
+sweep (``runs/mqar.jsonl``, from ``linattn mqar``) when they exist, and writes
+``DIR/index.html`` (one self-contained page, the figures beside it, nothing fetched from the
+network) and ``DIR/report.md``.
 
 An existing, non-empty DIR is not overwritten without ``--force``. The last line printed is the path
 of ``DIR/index.html``; the exit status is 1 if a check fails (the report is written all the same).
@@ -197,8 +198,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bench",
         type=Path,
-        default=Path("runs/bench.json"),
-        help="benchmark results to include when present (default: runs/bench.json)",
+        default=Path("runs/bench/bench.json"),
+        help="benchmark results to include when present (default: runs/bench/bench.json, which "
+        "linattn bench writes)",
     )
     parser.add_argument(
         "--mqar",

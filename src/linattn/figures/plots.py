@@ -11,7 +11,10 @@ their formats are documented in ``load_bench`` and ``load_mqar``, which check th
                   ...optional: "method", "mode", "peak_bytes", "repeats"}, ...]}
 
 ``name`` labels a series (when missing, "method" and "mode" make one); ``seconds`` is the time of
-one forward pass (the median of the repeats). ``runs/mqar.jsonl`` (one JSON object per line)::
+one forward pass (the median of the repeats). The file that ``linattn bench`` writes
+(``runs/bench/bench.json``: ``{"config", "machine", "rows": [{"mechanism", "mode", "T",
+"forward_s", ...}], ...}``) is read too: each row becomes ``{"name": "mechanism, mode", "T",
+"seconds": forward_s}``. ``runs/mqar.jsonl`` (one JSON object per line)::
 
     {"mechanism": "deltanet", "state_numbers": 8192, "accuracy": 0.97,
      ...optional: "preset", "d_model", "seed", ...}
@@ -82,6 +85,8 @@ def load_bench(path: Path | str) -> dict | None:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if isinstance(data, dict) and "results" not in data and isinstance(data.get("rows"), list):
+        data = {"meta": data.get("config", {}), "results": _bench_rows(data["rows"])}
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list) or not results:
         raise ValueError(f"{path}: expected an object with a non-empty list 'results'")
@@ -95,6 +100,16 @@ def load_bench(path: Path | str) -> dict | None:
         if "name" not in row and "method" not in row:
             raise ValueError(f"{path}: results[{index}] needs a 'name' (or a 'method')")
     return data
+
+
+def _bench_rows(rows: list) -> list:
+    """``linattn bench``'s rows as the results above: one forward pass per (mechanism, mode, T)."""
+    return [
+        {"name": f"{row['mechanism']}, {row['mode']}", "T": row["T"], "seconds": row["forward_s"]}
+        if isinstance(row, dict) and {"mechanism", "mode", "T", "forward_s"} <= row.keys()
+        else row
+        for row in rows
+    ]
 
 
 def bench_series(data: dict) -> dict[str, list[tuple[float, float]]]:
