@@ -44,9 +44,11 @@ what fits the 15-minute budget; it is far from the literature's budget (Zoology 
 and its models stay on the MQAR plateau (accuracy near chance). Longer single runs (batch 32,
 a 3000-step cosine): DeltaNet d=64 left the plateau between steps 250 and 750 (held-out accuracy
 0.011, 0.200, 0.762, 0.896 at 250/500/750/1000); with a 1200-step cosine it did not (0.019).
-Softmax attention (no short convolution in front of it, unlike Zoology's models) and elu+1 linear
-attention settle at ~1/16 (they learn that the answer is one of the 16 values in the context, not
-which); Gated DeltaNet was still at 0.012 after 1000 steps.
+Softmax attention (no short convolution in front of it, unlike Zoology's models; 0.054 after 1865
+steps) and elu+1 linear attention (0.059 after 3000) settle at ~1/16: they learn that the answer is
+one of the 16 values in the context, not which. Gated DeltaNet stayed at chance (0.011 after 3000
+steps); a suspect, not verified: its Mamba-2 decay initialisation (per-token log-decay A*dt up to
+1.6) forgets the context before the queries arrive.
 """
 
 from __future__ import annotations
