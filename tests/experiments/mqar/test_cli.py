@@ -47,6 +47,7 @@ def test_smoke_preset_end_to_end(tmp_path, capsys) -> None:
         (["--seq-len", "17", "--vocab-size", "64"], "seq_len must be even"),
         (["--widths", "15"], "not divisible by n_heads"),
         (["--steps", "0"], "steps must be >= 1"),
+        (["--batch-size", "0"], "batch_size must be >= 1"),
         (["--lr", "-1"], "lrs must be"),
     ],
 )

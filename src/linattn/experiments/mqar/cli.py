@@ -38,6 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"subset of: {', '.join(MECHANISMS)} (default: all)")  # fmt: skip
     parser.add_argument("--widths", nargs="+", type=int, metavar="D", help="model widths d_model")
     parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's)")
+    parser.add_argument("--batch-size", type=int, help="sequences per step (default: preset's)")
     parser.add_argument("--seq-len", type=int, help="sequence length T (even; default: preset's)")
     parser.add_argument("--n-kv", type=int, help="key-value pairs per sequence (<= T/4)")
     parser.add_argument("--vocab-size", type=int, help="vocabulary size V (> T)")
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None:
         train_overrides["steps"] = args.steps
         train_overrides["warmup_steps"] = min(preset.train.warmup_steps, max(args.steps // 10, 0))
+    if args.batch_size is not None:
+        train_overrides["batch_size"] = args.batch_size
     if args.seed is not None:
         train_overrides["seed"] = args.seed
     task_overrides = {
