@@ -77,7 +77,9 @@ class Terms:
             self.eG = torch.exp(self.G)  # exp(G_i) <= 1
             self.eEnd = torch.exp(G_end - self.G)  # exp(G_C - G_i) <= 1
             self.D = torch.exp(G_end).transpose(-1, -2)  # [n, P, 1|K, 1]: scales the rows of S
-            self.Qd, self.Kd, self.Ke = q * self.eG, k * self.eG, k * self.eEnd
+            self.Qd, self.Ke = q * self.eG, k * self.eEnd
+            # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
+            self.Kd = None if beta is None else k * self.eG
         delta = beta is not None
         self.products = Products([q, k] if delta else [q], k, self.G, [False, True][: 1 + delta])
         self.A_qk = self.products.As[0]  # [n, P, C, C]
