@@ -81,11 +81,12 @@ class ChannelProducts:
             G_low, G_up = _halves(G, s)
             ref = G_low[..., :1, :]  # [..., m, 1, K]: the first row of the lower half
             e_low = torch.exp(G_low - ref)  # exponents <= 0 (rows at or after r)
-            b_s = _halves(self.b, s)[1] * torch.exp(ref - G_up)  # exponents <= 0 (rows before r)
+            e_up = torch.exp(ref - G_up)  # exponents <= 0 (rows before r); once per level
+            b_s = _halves(self.b, s)[1] * e_up
             a_s = [_halves(a, s)[0] * e_low for a in self.lefts]
             for A, a in zip(As, a_s, strict=True):
                 _quadrants(A, s).copy_(_quadrant_product(a, b_s, s))
-            self.levels.append((s, e_low, torch.exp(ref - G_up), a_s, b_s))
+            self.levels.append((s, e_low, e_up, a_s, b_s))
             s *= 2
         for A, a, st in zip(As, self.lefts, strict, strict=True):
             if not st:

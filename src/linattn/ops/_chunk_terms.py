@@ -49,13 +49,17 @@ class Products:
         """([da_p], db) for the upstream gradients dA_p (only their causal parts are used)."""
         if self.channel is not None:
             return self.channel.backward(dAs)
-        das, db = [], 0
+        das, db = [], None
         for dA, a, st in zip(dAs, self.lefts, self.strict, strict=True):
             dP = dA.tril(-1 if st else 0) if self.decay is None else dA * self.decay
             if st and self.decay is not None:
                 dP.tril_(-1)
             das.append(dP @ self.b)
-            db = db + dP.transpose(-1, -2) @ a
+            # The first product starts db (no pass adding it to a zero); later ones add in place.
+            if db is None:
+                db = dP.transpose(-1, -2) @ a
+            else:
+                db.add_(dP.transpose(-1, -2) @ a)
         return das, db
 
 
@@ -73,7 +77,9 @@ class Terms:
             self.eG = torch.exp(self.G)  # exp(G_i) <= 1
             self.eEnd = torch.exp(G_end - self.G)  # exp(G_C - G_i) <= 1
             self.D = torch.exp(G_end).transpose(-1, -2)  # [n, P, 1|K, 1]: scales the rows of S
-            self.Qd, self.Kd, self.Ke = q * self.eG, k * self.eG, k * self.eEnd
+            self.Qd, self.Ke = q * self.eG, k * self.eEnd
+            # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
+            self.Kd = None if beta is None else k * self.eG
         delta = beta is not None
         self.products = Products([q, k] if delta else [q], k, self.G, [False, True][: 1 + delta])
         self.A_qk = self.products.As[0]  # [n, P, C, C]
@@ -123,8 +129,11 @@ class Terms:
                 dG.add_(self.k * dk_left)
             dk = dk + dk_left
         if self.G is None:
-            dq = dq + dQd
-            dk = dk + dKe + (dKd if dKd is not None else 0)
+            # dq and dk are fresh products here: accumulate in place (no new tensors).
+            dq.add_(dQd)
+            dk.add_(dKe)
+            if dKd is not None:
+                dk.add_(dKd)
             return dq, dk, dv, dbeta, None
         # The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C).
         dq = dq + dQd * self.eG

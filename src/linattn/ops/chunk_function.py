@@ -116,14 +116,21 @@ class ChunkFunction(torch.autograd.Function):
         V = v.shape[-1]
         P = B * H
         n_chunks = -(-T // C)
-        states = q.new_empty(n_chunks, P, K, V)  # the state entering every chunk
+        # The state entering every chunk is kept for the backward pass only; without one (no
+        # input needs a gradient, e.g. under no_grad) a group-sized buffer is reused, which
+        # spares a fresh T / C x K x V allocation (its page faults) and keeps the states in cache.
+        keep = any(ctx.needs_input_grad)
+        if keep:
+            states = q.new_empty(n_chunks, P, K, V)
+        else:
+            group_states = q.new_empty(_chunks_per_group(C, P), P, K, V)
         o = q.new_empty(B, H, T, V)
         S = S0.reshape(P, K, V)
         gather = _Gatherer((q, k, v, beta, g), C, scale)
         for c0, t0, t1, n in _groups(T, C, P):
             qg, kg, vg, bg, gg = gather(t0, t1, n)
             terms = Terms(qg, kg, vg, bg, gg)
-            st = states[c0 : c0 + n]
+            st = states[c0 : c0 + n] if keep else group_states[:n]  # [n, P, K, V]
             U, S = _state_loop(terms, S, st)
             og = torch.baddbmm(
                 (terms.A_qk @ U).flatten(0, 1),
@@ -131,7 +138,8 @@ class ChunkFunction(torch.autograd.Function):
                 st.flatten(0, 1),
             )  # [n P, C, V]
             _scatter(o, og.view(n, P, C, V), t0, t1)
-        ctx.save_for_backward(q, k, v, beta, g, states)
+        if keep:
+            ctx.save_for_backward(q, k, v, beta, g, states)
         ctx.scale, ctx.C = scale, C
         return o, S.view(B, H, K, V)
 
