@@ -79,6 +79,15 @@ MECHANISMS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Zoology puts a convolution in front of every sequence mixer, attention included
+# (HazyResearch/zoology, experiments/models_repo.py: each mixer is ``Hybrid([BaseConv, mixer])``,
+# BaseConv a gated convolution of kernel 3). We do not copy BaseConv; we give the softmax blocks
+# the short convolution + SiLU on q, k, v that our recurrent mixers already have
+# (``LMConfig.short_conv``), so that every mechanism has the same local mixing in front (without
+# it, 2-layer softmax models sit at ~1/n_kv on MQAR: see the calibration notes above).
+SHORT_CONV_EVERYWHERE = {"softmax_short_conv": True}
+
+
 @dataclass(frozen=True)
 class Preset:
     """A sweep: one task, one training recipe, the mechanisms and widths to cross, lrs to try."""
@@ -91,7 +100,7 @@ class Preset:
     mechanisms: tuple[str, ...] = tuple(MECHANISMS)
     lrs: tuple[float, ...] = (1e-3,)
     n_heads: int = 2
-    model_options: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=lambda: dict(SHORT_CONV_EVERYWHERE))
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.mechanisms if m not in MECHANISMS]
@@ -139,7 +148,7 @@ PRESETS: dict[str, Preset] = {
         widths=(32, 64),
         lrs=(3e-3,),
         # chunk 32: the fastest block length of the chunked forms at T=128 (KDA 5x faster than 64)
-        model_options={"chunk_size": 32},
+        model_options={"chunk_size": 32, **SHORT_CONV_EVERYWHERE},
     ),
     "zoology": Preset(
         name="zoology",
