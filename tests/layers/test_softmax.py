@@ -73,3 +73,34 @@ def test_layer_rejects_bad_input():
     state = layer.new_state(3, torch.float32)
     with pytest.raises(ValueError, match="batch size 2"):
         layer(torch.randn(2, 3, 16), state)
+
+
+def test_short_convolution_runs_before_attention():
+    torch.manual_seed(4)
+    layer = SoftmaxAttention(16, 2, rope=False, short_conv=True, conv_size=3).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    qkv = torch.cat([p(x) for p in (layer.q_proj, layer.k_proj, layer.v_proj)], dim=-1)
+    qkv, _ = layer.conv(qkv)  # the causal convolution + SiLU, tested in test_common
+    q, k, v = (t.reshape(2, 9, 2, 8) for t in qkv.split(16, dim=-1))
+    expected = layer.o_proj(naive_causal_attention(q, k, v).reshape(2, 9, 16))
+    torch.testing.assert_close(layer(x)[0], expected, rtol=0, atol=1e-12)
+    # Without the convolution the layer's output differs: the option is not a no-op.
+    plain = SoftmaxAttention(16, 2, rope=False).double()
+    plain.load_state_dict({n: t for n, t in layer.state_dict().items() if n != "conv.weight"})
+    assert (plain(x)[0] - expected).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("rope", [True, False])
+def test_short_convolution_with_a_cache_matches_one_call(rope):
+    torch.manual_seed(5)
+    layer = SoftmaxAttention(16, 2, rope=rope, short_conv=True).double()
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    whole, _ = layer(x)
+    state = layer.new_state(2, torch.float64)
+    assert state["conv"].shape == (2, 48, 3)
+    pieces = []
+    for start, stop in [(0, 2), (2, 3), (3, 4), (4, 11)]:
+        y, state = layer(x[:, start:stop], state)
+        pieces.append(y)
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=0, atol=1e-12)
+    assert state["k"].shape == (2, 11, 2, 8) and state["conv"].shape == (2, 48, 3)

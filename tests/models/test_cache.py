@@ -61,6 +61,17 @@ def test_numbers_per_block_match_the_layouts():
     ]
 
 
+def test_softmax_short_conv_adds_a_fixed_conv_state():
+    H, D, kernel = 2, 16, 4
+    model = CausalLM(tiny_config(("softmax",), softmax_short_conv=True, max_seq_len=None))
+    cache = model.new_cache(1)
+    run_tokens(model, cache, 5)
+    conv = (kernel - 1) * 3 * H * D  # last 3 inputs of q, k and v
+    assert cache.numbers_per_block() == [2 * 5 * H * D + conv]
+    run_tokens(model, cache, 7)
+    assert cache.numbers_per_block() == [2 * 12 * H * D + conv]
+
+
 def test_save_and_load_round_trip_exactly(tmp_path):
     model = CausalLM(tiny_config(HYBRID)).double()
     cache = model.new_cache(2)

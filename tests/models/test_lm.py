@@ -81,6 +81,17 @@ def test_prompt_split_anywhere_gives_the_same_logits(mixers):
             assert error < 1e-10 * full.abs().max().item(), (pieces, error)
 
 
+@pytest.mark.parametrize("mixers", [("softmax",), HYBRID], ids=["softmax", "hybrid"])
+def test_softmax_short_conv_prefill_decode_and_splits_match_full_forward(mixers):
+    ids = torch.randint(0, 37, (2, 19), generator=torch.Generator().manual_seed(4))
+    model = make_model(mixers, torch.float64, softmax_short_conv=True)
+    with torch.no_grad():
+        full = model(ids)
+        for pieces in [(7,) + (1,) * 12, (1, 18), (3, 5, 1, 9, 1)]:
+            error = (feed(model, ids, pieces) - full).abs().max().item()
+            assert error < 1e-10 * full.abs().max().item(), (pieces, error)
+
+
 @pytest.mark.parametrize("mixers", CASES, ids=IDS)
 def test_generation_resumed_from_a_saved_cache_gives_the_same_tokens(mixers, tmp_path):
     model = make_model(mixers, torch.float32)

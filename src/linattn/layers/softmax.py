@@ -6,6 +6,12 @@ Its generation state is the KV cache, ``k, v: [B, t, H, D]``: 2 t D numbers per 
 tokens, the one state that grows with t (spec section 9). Optional rotary position embedding (RoPE,
 Su et al., 2021) rotates q and k by their absolute position, which the cache supplies: the number of
 cached tokens.
+
+Optional short convolution (``short_conv=True``): the causal depthwise convolution + SiLU that the
+recurrent mixers put on q, k and v (``ShortConvolution``), here before RoPE. Zoology's MQAR models
+put a short convolution in front of every sequence mixer, attention included (Arora et al., 2023);
+it lets a key see its neighbour token. Its state is the last ``conv_size - 1`` inputs, a fixed-size
+``conv`` entry beside the growing cache, handled as in ``RecurrentMixer``.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from linattn import ops
-from linattn.layers.common import State, StateSpec, TokenMixer, check_positive
+from linattn.layers.common import ShortConvolution, State, StateSpec, TokenMixer, check_positive
 
 
 def rotary(x: Tensor, start: int, base: float = 10000.0) -> Tensor:
@@ -34,7 +40,8 @@ def rotary(x: Tensor, start: int, base: float = 10000.0) -> Tensor:
 
 class SoftmaxAttention(TokenMixer):
     """Causal softmax attention. Args: d_model, n_heads, head_dim (default d_model // n_heads),
-    rope (rotary embeddings, default True), rope_base (10000)."""
+    rope (rotary embeddings, default True), rope_base (10000), short_conv (a causal depthwise
+    convolution of kernel ``conv_size`` + SiLU on q, k, v; default False: plain attention)."""
 
     growing = ("k", "v")
 
@@ -46,6 +53,8 @@ class SoftmaxAttention(TokenMixer):
         *,
         rope: bool = True,
         rope_base: float = 10000.0,
+        short_conv: bool = False,
+        conv_size: int = 4,
         chunk_size: int = 64,
     ) -> None:
         super().__init__(d_model, chunk_size)
@@ -61,17 +70,28 @@ class SoftmaxAttention(TokenMixer):
         self.k_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        # One depthwise convolution over [q | k | v] is three per-channel convolutions.
+        self.conv = ShortConvolution(3 * n_heads * head_dim, conv_size) if short_conv else None
 
     def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
-        """``k``, ``v``: [B, t, H, D] in the model's dtype, t = 0 before the first token."""
+        """``k``, ``v``: [B, t, H, D] in the model's dtype, t = 0 before the first token; with the
+        short convolution also ``conv``, its last ``conv_size - 1`` inputs: [B, 3HD, conv_size - 1].
+        """
         shape = (batch_size, 0, self.n_heads, self.head_dim)
-        return {"k": (shape, dtype), "v": (shape, dtype)}
+        spec: StateSpec = {"k": (shape, dtype), "v": (shape, dtype)}
+        if self.conv is not None:
+            spec["conv"] = ((batch_size, self.conv.channels, self.conv.kernel_size - 1), dtype)
+        return spec
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        # [B, T, H*D] -> [B, T, H, D]
-        q, k, v = (proj(x).view(B, T, H, D) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [B, T, 3HD]
+        conv_state = None
+        if self.conv is not None:
+            qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
+        # [B, T, 3HD] -> 3 x [B, T, H, D]
+        q, k, v = (t.reshape(B, T, H, D) for t in qkv.split(H * D, dim=-1))
         start = 0 if state is None else state["k"].shape[1]  # absolute position of the first token
         if self.rope:
             q, k = rotary(q, start, self.rope_base), rotary(k, start, self.rope_base)
@@ -81,6 +101,8 @@ class SoftmaxAttention(TokenMixer):
             new_state = {
                 name: torch.cat([state[name], t], dim=1) for name, t in (("k", k), ("v", v))
             }
+            if conv_state is not None:
+                new_state["conv"] = conv_state
         if new_state is None:
             o = ops.softmax_attention(q, k, v, causal=True)
         else:  # the T queries are the last T positions of the cached keys and values

@@ -32,7 +32,13 @@ def _delta_kwargs(c: LMConfig) -> dict:
 # name -> builder; "linear", "taylor", "scalar_decay" and "gla" are one class, configured.
 _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     "softmax": lambda c: SoftmaxAttention(
-        c.d_model, c.n_heads, c.head_size, rope=c.rope, rope_base=c.rope_base
+        c.d_model,
+        c.n_heads,
+        c.head_size,
+        rope=c.rope,
+        rope_base=c.rope_base,
+        short_conv=c.softmax_short_conv,
+        conv_size=c.conv_size,
     ),
     "linear": lambda c: LinearAttention(
         c.d_model, c.n_heads, feature_map="elu_plus_one", normalize=True, **_recurrent_kwargs(c)
