@@ -6,6 +6,8 @@ inputs, float32 otherwise), so that states and cumulative gates accumulate in fl
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -50,7 +52,7 @@ def run(
     beta: Tensor | None,
     g: Tensor | None,
     *,
-    scale: float,
+    scale: float | None,
     mode: str,
     chunk_size: int,
     initial_state: Tensor | None,
@@ -61,6 +63,8 @@ def run(
     q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] or None; g: None, [B, T, H] or
     [B, T, H, K]; initial_state: [N, H, K, V] or None (N = B, or the number of packed sequences).
     """
+    # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     dtype = compute_dtype(q.dtype)
     # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
     q = q.to(dtype).transpose(1, 2)

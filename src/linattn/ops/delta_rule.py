@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -75,7 +73,7 @@ def delta_rule(
         v,
         beta,
         g,
-        scale=1.0 / math.sqrt(K) if scale is None else float(scale),
+        scale=scale,
         mode=mode,
         chunk_size=chunk_size,
         initial_state=initial_state,

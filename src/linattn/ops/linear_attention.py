@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -68,7 +66,7 @@ def linear_attention(
         v,
         None,
         g,
-        scale=1.0 / math.sqrt(K) if scale is None else float(scale),
+        scale=scale,
         mode=mode,
         chunk_size=chunk_size,
         initial_state=initial_state,
