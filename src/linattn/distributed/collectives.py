@@ -117,6 +117,15 @@ def all_reduce_sum(
     return x
 
 
+def barrier(group: dist.ProcessGroup | None = None, name: str = "barrier") -> None:
+    """Wait until every rank of ``group`` has arrived (no bytes are counted)."""
+    rank_and_size(group)
+    try:
+        dist.barrier(group=group)
+    except RuntimeError as error:
+        raise _failed(name, group, error) from error
+
+
 def all_gather_strings(
     text: str, group: dist.ProcessGroup | None = None, name: str = "all_gather_strings"
 ) -> list[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import time
@@ -119,6 +120,13 @@ def train_data_parallel(
             raise FloatingPointError(f"training loss is {loss} at step {step}; lower the lr")
         losses.append(loss)
     seconds = time.perf_counter() - started
+    if distributed:
+        # Drop DDP's reducer (it holds gloo work objects) while the process group is alive and
+        # every rank is past its last all-reduce; left to the interpreter's exit, its destruction
+        # can abort the process ("terminate called without an active exception").
+        collectives.barrier(group)
+        del wrapped
+        gc.collect()
     evals = []
     accuracy = float("nan")
     if evaluate:
