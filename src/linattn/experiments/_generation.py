@@ -1,11 +1,12 @@
 """The generation step of `linattn bench`: one token of the recurrent form against softmax decoding.
 
 A recurrent step reads and writes a fixed state [B, H, K, V]; a softmax decoding step reads the
-whole KV cache of t tokens (section 9). Both are timed as the public calls a decoder makes: the
-recurrent form with T = 1 and an initial state, and PyTorch's scaled_dot_product_attention of one
-query over the cache (the append of the new key and value to a preallocated cache is not timed).
-The delta rule's step is also timed as its kernel alone (``recurrent.step`` on the internal
-layout): the public call adds its input checks and layout changes, a fixed cost per call.
+whole KV cache of t tokens (section 9). Both are timed as the public calls a decoder makes:
+``linattn.ops.recurrent_step`` (every input validated, the state updated in place) and PyTorch's
+scaled_dot_product_attention of one query over the cache (the append of the new key and value to a
+preallocated cache is not timed). For comparison the delta rule's step is also timed as its kernel
+alone (``recurrent.step``, no checks) and as a call of the sequence op ``delta_rule`` with T = 1
+and an initial state (whole-sequence checks, layout changes and a new state per call).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.experiments._timing import median_time
-from linattn.ops import delta_rule, linear_attention
+from linattn.ops import delta_rule, recurrent_step
 from linattn.ops.recurrent import step
 from linattn.reference.costs import (
     delta_state_numbers,
@@ -28,33 +29,35 @@ BYTES = 4  # float32
 
 
 def step_times(H: int, K: int, repeats: int) -> dict[str, float]:
-    """Median seconds of one recurrent step (B = 1) of linear attention and of the delta rule."""
+    """Median seconds of one step (B = 1): linear attention and the delta rule, three ways."""
     gen = torch.Generator().manual_seed(0)
-    q, v = torch.randn(1, 1, H, K, generator=gen), torch.randn(1, 1, H, K, generator=gen)
-    k = F.normalize(torch.randn(1, 1, H, K, generator=gen), dim=-1)
-    beta = torch.full((1, 1, H), 0.5)
+    q, v = torch.randn(1, H, K, generator=gen), torch.randn(1, H, K, generator=gen)  # [B, H, D]
+    k = F.normalize(torch.randn(1, H, K, generator=gen), dim=-1)
+    beta = torch.full((1, H), 0.5)
     S = torch.randn(1, H, K, K, generator=gen)
+    times = {}
     with torch.no_grad():
-        linear, _ = median_time(
-            lambda: linear_attention(
-                q, k, v, mode="recurrent", initial_state=S, output_final_state=True
-            ),
-            repeats,
-            warmup=3,
+        # The additive rule's state grows by k v^T per step; a tiny v keeps it far from overflow.
+        state = S.clone()
+        times["linear"], _ = median_time(
+            lambda: recurrent_step(state, q, k, v * 1e-6), repeats, warmup=3
         )
-        delta, _ = median_time(
+        state = S.clone()  # the delta rule's state stays bounded (beta = 0.5, unit keys)
+        times["delta"], _ = median_time(
+            lambda: recurrent_step(state, q, k, v, beta), repeats, warmup=3
+        )
+        times["delta_kernel"], _ = median_time(
+            lambda: step(state, q, k, v, beta, None, inplace=True), repeats, warmup=3
+        )
+        q1, k1, v1, b1 = q[:, None], k[:, None], v[:, None], beta[:, None]  # [B, 1, H, D]
+        times["delta_op"], _ = median_time(
             lambda: delta_rule(
-                q, k, v, beta, mode="recurrent", initial_state=S, output_final_state=True
+                q1, k1, v1, b1, mode="recurrent", initial_state=S, output_final_state=True
             ),
             repeats,
             warmup=3,
         )
-        # The same step without the public call's checks and layout changes: ``recurrent.step``
-        # on the internal layout, as a decoder that keeps its state in that layout calls it.
-        qi, ki, vi = (x[:, 0].contiguous() for x in (q, k, v))  # [B, H, D]
-        b = beta[:, 0].contiguous()  # [B, H]
-        kernel, _ = median_time(lambda: step(S, qi, ki, vi, b, None), repeats, warmup=3)
-    return {"linear": linear, "delta": delta, "delta_kernel": kernel}
+    return times
 
 
 def softmax_step_time(t: int, H: int, K: int, repeats: int) -> float:
@@ -85,6 +88,7 @@ def generation_rows(ts: list[int], H: int, K: int, repeats: int) -> list[dict]:
                 "linear_step_s": recurrent["linear"],
                 "delta_step_s": recurrent["delta"],
                 "delta_kernel_step_s": recurrent["delta_kernel"],
+                "delta_op_step_s": recurrent["delta_op"],
                 "softmax_over_delta_kernel": softmax / recurrent["delta_kernel"],
                 "softmax_over_linear": softmax / recurrent["linear"],
                 "softmax_over_delta": softmax / recurrent["delta"],
@@ -103,16 +107,16 @@ def generation_markdown(rows: list[dict]) -> str:
     lines = [
         f"**Generation step** (B = 1, H = {rows[0]['H']}, K = V = {rows[0]['K']}, float32; median)",
         "",
-        "| cache t | softmax step | linear step | delta step | delta step (kernel) | "
-        "softmax / delta | softmax / kernel | KV cache | state | cache / state |",
+        "| cache t | softmax step | linear step | delta step | softmax / delta | "
+        "delta kernel | delta_rule(T = 1) | KV cache | state | cache / state |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['t']:,} | {r['softmax_step_s'] * 1e6:,.0f} us | "
             f"{r['linear_step_s'] * 1e6:,.0f} us | {r['delta_step_s'] * 1e6:,.0f} us | "
-            f"{r['delta_kernel_step_s'] * 1e6:,.0f} us | {r['softmax_over_delta']:,.0f}x | "
-            f"{r['softmax_over_delta_kernel']:,.0f}x | {r['cache_bytes'] / 2**20:,.0f} MiB | "
+            f"{r['softmax_over_delta']:,.0f}x | {r['delta_kernel_step_s'] * 1e6:,.0f} us | "
+            f"{r['delta_op_step_s'] * 1e6:,.0f} us | {r['cache_bytes'] / 2**20:,.0f} MiB | "
             f"{r['state_bytes'] / 2**10:,.0f} KiB | {r['cache_bytes'] / r['state_bytes']:,.0f} |"
         )
     return "\n".join(lines)

@@ -8,5 +8,12 @@ from linattn.ops.affine import chunk_affine_map
 from linattn.ops.delta_rule import delta_rule
 from linattn.ops.linear_attention import linear_attention
 from linattn.ops.softmax import softmax_attention
+from linattn.ops.step import recurrent_step
 
-__all__ = ["chunk_affine_map", "delta_rule", "linear_attention", "softmax_attention"]
+__all__ = [
+    "chunk_affine_map",
+    "delta_rule",
+    "linear_attention",
+    "recurrent_step",
+    "softmax_attention",
+]

@@ -37,6 +37,21 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
 
 
+def finite(named: dict[str, torch.Tensor]) -> None:
+    """Every entry of every tensor is finite; one reduction for all of them in the common case.
+
+    A NaN or an Inf in any tensor makes the sum of their sums non-finite, so a finite total proves
+    them all finite; a non-finite total (which finite entries can also give, by overflow) is
+    settled tensor by tensor, entry by entry, so that the error names the first bad one.
+    """
+    total = sum(x.sum() for x in named.values())
+    if bool(torch.isfinite(total)):
+        return
+    for name, x in named.items():
+        if not all_finite(x):
+            raise ValueError(f"{name} contains non-finite values (NaN or Inf)")
+
+
 def qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
     """q, k: [B, T, H, K], v: [B, T, H, V], one dtype; returns (B, T, H, K, V)."""
     tensor("q", q, 4)

@@ -15,7 +15,13 @@ from torch import Tensor
 
 
 def step(
-    S: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor | None, g_t: Tensor | None
+    S: Tensor,
+    q_t: Tensor,
+    k_t: Tensor,
+    v_t: Tensor,
+    beta_t: Tensor | None,
+    g_t: Tensor | None,
+    inplace: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """One token: decay, then read-correct-write, then read. Returns (o_t, S_t).
 
@@ -26,14 +32,18 @@ def step(
         u_t = v_t                         (additive rule)
         u_t = beta_t (v_t - S^T k_t)      (delta rule: the pseudo-value, section 7)
         S <- S + k_t u_t^T;   o_t = S^T q_t
+
+    ``inplace``: update S in its own memory (the generation step: no new state per token).
     """
     if g_t is not None:
-        S = torch.exp(g_t).unsqueeze(-1) * S  # [B, H, 1|K, 1] scales the rows of S
+        alpha = torch.exp(g_t).unsqueeze(-1)  # [B, H, 1|K, 1] scales the rows of S
+        S = S.mul_(alpha) if inplace else alpha * S
     if beta_t is None:
         u_t = v_t
     else:
         u_t = beta_t.unsqueeze(-1) * (v_t - read(S, k_t))
-    S = torch.addcmul(S, k_t.unsqueeze(-1), u_t.unsqueeze(-2))  # rank-one write k_t u_t^T
+    k_col, u_row = k_t.unsqueeze(-1), u_t.unsqueeze(-2)  # the rank-one write k_t u_t^T
+    S = S.addcmul_(k_col, u_row) if inplace else torch.addcmul(S, k_col, u_row)
     return read(S, q_t), S
 
 

@@ -1,0 +1,95 @@
+"""The generation step as a public op: one token of any mechanism, the state updated in place.
+
+A decoder keeps one state per layer, ``[B, H, K, V]``, and feeds it one token at a time. The
+forms of ``linear_attention`` and ``delta_rule`` accept T = 1 with an initial state, but each call
+returns a new state and checks and relayouts whole sequences; ``recurrent_step`` is the lean call
+for that loop (spec section 9: the cost of a step is fixed, 4 r d-type work on a fixed state,
+whatever the number of tokens seen). Every input is still validated first, the state included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from linattn.ops import _checks
+from linattn.ops.recurrent import step
+
+STATE_DTYPES = (torch.float32, torch.float64)
+
+
+def recurrent_step(
+    state: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None = None,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+) -> Tensor:
+    """One token of ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T (scale q_t)``; S in place.
+
+    The mechanism follows from the arguments, as in the ops (DESIGN.md's table):
+
+    - beta None: the additive rule, w_t = v_t (linear attention; with g, its decayed forms);
+    - beta [B, H]: the delta rule, w_t = beta_t (v_t - S^T k_t) read after the decay (section 7);
+    - g None: no decay; g [B, H]: S <- exp(g_t) S (scalar decay, Gated DeltaNet); g [B, H, K]:
+      S <- Diag(exp g_t) S (per-channel decay, GLA and KDA).
+
+    Args:
+        state: [B, H, K, V], float32 or float64; overwritten with S_t (must not require grad: use
+            the ops' recurrent mode for gradients).
+        q, k: [B, H, K]; v: [B, H, V]; any float dtype, computed in the state's dtype.
+        beta: None or [B, H] in [0, 2]. g: None, [B, H] or [B, H, K], every entry <= 0.
+        scale: multiplies q; None means 1 / sqrt(K).
+
+    Returns:
+        o_t: [B, H, V] in v's dtype.
+    """
+    # Types and shapes first (no tensor work), then one reduction for the finiteness of every
+    # input together and one for each range: a step is ~50 us of arithmetic, and a check per
+    # tensor, each a reduction and a synchronisation, would cost more than the step.
+    named = {"state": state, "q": q, "k": k, "v": v, "beta": beta, "g": g}
+    for name, x in named.items():
+        if x is not None and not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x is not None and x.dtype not in _checks.FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float64, float32, bfloat16 or float16, got {x.dtype}")
+    if state.dtype not in STATE_DTYPES:
+        raise TypeError(f"state must be float32 or float64 (the compute dtype), got {state.dtype}")
+    if state.dim() != 4:
+        raise ValueError(f"state must have shape [B, H, K, V], got {tuple(state.shape)}")
+    if state.requires_grad:
+        raise ValueError(
+            "state requires grad, but recurrent_step updates it in place; use the ops' "
+            "mode='recurrent' (a new state per call) to differentiate through a step"
+        )
+    B, H, K, V = state.shape
+    expected = {"q": [(B, H, K)], "k": [(B, H, K)], "v": [(B, H, V)], "beta": [(B, H)],
+                "g": [(B, H), (B, H, K)]}  # fmt: skip
+    for name, shapes in expected.items():
+        x = named[name]
+        if x is not None and tuple(x.shape) not in shapes:
+            raise ValueError(
+                f"{name} must have shape {' or '.join(map(str, shapes))} for a state of shape "
+                f"[B, H, K, V] = {tuple(state.shape)}, got {tuple(x.shape)}"
+            )
+    _checks.finite({name: x for name, x in named.items() if x is not None})
+    if beta is not None:
+        low, high = torch.aminmax(beta)
+        if low < 0 or high > 2:
+            raise ValueError(f"beta must lie in [0, 2]; got range [{low:.3g}, {high:.3g}]")
+    if g is not None and g.max() > 0:
+        raise ValueError(f"g is a log-decay and must be <= 0; got max {g.max().item():.3g}")
+    _checks.scale(scale)
+    scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
+    dtype = state.dtype
+    q_t = q.to(dtype) * scale
+    k_t, v_t = k.to(dtype), v.to(dtype)
+    beta_t = None if beta is None else beta.to(dtype)
+    g_t = None if g is None else g.to(dtype).reshape(B, H, -1)  # [B, H, 1|K]
+    o_t, _ = step(state, q_t, k_t, v_t, beta_t, g_t, inplace=True)
+    return o_t.to(v.dtype)

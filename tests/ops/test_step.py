@@ -1,0 +1,115 @@
+"""``recurrent_step``: one token of every mechanism, in place, equal to the ops' recurrent form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.ops import delta_rule, linear_attention, recurrent_step
+
+B, H, K, V = 2, 3, 5, 4
+MECHANISMS = ["linear", "scalar_decay", "gla", "delta", "gated_delta", "kda"]
+
+
+def inputs(mechanism: str, seed: int = 0, dtype=torch.float64) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(B, H, K, generator=gen), torch.randn(B, H, K, generator=gen)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, H, V, generator=gen)
+    beta = (
+        torch.rand(B, H, generator=gen) * 2 if "delta" in mechanism or mechanism == "kda" else None
+    )
+    g = None
+    if mechanism in ("scalar_decay", "gated_delta"):
+        g = -torch.rand(B, H, generator=gen)
+    if mechanism in ("gla", "kda"):
+        g = -torch.rand(B, H, K, generator=gen)
+    cast = {"q": q, "k": k, "v": v, "beta": beta, "g": g}
+    return {n: None if x is None else x.to(dtype) for n, x in cast.items()}
+
+
+def op_step(x: dict, S0: torch.Tensor, scale: float | None):
+    """The same token through the public sequence op, T = 1: (o [B, H, V], new state)."""
+    seq = {n: None if t is None else t.unsqueeze(1) for n, t in x.items()}  # [B, 1, H, ...]
+    common = dict(scale=scale, mode="recurrent", initial_state=S0, output_final_state=True)
+    if x["beta"] is None:
+        o, S = linear_attention(seq["q"], seq["k"], seq["v"], g=seq["g"], **common)
+    else:
+        o, S = delta_rule(seq["q"], seq["k"], seq["v"], seq["beta"], g=seq["g"], **common)
+    return o[:, 0], S
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("scale", [None, 0.7])
+def test_step_equals_the_recurrent_form_and_updates_in_place(mechanism, scale):
+    x = inputs(mechanism)
+    S0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    expected_o, expected_S = op_step(x, S0, scale)
+    state = S0.clone()
+    memory = state.data_ptr()
+    o = recurrent_step(state, **x, scale=scale)
+    assert state.data_ptr() == memory  # the same memory, overwritten
+    torch.testing.assert_close(o, expected_o, rtol=0, atol=1e-14)
+    torch.testing.assert_close(state, expected_S, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("mechanism", ["delta", "kda"])
+def test_many_steps_equal_one_recurrent_call(mechanism):
+    T = 7
+    steps = [inputs(mechanism, seed=s) for s in range(T)]
+    seq = {n: None if steps[0][n] is None else torch.stack([s[n] for s in steps], 1)
+           for n in steps[0]}  # fmt: skip
+    o_seq, S_seq = delta_rule(seq["q"], seq["k"], seq["v"], seq["beta"], g=seq["g"],
+                              mode="chunk", chunk_size=3, output_final_state=True)  # fmt: skip
+    state = torch.zeros(B, H, K, V, dtype=torch.float64)
+    outs = [recurrent_step(state, **s) for s in steps]
+    torch.testing.assert_close(torch.stack(outs, 1), o_seq, rtol=0, atol=1e-13)
+    torch.testing.assert_close(state, S_seq, rtol=0, atol=1e-13)
+
+
+def test_low_precision_inputs_are_computed_in_the_state_dtype():
+    x = inputs("gated_delta", dtype=torch.bfloat16)
+    state = torch.zeros(B, H, K, V, dtype=torch.float32)
+    o = recurrent_step(state, **x)
+    assert o.dtype == torch.bfloat16 and state.dtype == torch.float32
+    reference = torch.zeros(B, H, K, V, dtype=torch.float64)
+    o64 = recurrent_step(reference, **{n: None if t is None else t.double() for n, t in x.items()})
+    torch.testing.assert_close(state.double(), reference, rtol=0, atol=1e-6)
+    torch.testing.assert_close(o.double(), o64, rtol=2e-2, atol=2e-2)
+
+
+def bad(name: str, value):
+    x = inputs("kda")
+    x[name] = value
+    return x
+
+
+@pytest.mark.parametrize(
+    "x, state, error, message",
+    [
+        (bad("q", torch.randn(B, H, K + 1, dtype=torch.float64)), None, ValueError, "q must have"),
+        (bad("v", torch.randn(B, H, K, dtype=torch.float64)), None, ValueError, "v must have"),
+        (bad("k", torch.full((B, H, K), float("nan"), dtype=torch.float64)), None, ValueError,
+         "k contains non-finite"),
+        (bad("beta", torch.full((B, H), 2.5, dtype=torch.float64)), None, ValueError,
+         r"beta must lie in \[0, 2\]"),
+        (bad("g", torch.full((B, H, K), 0.1, dtype=torch.float64)), None, ValueError,
+         "g is a log-decay"),
+        (bad("g", torch.zeros(B, H, K + 1, dtype=torch.float64)), None, ValueError, "g must have"),
+        (bad("q", [1.0]), None, TypeError, "q must be a torch.Tensor"),
+        (bad("q", torch.zeros(B, H, K, dtype=torch.int64)), None, TypeError, "q must be float"),
+        (inputs("kda"), torch.full((B, H, K, V), float("inf"), dtype=torch.float64), ValueError,
+         "state contains non-finite"),
+        (inputs("kda"), torch.zeros(B, H, K, V, dtype=torch.bfloat16), TypeError,
+         "state must be float32 or float64"),
+        (inputs("kda"), torch.zeros(B, H, K, dtype=torch.float64), ValueError, "state must have"),
+        (inputs("kda"), torch.zeros(B, H, K, V, dtype=torch.float64, requires_grad=True),
+         ValueError, "state requires grad"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_named_and_leaves_the_state_untouched(x, state, error, message):
+    state = torch.zeros(B, H, K, V, dtype=torch.float64) if state is None else state
+    before = state.detach().clone()
+    with pytest.raises(error, match=message):
+        recurrent_step(state, **x)
+    assert torch.equal(state.detach(), before) or not torch.isfinite(before).all()
