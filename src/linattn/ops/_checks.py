@@ -6,23 +6,41 @@ dtype) whose message names the argument and states what was expected.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 MODES = ("parallel", "recurrent", "chunk")
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
-def tensor(name: str, x: object, ndim: int) -> torch.Tensor:
-    """``x`` must be a floating tensor with ``ndim`` dimensions and finite values."""
+def tensor(name: str, x: object, ndim: int, finite: bool = True) -> torch.Tensor:
+    """``x`` must be a floating tensor with ``ndim`` dimensions and (if ``finite``) finite values.
+
+    ``finite=False`` leaves the values to the caller's range check (``value_range``), which
+    also rejects NaN and Inf in the same pass over the tensor.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float64, float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if not all_finite(x):
+    if finite and not all_finite(x):
         raise ValueError(f"{name} contains non-finite values (NaN or Inf)")
     return x
+
+
+def value_range(name: str, x: torch.Tensor) -> tuple[float, float]:
+    """(min, max) of ``x`` in one pass; raises if any entry is NaN or Inf.
+
+    ``aminmax`` propagates a NaN to both results and an Inf shows as an infinite extreme, so the
+    one reduction both checks finiteness and gives the range to check.
+    """
+    low, high = (float(t) for t in torch.aminmax(x))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(f"{name} contains non-finite values (NaN or Inf)")
+    return low, high
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -96,25 +114,25 @@ def gate(g: object, B: int, T: int, H: int, K: int) -> None:
     if g is None:
         return
     ndim = g.dim() if isinstance(g, torch.Tensor) else 0
-    tensor("g", g, 4 if ndim == 4 else 3)
+    tensor("g", g, 4 if ndim == 4 else 3, finite=False)
     if tuple(g.shape) not in ((B, T, H), (B, T, H, K)):
         raise ValueError(
             f"g must be None, [B, T, H] = {(B, T, H)} or [B, T, H, K] = {(B, T, H, K)}, "
             f"got {tuple(g.shape)}"
         )
-    if bool((g > 0).any()):
-        raise ValueError(f"g is a log-decay and must be <= 0; got max {g.max().item():.3g}")
+    _, high = value_range("g", g)
+    if high > 0:
+        raise ValueError(f"g is a log-decay and must be <= 0; got max {high:.3g}")
 
 
 def beta(b: object, B: int, T: int, H: int) -> None:
     """beta: [B, T, H] with values in [0, 2]."""
-    tensor("beta", b, 3)
+    tensor("beta", b, 3, finite=False)
     if tuple(b.shape) != (B, T, H):
         raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {tuple(b.shape)}")
-    if bool((b < 0).any()) or bool((b > 2).any()):
-        raise ValueError(
-            f"beta must lie in [0, 2]; got range [{b.min().item():.3g}, {b.max().item():.3g}]"
-        )
+    low, high = value_range("beta", b)
+    if low < 0 or high > 2:
+        raise ValueError(f"beta must lie in [0, 2]; got range [{low:.3g}, {high:.3g}]")
 
 
 def options(mode: object, chunk_size: object) -> None:
