@@ -88,6 +88,6 @@ def run(
         part = [None if x is None else x[:, :, start:end] for x in (q, k, v, beta, g)]
         S0 = None if initial_state is None else initial_state[n : n + 1]
         o, S = forward(mode, *part, S0, chunk_size, scale)
-        outputs.append(o)
+        outputs.append(o.transpose(1, 2))  # [B, T_n, H, V]
         states.append(S)
-    return torch.cat(outputs, dim=2).transpose(1, 2), torch.cat(states, dim=0)
+    return torch.cat(outputs, dim=1), torch.cat(states, dim=0)  # o contiguous [B, T, H, V]

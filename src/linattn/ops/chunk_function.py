@@ -124,7 +124,9 @@ class ChunkFunction(torch.autograd.Function):
             states = q.new_empty(n_chunks, P, K, V)
         else:
             group_states = q.new_empty(_chunks_per_group(C, P), P, K, V)
-        o = q.new_empty(B, H, T, V)
+        # Allocated in the public layout [B, T, H, V] and written through its [B, H, T, V] view,
+        # so that the caller gets a contiguous output (a layer's reshape to [B, T, H V] is free).
+        o = q.new_empty(B, T, H, V).transpose(1, 2)
         S = S0.reshape(P, K, V)
         gather = _Gatherer((q, k, v, beta, g), C, scale)
         for c0, t0, t1, n in _groups(T, C, P):
