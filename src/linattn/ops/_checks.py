@@ -37,7 +37,7 @@ def value_range(name: str, x: torch.Tensor) -> tuple[float, float]:
     ``aminmax`` propagates a NaN to both results and an Inf shows as an infinite extreme, so the
     one reduction both checks finiteness and gives the range to check.
     """
-    low, high = (float(t) for t in torch.aminmax(x))
+    low, high = (float(t) for t in torch.aminmax(x.detach()))
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError(f"{name} contains non-finite values (NaN or Inf)")
     return low, high
@@ -50,6 +50,7 @@ def all_finite(x: torch.Tensor) -> bool:
     non-finite sum (which finite entries can also give, by overflow) is settled entry by entry.
     This keeps the check of a generation step's state from costing more than the step itself.
     """
+    x = x.detach()  # a check, not a computation to differentiate
     if bool(torch.isfinite(x.sum())):
         return True
     return bool(torch.isfinite(x).all())
@@ -62,7 +63,7 @@ def finite(named: dict[str, torch.Tensor]) -> None:
     them all finite; a non-finite total (which finite entries can also give, by overflow) is
     settled tensor by tensor, entry by entry, so that the error names the first bad one.
     """
-    total = sum(x.sum() for x in named.values())
+    total = sum(x.detach().sum() for x in named.values())
     if bool(torch.isfinite(total)):
         return
     for name, x in named.items():
