@@ -88,3 +88,13 @@ def test_final_state_is_none_unless_asked():
     x = make_inputs(rule="delta")
     assert linear_attention(x["q"], x["k"], x["v"])[1] is None
     assert delta_rule(x["q"], x["k"], x["v"], x["beta"])[1] is None
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("packed", [False, True])
+def test_chunk_output_is_contiguous_in_the_public_layout(op, packed):
+    """[B, T, H, V] contiguous, so that a layer's reshape to [B, T, H V] needs no copy."""
+    x = inputs(op, "channel", B=1, T=23)
+    cu = torch.tensor([0, 9, 23]) if packed else None
+    o, _ = call(op, x, mode="chunk", chunk_size=4, cu_seqlens=cu)
+    assert o.is_contiguous()
