@@ -75,8 +75,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -120,6 +122,10 @@ class Preset:
     lrs: tuple[float, ...] = (1e-3,)
     n_heads: int = 2
     model_options: dict = field(default_factory=lambda: dict(SHORT_CONV_EVERYWHERE))
+    # mechanism -> its own lrs, replacing ``lrs`` for that mechanism (a per-mechanism choice
+    # standing in for the lr sweep a bigger budget would run for every mechanism).
+    mechanism_lrs: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    workers: int = 1
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.mechanisms if m not in MECHANISMS]
@@ -132,9 +138,21 @@ class Preset:
                 raise ValueError(f"widths must be ints >= 1, got {width!r}")
             if width % self.n_heads:
                 raise ValueError(f"width {width} is not divisible by n_heads={self.n_heads}")
-        for lr in self.lrs:
-            if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-                raise ValueError(f"lrs must be finite numbers > 0, got {lr!r}")
+        unknown = [m for m in self.mechanism_lrs if m not in MECHANISMS]
+        if unknown:
+            raise ValueError(f"mechanism_lrs names unknown mechanism(s) {unknown}")
+        for lrs in (self.lrs, *self.mechanism_lrs.values()):
+            if not lrs:
+                raise ValueError("a preset needs at least one mechanism, one width and one lr")
+            for lr in lrs:
+                if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+                    raise ValueError(f"lrs must be finite numbers > 0, got {lr!r}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {self.workers!r}")
+
+    def lrs_for(self, mechanism: str) -> tuple[float, ...]:
+        """The learning rates tried for ``mechanism``: its own, or the preset's ``lrs``."""
+        return tuple(self.mechanism_lrs.get(mechanism, self.lrs))
 
 
 PRESETS: dict[str, Preset] = {
@@ -228,7 +246,7 @@ def config_hash(preset: Preset, mechanism: str, d_model: int) -> str:
         {
             "task": preset.task.to_dict(),
             "train": {k: v for k, v in preset.train.to_dict().items() if k != "checkpoint_every"},
-            "lrs": list(preset.lrs),
+            "lrs": list(preset.lrs_for(mechanism)),
             "mixers": list(MECHANISMS[mechanism]),
             "d_model": d_model,
             "n_heads": preset.n_heads,
@@ -259,7 +277,7 @@ def run_pair(
 ) -> dict:
     """Train one (mechanism, width) at every lr of the preset; the result row (best lr)."""
     sweep = []
-    for lr in preset.lrs:
+    for lr in preset.lrs_for(mechanism):
         torch.manual_seed(preset.train.seed)  # the same initialisation for every lr
         model = builder(mechanism, d_model, preset)
         config = replace(preset.train, lr=lr)
@@ -321,37 +339,79 @@ def run_sweep(
     builder: Builder = build_model,
     meter: StateMeter = measure_state,
     log: Callable[[str], None] = print,
+    workers: int | None = None,
+    threads_per_worker: int = 1,
 ) -> list[dict]:
     """Run every (mechanism, width) of ``preset``; append each finished row to ``results_path``.
 
     Returns the rows of this sweep (reused ones included), in mechanism then width order. With
     ``fresh=True`` earlier rows and checkpoints of this preset are ignored (checkpoints deleted).
+
+    ``workers`` (default ``preset.workers``): with more than one, the pairs run in that many
+    processes (spawned; ``builder`` and ``meter`` must be importable functions), each with
+    ``threads_per_worker`` torch threads, the most expensive pairs first. Every pair's numbers
+    are a function of its own configuration and thread count alone (its seed, its batches, its
+    checkpoint), so they do not depend on how the pairs are spread over processes; rows are
+    appended as they finish, and the returned list is in the usual order.
     """
     results_path = Path(results_path)
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    workers = preset.workers if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     done = {} if fresh else {r.get("config_hash"): r for r in read_results(results_path)}
-    rows = []
+    rows: dict[tuple[str, int], dict] = {}
+    todo = []
     for mechanism in preset.mechanisms:
         for d_model in preset.widths:
             key = config_hash(preset, mechanism, d_model)
             if key in done:
                 log(f"{mechanism} d={d_model}: already in {results_path}, reused")
-                rows.append(done[key])
+                rows[mechanism, d_model] = done[key]
                 continue
             if fresh and ckpt is not None:
                 for old in ckpt.glob(f"{preset.name}-{mechanism}-d{d_model}-{key}-lr*.pt"):
                     old.unlink()
-            row = run_pair(preset, mechanism, d_model, checkpoint_dir=ckpt, progress=progress,
-                           builder=builder, meter=meter)  # fmt: skip
-            results_path.parent.mkdir(parents=True, exist_ok=True)
-            with results_path.open("a") as handle:
-                handle.write(json.dumps(row) + "\n")
-            log(
-                f"{mechanism} d={d_model}: accuracy {row['accuracy']:.3f}, state "
-                f"{row['state_numbers']:.0f}/layer, {row['steps']} steps, {row['seconds']:.0f} s"
-            )
-            rows.append(row)
-    return rows
+            todo.append((mechanism, d_model))
+
+    def record(row: dict) -> None:
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        with results_path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        log(
+            f"{row['mechanism']} d={row['d_model']}: accuracy {row['accuracy']:.3f}, state "
+            f"{row['state_numbers']:.0f}/layer, {row['steps']} steps, {row['seconds']:.0f} s"
+        )
+        rows[row["mechanism"], row["d_model"]] = row
+
+    kwargs = dict(checkpoint_dir=ckpt, builder=builder, meter=meter)
+    if workers == 1 or len(todo) <= 1:
+        for mechanism, d_model in todo:
+            record(run_pair(preset, mechanism, d_model, progress=progress, **kwargs))
+    else:
+        # Longest first (blocks x width as the cost guess), so that no long pair starts last.
+        todo.sort(key=lambda pair: -len(MECHANISMS[pair[0]]) * pair[1])
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+            futures = [
+                pool.submit(_run_pair_in_worker, threads_per_worker, preset, m, d, kwargs)
+                for m, d in todo
+            ]
+            try:
+                for future in as_completed(futures):
+                    record(future.result())
+            except BaseException:
+                for future in futures:  # finished rows are saved; the rest resume next time
+                    future.cancel()
+                raise
+    return [rows[m, d] for m in preset.mechanisms for d in preset.widths]
+
+
+def _run_pair_in_worker(threads: int, preset: Preset, mechanism: str, d_model: int,
+                        kwargs: dict) -> dict:  # fmt: skip
+    """``run_pair`` in a worker process, with ``threads`` torch threads and no progress bar."""
+    torch.set_num_threads(threads)
+    return run_pair(preset, mechanism, d_model, progress=False, **kwargs)
 
 
 def results_table(rows: Sequence[dict]) -> str:
