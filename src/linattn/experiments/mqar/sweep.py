@@ -98,7 +98,7 @@ does not show: the delta family's >= 0.99 (all at chance after 500 steps), for t
 Softmax's escape depends on the seed and the schedule: with ``--seed 1`` it reached only 0.042 /
 0.097 at steps 400 / 500 (d=64; d=32 0.021), while with ``--seed 1 --steps 700`` (a longer cosine)
 d=64 reached 0.993 at step 400 (d=32 0.024 at 700). 700 steps would make the whole sweep ~1.4x
-longer (~18 minutes on 2 idle cores; not run).
+longer (an estimated ~18 minutes on 2 idle cores; not run).
 
 Gated DeltaNet stayed at chance (0.011 after 3000 steps at lr 3e-3). Not a bug found: the op
 matches the recurrence ``S <- exp(g) S`` then the delta rule to 1e-16, and the gate's formula and
