@@ -49,6 +49,8 @@ def test_smoke_preset_end_to_end(tmp_path, capsys) -> None:
         (["--steps", "0"], "steps must be >= 1"),
         (["--batch-size", "0"], "batch_size must be >= 1"),
         (["--lr", "-1"], "lrs must be"),
+        (["--workers", "0"], "workers must be"),
+        (["--threads", "0"], "--threads must be"),
     ],
 )
 def test_bad_configuration_fails_before_training(tmp_path, capsys, extra, message) -> None:

@@ -141,6 +141,9 @@ def test_presets_are_consistent() -> None:
         (dict(widths=(15,)), "not divisible by n_heads"),
         (dict(widths=()), "at least one"),
         (dict(lrs=(0.0,)), "lrs must be"),
+        (dict(mechanism_lrs={"softmax": (float("nan"),)}), "lrs must be"),
+        (dict(mechanism_lrs={"mamba": (1e-3,)}), "unknown mechanism"),
+        (dict(workers=0), "workers must be"),
     ],
 )
 def test_bad_presets(kwargs: dict, message: str) -> None:
@@ -162,3 +165,30 @@ def test_stand_in_builder_is_seeded_per_run(tmp_path) -> None:
               progress=False, builder=recording_builder, meter=meter,
               log=lambda _: None)  # fmt: skip
     assert len(seen) == 4 and all(torch.equal(seen[0], w) for w in seen)
+
+
+def test_workers_give_the_rows_of_a_serial_sweep(tmp_path) -> None:
+    """Two worker processes, one thread each: the same numbers as the pairs run one by one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        serial = sweep_rows(tmp_path / "serial")
+    finally:
+        torch.set_num_threads(threads)
+    parallel = sweep_rows(tmp_path / "parallel", workers=2)
+    assert [comparable(r) for r in parallel] == [comparable(r) for r in serial]
+    written = sweep.read_results(tmp_path / "parallel" / "r.jsonl")
+    assert sorted((r["mechanism"], r["d_model"]) for r in written) == sorted(
+        (r["mechanism"], r["d_model"]) for r in serial
+    )
+    assert sweep_rows(tmp_path / "parallel", workers=2) == parallel  # reused, not retrained
+
+
+def test_mechanism_lrs_replace_the_preset_lrs_for_that_mechanism(tmp_path) -> None:
+    preset = replace(PRESET, lrs=(1e-3,), mechanism_lrs={"deltanet": (3e-3, 1e-2)})
+    assert preset.lrs_for("softmax") == (1e-3,) and preset.lrs_for("deltanet") == (3e-3, 1e-2)
+    rows = {r["mechanism"]: r for r in sweep_rows(tmp_path, preset, workers=1)}
+    assert [x["lr"] for x in rows["softmax"]["lr_sweep"]] == [1e-3]
+    assert [x["lr"] for x in rows["deltanet"]["lr_sweep"]] == [3e-3, 1e-2]
+    assert sweep.config_hash(preset, "deltanet", 8) != sweep.config_hash(PRESET, "deltanet", 8)
+    assert sweep.config_hash(preset, "softmax", 8) == sweep.config_hash(PRESET, "softmax", 8)

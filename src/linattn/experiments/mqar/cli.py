@@ -5,7 +5,7 @@ asks for the keys again; a model must answer with the values. Fixed-state mechan
 6.3, 7.3); the delta rule uses the same state better (7, 10). Presets:
 
   smoke    seconds: every mechanism trains a few steps (the tests run it)
-  cpu      about 15 minutes on 2 CPU cores (the README's run)
+  cpu      about 13 minutes on 2 CPU cores, 2 worker processes (the README's run)
   zoology  the paper's scale: V=8192, T=512, 64 pairs, widths 64-512, an lr sweep (for a GPU)
 
 Results are appended to a JSON lines file (one object per mechanism and width; schema in
@@ -25,6 +25,7 @@ import torch
 from linattn.experiments.mqar.sweep import (
     MECHANISMS,
     PRESETS,
+    Preset,
     plot_results,
     results_table,
     run_sweep,
@@ -51,7 +52,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where runs save and resume ('none': no checkpoints)")  # fmt: skip
     parser.add_argument("--fresh", action="store_true",
                         help="retrain even if this sweep has results or checkpoints")  # fmt: skip
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int,
+                        help="torch threads (per worker with --workers > 1, default 1; "
+                        "otherwise default: torch's choice)")  # fmt: skip
+    parser.add_argument("--workers", type=int,
+                        help="pairs trained at once, one process each (default: the preset's; "
+                        "cpu: 2, one per core)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -81,23 +87,30 @@ def run(args: argparse.Namespace) -> int:
         mechanisms=tuple(args.mechanisms or preset.mechanisms),
         widths=tuple(args.widths or preset.widths),
         lrs=tuple(args.lr or preset.lrs),
+        # --lr replaces every mechanism's lrs, the per-mechanism choices of the preset included
+        mechanism_lrs={} if args.lr else preset.mechanism_lrs,
+        workers=preset.workers if args.workers is None else args.workers,
     )
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    parallel = preset.workers > 1
+    if args.threads is not None and not parallel:
         torch.set_num_threads(args.threads)
+    threads = (args.threads or 1) if parallel else torch.get_num_threads()
     t = preset.task
     print(f"MQAR preset {preset.name!r}: {preset.description}")
     print(
         f"task: vocab {t.vocab_size}, seq_len {t.seq_len}, {t.n_kv} key-value pairs; "
         f"{preset.train.steps} steps of {preset.train.batch_size}; widths {list(preset.widths)}; "
-        f"lr {list(preset.lrs)}; {torch.get_num_threads()} threads",
+        f"lr {lr_text(preset)}; "
+        + (f"{preset.workers} workers x {threads} thread(s)" if parallel else f"{threads} threads"),
         flush=True,
     )
     checkpoint_dir = None if args.checkpoint_dir == "none" else Path(args.checkpoint_dir)
     started = time.perf_counter()
     rows = run_sweep(preset, results_path=Path(args.results), checkpoint_dir=checkpoint_dir,
-                     fresh=args.fresh, progress=not args.no_progress)  # fmt: skip
+                     fresh=args.fresh, progress=not args.no_progress,
+                     threads_per_worker=threads)  # fmt: skip
     wall = time.perf_counter() - started
     print()
     print(results_table(rows))
@@ -106,3 +119,11 @@ def run(args: argparse.Namespace) -> int:
         title = f"MQAR: T={t.seq_len}, {t.n_kv} pairs, vocab {t.vocab_size}"
         print(f"plot: {plot_results(rows, args.plot, title=title)}")
     return 0
+
+
+def lr_text(preset: Preset) -> str:
+    """The learning rates of a preset, e.g. ``[0.003] (softmax: [0.01])``."""
+    own = [
+        f"{m}: {list(preset.lrs_for(m))}" for m in preset.mechanisms if m in preset.mechanism_lrs
+    ]
+    return f"{list(preset.lrs)}" + (f" ({'; '.join(own)})" if own else "")
