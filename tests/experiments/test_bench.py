@@ -1,5 +1,6 @@
 """`linattn bench`: the structure of its output on a tiny configuration (never its timings)."""
 
+import argparse
 import json
 
 import pytest
@@ -113,3 +114,21 @@ def test_bad_options_exit_2(capsys):
     assert error.value.code == 2
     assert "expected a subset" in capsys.readouterr().err
     assert bench._choices("chunk,parallel", bench.MODES) == ["chunk", "parallel"]
+
+
+def test_every_efficiency_is_taken_against_the_highest_roof(monkeypatch):
+    """A roof measured while the machine was busy (lower) must not flatter the rows after it."""
+    samples = iter([150e9, 89e9, 140e9])
+    monkeypatch.setattr(bench, "matmul_rate", lambda: next(samples))
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    args = parser.parse_args(TINY + ["--mechanisms", "linear,delta,kda", "--modes", "chunk",
+                                     "--no-fla", "--no-memory", "--no-backward"])  # fmt: skip
+    args.generation_t = []  # no generation table: this test is about the roof
+    result = bench.compute_bench(args)
+    assert result["roof_ops_per_s"] == 150e9
+    assert result["roof_samples_ops_per_s"] == [150e9, 89e9, 140e9]
+    for r in result["rows"]:
+        assert r["roof_ops_per_s"] == 150e9
+        assert r["forward_efficiency"] == pytest.approx(r["forward_rate"] / 150e9)
+    assert "the highest of 3 measurements, lowest 89" in bench.bench_markdown(result)
