@@ -63,11 +63,14 @@ T=128, 16 pairs, seed 0; held-out accuracy, chance = 1/128 ~ 0.008; mean trainin
 0.022 at 600; width 128 (0.43 s a step): 0.017 at 600; init_std 0.1: 0.015 at 400; train mixtures
 of (2, 4, 8, 16) pairs: 0.019 at 800 and of (24, 32) pairs: 0.008 at 500; zero filler instead of
 random tokens between queries: 0.008 at 400; d=32 lr 1e-2 with a (4, 8, 16, 16) mixture: 0.014 at
-800. Gated DeltaNet (d=64, lr 1e-2): 0.010 at 600. The 3:1 hybrid (d=64, lr 1e-2): 0.007 at 400.
-The earlier note that DeltaNet d=64 left the plateau by step 750 (3000-step cosine, lr 3e-3) did
-not reproduce with the current code (0.008 at 1500; the plateau's end is sensitive to every detail
-of the run). Not a gradient bug: the chunked and recurrent forms of the whole model give the same
-gradients to 1e-15 in float64 (deltanet, gated_deltanet, kda, linear).
+800; nearly additive writes at initialisation (beta = sigmoid(b_proj x - 2), about 0.12, patched;
+1000-step cosine, warmup 50): 0.010 at 600 with lr 3e-3, 0.012 with lr 1e-2. Gated DeltaNet (d=64,
+lr 1e-2): 0.010 at 600. The 3:1 hybrid (d=64, lr 1e-2): 0.007 at 400. The earlier note that DeltaNet
+d=64 left the plateau by step 750 (3000-step cosine, lr 3e-3) did not reproduce with the current
+code (0.008 at 1500), nor with the code of that time (commit a2bce5c, the same probe with warmup 20:
+0.012 at step 600); the plateau's end is sensitive to every detail of the run. Not a gradient
+bug: the chunked and recurrent forms of the whole model give the same gradients to 1e-15 in
+float64 (deltanet, gated_deltanet, kda, linear).
 
 Why softmax leaves the plateau first (our reading, a hypothesis the probes are consistent with, not
 a proof): its attention weights are positive, so at initialisation a query already reads the
