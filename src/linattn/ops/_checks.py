@@ -110,27 +110,32 @@ def kv(k: object, v: object) -> tuple[int, int, int, int, int]:
     return (*k.shape, v.shape[3])
 
 
-def gate(g: object, B: int, T: int, H: int, K: int) -> None:
-    """g: None, [B, T, H] (scalar decay per head) or [B, T, H, K] (per channel), all <= 0."""
+def gate(g: object, *sizes: int, layout: str = "[B, T, H]") -> None:
+    """g: None, [B, T, H] (scalar decay per head) or [B, T, H, K] (per channel), all <= 0.
+
+    ``sizes`` are (B, T, H, K); a generation step passes (B, H, K) with ``layout="[B, H]"``.
+    """
     if g is None:
         return
+    *lead, K = sizes
+    lead = tuple(lead)
+    channel = layout[:-1] + ", K]"
     ndim = g.dim() if isinstance(g, torch.Tensor) else 0
-    tensor("g", g, 4 if ndim == 4 else 3, finite=False)
-    if tuple(g.shape) not in ((B, T, H), (B, T, H, K)):
+    tensor("g", g, len(lead) + 1 if ndim == len(lead) + 1 else len(lead), finite=False)
+    if tuple(g.shape) not in (lead, (*lead, K)):
         raise ValueError(
-            f"g must be None, [B, T, H] = {(B, T, H)} or [B, T, H, K] = {(B, T, H, K)}, "
-            f"got {tuple(g.shape)}"
+            f"g must be None, {layout} = {lead} or {channel} = {(*lead, K)}, got {tuple(g.shape)}"
         )
     _, high = value_range("g", g)
     if high > 0:
         raise ValueError(f"g is a log-decay and must be <= 0; got max {high:.3g}")
 
 
-def beta(b: object, B: int, T: int, H: int) -> None:
-    """beta: [B, T, H] with values in [0, 2]."""
-    tensor("beta", b, 3, finite=False)
-    if tuple(b.shape) != (B, T, H):
-        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {tuple(b.shape)}")
+def beta(b: object, *sizes: int, layout: str = "[B, T, H]") -> None:
+    """beta: [B, T, H] with values in [0, 2] (``sizes``; a generation step: [B, H])."""
+    tensor("beta", b, len(sizes), finite=False)
+    if tuple(b.shape) != sizes:
+        raise ValueError(f"beta must have shape {layout} = {sizes}, got {tuple(b.shape)}")
     low, high = value_range("beta", b)
     if low < 0 or high > 2:
         raise ValueError(f"beta must lie in [0, 2]; got range [{low:.3g}, {high:.3g}]")
