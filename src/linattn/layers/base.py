@@ -23,6 +23,7 @@ from linattn.layers.common import (
     TokenMixer,
     check_positive,
     low_rank,
+    resolve_head_dim,
     state_dtype,
 )
 
@@ -58,12 +59,7 @@ class RecurrentMixer(TokenMixer):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__(d_model, chunk_size)
-        check_positive("n_heads", n_heads)
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-            head_dim = d_model // n_heads
-        check_positive("head_dim", head_dim)
+        head_dim = resolve_head_dim(d_model, n_heads, head_dim)
         key_dim = head_dim if key_dim is None else key_dim
         check_positive("key_dim", key_dim)
         H, K, V = n_heads, key_dim, head_dim

@@ -33,6 +33,17 @@ def check_positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def resolve_head_dim(d_model: int, n_heads: int, head_dim: int | None) -> int:
+    """``head_dim``, or d_model / n_heads when None (d_model must then be divisible), checked."""
+    check_positive("n_heads", n_heads)
+    if head_dim is None:
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        head_dim = d_model // n_heads
+    check_positive("head_dim", head_dim)
+    return head_dim
+
+
 class TokenMixer(nn.Module):
     """Base of every mixer: ``forward(x, state=None) -> (y, new_state)``.
 

@@ -20,7 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from linattn import ops
-from linattn.layers.common import ShortConvolution, State, StateSpec, TokenMixer, check_positive
+from linattn.layers.common import (
+    ShortConvolution,
+    State,
+    StateSpec,
+    TokenMixer,
+    resolve_head_dim,
+)
 
 
 def rotary(x: Tensor, start: int, base: float = 10000.0) -> Tensor:
@@ -58,12 +64,7 @@ class SoftmaxAttention(TokenMixer):
         chunk_size: int = 64,
     ) -> None:
         super().__init__(d_model, chunk_size)
-        check_positive("n_heads", n_heads)
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-            head_dim = d_model // n_heads
-        check_positive("head_dim", head_dim)
+        head_dim = resolve_head_dim(d_model, n_heads, head_dim)
         self.n_heads, self.head_dim = n_heads, head_dim
         self.rope, self.rope_base = rope, rope_base
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
