@@ -48,3 +48,30 @@ def test_state_checks_name_the_tensor():
         layer(x, state)
     with pytest.raises(ValueError, match=r"at least one token"):
         layer(torch.randn(2, 0, 16))
+
+
+@pytest.mark.parametrize("name", ["deltanet", "kda", "linear"])
+def test_without_output_gate_the_output_is_the_normed_read(name):
+    gated = build_mixer(name, CONFIG)
+    plain = build_mixer(name, LMConfig(**dict(CONFIG.to_dict(), output_gate=False))).double()
+    assert plain.g_proj is None
+    n_gate = sum(p.numel() for p in gated.g_proj.parameters())
+    count = sum(p.numel() for p in plain.parameters())
+    assert count == sum(p.numel() for p in gated.parameters()) - n_gate
+    torch.manual_seed(3)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    seen = {}
+    run = plain.recurrence
+
+    def recurrence(*args, **kwargs):  # the op's output, before the norm
+        seen["o"], S = run(*args, **kwargs)
+        return seen["o"], S
+
+    plain.recurrence = recurrence
+    y, _ = plain(x)
+    o = seen["o"]  # [B, T, H, V]
+    normed = torch.nn.functional.rms_norm(o, (8,), plain.o_norm.weight, plain.o_norm.eps)
+    torch.testing.assert_close(y, plain.o_proj(normed.reshape(2, 9, 16)), rtol=0, atol=1e-14)
+    for mode in ("recurrent", "parallel"):
+        plain.mode = mode
+        torch.testing.assert_close(plain(x)[0], y, rtol=0, atol=1e-12)

@@ -72,6 +72,17 @@ def test_softmax_short_conv_adds_a_fixed_conv_state():
     assert cache.numbers_per_block() == [2 * 12 * H * D + conv]
 
 
+def test_gated_convolution_block_keeps_its_last_inputs():
+    model = CausalLM(tiny_config(("conv", "deltanet"), gated_conv_size=3))
+    cache = model.new_cache(2)
+    run_tokens(model, cache, 5)
+    H, D, kernel = 2, 16, 4
+    assert cache.numbers_per_block() == [
+        2 * (3 - 1) * 32,  # the last 2 inputs of d_model = 32 channels
+        2 * (H * D * D + (kernel - 1) * H * 3 * D),
+    ]
+
+
 def test_save_and_load_round_trip_exactly(tmp_path):
     model = CausalLM(tiny_config(HYBRID)).double()
     cache = model.new_cache(2)

@@ -17,6 +17,13 @@ def test_defaults_and_derived_sizes():
 def test_mixers_become_a_tuple_and_every_name_is_accepted():
     config = LMConfig(vocab_size=10, mixers=list(MIXERS))
     assert config.mixers == MIXERS
+    assert LMConfig(vocab_size=10, mixers=["conv", "kda"]).mixers == ("conv", "kda")
+
+
+def test_block_options_change_the_fingerprint():
+    base = LMConfig(vocab_size=10)
+    for change in (dict(mlp=False), dict(output_gate=False), dict(gated_conv_size=4)):
+        assert LMConfig(vocab_size=10, **change).fingerprint() != base.fingerprint(), change
 
 
 @pytest.mark.parametrize(
@@ -32,6 +39,7 @@ def test_mixers_become_a_tuple_and_every_name_is_accepted():
         (dict(chunk_size=0), "chunk_size must be an integer >= 1"),
         (dict(max_seq_len=0), "max_seq_len must be an integer >= 1"),
         (dict(mlp_ratio=0), "mlp_ratio must be > 0"),
+        (dict(gated_conv_size=0), "gated_conv_size must be an integer >= 1"),
     ],
 )
 def test_bad_configs_name_the_problem(kwargs, message):

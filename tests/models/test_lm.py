@@ -66,6 +66,20 @@ def test_prefill_then_decode_matches_full_forward(mixers):
     assert error < 1e-4, error
 
 
+def test_blocks_without_mlp_or_output_gate_decode_like_the_full_forward():
+    mixers = ("conv", "kda", "softmax")
+    model = make_model(mixers, torch.float64, mlp=False, output_gate=False)
+    assert all(block.mlp is None and block.norm2 is None for block in model.blocks)
+    assert not any("mlp" in name or "g_proj" in name for name, _ in model.named_parameters())
+    with_mlp = make_model(mixers, torch.float64, output_gate=False)
+    assert sum(p.numel() for p in with_mlp.parameters()) > sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, 37, (2, 15), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(ids)
+        error = (feed(model, ids, (6,) + (1,) * 9) - full).abs().max().item()
+    assert error < 1e-10 * full.abs().max().item(), error
+
+
 @pytest.mark.parametrize("mixers", CASES, ids=IDS)
 def test_prompt_split_anywhere_gives_the_same_logits(mixers):
     ids = torch.randint(0, 37, (2, 21), generator=torch.Generator().manual_seed(2))

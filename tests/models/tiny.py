@@ -5,9 +5,10 @@ from __future__ import annotations
 from linattn.models import MIXERS, LMConfig
 
 HYBRID = ("kda", "kda", "kda", "softmax")  # Kimi-Linear-style: three KDA blocks, one softmax block
-# One block of every mixer, and the hybrid.
-CASES = [(name,) for name in MIXERS] + [HYBRID]
-IDS = [c[0] if len(c) == 1 else "hybrid" for c in CASES]
+ZOOLOGY = ("conv", "deltanet")  # the MQAR models: a gated short convolution, then the mechanism
+# One block of every mixer, the hybrid, and a gated convolution in front of a mechanism.
+CASES = [(name,) for name in MIXERS] + [HYBRID, ZOOLOGY]
+IDS = [c[0] if len(c) == 1 else "hybrid" if c == HYBRID else "conv+deltanet" for c in CASES]
 
 
 def tiny_config(mixers, **overrides) -> LMConfig:

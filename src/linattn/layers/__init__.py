@@ -8,10 +8,13 @@ and in recurrent mode for a one-token decoding step.
 - ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay.
 - ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``: the delta rule, without decay, with a
   per-head decay, with a per-channel decay.
+- ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
+  block the MQAR models put in front of each mechanism.
 """
 
 from linattn.layers.base import RecurrentMixer
 from linattn.layers.common import DecayGate, GatedRMSNorm, ShortConvolution, TokenMixer
+from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.linear import LinearAttention
 from linattn.layers.softmax import SoftmaxAttention
@@ -19,6 +22,7 @@ from linattn.layers.softmax import SoftmaxAttention
 __all__ = [
     "DecayGate",
     "DeltaNet",
+    "GatedConvolution",
     "GatedDeltaNet",
     "GatedRMSNorm",
     "KimiDeltaAttention",

@@ -2,7 +2,7 @@
 
     x -> q, k, v projections -> short convolution + SiLU -> [mixer: features / norms / gates]
       -> op (chunk for training and prefill, recurrent step for decoding) -> o
-      -> per-head RMSNorm * act(output gate) -> output projection
+      -> per-head RMSNorm * act(output gate) (optional) -> output projection
 
 The subclasses (``LinearAttention``, ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``) only
 say what differs: the transition and the write of the memory ``S_t = A_t S_{t-1} + k_t w_t^T``
@@ -38,6 +38,8 @@ class RecurrentMixer(TokenMixer):
         key_dim: query/key dimension K per head, before any feature map (default ``head_dim``).
         short_conv: causal depthwise convolution (kernel ``conv_size``) + SiLU on q, k and v;
             without it, q, k and v go through SiLU alone.
+        output_gate: multiply the normed output by ``act(g_proj x)`` (default); False keeps the
+            per-head RMSNorm alone (DeltaNet's original layer; Zoology's MQAR models).
         gate_activation: ``"silu"`` or ``"sigmoid"`` for the output gate.
         gate_rank: ``None`` for a full output-gate projection, an int for a low-rank one with bias
             (KDA: d_model -> rank -> H*V).
@@ -53,6 +55,7 @@ class RecurrentMixer(TokenMixer):
         *,
         short_conv: bool = True,
         conv_size: int = 4,
+        output_gate: bool = True,
         gate_activation: str = "silu",
         gate_rank: int | None = None,
         chunk_size: int = 64,
@@ -69,10 +72,12 @@ class RecurrentMixer(TokenMixer):
         self.v_proj = nn.Linear(d_model, H * V, bias=False)
         # One depthwise convolution over [q | k | v] is three per-channel convolutions.
         self.conv = ShortConvolution(H * (2 * K + V), conv_size) if short_conv else None
-        if gate_rank is None:
-            self.g_proj: nn.Module = nn.Linear(d_model, H * V, bias=False)
-        else:
-            self.g_proj = low_rank(d_model, gate_rank, H * V, bias=True)
+        self.g_proj: nn.Module | None = None
+        if output_gate:
+            if gate_rank is None:
+                self.g_proj = nn.Linear(d_model, H * V, bias=False)
+            else:
+                self.g_proj = low_rank(d_model, gate_rank, H * V, bias=True)
         self.o_norm = GatedRMSNorm(V, gate_activation, norm_eps)
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
 
@@ -121,6 +126,8 @@ class RecurrentMixer(TokenMixer):
         o, S = self.recurrence(x, q, k, v, mode, S, keep=state is not None)
         if new_state is not None:
             new_state["S"] = S.to(state_dtype(x.dtype))
-        gate = self.g_proj(x).view(B, T, H, V)  # [B, T, H*V] -> [B, T, H, V]
+        gate = None
+        if self.g_proj is not None:
+            gate = self.g_proj(x).view(B, T, H, V)  # [B, T, H*V] -> [B, T, H, V]
         o = self.o_norm(o.to(x.dtype), gate)
         return self.o_proj(o.reshape(B, T, H * V)), new_state  # [B, T, H, V] -> [B, T, H*V]

@@ -124,17 +124,22 @@ class ShortConvolution(nn.Module):
     """Causal depthwise convolution over time, then SiLU (Mamba, H3, DeltaNet, KDA).
 
     ``y[t, c] = silu(sum_{i < kernel} w[c, i] x[t - kernel + 1 + i, c])``, with ``x[s] = 0``
-    before the first token. Its generation state is the last ``kernel - 1`` inputs,
-    ``[B, channels, kernel - 1]``: calling it on a sequence in pieces of any lengths, passing the
-    state along, gives the outputs of one call on the whole sequence.
+    before the first token (``activation=None``: without the SiLU). Its generation state is the
+    last ``kernel - 1`` inputs, ``[B, channels, kernel - 1]``: calling it on a sequence in pieces
+    of any lengths, passing the state along, gives the outputs of one call on the whole sequence.
     """
 
-    def __init__(self, channels: int, kernel_size: int = 4) -> None:
+    def __init__(
+        self, channels: int, kernel_size: int = 4, activation: str | None = "silu"
+    ) -> None:
         super().__init__()
         check_positive("channels", channels)
         check_positive("kernel_size", kernel_size)
+        if activation not in ("silu", None):
+            raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
         self.channels = channels
         self.kernel_size = kernel_size
+        self.activation = activation
         # weight: [channels, 1, kernel] (one filter per channel); same init as nn.Conv1d.
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -148,7 +153,8 @@ class ShortConvolution(nn.Module):
         padded = torch.cat([state.to(x.dtype), x], dim=2)  # [B, C, kernel - 1 + T]
         y = F.conv1d(padded, self.weight.to(x.dtype), groups=C)  # [B, C, T]
         new_state = padded[:, :, padded.shape[2] - (self.kernel_size - 1) :]
-        return F.silu(y).transpose(1, 2), new_state
+        y = F.silu(y) if self.activation == "silu" else y
+        return y.transpose(1, 2), new_state
 
 
 class GatedRMSNorm(nn.Module):
@@ -167,8 +173,11 @@ class GatedRMSNorm(nn.Module):
         self.activation = activation
         self.eps = eps
 
-    def forward(self, o: Tensor, gate: Tensor) -> Tensor:
+    def forward(self, o: Tensor, gate: Tensor | None) -> Tensor:
+        """``rmsnorm(o) * weight * act(gate)``; the norm alone when ``gate`` is None."""
         o = F.rms_norm(o, (o.shape[-1],), self.weight, self.eps)
+        if gate is None:
+            return o
         act = F.silu(gate) if self.activation == "silu" else torch.sigmoid(gate)
         return o * act
 

@@ -10,8 +10,18 @@ Example::
 """
 
 from linattn.models.cache import Cache
-from linattn.models.config import MIXERS, LMConfig
+from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig
 from linattn.models.lm import Block, CausalLM, SwiGLU, sample
 from linattn.models.mixers import build_mixer
 
-__all__ = ["MIXERS", "Block", "Cache", "CausalLM", "LMConfig", "SwiGLU", "build_mixer", "sample"]
+__all__ = [
+    "AUXILIARY_MIXERS",
+    "MIXERS",
+    "Block",
+    "Cache",
+    "CausalLM",
+    "LMConfig",
+    "SwiGLU",
+    "build_mixer",
+    "sample",
+]

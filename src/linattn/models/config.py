@@ -17,6 +17,9 @@ MIXERS = (
     "gated_deltanet",
     "kda",
 )
+# Blocks that are not a mechanism of the spec: ``"conv"``, the gated short convolution
+# (``linattn.layers.GatedConvolution``, Zoology's BaseConv) that the MQAR models put in front.
+AUXILIARY_MIXERS = ("conv",)
 
 # Fields that change neither the parameters' shapes nor what the state means.
 _NOT_IN_FINGERPRINT = ("max_seq_len", "chunk_size", "init_std")
@@ -38,14 +41,20 @@ class LMConfig:
         n_heads: heads of every mixer.
         head_dim: value (and key) dimension per head; default ``d_model // n_heads``, which then
             must divide evenly.
-        mixers: one mechanism name per block, from ``MIXERS``; e.g. ``("kda", "kda", "kda",
-            "softmax")`` for a Kimi-Linear-style hybrid (spec section 10).
+        mixers: one mechanism name per block, from ``MIXERS`` (or ``"conv"``, a gated short
+            convolution); e.g. ``("kda", "kda", "kda", "softmax")`` for a Kimi-Linear-style
+            hybrid (spec section 10), ``("conv", "deltanet")`` for Zoology's MQAR model.
+        mlp: a SwiGLU MLP after the mixer of every block (default); False gives blocks of the
+            mixer alone, as Zoology's MQAR models.
         mlp_ratio: hidden width of the SwiGLU MLP as a multiple of d_model.
         tie_embeddings: the LM head shares the embedding matrix.
         max_seq_len: longest context (prompt plus generated tokens) the model accepts; None for no
             limit (the recurrent mixers need none; rotary embeddings need none either).
         short_conv, conv_size: causal depthwise convolution (kernel 4) + SiLU on q, k, v of the
             recurrent mixers.
+        output_gate: the recurrent mixers multiply their normed output by a gate computed from
+            x (default); False keeps the per-head RMSNorm alone (DeltaNet's original layer).
+        gated_conv_size: kernel of the ``"conv"`` blocks (3, as Zoology's BaseConv).
         chunk_size: block length C of the chunk form.
         rope, rope_base: rotary position embeddings in the softmax blocks.
         softmax_short_conv: the same short convolution (kernel ``conv_size``) + SiLU on q, k, v
@@ -66,11 +75,14 @@ class LMConfig:
     n_heads: int = 2
     head_dim: int | None = None
     mixers: tuple[str, ...] = ("deltanet", "deltanet")
+    mlp: bool = True
     mlp_ratio: float = 4.0
     tie_embeddings: bool = True
     max_seq_len: int | None = 2048
     short_conv: bool = True
     conv_size: int = 4
+    output_gate: bool = True
+    gated_conv_size: int = 3
     chunk_size: int = 64
     rope: bool = True
     rope_base: float = 10000.0
@@ -82,7 +94,8 @@ class LMConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "conv_size", "chunk_size", "taylor_dim"):
+        names = ("vocab_size", "d_model", "n_heads", "conv_size", "gated_conv_size", "chunk_size")
+        for name in (*names, "taylor_dim"):
             _positive_int(name, getattr(self, name))
         _positive_int("gate_rank", self.gate_rank)
         if self.head_dim is None:
@@ -103,9 +116,10 @@ class LMConfig:
         if not self.mixers:
             raise ValueError("LMConfig.mixers must name at least one mixer")
         for i, name in enumerate(self.mixers):
-            if name not in MIXERS:
+            if name not in MIXERS + AUXILIARY_MIXERS:
                 raise ValueError(
-                    f"LMConfig.mixers[{i}] is {name!r}, an unknown mixer; choose from {MIXERS}"
+                    f"LMConfig.mixers[{i}] is {name!r}, an unknown mixer; choose from "
+                    f"{MIXERS + AUXILIARY_MIXERS}"
                 )
         if not self.mlp_ratio > 0:
             raise ValueError(f"LMConfig.mlp_ratio must be > 0, got {self.mlp_ratio!r}")

@@ -34,19 +34,24 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (unless
+    ``config.mlp`` is False: then the mixer alone)."""
 
     def __init__(self, config: LMConfig, mixer: str) -> None:
         super().__init__()
         self.mixer_name = mixer
         self.norm1 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mixer: TokenMixer = build_mixer(mixer, config)
-        self.norm2 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.d_model, config.mlp_hidden)
+        self.norm2 = self.mlp = None
+        if config.mlp:
+            self.norm2 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+            self.mlp = SwiGLU(config.d_model, config.mlp_hidden)
 
     def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State | None]:
         h, state = self.mixer(self.norm1(x), state)
         x = x + h
+        if self.mlp is None:
+            return x, state
         return x + self.mlp(self.norm2(x)), state
 
 

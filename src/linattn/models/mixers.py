@@ -6,13 +6,14 @@ from collections.abc import Callable
 
 from linattn.layers import (
     DeltaNet,
+    GatedConvolution,
     GatedDeltaNet,
     KimiDeltaAttention,
     LinearAttention,
     SoftmaxAttention,
     TokenMixer,
 )
-from linattn.models.config import MIXERS, LMConfig
+from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig
 
 
 def _recurrent_kwargs(c: LMConfig) -> dict:
@@ -20,6 +21,7 @@ def _recurrent_kwargs(c: LMConfig) -> dict:
         head_dim=c.head_size,
         short_conv=c.short_conv,
         conv_size=c.conv_size,
+        output_gate=c.output_gate,
         chunk_size=c.chunk_size,
         norm_eps=c.norm_eps,
     )
@@ -65,12 +67,14 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     "deltanet": lambda c: DeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
     "gated_deltanet": lambda c: GatedDeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
     "kda": lambda c: KimiDeltaAttention(c.d_model, c.n_heads, **_delta_kwargs(c)),
+    "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, c.chunk_size),
 }
-assert tuple(_BUILDERS) == MIXERS
+assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS
 
 
 def build_mixer(name: str, config: LMConfig) -> TokenMixer:
-    """The token mixer called ``name`` (one of ``MIXERS``) with the sizes of ``config``."""
+    """The token mixer called ``name`` (one of ``MIXERS`` or ``"conv"``) with the sizes of
+    ``config``."""
     if name not in _BUILDERS:
-        raise ValueError(f"unknown mixer {name!r}; choose from {MIXERS}")
+        raise ValueError(f"unknown mixer {name!r}; choose from {MIXERS + AUXILIARY_MIXERS}")
     return _BUILDERS[name](config)
