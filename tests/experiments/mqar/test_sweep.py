@@ -36,7 +36,9 @@ def builder(mechanism: str, d_model: int, preset: Preset) -> TinyGRU:
 
 
 def meter(model: TinyGRU, seq_len: int) -> list[int]:
-    return [model.rnn.hidden_size, model.rnn.hidden_size]  # a GRU keeps one vector
+    # Block 0 stands for the convolution block in front (3 numbers, not the mechanism's memory);
+    # block 1 for the mechanism: a GRU keeps one vector.
+    return [3, model.rnn.hidden_size]
 
 
 def sweep_rows(tmp_path, preset: Preset = PRESET, **kwargs) -> list[dict]:
@@ -58,7 +60,9 @@ def test_sweep_writes_one_row_per_mechanism_and_width(tmp_path) -> None:
     assert written == json.loads(json.dumps(rows))
     for row in written:
         assert REQUIRED <= set(row)
+        # the mechanism's memory only: the convolution block in front is not counted
         assert row["state_numbers"] == row["d_model"] and row["preset"] == "unit"
+        assert row["state_numbers_per_block"] == [3, row["d_model"]]
         assert [x["lr"] for x in row["lr_sweep"]] == [1e-3, 3e-3]
         assert row["accuracy"] == max(x["accuracy"] for x in row["lr_sweep"])
         assert row["mixers"] == list(MECHANISMS[row["mechanism"]])
@@ -131,7 +135,14 @@ def test_presets_are_consistent() -> None:
     assert zoo.task.vocab_size == 8192 and max(zoo.widths) == 512 and len(zoo.lrs) > 1
     for preset in PRESETS.values():
         assert set(preset.mechanisms) == set(MECHANISMS)
-    assert MECHANISMS["hybrid"] == ("kda", "kda", "kda", "softmax")
+    assert MECHANISMS["hybrid"] == ("conv", "softmax", "kda", "kda", "kda")
+    # Zoology's MQAR model: a gated convolution block in front, then the mechanism; blocks
+    # without MLPs or output gates; fillers without keys (so no key is rewritten before its query)
+    assert all(mixers[0] == "conv" and "conv" not in mixers[1:] for mixers in MECHANISMS.values())
+    for name in ("cpu", "zoology"):
+        options = PRESETS[name].model_options
+        assert options["mlp"] is False and options["output_gate"] is False
+    assert PRESETS["cpu"].task.random_non_queries is False
 
 
 @pytest.mark.parametrize(
