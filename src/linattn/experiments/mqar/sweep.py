@@ -192,8 +192,8 @@ PRESETS: dict[str, Preset] = {
         name="cpu",
         description=(
             "T=128, 16 key-value pairs, V=256, blank fillers, widths 32 and 64, 1,000 steps of 32 "
-            "(lr 3e-3; softmax 1e-2, the hybrid 6e-3), 2 worker processes: about 17 minutes on 2 CPU "
-            "cores"
+            "(lr 3e-3; softmax 1e-2, the hybrid 6e-3), 2 worker processes: about 17 minutes on 2 "
+            "CPU cores"
         ),
         task=MQARTask(vocab_size=256, seq_len=128, n_kv=16, random_non_queries=False),
         train=TrainConfig(
