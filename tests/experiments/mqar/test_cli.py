@@ -60,3 +60,15 @@ def test_bad_configuration_fails_before_training(tmp_path, capsys, extra, messag
     err = capsys.readouterr().err
     assert message in err and err.startswith("linattn mqar: error:")
     assert not results.exists()  # nothing was trained
+
+
+def test_fillers_option_sets_the_task(tmp_path, capsys) -> None:
+    for fillers, expected in (("random", True), ("blank", False)):
+        results = tmp_path / f"{fillers}.jsonl"
+        argv = ["mqar", "--preset", "smoke", "--mechanisms", "deltanet", "--fillers", fillers,
+                "--results", str(results), "--plot", "none", "--checkpoint-dir", "none",
+                "--no-progress"]  # fmt: skip
+        assert main(argv) == 0
+        assert f"{fillers} fillers" in capsys.readouterr().out
+        (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+        assert row["random_non_queries"] is expected

@@ -43,6 +43,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="sequence length T (even; default: preset's)")
     parser.add_argument("--n-kv", type=int, help="key-value pairs per sequence (<= T/4)")
     parser.add_argument("--vocab-size", type=int, help="vocabulary size V (> T)")
+    parser.add_argument("--fillers", choices=("blank", "random"),
+                        help="tokens between the queries: blank (token 0; the cpu preset) or "
+                        "random from the whole vocabulary (Zoology's random_non_queries; with a "
+                        "small vocabulary keys then recur in the filler)")  # fmt: skip
     parser.add_argument("--lr", nargs="+", type=float, metavar="LR",
                         help="learning rates to sweep; each run reports its best")  # fmt: skip
     parser.add_argument("--seed", type=int, help="seed for data and initialisation (default 0)")
@@ -79,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if value is not None
     }  # fmt: skip
+    if args.fillers is not None:
+        task_overrides["random_non_queries"] = args.fillers == "random"
     # Task and training settings are validated here, before any model is built or trained.
     preset = replace(
         preset,
@@ -100,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     t = preset.task
     print(f"MQAR preset {preset.name!r}: {preset.description}")
     print(
-        f"task: vocab {t.vocab_size}, seq_len {t.seq_len}, {t.n_kv} key-value pairs; "
+        f"task: vocab {t.vocab_size}, seq_len {t.seq_len}, {t.n_kv} key-value pairs, "
+        f"{'random' if t.random_non_queries else 'blank'} fillers; "
         f"{preset.train.steps} steps of {preset.train.batch_size}; widths {list(preset.widths)}; "
         f"lr {lr_text(preset)}; "
         + (f"{preset.workers} workers x {threads} thread(s)" if parallel else f"{threads} threads"),
