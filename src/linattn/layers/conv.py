@@ -9,8 +9,9 @@ token t with a filtered window of the tokens before t gives the next layer bigra
 key precedes this value), which is what a recurrent memory then stores. ``linattn mqar`` builds
 its models that way (``("conv", mechanism)``).
 
-Written from the formula above (the paper's Section 4 and its Appendix), without an activation,
-with kernel ``k`` = 3 by default as in the paper's MQAR models. Its generation state is the last
+Written from the formula above, without an activation, with kernel ``k`` = 3 by default as in
+Zoology's MQAR models; the projection gets the model's initialisation (``CausalLM``: normal(0,
+0.02), zero bias), the filter nn.Conv1d's. Its generation state is the last
 ``k - 1`` inputs, ``conv``: [B, d_model, k - 1]; prompt and decoding give the outputs of one call.
 """
 
