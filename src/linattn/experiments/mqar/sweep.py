@@ -73,7 +73,9 @@ gets 1e-2 (``mechanism_lrs``). The recurrent mechanisms get 3e-3: Gated DeltaNet
 0.781; with its sigmoid output gate at 3e-3: 0.792). The hybrid puts its softmax block first,
 right after the conv block: at lr 3e-3 and 800 steps, ``conv, softmax, kda, kda, kda`` reached
 0.814 and ``conv, kda, kda, kda, softmax`` 0.180 (0.019 at lr 1e-2); softmax first at lr 6e-3
-reached 0.934, so the hybrid gets 6e-3.
+reached 0.934, so the hybrid gets 6e-3. It is fragile in the learning rate: with 1,000 steps,
+d=32 / d=64 reached 0.819 / 0.100 at 6e-3 (the preset's run) and 0.043 / 0.933 at 3e-3; sweeping
+both would double its share of the budget (its steps cost 3-5x a two-block model's).
 
 Where the width-64 models of the preset's run miss (1,000 fresh sequences, 16,000 queries; accuracy
 by the number of tokens between a pair's value and its query: < 32 / 32-63 / 64-95 / 96-127):
