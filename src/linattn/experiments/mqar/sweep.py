@@ -120,14 +120,9 @@ from linattn.experiments.mqar.train import TrainConfig, train
 # it from our own ``GatedConvolution`` (the ``"conv"`` block of ``LMConfig.mixers``). The hybrid
 # keeps the convolution in front, then one softmax block and three KDA blocks (softmax first:
 # see the calibration notes above).
+_SINGLE = ("softmax", "linear", "taylor", "scalar_decay", "deltanet", "gated_deltanet", "kda")
 MECHANISMS: dict[str, tuple[str, ...]] = {
-    "softmax": ("conv", "softmax"),
-    "linear": ("conv", "linear"),
-    "taylor": ("conv", "taylor"),
-    "scalar_decay": ("conv", "scalar_decay"),
-    "deltanet": ("conv", "deltanet"),
-    "gated_deltanet": ("conv", "gated_deltanet"),
-    "kda": ("conv", "kda"),
+    **{name: ("conv", name) for name in _SINGLE},
     "hybrid": ("conv", "softmax", "kda", "kda", "kda"),
 }
 
