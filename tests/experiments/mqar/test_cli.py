@@ -72,3 +72,21 @@ def test_fillers_option_sets_the_task(tmp_path, capsys) -> None:
         assert f"{fillers} fillers" in capsys.readouterr().out
         (row,) = [json.loads(line) for line in results.read_text().splitlines()]
         assert row["random_non_queries"] is expected
+
+
+def test_steps_option_replaces_the_per_mechanism_steps(tmp_path, capsys, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from linattn.experiments.mqar.sweep import PRESETS
+
+    smoke = replace(PRESETS["smoke"], mechanism_steps={"deltanet": 3})
+    monkeypatch.setitem(PRESETS, "smoke", smoke)
+    cases = (([], 3, "2 (deltanet: 3) steps"), (["--steps", "1"], 1, "1 steps"))
+    for extra, expected, line in cases:
+        results = tmp_path / f"r{expected}.jsonl"
+        argv = ["mqar", "--preset", "smoke", "--mechanisms", "deltanet", "--results", str(results),
+                "--plot", "none", "--checkpoint-dir", "none", "--no-progress", *extra]  # fmt: skip
+        assert main(argv) == 0
+        assert line in capsys.readouterr().out
+        (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+        assert row["steps"] == row["max_steps"] == expected

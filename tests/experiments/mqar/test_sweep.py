@@ -154,6 +154,9 @@ def test_presets_are_consistent() -> None:
         (dict(lrs=(0.0,)), "lrs must be"),
         (dict(mechanism_lrs={"softmax": (float("nan"),)}), "lrs must be"),
         (dict(mechanism_lrs={"mamba": (1e-3,)}), "unknown mechanism"),
+        (dict(mechanism_steps={"mamba": 10}), "unknown mechanism"),
+        (dict(mechanism_steps={"kda": 0}), r"mechanism_steps\['kda'\] must be"),
+        (dict(mechanism_steps={"kda": 2.5}), r"mechanism_steps\['kda'\] must be"),
         (dict(workers=0), "workers must be"),
     ],
 )
@@ -201,5 +204,17 @@ def test_mechanism_lrs_replace_the_preset_lrs_for_that_mechanism(tmp_path) -> No
     rows = {r["mechanism"]: r for r in sweep_rows(tmp_path, preset, workers=1)}
     assert [x["lr"] for x in rows["softmax"]["lr_sweep"]] == [1e-3]
     assert [x["lr"] for x in rows["deltanet"]["lr_sweep"]] == [3e-3, 1e-2]
+    assert sweep.config_hash(preset, "deltanet", 8) != sweep.config_hash(PRESET, "deltanet", 8)
+    assert sweep.config_hash(preset, "softmax", 8) == sweep.config_hash(PRESET, "softmax", 8)
+
+
+def test_mechanism_steps_replace_the_preset_steps_for_that_mechanism(tmp_path) -> None:
+    preset = replace(PRESET, mechanism_steps={"deltanet": 4})
+    assert preset.train_for("softmax") == PRESET.train
+    assert preset.train_for("deltanet") == replace(PRESET.train, steps=4)
+    rows = {r["mechanism"]: r for r in sweep_rows(tmp_path, preset, workers=1)}
+    assert rows["softmax"]["max_steps"] == rows["softmax"]["steps"] == 6
+    assert rows["deltanet"]["max_steps"] == rows["deltanet"]["steps"] == 4
+    assert [e["step"] for e in rows["deltanet"]["evals"]][-1] == 4
     assert sweep.config_hash(preset, "deltanet", 8) != sweep.config_hash(PRESET, "deltanet", 8)
     assert sweep.config_hash(preset, "softmax", 8) == sweep.config_hash(PRESET, "softmax", 8)

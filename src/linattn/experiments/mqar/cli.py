@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         lrs=tuple(args.lr or preset.lrs),
         # --lr replaces every mechanism's lrs, the per-mechanism choices of the preset included
         mechanism_lrs={} if args.lr else preset.mechanism_lrs,
+        # --steps likewise replaces the per-mechanism step counts
+        mechanism_steps={} if args.steps is not None else preset.mechanism_steps,
         workers=preset.workers if args.workers is None else args.workers,
     )
     if args.threads is not None and args.threads < 1:
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"task: vocab {t.vocab_size}, seq_len {t.seq_len}, {t.n_kv} key-value pairs, "
         f"{'random' if t.random_non_queries else 'blank'} fillers; "
-        f"{preset.train.steps} steps of {preset.train.batch_size}; widths {list(preset.widths)}; "
+        f"{steps_text(preset)} steps of {preset.train.batch_size}; widths {list(preset.widths)}; "
         f"lr {lr_text(preset)}; "
         + (f"{preset.workers} workers x {threads} thread(s)" if parallel else f"{threads} threads"),
         flush=True,
@@ -134,3 +136,13 @@ def lr_text(preset: Preset) -> str:
         f"{m}: {list(preset.lrs_for(m))}" for m in preset.mechanisms if m in preset.mechanism_lrs
     ]
     return f"{list(preset.lrs)}" + (f" ({'; '.join(own)})" if own else "")
+
+
+def steps_text(preset: Preset) -> str:
+    """The training steps of a preset, e.g. ``1000 (kda: 2000)``."""
+    own = [
+        f"{m}: {preset.train_for(m).steps}"
+        for m in preset.mechanisms
+        if m in preset.mechanism_steps
+    ]
+    return f"{preset.train.steps}" + (f" ({'; '.join(own)})" if own else "")

@@ -156,6 +156,9 @@ class Preset:
     # mechanism -> its own lrs, replacing ``lrs`` for that mechanism (a per-mechanism choice
     # standing in for the lr sweep a bigger budget would run for every mechanism).
     mechanism_lrs: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # mechanism -> its own number of training steps (the length of its cosine schedule),
+    # replacing ``train.steps`` for that mechanism; ``stop_accuracy`` still ends it early.
+    mechanism_steps: dict[str, int] = field(default_factory=dict)
     workers: int = 1
 
     def __post_init__(self) -> None:
@@ -178,12 +181,26 @@ class Preset:
             for lr in lrs:
                 if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
                     raise ValueError(f"lrs must be finite numbers > 0, got {lr!r}")
+        unknown = [m for m in self.mechanism_steps if m not in MECHANISMS]
+        if unknown:
+            raise ValueError(f"mechanism_steps names unknown mechanism(s) {unknown}")
+        for mechanism, steps in self.mechanism_steps.items():
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+                raise ValueError(
+                    f"mechanism_steps[{mechanism!r}] must be an int >= 1, got {steps!r}"
+                )
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {self.workers!r}")
 
     def lrs_for(self, mechanism: str) -> tuple[float, ...]:
         """The learning rates tried for ``mechanism``: its own, or the preset's ``lrs``."""
         return tuple(self.mechanism_lrs.get(mechanism, self.lrs))
+
+    def train_for(self, mechanism: str) -> TrainConfig:
+        """The training recipe of ``mechanism``: ``train`` with its own steps, if it has some."""
+        if mechanism not in self.mechanism_steps:
+            return self.train
+        return replace(self.train, steps=self.mechanism_steps[mechanism])
 
 
 PRESETS: dict[str, Preset] = {
@@ -281,7 +298,11 @@ def config_hash(preset: Preset, mechanism: str, d_model: int) -> str:
     blob = json.dumps(
         {
             "task": preset.task.to_dict(),
-            "train": {k: v for k, v in preset.train.to_dict().items() if k != "checkpoint_every"},
+            "train": {
+                k: v
+                for k, v in preset.train_for(mechanism).to_dict().items()
+                if k != "checkpoint_every"
+            },
             "lrs": list(preset.lrs_for(mechanism)),
             "mixers": list(MECHANISMS[mechanism]),
             "d_model": d_model,
@@ -316,7 +337,7 @@ def run_pair(
     for lr in preset.lrs_for(mechanism):
         torch.manual_seed(preset.train.seed)  # the same initialisation for every lr
         model = builder(mechanism, d_model, preset)
-        config = replace(preset.train, lr=lr)
+        config = replace(preset.train_for(mechanism), lr=lr)
         path = None
         if checkpoint_dir is not None:
             key = config_hash(preset, mechanism, d_model)
@@ -339,7 +360,7 @@ def run_pair(
         "state_numbers_per_block": per_block,
         **preset.task.to_dict(),
         "steps": best.steps,
-        "max_steps": preset.train.steps,
+        "max_steps": preset.train_for(mechanism).steps,
         "batch_size": preset.train.batch_size,
         "lr": lr,
         "lr_sweep": [
