@@ -5,7 +5,7 @@ asks for the keys again; a model must answer with the values. Fixed-state mechan
 6.3, 7.3); the delta rule uses the same state better (7, 10). Presets:
 
   smoke    seconds: every mechanism trains a few steps (the tests run it)
-  cpu      about 17 minutes on 2 CPU cores, 2 worker processes (the README's run)
+  cpu      about 16 minutes on 2 CPU cores, 2 worker processes (the README's run)
   zoology  the paper's scale: V=8192, T=512, 64 pairs, widths 64-512, an lr sweep (for a GPU)
 
 Results are appended to a JSON lines file (one object per mechanism and width; schema in
