@@ -90,13 +90,17 @@ convolution in the mixer (``short_conv=False``) 0.957 / 0.965; one head of 64 in
 every detail, so these are not rankings of the settings, only evidence that none of them does
 what a longer schedule does.
 
-The hybrid puts its softmax block first, right after the conv block: at lr 3e-3 and 800 steps,
-``conv, softmax, kda, kda, kda`` reached 0.814 and ``conv, kda, kda, kda, softmax`` 0.180 (0.019
-at lr 1e-2). Its learning rate matters more than anyone's (d=32 / d=64 after 1,000 steps): 3e-3
-0.043 / 0.933 (seed 1 at d=32: 0.033), 4.5e-3 0.035 / 0.988, 6e-3 0.819 / 0.100; the softmax
-block at 1e-2 and the KDA blocks at 3e-3 (one optimiser, two parameter groups) 0.024 / 0.823. The
-preset runs 4.5e-3, the best at d=64; a sweep over all three would triple its share of the budget
-(its steps cost 3-5x a two-block model's), and a longer schedule would double it.
+The hybrid puts its softmax block first, right after the conv block (these two probes, at lr 3e-3
+and 800 steps, had the softmax block's own short convolution on, unlike the preset): ``conv,
+softmax, kda, kda, kda`` reached 0.814 and ``conv, kda, kda, kda, softmax`` 0.180 (0.019 at lr
+1e-2). Its learning rate decides more than anything else in this sweep. With the preset's model
+(d=32 / d=64, 1,000 steps): 3e-3 0.047 / 0.053, 4.5e-3 0.048 / 0.998 (the preset's run, at 0.99 by
+step 600), 6e-3 0.819 / 0.100 (the previous preset's run). With the softmax block's short
+convolution on: 3e-3 0.043 / 0.933 (seed 1 at d=32: 0.033), 4.5e-3 0.035 / 0.988; the softmax block
+at 1e-2 and the KDA blocks at 3e-3 (one optimiser, two parameter groups) 0.024 / 0.823. The preset
+runs 4.5e-3, the only one of the three at which the width-64 hybrid recalls; Zoology's answer, a
+sweep over learning rates keeping the best per width, would triple the hybrid's share of the budget
+(its steps cost 3-5x a two-block model's).
 
 Where the width-64 models of a 1,000-step run miss (1,000 fresh sequences, 16,000 queries;
 accuracy by the number of tokens between a pair's value and its query: < 32 / 32-63 / 64-95 /
