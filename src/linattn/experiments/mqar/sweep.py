@@ -518,8 +518,10 @@ def plot_results(rows: Sequence[dict], path: str | Path, title: str = "MQAR") ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for mechanism in dict.fromkeys(r["mechanism"] for r in rows):
+    fig, ax = plt.subplots(figsize=(7.6, 4.2))
+    order = list(MECHANISMS)  # the legend in the table's order, whatever the rows' order
+    names = dict.fromkeys(r["mechanism"] for r in rows)
+    for mechanism in sorted(names, key=lambda m: order.index(m) if m in order else len(order)):
         points = sorted(
             (r["state_numbers"], r["accuracy"]) for r in rows if r["mechanism"] == mechanism
         )
@@ -531,7 +533,8 @@ def plot_results(rows: Sequence[dict], path: str | Path, title: str = "MQAR") ->
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    # beside the axes: the curves reach every corner of the plot
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
