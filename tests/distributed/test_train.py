@@ -90,3 +90,16 @@ def test_build_rejects_unknown_names():
         train.build(parser.parse_args(["--preset", "nope"]))
     with pytest.raises(ValueError, match="--mechanism"):
         train.build(parser.parse_args(["--mechanism", "nope"]))
+
+
+def test_build_takes_the_mechanisms_own_recipe_from_the_preset():
+    """The cpu preset's per-mechanism lr and steps, unless the command line overrides them."""
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    _, _, config = train.build(parser.parse_args(["--preset", "cpu", "--mechanism", "softmax"]))
+    assert config.lr == 1e-2 and config.steps == 1000
+    _, _, config = train.build(parser.parse_args(["--preset", "cpu", "--mechanism", "kda"]))
+    assert config.lr == 3e-3 and config.steps == 2000
+    argv = ["--preset", "cpu", "--mechanism", "kda", "--lr", "1e-3", "--steps", "7"]
+    _, _, config = train.build(parser.parse_args(argv))
+    assert config.lr == 1e-3 and config.steps == 7

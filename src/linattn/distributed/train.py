@@ -152,7 +152,12 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, MQARTask, TrainConfig]:
         for name in ("steps", "batch_size", "lr", "seed", "train_n_kv")
         if getattr(args, name) is not None
     }
-    config = dataclasses.replace(preset.train, **overrides)
+    # The mechanism's own recipe in the preset (its steps; its lr when it has one rather than a
+    # sweep), then the command line's overrides.
+    recipe = preset.train_for(args.mechanism)
+    lrs = preset.lrs_for(args.mechanism)
+    own = {"lr": lrs[0] if len(lrs) == 1 else recipe.lr}
+    config = dataclasses.replace(recipe, **{**own, **overrides})
     width = args.width if args.width is not None else preset.widths[0]
     torch.manual_seed(config.seed)  # the same initial parameters on every rank
     model = build_model(args.mechanism, width, preset)
@@ -164,9 +169,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="smoke", help="an MQAR preset (default smoke)")
     parser.add_argument("--mechanism", default="deltanet", help="an MQAR mechanism")
     parser.add_argument("--width", type=int, default=None, help="d_model (default: preset's)")
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="default: the preset's for it")
     parser.add_argument("--batch-size", type=int, default=None, help="global batch size")
-    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--lr", type=float, default=None, help="default: the preset's for it")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--train-n-kv",
