@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from linattn import cli
-from linattn.experiments.mqar.sweep import MECHANISMS
+from linattn.experiments.mqar.sweep import MECHANISMS, PRESETS
 
 
 @pytest.fixture(autouse=True)
@@ -75,10 +76,6 @@ def test_fillers_option_sets_the_task(tmp_path, capsys) -> None:
 
 
 def test_steps_option_replaces_the_per_mechanism_steps(tmp_path, capsys, monkeypatch) -> None:
-    from dataclasses import replace
-
-    from linattn.experiments.mqar.sweep import PRESETS
-
     smoke = replace(PRESETS["smoke"], mechanism_steps={"deltanet": 3})
     monkeypatch.setitem(PRESETS, "smoke", smoke)
     cases = (([], 3, "2 (deltanet: 3) steps"), (["--steps", "1"], 1, "1 steps"))

@@ -132,17 +132,17 @@ def run(args: argparse.Namespace) -> int:
 
 def lr_text(preset: Preset) -> str:
     """The learning rates of a preset, e.g. ``[0.003] (softmax: [0.01])``."""
-    own = [
-        f"{m}: {list(preset.lrs_for(m))}" for m in preset.mechanisms if m in preset.mechanism_lrs
-    ]
-    return f"{list(preset.lrs)}" + (f" ({'; '.join(own)})" if own else "")
+    own = {m: list(preset.lrs_for(m)) for m in preset.mechanisms if m in preset.mechanism_lrs}
+    return _with_own(list(preset.lrs), own)
 
 
 def steps_text(preset: Preset) -> str:
     """The training steps of a preset, e.g. ``1000 (kda: 2000)``."""
-    own = [
-        f"{m}: {preset.train_for(m).steps}"
-        for m in preset.mechanisms
-        if m in preset.mechanism_steps
-    ]
-    return f"{preset.train.steps}" + (f" ({'; '.join(own)})" if own else "")
+    own = {m: preset.train_for(m).steps for m in preset.mechanisms if m in preset.mechanism_steps}
+    return _with_own(preset.train.steps, own)
+
+
+def _with_own(common: object, own: dict[str, object]) -> str:
+    """``common``, then the mechanisms that have their own value: ``common (name: value; ...)``."""
+    listed = "; ".join(f"{m}: {value}" for m, value in own.items())
+    return f"{common}" + (f" ({listed})" if own else "")

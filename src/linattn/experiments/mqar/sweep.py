@@ -196,18 +196,17 @@ class Preset:
                 raise ValueError(f"widths must be ints >= 1, got {width!r}")
             if width % self.n_heads:
                 raise ValueError(f"width {width} is not divisible by n_heads={self.n_heads}")
-        unknown = [m for m in self.mechanism_lrs if m not in MECHANISMS]
-        if unknown:
-            raise ValueError(f"mechanism_lrs names unknown mechanism(s) {unknown}")
+        for name, table in (("mechanism_lrs", self.mechanism_lrs),
+                            ("mechanism_steps", self.mechanism_steps)):  # fmt: skip
+            unknown = [m for m in table if m not in MECHANISMS]
+            if unknown:
+                raise ValueError(f"{name} names unknown mechanism(s) {unknown}")
         for lrs in (self.lrs, *self.mechanism_lrs.values()):
             if not lrs:
                 raise ValueError("a preset needs at least one mechanism, one width and one lr")
             for lr in lrs:
                 if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
                     raise ValueError(f"lrs must be finite numbers > 0, got {lr!r}")
-        unknown = [m for m in self.mechanism_steps if m not in MECHANISMS]
-        if unknown:
-            raise ValueError(f"mechanism_steps names unknown mechanism(s) {unknown}")
         for mechanism, steps in self.mechanism_steps.items():
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
                 raise ValueError(
