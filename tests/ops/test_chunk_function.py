@@ -35,9 +35,9 @@ CASES = list(itertools.product(["additive", "delta"], [None, "scalar", "channel"
 
 
 @pytest.mark.parametrize(("rule", "gate", "C"), CASES)
-@pytest.mark.parametrize("rows", [1, 4096])  # one chunk per group, and one group
+@pytest.mark.parametrize("rows", [1, 4096])  # one chunk per group, and one group (per thread)
 def test_matches_autograd_through_the_block_engine(rule, gate, C, rows, monkeypatch):
-    monkeypatch.setattr(chunk_function, "GROUP_ROWS", rows)
+    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", rows)
     x = make_inputs(B=2, T=37, H=2, K=4, V=3, gate=gate, rule=rule, state=True)
     names = ("q", "k", "v", "beta", "g", "S0")
     ref_in, new_in = _internal(x, names), _internal(x, names)
@@ -61,7 +61,8 @@ def test_matches_autograd_through_the_block_engine(rule, gate, C, rows, monkeypa
 
 @pytest.mark.parametrize("gate", [None, "scalar", "channel"])
 def test_gradcheck_across_groups(gate, monkeypatch):
-    monkeypatch.setattr(chunk_function, "GROUP_ROWS", 8)  # several groups of one chunk
+    # one chunk per group (on up to 7 threads): several groups
+    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", 1)
     x = make_inputs(B=1, T=11, H=1, K=3, V=2, gate=gate, rule="delta", state=True)
     x["beta"] = 0.1 + 0.9 * x["beta"]
     inputs = _internal(x, ("q", "k", "v", "beta", "g"))
