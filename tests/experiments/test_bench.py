@@ -50,6 +50,7 @@ def test_tiny_run_writes_json_markdown_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| mechanism | form | T |" in out and "**Generation step**" in out
     result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["machine"]["malloc"] == "malloc defaults" and "; malloc defaults)" in out
     assert (tmp_path / "bench.md").read_text().strip() == out.strip()
     rows = result["rows"]
     keys = {(r["mechanism"], r["mode"], r["T"]) for r in rows}
@@ -132,3 +133,18 @@ def test_every_efficiency_is_taken_against_the_highest_roof(monkeypatch):
         assert r["roof_ops_per_s"] == 150e9
         assert r["forward_efficiency"] == pytest.approx(r["forward_rate"] / 150e9)
     assert "the highest of 3 measurements, lowest 89" in bench.bench_markdown(result)
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_tune_malloc_option_is_applied_and_reported(applied, tmp_path, capsys, monkeypatch):
+    calls = []
+    # The real call is process-wide (tests/test_cpu.py runs it in a child process).
+    monkeypatch.setattr(bench, "tune_malloc", lambda: calls.append(1) or applied)
+    args = [*TINY, "--mechanisms", "linear", "--modes", "chunk", "--T", "32", "--no-memory"]
+    args += ["--generation-t", "none", "--no-fla", "--tune-malloc", "--out", str(tmp_path)]
+    assert cli.main(["bench", *args]) == 0
+    out = capsys.readouterr().out
+    malloc = json.loads((tmp_path / "bench.json").read_text())["machine"]["malloc"]
+    assert calls == [1]
+    expected = bench.DESCRIPTION if applied else "not tuned (no glibc mallopt)"
+    assert malloc == expected and f"; {expected})" in out

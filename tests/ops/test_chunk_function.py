@@ -89,13 +89,12 @@ def test_only_needed_gradients_are_computed():
     assert q.grad is not None and v.grad is not None and beta.grad is not None
 
 
-@pytest.mark.parametrize("keep", [True, False])  # with and without what the backward pass needs
 @pytest.mark.parametrize("C", [1, 6, 16, 64])
-def test_channel_products_equal_the_exact_decay_tensor(C, keep):
+def test_channel_products_equal_the_exact_decay_tensor(C):
     gen = torch.Generator().manual_seed(C)
     a, b = (torch.randn(3, C, 5, generator=gen, dtype=torch.float64) for _ in range(2))
     G = torch.cumsum(-3 * torch.rand(3, C, 5, generator=gen, dtype=torch.float64), dim=-2)
-    products = _blockmath.ChannelProducts([a, b], b, G, [False, True], keep)
+    products = _blockmath.ChannelProducts([a, b], b, G, [False, True])
     decay = torch.exp((G.unsqueeze(-2) - G.unsqueeze(-3)).clamp(max=0))  # [3, C, C, 5]
     full = torch.einsum("nic,njc,nijc->nij", a, b, decay)
     torch.testing.assert_close(products.As[0], torch.tril(full), rtol=1e-12, atol=1e-12)
@@ -109,11 +108,3 @@ def test_unit_lower_inverse():
     A = L + torch.eye(50, dtype=torch.float64)
     X = _blockmath.unit_lower_inverse(A)
     torch.testing.assert_close(X @ A, torch.eye(50, dtype=torch.float64).expand_as(A))
-
-
-def test_channel_products_without_keep_refuse_a_backward_pass():
-    a = torch.randn(2, 8, 3)
-    G = torch.cumsum(-torch.rand(2, 8, 3), dim=-2)
-    products = _blockmath.ChannelProducts([a], a, G, [False], keep=False)
-    with pytest.raises(RuntimeError, match="keep=False"):
-        products.backward([torch.ones(2, 8, 8)])

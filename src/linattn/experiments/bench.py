@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from linattn.cpu import DESCRIPTION, tune_malloc
 from linattn.experiments import _bench_cases as cases
 from linattn.experiments import _generation, _timing
 from linattn.experiments._args import int_list, positive_int
@@ -220,7 +221,7 @@ def bench_markdown(result: dict) -> str:
         f"V = {cfg['V']}, chunk size {cfg['chunk_size']}, {result['machine']['threads']} threads; "
         f"medians of {cfg['clock']} time; matrix-product roof "
         f"{result['roof_ops_per_s'] / 1e9:,.0f} GFLOP/s, the highest of "
-        f"{_roof_range(result)})",
+        f"{_roof_range(result)}; {result['machine'].get('malloc', 'malloc defaults')})",
         "",
         "| mechanism | form | T | fwd ms | fwd GFLOP/s | fwd eff. | fwd+bwd ms | fwd+bwd eff. | "
         "peak MiB fwd | peak MiB fwd+bwd | softmax / this (fwd) |",
@@ -340,6 +341,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--generation-repeats", type=positive_int, default=50, help="timed steps (median)")
     add("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     add(
+        "--tune-malloc",
+        action="store_true",
+        help="first let glibc keep freed memory (linattn.cpu.tune_malloc; process-wide)",
+    )
+    add(
         "--clock",
         choices=sorted(_timing.CLOCKS),
         default="wall",
@@ -363,8 +369,16 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark, write bench.json, bench.md and bench.png under --out, print the tables."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    malloc = "malloc defaults"
+    if args.tune_malloc:
+        if tune_malloc():
+            malloc = DESCRIPTION
+        else:
+            malloc = "not tuned (no glibc mallopt)"
+            print("bench: --tune-malloc: no glibc mallopt here, timing as is", file=sys.stderr)
     _timing.use_clock(args.clock)
     result = compute_bench(args)
+    result["machine"]["malloc"] = malloc
     result["config"]["out"] = str(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     text = bench_markdown(result)

@@ -26,16 +26,14 @@ class Products:
 
     A_p[i, j] = sum_c a_p,ic b_jc exp(G_ic - G_jc) for j <= i (j < i where ``strict[p]``), else 0:
     A_qk (a = q) and A_kk (a = k, strict) share b = k and the decay. G: None, [..., C, 1] or
-    [..., C, K]. ``keep``: keep what ``backward`` needs (per-channel decay only).
+    [..., C, K].
     """
 
-    def __init__(
-        self, lefts: list[Tensor], b: Tensor, G: Tensor | None, strict: list[bool], keep: bool
-    ):
+    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor | None, strict: list[bool]):
         self.lefts, self.b, self.strict = lefts, b, strict
         self.channel = self.decay = None
         if G is not None and G.shape[-1] > 1:
-            self.channel = ChannelProducts(lefts, b, G, strict, keep)
+            self.channel = ChannelProducts(lefts, b, G, strict)
             self.As = self.channel.As
             return
         if G is not None:
@@ -66,20 +64,9 @@ class Products:
 
 
 class Terms:
-    """All state-independent terms of one group (see the module docstring).
+    """All state-independent terms of one group (see the module docstring)."""
 
-    ``for_backward``: keep what ``gradients`` needs (the forward pass alone keeps less).
-    """
-
-    def __init__(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        beta: Tensor | None,
-        g: Tensor | None,
-        for_backward: bool = False,
-    ):
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
         self.q, self.k, self.v, self.beta = q, k, v, beta
         if g is None:
             self.G = self.eG = self.eEnd = self.D = None
@@ -95,7 +82,7 @@ class Terms:
             self.Kd = None if beta is None else k * self.eG
         delta = beta is not None
         lefts, strict = ([q, k], [False, True]) if delta else ([q], [False])
-        self.products = Products(lefts, k, self.G, strict, for_backward)
+        self.products = Products(lefts, k, self.G, strict)
         self.A_qk = self.products.As[0]  # [n, P, C, C]
         if not delta:
             self.W, self.U0 = None, v

@@ -164,7 +164,7 @@ class ChunkFunction(torch.autograd.Function):
         gather = _Gatherer((q, k, v, beta, g, d_o), C, scale)
         for c0, t0, t1, n in reversed(list(_groups(T, C, P))):
             qg, kg, vg, bg, gg, dO = gather(t0, t1, n)
-            terms = Terms(qg, kg, vg, bg, gg, for_backward=True)
+            terms = Terms(qg, kg, vg, bg, gg)
             st = states[c0 : c0 + n]  # [n, P, K, V]
             U = (
                 vg
