@@ -148,3 +148,24 @@ def test_tune_malloc_option_is_applied_and_reported(applied, tmp_path, capsys, m
     assert calls == [1]
     expected = bench.DESCRIPTION if applied else "not tuned (no glibc mallopt)"
     assert malloc == expected and f"; {expected})" in out
+
+
+def test_fla_and_ours_are_timed_in_turns(monkeypatch):
+    calls = []
+    o = torch.zeros(1, 8, 2, 4)
+
+    def ours(mech, inputs, mode, C):
+        calls.append("ours")
+        return o
+
+    def theirs(prepared, C):
+        calls.append("fla")
+        return o + 0.5
+
+    monkeypatch.setattr(cases, "call", ours)
+    monkeypatch.setattr(cases, "fla_reference", lambda mech: theirs)
+    monkeypatch.setattr(cases, "prepare_fla", lambda inputs: inputs)
+    fla = bench._time_fla(cases.BY_NAME["delta"], {}, 4, 3)
+    assert calls == ["fla", "ours"] + ["ours", "fla"] * 3  # the check, then three turns
+    assert fla["fla_speedup"] == fla["fla_forward_s"] / fla["fla_ours_forward_s"]
+    assert fla["fla_max_abs_diff"] == 0.5
