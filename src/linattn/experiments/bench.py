@@ -24,6 +24,7 @@ from linattn.cpu import DESCRIPTION, tune_malloc
 from linattn.experiments import _bench_cases as cases
 from linattn.experiments import _generation, _timing
 from linattn.experiments._args import int_list, positive_int
+from linattn.experiments._bench_merge import merge_runs
 from linattn.experiments._timing import (
     matmul_rate,
     measure_memory_in_child,
@@ -221,6 +222,22 @@ def _mib(b: int | None) -> str:
     return "" if b is None else f"{b / 2**20:,.0f}"
 
 
+def _roof_text(result: dict) -> str:
+    """The header's account of the roof (one run, or the roofs of merged runs)."""
+    runs = result["config"].get("merged_runs")
+    if runs:
+        roofs = result["run_roofs_ops_per_s"]
+        return (
+            f"the median of {runs} runs, row by row, each row's efficiency against its own run's "
+            f"matrix-product roof ({min(roofs) / 1e9:,.0f}-{max(roofs) / 1e9:,.0f} GFLOP/s, each "
+            "the highest of that run's measurements)"
+        )
+    return (
+        f"matrix-product roof {result['roof_ops_per_s'] / 1e9:,.0f} GFLOP/s, the highest of "
+        f"{_roof_range(result)}"
+    )
+
+
 def _roof_range(result: dict) -> str:
     samples = result.get("roof_samples_ops_per_s") or [result["roof_ops_per_s"]]
     return f"{len(samples)} measurements, lowest {min(samples) / 1e9:,.0f}"
@@ -232,9 +249,8 @@ def bench_markdown(result: dict) -> str:
     lines = [
         f"**linattn bench** (float32, B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, "
         f"V = {cfg['V']}, chunk size {cfg['chunk_size']}, {result['machine']['threads']} threads; "
-        f"medians of {cfg['clock']} time; matrix-product roof "
-        f"{result['roof_ops_per_s'] / 1e9:,.0f} GFLOP/s, the highest of "
-        f"{_roof_range(result)}; {result['machine'].get('malloc', 'malloc defaults')})",
+        f"medians of {cfg['clock']} time; {_roof_text(result)}; "
+        f"{result['machine'].get('malloc', 'malloc defaults')})",
         "",
         "| mechanism | form | T | fwd ms | fwd GFLOP/s | fwd eff. | fwd+bwd ms | fwd+bwd eff. | "
         "peak MiB fwd | peak MiB fwd+bwd | softmax / this (fwd) |",
@@ -369,6 +385,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="seed of the random inputs")
     add("--out", type=Path, default=Path("runs/bench"), help="directory for bench.json/md/png")
     add("--json", action="store_true", help="print JSON instead of Markdown")
+    add(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="BENCH_JSON",
+        help="time nothing: merge these bench.json runs (medians, row by row) into --out",
+    )
 
 
 def _choices(text: str, allowed) -> list[str]:
@@ -382,6 +405,13 @@ def _choices(text: str, allowed) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, write bench.json, bench.md and bench.png under --out, print the tables."""
+    if args.merge:
+        try:
+            merged = merge_runs([json.loads(p.read_text()) for p in args.merge])
+        except (OSError, ValueError, KeyError) as error:  # JSONDecodeError is a ValueError
+            print(f"bench: --merge: {error}", file=sys.stderr)
+            return 2
+        return _write(merged, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     malloc = "malloc defaults"
@@ -395,6 +425,11 @@ def run(args: argparse.Namespace) -> int:
     result = compute_bench(args)
     result["machine"]["malloc"] = malloc
     result["config"]["out"] = str(args.out)
+    return _write(result, args)
+
+
+def _write(result: dict, args: argparse.Namespace) -> int:
+    """Write bench.json, bench.md and bench.png under --out and print the tables."""
     args.out.mkdir(parents=True, exist_ok=True)
     text = bench_markdown(result)
     (args.out / "bench.json").write_text(json.dumps(result, indent=2))
