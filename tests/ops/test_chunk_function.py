@@ -108,3 +108,16 @@ def test_unit_lower_inverse():
     A = L + torch.eye(50, dtype=torch.float64)
     X = _blockmath.unit_lower_inverse(A)
     torch.testing.assert_close(X @ A, torch.eye(50, dtype=torch.float64).expand_as(A))
+
+
+def test_groups_grow_with_the_torch_threads(monkeypatch):
+    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", 2048)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = chunk_function._chunks_per_group(64, 8)
+        torch.set_num_threads(2)
+        two = chunk_function._chunks_per_group(64, 8)
+    finally:
+        torch.set_num_threads(threads)
+    assert (one, two) == (4, 8)  # 2,048 token-heads per thread: 4 chunks of 64 tokens x 8 heads
