@@ -33,9 +33,9 @@ DESCRIPTION = "glibc malloc tuned: mmap threshold 32 MiB, trim threshold 2 GiB, 
 def tune_malloc() -> bool:
     """Apply ``MALLOC_SETTINGS`` with glibc's ``mallopt``; False where there is no glibc.
 
-    Measured (T = 16,384, B = 1, H = 8, K = V = 64, two threads, wall-clock medians, this project's
-    2-core machine): linear attention's forward + backward 1.25-1.4x faster, the delta rule's and
-    GLA's 1.1-1.25x (``benchmarks/README.md``).
+    Measured (T = 16,384, B = 1, H = 8, K = V = 64, this project's 2-core machine, runs in turns):
+    linear attention's forward + backward 1.15-1.4x faster on two threads; the other mechanisms,
+    and every mechanism on one thread, within the machine's noise (``benchmarks/README.md``).
     """
     name = ctypes.util.find_library("c")
     if name is None:

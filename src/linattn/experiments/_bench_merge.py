@@ -68,9 +68,8 @@ def _merge_tables(tables: list[list[dict]], identity, counts) -> list[dict]:
                 raise ValueError(f"--merge: the runs' rows differ in {field}")
         row = dict(same[0])
         for field, value in same[0].items():
-            if field in identity or field in counts or isinstance(value, bool):
-                continue
-            if not isinstance(value, int | float):
+            measured = isinstance(value, int | float) and not isinstance(value, bool)
+            if not measured or field in identity or field in counts:
                 continue
             values = [r[field] for r in same if field in r]
             row[field] = statistics.median(values)

@@ -50,10 +50,26 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tupl
         start = clock()
         fn()
         times.append(clock() - start)
-    ordered = sorted(times)
+    return median(times), times
+
+
+def medians_in_turns(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median time of each of ``fns``, called in turns (f1, f2, ..., f1, f2, ...) ``repeats``
+    times: on a shared machine all the medians then come from the same minutes."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, own in zip(fns, times, strict=True):
+            start = clock()
+            fn()
+            own.append(clock() - start)
+    return [median(own) for own in times]
+
+
+def median(values: list[float]) -> float:
+    """The median (the mean of the two middle values for an even count)."""
+    ordered = sorted(values)
     mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-    return median, times
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 def matmul_rate(n: int = ROOF_SIZE, repeats: int = 5) -> float:

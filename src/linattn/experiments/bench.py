@@ -29,6 +29,7 @@ from linattn.experiments._timing import (
     matmul_rate,
     measure_memory_in_child,
     median_time,
+    medians_in_turns,
     memory_supported,
 )
 
@@ -75,11 +76,9 @@ def _time_fla(mech, inputs, C, repeats) -> dict | None:
     with torch.no_grad():
         theirs = ref(prepared, C)
         ours = cases.call(mech, inputs, "chunk", C)
-        times = {"ours": [], "fla": []}
-        for _ in range(repeats):
-            times["ours"].append(median_time(lambda: cases.call(mech, inputs, "chunk", C), 1, 0)[0])
-            times["fla"].append(median_time(lambda: ref(prepared, C), 1, 0)[0])
-    ours_s, fla_s = (sorted(t)[len(t) // 2] for t in (times["ours"], times["fla"]))
+        ours_s, fla_s = medians_in_turns(
+            [lambda: cases.call(mech, inputs, "chunk", C), lambda: ref(prepared, C)], repeats
+        )
     return {
         "fla_forward_s": fla_s,
         "fla_ours_forward_s": ours_s,
