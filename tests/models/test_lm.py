@@ -159,12 +159,12 @@ def copy_batch(generator: torch.Generator, batch: int = 16, n: int = 4, vocab: i
     return torch.cat([x, sep, x], dim=1)
 
 
-@pytest.mark.parametrize("mixer", MIXERS)
-def test_training_drives_the_copy_loss_down(mixer):
-    torch.manual_seed(0)
+def _copy_loss_ratio(mixer, seed):
+    """Mean of the last 5 over the first 5 of 100 Adam steps on the copy task, one seed."""
+    torch.manual_seed(seed)
     model = CausalLM(tiny_config((mixer,), vocab_size=8))
     optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
 
     def copy_loss(ids):
         logits = model(ids[:, :-1])[:, 4:]  # predictions of the copied half
@@ -177,10 +177,17 @@ def test_training_drives_the_copy_loss_down(mixer):
         loss.backward()
         optimiser.step()
         losses.append(loss.item())
-    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    # ln 7 = 1.95 is the loss of a uniform guess over the 7 content tokens; measured: every mixer
-    # ends below 0.5 of its first loss (GLA 0.48, the others far lower).
-    assert last < 0.6 * first, (first, last)
+    return sum(losses[-5:]) / sum(losses[:5])
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_training_drives_the_copy_loss_down(mixer):
+    # ln 7 = 1.95 is the loss of a uniform guess over the 7 content tokens. One seed's ratio moves
+    # with the last bit of rounding (GLA's seed 0 ended at 0.48 or 0.60 of its first loss with two
+    # equally exact orders of float32 sums), so the median of three seeds is compared. Measured:
+    # medians from 0.002 (softmax) to 0.38 (GLA; its seeds 0.60, 0.38, 0.20).
+    ratios = sorted(_copy_loss_ratio(mixer, seed) for seed in range(3))
+    assert ratios[1] < 0.6, ratios
 
 
 def test_state_dict_round_trips():

@@ -1,19 +1,32 @@
 """Batched block algebra of the fast chunk form: decayed masked products and the unit-lower inverse.
 
 Blocks are laid out ``[..., C, D]`` with a cumulative log-gate ``G: [..., C, 1]`` (scalar decay)
-or ``[..., C, K]`` (per channel), or ``None`` (no decay). Every exponent evaluated is <= 0 (spec
-section 8 with decay; DESIGN.md): the decay between tokens j <= i is exp(G_i - G_j), never
-exp(G_i) * exp(-G_j).
+or ``[..., C, K]`` (per channel), or ``None`` (no decay). The decay between tokens j <= i is
+exp(G_i - G_j), never exp(G_i) * exp(-G_j) over the whole sequence.
 
 Per-channel decay cannot leave the sum over channels, so the masked product
-``A_ij = sum_c a_ic b_jc exp(G_ic - G_jc)`` is built by halving: a block of 2s tokens is two halves;
-its lower-left s x s quadrant is one matrix product with the reference index r = the first row of
-the lower half (``a_i exp(G_i - G_r)`` for i >= r, ``b_j exp(G_r - G_j)`` for j < r: both exponents
-<= 0), and the two diagonal halves recurse. All quadrants of one size are one batched product, so
-a block of C tokens takes log2(C) batched products and no token loop.
+``A_ij = sum_c a_ic b_jc exp(G_ic - G_jc)`` needs a reference row r per block of tokens:
+``(a_i exp(G_i - G_r)) (b_j exp(G_r - G_j))`` is the decayed term for every pair of the block, a
+matrix product. Two ways to pick r:
+
+- *Direct blocks.* r is the middle row of a block of F tokens, and the block's whole F x F product
+  is one matrix product, masked afterwards. Rows before r evaluate positive exponents, so this is
+  used only where the gate's spread inside the block keeps every exponent within
+  ``factor_budget(dtype)`` (a quarter of the largest finite exponent: each factor is at most
+  max^(1/4), no factor under- or overflows, and even the masked entries stay finite).
+- *Halving.* A block of 2s tokens is two halves; its lower-left s x s quadrant is one matrix
+  product with r = the first row of the lower half (``a_i exp(G_i - G_r)`` for i >= r,
+  ``b_j exp(G_r - G_j)`` for j < r: both exponents <= 0), and the two diagonal halves recurse.
+  All quadrants of one size are one batched product.
+
+A group halves until its blocks' spread fits the budget, then takes direct products: with trained
+gates the first block, the whole chunk, already fits (one product, as without decay); gates too
+steep for that halve down to single tokens, every exponent then <= 0.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -63,15 +76,53 @@ def _quadrant_product(a: Tensor, b: Tensor, s: int) -> Tensor:
     return a @ b.transpose(-1, -2)
 
 
+def factor_budget(dtype: torch.dtype) -> float:
+    """The largest exponent a direct block may evaluate: log(max finite) / 4 (22.2 in float32)."""
+    return math.log(torch.finfo(dtype).max) / 4
+
+
+def _blocks(x: Tensor, F: int) -> Tensor:
+    """x [..., C, D] as blocks of F tokens: [..., C / F, F, D] (a view)."""
+    return x.unflatten(-2, (x.shape[-2] // F, F))
+
+
+def _diagonal_blocks(X: Tensor, F: int) -> Tensor:
+    """The F x F diagonal blocks of X [..., C, C] (a view): [..., C / F, F, F]."""
+    m = X.shape[-1] // F
+    blocks = X.unflatten(-1, (m, F)).unflatten(-3, (m, F))  # [..., m, F, m, F]
+    return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # [..., m, F, F]
+
+
+def direct_block_size(G: Tensor) -> int:
+    """The largest block size F (C, C / 2, ..., 2, or 1) whose direct products stay in budget.
+
+    G [..., C, K] with C a power of two, non-increasing along the tokens. A block of F tokens with
+    reference row r = F / 2 evaluates exp(G_i - G_r) and exp(G_r - G_i) for every row i of the
+    block; the largest of these exponents are G_first - G_r and G_r - G_last.
+    """
+    budget = factor_budget(G.dtype)
+    F = G.shape[-2]
+    while F > 1:
+        blocks = _blocks(G, F)  # [..., C / F, F, K]
+        ref = blocks[..., F // 2, :]
+        widest = torch.maximum(blocks[..., 0, :] - ref, ref - blocks[..., -1, :]).max()
+        if widest.item() <= budget:
+            return F
+        F //= 2
+    return 1
+
+
 class ChannelProducts:
     """A_p = sum_c a_p,ic b_jc exp(G_ic - G_jc) for several left factors a_p and one right b.
 
     A_p is causal (j <= i), or strictly causal (j < i) where ``strict[p]``. All tensors are
-    [..., C, K]. The exponentials of each halving level are shared by the products (A_qk and A_kk
-    of the delta rule have the same k on the right). Nothing of a level is kept: the forward pass
-    scales in place and the backward pass computes the level again. Measured, the tensors a kept
-    level needs cost more than its exponentials: every one is fresh memory whose pages fault in
-    (the forward products of 8 chunks of 8 heads took 5.8 ms keeping them, 2.0 ms not).
+    [..., C, K]. Blocks of ``self.F`` tokens (``direct_block_size``) are direct products; the
+    quadrants between them come from halving (the module docstring). The exponentials are shared by
+    the products (A_qk and A_kk of the delta rule have the same k on the right). Nothing of a level
+    is kept: the forward pass scales in place and the backward pass computes the level again.
+    Measured, the tensors a kept level needs cost more than its exponentials: every one is fresh
+    memory whose pages fault in (the forward products of 8 chunks of 8 heads took 5.8 ms keeping
+    them, 2.0 ms not).
     """
 
     def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor, strict: list[bool]) -> None:
@@ -79,24 +130,36 @@ class ChannelProducts:
         C2 = 1 << max(0, (self.C - 1).bit_length())  # next power of two
         self.lefts = [_pad_pow2(a, C2) for a in lefts]
         self.b = _pad_pow2(b, C2)
-        self.G = _pad_pow2(G, C2, value_last=True)  # g = 0 on padding: exponents stay <= 0
-        # Every entry on or below the diagonal is written below; tril_ clears the rest.
-        As = [b.new_empty(*self.b.shape[:-1], C2) for _ in lefts]
-        for s in self._sizes():
-            e_low, e_up, a_lows, b_up = self._level(s)
-            b_s = e_up.mul_(b_up)
-            a_s = [a * e_low for a in a_lows[:-1]] + [e_low.mul_(a_lows[-1])]
-            for A, a in zip(As, a_s, strict=True):
-                _quadrants(A, s).copy_(_quadrant_product(a, b_s, s))
-        for A, a, st in zip(As, self.lefts, strict, strict=True):
-            if not st:
-                A.diagonal(dim1=-2, dim2=-1).copy_((a * self.b).sum(-1))
+        self.G = _pad_pow2(G, C2, value_last=True)  # g = 0 on padding: no wider spread
+        self.F = direct_block_size(self.G)
+        if self.F == C2:  # the whole block in one product per left factor
+            a_s, b_s = self._direct()
+            As = [a @ b_s.transpose(-1, -2) for a in a_s]  # [..., C2, C2]
+        else:
+            # Every entry on or below the diagonal is written below; tril_ clears the rest.
+            As = [b.new_empty(*self.b.shape[:-1], C2) for _ in lefts]
+            for s in self._sizes():
+                e_low, e_up, a_lows, b_up = self._level(s)
+                b_s = e_up.mul_(b_up)
+                a_s = [a * e_low for a in a_lows[:-1]] + [e_low.mul_(a_lows[-1])]
+                for A, a in zip(As, a_s, strict=True):
+                    _quadrants(A, s).copy_(_quadrant_product(a, b_s, s))
+            if self.F > 1:
+                a_s, b_s = self._direct()
+                for A, a in zip(As, a_s, strict=True):
+                    _diagonal_blocks(A, self.F).copy_(_blocks(a, self.F) @ _blocks(b_s, self.F).mT)
+            else:
+                for A, a, st in zip(As, self.lefts, strict, strict=True):
+                    if not st:
+                        A.diagonal(dim1=-2, dim2=-1).copy_((a * self.b).sum(-1))
+        for A, st in zip(As, strict, strict=True):
             A.tril_(-1 if st else 0)
         self.As = [A[..., : self.C, : self.C] for A in As]
 
     def _sizes(self) -> list[int]:
-        """The halving levels: quadrants of s x s for s = 1, 2, 4, ... below the padded C."""
-        return [1 << i for i in range(max(0, (self.b.shape[-2] - 1).bit_length()))]
+        """The halving levels: quadrants of s x s for s = F, 2 F, 4 F, ... below the padded C."""
+        F, C2 = self.F, self.b.shape[-2]
+        return [F << i for i in range(max(0, (C2 // F - 1).bit_length()))]
 
     def _level(self, s: int) -> tuple[Tensor, Tensor, list[Tensor], Tensor]:
         """exp(G_i - G_r) on the lower halves, exp(G_r - G_j) on the upper halves (r: the first
@@ -107,6 +170,22 @@ class ChannelProducts:
         e_low = torch.sub(G_low, ref).exp_()  # rows at or after r
         e_up = torch.sub(ref, G_up).exp_()  # rows before r
         return e_low, e_up, [_halves(a, s)[0] for a in self.lefts], _halves(self.b, s)[1]
+
+    def _direct_exponentials(self) -> tuple[Tensor, Tensor]:
+        """exp(G_i - G_r) and exp(G_r - G_i) for every row i, r the middle row of i's F-block
+        (both within ``factor_budget``): each [..., C, K]."""
+        F = self.F
+        G = _blocks(self.G, F)  # [..., C / F, F, K]
+        ref = G[..., F // 2 : F // 2 + 1, :]
+        e_a = torch.sub(G, ref).exp_().flatten(-3, -2)
+        e_b = torch.sub(ref, G).exp_().flatten(-3, -2)
+        return e_a, e_b
+
+    def _direct(self) -> tuple[list[Tensor], Tensor]:
+        """The lefts times exp(G_i - G_r), b times exp(G_r - G_j) (``_direct_exponentials``)."""
+        e_a, e_b = self._direct_exponentials()
+        a_s = [a * e_a for a in self.lefts[:-1]] + [e_a.mul_(self.lefts[-1])]
+        return a_s, e_b.mul_(self.b)
 
     def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """([da_p], db) for upstream gradients dA_p [..., C, C] (only the causal parts count)."""
@@ -128,11 +207,24 @@ class ChannelProducts:
                     _halves(da, s)[0].add_((dQ @ b_s) * e_low)
                     db_s = db_s + dQ.transpose(-1, -2) @ a
             _halves(db, s)[1].add_(db_s * e_up)
-        for dA, da, a, st in zip(dAs, das, self.lefts, self.strict, strict=True):
-            if not st:
-                diag = dA.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
-                da.add_(diag * self.b)
-                db.add_(diag * a)
+        if self.F > 1:
+            # The direct blocks: their upstream gradient masked to the causal part, then
+            # da = (dA b~) e_a and db = (dA^T a~) e_b blockwise.
+            F = self.F
+            e_a, e_b = self._direct_exponentials()
+            b_s = _blocks(self.b * e_b, F)  # [..., C / F, F, K]
+            db_s = 0
+            for dA, da, a, st in zip(dAs, das, self.lefts, self.strict, strict=True):
+                dQ = _diagonal_blocks(dA, F).tril(-1 if st else 0)  # [..., C / F, F, F]
+                da.add_((dQ @ b_s).flatten(-3, -2).mul_(e_a))
+                db_s = db_s + dQ.mT @ _blocks(a * e_a, F)
+            db.add_(db_s.flatten(-3, -2).mul_(e_b))
+        else:
+            for dA, da, a, st in zip(dAs, das, self.lefts, self.strict, strict=True):
+                if not st:
+                    diag = dA.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
+                    da.add_(diag * self.b)
+                    db.add_(diag * a)
         return [da[..., : self.C, :] for da in das], db[..., : self.C, :]
 
 
