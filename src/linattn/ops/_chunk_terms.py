@@ -46,12 +46,15 @@ class Products:
             self.As.append(P.tril_(-1) if st else P if self.decay is not None else P.tril_())
 
     def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
-        """([da_p], db) for the upstream gradients dA_p (only their causal parts are used)."""
+        """([da_p], db) for the upstream gradients dA_p (only their causal parts are used).
+
+        The dA_p are fresh tensors of the caller's: masked (and decayed) in place.
+        """
         if self.channel is not None:
             return self.channel.backward(dAs)
         das, db = [], None
         for dA, a, st in zip(dAs, self.lefts, self.strict, strict=True):
-            dP = dA.tril(-1 if st else 0) if self.decay is None else dA * self.decay
+            dP = dA.tril_(-1 if st else 0) if self.decay is None else dA.mul_(self.decay)
             if st and self.decay is not None:
                 dP.tril_(-1)
             das.append(dP @ self.b)
@@ -101,22 +104,26 @@ class Terms:
         self.W, self.U0 = self.X[..., :K], self.X[..., K:]
 
     def gradients(
-        self, dQd: Tensor, dA_qk: Tensor, dKe: Tensor, dD: Tensor | None, dW, dU0: Tensor
+        self, dQd: Tensor, dA_qk: Tensor, dKe: Tensor, dD: Tensor | None, dU: Tensor, S: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-        """(dq, dk, dv, dbeta, dg) from the gradients of Qd, A_qk, Ke, D (rows), W and U0.
+        """(dq, dk, dv, dbeta, dg) from the gradients of Qd, A_qk, Ke, D (rows) and U.
 
-        dD: [n, P, 1|K, 1] or None. dW is None for linear attention (then dU0 = dv).
+        dA_qk: a fresh tensor (masked in place). dD: [n, P, 1|K, 1] or None. S: the states
+        entering the chunks [n, P, K, V]; for linear attention U = v and S is not used.
         """
         dbeta = dKd = None
         if self.W is None:
             (dq,), dk = self.products.backward([dA_qk])
-            dv = dU0
+            dv = dU
         else:
-            # X = Ainv R with R = beta * [Kd, v]: dR = Ainv^T dX, dA = -dR X^T (strictly lower).
-            dR = self.Ainv.transpose(-1, -2) @ torch.cat([dW, dU0], dim=-1)  # [n, P, C, K + V]
-            dA = -(dR @ self.X.transpose(-1, -2))
-            K = self.k.shape[-1]
-            dR_k, dR_v = dR[..., :K], dR[..., K:]
+            # U = U0 - W S: dU0 = dU, dW = -dU S^T. X = [W, U0] = Ainv R with R = beta [Kd, v]:
+            # dR = Ainv^T [dW, dU0], so dR_v = Ainv^T dU and dR_k = -dR_v S^T (one C x C product
+            # less than Ainv^T [dW, dU0], and no concatenation); dA = -dR X^T (strictly lower).
+            dR_v = self.Ainv.transpose(-1, -2) @ dU  # [n, P, C, V]
+            dR_k = (dR_v @ S.transpose(-1, -2)).neg_()  # [n, P, C, K]
+            dA = dR_k @ self.W.transpose(-1, -2)  # [n, P, C, C]
+            dA.flatten(0, 1).baddbmm_(dR_v.flatten(0, 1), self.U0.transpose(-1, -2).flatten(0, 1))
+            dA.neg_()
             b = self.beta.unsqueeze(-1)
             dKd = b * dR_k
             dv = b * dR_v

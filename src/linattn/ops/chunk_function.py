@@ -183,8 +183,7 @@ class ChunkFunction(torch.autograd.Function):
                 dD = (dS_next * st).sum(-1, keepdim=True)  # [n, P, K, 1]
                 if terms.D.shape[-2] == 1:
                     dD = dD.sum(-2, keepdim=True)
-            dW = None if terms.W is None else -(dU @ st.transpose(-1, -2))
-            dq, dk, dv, dbeta, dg = terms.gradients(dQd, dA_qk, dKe, dD, dW, dU)
+            dq, dk, dv, dbeta, dg = terms.gradients(dQd, dA_qk, dKe, dD, dU, st)
             dq.mul_(scale)
             for name, value in zip(NAMES, (dq, dk, dv, dbeta, dg), strict=True):
                 if grads[name] is not None:
