@@ -10,7 +10,8 @@ inside each chunk (``[n, P, C, 1|K]``, or None without decay), for a chunk with 
     linear attention:  W = 0, U0 = v
     U = U0 - W S;   o = Qd S + A_qk U;   S_next = D * S + Ke^T U
 
-Every exponent is <= 0 (G_C - G_i >= ... is a sum of the later gates, g <= 0).
+The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0); the per-channel
+products bound theirs by ``_blockmath.factor_budget`` instead (see there).
 """
 
 from __future__ import annotations

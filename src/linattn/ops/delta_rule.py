@@ -38,7 +38,8 @@ def delta_rule(
 
     The decay is applied first and the error is read from the decayed state. The chunk form solves
     one unit-lower-triangular system per chunk for the pseudo-values (the UT transform, section 8),
-    with the decay folded into its masks as cumulative log-gates (every exponent <= 0).
+    with the decay folded into its masks as cumulative log-gates (no exponential can overflow:
+    ``linattn.ops._blockmath``).
 
     Args:
         q, k: [B, T, H, K] (keys used as given unless use_qk_l2norm). v: [B, T, H, V].
