@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from linattn.ops import _blockmath, chunk_function
+from linattn.ops import _blockmath, _chunk_terms, chunk_function
 from linattn.ops.chunk import chunk_forward
 
 from .cases import make_inputs
@@ -114,3 +114,37 @@ def test_groups_grow_with_the_torch_threads(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert (one, two) == (4, 8)  # 2,048 token-heads per thread: 4 chunks of 64 tokens x 8 heads
+
+
+def test_buffers_hand_the_same_memory_to_the_next_group():
+    buffers = _chunk_terms.Buffers()
+    like = torch.zeros(2, 3)
+    first = buffers("x", like)
+    assert buffers("x", like) is first  # the same name and shape: the same tensor
+    assert buffers("x", like, (4, 3)).shape == (4, 3)  # the last, smaller group: a new one
+    assert buffers("y", like) is not buffers("x", like)
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+@pytest.mark.parametrize("gate", [None, "scalar", "channel", "steep"])
+def test_reused_buffers_change_no_bit(rule, gate, monkeypatch):
+    # One chunk per group: every group overwrites the previous group's terms. Outputs and
+    # gradients must be bit for bit those of fresh tensors in every group ("steep": channel gates
+    # beyond the direct blocks' budget, so the products halve).
+    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", 1)
+    steep = gate == "steep"
+    gate = "channel" if steep else gate
+    x = make_inputs(B=2, T=37, H=2, K=4, V=3, gate=gate, rule=rule, state=True)
+    if steep:
+        x["g"] = 400 * x["g"]
+    names = ("q", "k", "v", "beta", "g", "S0")
+    results = []
+    for buffers in (_chunk_terms.Buffers, lambda: _blockmath.fresh):
+        monkeypatch.setattr(chunk_function, "Buffers", buffers)
+        inputs = _internal(x, names)
+        inputs[-1] = x["S0"].clone().requires_grad_(True)
+        o, S = chunk_function.chunk_function(*inputs, 8)
+        (o.square().sum() + S.sum()).backward()
+        results.append([o, S] + [t.grad for t in inputs if t is not None])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)

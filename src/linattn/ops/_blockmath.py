@@ -76,6 +76,12 @@ def _quadrant_product(a: Tensor, b: Tensor, s: int) -> Tensor:
     return a @ b.transpose(-1, -2)
 
 
+def fresh(name: str, like: Tensor, shape: tuple[int, ...] | None = None) -> Tensor:
+    """An uninitialised tensor like ``like``: the default of the ``buffers`` arguments here and in
+    ``_chunk_terms``, whose ``Buffers`` hands the same memory to every group instead."""
+    return like.new_empty(like.shape if shape is None else shape)
+
+
 def factor_budget(dtype: torch.dtype) -> float:
     """The largest exponent a direct block may evaluate: log(max finite) / 4 (22.2 in float32)."""
     return math.log(torch.finfo(dtype).max) / 4
@@ -125,8 +131,11 @@ class ChannelProducts:
     them, 2.0 ms not).
     """
 
-    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor, strict: list[bool]) -> None:
+    def __init__(
+        self, lefts: list[Tensor], b: Tensor, G: Tensor, strict: list[bool], buffers=fresh
+    ) -> None:
         self.C, self.strict = b.shape[-2], strict
+        self.buffers = buffers  # where the exponentials and products go (``fresh`` or reused)
         C2 = 1 << max(0, (self.C - 1).bit_length())  # next power of two
         self.lefts = [_pad_pow2(a, C2) for a in lefts]
         self.b = _pad_pow2(b, C2)
@@ -134,7 +143,11 @@ class ChannelProducts:
         self.F = direct_block_size(self.G)
         if self.F == C2:  # the whole block in one product per left factor
             a_s, b_s = self._direct()
-            As = [a @ b_s.transpose(-1, -2) for a in a_s]  # [..., C2, C2]
+            shape = (*self.b.shape[:-1], C2)  # [..., C2, C2]
+            As = [
+                torch.matmul(a, b_s.transpose(-1, -2), out=self.buffers(f"A{p}", a, shape))
+                for p, a in enumerate(a_s)
+            ]
         else:
             # Every entry on or below the diagonal is written below; tril_ clears the rest.
             As = [b.new_empty(*self.b.shape[:-1], C2) for _ in lefts]
@@ -177,8 +190,8 @@ class ChannelProducts:
         F = self.F
         G = _blocks(self.G, F)  # [..., C / F, F, K]
         ref = G[..., F // 2 : F // 2 + 1, :]
-        e_a = torch.sub(G, ref).exp_().flatten(-3, -2)
-        e_b = torch.sub(ref, G).exp_().flatten(-3, -2)
+        e_a = torch.sub(G, ref, out=self.buffers("e_a", G)).exp_().flatten(-3, -2)
+        e_b = torch.sub(ref, G, out=self.buffers("e_b", G)).exp_().flatten(-3, -2)
         return e_a, e_b
 
     def _direct(self) -> tuple[list[Tensor], Tensor]:
@@ -234,16 +247,16 @@ def causal_mask(C: int, strict: bool, like: Tensor) -> Tensor:
     return torch.tril(ones, -1 if strict else 0)
 
 
-def scalar_decay(G: Tensor) -> Tensor:
-    """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> [..., C, C].
+def scalar_decay(G: Tensor, out: Tensor | None = None) -> Tensor:
+    """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> [..., C, C] (into out).
 
     The exponent is cut to 0 above the diagonal before the exponential (``tril_``), so none is
     evaluated above 0, and the result is cut to 0 there after it.
     """
-    return torch.sub(G, G.transpose(-1, -2)).tril_().exp_().tril_()
+    return torch.sub(G, G.transpose(-1, -2), out=out).tril_().exp_().tril_()
 
 
-def unit_lower_inverse(A: Tensor) -> Tensor:
+def unit_lower_inverse(A: Tensor, out: Tensor | None = None) -> Tensor:
     """(I + L)^{-1} for unit-lower-triangular A [..., C, C]: one batched triangular solve.
 
     The explicit inverse serves twice: W and U0 are one product with it, and the backward pass
@@ -252,4 +265,4 @@ def unit_lower_inverse(A: Tensor) -> Tensor:
     products per level) and a row-by-row substitution both cost more.
     """
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
-    return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
+    return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True, out=out)

@@ -19,7 +19,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._blockmath import ChannelProducts, scalar_decay, unit_lower_inverse
+from linattn.ops._blockmath import ChannelProducts, fresh, scalar_decay, unit_lower_inverse
+
+
+class Buffers:
+    """Named tensors that one group hands on to the next, so that the gates' terms of every group
+    are written into the same memory: a fresh tensor per group is fresh pages (their faults cost
+    more than the arithmetic on them) once glibc has returned the previous group's to the system.
+    Valid while one group's ``Terms`` are in use; the next group overwrites them.
+    """
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Tensor] = {}
+
+    def __call__(self, name: str, like: Tensor, shape: torch.Size | None = None) -> Tensor:
+        shape = like.shape if shape is None else shape
+        t = self.tensors.get(name)
+        if t is None or t.shape != shape or t.dtype != like.dtype:
+            t = self.tensors[name] = like.new_empty(shape)
+        return t
 
 
 class Products:
@@ -30,18 +48,22 @@ class Products:
     [..., C, K].
     """
 
-    def __init__(self, lefts: list[Tensor], b: Tensor, G: Tensor | None, strict: list[bool]):
+    def __init__(
+        self, lefts: list[Tensor], b: Tensor, G: Tensor | None, strict: list[bool], buffers=fresh
+    ):
         self.lefts, self.b, self.strict = lefts, b, strict
         self.channel = self.decay = None
         if G is not None and G.shape[-1] > 1:
-            self.channel = ChannelProducts(lefts, b, G, strict)
+            self.channel = ChannelProducts(lefts, b, G, strict, buffers)
             self.As = self.channel.As
             return
-        if G is not None:
-            self.decay = scalar_decay(G)  # [..., C, C], zero above the diagonal
+        C = b.shape[-2]
+        shape = (*b.shape[:-1], C)  # [..., C, C]
+        if G is not None:  # [..., C, C], zero above the diagonal
+            self.decay = scalar_decay(G, out=buffers("decay", G, shape))
         self.As = []
-        for a, st in zip(lefts, strict, strict=True):
-            P = a @ b.transpose(-1, -2)  # [..., C, C]
+        for p, (a, st) in enumerate(zip(lefts, strict, strict=True)):
+            P = torch.matmul(a, b.transpose(-1, -2), out=buffers(f"A{p}", a, shape))
             if self.decay is not None:
                 P.mul_(self.decay)  # zero above the diagonal
             self.As.append(P.tril_(-1) if st else P if self.decay is not None else P.tril_())
@@ -68,40 +90,53 @@ class Products:
 
 
 class Terms:
-    """All state-independent terms of one group (see the module docstring)."""
+    """All state-independent terms of one group (see the module docstring).
 
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
+    ``buffers`` (``Buffers``) holds the gates' terms from one group to the next; by default every
+    group's are fresh tensors.
+    """
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        beta: Tensor | None,
+        g: Tensor | None,
+        buffers=fresh,
+    ):
         self.q, self.k, self.v, self.beta = q, k, v, beta
         if g is None:
             self.G = self.eG = self.eEnd = self.D = None
             self.Qd, self.Kd, self.Ke = q, k, k
         else:
-            self.G = torch.cumsum(g, dim=-2)  # [n, P, C, 1|K]
+            self.G = torch.cumsum(g, dim=-2, out=buffers("G", g))  # [n, P, C, 1|K]
             G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
-            self.eG = torch.exp(self.G)  # exp(G_i) <= 1
-            self.eEnd = torch.exp(G_end - self.G)  # exp(G_C - G_i) <= 1
+            self.eG = torch.exp(self.G, out=buffers("eG", g))  # exp(G_i) <= 1
+            self.eEnd = torch.sub(G_end, self.G, out=buffers("eEnd", g)).exp_()  # exp(G_C - G_i)
             self.D = torch.exp(G_end).transpose(-1, -2)  # [n, P, 1|K, 1]: scales the rows of S
-            self.Qd, self.Ke = q * self.eG, k * self.eEnd
+            self.Qd = torch.mul(q, self.eG, out=buffers("Qd", q))
+            self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
             # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
-            self.Kd = None if beta is None else k * self.eG
+            self.Kd = None if beta is None else torch.mul(k, self.eG, out=buffers("Kd", k))
         delta = beta is not None
         lefts, strict = ([q, k], [False, True]) if delta else ([q], [False])
-        self.products = Products(lefts, k, self.G, strict)
+        self.products = Products(lefts, k, self.G, strict, buffers)
         self.A_qk = self.products.As[0]  # [n, P, C, C]
         if not delta:
             self.W, self.U0 = None, v
             return
         self.A_kk = self.products.As[1]  # [n, P, C, C], strictly lower
         b = beta.unsqueeze(-1)  # [n, P, C, 1]
-        A = self.A_kk.mul(b)
+        A = torch.mul(self.A_kk, b, out=buffers("A", self.A_kk))
         A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-        self.Ainv = unit_lower_inverse(A)  # [n, P, C, C]
+        self.Ainv = unit_lower_inverse(A, out=buffers("Ainv", A))  # [n, P, C, C]
         # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
         K = k.shape[-1]
-        R = k.new_empty(*k.shape[:-1], K + v.shape[-1])
+        R = buffers("R", k, (*k.shape[:-1], K + v.shape[-1]))
         torch.mul(self.Kd, b, out=R[..., :K])
         torch.mul(v, b, out=R[..., K:])
-        self.X = self.Ainv @ R  # [n, P, C, K + V]
+        self.X = torch.matmul(self.Ainv, R, out=buffers("X", R))  # [n, P, C, K + V]
         self.W, self.U0 = self.X[..., :K], self.X[..., K:]
 
     def gradients(

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._chunk_terms import Terms
+from linattn.ops._blockmath import fresh
+from linattn.ops._chunk_terms import Buffers, Terms
 
 NAMES = ("q", "k", "v", "beta", "g")
 # Token-heads per group and per torch thread: 4 chunks of 64 tokens of 8 heads, about 0.5 MB per
@@ -132,17 +133,15 @@ class ChunkFunction(torch.autograd.Function):
         o = q.new_empty(B, T, H, V).transpose(1, 2)
         S = S0.reshape(P, K, V)
         gather = _Gatherer((q, k, v, beta, g), C, scale)
+        buffers = Buffers()
         for c0, t0, t1, n in _groups(T, C, P):
             qg, kg, vg, bg, gg = gather(t0, t1, n)
-            terms = Terms(qg, kg, vg, bg, gg)
+            terms = Terms(qg, kg, vg, bg, gg, buffers)
             st = states[c0 : c0 + n] if keep else group_states[:n]  # [n, P, K, V]
-            U, S = _state_loop(terms, S, st)
-            og = torch.baddbmm(
-                (terms.A_qk @ U).flatten(0, 1),
-                terms.Qd.flatten(0, 1),
-                st.flatten(0, 1),
-            )  # [n P, C, V]
-            _scatter(o, og.view(n, P, C, V), t0, t1)
+            U, S = _state_loop(terms, S, st, buffers)
+            og = torch.matmul(terms.A_qk, U, out=buffers("o", U))  # [n, P, C, V]
+            og.flatten(0, 1).baddbmm_(terms.Qd.flatten(0, 1), st.flatten(0, 1))
+            _scatter(o, og, t0, t1)
         if keep:
             ctx.save_for_backward(q, k, v, beta, g, states)
         ctx.scale, ctx.C = scale, C
@@ -162,9 +161,10 @@ class ChunkFunction(torch.autograd.Function):
         }
         dS = q.new_zeros(P, K, V) if d_S is None else d_S.reshape(P, K, V).clone()
         gather = _Gatherer((q, k, v, beta, g, d_o), C, scale)
+        buffers = Buffers()
         for c0, t0, t1, n in reversed(list(_groups(T, C, P))):
             qg, kg, vg, bg, gg, dO = gather(t0, t1, n)
-            terms = Terms(qg, kg, vg, bg, gg)
+            terms = Terms(qg, kg, vg, bg, gg, buffers)
             st = states[c0 : c0 + n]  # [n, P, K, V]
             U = (
                 vg
@@ -192,7 +192,7 @@ class ChunkFunction(torch.autograd.Function):
         return grads["q"], grads["k"], grads["v"], grads["beta"], grads["g"], dS0, None, None
 
 
-def _state_loop(terms: Terms, S: Tensor, states: Tensor) -> tuple[Tensor, Tensor]:
+def _state_loop(terms: Terms, S: Tensor, states: Tensor, buffers=fresh) -> tuple[Tensor, Tensor]:
     """States entering each chunk of the group (into ``states`` [n, P, K, V]), starting from S.
 
     The only sequential step. Delta rule: U_j = U0_j - W_j S_j, S_{j+1} = D_j S_j + Ke_j^T U_j,
@@ -215,7 +215,7 @@ def _state_loop(terms: Terms, S: Tensor, states: Tensor) -> tuple[Tensor, Tensor
             else:
                 torch.addcmul(N[j], terms.D[j], states[j], out=out)
         return terms.v, S_out
-    U = torch.empty_like(terms.U0)
+    U = buffers("U", terms.U0)
     for j in range(n):
         out = states[j + 1] if j + 1 < n else S_out
         torch.baddbmm(terms.U0[j], terms.W[j], states[j], alpha=-1, out=U[j])
