@@ -23,10 +23,11 @@ from linattn.ops._blockmath import ChannelProducts, fresh, scalar_decay, unit_lo
 
 
 class Buffers:
-    """Named tensors that one group hands on to the next, so that the gates' terms of every group
-    are written into the same memory: a fresh tensor per group is fresh pages (their faults cost
-    more than the arithmetic on them) once glibc has returned the previous group's to the system.
-    Valid while one group's ``Terms`` are in use; the next group overwrites them.
+    """Named tensors that one group hands on to the next, so that the terms of every group (gates,
+    products, inverse, right-hand sides) are written into the same memory: a fresh tensor per group
+    is fresh pages (their faults cost more than the arithmetic on them) once glibc has returned the
+    previous group's to the system. Valid while one group's ``Terms`` are in use; the next group
+    overwrites them. Called as ``buffers(name, like, shape=None)``, as ``_blockmath.fresh``.
     """
 
     def __init__(self) -> None:
@@ -92,8 +93,8 @@ class Products:
 class Terms:
     """All state-independent terms of one group (see the module docstring).
 
-    ``buffers`` (``Buffers``) holds the gates' terms from one group to the next; by default every
-    group's are fresh tensors.
+    ``buffers`` (``Buffers``) holds the terms from one group to the next; by default (``fresh``)
+    every group's are new tensors.
     """
 
     def __init__(
