@@ -10,7 +10,9 @@ import math
 import pytest
 import torch
 
-from linattn.ops import _blockmath
+from linattn.ops import _blockmath, delta_rule
+
+from .cases import make_inputs
 
 
 def _exact(a, b, G, strict):
@@ -109,3 +111,30 @@ def test_unit_lower_inverse():
     A = L + torch.eye(50, dtype=torch.float64)
     X = _blockmath.unit_lower_inverse(A)
     torch.testing.assert_close(X @ A, torch.eye(50, dtype=torch.float64).expand_as(A))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_decays_below_the_normal_range_are_flushed_to_zero(dtype):
+    floor = _blockmath.subnormal_floor(dtype)
+    x = torch.tensor([0.0, -1.0, floor + 0.5, floor - 0.5, 3 * floor], dtype=dtype)
+    expected = torch.exp(x)
+    expected[3:] = 0.0  # subnormal (or zero) exponentials become exact zeros
+    torch.testing.assert_close(_blockmath.decay_exp(x, floor), expected, rtol=0, atol=0)
+    assert torch.equal(_blockmath.decay_exp(x), torch.exp(x))  # no floor: plain exp
+    y = x.clone()
+    assert torch.equal(_blockmath.decay_exp_(y, floor), expected) and torch.equal(y, expected)
+    smallest = torch.finfo(dtype).tiny
+    kept = _blockmath.decay_exp(x, floor)
+    assert ((kept == 0) | (kept >= smallest)).all()  # nothing subnormal
+
+
+@pytest.mark.parametrize("gate", ["scalar", "channel"])
+def test_steep_gates_in_float32_match_float64(gate):
+    # Log-decays down to about -400 per token: chunks decay far past the subnormal range, where
+    # the float32 chunk form flushes decays to zero (float64 keeps them down to 1e-308).
+    x = make_inputs(B=1, T=200, H=2, K=8, V=4, gate=gate, rule="delta")
+    g = 100 * x["g"]
+    ref, _ = delta_rule(x["q"], x["k"], x["v"], x["beta"], g, chunk_size=64)
+    out, _ = delta_rule(*(x[n].float() for n in ("q", "k", "v", "beta")), g.float(), chunk_size=64)
+    assert torch.isfinite(out).all()
+    assert (out.double() - ref).abs().max() <= 1e-5 * ref.abs().max()

@@ -19,7 +19,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._blockmath import ChannelProducts, fresh, scalar_decay, unit_lower_inverse
+from linattn.ops._blockmath import (
+    ChannelProducts,
+    decay_exp,
+    decay_exp_,
+    fresh,
+    scalar_decay,
+    subnormal_floor,
+    unit_lower_inverse,
+)
 
 
 class Buffers:
@@ -50,18 +58,24 @@ class Products:
     """
 
     def __init__(
-        self, lefts: list[Tensor], b: Tensor, G: Tensor | None, strict: list[bool], buffers=fresh
+        self,
+        lefts: list[Tensor],
+        b: Tensor,
+        G: Tensor | None,
+        strict: list[bool],
+        buffers=fresh,
+        floor: float | None = None,
     ):
         self.lefts, self.b, self.strict = lefts, b, strict
         self.channel = self.decay = None
         if G is not None and G.shape[-1] > 1:
-            self.channel = ChannelProducts(lefts, b, G, strict, buffers)
+            self.channel = ChannelProducts(lefts, b, G, strict, buffers, floor)
             self.As = self.channel.As
             return
         C = b.shape[-2]
         shape = (*b.shape[:-1], C)  # [..., C, C]
         if G is not None:  # [..., C, C], zero above the diagonal
-            self.decay = scalar_decay(G, out=buffers("decay", G, shape))
+            self.decay = scalar_decay(G, out=buffers("decay", G, shape), floor=floor)
         self.As = []
         for p, (a, st) in enumerate(zip(lefts, strict, strict=True)):
             P = torch.matmul(a, b.transpose(-1, -2), out=buffers(f"A{p}", a, shape))
@@ -107,22 +121,27 @@ class Terms:
         buffers=fresh,
     ):
         self.q, self.k, self.v, self.beta = q, k, v, beta
+        floor = None
         if g is None:
             self.G = self.eG = self.eEnd = self.D = None
             self.Qd, self.Kd, self.Ke = q, k, k
         else:
             self.G = torch.cumsum(g, dim=-2, out=buffers("G", g))  # [n, P, C, 1|K]
             G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
-            self.eG = torch.exp(self.G, out=buffers("eG", g))  # exp(G_i) <= 1
-            self.eEnd = torch.sub(G_end, self.G, out=buffers("eEnd", g)).exp_()  # exp(G_C - G_i)
-            self.D = torch.exp(G_end).transpose(-1, -2)  # [n, P, 1|K, 1]: scales the rows of S
+            # Every exponent below is >= G_C (a sum of gates inside one chunk): only where a
+            # chunk's whole decay reaches the subnormal range are any flushed (``decay_exp_``).
+            floor = subnormal_floor(g.dtype)
+            floor = floor if G_end.min().item() < floor else None
+            self.eG = decay_exp(self.G, floor, out=buffers("eG", g))  # exp(G_i) <= 1
+            self.eEnd = decay_exp_(torch.sub(G_end, self.G, out=buffers("eEnd", g)), floor)
+            self.D = decay_exp(G_end, floor).transpose(-1, -2)  # [n, P, 1|K, 1]: scales S's rows
             self.Qd = torch.mul(q, self.eG, out=buffers("Qd", q))
             self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
             # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
             self.Kd = None if beta is None else torch.mul(k, self.eG, out=buffers("Kd", k))
         delta = beta is not None
         lefts, strict = ([q, k], [False, True]) if delta else ([q], [False])
-        self.products = Products(lefts, k, self.G, strict, buffers)
+        self.products = Products(lefts, k, self.G, strict, buffers, floor)
         self.A_qk = self.products.As[0]  # [n, P, C, C]
         if not delta:
             self.W, self.U0 = None, v
