@@ -44,22 +44,30 @@ def _pad_pow2(x: Tensor, C2: int, value_last: bool = False) -> Tensor:
     return torch.cat([x, fill], dim=-2)
 
 
+def _blocks(x: Tensor, F: int) -> Tensor:
+    """x [..., C, D] as blocks of F tokens: [..., C / F, F, D] (a view)."""
+    return x.unflatten(-2, (x.shape[-2] // F, F))
+
+
+def _diagonal_blocks(X: Tensor, F: int) -> Tensor:
+    """The F x F diagonal blocks of X [..., C, C] (a view): [..., C / F, F, F]."""
+    m = X.shape[-1] // F
+    blocks = X.unflatten(-1, (m, F)).unflatten(-3, (m, F))  # [..., m, F, m, F]
+    return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # [..., m, F, F]
+
+
 def _quadrants(X: Tensor, s: int) -> Tensor:
     """The lower-left s x s quadrants of the 2s x 2s diagonal blocks of X [..., C, C] (a view).
 
     Returns [..., C / (2s), s, s].
     """
-    C = X.shape[-1]
-    m = C // (2 * s)
-    blocks = X.unflatten(-1, (m, 2 * s)).unflatten(-3, (m, 2 * s))  # [..., m, 2s, m, 2s]
-    diag = blocks.diagonal(dim1=-4, dim2=-2)  # [..., 2s, 2s, m]
-    return diag.movedim(-1, -3)[..., s:, :s]  # [..., m, s, s]
+    return _diagonal_blocks(X, 2 * s)[..., s:, :s]
 
 
 def _halves(x: Tensor, s: int) -> tuple[Tensor, Tensor]:
     """Lower and upper halves of the 2s-token blocks of x [..., C, D]: each [..., C/(2s), s, D]."""
-    v = x.unflatten(-2, (x.shape[-2] // (2 * s), 2, s))  # [..., m, 2, s, D]
-    return v[..., 1, :, :], v[..., 0, :, :]
+    blocks = _blocks(x, 2 * s)  # [..., C / (2s), 2s, D]
+    return blocks[..., s:, :], blocks[..., :s, :]
 
 
 # Quadrants up to this size are products of broadcast vectors, not tiny matmuls. Measured (8 heads,
@@ -110,18 +118,6 @@ def decay_exp(x: Tensor, floor: float | None = None, out: Tensor | None = None) 
 def factor_budget(dtype: torch.dtype) -> float:
     """The largest exponent a direct block may evaluate: log(max finite) / 4 (22.2 in float32)."""
     return math.log(torch.finfo(dtype).max) / 4
-
-
-def _blocks(x: Tensor, F: int) -> Tensor:
-    """x [..., C, D] as blocks of F tokens: [..., C / F, F, D] (a view)."""
-    return x.unflatten(-2, (x.shape[-2] // F, F))
-
-
-def _diagonal_blocks(X: Tensor, F: int) -> Tensor:
-    """The F x F diagonal blocks of X [..., C, C] (a view): [..., C / F, F, F]."""
-    m = X.shape[-1] // F
-    blocks = X.unflatten(-1, (m, F)).unflatten(-3, (m, F))  # [..., m, F, m, F]
-    return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # [..., m, F, F]
 
 
 def direct_block_size(G: Tensor) -> int:
