@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops import _native
 from linattn.ops._blockmath import fresh
 from linattn.ops._chunk_terms import Buffers, Terms
 
@@ -124,6 +125,13 @@ class ChunkFunction(torch.autograd.Function):
         # input needs a gradient, e.g. under no_grad) a group-sized buffer is reused, which
         # spares a fresh T / C x K x V allocation (its page faults) and keeps the states in cache.
         keep = any(ctx.needs_input_grad)
+        ctx.scale, ctx.C = scale, C
+        if _native.applies(q):
+            # float32 on the CPU: the same steps fused chunk by chunk in C++ (``_native``).
+            o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
+            if keep:
+                ctx.save_for_backward(q, k, v, beta, g, states)
+            return o, S
         if keep:
             states = q.new_empty(n_chunks, P, K, V)
         else:
@@ -144,7 +152,6 @@ class ChunkFunction(torch.autograd.Function):
             _scatter(o, og, t0, t1)
         if keep:
             ctx.save_for_backward(q, k, v, beta, g, states)
-        ctx.scale, ctx.C = scale, C
         return o, S.view(B, H, K, V)
 
     @staticmethod
@@ -154,6 +161,13 @@ class ChunkFunction(torch.autograd.Function):
         B, H, T, K = k.shape
         V = v.shape[-1]
         P = B * H
+        if beta is None and g is None and _native.applies(q):
+            # Linear attention without decay, float32 on the CPU: fused in C++ (``_native``).
+            dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
+            dq, dk, dv, dS0 = _native.linear_chunk_backward(
+                q, k, v, states, d_o, dS_final, scale, C
+            )
+            return dq, dk, dv, None, None, dS0, None, None
         inputs = (q, k, v, beta, g)
         grads = {
             name: torch.empty_like(x) if x is not None and needed else None

@@ -1,0 +1,135 @@
+"""The fused CPU chunk form (``csrc/chunk.cpp``), compiled on first use.
+
+``chunk_forward`` runs the chunk form's forward pass chunk by chunk in C++, every block of a chunk
+in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group loop
+spends most of its time moving group-sized tensors through memory, not multiplying). It is the
+same algebra as ``chunk_function`` and is checked against it and against float64 in
+``tests/ops/test_native.py``. The backward pass of linear attention without decay is fused the
+same way (``linear_chunk_backward``); the other mechanisms' backward passes run in PyTorch
+(``chunk_function``), from the chunk states this forward saves.
+
+The source is compiled with ``torch.utils.cpp_extension`` the first time it is needed (about half a
+minute; the build is cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). It needs a
+C++ compiler; without one, or with ``LINATTN_NATIVE=0`` in the environment, ``available()`` is
+False and the chunk form runs its PyTorch loop instead (``reason()`` says why).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("csrc") / "chunk.cpp"
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c++17"]
+
+_state: dict[str, object] = {}
+
+
+def _load() -> None:
+    """Compile (or find in the cache) and load the extension once; record why not otherwise."""
+    if "ok" in _state:
+        return
+    if os.environ.get("LINATTN_NATIVE", "1") == "0":
+        _state.update(ok=False, reason="disabled by LINATTN_NATIVE=0")
+        return
+    try:
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(
+            name="linattn_native",
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            is_python_module=False,
+            verbose=False,
+        )
+        torch.ops.linattn_native.chunk_forward  # noqa: B018 (the op is registered)
+    except Exception as error:  # no compiler, no headers, a failed build: run the PyTorch loop
+        _state.update(ok=False, reason=f"build failed: {type(error).__name__}: {error}")
+        warnings.warn(
+            f"linattn: the fused CPU chunk forward is unavailable ({_state['reason']}); "
+            "the chunk form runs its PyTorch loop",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    _state.update(ok=True, reason="compiled")
+
+
+def available() -> bool:
+    """True when the fused forward is compiled and loaded (it compiles on the first call)."""
+    _load()
+    return bool(_state["ok"])
+
+
+def reason() -> str:
+    """Why ``available()`` is what it is."""
+    _load()
+    return str(_state["reason"])
+
+
+def applies(q: Tensor, *tensors: Tensor | None) -> bool:
+    """Whether the fused forward serves these inputs: float32 on the CPU, and it is available."""
+    if q.device.type != "cpu" or q.dtype != torch.float32:
+        return False
+    if os.environ.get("LINATTN_NATIVE", "1") == "0":
+        return False
+    return available()
+
+
+def _rows(x: Tensor | None) -> Tensor | None:
+    """x with unit stride in its last dimension and rows that do not overlap (BLAS leading
+    dimensions); the [B, H, T, D] views of [B, T, H, D] tensors pass unchanged."""
+    if x is None:
+        return None
+    if x.stride(-1) != 1 or (x.dim() > 3 and x.stride(-2) < x.shape[-1]) or x.stride(-2) == 0:
+        return x.contiguous()
+    return x
+
+
+def chunk_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    S0: Tensor,
+    scale: float,
+    C: int,
+    keep: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """o [B, H, T, V] (a view of [B, T, H, V]), the final state [B, H, K, V], and (keep) the state
+    entering every chunk [T / C, B H, K, V]. Internal layout as in ``chunk_function``."""
+    if not available():
+        raise RuntimeError(f"linattn: the fused CPU chunk forward is unavailable ({reason()})")
+    q, k, v, g = (_rows(x) for x in (q, k, v, g))
+    if beta is not None and beta.stride(-1) == 0:
+        beta = beta.contiguous()
+    return torch.ops.linattn_native.chunk_forward(
+        q, k, v, beta, g, S0.contiguous(), float(scale), int(C), bool(keep)
+    )
+
+
+def linear_chunk_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    states: Tensor,
+    d_o: Tensor,
+    dS_final: Tensor,
+    scale: float,
+    C: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk [B, H, T, K], dv [B, H, T, V] (views of [B, T, H, D]) and the initial state's
+    gradient [B, H, K, V], for linear attention without decay, from the chunk states
+    [T / C, B H, K, V] that ``chunk_forward`` saved and the gradients d_o, dS_final of its outputs.
+    """
+    if not available():
+        raise RuntimeError(f"linattn: the fused CPU chunk backward is unavailable ({reason()})")
+    q, k, v, d_o = (_rows(x) for x in (q, k, v, d_o))
+    return torch.ops.linattn_native.linear_chunk_backward(
+        q, k, v, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
+    )

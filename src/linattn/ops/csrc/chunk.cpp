@@ -1,0 +1,417 @@
+// The chunk form fused chunk by chunk on the CPU (spec sections 5.1 and 8; DESIGN.md's table).
+//
+// The same algebra as ``chunk_function`` (its module docstring gives the equations), computed chunk
+// by chunk with every block of a chunk in the cache: for each chunk of c <= C tokens of a head with
+// incoming state S [K, V] and cumulative log-gates G_i = g_1 + ... + g_i,
+//
+//   1. gates:      Qd = scale q * exp(G),  Ke = k * exp(G_c - G),  D = exp(G_c)
+//   2. masked:     A_qk[i, j] = scale sum_k q_ik k_jk exp(G_ik - G_jk)  (j <= i)
+//   3. delta rule: L[i, j] = beta_i sum_k k_ik k_jk exp(G_ik - G_jk)  (j < i),
+//                  (I + L) [W, U0] = diag(beta) [k * exp(G), v]   (the UT transform)
+//                  U = U0 - W S                                  (linear attention: U = v)
+//   4. outputs:    o = Qd S + A_qk U
+//   5. state:      S <- D * S + Ke^T U
+//
+// Only step 5 carries anything from one chunk to the next. The heads of a thread are taken chunk
+// by chunk in the inner loop, so that the rows read and written (the [B, T, H, D] layout keeps the
+// H heads of a token side by side) stream through memory in order. Every product is one call of
+// the BLAS that PyTorch links (MKL or OpenBLAS), on matrices of 64 x 64 or so that stay in the L1
+// and L2 caches; the elementwise work (gates, masks) is in plain loops the compiler vectorises.
+//
+// Inputs are float32, q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K], each
+// with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
+// public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops check).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+void strsm_(const char* side, const char* uplo, const char* transa, const char* diag, const int* m,
+            const int* n, const float* alpha, const float* a, const int* lda, float* b,
+            const int* ldb);
+}
+
+namespace {
+
+// Row-major C[m, n] = alpha op(A) op(B) + beta C, with op(A) [m, k] and op(B) [k, n]; A is stored
+// [m, k] (or [k, m] when ta), B [k, n] (or [n, k] when tb). The BLAS is column-major, and a
+// row-major matrix is its transpose read column-major: C^T = op(B)^T op(A)^T.
+void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
+  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+  sgemm_(&opb, &opa, &n, &m, &k, &alpha, B, &lb, A, &la, &beta, C, &lc);
+}
+
+// Solve (I + L) X = X in place for unit-lower-triangular I + L [c, c] (row-major, stride ldl)
+// and X [c, n] (row-major, stride ldx). Column-major this is X^T (I + L)^T = X^T, where the
+// row-major L read column-major is the upper-triangular (I + L)^T.
+void unit_lower_solve(int c, int n, const float* L, int64_t ldl, float* X, int64_t ldx) {
+  if (c == 0 || n == 0) return;
+  const char side = 'R', uplo = 'U', trans = 'N', diag = 'U';
+  const float one = 1.0f;
+  const int ll = static_cast<int>(ldl), lx = static_cast<int>(ldx);
+  strsm_(&side, &uplo, &trans, &diag, &n, &c, &one, L, &ll, X, &lx);
+}
+
+// exp(x) for x <= 88, to about 2 ulp; results below the normal range are 0 (flushed, as the
+// PyTorch path flushes decays below the smallest normal number). Branch-free, so loops over it
+// vectorise: x = n ln 2 + r with |r| <= ln 2 / 2, exp(r) by its degree-7 Taylor polynomial.
+inline float exp_flush(float x) {
+  x = std::min(std::max(x, -104.0f), 88.0f);
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 2^23)
+  float r = std::fma(n, -0.693145752f, x);  // ln 2 in two parts: the product is exact
+  r = std::fma(n, -1.42860677e-06f, r);
+  float p = 1.98412698e-04f;  // 1/7!
+  p = std::fma(p, r, 1.38888889e-03f);
+  p = std::fma(p, r, 8.33333333e-03f);
+  p = std::fma(p, r, 4.16666667e-02f);
+  p = std::fma(p, r, 1.66666667e-01f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  const int32_t e = std::max(static_cast<int32_t>(n) + 127, 0);  // biased exponent of 2^n
+  return p * __builtin_bit_cast(float, e << 23);  // e = 0: 2^n below the normal range, 0
+}
+
+// A log-gate spread that the factored product exp(G_i - G_r) exp(G_r - G_j) can carry in float32:
+// each factor stays below FLT_MAX^(1/4), so products of inputs of modest size cannot overflow
+// (``_blockmath.factor_budget``).
+const float kFactorBudget = std::log(FLT_MAX) / 4.0f;
+
+// One thread's scratch memory, sized for one chunk of one head.
+struct Scratch {
+  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf;
+  Scratch(int C, int K, int V)
+      : G(C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
+        Yf(C * K) {}
+};
+
+// Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
+// reference row r for the whole block: x * exp(G - G_r) times (y * exp(G_r - G))^T.
+void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+                    int K, int i0, int n, int j0, int m, int r, float alpha, float* A, int64_t lda,
+                    Scratch& w) {
+  const float* Gr = G + static_cast<int64_t>(r) * K;
+  for (int i = 0; i < n; ++i) {
+    const float* x = X + (i0 + i) * ldx;
+    const float* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    float* out = w.Xf.data() + static_cast<int64_t>(i) * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) out[c] = x[c] * exp_flush(Gi[c] - Gr[c]);
+  }
+  for (int j = 0; j < m; ++j) {
+    const float* y = Y + (j0 + j) * ldy;
+    const float* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) out[c] = y[c] * exp_flush(Gr[c] - Gj[c]);
+  }
+  gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0, lda);
+}
+
+// The diagonal block [i0, i0 + n) of a per-channel decayed product. One factored product when the
+// gates' spread over the block fits the budget; otherwise the block is halved: the lower-left
+// quarter factors exactly about the last row of its upper half (every exponent <= 0 there), and the
+// two diagonal halves recurse (``_blockmath.direct_block_size``).
+void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+                      int K, int i0, int n, float alpha, float* A, int64_t lda, Scratch& w) {
+  const float* first = G + static_cast<int64_t>(i0) * K;
+  const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
+  float spread = 0.0f;
+  for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
+  if (spread <= kFactorBudget || n == 1) {
+    factored_block(X, ldx, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha, A, lda, w);
+    return;
+  }
+  const int h = n / 2;
+  factored_block(X, ldx, Y, ldy, G, K, i0 + h, n - h, i0, h, i0 + h - 1, alpha, A, lda, w);
+  channel_diagonal(X, ldx, Y, ldy, G, K, i0, h, alpha, A, lda, w);
+  channel_diagonal(X, ldx, Y, ldy, G, K, i0 + h, n - h, alpha, A, lda, w);
+}
+
+// A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk) for j <= i (j < i when strict), zero above:
+// the masked, decayed product of section 10 for c rows. kg = 0 (no gate), 1 (one log-gate per
+// token) or K (one per channel); G [c, kg] holds the cumulative log-gates.
+void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+                      int kg, int c, int K, bool strict, float alpha, float* A, int64_t lda,
+                      Scratch& w) {
+  if (kg <= 1) {
+    gemm(false, true, c, c, K, alpha, X, ldx, Y, ldy, 0.0f, A, lda);
+    if (kg == 1) {
+      for (int i = 0; i < c; ++i) {
+        float* row = A + i * lda;
+        const float Gi = G[i];
+#pragma omp simd
+        for (int j = 0; j <= i; ++j) row[j] *= exp_flush(Gi - G[j]);
+      }
+    }
+  } else {
+    channel_diagonal(X, ldx, Y, ldy, G, K, 0, c, alpha, A, lda, w);
+  }
+  for (int i = 0; i < c; ++i) {  // the causal mask
+    float* row = A + i * lda;
+    for (int j = strict ? i : i + 1; j < c; ++j) row[j] = 0.0f;
+  }
+}
+
+// Flush subnormal numbers to zero on this thread while alive (x86): decays deep below the normal
+// range would otherwise run the arithmetic on them tens of times slower.
+struct FlushSubnormals {
+#if defined(__SSE__)
+  unsigned int saved = _mm_getcsr();
+  FlushSubnormals() { _mm_setcsr(saved | 0x8040); }  // FTZ | DAZ
+  ~FlushSubnormals() { _mm_setcsr(saved); }
+#endif
+};
+
+}  // namespace
+
+// o [B, H, T, V] (a view of a [B, T, H, V] tensor), the final state [B, H, K, V], and (keep) the
+// state entering every chunk [N, B H, K, V] for the backward pass (else an empty tensor).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& beta_opt, const c10::optional<at::Tensor>& g_opt,
+    const at::Tensor& S0, double scale_d, int64_t C64, bool keep) {
+  for (const at::Tensor* x : {&q, &k, &v, &S0}) {
+    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
+  }
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3), V = v.size(3);
+  const int C = static_cast<int>(C64);
+  const int64_t P = B * H, N = (T + C - 1) / C;
+  const bool delta = beta_opt.has_value();
+  const bool gated = g_opt.has_value();
+  const at::Tensor beta = delta ? *beta_opt : at::Tensor();
+  const at::Tensor g = gated ? *g_opt : at::Tensor();
+  const int kg = gated ? static_cast<int>(g.size(3)) : 0;
+  const float scale = static_cast<float>(scale_d);
+
+  at::Tensor o = at::empty({B, T, H, V}, q.options()).transpose(1, 2);  // [B, H, T, V] view
+  at::Tensor S = S0.reshape({P, K, V}).clone();  // the running states, contiguous
+  at::Tensor states = keep ? at::empty({N, P, K, V}, q.options()) : at::empty({0}, q.options());
+
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float* bp = delta ? beta.data_ptr<float>() : nullptr;
+  const float* gp = gated ? g.data_ptr<float>() : nullptr;
+  float *op = o.data_ptr<float>(), *Sp = S.data_ptr<float>();
+  float* statep = keep ? states.data_ptr<float>() : nullptr;
+
+  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    FlushSubnormals flush;
+    Scratch w(C, static_cast<int>(K), static_cast<int>(V));
+    const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
+    const int64_t ldx = K + V;  // X = [W | U] after the solve
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t t0 = n * C;
+      const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t b = p / H, h = p % H;
+        const float* Q = qp + b * q.stride(0) + h * q.stride(1) + t0 * q.stride(2);
+        const float* Kc = kp + b * k.stride(0) + h * k.stride(1) + t0 * k.stride(2);
+        const float* Vc = vp + b * v.stride(0) + h * v.stride(1) + t0 * v.stride(2);
+        float* O = op + b * o.stride(0) + h * o.stride(1) + t0 * o.stride(2);
+        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), ldo = o.stride(2);
+        float* Sh = Sp + p * K * V;
+        if (keep) std::memcpy(statep + (n * P + p) * K * V, Sh, sizeof(float) * K * V);
+
+        // 1. Gates: the cumulative log-gates G, Qd = scale q exp(G), Ke = k exp(G_c - G).
+        const float* Qread = Q;  // the rows that read the incoming state, times q_alpha
+        int64_t ldqr = ldq;
+        float q_alpha = scale;
+        const float* Kend = Kc;  // the rows that write the state
+        int64_t ldke = ldk;
+        float* G = w.G.data();
+        if (gated) {
+          const float* gc = gp + b * g.stride(0) + h * g.stride(1) + t0 * g.stride(2);
+          for (int i = 0; i < c; ++i) {
+            const float* gi = gc + i * g.stride(2);
+            float* Gi = G + static_cast<int64_t>(i) * kg;
+            const float* Gprev = Gi - kg;
+            for (int ch = 0; ch < kg; ++ch) Gi[ch] = i == 0 ? gi[ch] : Gprev[ch] + gi[ch];
+          }
+          const float* Gc = G + static_cast<int64_t>(c - 1) * kg;
+          for (int i = 0; i < c; ++i) {
+            const float* Gi = G + static_cast<int64_t>(i) * kg;
+            const float* qi = Q + i * ldq;
+            const float* ki = Kc + i * ldk;
+            float* qd = w.Qd.data() + static_cast<int64_t>(i) * K;
+            float* ke = w.Ke.data() + static_cast<int64_t>(i) * K;
+            if (kg == 1) {
+              const float a = scale * exp_flush(Gi[0]), e = exp_flush(Gc[0] - Gi[0]);
+#pragma omp simd
+              for (int ch = 0; ch < Ki; ++ch) {
+                qd[ch] = a * qi[ch];
+                ke[ch] = e * ki[ch];
+              }
+            } else {
+#pragma omp simd
+              for (int ch = 0; ch < Ki; ++ch) {
+                qd[ch] = scale * qi[ch] * exp_flush(Gi[ch]);
+                ke[ch] = ki[ch] * exp_flush(Gc[ch] - Gi[ch]);
+              }
+            }
+          }
+          Qread = w.Qd.data(), ldqr = K, q_alpha = 1.0f;
+          Kend = w.Ke.data(), ldke = K;
+        }
+
+        // 2. The masked, decayed scores inside the chunk.
+        float* A = w.A.data();
+        decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, A, C, w);
+
+        // 3. Pseudo-values: U = v (additive rule), or the UT transform and U = U0 - W S.
+        const float* U = Vc;
+        int64_t ldu = ldv;
+        if (delta) {
+          const float* bc = bp + b * beta.stride(0) + h * beta.stride(1) + t0 * beta.stride(2);
+          const int64_t sb = beta.stride(2);
+          float* L = w.L.data();
+          decayed_products(Kc, ldk, Kc, ldk, G, kg, c, Ki, true, 1.0f, L, C, w);
+          float* X = w.X.data();
+          for (int i = 0; i < c; ++i) {
+            const float bi = bc[i * sb];
+            float* Li = L + static_cast<int64_t>(i) * C;
+#pragma omp simd
+            for (int j = 0; j < i; ++j) Li[j] *= bi;
+            const float* ki = Kc + i * ldk;
+            const float* vi = Vc + i * ldv;
+            float* xi = X + i * ldx;
+            // k exp(G) = Qd / (scale q) * k: recomputed from G (exact for no gate)
+            if (kg == 0) {
+#pragma omp simd
+              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch];
+            } else if (kg == 1) {
+              const float a = bi * exp_flush(G[i]);
+#pragma omp simd
+              for (int ch = 0; ch < Ki; ++ch) xi[ch] = a * ki[ch];
+            } else {
+              const float* Gi = G + static_cast<int64_t>(i) * K;
+#pragma omp simd
+              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * exp_flush(Gi[ch]);
+            }
+#pragma omp simd
+            for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
+          }
+          unit_lower_solve(c, static_cast<int>(K + V), L, C, X, ldx);  // X = [W | U0]
+          gemm(false, false, c, Vi, Ki, -1.0f, X, ldx, Sh, V, 1.0f, X + K, ldx);  // U = U0 - W S
+          U = X + K, ldu = ldx;
+        }
+
+        // 4. Outputs: the read of the incoming state plus the masked product inside the chunk.
+        gemm(false, false, c, Vi, Ki, q_alpha, Qread, ldqr, Sh, V, 0.0f, O, ldo);
+        gemm(false, false, c, Vi, c, 1.0f, A, C, U, ldu, 1.0f, O, ldo);
+
+        // 5. The state leaving the chunk: S <- D * S + Ke^T U.
+        if (gated) {
+          const float* Gc = G + static_cast<int64_t>(c - 1) * kg;
+          for (int ch = 0; ch < Ki; ++ch) {
+            const float d = exp_flush(Gc[kg == 1 ? 0 : ch]);
+            float* row = Sh + ch * V;
+#pragma omp simd
+            for (int j = 0; j < Vi; ++j) row[j] *= d;
+          }
+        }
+        gemm(true, false, Ki, Vi, c, 1.0f, Kend, ldke, U, ldu, 1.0f, Sh, V);
+      }
+    }
+  });
+  return {o, S.view({B, H, K, V}), states};
+}
+
+// The backward pass of linear attention without decay (U = v, D = I), chunk by chunk from the last,
+// from the states the forward pass saved. With A = scale mask(Q K^T), o = scale Q S + A V and
+// S' = S + K^T V, and dS' the gradient of the state leaving the chunk:
+//
+//   dA = mask(dO V^T)                       dQ = scale (dO S^T + dA K)
+//   dK = V dS'^T + scale dA^T Q             dV = K dS' + A^T dO
+//   dS = dS' + scale Q^T dO                 (the gradient of the state entering the chunk)
+//
+// Returns dq, dk [B, H, T, K] and dv [B, H, T, V] (views of [B, T, H, D] tensors) and dS0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_chunk_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& states,
+    const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d, int64_t C64) {
+  for (const at::Tensor* x : {&q, &k, &v, &states, &d_o, &dS_final}) {
+    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
+  }
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3), V = v.size(3);
+  const int C = static_cast<int>(C64);
+  const int64_t P = B * H, N = (T + C - 1) / C;
+  const float scale = static_cast<float>(scale_d);
+  at::Tensor dq = at::empty({B, T, H, K}, q.options()).transpose(1, 2);
+  at::Tensor dk = at::empty({B, T, H, K}, q.options()).transpose(1, 2);
+  at::Tensor dv = at::empty({B, T, H, V}, q.options()).transpose(1, 2);
+  at::Tensor dS = dS_final.reshape({P, K, V}).clone();  // running, then the initial state's
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *sp = states.data_ptr<float>(), *dop = d_o.data_ptr<float>();
+  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+  float* dSp = dS.data_ptr<float>();
+
+  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    FlushSubnormals flush;
+    std::vector<float> A(static_cast<size_t>(C) * C), dA(static_cast<size_t>(C) * C);
+    const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
+    for (int64_t n = N - 1; n >= 0; --n) {
+      const int64_t t0 = n * C;
+      const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t b = p / H, h = p % H;
+        auto at_row = [&](const at::Tensor& x, auto* base) {
+          return base + b * x.stride(0) + h * x.stride(1) + t0 * x.stride(2);
+        };
+        const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
+        const float* dO = at_row(d_o, dop);
+        float *dQ = at_row(dq, dqp), *dK = at_row(dk, dkp), *dV = at_row(dv, dvp);
+        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2);
+        const int64_t lddo = d_o.stride(2), lddq = dq.stride(2), lddk = dk.stride(2),
+                      lddv = dv.stride(2);
+        const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
+        float* dSh = dSp + p * K * V;               // dS': the state leaving it
+
+        gemm(false, true, c, c, Ki, scale, Q, ldq, Kc, ldk, 0.0f, A.data(), C);
+        gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Vc, ldv, 0.0f, dA.data(), C);
+        for (int i = 0; i < c; ++i) {  // the causal mask on both
+          for (int j = i + 1; j < c; ++j) A[i * C + j] = dA[i * C + j] = 0.0f;
+        }
+        gemm(false, true, c, Ki, Vi, scale, dO, lddo, S, V, 0.0f, dQ, lddq);
+        gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
+        gemm(false, true, c, Ki, Vi, 1.0f, Vc, ldv, dSh, V, 0.0f, dK, lddk);
+        gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
+        gemm(false, false, c, Vi, Ki, 1.0f, Kc, ldk, dSh, V, 0.0f, dV, lddv);
+        gemm(true, false, c, Vi, c, 1.0f, A.data(), C, dO, lddo, 1.0f, dV, lddv);
+        gemm(true, false, Ki, Vi, c, scale, Q, ldq, dO, lddo, 1.0f, dSh, V);
+      }
+    }
+  });
+  return {dq, dk, dv, dS.view({B, H, K, V})};
+}
+
+TORCH_LIBRARY(linattn_native, m) {
+  m.def(
+      "chunk_forward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor S0, float scale,"
+      " int C, bool keep) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "linear_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor states, Tensor d_o,"
+      " Tensor dS_final, float scale, int C) -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
+  m.impl("chunk_forward", &chunk_forward);
+  m.impl("linear_chunk_backward", &linear_chunk_backward);
+}

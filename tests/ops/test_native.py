@@ -1,0 +1,167 @@
+"""The fused C++ forward of the chunk form (``linattn.ops._native``) against the float64 engine.
+
+It serves float32 CPU inputs in ``chunk_function``; every rule, gate, chunk size (dividing T or
+not, longer than T), initial state and stride is checked against the float64 block engine
+(``chunk.chunk_forward``) and against the PyTorch group loop in float32, and its saved chunk
+states against the gradients of plain float64 autograd.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import pytest
+import torch
+
+from linattn.ops import _native, delta_rule, linear_attention
+from linattn.ops.chunk import chunk_forward
+from linattn.ops.chunk_function import chunk_function
+
+from .cases import make_inputs, rel_rms
+
+needs_native = pytest.mark.skipif(
+    not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
+)
+
+
+def test_builds_where_there_is_a_compiler(monkeypatch):
+    # CI has a compiler: a broken build must fail here, not fall back to the loop in silence.
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    assert _native.available(), _native.reason()
+
+
+def test_disabled_by_the_environment(monkeypatch):
+    q = torch.zeros(1, 1, 4, 2)
+    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    assert not _native.applies(q)
+    monkeypatch.delenv("LINATTN_NATIVE")
+    assert _native.applies(q) == _native.available()
+    assert not _native.applies(q.double())  # float32 only
+
+
+def _internal(x, dtype):
+    """Public [B, T, H, ...] inputs -> internal [B, H, T, ...] views in ``dtype``."""
+    out = []
+    for name in ("q", "k", "v", "beta", "g"):
+        t = x[name]
+        if t is not None:
+            t = t.to(dtype).transpose(1, 2)
+            if name == "g" and t.dim() == 3:
+                t = t.unsqueeze(-1)
+        out.append(t)
+    return out
+
+
+CASES = list(
+    itertools.product(["additive", "delta"], [None, "scalar", "channel", "steep"], [1, 7, 16, 64])
+)
+
+
+@needs_native
+@pytest.mark.parametrize(("rule", "gate", "C"), CASES)
+def test_equals_the_float64_engine(rule, gate, C):
+    # T = 45: chunks of 7 and 16 leave a partial last chunk, 64 is one chunk longer than T.
+    steep = gate == "steep"
+    x = make_inputs(
+        B=2, T=45, H=3, K=8, V=5, gate="channel" if steep else gate, rule=rule, state=True
+    )
+    if steep:  # log-decays down to about -1,600 per token: the products halve (budget)
+        x["g"] = 400 * x["g"]
+    scale = 0.7
+    q, k, v, beta, g = _internal(x, torch.float32)
+    S0 = x["S0"].float()
+    o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, scale, min(C, 45), True)
+    q64, k64, v64, beta64, g64 = _internal(x, torch.float64)
+    o64, S64 = chunk_forward(q64 * scale, k64, v64, beta64, g64, x["S0"], C)
+    assert rel_rms(o, o64) < 2e-6
+    assert rel_rms(S, S64) < 2e-6
+    # The saved states: the state entering chunk n is the final state of the first n C tokens.
+    n = states.shape[0] - 1
+    t = n * min(C, 45)
+    assert torch.equal(states[0].view_as(S0), S0)
+    if n == 0:
+        return
+    _, S_n = chunk_forward(
+        q64[:, :, :t] * scale,
+        k64[:, :, :t],
+        v64[:, :, :t],
+        None if beta64 is None else beta64[:, :, :t],
+        None if g64 is None else g64[:, :, :t],
+        x["S0"],
+        C,
+    )
+    assert rel_rms(states[n].view_as(S_n), S_n) < 2e-6
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("rule", "gate"), itertools.product(["additive", "delta"], [None, "scalar", "channel"])
+)
+def test_equals_the_pytorch_loop_in_float32(rule, gate, monkeypatch):
+    x = make_inputs(B=1, T=300, H=4, K=16, V=16, gate=gate, rule=rule, state=True)
+    args = (*_internal(x, torch.float32), x["S0"].float(), 64, 0.25)
+    o1, S1 = chunk_function(*args)
+    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    o2, S2 = chunk_function(*args)
+    assert rel_rms(o1, o2) < 2e-6 and rel_rms(S1, S2) < 2e-6
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("rule", "gate"), itertools.product(["additive", "delta"], [None, "scalar", "channel"])
+)
+def test_gradients_from_its_saved_states(rule, gate):
+    # The backward pass (PyTorch) recomputes every group from the states the fused forward saved.
+    x = make_inputs(B=2, T=40, H=2, K=8, V=4, gate=gate, rule=rule, state=True)
+    grads = {}
+    for dtype in (torch.float32, torch.float64):
+        leaves = [
+            None if t is None else t.to(dtype).requires_grad_()
+            for t in (x["q"], x["k"], x["v"], x["beta"], x["g"], x["S0"])
+        ]
+        q, k, v, beta, g, S0 = leaves
+        op = linear_attention if rule == "additive" else delta_rule
+        extra = (g,) if rule == "additive" else (beta, g)
+        o, S = op(q, k, v, *extra, chunk_size=16, initial_state=S0, output_final_state=True)
+        (o.square().sum() + S.sum()).backward()
+        grads[dtype] = [t.grad for t in leaves if t is not None]
+    for g32, g64 in zip(grads[torch.float32], grads[torch.float64], strict=True):
+        assert rel_rms(g32, g64) < 2e-6
+
+
+@needs_native
+def test_strided_inputs_are_read_in_place():
+    # Rows wider than K (a slice of a fused projection) and a transposed last dimension.
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(1, 50, 2, 3 * 8, generator=gen)
+    q, k, v = qkv.split(8, dim=-1)
+    v_t = torch.randn(1, 50, 8, 2, generator=gen).transpose(-1, -2)  # last stride 2
+    beta = torch.rand(1, 50, 2, generator=gen)
+    for vv in (v, v_t):
+        o, S = delta_rule(q, k, vv, beta, chunk_size=16, output_final_state=True)
+        o64, S64 = delta_rule(
+            q.double(),
+            k.double(),
+            vv.double(),
+            beta.double(),
+            chunk_size=16,
+            output_final_state=True,
+        )
+        assert rel_rms(o, o64) < 2e-6 and rel_rms(S, S64) < 2e-6
+
+
+@needs_native
+def test_threads_change_no_bit():
+    # Heads are split over threads; each head's arithmetic is the same on any thread.
+    x = make_inputs(B=2, T=130, H=3, K=16, V=8, gate="channel", rule="delta", dtype=torch.float32)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"])[0])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
