@@ -133,12 +133,12 @@ class ChunkFunction(torch.autograd.Function):
                 ctx.save_for_backward(q, k, v, beta, g, states)
             return o, S
         if keep:
-            states = q.new_empty(n_chunks, P, K, V)
+            states = _native.empty((n_chunks, P, K, V), q)
         else:
             group_states = q.new_empty(_chunks_per_group(C, P), P, K, V)
         # Allocated in the public layout [B, T, H, V] and written through its [B, H, T, V] view,
         # so that the caller gets a contiguous output (a layer's reshape to [B, T, H V] is free).
-        o = q.new_empty(B, T, H, V).transpose(1, 2)
+        o = _native.empty((B, T, H, V), q).transpose(1, 2)
         S = S0.reshape(P, K, V)
         gather = _Gatherer((q, k, v, beta, g), C, scale)
         buffers = Buffers()
@@ -170,7 +170,7 @@ class ChunkFunction(torch.autograd.Function):
             return dq, dk, dv, None, None, dS0, None, None
         inputs = (q, k, v, beta, g)
         grads = {
-            name: torch.empty_like(x) if x is not None and needed else None
+            name: _empty_like(x) if x is not None and needed else None
             for name, x, needed in zip(NAMES, inputs, ctx.needs_input_grad[:5], strict=True)
         }
         dS = q.new_zeros(P, K, V) if d_S is None else d_S.reshape(P, K, V).clone()
@@ -204,6 +204,15 @@ class ChunkFunction(torch.autograd.Function):
                     _scatter(grads[name], value, t0, t1)
         dS0 = dS.view(B, H, K, V)
         return grads["q"], grads["k"], grads["v"], grads["beta"], grads["g"], dS0, None, None
+
+
+def _empty_like(x: Tensor) -> Tensor:
+    """``torch.empty_like(x)``, on huge pages (``_native.empty``) for the [B, H, T, D] views of
+    [B, T, H, D] tensors that q, k and v are."""
+    if x.dim() == 4 and x.transpose(1, 2).is_contiguous():
+        B, H, T, D = x.shape
+        return _native.empty((B, T, H, D), x).transpose(1, 2)
+    return torch.empty_like(x)
 
 
 def _state_loop(terms: Terms, S: Tensor, states: Tensor, buffers=fresh) -> tuple[Tensor, Tensor]:

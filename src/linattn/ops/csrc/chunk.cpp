@@ -37,6 +37,9 @@
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -182,6 +185,23 @@ struct FlushSubnormals {
 #endif
 };
 
+// An uninitialised tensor whose large allocations are backed by 2 MiB pages where the kernel
+// allows it (Linux, transparent huge pages in "madvise" mode). The outputs here are tens of MB of
+// fresh memory on every call, and the first touch of each 4 KiB page faults: measured on this
+// project's machine, writing a fresh 32 MB tensor takes 15 ms with 4 KiB pages and 4 ms with
+// 2 MiB pages (2 ms for memory already mapped).
+at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor x = at::empty(sizes, options);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t huge = uintptr_t{1} << 21;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(x.data_ptr());
+  const uintptr_t first = (begin + huge - 1) & ~(huge - 1);
+  const uintptr_t last = (begin + x.nbytes()) & ~(huge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#endif
+  return x;
+}
+
 }  // namespace
 
 // o [B, H, T, V] (a view of a [B, T, H, V] tensor), the final state [B, H, K, V], and (keep) the
@@ -203,9 +223,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   const int kg = gated ? static_cast<int>(g.size(3)) : 0;
   const float scale = static_cast<float>(scale_d);
 
-  at::Tensor o = at::empty({B, T, H, V}, q.options()).transpose(1, 2);  // [B, H, T, V] view
+  at::Tensor o = fresh({B, T, H, V}, q.options()).transpose(1, 2);  // [B, H, T, V] view
   at::Tensor S = S0.reshape({P, K, V}).clone();  // the running states, contiguous
-  at::Tensor states = keep ? at::empty({N, P, K, V}, q.options()) : at::empty({0}, q.options());
+  at::Tensor states = keep ? fresh({N, P, K, V}, q.options()) : at::empty({0}, q.options());
 
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float* bp = delta ? beta.data_ptr<float>() : nullptr;
@@ -354,9 +374,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_chunk_backward
   const int C = static_cast<int>(C64);
   const int64_t P = B * H, N = (T + C - 1) / C;
   const float scale = static_cast<float>(scale_d);
-  at::Tensor dq = at::empty({B, T, H, K}, q.options()).transpose(1, 2);
-  at::Tensor dk = at::empty({B, T, H, K}, q.options()).transpose(1, 2);
-  at::Tensor dv = at::empty({B, T, H, V}, q.options()).transpose(1, 2);
+  at::Tensor dq = fresh({B, T, H, K}, q.options()).transpose(1, 2);
+  at::Tensor dk = fresh({B, T, H, K}, q.options()).transpose(1, 2);
+  at::Tensor dv = fresh({B, T, H, V}, q.options()).transpose(1, 2);
   at::Tensor dS = dS_final.reshape({P, K, V}).clone();  // running, then the initial state's
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *sp = states.data_ptr<float>(), *dop = d_o.data_ptr<float>();
@@ -402,10 +422,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_chunk_backward
   return {dq, dk, dv, dS.view({B, H, K, V})};
 }
 
+// ``fresh`` for Python: an uninitialised CPU tensor of ``sizes``, on huge pages where possible.
+at::Tensor empty_huge(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return fresh(sizes, at::TensorOptions().dtype(dtype));
+}
+
 TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "chunk_forward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor S0, float scale,"
       " int C, bool keep) -> (Tensor, Tensor, Tensor)");
+  m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def(
       "linear_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor states, Tensor d_o,"
       " Tensor dS_final, float scale, int C) -> (Tensor, Tensor, Tensor, Tensor)");
