@@ -50,7 +50,10 @@ def test_tiny_run_writes_json_markdown_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| mechanism | form | T |" in out and "**Generation step**" in out
     result = json.loads((tmp_path / "bench.json").read_text())
-    assert result["machine"]["malloc"] == "malloc defaults" and "; malloc defaults)" in out
+    assert result["machine"]["malloc"] == "malloc defaults" and "; malloc defaults; " in out
+    # Which loop ran the chunk forms: the fused C++ one where it compiled, else PyTorch's.
+    loop = result["machine"]["chunk_loop"]
+    assert loop == bench.chunk_loop() and f"; chunk form: {loop})" in out
     assert (tmp_path / "bench.md").read_text().strip() == out.strip()
     rows = result["rows"]
     keys = {(r["mechanism"], r["mode"], r["T"]) for r in rows}
@@ -147,7 +150,7 @@ def test_tune_malloc_option_is_applied_and_reported(applied, tmp_path, capsys, m
     malloc = json.loads((tmp_path / "bench.json").read_text())["machine"]["malloc"]
     assert calls == [1]
     expected = bench.DESCRIPTION if applied else "not tuned (no glibc mallopt)"
-    assert malloc == expected and f"; {expected})" in out
+    assert malloc == expected and f"; {expected}; chunk form: " in out
 
 
 def test_fla_and_ours_are_timed_in_turns(monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,3 +166,33 @@ def test_threads_change_no_bit():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1])
+
+
+def _anon_huge_kib(address: int) -> int | None:
+    """AnonHugePages (KiB) of the mapping of this process that holds ``address``, from smaps."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return None
+
+
+def test_empty_keeps_small_tensors_plain():
+    like = torch.zeros(1, dtype=torch.float64)
+    x = _native.empty((3, 5), like)
+    assert x.shape == (3, 5) and x.dtype == torch.float64 and x.device == like.device
+
+
+@needs_native
+def test_large_outputs_are_backed_by_huge_pages():
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("no transparent huge pages on this machine")
+    x = _native.empty((4, 2**20), torch.zeros(1))  # 16 MiB
+    assert x.shape == (4, 2**20) and x.dtype == torch.float32
+    x.fill_(1.0)  # the first touch maps the pages
+    assert _anon_huge_kib(x.data_ptr() + x.nbytes // 2) >= 2048

@@ -32,6 +32,7 @@ from linattn.experiments._timing import (
     medians_in_turns,
     memory_supported,
 )
+from linattn.ops import _native
 
 MODES = ("chunk", "parallel", "recurrent")
 SLOW_CALL_S = 1.0  # a call slower than this is repeated at most 3 times
@@ -213,6 +214,13 @@ def compute_bench(args: argparse.Namespace) -> dict:
     }
 
 
+def chunk_loop() -> str:
+    """Which loop runs the float32 chunk forms here: the fused C++ one or PyTorch's."""
+    if _native.available():
+        return "fused C++ forward (backward: C++ for linear attention, PyTorch for the others)"
+    return f"PyTorch group loop ({_native.reason()})"
+
+
 def _ms(s: float | None) -> str:
     return "" if s is None else f"{s * 1e3:,.1f}"
 
@@ -249,7 +257,8 @@ def bench_markdown(result: dict) -> str:
         f"**linattn bench** (float32, B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, "
         f"V = {cfg['V']}, chunk size {cfg['chunk_size']}, {result['machine']['threads']} threads; "
         f"medians of {cfg['clock']} time; {_roof_text(result)}; "
-        f"{result['machine'].get('malloc', 'malloc defaults')})",
+        f"{result['machine'].get('malloc', 'malloc defaults')}; "
+        f"chunk form: {result['machine'].get('chunk_loop', 'PyTorch group loop')})",
         "",
         "| mechanism | form | T | fwd ms | fwd GFLOP/s | fwd eff. | fwd+bwd ms | fwd+bwd eff. | "
         "peak MiB fwd | peak MiB fwd+bwd | softmax / this (fwd) |",
@@ -423,6 +432,7 @@ def run(args: argparse.Namespace) -> int:
     _timing.use_clock(args.clock)
     result = compute_bench(args)
     result["machine"]["malloc"] = malloc
+    result["machine"]["chunk_loop"] = chunk_loop()
     result["config"]["out"] = str(args.out)
     return _write(result, args)
 
