@@ -168,17 +168,17 @@ def test_threads_change_no_bit():
     assert torch.equal(outs[0], outs[1])
 
 
-def _anon_huge_kib(address: int) -> int | None:
-    """AnonHugePages (KiB) of the mapping of this process that holds ``address``, from smaps."""
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             start, end = (int(part, 16) for part in head.split("-"))
             inside = start <= address < end
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1])
-    return None
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    return []
 
 
 def test_empty_keeps_small_tensors_plain():
@@ -194,5 +194,6 @@ def test_large_outputs_are_backed_by_huge_pages():
         pytest.skip("no transparent huge pages on this machine")
     x = _native.empty((4, 2**20), torch.zeros(1))  # 16 MiB
     assert x.shape == (4, 2**20) and x.dtype == torch.float32
-    x.fill_(1.0)  # the first touch maps the pages
-    assert _anon_huge_kib(x.data_ptr() + x.nbytes // 2) >= 2048
+    # madvise(MADV_HUGEPAGE) marks the mapping "hg"; whether the kernel then finds free 2 MiB
+    # pages for it depends on the machine's memory, so the pages themselves are not asserted.
+    assert "hg" in _vm_flags(x.data_ptr() + x.nbytes // 2)
