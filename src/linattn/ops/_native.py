@@ -16,8 +16,10 @@ False and the chunk form runs its PyTorch loop instead (``reason()`` says why).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import platform
 import warnings
 from pathlib import Path
 
@@ -28,6 +30,21 @@ SOURCE = Path(__file__).with_name("csrc") / "chunk.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c++17"]
 
 _state: dict[str, object] = {}
+
+
+def build_name() -> str:
+    """The extension's name: one build per processor kind and PyTorch version, since it is
+    compiled for the processor it is built on (``-march=native``) and against one PyTorch's headers
+    (a cache directory shared by different machines keeps one build for each)."""
+    cpu = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features", "model name")):
+                cpu += line
+    except OSError:
+        cpu += platform.processor()
+    tag = hashlib.sha1(f"{cpu} {torch.__version__}".encode()).hexdigest()[:10]
+    return f"linattn_native_{tag}"
 
 
 def _load() -> None:
@@ -41,7 +58,7 @@ def _load() -> None:
         from torch.utils import cpp_extension
 
         cpp_extension.load(
-            name="linattn_native",
+            name=build_name(),
             sources=[str(SOURCE)],
             extra_cflags=FLAGS,
             is_python_module=False,

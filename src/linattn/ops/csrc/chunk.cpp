@@ -77,7 +77,7 @@ void unit_lower_solve(int c, int n, const float* L, int64_t ldl, float* X, int64
 // exp(x) for x <= 88, to about 2 ulp; results below the normal range are 0 (flushed, as the
 // PyTorch path flushes decays below the smallest normal number). Branch-free, so loops over it
 // vectorise: x = n ln 2 + r with |r| <= ln 2 / 2, exp(r) by its degree-7 Taylor polynomial.
-inline float exp_flush(float x) {
+__attribute__((always_inline)) inline float exp_flush(float x) {
   x = std::min(std::max(x, -104.0f), 88.0f);
   const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 2^23)
   float r = std::fma(n, -0.693145752f, x);  // ln 2 in two parts: the product is exact
@@ -159,11 +159,14 @@ void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
   if (kg <= 1) {
     gemm(false, true, c, c, K, alpha, X, ldx, Y, ldy, 0.0f, A, lda);
     if (kg == 1) {
+      // Whole rows, so that every row is the same few vectors (a triangle's ragged row ends cost
+      // a scalar exponential each): above the diagonal the exponents are positive and exp_flush
+      // caps them at 88, and the mask below overwrites those entries.
       for (int i = 0; i < c; ++i) {
         float* row = A + i * lda;
         const float Gi = G[i];
 #pragma omp simd
-        for (int j = 0; j <= i; ++j) row[j] *= exp_flush(Gi - G[j]);
+        for (int j = 0; j < c; ++j) row[j] *= exp_flush(Gi - G[j]);
       }
     }
   } else {
