@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from linattn.ops import _native, delta_rule, linear_attention
+from linattn.ops import _native, delta_rule, linear_attention, recurrent_step
 from linattn.ops.chunk import chunk_forward
 from linattn.ops.chunk_function import chunk_function
 
 from .cases import make_inputs, rel_rms
+from .test_step import B, H, K, V
+from .test_step import inputs as step_inputs
 
 needs_native = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
@@ -197,3 +199,51 @@ def test_large_outputs_are_backed_by_huge_pages():
     # madvise(MADV_HUGEPAGE) marks the mapping "hg"; whether the kernel then finds free 2 MiB
     # pages for it depends on the machine's memory, so the pages themselves are not asserted.
     assert "hg" in _vm_flags(x.data_ptr() + x.nbytes // 2)
+
+
+STEP_MECHANISMS = ["linear", "scalar_decay", "gla", "delta", "gated_delta", "kda"]
+
+
+def _step_inputs(mechanism: str, seed=0):
+    return step_inputs(mechanism, seed=seed, dtype=torch.float32)
+
+
+@needs_native
+@pytest.mark.parametrize("mechanism", STEP_MECHANISMS)
+def test_fused_step_equals_the_pytorch_step(mechanism, monkeypatch):
+    steps = [_step_inputs(mechanism, seed=s) for s in range(5)]
+    S0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(1))
+    fused, plain = S0.clone(), S0.clone()
+    memory = fused.data_ptr()
+    outs_fused = [recurrent_step(fused, **x, scale=0.7) for x in steps]
+    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    outs_plain = [recurrent_step(plain, **x, scale=0.7) for x in steps]
+    assert fused.data_ptr() == memory  # in place
+    torch.testing.assert_close(torch.stack(outs_fused), torch.stack(outs_plain), rtol=0, atol=2e-6)
+    torch.testing.assert_close(fused, plain, rtol=0, atol=2e-6)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("q", float("nan"), "q contains non-finite"),
+        ("k", float("inf"), "k contains non-finite"),
+        ("v", float("-inf"), "v contains non-finite"),
+        ("state", float("nan"), "state contains non-finite"),
+        ("beta", 2.5, r"beta must lie in \[0, 2\]"),
+        ("beta", -0.1, r"beta must lie in \[0, 2\]"),
+        ("beta", float("nan"), "beta contains non-finite"),
+        ("g", 0.1, "g is a log-decay"),
+        ("g", float("-inf"), "g contains non-finite"),
+    ],
+)
+def test_fused_step_names_a_bad_value_and_leaves_the_state(name, value, message):
+    x = _step_inputs("kda")
+    state = torch.randn(B, H, K, V)
+    target = state if name == "state" else x[name]
+    target.view(-1)[3] = value  # one bad entry
+    before = state.clone()
+    with pytest.raises(ValueError, match=message):
+        recurrent_step(state, **x)
+    assert torch.equal(state, before) or name == "state"

@@ -110,10 +110,11 @@ def kv(k: object, v: object) -> tuple[int, int, int, int, int]:
     return (*k.shape, v.shape[3])
 
 
-def gate(g: object, *sizes: int, layout: str = "[B, T, H]") -> None:
+def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True) -> None:
     """g: None, [B, T, H] (scalar decay per head) or [B, T, H, K] (per channel), all <= 0.
 
     ``sizes`` are (B, T, H, K); a generation step passes (B, H, K) with ``layout="[B, H]"``.
+    ``values=False`` checks the type and shape only (the caller checks the values itself).
     """
     if g is None:
         return
@@ -126,16 +127,23 @@ def gate(g: object, *sizes: int, layout: str = "[B, T, H]") -> None:
         raise ValueError(
             f"g must be None, {layout} = {lead} or {channel} = {(*lead, K)}, got {tuple(g.shape)}"
         )
+    if not values:
+        return
     _, high = value_range("g", g)
     if high > 0:
         raise ValueError(f"g is a log-decay and must be <= 0; got max {high:.3g}")
 
 
-def beta(b: object, *sizes: int, layout: str = "[B, T, H]") -> None:
-    """beta: [B, T, H] with values in [0, 2] (``sizes``; a generation step: [B, H])."""
+def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True) -> None:
+    """beta: [B, T, H] with values in [0, 2] (``sizes``; a generation step: [B, H]).
+
+    ``values=False`` checks the type and shape only (the caller checks the values itself).
+    """
     tensor("beta", b, len(sizes), finite=False)
     if tuple(b.shape) != sizes:
         raise ValueError(f"beta must have shape {layout} = {sizes}, got {tuple(b.shape)}")
+    if not values:
+        return
     low, high = value_range("beta", b)
     if low < 0 or high > 2:
         raise ValueError(f"beta must lie in [0, 2]; got range [{low:.3g}, {high:.3g}]")
@@ -157,7 +165,7 @@ def scale(s: object) -> None:
         return
     if isinstance(s, bool) or not isinstance(s, (int, float)):
         raise TypeError(f"scale must be None or a float, got {type(s).__name__}")
-    if not torch.isfinite(torch.tensor(float(s))):
+    if not math.isfinite(float(s)):
         raise ValueError(f"scale must be finite, got {s}")
 
 

@@ -167,3 +167,24 @@ def linear_chunk_backward(
     return torch.ops.linattn_native.linear_chunk_backward(
         q, k, v, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
     )
+
+
+def recurrent_step(
+    state: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    scale: float,
+) -> Tensor | None:
+    """One generation step on float32 CPU tensors (``linattn.ops.recurrent_step``'s fused path):
+    o [B, H, V], the state [B, H, K, V] (contiguous) updated in place; None, with the state
+    unchanged, when a value is out of range (NaN or Inf, beta outside [0, 2], g > 0)."""
+    B, H = state.shape[:2]
+    g = None if g is None else g.reshape(B, H, -1).contiguous()
+    beta = None if beta is None else beta.contiguous()
+    o = torch.ops.linattn_native.recurrent_step(
+        state, q.contiguous(), k.contiguous(), v.contiguous(), beta, g, float(scale)
+    )
+    return None if o.dim() == 1 else o  # the kernel's empty 1-D answer: a value out of range

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops import _checks
+from linattn.ops import _checks, _native
 from linattn.ops.recurrent import step
 
 STATE_DTYPES = (torch.float32, torch.float64)
@@ -69,12 +69,24 @@ def recurrent_step(
                 f"{name} must have shape {(B, H, size)} for a state of shape [B, H, K, V] = "
                 f"{tuple(state.shape)}, got {tuple(x.shape)}"
             )
+    inputs = [x for x in (state, q, k, v, beta, g) if x is not None]
+    fused = all(x.dtype == torch.float32 for x in inputs) and _native.applies(state)
+    fused = fused and state.is_contiguous()
     if beta is not None:
-        _checks.beta(beta, B, H, layout="[B, H]")
-    _checks.gate(g, B, H, K, layout="[B, H]")
-    _checks.finite({"state": state, "q": q, "k": k, "v": v})
+        _checks.beta(beta, B, H, layout="[B, H]", values=not fused)
+    _checks.gate(g, B, H, K, layout="[B, H]", values=not fused)
     _checks.scale(scale)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
+    if fused:
+        # float32 on the CPU: the checks and the step in one C++ call (``_native``).
+        o_t = _native.recurrent_step(state, q, k, v, beta, g, scale)
+        if o_t is not None:
+            return o_t
+        # An input is out of range: the checks below name it (the state is unchanged).
+        if beta is not None:
+            _checks.beta(beta, B, H, layout="[B, H]")
+        _checks.gate(g, B, H, K, layout="[B, H]")
+    _checks.finite({"state": state, "q": q, "k": k, "v": v})
     dtype = state.dtype
     q_t = q.to(dtype) * scale
     k_t, v_t = k.to(dtype), v.to(dtype)
