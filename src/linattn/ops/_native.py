@@ -4,9 +4,10 @@
 in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group loop
 spends most of its time moving group-sized tensors through memory, not multiplying). It is the
 same algebra as ``chunk_function`` and is checked against it and against float64 in
-``tests/ops/test_native.py``. The backward pass of linear attention without decay is fused the
-same way (``linear_chunk_backward``); the other mechanisms' backward passes run in PyTorch
-(``chunk_function``), from the chunk states this forward saves.
+``tests/ops/test_native.py``. The backward passes of linear attention and of the delta rule
+without decay are fused the same way (``linear_chunk_backward``, ``delta_chunk_backward``); the
+decayed mechanisms' backward passes run in PyTorch (``chunk_function``), from the chunk states
+this forward saves. ``recurrent_step`` is the generation step with its checks in one call.
 
 The source is compiled with ``torch.utils.cpp_extension`` the first time it is needed (about half a
 minute; the build is cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). It needs a
@@ -166,6 +167,27 @@ def linear_chunk_backward(
     q, k, v, d_o = (_rows(x) for x in (q, k, v, d_o))
     return torch.ops.linattn_native.linear_chunk_backward(
         q, k, v, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
+    )
+
+
+def delta_chunk_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    states: Tensor,
+    d_o: Tensor,
+    dS_final: Tensor,
+    scale: float,
+    C: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, dbeta [B, H, T] and the initial state's gradient for the delta rule without
+    decay; as ``linear_chunk_backward``."""
+    if not available():
+        raise RuntimeError(f"linattn: the fused CPU chunk backward is unavailable ({reason()})")
+    q, k, v, d_o = (_rows(x) for x in (q, k, v, d_o))
+    return torch.ops.linattn_native.delta_chunk_backward(
+        q, k, v, beta, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
     )
 
 

@@ -161,13 +161,19 @@ class ChunkFunction(torch.autograd.Function):
         B, H, T, K = k.shape
         V = v.shape[-1]
         P = B * H
-        if beta is None and g is None and _native.applies(q):
-            # Linear attention without decay, float32 on the CPU: fused in C++ (``_native``).
+        if g is None and _native.applies(q):
+            # Linear attention and the delta rule without decay, float32 on the CPU: fused in
+            # C++ (``_native``).
             dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
-            dq, dk, dv, dS0 = _native.linear_chunk_backward(
-                q, k, v, states, d_o, dS_final, scale, C
+            if beta is None:
+                dq, dk, dv, dS0 = _native.linear_chunk_backward(
+                    q, k, v, states, d_o, dS_final, scale, C
+                )
+                return dq, dk, dv, None, None, dS0, None, None
+            dq, dk, dv, dbeta, dS0 = _native.delta_chunk_backward(
+                q, k, v, beta, states, d_o, dS_final, scale, C
             )
-            return dq, dk, dv, None, None, dS0, None, None
+            return dq, dk, dv, dbeta, None, dS0, None, None
         inputs = (q, k, v, beta, g)
         grads = {
             name: _empty_like(x) if x is not None and needed else None

@@ -74,6 +74,16 @@ void unit_lower_solve(int c, int n, const float* L, int64_t ldl, float* X, int64
   strsm_(&side, &uplo, &trans, &diag, &n, &c, &one, L, &ll, X, &lx);
 }
 
+// Solve (I + L)^T X = X in place (the same storage as ``unit_lower_solve``): column-major,
+// X^T (I + L) = X^T, the stored (I + L)^T transposed once more.
+void unit_lower_solve_transposed(int c, int n, const float* L, int64_t ldl, float* X, int64_t ldx) {
+  if (c == 0 || n == 0) return;
+  const char side = 'R', uplo = 'U', trans = 'T', diag = 'U';
+  const float one = 1.0f;
+  const int ll = static_cast<int>(ldl), lx = static_cast<int>(ldx);
+  strsm_(&side, &uplo, &trans, &diag, &n, &c, &one, L, &ll, X, &lx);
+}
+
 // exp(x) for x <= 88, to about 2 ulp; results below the normal range are 0 (flushed, as the
 // PyTorch path flushes decays below the smallest normal number). Branch-free, so loops over it
 // vectorise: x = n ln 2 + r with |r| <= ln 2 / 2, exp(r) by its degree-7 Taylor polynomial.
@@ -513,6 +523,144 @@ at::Tensor empty_huge(at::IntArrayRef sizes, at::ScalarType dtype) {
   return fresh(sizes, at::TensorOptions().dtype(dtype));
 }
 
+// The backward pass of the delta rule without decay, chunk by chunk from the last, from the
+// states the forward pass saved. Recomputed per chunk: A_qk = scale mask(Q K^T) (j <= i),
+// A_kk = mask(K K^T) (j < i), T = I + diag(beta) A_kk, [W | U0] = T^{-1} diag(beta) [K | V] and
+// U = U0 - W S. With o = scale Q S + A_qk U, S' = S + K^T U and dS' the gradient of S':
+//
+//   dU = A_qk^T dO + K dS'              dA_qk = mask(dO U^T)
+//   dQ = scale (dO S^T + dA_qk K)       dK = scale dA_qk^T Q + U dS'^T + ...
+//   dS = dS' + scale Q^T dO - W^T dU    (the gradient of the state entering the chunk)
+//   dR_v = T^{-T} dU,  dR_k = -dR_v S^T,  dT = -(dR_k W^T + dR_v U0^T)  (j < i)
+//   dv = beta dR_v;  dK += beta dR_k + dL K + dL^T K with dL = diag(beta) dT;
+//   dbeta_i = sum_j dT_ij A_kk,ij + dR_k,i . k_i + dR_v,i . v_i
+//
+// Returns dq, dk [B, H, T, K], dv [B, H, T, V] (views of [B, T, H, D] tensors), dbeta [B, H, T]
+// (a view of [B, T, H]) and dS0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_chunk_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d,
+    int64_t C64) {
+  for (const at::Tensor* x : {&q, &k, &v, &beta, &states, &d_o, &dS_final}) {
+    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
+  }
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3), V = v.size(3);
+  const int C = static_cast<int>(C64);
+  const int64_t P = B * H, N = (T + C - 1) / C;
+  const float scale = static_cast<float>(scale_d);
+  at::Tensor dq = fresh({B, T, H, K}, q.options()).transpose(1, 2);
+  at::Tensor dk = fresh({B, T, H, K}, q.options()).transpose(1, 2);
+  at::Tensor dv = fresh({B, T, H, V}, q.options()).transpose(1, 2);
+  at::Tensor dbeta = at::empty({B, T, H}, q.options()).transpose(1, 2);
+  at::Tensor dS = dS_final.reshape({P, K, V}).clone();
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *bp = beta.data_ptr<float>(), *sp = states.data_ptr<float>();
+  const float* dop = d_o.data_ptr<float>();
+  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+  float *dbp = dbeta.data_ptr<float>(), *dSp = dS.data_ptr<float>();
+
+  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    FlushSubnormals flush;
+    Scratch w(C, static_cast<int>(K), static_cast<int>(V));
+    const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
+    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C;
+    std::vector<float> Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx), U(C * V), dU(C * V),
+        dRk(C * K);
+    for (int64_t n = N - 1; n >= 0; --n) {
+      const int64_t t0 = n * C;
+      const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t b = p / H, h = p % H;
+        auto at_row = [&](const at::Tensor& x, auto* base) {
+          return base + b * x.stride(0) + h * x.stride(1) + t0 * x.stride(2);
+        };
+        const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
+        const float *bc = at_row(beta, bp), *dO = at_row(d_o, dop);
+        float *dQ = at_row(dq, dqp), *dK = at_row(dk, dkp), *dV = at_row(dv, dvp);
+        float* dB = at_row(dbeta, dbp);
+        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), sb = beta.stride(2);
+        const int64_t lddo = d_o.stride(2), lddq = dq.stride(2), lddk = dk.stride(2),
+                      lddv = dv.stride(2), sdb = dbeta.stride(2);
+        const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
+        float* dSh = dSp + p * K * V;               // dS': the state leaving it
+
+        // Recompute the chunk's terms: A_qk, A_kk, the UT transform and U.
+        decayed_products(Q, ldq, Kc, ldk, nullptr, 0, c, Ki, false, scale, Aqk.data(), C, w);
+        decayed_products(Kc, ldk, Kc, ldk, nullptr, 0, c, Ki, true, 1.0f, Akk.data(), C, w);
+        for (int i = 0; i < c; ++i) {
+          const float bi = bc[i * sb];
+          const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
+          float* Li = L.data() + static_cast<int64_t>(i) * C;
+          for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
+          const float* ki = Kc + i * ldk;
+          const float* vi = Vc + i * ldv;
+          float* xi = X.data() + i * ldx;
+          for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch];
+          for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
+        }
+        unit_lower_solve(c, static_cast<int>(K + V), L.data(), C, X.data(), ldx);  // [W | U0]
+        const float* W = X.data();
+        const float* U0 = X.data() + K;
+        for (int i = 0; i < c; ++i) {
+          std::memcpy(U.data() + i * V, U0 + i * ldx, sizeof(float) * V);
+        }
+        gemm(false, false, c, Vi, Ki, -1.0f, W, ldx, S, V, 1.0f, U.data(), V);  // U = U0 - W S
+
+        // dU = A_qk^T dO + K dS'; dA_qk = mask(dO U^T).
+        gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dU.data(), V);
+        gemm(false, false, c, Vi, Ki, 1.0f, Kc, ldk, dSh, V, 1.0f, dU.data(), V);
+        gemm(false, true, c, c, Vi, 1.0f, dO, lddo, U.data(), V, 0.0f, dA.data(), C);
+        for (int i = 0; i < c; ++i) {
+          for (int j = i + 1; j < c; ++j) dA[i * C + j] = 0.0f;
+        }
+        // dQ = scale (dO S^T + dA_qk K); dK = scale dA_qk^T Q + U dS'^T.
+        gemm(false, true, c, Ki, Vi, scale, dO, lddo, S, V, 0.0f, dQ, lddq);
+        gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
+        gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 0.0f, dK, lddk);
+        gemm(false, true, c, Ki, Vi, 1.0f, U.data(), V, dSh, V, 1.0f, dK, lddk);
+        // dS = dS' + scale Q^T dO - W^T dU (dS' is no longer needed after this).
+        gemm(true, false, Ki, Vi, c, scale, Q, ldq, dO, lddo, 1.0f, dSh, V);
+        gemm(true, false, Ki, Vi, c, -1.0f, W, ldx, dU.data(), V, 1.0f, dSh, V);
+        // The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T.
+        unit_lower_solve_transposed(c, Vi, L.data(), C, dU.data(), V);
+        const float* dRv = dU.data();
+        gemm(false, true, c, Ki, Vi, -1.0f, dRv, V, S, V, 0.0f, dRk.data(), K);
+        // dT = -(dR_k W^T + dR_v U0^T), strictly lower.
+        gemm(false, true, c, c, Ki, -1.0f, dRk.data(), K, W, ldx, 0.0f, dA.data(), C);
+        gemm(false, true, c, c, Vi, -1.0f, dRv, V, U0, ldx, 1.0f, dA.data(), C);
+        for (int i = 0; i < c; ++i) {
+          const float bi = bc[i * sb];
+          float* dTi = dA.data() + static_cast<int64_t>(i) * C;
+          const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
+          const float* ki = Kc + i * ldk;
+          const float* vi = Vc + i * ldv;
+          const float* rk = dRk.data() + static_cast<int64_t>(i) * K;
+          const float* rv = dRv + static_cast<int64_t>(i) * V;
+          float* dki = dK + i * lddk;
+          float* dvi = dV + i * lddv;
+          float db = 0.0f;
+          for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
+          for (int ch = 0; ch < Ki; ++ch) {
+            db += rk[ch] * ki[ch];
+            dki[ch] += bi * rk[ch];
+          }
+          for (int ch = 0; ch < Vi; ++ch) {
+            db += rv[ch] * vi[ch];
+            dvi[ch] = bi * rv[ch];
+          }
+          dB[i * sdb] = db;
+          for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
+          for (int j = i; j < c; ++j) dTi[j] = 0.0f;
+        }
+        // A_kk's two factors: dK += dL K + dL^T K.
+        gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
+        gemm(true, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
+      }
+    }
+  });
+  return {dq, dk, dv, dbeta, dS.view({B, H, K, V})};
+}
+
 TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "chunk_forward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor S0, float scale,"
@@ -524,10 +672,14 @@ TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "linear_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor states, Tensor d_o,"
       " Tensor dS_final, float scale, int C) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "delta_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor beta, Tensor states, Tensor d_o,"
+      " Tensor dS_final, float scale, int C) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("chunk_forward", &chunk_forward);
   m.impl("linear_chunk_backward", &linear_chunk_backward);
+  m.impl("delta_chunk_backward", &delta_chunk_backward);
   m.impl("recurrent_step", &recurrent_step);
 }
