@@ -217,7 +217,10 @@ def compute_bench(args: argparse.Namespace) -> dict:
 def chunk_loop() -> str:
     """Which loop runs the float32 chunk forms here: the fused C++ one or PyTorch's."""
     if _native.available():
-        return "fused C++ forward (backward: C++ for linear attention, PyTorch for the others)"
+        return (
+            "fused C++ forward (backward: C++ for linear attention and the delta rule, "
+            "PyTorch for the decayed mechanisms)"
+        )
     return f"PyTorch group loop ({_native.reason()})"
 
 
