@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("csrc") / "chunk.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c++17"]
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd"]  # the C++ standard: cpp_extension's
 
 _state: dict[str, object] = {}
 

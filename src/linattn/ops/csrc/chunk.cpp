@@ -20,7 +20,8 @@
 //
 // Inputs are float32, q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K], each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
-// public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops check).
+// public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
+// check).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -31,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <tuple>
 #include <vector>
 
@@ -215,6 +217,32 @@ at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return x;
 }
 
+void require_float32_cpu(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* x : tensors) {
+    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
+  }
+}
+
+// The sizes of a chunk-form call: q [B, H, T, K], v [B, H, T, V], N chunks of C tokens.
+struct Sizes {
+  int64_t B, H, T, K, V, P, N;
+  int C;
+  Sizes(const at::Tensor& q, const at::Tensor& v, int64_t C64)
+      : B(q.size(0)), H(q.size(1)), T(q.size(2)), K(q.size(3)), V(v.size(3)), P(B * H),
+        N((T + C64 - 1) / C64), C(static_cast<int>(C64)) {}
+};
+
+// A fresh [B, T, H, D] tensor seen as [B, H, T, D]: the public layout, written head by head.
+at::Tensor fresh_public(const Sizes& n, int64_t D, const at::TensorOptions& options) {
+  return fresh({n.B, n.T, n.H, D}, options).transpose(1, 2);
+}
+
+// The first row of chunk t0 of head (b, h) in a [B, H, T, ...] tensor with any strides.
+template <typename T>
+T* chunk_rows(const at::Tensor& x, T* base, int64_t b, int64_t h, int64_t t0) {
+  return base + b * x.stride(0) + h * x.stride(1) + t0 * x.stride(2);
+}
+
 }  // namespace
 
 // o [B, H, T, V] (a view of a [B, T, H, V] tensor), the final state [B, H, K, V], and (keep) the
@@ -223,12 +251,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& beta_opt, const c10::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep) {
-  for (const at::Tensor* x : {&q, &k, &v, &S0}) {
-    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
-  }
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3), V = v.size(3);
-  const int C = static_cast<int>(C64);
-  const int64_t P = B * H, N = (T + C - 1) / C;
+  require_float32_cpu({&q, &k, &v, &S0});
+  const Sizes sz(q, v, C64);
+  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
+  const int C = sz.C;
   const bool delta = beta_opt.has_value();
   const bool gated = g_opt.has_value();
   const at::Tensor beta = delta ? *beta_opt : at::Tensor();
@@ -236,7 +262,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   const int kg = gated ? static_cast<int>(g.size(3)) : 0;
   const float scale = static_cast<float>(scale_d);
 
-  at::Tensor o = fresh({B, T, H, V}, q.options()).transpose(1, 2);  // [B, H, T, V] view
+  at::Tensor o = fresh_public(sz, V, q.options());
   at::Tensor S = S0.reshape({P, K, V}).clone();  // the running states, contiguous
   at::Tensor states = keep ? fresh({N, P, K, V}, q.options()) : at::empty({0}, q.options());
 
@@ -256,10 +282,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
       const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
       for (int64_t p = lo; p < hi; ++p) {
         const int64_t b = p / H, h = p % H;
-        const float* Q = qp + b * q.stride(0) + h * q.stride(1) + t0 * q.stride(2);
-        const float* Kc = kp + b * k.stride(0) + h * k.stride(1) + t0 * k.stride(2);
-        const float* Vc = vp + b * v.stride(0) + h * v.stride(1) + t0 * v.stride(2);
-        float* O = op + b * o.stride(0) + h * o.stride(1) + t0 * o.stride(2);
+        const float* Q = chunk_rows(q, qp, b, h, t0);
+        const float* Kc = chunk_rows(k, kp, b, h, t0);
+        const float* Vc = chunk_rows(v, vp, b, h, t0);
+        float* O = chunk_rows(o, op, b, h, t0);
         const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), ldo = o.stride(2);
         float* Sh = Sp + p * K * V;
         if (keep) std::memcpy(statep + (n * P + p) * K * V, Sh, sizeof(float) * K * V);
@@ -272,7 +298,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         int64_t ldke = ldk;
         float* G = w.G.data();
         if (gated) {
-          const float* gc = gp + b * g.stride(0) + h * g.stride(1) + t0 * g.stride(2);
+          const float* gc = chunk_rows(g, gp, b, h, t0);
           for (int i = 0; i < c; ++i) {
             const float* gi = gc + i * g.stride(2);
             float* Gi = G + static_cast<int64_t>(i) * kg;
@@ -313,7 +339,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         const float* U = Vc;
         int64_t ldu = ldv;
         if (delta) {
-          const float* bc = bp + b * beta.stride(0) + h * beta.stride(1) + t0 * beta.stride(2);
+          const float* bc = chunk_rows(beta, bp, b, h, t0);
           const int64_t sb = beta.stride(2);
           float* L = w.L.data();
           decayed_products(Kc, ldk, Kc, ldk, G, kg, c, Ki, true, 1.0f, L, C, w);
@@ -380,16 +406,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_chunk_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& states,
     const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d, int64_t C64) {
-  for (const at::Tensor* x : {&q, &k, &v, &states, &d_o, &dS_final}) {
-    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
-  }
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3), V = v.size(3);
-  const int C = static_cast<int>(C64);
-  const int64_t P = B * H, N = (T + C - 1) / C;
+  require_float32_cpu({&q, &k, &v, &states, &d_o, &dS_final});
+  const Sizes sz(q, v, C64);
+  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
+  const int C = sz.C;
   const float scale = static_cast<float>(scale_d);
-  at::Tensor dq = fresh({B, T, H, K}, q.options()).transpose(1, 2);
-  at::Tensor dk = fresh({B, T, H, K}, q.options()).transpose(1, 2);
-  at::Tensor dv = fresh({B, T, H, V}, q.options()).transpose(1, 2);
+  at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
+  at::Tensor dv = fresh_public(sz, V, q.options());
   at::Tensor dS = dS_final.reshape({P, K, V}).clone();  // running, then the initial state's
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *sp = states.data_ptr<float>(), *dop = d_o.data_ptr<float>();
@@ -406,7 +429,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_chunk_backward
       for (int64_t p = lo; p < hi; ++p) {
         const int64_t b = p / H, h = p % H;
         auto at_row = [&](const at::Tensor& x, auto* base) {
-          return base + b * x.stride(0) + h * x.stride(1) + t0 * x.stride(2);
+          return chunk_rows(x, base, b, h, t0);
         };
         const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
         const float* dO = at_row(d_o, dop);
@@ -541,16 +564,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_chu
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
     const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d,
     int64_t C64) {
-  for (const at::Tensor* x : {&q, &k, &v, &beta, &states, &d_o, &dS_final}) {
-    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
-  }
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3), V = v.size(3);
-  const int C = static_cast<int>(C64);
-  const int64_t P = B * H, N = (T + C - 1) / C;
+  require_float32_cpu({&q, &k, &v, &beta, &states, &d_o, &dS_final});
+  const Sizes sz(q, v, C64);
+  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
+  const int C = sz.C;
   const float scale = static_cast<float>(scale_d);
-  at::Tensor dq = fresh({B, T, H, K}, q.options()).transpose(1, 2);
-  at::Tensor dk = fresh({B, T, H, K}, q.options()).transpose(1, 2);
-  at::Tensor dv = fresh({B, T, H, V}, q.options()).transpose(1, 2);
+  at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
+  at::Tensor dv = fresh_public(sz, V, q.options());
   at::Tensor dbeta = at::empty({B, T, H}, q.options()).transpose(1, 2);
   at::Tensor dS = dS_final.reshape({P, K, V}).clone();
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
@@ -572,7 +592,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_chu
       for (int64_t p = lo; p < hi; ++p) {
         const int64_t b = p / H, h = p % H;
         auto at_row = [&](const at::Tensor& x, auto* base) {
-          return base + b * x.stride(0) + h * x.stride(1) + t0 * x.stride(2);
+          return chunk_rows(x, base, b, h, t0);
         };
         const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
         const float *bc = at_row(beta, bp), *dO = at_row(d_o, dop);
