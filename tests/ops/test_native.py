@@ -37,8 +37,11 @@ def test_builds_where_there_is_a_compiler(monkeypatch):
 
 def test_disabled_by_the_environment(monkeypatch):
     q = torch.zeros(1, 1, 4, 2)
+    # A session that starts disabled neither builds nor keeps that answer once re-enabled.
+    monkeypatch.setattr(_native, "_state", {})
     monkeypatch.setenv("LINATTN_NATIVE", "0")
-    assert not _native.applies(q)
+    assert not _native.applies(q) and not _native.available()
+    assert _native.reason() == "disabled by LINATTN_NATIVE=0" and _native._state == {}
     monkeypatch.delenv("LINATTN_NATIVE")
     assert _native.applies(q) == _native.available()
     assert not _native.applies(q.double())  # float32 only

@@ -52,9 +52,6 @@ def _load() -> None:
     """Compile (or find in the cache) and load the extension once; record why not otherwise."""
     if "ok" in _state:
         return
-    if not _enabled():
-        _state.update(ok=False, reason="disabled by LINATTN_NATIVE=0")
-        return
     try:
         from torch.utils import cpp_extension
 
@@ -78,23 +75,38 @@ def _load() -> None:
     _state.update(ok=True, reason="compiled")
 
 
+def _enabled() -> bool:
+    """False while ``LINATTN_NATIVE=0`` is set (read at every call, so it can be switched)."""
+    return os.environ.get("LINATTN_NATIVE", "1") != "0"
+
+
 def available() -> bool:
-    """True when the fused forward is compiled and loaded (it compiles on the first call)."""
+    """True when the fused code is enabled, compiled and loaded (it compiles on the first call;
+    a disabled session never compiles it)."""
+    if not _enabled():
+        return False
     _load()
     return bool(_state["ok"])
 
 
 def reason() -> str:
     """Why ``available()`` is what it is."""
+    if not _enabled():
+        return "disabled by LINATTN_NATIVE=0"
     _load()
     return str(_state["reason"])
 
 
-def applies(q: Tensor, *tensors: Tensor | None) -> bool:
-    """Whether the fused forward serves these inputs: float32 on the CPU, and it is available."""
-    if q.device.type != "cpu" or q.dtype != torch.float32:
-        return False
-    return _enabled() and available()
+def applies(q: Tensor) -> bool:
+    """Whether the fused code serves q's inputs: float32 on the CPU, and it is available."""
+    return q.device.type == "cpu" and q.dtype == torch.float32 and available()
+
+
+def _op(name: str):
+    """The compiled op ``name``; a clear error where the fused code is unavailable."""
+    if not available():
+        raise RuntimeError(f"linattn: the fused CPU chunk form is unavailable ({reason()})")
+    return getattr(torch.ops.linattn_native, name)
 
 
 HUGE_MIN_BYTES = 4 * 2**20
@@ -106,13 +118,9 @@ def empty(sizes: tuple[int, ...], like: Tensor) -> Tensor:
     the first touch of a fresh 32 MB tensor costs 15 ms of page faults with 4 KiB pages, 4 ms with
     2 MiB pages, measured on this project's machine)."""
     nbytes = math.prod(sizes) * like.element_size()
-    if like.device.type == "cpu" and nbytes >= HUGE_MIN_BYTES and _enabled() and available():
-        return torch.ops.linattn_native.empty_huge(list(sizes), like.dtype)
+    if like.device.type == "cpu" and nbytes >= HUGE_MIN_BYTES and available():
+        return _op("empty_huge")(list(sizes), like.dtype)
     return like.new_empty(sizes)
-
-
-def _enabled() -> bool:
-    return os.environ.get("LINATTN_NATIVE", "1") != "0"
 
 
 def _rows(x: Tensor | None) -> Tensor | None:
@@ -138,14 +146,10 @@ def chunk_forward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o [B, H, T, V] (a view of [B, T, H, V]), the final state [B, H, K, V], and (keep) the state
     entering every chunk [T / C, B H, K, V]. Internal layout as in ``chunk_function``."""
-    if not available():
-        raise RuntimeError(f"linattn: the fused CPU chunk forward is unavailable ({reason()})")
     q, k, v, g = (_rows(x) for x in (q, k, v, g))
     if beta is not None and beta.stride(-1) == 0:
         beta = beta.contiguous()
-    return torch.ops.linattn_native.chunk_forward(
-        q, k, v, beta, g, S0.contiguous(), float(scale), int(C), bool(keep)
-    )
+    return _op("chunk_forward")(q, k, v, beta, g, S0.contiguous(), float(scale), int(C), bool(keep))
 
 
 def linear_chunk_backward(
@@ -162,10 +166,8 @@ def linear_chunk_backward(
     gradient [B, H, K, V], for linear attention without decay, from the chunk states
     [T / C, B H, K, V] that ``chunk_forward`` saved and the gradients d_o, dS_final of its outputs.
     """
-    if not available():
-        raise RuntimeError(f"linattn: the fused CPU chunk backward is unavailable ({reason()})")
     q, k, v, d_o = (_rows(x) for x in (q, k, v, d_o))
-    return torch.ops.linattn_native.linear_chunk_backward(
+    return _op("linear_chunk_backward")(
         q, k, v, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
     )
 
@@ -183,10 +185,8 @@ def delta_chunk_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, dbeta [B, H, T] and the initial state's gradient for the delta rule without
     decay; as ``linear_chunk_backward``."""
-    if not available():
-        raise RuntimeError(f"linattn: the fused CPU chunk backward is unavailable ({reason()})")
     q, k, v, d_o = (_rows(x) for x in (q, k, v, d_o))
-    return torch.ops.linattn_native.delta_chunk_backward(
+    return _op("delta_chunk_backward")(
         q, k, v, beta, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
     )
 
@@ -206,7 +206,7 @@ def recurrent_step(
     B, H = state.shape[:2]
     g = None if g is None else g.reshape(B, H, -1).contiguous()
     beta = None if beta is None else beta.contiguous()
-    o = torch.ops.linattn_native.recurrent_step(
+    o = _op("recurrent_step")(
         state, q.contiguous(), k.contiguous(), v.contiguous(), beta, g, float(scale)
     )
     return None if o.dim() == 1 else o  # the kernel's empty 1-D answer: a value out of range
