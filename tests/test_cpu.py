@@ -39,3 +39,18 @@ def test_tune_malloc_serves_megabytes_from_the_heap():
         [sys.executable, "-c", CHILD], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == ["True", "1", "0"]
+
+
+def test_empty_cache_returns_the_blocks_the_fused_code_keeps():
+    import torch
+
+    from linattn import cpu
+    from linattn.ops import _native
+
+    if not _native.available():
+        pytest.skip(f"fused code unavailable: {_native.reason()}")
+    cpu.empty_cache()
+    x = _native.empty((4, 2**20), torch.zeros(1))  # 16 MiB
+    del x
+    assert cpu.cached_bytes() == 16 * 2**20
+    assert cpu.empty_cache() == 16 * 2**20 and cpu.cached_bytes() == 0

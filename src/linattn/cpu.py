@@ -10,12 +10,20 @@ below 32 MiB from its heap (``M_MMAP_THRESHOLD``), to keep up to 2 GiB of freed 
 Python with ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647
 MALLOC_TOP_PAD_=268435456``. It is process-wide and the process keeps the memory it has used, so
 linattn never calls it for you; ``linattn bench --tune-malloc`` measures it.
+
+The fused C++ chunk form keeps its own, bounded cache of the large blocks its outputs, saved
+states and gradients live in (``LINATTN_CACHE_MIB``, default 1024 MiB; 0 keeps nothing): a block
+freed by its tensor serves the next tensor of its size without the kernel zeroing its pages
+again. ``empty_cache`` returns those blocks to the system, as ``torch.cuda.empty_cache`` does for
+PyTorch's GPU cache; ``cached_bytes`` says how much is kept.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+
+from linattn.ops import _native
 
 # mallopt's parameter numbers (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -47,3 +55,13 @@ def tune_malloc() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS.items())
+
+
+def empty_cache() -> int:
+    """Return the blocks the fused chunk form keeps for reuse to the system; the bytes returned."""
+    return _native.cache_release()
+
+
+def cached_bytes() -> int:
+    """Bytes of freed output blocks the fused chunk form keeps for reuse."""
+    return _native.cache_bytes()

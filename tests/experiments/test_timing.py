@@ -1,6 +1,11 @@
-"""`linattn.experiments._timing`: medians and timing in turns (structure, never speed)."""
+"""`linattn.experiments._timing`: medians, timing in turns and peak memory (structure, never
+speed)."""
+
+import pytest
+import torch
 
 from linattn.experiments import _timing
+from linattn.ops import _native
 
 
 def test_median_of_odd_and_even_counts():
@@ -13,3 +18,18 @@ def test_medians_in_turns_alternate_the_calls():
     medians = _timing.medians_in_turns([lambda: calls.append("a"), lambda: calls.append("b")], 3)
     assert calls == ["a", "b"] * 3
     assert len(medians) == 2 and all(m >= 0 for m in medians)
+
+
+@pytest.mark.skipif(not _timing.memory_supported(), reason="needs Linux /proc")
+def test_peak_extra_bytes_counts_memory_an_earlier_call_left_in_the_cache():
+    if not _native.available():
+        pytest.skip(f"fused code unavailable: {_native.reason()}")
+    size = (16, 2**20)  # 64 MiB
+
+    def fn():
+        return _native.empty(size, torch.zeros(1)).fill_(1.0)
+
+    del_me = fn()  # resident, then kept by the fused code's cache for the next 64 MiB tensor
+    del del_me
+    assert _native.cache_bytes() >= 64 * 2**20
+    assert _timing.peak_extra_bytes(fn) >= 60 * 2**20

@@ -250,3 +250,101 @@ def test_fused_step_names_a_bad_value_and_leaves_the_state(name, value, message)
     with pytest.raises(ValueError, match=message):
         recurrent_step(state, **x)
     assert torch.equal(state, before) or name == "state"
+
+
+MIB = 2**20
+
+
+@pytest.fixture
+def empty_cache():
+    """Start and end with no kept blocks (other tests leave freed outputs in the cache)."""
+    _native.cache_release()
+    yield
+    _native.cache_release()
+
+
+@needs_native
+def test_a_freed_block_serves_the_next_tensor_of_its_size(empty_cache):
+    x = _native.empty((4, MIB), torch.zeros(1))  # 16 MiB
+    address = x.data_ptr()
+    assert _native.cache_bytes() == 0
+    del x
+    assert _native.cache_bytes() == 16 * MIB
+    y = _native.empty((2, 2 * MIB), torch.zeros(1))  # the same 16 MiB, another shape
+    assert y.data_ptr() == address and _native.cache_bytes() == 0
+
+
+@needs_native
+def test_a_new_size_returns_the_kept_blocks_first(empty_cache):
+    del_me = [_native.empty((4, MIB), torch.zeros(1)) for _ in range(2)]
+    del del_me
+    assert _native.cache_bytes() == 32 * MIB
+    x = _native.empty((6, MIB), torch.zeros(1))  # 24 MiB: no block of that size is kept
+    assert _native.cache_bytes() == 0  # the 16 MiB blocks went back before the new one
+    del x
+    assert _native.cache_bytes() == 24 * MIB
+    assert _native.cache_release() == 24 * MIB and _native.cache_bytes() == 0
+
+
+@needs_native
+def test_the_cache_keeps_at_most_its_limit(empty_cache, monkeypatch):
+    monkeypatch.setenv("LINATTN_CACHE_MIB", "20")
+    two = [_native.empty((4, MIB), torch.zeros(1)) for _ in range(2)]
+    del two
+    assert _native.cache_bytes() == 16 * MIB  # the second block would pass 20 MiB
+    _native.cache_release()
+    monkeypatch.setenv("LINATTN_CACHE_MIB", "0")
+    x = _native.empty((4, MIB), torch.zeros(1))
+    del x
+    assert _native.cache_bytes() == 0
+
+
+@needs_native
+def test_a_cached_tensor_resizes_like_any_other(empty_cache):
+    x = _native.empty((4, MIB), torch.zeros(1))
+    x.fill_(3.0)
+    x.resize_(8, MIB)  # past its block: PyTorch's allocator takes over, the block comes back
+    assert bool((x[:4] == 3.0).all()) and x.shape == (8, MIB)
+    assert _native.cache_bytes() == 16 * MIB
+
+
+@needs_native
+@pytest.mark.parametrize("mechanism", STEP_MECHANISMS)
+def test_outputs_in_reused_blocks_are_written_whole(mechanism, empty_cache):
+    """Outputs, saved states and gradients that land in blocks full of NaN (a previous tensor's
+    leftovers) equal those computed in fresh, zeroed memory, bit for bit."""
+    beta = mechanism in ("delta", "gated_delta", "kda")
+    gate = {"scalar_decay": "scalar", "gated_delta": "scalar", "gla": "channel", "kda": "channel"}
+    rule = "delta" if beta else "additive"
+    x = make_inputs(
+        B=1, T=2048, H=8, K=64, V=64, rule=rule, gate=gate.get(mechanism), dtype=torch.float32
+    )  # o, dq, dk, dv, the saved states: 4 MiB each
+
+    def run():
+        inputs = {
+            n: t.clone().requires_grad_(True) for n, t in x.items() if t is not None and n != "S0"
+        }
+        op = delta_rule if beta else linear_attention
+        extra = (inputs["beta"],) if beta else ()
+        o, S = op(
+            inputs["q"],
+            inputs["k"],
+            inputs["v"],
+            *extra,
+            g=inputs.get("g"),
+            mode="chunk",
+            output_final_state=True,
+        )
+        (o.square().sum() + S.sum()).backward()
+        return [o.detach(), S.detach()] + [inputs[n].grad for n in sorted(inputs)]
+
+    fresh = run()
+    _native.cache_release()
+    poison = [_native.empty((2048, 8, 64), torch.zeros(1)).fill_(float("nan")) for _ in range(12)]
+    addresses = {t.data_ptr() for t in poison}
+    del poison
+    assert _native.cache_bytes() == 12 * 4 * MIB
+    reused = run()
+    assert reused[0].data_ptr() in addresses  # the output did land in a poisoned block
+    for a, b in zip(fresh, reused, strict=True):
+        assert torch.equal(a, b)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from linattn.cpu import empty_cache
+
 ROOF_SIZE = 2048  # n x n @ n x n float32: 2 n^3 operations, large enough to run at full rate
 
 
@@ -92,8 +94,11 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int:
     """Peak resident memory of ``fn()`` above the resident memory before it, in bytes (Linux).
 
     Meaningful in a process started with MALLOC_MMAP_THRESHOLD_ set (see the module docstring).
+    The blocks the fused chunk form keeps for reuse are returned to the system first, so that a
+    call cannot look smaller by reusing memory an earlier call left resident.
     """
     gc.collect()
+    empty_cache()
     before = _status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     result = fn()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -217,9 +218,10 @@ def compute_bench(args: argparse.Namespace) -> dict:
 def chunk_loop() -> str:
     """Which loop runs the float32 chunk forms here: the fused C++ one or PyTorch's."""
     if _native.available():
+        cache = os.environ.get("LINATTN_CACHE_MIB", "1024")
         return (
             "fused C++ forward (backward: C++ for linear attention and the delta rule, "
-            "PyTorch for the decayed mechanisms)"
+            f"PyTorch for the decayed mechanisms); output blocks reused, LINATTN_CACHE_MIB={cache}"
         )
     return f"PyTorch group loop ({_native.reason()})"
 

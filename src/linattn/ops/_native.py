@@ -114,13 +114,30 @@ HUGE_MIN_BYTES = 4 * 2**20
 
 def empty(sizes: tuple[int, ...], like: Tensor) -> Tensor:
     """An uninitialised tensor like ``like.new_empty(sizes)``; on the CPU, from 4 MiB up and with
-    the extension loaded, backed by 2 MiB pages where Linux allows it (``fresh`` in ``chunk.cpp``:
-    the first touch of a fresh 32 MB tensor costs 15 ms of page faults with 4 KiB pages, 4 ms with
-    2 MiB pages, measured on this project's machine)."""
+    the extension loaded, in a block of the extension's cache (``BlockCache`` in ``chunk.cpp``:
+    2 MiB pages where Linux allows it, and a freed block kept for the next tensor of its size, so
+    that its pages are not faulted in and zeroed again; see ``cache_release``)."""
     nbytes = math.prod(sizes) * like.element_size()
     if like.device.type == "cpu" and nbytes >= HUGE_MIN_BYTES and available():
         return _op("empty_huge")(list(sizes), like.dtype)
     return like.new_empty(sizes)
+
+
+def cache_release() -> int:
+    """Return every block the extension's cache keeps to the system; the bytes returned (0 when
+    the extension is not loaded: it never starts a build)."""
+    return int(torch.ops.linattn_native.cache_release()) if ready() else 0
+
+
+def cache_bytes() -> int:
+    """Bytes of freed output blocks the extension's cache keeps for reuse (at most
+    ``LINATTN_CACHE_MIB`` MiB, default 1024; 0 when the extension is not loaded)."""
+    return int(torch.ops.linattn_native.cache_bytes()) if ready() else 0
+
+
+def ready() -> bool:
+    """True when the fused code is enabled and already loaded (never starts a build)."""
+    return _enabled() and bool(_state.get("ok"))
 
 
 def _rows(x: Tensor | None) -> Tensor | None:
