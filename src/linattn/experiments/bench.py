@@ -220,8 +220,8 @@ def chunk_loop() -> str:
     if _native.available():
         cache = os.environ.get("LINATTN_CACHE_MIB", "1024")
         return (
-            "fused C++ forward (backward: C++ for linear attention and the delta rule, "
-            f"PyTorch for the decayed mechanisms); output blocks reused, LINATTN_CACHE_MIB={cache}"
+            "fused C++ forward (backward: C++ without decay and with scalar decay, PyTorch "
+            f"with per-channel decay); output blocks reused, LINATTN_CACHE_MIB={cache}"
         )
     return f"PyTorch group loop ({_native.reason()})"
 

@@ -174,6 +174,13 @@ class ChunkFunction(torch.autograd.Function):
                 q, k, v, beta, states, d_o, dS_final, scale, C
             )
             return dq, dk, dv, dbeta, None, dS0, None, None
+        if g is not None and g.shape[-1] == 1 and _native.applies(q):
+            # One log-gate per token (scalar decay, Gated DeltaNet), float32 on the CPU: fused.
+            dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
+            dq, dk, dv, dbeta, dg, dS0 = _native.scalar_decay_chunk_backward(
+                q, k, v, beta, g, states, d_o, dS_final, scale, C
+            )
+            return dq, dk, dv, dbeta, dg, dS0, None, None
         inputs = (q, k, v, beta, g)
         grads = {
             name: _empty_like(x) if x is not None and needed else None
