@@ -4,11 +4,10 @@
 in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group loop
 spends most of its time moving group-sized tensors through memory, not multiplying). It is the
 same algebra as ``chunk_function`` and is checked against it and against float64 in
-``tests/ops/test_native.py``. The backward passes of linear attention and of the delta rule,
-without decay or with one log-gate per token, are fused the same way (``linear_chunk_backward``,
-``delta_chunk_backward``, ``scalar_decay_chunk_backward``); with per-channel gates (GLA, KDA) the
-backward pass runs in PyTorch (``chunk_function``), from the chunk states this forward saves.
-``recurrent_step`` is the generation step with its checks in one call.
+``tests/ops/test_native.py``. The backward passes are fused the same way, from the chunk states
+this forward saves: ``linear_chunk_backward`` and ``delta_chunk_backward`` without decay,
+``gated_chunk_backward`` with it (every mechanism of DESIGN.md's table). ``recurrent_step`` is the
+generation step with its checks in one call.
 
 The source is compiled with ``torch.utils.cpp_extension`` the first time it is needed (about half a
 minute; the build is cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). It needs a
@@ -209,7 +208,7 @@ def delta_chunk_backward(
     )
 
 
-def scalar_decay_chunk_backward(
+def gated_chunk_backward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -221,11 +220,13 @@ def scalar_decay_chunk_backward(
     scale: float,
     C: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor]:
-    """dq, dk, dv, dbeta (None for linear attention), dg [B, H, T, 1] and the initial state's
-    gradient, for one log-gate per token (scalar decay, Gated DeltaNet); as
-    ``linear_chunk_backward``."""
+    """dq, dk, dv, dbeta (None for linear attention), dg (g's shape, [B, H, T, 1 | K]) and the
+    initial state's gradient, with decay: one log-gate per token (scalar decay, Gated DeltaNet:
+    ``scalar_decay_chunk_backward``) or per channel (GLA, KDA: ``channel_decay_chunk_backward``);
+    as ``linear_chunk_backward``."""
     q, k, v, g, d_o = (_rows(x) for x in (q, k, v, g, d_o))
-    dq, dk, dv, dbeta, dg, dS0 = _op("scalar_decay_chunk_backward")(
+    name = "scalar_decay_chunk_backward" if g.shape[-1] == 1 else "channel_decay_chunk_backward"
+    dq, dk, dv, dbeta, dg, dS0 = _op(name)(
         q, k, v, beta, g, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
     )
     return dq, dk, dv, (dbeta if beta is not None else None), dg, dS0

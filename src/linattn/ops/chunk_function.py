@@ -174,10 +174,10 @@ class ChunkFunction(torch.autograd.Function):
                 q, k, v, beta, states, d_o, dS_final, scale, C
             )
             return dq, dk, dv, dbeta, None, dS0, None, None
-        if g is not None and g.shape[-1] == 1 and _native.applies(q):
-            # One log-gate per token (scalar decay, Gated DeltaNet), float32 on the CPU: fused.
+        if g is not None and _native.applies(q):
+            # With decay (per token or per channel), float32 on the CPU: fused in C++ too.
             dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
-            dq, dk, dv, dbeta, dg, dS0 = _native.scalar_decay_chunk_backward(
+            dq, dk, dv, dbeta, dg, dS0 = _native.gated_chunk_backward(
                 q, k, v, beta, g, states, d_o, dS_final, scale, C
             )
             return dq, dk, dv, dbeta, dg, dS0, None, None

@@ -116,10 +116,10 @@ const float kFactorBudget = std::log(FLT_MAX) / 4.0f;
 
 // One thread's scratch memory, sized for one chunk of one head.
 struct Scratch {
-  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf;
+  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;
   Scratch(int C, int K, int V)
       : G(C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
-        Yf(C * K) {}
+        Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
 };
 
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
@@ -163,6 +163,72 @@ void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
   factored_block(X, ldx, Y, ldy, G, K, i0 + h, n - h, i0, h, i0 + h - 1, alpha, A, lda, w);
   channel_diagonal(X, ldx, Y, ldy, G, K, i0, h, alpha, A, lda, w);
   channel_diagonal(X, ldx, Y, ldy, G, K, i0 + h, n - h, alpha, A, lda, w);
+}
+
+// The gradient of ``factored_block``'s product, with the same factors: for dA the gradient of its
+// rows [i0, i0 + n) x [j0, j0 + m), dX_i += (alpha dA Yf)_i * exp(G_i - G_r) and
+// dY_j += (alpha dA^T Xf)_j * exp(G_r - G_j), with Xf, Yf the factored rows. dX, dY: [c, K].
+void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
+                             const float* G, int K, int i0, int n, int j0, int m, int r,
+                             float alpha, const float* dA, int64_t lda, float* dX, float* dY,
+                             Scratch& w) {
+  const float* Gr = G + static_cast<int64_t>(r) * K;
+  for (int i = 0; i < n; ++i) {
+    const float* x = X + (i0 + i) * ldx;
+    const float* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    float *e = w.Ex.data() + static_cast<int64_t>(i) * K, *f = w.Xf.data() + i * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) {
+      e[c] = exp_flush(Gi[c] - Gr[c]);
+      f[c] = x[c] * e[c];
+    }
+  }
+  for (int j = 0; j < m; ++j) {
+    const float* y = Y + (j0 + j) * ldy;
+    const float* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    float *e = w.Ey.data() + static_cast<int64_t>(j) * K, *f = w.Yf.data() + j * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) {
+      e[c] = exp_flush(Gr[c] - Gj[c]);
+      f[c] = y[c] * e[c];
+    }
+  }
+  const float* dAb = dA + i0 * lda + j0;
+  gemm(false, false, n, K, m, alpha, dAb, lda, w.Yf.data(), K, 0.0f, w.dXf.data(), K);
+  gemm(true, false, m, K, n, alpha, dAb, lda, w.Xf.data(), K, 0.0f, w.dYf.data(), K);
+  for (int i = 0; i < n; ++i) {
+    const float *d = w.dXf.data() + i * K, *e = w.Ex.data() + i * K;
+    float* out = dX + static_cast<int64_t>(i0 + i) * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) out[c] += d[c] * e[c];
+  }
+  for (int j = 0; j < m; ++j) {
+    const float *d = w.dYf.data() + j * K, *e = w.Ey.data() + j * K;
+    float* out = dY + static_cast<int64_t>(j0 + j) * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) out[c] += d[c] * e[c];
+  }
+}
+
+// The gradient of ``channel_diagonal``'s product (the same blocks, the same halving), for dA
+// masked as the product was: adds to dX and dY ([c, K]).
+void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
+                               const float* G, int K, int i0, int n, float alpha, const float* dA,
+                               int64_t lda, float* dX, float* dY, Scratch& w) {
+  const float* first = G + static_cast<int64_t>(i0) * K;
+  const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
+  float spread = 0.0f;
+  for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
+  if (spread <= kFactorBudget || n == 1) {
+    factored_block_backward(X, ldx, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha, dA, lda, dX,
+                            dY, w);
+    return;
+  }
+  const int h = n / 2;
+  factored_block_backward(X, ldx, Y, ldy, G, K, i0 + h, n - h, i0, h, i0 + h - 1, alpha, dA, lda,
+                          dX, dY, w);
+  channel_diagonal_backward(X, ldx, Y, ldy, G, K, i0, h, alpha, dA, lda, dX, dY, w);
+  channel_diagonal_backward(X, ldx, Y, ldy, G, K, i0 + h, n - h, alpha, dA, lda, dX, dY, w);
 }
 
 // A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk) for j <= i (j < i when strict), zero above:
@@ -838,6 +904,258 @@ scalar_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::
   return {dq, dk, dv, dbeta, dg, dS.view({B, H, K, V})};
 }
 
+// The backward pass of the chunk form with one log-gate per channel (GLA and, with beta, KDA):
+// ``scalar_decay_chunk_backward`` with G [c, K], so that every gate term is a row of K factors,
+// D = Diag(exp G_c) scales the state's rows, and the decayed products are recomputed and
+// differentiated block by block as ``channel_diagonal`` forms them (factored about a reference
+// row, halved where the gates' spread exceeds the budget). A product M = X (*) Y (decayed) with
+// gradients dX_M, dY_M of its two factors gives the gates dG += X * dX_M - Y * dY_M (per channel);
+// then dg is the reversed cumulative sum of dG inside the chunk, as for the scalar gate.
+//
+// Returns dq, dk, dv, dbeta (an empty tensor for GLA), dg [B, H, T, K] and dS0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+channel_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const c10::optional<at::Tensor>& beta_opt, const at::Tensor& g,
+                             const at::Tensor& states, const at::Tensor& d_o,
+                             const at::Tensor& dS_final, double scale_d, int64_t C64) {
+  require_float32_cpu({&q, &k, &v, &g, &states, &d_o, &dS_final});
+  const Sizes sz(q, v, C64);
+  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
+  const int C = sz.C;
+  const bool delta = beta_opt.has_value();
+  const at::Tensor beta = delta ? *beta_opt : at::Tensor();
+  const float scale = static_cast<float>(scale_d);
+  at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
+  at::Tensor dv = fresh_public(sz, V, q.options()), dg = fresh_public(sz, K, q.options());
+  at::Tensor dbeta = delta ? at::empty({B, T, H}, q.options()).transpose(1, 2)
+                           : at::empty({0}, q.options());
+  at::Tensor dS = dS_final.reshape({P, K, V}).clone();
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *gp = g.data_ptr<float>(), *sp = states.data_ptr<float>();
+  const float* bp = delta ? beta.data_ptr<float>() : nullptr;
+  const float* dop = d_o.data_ptr<float>();
+  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+  float *dbp = delta ? dbeta.data_ptr<float>() : nullptr, *dgp = dg.data_ptr<float>();
+  float* dSp = dS.data_ptr<float>();
+
+  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    FlushSubnormals flush;
+    Scratch w(C, static_cast<int>(K), static_cast<int>(V));
+    const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
+    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K;
+    std::vector<float> Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx), U(C * V), dU(C * V), dRk(CK),
+        Qd(CK), Ke(CK), Kd(CK), eG(CK), eEnd(CK), dQd(CK), dKe(CK), dG(CK), dXm(CK), dYm(CK),
+        Dv(K), dG_end(K);
+    float* G = w.G.data();
+    for (int64_t n = N - 1; n >= 0; --n) {
+      const int64_t t0 = n * C;
+      const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t b = p / H, h = p % H;
+        auto at_row = [&](const at::Tensor& x, auto* base) {
+          return chunk_rows(x, base, b, h, t0);
+        };
+        const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
+        const float *gc = at_row(g, gp), *dO = at_row(d_o, dop);
+        float *dQ = at_row(dq, dqp), *dK = at_row(dk, dkp), *dV = at_row(dv, dvp);
+        float* dGt = at_row(dg, dgp);
+        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), sg = g.stride(2);
+        const int64_t lddo = d_o.stride(2), lddq = dq.stride(2), lddk = dk.stride(2),
+                      lddv = dv.stride(2), lddg = dg.stride(2);
+        const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
+        float* dSh = dSp + p * K * V;               // dS': the state leaving it
+
+        // 1. Gates: G [c, K], exp(G), exp(G_c - G), D; Qd, Ke, Kd.
+        for (int i = 0; i < c; ++i) {
+          const float* gi = gc + i * sg;
+          float* Gi = G + i * K;
+#pragma omp simd
+          for (int ch = 0; ch < Ki; ++ch) Gi[ch] = (i == 0 ? 0.0f : Gi[ch - K]) + gi[ch];
+        }
+        const float* Gc = G + (c - 1) * K;
+        for (int ch = 0; ch < Ki; ++ch) Dv[ch] = exp_flush(Gc[ch]);
+        for (int i = 0; i < c; ++i) {
+          const float *Gi = G + i * K, *qi = Q + i * ldq, *ki = Kc + i * ldk;
+          float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
+          float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
+#pragma omp simd
+          for (int ch = 0; ch < Ki; ++ch) {
+            eg[ch] = exp_flush(Gi[ch]);
+            ee[ch] = exp_flush(Gc[ch] - Gi[ch]);
+            qd[ch] = scale * qi[ch] * eg[ch];
+            ke[ch] = ki[ch] * ee[ch];
+            kd[ch] = ki[ch] * eg[ch];
+          }
+        }
+
+        // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
+        decayed_products(Q, ldq, Kc, ldk, G, Ki, c, Ki, false, scale, Aqk.data(), C, w);
+        if (delta) decayed_products(Kc, ldk, Kc, ldk, G, Ki, c, Ki, true, 1.0f, Akk.data(), C, w);
+
+        // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
+        const float* Uc = Vc;
+        int64_t ldu = ldv;
+        const float* bc = delta ? at_row(beta, bp) : nullptr;
+        const int64_t sb = delta ? beta.stride(2) : 0;
+        if (delta) {
+          for (int i = 0; i < c; ++i) {
+            const float bi = bc[i * sb];
+            const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
+            float* Li = L.data() + static_cast<int64_t>(i) * C;
+            for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
+            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv;
+            float* xi = X.data() + i * ldx;
+            for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
+            for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
+          }
+          unit_lower_solve(c, static_cast<int>(K + V), L.data(), C, X.data(), ldx);  // [W | U0]
+          for (int i = 0; i < c; ++i) {
+            std::memcpy(U.data() + i * V, X.data() + i * ldx + K, sizeof(float) * V);
+          }
+          gemm(false, false, c, Vi, Ki, -1.0f, X.data(), ldx, S, V, 1.0f, U.data(), V);
+          Uc = U.data(), ldu = V;
+        }
+
+        // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T.
+        gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dU.data(), V);
+        gemm(false, false, c, Vi, Ki, 1.0f, Ke.data(), K, dSh, V, 1.0f, dU.data(), V);
+        gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Uc, ldu, 0.0f, dA.data(), C);
+        gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
+        gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dKe.data(), K);
+        for (int i = 0; i < c; ++i) {
+          float* dAi = dA.data() + static_cast<int64_t>(i) * C;
+          for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
+        }
+
+        // 5. dG from Qd and Ke; G_c's share from Ke and D (per channel).
+        for (int ch = 0; ch < Ki; ++ch) {
+          const float* Sr = S + ch * V;
+          const float* dSr = dSh + ch * V;
+          float sS = 0.0f;
+#pragma omp simd reduction(+ : sS)
+          for (int j = 0; j < Vi; ++j) sS += dSr[j] * Sr[j];
+          dG_end[ch] = Dv[ch] * sS;
+        }
+        for (int i = 0; i < c; ++i) {
+          const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
+          const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
+          float* dGi = dG.data() + i * K;
+#pragma omp simd
+          for (int ch = 0; ch < Ki; ++ch) {
+            const float ek = e[ch] * y[ch];
+            dGi[ch] = a[ch] * x[ch] - ek;
+            dG_end[ch] += ek;
+          }
+        }
+
+        // 6. A_qk's factors, block by block: dQ = scale exp(G) dQd + dX_qk, dK = exp(G_c - G) dKe
+        //    + dY_qk, and the gates' share q dX_qk - k dY_qk.
+        std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
+        std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
+        channel_diagonal_backward(Q, ldq, Kc, ldk, G, Ki, 0, c, scale, dA.data(), C, dXm.data(),
+                                  dYm.data(), w);
+        for (int i = 0; i < c; ++i) {
+          const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
+          const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
+          const float *a = dQd.data() + i * K, *e = dKe.data() + i * K;
+          const float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
+          float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+#pragma omp simd
+          for (int ch = 0; ch < Ki; ++ch) {
+            dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch];
+            dk_i[ch] = ee[ch] * e[ch] + dy[ch];
+            dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
+          }
+        }
+
+        // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
+        for (int ch = 0; ch < Ki; ++ch) {
+          float* row = dSh + ch * V;
+          const float d = Dv[ch];
+#pragma omp simd
+          for (int j = 0; j < Vi; ++j) row[j] *= d;
+        }
+        gemm(true, false, Ki, Vi, c, 1.0f, Qd.data(), K, dO, lddo, 1.0f, dSh, V);
+        if (!delta) {
+          for (int i = 0; i < c; ++i) {
+            std::memcpy(dV + i * lddv, dU.data() + i * V, sizeof(float) * V);
+          }
+        } else {
+          const float* W = X.data();
+          const float* U0 = X.data() + K;
+          gemm(true, false, Ki, Vi, c, -1.0f, W, ldx, dU.data(), V, 1.0f, dSh, V);
+          // 8. The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T, dT (in dA).
+          unit_lower_solve_transposed(c, Vi, L.data(), C, dU.data(), V);
+          const float* dRv = dU.data();
+          gemm(false, true, c, Ki, Vi, -1.0f, dRv, V, S, V, 0.0f, dRk.data(), K);
+          gemm(false, true, c, c, Ki, -1.0f, dRk.data(), K, W, ldx, 0.0f, dA.data(), C);
+          gemm(false, true, c, c, Vi, -1.0f, dRv, V, U0, ldx, 1.0f, dA.data(), C);
+          float* dB = at_row(dbeta, dbp);
+          const int64_t sdb = dbeta.stride(2);
+          for (int i = 0; i < c; ++i) {
+            const float bi = bc[i * sb];
+            float* dTi = dA.data() + static_cast<int64_t>(i) * C;
+            const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
+            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv, *eg = eG.data() + i * K;
+            const float *rk = dRk.data() + i * K, *rv = dRv + i * V;
+            float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv, *dGi = dG.data() + i * K;
+            float db = 0.0f, sk = 0.0f;
+#pragma omp simd reduction(+ : db)
+            for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
+#pragma omp simd reduction(+ : sk)
+            for (int ch = 0; ch < Ki; ++ch) {
+              const float r = rk[ch] * kd[ch];
+              sk += r;
+              dGi[ch] += bi * r;
+              dk_i[ch] += bi * eg[ch] * rk[ch];
+            }
+#pragma omp simd reduction(+ : db)
+            for (int ch = 0; ch < Vi; ++ch) {
+              db += rv[ch] * vi[ch];
+              dv_i[ch] = bi * rv[ch];
+            }
+            dB[i * sdb] = db + sk;
+#pragma omp simd
+            for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
+            for (int j = i; j < c; ++j) dTi[j] = 0.0f;
+          }
+          // A_kk's two factors (both k): dK += dX_kk + dY_kk, the gates k dX_kk - k dY_kk.
+          std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
+          std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
+          channel_diagonal_backward(Kc, ldk, Kc, ldk, G, Ki, 0, c, 1.0f, dA.data(), C,
+                                    dXm.data(), dYm.data(), w);
+          for (int i = 0; i < c; ++i) {
+            const float* ki = Kc + i * ldk;
+            const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
+            float *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+#pragma omp simd
+            for (int ch = 0; ch < Ki; ++ch) {
+              dk_i[ch] += dx[ch] + dy[ch];
+              dGi[ch] += ki[ch] * (dx[ch] - dy[ch]);
+            }
+          }
+        }
+
+        // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
+        float* last = dG.data() + (c - 1) * K;
+        for (int ch = 0; ch < Ki; ++ch) last[ch] += dG_end[ch];
+        for (int i = c - 1; i >= 0; --i) {
+          float* out = dGt + i * lddg;
+          const float* dGi = dG.data() + i * K;
+          if (i == c - 1) {
+            std::memcpy(out, dGi, sizeof(float) * K);
+          } else {
+            const float* next = dGt + (i + 1) * lddg;
+#pragma omp simd
+            for (int ch = 0; ch < Ki; ++ch) out[ch] = next[ch] + dGi[ch];
+          }
+        }
+      }
+    }
+  });
+  return {dq, dk, dv, dbeta, dg, dS.view({B, H, K, V})};
+}
+
 // One generation step of any mechanism (``linattn.ops.recurrent_step``), the state updated in
 // place, every input checked first in the same call: the step is tens of microseconds of
 // arithmetic, less than the PyTorch calls that would check and compute it one by one.
@@ -1070,6 +1388,10 @@ TORCH_LIBRARY(linattn_native, m) {
       "scalar_decay_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor g,"
       " Tensor states, Tensor d_o, Tensor dS_final, float scale, int C)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "channel_decay_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor g,"
+      " Tensor states, Tensor d_o, Tensor dS_final, float scale, int C)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);
   m.def(
@@ -1088,5 +1410,6 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("linear_chunk_backward", &linear_chunk_backward);
   m.impl("delta_chunk_backward", &delta_chunk_backward);
   m.impl("scalar_decay_chunk_backward", &scalar_decay_chunk_backward);
+  m.impl("channel_decay_chunk_backward", &channel_decay_chunk_backward);
   m.impl("recurrent_step", &recurrent_step);
 }
