@@ -219,10 +219,7 @@ def chunk_loop() -> str:
     """Which loop runs the float32 chunk forms here: the fused C++ one or PyTorch's."""
     if _native.available():
         cache = os.environ.get("LINATTN_CACHE_MIB", "1024")
-        return (
-            "fused C++ forward (backward: C++ without decay and with scalar decay, PyTorch "
-            f"with per-channel decay); output blocks reused, LINATTN_CACHE_MIB={cache}"
-        )
+        return f"fused C++ forward and backward; output blocks reused, LINATTN_CACHE_MIB={cache}"
     return f"PyTorch group loop ({_native.reason()})"
 
 
