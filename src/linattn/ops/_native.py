@@ -221,12 +221,10 @@ def gated_chunk_backward(
     C: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor]:
     """dq, dk, dv, dbeta (None for linear attention), dg (g's shape, [B, H, T, 1 | K]) and the
-    initial state's gradient, with decay: one log-gate per token (scalar decay, Gated DeltaNet:
-    ``scalar_decay_chunk_backward``) or per channel (GLA, KDA: ``channel_decay_chunk_backward``);
-    as ``linear_chunk_backward``."""
+    initial state's gradient, with decay: one log-gate per token (scalar decay, Gated DeltaNet)
+    or per channel (GLA, KDA); as ``linear_chunk_backward``."""
     q, k, v, g, d_o = (_rows(x) for x in (q, k, v, g, d_o))
-    name = "scalar_decay_chunk_backward" if g.shape[-1] == 1 else "channel_decay_chunk_backward"
-    dq, dk, dv, dbeta, dg, dS0 = _op(name)(
+    dq, dk, dv, dbeta, dg, dS0 = _op("gated_chunk_backward")(
         q, k, v, beta, g, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
     )
     return dq, dk, dv, (dbeta if beta is not None else None), dg, dS0

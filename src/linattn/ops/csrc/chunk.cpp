@@ -660,273 +660,47 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, b
   }
 }
 
-// The backward pass of the chunk form with one log-gate per token (scalar decay, Mamba-2 style:
-// linear attention with decay and, with beta, Gated DeltaNet), chunk by chunk from the last, from
-// the states the forward pass saved. Recomputed per chunk, with G the cumulative log-gates:
-// Gamma[i, j] = exp(G_i - G_j) (j <= i), Qd = scale q exp(G), Ke = k exp(G_c - G), Kd = k exp(G),
-// D = exp(G_c); A_qk = scale (Q K^T) * Gamma; delta rule: A_kk = (K K^T) * Gamma (j < i),
-// (I + diag(beta) A_kk) [W | U0] = diag(beta) [Kd | V], U = U0 - W S (else U = V). Then, with dS'
-// the gradient of the state leaving the chunk:
+// The backward pass of the chunk form with decay, chunk by chunk from the last, from the states
+// the forward pass saved: one log-gate per token (kg = 1: scalar decay, Mamba-2 style, and with
+// beta Gated DeltaNet) or per channel (kg = K: GLA and, with beta, KDA). Recomputed per chunk,
+// with G [c, kg] the cumulative log-gates: Qd = scale q exp(G), Ke = k exp(G_c - G),
+// Kd = k exp(G), D = Diag(exp G_c) on the state's rows; A_qk = scale decayed(Q K^T) (j <= i);
+// delta rule: A_kk = decayed(K K^T) (j < i), (I + diag(beta) A_kk) [W | U0] = diag(beta) [Kd | V],
+// U = U0 - W S (else U = V). Then, with dS' the gradient of the state leaving the chunk:
 //
-//   dU = A_qk^T dO + Ke dS'           dA = mask(dO U^T)          dQd = dO S^T     dKe = U dS'^T
-//   dQ = scale (exp(G) dQd + (dA * Gamma) K)     dK = scale (dA * Gamma)^T Q + exp(G_c - G) dKe
+//   dU = A_qk^T dO + Ke dS'       dA = mask(dO U^T)       dQd = dO S^T       dKe = U dS'^T
+//   dQ = scale exp(G) dQd + dQ_A            dK = exp(G_c - G) dKe + dK_A
 //   dS = D dS' + Qd^T dO - W^T dU
 //   delta rule: dR_v = T^{-T} dU, dR_k = -dR_v S^T, dT = -(dR_k W^T + dR_v U0^T) (j < i),
-//               dV = beta dR_v, dK += beta exp(G) dR_k + (dL * Gamma) K + (dL * Gamma)^T K with
-//               dL = diag(beta) dT, dbeta = rows of (dT * A_kk) + dR_k . Kd + dR_v . V
+//               dV = beta dR_v, dK += beta exp(G) dR_k + dK_L with dL = diag(beta) dT,
+//               dbeta = rows of (dT * A_kk) + dR_k . Kd + dR_v . V
 //
-// and for the gates, every product M = X * Gamma with gradient dM giving dG_i its row sum and
-// taking its column sum (dG_i += sum_j dM_ij M_ij - sum_j dM_ji M_ji), plus dQd . Qd - dKe . Ke
-// (+ beta dR_k . Kd) per row, and sum(dKe . Ke) + D <dS', S> for G_c; dg is the reversed
-// cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i).
+// where dQ_A, dK_A (dK_L) are the gradients of A_qk's (A_kk's) two factors: for kg = 1, with
+// Gamma[i, j] = exp(G_i - G_j), (dA * Gamma) K and (dA * Gamma)^T Q times scale; for kg = K, block
+// by block as ``channel_diagonal`` forms the product. The gates: dG = dQd * Qd - dKe * Ke
+// (+ beta dR_k * Kd) row by row; each product's share (X * dX - Y * dY for its factors X, Y; for
+// kg = 1 the row sums of dM * M less its column sums, ``product_gate_gradient``); and
+// sum_i dKe_i * Ke_i + D <dS', S> (row by row of S) for G_c. With kg = 1 each term is summed over
+// the channels. dg is the reversed cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i).
 //
 // Returns dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (an empty tensor for linear
-// attention), dg [B, H, T, 1] (views of [B, T, H, ...] tensors) and dS0.
+// attention), dg [B, H, T, kg] (views of [B, T, H, ...] tensors) and dS0.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-scalar_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const c10::optional<at::Tensor>& beta_opt, const at::Tensor& g,
-                            const at::Tensor& states, const at::Tensor& d_o,
-                            const at::Tensor& dS_final, double scale_d, int64_t C64) {
+gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& beta_opt, const at::Tensor& g,
+                     const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final,
+                     double scale_d, int64_t C64) {
   require_float32_cpu({&q, &k, &v, &g, &states, &d_o, &dS_final});
   const Sizes sz(q, v, C64);
   const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   const int C = sz.C;
   const bool delta = beta_opt.has_value();
   const at::Tensor beta = delta ? *beta_opt : at::Tensor();
+  const int kg = static_cast<int>(g.size(3));
+  const bool channel = kg > 1;
   const float scale = static_cast<float>(scale_d);
   at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
-  at::Tensor dv = fresh_public(sz, V, q.options());
-  at::Tensor dbeta = delta ? at::empty({B, T, H}, q.options()).transpose(1, 2)
-                           : at::empty({0}, q.options());
-  at::Tensor dg = at::empty({B, T, H, 1}, q.options()).transpose(1, 2);
-  at::Tensor dS = dS_final.reshape({P, K, V}).clone();
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float *gp = g.data_ptr<float>(), *sp = states.data_ptr<float>();
-  const float* bp = delta ? beta.data_ptr<float>() : nullptr;
-  const float* dop = d_o.data_ptr<float>();
-  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-  float *dbp = delta ? dbeta.data_ptr<float>() : nullptr, *dgp = dg.data_ptr<float>();
-  float* dSp = dS.data_ptr<float>();
-
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    FlushSubnormals flush;
-    const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
-    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C;
-    std::vector<float> Gam(CC), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx), U(C * V), dU(C * V),
-        dRk(C * K), Qd(C * K), Ke(C * K), Kd(C * K), dQd(C * K), dKe(C * K), G(C), eG(C),
-        eEnd(C), dG(C);
-    for (int64_t n = N - 1; n >= 0; --n) {
-      const int64_t t0 = n * C;
-      const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
-      for (int64_t p = lo; p < hi; ++p) {
-        const int64_t b = p / H, h = p % H;
-        auto at_row = [&](const at::Tensor& x, auto* base) {
-          return chunk_rows(x, base, b, h, t0);
-        };
-        const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
-        const float *gc = at_row(g, gp), *dO = at_row(d_o, dop);
-        float *dQ = at_row(dq, dqp), *dK = at_row(dk, dkp), *dV = at_row(dv, dvp);
-        float* dGt = at_row(dg, dgp);
-        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), sg = g.stride(2);
-        const int64_t lddo = d_o.stride(2), lddq = dq.stride(2), lddk = dk.stride(2),
-                      lddv = dv.stride(2), sdg = dg.stride(2);
-        const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
-        float* dSh = dSp + p * K * V;               // dS': the state leaving it
-
-        // 1. Gates: G, exp(G), exp(G_c - G), Gamma, Qd, Ke (and Kd for the delta rule).
-        for (int i = 0; i < c; ++i) G[i] = (i == 0 ? 0.0f : G[i - 1]) + gc[i * sg];
-        const float Gc = G[c - 1], D = exp_flush(Gc);
-        for (int i = 0; i < c; ++i) {
-          eG[i] = exp_flush(G[i]);
-          eEnd[i] = exp_flush(Gc - G[i]);
-          float* row = Gam.data() + static_cast<int64_t>(i) * C;
-          const float Gi = G[i];
-#pragma omp simd
-          for (int j = 0; j < c; ++j) row[j] = exp_flush(Gi - G[j]);
-          for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
-          const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
-          float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
-          const float a = scale * eG[i], e = eEnd[i], d = eG[i];
-#pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            qd[ch] = a * qi[ch];
-            ke[ch] = e * ki[ch];
-            kd[ch] = d * ki[ch];
-          }
-        }
-
-        // 2. The decayed products A_qk (j <= i) and A_kk (j < i).
-        gemm(false, true, c, c, Ki, scale, Q, ldq, Kc, ldk, 0.0f, Aqk.data(), C);
-        for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) Aqk[e] *= Gam[e];
-        if (delta) {
-          gemm(false, true, c, c, Ki, 1.0f, Kc, ldk, Kc, ldk, 0.0f, Akk.data(), C);
-          for (int i = 0; i < c; ++i) {
-            float* row = Akk.data() + static_cast<int64_t>(i) * C;
-            const float* gam = Gam.data() + static_cast<int64_t>(i) * C;
-            for (int j = 0; j < i; ++j) row[j] *= gam[j];
-            for (int j = i; j < c; ++j) row[j] = 0.0f;
-          }
-        }
-
-        // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
-        const float* Uc = Vc;
-        int64_t ldu = ldv;
-        const float* bc = delta ? at_row(beta, bp) : nullptr;
-        const int64_t sb = delta ? beta.stride(2) : 0;
-        if (delta) {
-          for (int i = 0; i < c; ++i) {
-            const float bi = bc[i * sb];
-            const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-            float* Li = L.data() + static_cast<int64_t>(i) * C;
-            for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
-            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv;
-            float* xi = X.data() + i * ldx;
-            for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
-            for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
-          }
-          unit_lower_solve(c, static_cast<int>(K + V), L.data(), C, X.data(), ldx);  // [W | U0]
-          for (int i = 0; i < c; ++i) {
-            std::memcpy(U.data() + i * V, X.data() + i * ldx + K, sizeof(float) * V);
-          }
-          gemm(false, false, c, Vi, Ki, -1.0f, X.data(), ldx, S, V, 1.0f, U.data(), V);
-          Uc = U.data(), ldu = V;
-        }
-
-        // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T.
-        gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dU.data(), V);
-        gemm(false, false, c, Vi, Ki, 1.0f, Ke.data(), K, dSh, V, 1.0f, dU.data(), V);
-        gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Uc, ldu, 0.0f, dA.data(), C);
-        gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
-        gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dKe.data(), K);
-
-        // 5. dG from Qd, Ke and A_qk; G_c's share from Ke and D.
-        float dG_end = 0.0f;
-        for (int i = 0; i < c; ++i) {
-          const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
-          const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
-          float sq = 0.0f, sk = 0.0f;
-#pragma omp simd reduction(+ : sq, sk)
-          for (int ch = 0; ch < Ki; ++ch) {
-            sq += a[ch] * x[ch];
-            sk += e[ch] * y[ch];
-          }
-          dG[i] = sq - sk;
-          dG_end += sk;
-        }
-        float sS = 0.0f;
-#pragma omp simd reduction(+ : sS)
-        for (int64_t e = 0; e < K * V; ++e) sS += dSh[e] * S[e];
-        dG_end += D * sS;
-        for (int i = 0; i < c; ++i) {
-          float* dAi = dA.data() + static_cast<int64_t>(i) * C;
-          for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
-        }
-        product_gate_gradient(dA.data(), Aqk.data(), C, c, false, dG.data());
-
-        // 6. dQ, dK from Qd, Ke and A_qk (dA * Gamma in place).
-        for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
-        for (int i = 0; i < c; ++i) {
-          const float a = scale * eG[i], e = eEnd[i];
-          const float *x = dQd.data() + i * K, *y = dKe.data() + i * K;
-          float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk;
-#pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            dq_i[ch] = a * x[ch];
-            dk_i[ch] = e * y[ch];
-          }
-        }
-        gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
-        gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
-
-        // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
-        for (int64_t e = 0; e < K * V; ++e) dSh[e] *= D;
-        gemm(true, false, Ki, Vi, c, 1.0f, Qd.data(), K, dO, lddo, 1.0f, dSh, V);
-        if (!delta) {
-          for (int i = 0; i < c; ++i) {
-            std::memcpy(dV + i * lddv, dU.data() + i * V, sizeof(float) * V);
-          }
-        } else {
-          const float* W = X.data();
-          const float* U0 = X.data() + K;
-          gemm(true, false, Ki, Vi, c, -1.0f, W, ldx, dU.data(), V, 1.0f, dSh, V);
-          // 8. The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T, dT (in dA).
-          unit_lower_solve_transposed(c, Vi, L.data(), C, dU.data(), V);
-          const float* dRv = dU.data();
-          gemm(false, true, c, Ki, Vi, -1.0f, dRv, V, S, V, 0.0f, dRk.data(), K);
-          gemm(false, true, c, c, Ki, -1.0f, dRk.data(), K, W, ldx, 0.0f, dA.data(), C);
-          gemm(false, true, c, c, Vi, -1.0f, dRv, V, U0, ldx, 1.0f, dA.data(), C);
-          float* dB = at_row(dbeta, dbp);
-          const int64_t sdb = dbeta.stride(2);
-          for (int i = 0; i < c; ++i) {
-            const float bi = bc[i * sb];
-            float* dTi = dA.data() + static_cast<int64_t>(i) * C;
-            const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv;
-            const float *rk = dRk.data() + i * K, *rv = dRv + i * V;
-            float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv;
-            float db = 0.0f, sk = 0.0f;
-#pragma omp simd reduction(+ : db)
-            for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
-            const float a = bi * eG[i];
-#pragma omp simd reduction(+ : sk)
-            for (int ch = 0; ch < Ki; ++ch) {
-              sk += rk[ch] * kd[ch];
-              dk_i[ch] += a * rk[ch];
-            }
-#pragma omp simd reduction(+ : db)
-            for (int ch = 0; ch < Vi; ++ch) {
-              db += rv[ch] * vi[ch];
-              dv_i[ch] = bi * rv[ch];
-            }
-            dB[i * sdb] = db + sk;
-            dG[i] += bi * sk;
-#pragma omp simd
-            for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
-            for (int j = i; j < c; ++j) dTi[j] = 0.0f;
-          }
-          product_gate_gradient(dA.data(), Akk.data(), C, c, true, dG.data());
-          for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];  // dP
-          // A_kk's two factors: dK += dP K + dP^T K, dP = dL * Gamma.
-          gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
-          gemm(true, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
-        }
-
-        // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
-        dG[c - 1] += dG_end;
-        float run = 0.0f;
-        for (int i = c - 1; i >= 0; --i) {
-          run += dG[i];
-          dGt[i * sdg] = run;
-        }
-      }
-    }
-  });
-  return {dq, dk, dv, dbeta, dg, dS.view({B, H, K, V})};
-}
-
-// The backward pass of the chunk form with one log-gate per channel (GLA and, with beta, KDA):
-// ``scalar_decay_chunk_backward`` with G [c, K], so that every gate term is a row of K factors,
-// D = Diag(exp G_c) scales the state's rows, and the decayed products are recomputed and
-// differentiated block by block as ``channel_diagonal`` forms them (factored about a reference
-// row, halved where the gates' spread exceeds the budget). A product M = X (*) Y (decayed) with
-// gradients dX_M, dY_M of its two factors gives the gates dG += X * dX_M - Y * dY_M (per channel);
-// then dg is the reversed cumulative sum of dG inside the chunk, as for the scalar gate.
-//
-// Returns dq, dk, dv, dbeta (an empty tensor for GLA), dg [B, H, T, K] and dS0.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-channel_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const c10::optional<at::Tensor>& beta_opt, const at::Tensor& g,
-                             const at::Tensor& states, const at::Tensor& d_o,
-                             const at::Tensor& dS_final, double scale_d, int64_t C64) {
-  require_float32_cpu({&q, &k, &v, &g, &states, &d_o, &dS_final});
-  const Sizes sz(q, v, C64);
-  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
-  const int C = sz.C;
-  const bool delta = beta_opt.has_value();
-  const at::Tensor beta = delta ? *beta_opt : at::Tensor();
-  const float scale = static_cast<float>(scale_d);
-  at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
-  at::Tensor dv = fresh_public(sz, V, q.options()), dg = fresh_public(sz, K, q.options());
+  at::Tensor dv = fresh_public(sz, V, q.options()), dg = fresh_public(sz, kg, q.options());
   at::Tensor dbeta = delta ? at::empty({B, T, H}, q.options()).transpose(1, 2)
                            : at::empty({0}, q.options());
   at::Tensor dS = dS_final.reshape({P, K, V}).clone();
@@ -942,11 +716,11 @@ channel_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at:
     FlushSubnormals flush;
     Scratch w(C, static_cast<int>(K), static_cast<int>(V));
     const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
-    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K;
-    std::vector<float> Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx), U(C * V), dU(C * V), dRk(CK),
-        Qd(CK), Ke(CK), Kd(CK), eG(CK), eEnd(CK), dQd(CK), dKe(CK), dG(CK), dXm(CK), dYm(CK),
-        Dv(K), dG_end(K);
-    float* G = w.G.data();
+    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K, CG = C * kg;
+    std::vector<float> Gam(channel ? 0 : CC), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
+        U(C * V), dU(C * V), dRk(CK), Qd(CK), Ke(CK), Kd(CK), dQd(CK), dKe(CK), dXm(CK), dYm(CK),
+        eG(CG), eEnd(CG), dG(CG), Dv(kg), dG_end(kg);
+    float* G = w.G.data();  // [c, kg]
     for (int64_t n = N - 1; n >= 0; --n) {
       const int64_t t0 = n * C;
       const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
@@ -965,32 +739,49 @@ channel_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at:
         const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
         float* dSh = dSp + p * K * V;               // dS': the state leaving it
 
-        // 1. Gates: G [c, K], exp(G), exp(G_c - G), D; Qd, Ke, Kd.
+        // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
         for (int i = 0; i < c; ++i) {
           const float* gi = gc + i * sg;
-          float* Gi = G + i * K;
-#pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) Gi[ch] = (i == 0 ? 0.0f : Gi[ch - K]) + gi[ch];
+          float* Gi = G + i * kg;
+          for (int ch = 0; ch < kg; ++ch) Gi[ch] = (i == 0 ? 0.0f : Gi[ch - kg]) + gi[ch];
         }
-        const float* Gc = G + (c - 1) * K;
-        for (int ch = 0; ch < Ki; ++ch) Dv[ch] = exp_flush(Gc[ch]);
+        const float* Gc = G + (c - 1) * kg;
+        for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch]);
         for (int i = 0; i < c; ++i) {
-          const float *Gi = G + i * K, *qi = Q + i * ldq, *ki = Kc + i * ldk;
-          float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
-          float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
+          const float *Gi = G + i * kg, *qi = Q + i * ldq, *ki = Kc + i * ldk;
+          float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
 #pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
+          for (int ch = 0; ch < kg; ++ch) {
             eg[ch] = exp_flush(Gi[ch]);
             ee[ch] = exp_flush(Gc[ch] - Gi[ch]);
-            qd[ch] = scale * qi[ch] * eg[ch];
-            ke[ch] = ki[ch] * ee[ch];
-            kd[ch] = ki[ch] * eg[ch];
+          }
+          float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
+          if (!channel) {
+            const float a = scale * eg[0], e = ee[0], d = eg[0];
+#pragma omp simd
+            for (int ch = 0; ch < Ki; ++ch) {
+              qd[ch] = a * qi[ch];
+              ke[ch] = e * ki[ch];
+              kd[ch] = d * ki[ch];
+            }
+            float* row = Gam.data() + static_cast<int64_t>(i) * C;
+            const float G_i = Gi[0];
+#pragma omp simd
+            for (int j = 0; j < c; ++j) row[j] = exp_flush(G_i - G[j]);
+            for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
+          } else {
+#pragma omp simd
+            for (int ch = 0; ch < Ki; ++ch) {
+              qd[ch] = scale * qi[ch] * eg[ch];
+              ke[ch] = ki[ch] * ee[ch];
+              kd[ch] = ki[ch] * eg[ch];
+            }
           }
         }
 
         // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
-        decayed_products(Q, ldq, Kc, ldk, G, Ki, c, Ki, false, scale, Aqk.data(), C, w);
-        if (delta) decayed_products(Kc, ldk, Kc, ldk, G, Ki, c, Ki, true, 1.0f, Akk.data(), C, w);
+        decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
+        if (delta) decayed_products(Kc, ldk, Kc, ldk, G, kg, c, Ki, true, 1.0f, Akk.data(), C, w);
 
         // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
         const float* Uc = Vc;
@@ -1027,51 +818,79 @@ channel_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at:
           for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
         }
 
-        // 5. dG from Qd and Ke; G_c's share from Ke and D (per channel).
+        // 5. dG from Qd and Ke; G_c's share from Ke and D.
+        std::fill(dG_end.begin(), dG_end.end(), 0.0f);
         for (int ch = 0; ch < Ki; ++ch) {
-          const float* Sr = S + ch * V;
-          const float* dSr = dSh + ch * V;
+          const float *Sr = S + ch * V, *dSr = dSh + ch * V;
           float sS = 0.0f;
 #pragma omp simd reduction(+ : sS)
           for (int j = 0; j < Vi; ++j) sS += dSr[j] * Sr[j];
-          dG_end[ch] = Dv[ch] * sS;
+          dG_end[channel ? ch : 0] += Dv[channel ? ch : 0] * sS;
         }
         for (int i = 0; i < c; ++i) {
           const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
           const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
-          float* dGi = dG.data() + i * K;
+          float* dGi = dG.data() + i * kg;
+          if (!channel) {
+            float sq = 0.0f, sk = 0.0f;
+#pragma omp simd reduction(+ : sq, sk)
+            for (int ch = 0; ch < Ki; ++ch) {
+              sq += a[ch] * x[ch];
+              sk += e[ch] * y[ch];
+            }
+            dGi[0] = sq - sk;
+            dG_end[0] += sk;
+          } else {
 #pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            const float ek = e[ch] * y[ch];
-            dGi[ch] = a[ch] * x[ch] - ek;
-            dG_end[ch] += ek;
+            for (int ch = 0; ch < Ki; ++ch) {
+              const float ek = e[ch] * y[ch];
+              dGi[ch] = a[ch] * x[ch] - ek;
+              dG_end[ch] += ek;
+            }
           }
         }
 
-        // 6. A_qk's factors, block by block: dQ = scale exp(G) dQd + dX_qk, dK = exp(G_c - G) dKe
-        //    + dY_qk, and the gates' share q dX_qk - k dY_qk.
-        std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
-        std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
-        channel_diagonal_backward(Q, ldq, Kc, ldk, G, Ki, 0, c, scale, dA.data(), C, dXm.data(),
-                                  dYm.data(), w);
-        for (int i = 0; i < c; ++i) {
-          const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
-          const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
-          const float *a = dQd.data() + i * K, *e = dKe.data() + i * K;
-          const float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
-          float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+        // 6. A_qk's factors: dQ = scale exp(G) dQd + dQ_A, dK = exp(G_c - G) dKe + dK_A, and
+        //    the gates' share.
+        if (!channel) {
+          product_gate_gradient(dA.data(), Aqk.data(), C, c, false, dG.data());
+          for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
+          for (int i = 0; i < c; ++i) {
+            const float a = scale * eG[i], e = eEnd[i];
+            const float *x = dQd.data() + i * K, *y = dKe.data() + i * K;
+            float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk;
 #pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch];
-            dk_i[ch] = ee[ch] * e[ch] + dy[ch];
-            dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
+            for (int ch = 0; ch < Ki; ++ch) {
+              dq_i[ch] = a * x[ch];
+              dk_i[ch] = e * y[ch];
+            }
+          }
+          gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
+          gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
+        } else {
+          std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
+          std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
+          channel_diagonal_backward(Q, ldq, Kc, ldk, G, Ki, 0, c, scale, dA.data(), C,
+                                    dXm.data(), dYm.data(), w);
+          for (int i = 0; i < c; ++i) {
+            const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
+            const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
+            const float *a = dQd.data() + i * K, *e = dKe.data() + i * K;
+            const float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
+            float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+#pragma omp simd
+            for (int ch = 0; ch < Ki; ++ch) {
+              dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch];
+              dk_i[ch] = ee[ch] * e[ch] + dy[ch];
+              dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
+            }
           }
         }
 
         // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
         for (int ch = 0; ch < Ki; ++ch) {
           float* row = dSh + ch * V;
-          const float d = Dv[ch];
+          const float d = Dv[channel ? ch : 0];
 #pragma omp simd
           for (int j = 0; j < Vi; ++j) row[j] *= d;
         }
@@ -1096,18 +915,28 @@ channel_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at:
             const float bi = bc[i * sb];
             float* dTi = dA.data() + static_cast<int64_t>(i) * C;
             const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv, *eg = eG.data() + i * K;
+            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv, *eg = eG.data() + i * kg;
             const float *rk = dRk.data() + i * K, *rv = dRv + i * V;
-            float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv, *dGi = dG.data() + i * K;
+            float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv, *dGi = dG.data() + i * kg;
             float db = 0.0f, sk = 0.0f;
 #pragma omp simd reduction(+ : db)
             for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
+            if (!channel) {
+              const float a = bi * eg[0];
 #pragma omp simd reduction(+ : sk)
-            for (int ch = 0; ch < Ki; ++ch) {
-              const float r = rk[ch] * kd[ch];
-              sk += r;
-              dGi[ch] += bi * r;
-              dk_i[ch] += bi * eg[ch] * rk[ch];
+              for (int ch = 0; ch < Ki; ++ch) {
+                sk += rk[ch] * kd[ch];
+                dk_i[ch] += a * rk[ch];
+              }
+              dGi[0] += bi * sk;
+            } else {
+#pragma omp simd reduction(+ : sk)
+              for (int ch = 0; ch < Ki; ++ch) {
+                const float r = rk[ch] * kd[ch];
+                sk += r;
+                dGi[ch] += bi * r;
+                dk_i[ch] += bi * eg[ch] * rk[ch];
+              }
             }
 #pragma omp simd reduction(+ : db)
             for (int ch = 0; ch < Vi; ++ch) {
@@ -1119,36 +948,39 @@ channel_decay_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at:
             for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
             for (int j = i; j < c; ++j) dTi[j] = 0.0f;
           }
-          // A_kk's two factors (both k): dK += dX_kk + dY_kk, the gates k dX_kk - k dY_kk.
-          std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
-          std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
-          channel_diagonal_backward(Kc, ldk, Kc, ldk, G, Ki, 0, c, 1.0f, dA.data(), C,
-                                    dXm.data(), dYm.data(), w);
-          for (int i = 0; i < c; ++i) {
-            const float* ki = Kc + i * ldk;
-            const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
-            float *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+          // A_kk's two factors (both k): dK += dK_L, and the gates' share.
+          if (!channel) {
+            product_gate_gradient(dA.data(), Akk.data(), C, c, true, dG.data());
+            for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
+            gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
+            gemm(true, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
+          } else {
+            std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
+            std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
+            channel_diagonal_backward(Kc, ldk, Kc, ldk, G, Ki, 0, c, 1.0f, dA.data(), C,
+                                      dXm.data(), dYm.data(), w);
+            for (int i = 0; i < c; ++i) {
+              const float* ki = Kc + i * ldk;
+              const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
+              float *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
 #pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) {
-              dk_i[ch] += dx[ch] + dy[ch];
-              dGi[ch] += ki[ch] * (dx[ch] - dy[ch]);
+              for (int ch = 0; ch < Ki; ++ch) {
+                dk_i[ch] += dx[ch] + dy[ch];
+                dGi[ch] += ki[ch] * (dx[ch] - dy[ch]);
+              }
             }
           }
         }
 
         // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
-        float* last = dG.data() + (c - 1) * K;
-        for (int ch = 0; ch < Ki; ++ch) last[ch] += dG_end[ch];
-        for (int i = c - 1; i >= 0; --i) {
+        float* last = dG.data() + (c - 1) * kg;
+        for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
+        std::memcpy(dGt + (c - 1) * lddg, last, sizeof(float) * kg);
+        for (int i = c - 2; i >= 0; --i) {
           float* out = dGt + i * lddg;
-          const float* dGi = dG.data() + i * K;
-          if (i == c - 1) {
-            std::memcpy(out, dGi, sizeof(float) * K);
-          } else {
-            const float* next = dGt + (i + 1) * lddg;
+          const float *next = out + lddg, *dGi = dG.data() + i * kg;
 #pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) out[ch] = next[ch] + dGi[ch];
-          }
+          for (int ch = 0; ch < kg; ++ch) out[ch] = next[ch] + dGi[ch];
         }
       }
     }
@@ -1385,12 +1217,8 @@ TORCH_LIBRARY(linattn_native, m) {
       " int C, bool keep) -> (Tensor, Tensor, Tensor)");
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def(
-      "scalar_decay_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor g,"
-      " Tensor states, Tensor d_o, Tensor dS_final, float scale, int C)"
-      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def(
-      "channel_decay_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor g,"
-      " Tensor states, Tensor d_o, Tensor dS_final, float scale, int C)"
+      "gated_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor g, Tensor states,"
+      " Tensor d_o, Tensor dS_final, float scale, int C)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);
@@ -1409,7 +1237,6 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("chunk_forward", &chunk_forward);
   m.impl("linear_chunk_backward", &linear_chunk_backward);
   m.impl("delta_chunk_backward", &delta_chunk_backward);
-  m.impl("scalar_decay_chunk_backward", &scalar_decay_chunk_backward);
-  m.impl("channel_decay_chunk_backward", &channel_decay_chunk_backward);
+  m.impl("gated_chunk_backward", &gated_chunk_backward);
   m.impl("recurrent_step", &recurrent_step);
 }
