@@ -15,6 +15,11 @@ backward pass recomputes each group's terms from them and runs the state gradien
 
     dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j * dS_{j+1} + Qd_j^T dO_j - W_j^T dU_j
 
+For float32 on the CPU both passes run fused in C++ instead, chunk by chunk with every block in the
+cache (``_native``: the forward of every mechanism, ``linear_chunk_backward`` and
+``delta_chunk_backward`` without decay, ``gated_chunk_backward`` with it); this group loop serves
+float64, GPUs and ``LINATTN_NATIVE=0``, and is what the fused code is tested against.
+
 Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None; g None,
 [B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]. The scale multiplies q inside.
 """
