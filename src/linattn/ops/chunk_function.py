@@ -166,10 +166,15 @@ class ChunkFunction(torch.autograd.Function):
         B, H, T, K = k.shape
         V = v.shape[-1]
         P = B * H
-        if g is None and _native.applies(q):
-            # Linear attention and the delta rule without decay, float32 on the CPU: fused in
-            # C++ (``_native``).
+        if _native.applies(q):
+            # float32 on the CPU: fused in C++ (``_native``), each chunk recomputed from the
+            # state the forward pass saved for it.
             dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
+            if g is not None:  # one log-gate per token or per channel
+                dq, dk, dv, dbeta, dg, dS0 = _native.gated_chunk_backward(
+                    q, k, v, beta, g, states, d_o, dS_final, scale, C
+                )
+                return dq, dk, dv, dbeta, dg, dS0, None, None
             if beta is None:
                 dq, dk, dv, dS0 = _native.linear_chunk_backward(
                     q, k, v, states, d_o, dS_final, scale, C
@@ -179,13 +184,6 @@ class ChunkFunction(torch.autograd.Function):
                 q, k, v, beta, states, d_o, dS_final, scale, C
             )
             return dq, dk, dv, dbeta, None, dS0, None, None
-        if g is not None and _native.applies(q):
-            # With decay (per token or per channel), float32 on the CPU: fused in C++ too.
-            dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
-            dq, dk, dv, dbeta, dg, dS0 = _native.gated_chunk_backward(
-                q, k, v, beta, g, states, d_o, dS_final, scale, C
-            )
-            return dq, dk, dv, dbeta, dg, dS0, None, None
         inputs = (q, k, v, beta, g)
         grads = {
             name: _empty_like(x) if x is not None and needed else None
