@@ -42,6 +42,8 @@ def test_tune_malloc_serves_megabytes_from_the_heap():
 
 
 def test_empty_cache_returns_the_blocks_the_fused_code_keeps():
+    import gc
+
     import torch
 
     from linattn import cpu
@@ -49,8 +51,13 @@ def test_empty_cache_returns_the_blocks_the_fused_code_keeps():
 
     if not _native.available():
         pytest.skip(f"fused code unavailable: {_native.reason()}")
-    cpu.empty_cache()
-    x = _native.empty((4, 2**20), torch.zeros(1))  # 16 MiB
-    del x
-    assert cpu.cached_bytes() == 16 * 2**20
-    assert cpu.empty_cache() == 16 * 2**20 and cpu.cached_bytes() == 0
+    gc.collect()  # and none while counting: it could free another test's tensors into the cache
+    gc.disable()
+    try:
+        cpu.empty_cache()
+        x = _native.empty((4, 2**20), torch.zeros(1))  # 16 MiB
+        del x
+        assert cpu.cached_bytes() == 16 * 2**20
+        assert cpu.empty_cache() == 16 * 2**20 and cpu.cached_bytes() == 0
+    finally:
+        gc.enable()

@@ -8,6 +8,7 @@ states against the gradients of plain float64 autograd.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import shutil
 from pathlib import Path
@@ -278,10 +279,16 @@ MIB = 2**20
 
 @pytest.fixture
 def empty_cache():
-    """Start and end with no kept blocks (other tests leave freed outputs in the cache)."""
+    """Start and end with no kept blocks (other tests leave freed outputs in the cache); no
+    garbage collection in between, which could free another test's tensors into the cache."""
+    gc.collect()
+    gc.disable()
     _native.cache_release()
-    yield
-    _native.cache_release()
+    try:
+        yield
+    finally:
+        gc.enable()
+        _native.cache_release()
 
 
 @needs_native
