@@ -4,9 +4,8 @@
 in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group loop
 spends most of its time moving group-sized tensors through memory, not multiplying). It is the
 same algebra as ``chunk_function`` and is checked against it and against float64 in
-``tests/ops/test_native.py``. The backward passes are fused the same way, from the chunk states
-this forward saves: ``linear_chunk_backward`` and ``delta_chunk_backward`` without decay,
-``gated_chunk_backward`` with it (every mechanism of DESIGN.md's table). ``recurrent_step`` is the
+``tests/ops/test_native.py``. ``chunk_backward`` fuses the backward pass of every mechanism of
+DESIGN.md's table the same way, from the chunk states this forward saves. ``recurrent_step`` is the
 generation step with its checks in one call.
 
 The source is compiled with ``torch.utils.cpp_extension`` the first time it is needed (about half a
@@ -169,65 +168,27 @@ def chunk_forward(
     return _op("chunk_forward")(q, k, v, beta, g, S0.contiguous(), float(scale), int(C), bool(keep))
 
 
-def linear_chunk_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    states: Tensor,
-    d_o: Tensor,
-    dS_final: Tensor,
-    scale: float,
-    C: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk [B, H, T, K], dv [B, H, T, V] (views of [B, T, H, D]) and the initial state's
-    gradient [B, H, K, V], for linear attention without decay, from the chunk states
-    [T / C, B H, K, V] that ``chunk_forward`` saved and the gradients d_o, dS_final of its outputs.
-    """
-    q, k, v, d_o = (_rows(x) for x in (q, k, v, d_o))
-    return _op("linear_chunk_backward")(
-        q, k, v, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
-    )
-
-
-def delta_chunk_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    states: Tensor,
-    d_o: Tensor,
-    dS_final: Tensor,
-    scale: float,
-    C: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv, dbeta [B, H, T] and the initial state's gradient for the delta rule without
-    decay; as ``linear_chunk_backward``."""
-    q, k, v, d_o = (_rows(x) for x in (q, k, v, d_o))
-    return _op("delta_chunk_backward")(
-        q, k, v, beta, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
-    )
-
-
-def gated_chunk_backward(
+def chunk_backward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     beta: Tensor | None,
-    g: Tensor,
+    g: Tensor | None,
     states: Tensor,
     d_o: Tensor,
     dS_final: Tensor,
     scale: float,
     C: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor]:
-    """dq, dk, dv, dbeta (None for linear attention), dg (g's shape, [B, H, T, 1 | K]) and the
-    initial state's gradient, with decay: one log-gate per token (scalar decay, Gated DeltaNet)
-    or per channel (GLA, KDA); as ``linear_chunk_backward``."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor]:
+    """dq, dk [B, H, T, K], dv [B, H, T, V] (views of [B, T, H, D]), dbeta [B, H, T] (None for
+    the additive rule), dg (g's shape; None without decay) and the initial state's gradient
+    [B, H, K, V], for any mechanism, from the chunk states [T / C, B H, K, V] that
+    ``chunk_forward`` saved and the gradients d_o, dS_final of its outputs."""
     q, k, v, g, d_o = (_rows(x) for x in (q, k, v, g, d_o))
-    dq, dk, dv, dbeta, dg, dS0 = _op("gated_chunk_backward")(
+    dq, dk, dv, dbeta, dg, dS0 = _op("chunk_backward")(
         q, k, v, beta, g, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
     )
-    return dq, dk, dv, (dbeta if beta is not None else None), dg, dS0
+    return dq, dk, dv, (None if beta is None else dbeta), (None if g is None else dg), dS0
 
 
 def recurrent_step(

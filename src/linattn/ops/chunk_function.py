@@ -16,9 +16,8 @@ backward pass recomputes each group's terms from them and runs the state gradien
     dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j * dS_{j+1} + Qd_j^T dO_j - W_j^T dU_j
 
 For float32 on the CPU both passes run fused in C++ instead, chunk by chunk with every block in the
-cache (``_native``: the forward of every mechanism, ``linear_chunk_backward`` and
-``delta_chunk_backward`` without decay, ``gated_chunk_backward`` with it); this group loop serves
-float64, GPUs and ``LINATTN_NATIVE=0``, and is what the fused code is tested against.
+cache (``_native.chunk_forward`` and ``_native.chunk_backward``, every mechanism); this group loop
+serves float64, GPUs and ``LINATTN_NATIVE=0``, and is what the fused code is tested against.
 
 Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None; g None,
 [B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]. The scale multiplies q inside.
@@ -170,20 +169,10 @@ class ChunkFunction(torch.autograd.Function):
             # float32 on the CPU: fused in C++ (``_native``), each chunk recomputed from the
             # state the forward pass saved for it.
             dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
-            if g is not None:  # one log-gate per token or per channel
-                dq, dk, dv, dbeta, dg, dS0 = _native.gated_chunk_backward(
-                    q, k, v, beta, g, states, d_o, dS_final, scale, C
-                )
-                return dq, dk, dv, dbeta, dg, dS0, None, None
-            if beta is None:
-                dq, dk, dv, dS0 = _native.linear_chunk_backward(
-                    q, k, v, states, d_o, dS_final, scale, C
-                )
-                return dq, dk, dv, None, None, dS0, None, None
-            dq, dk, dv, dbeta, dS0 = _native.delta_chunk_backward(
-                q, k, v, beta, states, d_o, dS_final, scale, C
+            dq, dk, dv, dbeta, dg, dS0 = _native.chunk_backward(
+                q, k, v, beta, g, states, d_o, dS_final, scale, C
             )
-            return dq, dk, dv, dbeta, None, dS0, None, None
+            return dq, dk, dv, dbeta, dg, dS0, None, None
         inputs = (q, k, v, beta, g)
         grads = {
             name: _empty_like(x) if x is not None and needed else None

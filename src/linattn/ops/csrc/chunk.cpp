@@ -18,6 +18,10 @@
 // the BLAS that PyTorch links (MKL or OpenBLAS), on matrices of 64 x 64 or so that stay in the L1
 // and L2 caches; the elementwise work (gates, masks) is in plain loops the compiler vectorises.
 //
+// ``chunk_forward`` runs these steps for every mechanism and saves the state entering each chunk;
+// ``chunk_backward`` differentiates them for every mechanism, chunk by chunk from the last, each
+// chunk recomputed from its saved state (memory linear in T).
+//
 // Inputs are float32, q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K], each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
 // public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
@@ -577,70 +581,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   return {o, S.view({B, H, K, V}), states};
 }
 
-// The backward pass of linear attention without decay (U = v, D = I), chunk by chunk from the last,
-// from the states the forward pass saved. With A = scale mask(Q K^T), o = scale Q S + A V and
-// S' = S + K^T V, and dS' the gradient of the state leaving the chunk:
-//
-//   dA = mask(dO V^T)                       dQ = scale (dO S^T + dA K)
-//   dK = V dS'^T + scale dA^T Q             dV = K dS' + A^T dO
-//   dS = dS' + scale Q^T dO                 (the gradient of the state entering the chunk)
-//
-// Returns dq, dk [B, H, T, K] and dv [B, H, T, V] (views of [B, T, H, D] tensors) and dS0.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_chunk_backward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& states,
-    const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d, int64_t C64) {
-  require_float32_cpu({&q, &k, &v, &states, &d_o, &dS_final});
-  const Sizes sz(q, v, C64);
-  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
-  const int C = sz.C;
-  const float scale = static_cast<float>(scale_d);
-  at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
-  at::Tensor dv = fresh_public(sz, V, q.options());
-  at::Tensor dS = dS_final.reshape({P, K, V}).clone();  // running, then the initial state's
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float *sp = states.data_ptr<float>(), *dop = d_o.data_ptr<float>();
-  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-  float* dSp = dS.data_ptr<float>();
-
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    FlushSubnormals flush;
-    std::vector<float> A(static_cast<size_t>(C) * C), dA(static_cast<size_t>(C) * C);
-    const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
-    for (int64_t n = N - 1; n >= 0; --n) {
-      const int64_t t0 = n * C;
-      const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
-      for (int64_t p = lo; p < hi; ++p) {
-        const int64_t b = p / H, h = p % H;
-        auto at_row = [&](const at::Tensor& x, auto* base) {
-          return chunk_rows(x, base, b, h, t0);
-        };
-        const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
-        const float* dO = at_row(d_o, dop);
-        float *dQ = at_row(dq, dqp), *dK = at_row(dk, dkp), *dV = at_row(dv, dvp);
-        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2);
-        const int64_t lddo = d_o.stride(2), lddq = dq.stride(2), lddk = dk.stride(2),
-                      lddv = dv.stride(2);
-        const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
-        float* dSh = dSp + p * K * V;               // dS': the state leaving it
-
-        gemm(false, true, c, c, Ki, scale, Q, ldq, Kc, ldk, 0.0f, A.data(), C);
-        gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Vc, ldv, 0.0f, dA.data(), C);
-        for (int i = 0; i < c; ++i) {  // the causal mask on both
-          for (int j = i + 1; j < c; ++j) A[i * C + j] = dA[i * C + j] = 0.0f;
-        }
-        gemm(false, true, c, Ki, Vi, scale, dO, lddo, S, V, 0.0f, dQ, lddq);
-        gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
-        gemm(false, true, c, Ki, Vi, 1.0f, Vc, ldv, dSh, V, 0.0f, dK, lddk);
-        gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
-        gemm(false, false, c, Vi, Ki, 1.0f, Kc, ldk, dSh, V, 0.0f, dV, lddv);
-        gemm(true, false, c, Vi, c, 1.0f, A.data(), C, dO, lddo, 1.0f, dV, lddv);
-        gemm(true, false, Ki, Vi, c, scale, Q, ldq, dO, lddo, 1.0f, dSh, V);
-      }
-    }
-  });
-  return {dq, dk, dv, dS.view({B, H, K, V})};
-}
-
 // The gates' share of a decayed product's gradient: for M = X * Gamma (Gamma[i, j] =
 // exp(G_i - G_j), causal: j <= i, or j < i when strict) and its gradient dM, row i of dM * M adds
 // to dG_i and column i subtracts from it. dM and M are [c, ld] row-major, zero above the mask.
@@ -660,9 +600,11 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, b
   }
 }
 
-// The backward pass of the chunk form with decay, chunk by chunk from the last, from the states
-// the forward pass saved: one log-gate per token (kg = 1: scalar decay, Mamba-2 style, and with
-// beta Gated DeltaNet) or per channel (kg = K: GLA and, with beta, KDA). Recomputed per chunk,
+// The backward pass of the chunk form, every mechanism of DESIGN.md's table, chunk by chunk from
+// the last, from the states the forward pass saved: without decay (kg = 0: linear attention and,
+// with beta, the delta rule: every gate below is 1 and dg is not formed), one log-gate per token
+// (kg = 1: scalar decay, Mamba-2 style, and with beta Gated DeltaNet) or one per channel (kg = K:
+// GLA and, with beta, KDA). Recomputed per chunk,
 // with G [c, kg] the cumulative log-gates: Qd = scale q exp(G), Ke = k exp(G_c - G),
 // Kd = k exp(G), D = Diag(exp G_c) on the state's rows; A_qk = scale decayed(Q K^T) (j <= i);
 // delta rule: A_kk = decayed(K K^T) (j < i), (I + diag(beta) A_kk) [W | U0] = diag(beta) [Kd | V],
@@ -683,44 +625,49 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, b
 // sum_i dKe_i * Ke_i + D <dS', S> (row by row of S) for G_c. With kg = 1 each term is summed over
 // the channels. dg is the reversed cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i).
 //
-// Returns dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (an empty tensor for linear
-// attention), dg [B, H, T, kg] (views of [B, T, H, ...] tensors) and dS0.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const c10::optional<at::Tensor>& beta_opt, const at::Tensor& g,
-                     const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final,
-                     double scale_d, int64_t C64) {
-  require_float32_cpu({&q, &k, &v, &g, &states, &d_o, &dS_final});
+// Returns dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (an empty tensor for the additive
+// rule), dg [B, H, T, kg] (an empty tensor without decay; views of [B, T, H, ...] tensors) and dS0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& beta_opt, const c10::optional<at::Tensor>& g_opt,
+    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d,
+    int64_t C64) {
+  require_float32_cpu({&q, &k, &v, &states, &d_o, &dS_final});
   const Sizes sz(q, v, C64);
   const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   const int C = sz.C;
   const bool delta = beta_opt.has_value();
   const at::Tensor beta = delta ? *beta_opt : at::Tensor();
-  const int kg = static_cast<int>(g.size(3));
+  const bool gated = g_opt.has_value();
+  const at::Tensor g = gated ? *g_opt : at::Tensor();
+  const int kg = gated ? static_cast<int>(g.size(3)) : 0;
+  const int kr = std::max(kg, 1);  // gates per row held below (no decay: one gate, G = 0)
   const bool channel = kg > 1;
   const float scale = static_cast<float>(scale_d);
   at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
-  at::Tensor dv = fresh_public(sz, V, q.options()), dg = fresh_public(sz, kg, q.options());
+  at::Tensor dv = fresh_public(sz, V, q.options());
+  at::Tensor dg = gated ? fresh_public(sz, kg, q.options()) : at::empty({0}, q.options());
   at::Tensor dbeta = delta ? at::empty({B, T, H}, q.options()).transpose(1, 2)
                            : at::empty({0}, q.options());
   at::Tensor dS = dS_final.reshape({P, K, V}).clone();
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float *gp = g.data_ptr<float>(), *sp = states.data_ptr<float>();
+  const float *gp = gated ? g.data_ptr<float>() : nullptr, *sp = states.data_ptr<float>();
   const float* bp = delta ? beta.data_ptr<float>() : nullptr;
   const float* dop = d_o.data_ptr<float>();
   float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-  float *dbp = delta ? dbeta.data_ptr<float>() : nullptr, *dgp = dg.data_ptr<float>();
+  float *dbp = delta ? dbeta.data_ptr<float>() : nullptr;
+  float* dgp = gated ? dg.data_ptr<float>() : nullptr;
   float* dSp = dS.data_ptr<float>();
 
   at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
     FlushSubnormals flush;
     Scratch w(C, static_cast<int>(K), static_cast<int>(V));
     const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
-    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K, CG = C * kg;
-    std::vector<float> Gam(channel ? 0 : CC), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
+    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K, CG = C * kr;
+    std::vector<float> Gam(kg == 1 ? CC : 0), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
         U(C * V), dU(C * V), dRk(CK), Qd(CK), Ke(CK), Kd(CK), dQd(CK), dKe(CK), dXm(CK), dYm(CK),
-        eG(CG), eEnd(CG), dG(CG), Dv(kg), dG_end(kg);
-    float* G = w.G.data();  // [c, kg]
+        eG(CG), eEnd(CG), dG(CG), Dv(kr), dG_end(kr);
+    float* G = w.G.data();  // [c, kr]
     for (int64_t n = N - 1; n >= 0; --n) {
       const int64_t t0 = n * C;
       const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
@@ -730,54 +677,63 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           return chunk_rows(x, base, b, h, t0);
         };
         const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
-        const float *gc = at_row(g, gp), *dO = at_row(d_o, dop);
+        const float* dO = at_row(d_o, dop);
         float *dQ = at_row(dq, dqp), *dK = at_row(dk, dkp), *dV = at_row(dv, dvp);
-        float* dGt = at_row(dg, dgp);
-        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), sg = g.stride(2);
+        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2);
         const int64_t lddo = d_o.stride(2), lddq = dq.stride(2), lddk = dk.stride(2),
-                      lddv = dv.stride(2), lddg = dg.stride(2);
+                      lddv = dv.stride(2);
         const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
         float* dSh = dSp + p * K * V;               // dS': the state leaving it
 
         // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
-        for (int i = 0; i < c; ++i) {
-          const float* gi = gc + i * sg;
-          float* Gi = G + i * kg;
-          for (int ch = 0; ch < kg; ++ch) Gi[ch] = (i == 0 ? 0.0f : Gi[ch - kg]) + gi[ch];
-        }
-        const float* Gc = G + (c - 1) * kg;
-        for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch]);
-        for (int i = 0; i < c; ++i) {
-          const float *Gi = G + i * kg, *qi = Q + i * ldq, *ki = Kc + i * ldk;
-          float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
-#pragma omp simd
-          for (int ch = 0; ch < kg; ++ch) {
-            eg[ch] = exp_flush(Gi[ch]);
-            ee[ch] = exp_flush(Gc[ch] - Gi[ch]);
+        //    Without decay these rows are the inputs themselves (the scale folded into products).
+        if (gated) {
+          const float* gc = at_row(g, gp);
+          const int64_t sg = g.stride(2);
+          for (int i = 0; i < c; ++i) {
+            const float* gi = gc + i * sg;
+            float* Gi = G + i * kg;
+            for (int ch = 0; ch < kg; ++ch) Gi[ch] = (i == 0 ? 0.0f : Gi[ch - kg]) + gi[ch];
           }
-          float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
-          if (!channel) {
-            const float a = scale * eg[0], e = ee[0], d = eg[0];
+          const float* Gc = G + (c - 1) * kg;
+          for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch]);
+          for (int i = 0; i < c; ++i) {
+            const float *Gi = G + i * kg, *qi = Q + i * ldq, *ki = Kc + i * ldk;
+            float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
 #pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) {
-              qd[ch] = a * qi[ch];
-              ke[ch] = e * ki[ch];
-              kd[ch] = d * ki[ch];
+            for (int ch = 0; ch < kg; ++ch) {
+              eg[ch] = exp_flush(Gi[ch]);
+              ee[ch] = exp_flush(Gc[ch] - Gi[ch]);
             }
-            float* row = Gam.data() + static_cast<int64_t>(i) * C;
-            const float G_i = Gi[0];
+            float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
+            if (!channel) {
+              const float a = scale * eg[0], e = ee[0], d = eg[0];
 #pragma omp simd
-            for (int j = 0; j < c; ++j) row[j] = exp_flush(G_i - G[j]);
-            for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
-          } else {
+              for (int ch = 0; ch < Ki; ++ch) {
+                qd[ch] = a * qi[ch];
+                ke[ch] = e * ki[ch];
+                kd[ch] = d * ki[ch];
+              }
+              float* row = Gam.data() + static_cast<int64_t>(i) * C;
+              const float G_i = Gi[0];
 #pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) {
-              qd[ch] = scale * qi[ch] * eg[ch];
-              ke[ch] = ki[ch] * ee[ch];
-              kd[ch] = ki[ch] * eg[ch];
+              for (int j = 0; j < c; ++j) row[j] = exp_flush(G_i - G[j]);
+              for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
+            } else {
+#pragma omp simd
+              for (int ch = 0; ch < Ki; ++ch) {
+                qd[ch] = scale * qi[ch] * eg[ch];
+                ke[ch] = ki[ch] * ee[ch];
+                kd[ch] = ki[ch] * eg[ch];
+              }
             }
           }
         }
+        const float* Qr = gated ? Qd.data() : Q;  // Qd = qr_alpha Qr
+        const float qr_alpha = gated ? 1.0f : scale;
+        const float* Ker = gated ? Ke.data() : Kc;
+        const float* Kdr = gated ? Kd.data() : Kc;
+        const int64_t ldqr = gated ? K : ldq, ldke = gated ? K : ldk, ldkd = gated ? K : ldk;
 
         // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
         decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
@@ -794,7 +750,7 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
             float* Li = L.data() + static_cast<int64_t>(i) * C;
             for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
-            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv;
+            const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv;
             float* xi = X.data() + i * ldx;
             for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
             for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
@@ -807,45 +763,55 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           Uc = U.data(), ldu = V;
         }
 
-        // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T.
-        gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dU.data(), V);
-        gemm(false, false, c, Vi, Ki, 1.0f, Ke.data(), K, dSh, V, 1.0f, dU.data(), V);
+        // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T. For the
+        //    additive rule dU is dV; without decay dQd and dKe go straight into dQ (scaled), dK.
+        float* dUp = delta ? dU.data() : dV;
+        const int64_t lddu = delta ? V : lddv;
+        gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dUp, lddu);
+        gemm(false, false, c, Vi, Ki, 1.0f, Ker, ldke, dSh, V, 1.0f, dUp, lddu);
         gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Uc, ldu, 0.0f, dA.data(), C);
-        gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
-        gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dKe.data(), K);
+        if (gated) {
+          gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
+          gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dKe.data(), K);
+        } else {
+          gemm(false, true, c, Ki, Vi, scale, dO, lddo, S, V, 0.0f, dQ, lddq);
+          gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dK, lddk);
+        }
         for (int i = 0; i < c; ++i) {
           float* dAi = dA.data() + static_cast<int64_t>(i) * C;
           for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
         }
 
         // 5. dG from Qd and Ke; G_c's share from Ke and D.
-        std::fill(dG_end.begin(), dG_end.end(), 0.0f);
-        for (int ch = 0; ch < Ki; ++ch) {
-          const float *Sr = S + ch * V, *dSr = dSh + ch * V;
-          float sS = 0.0f;
+        if (gated) {
+          std::fill(dG_end.begin(), dG_end.end(), 0.0f);
+          for (int ch = 0; ch < Ki; ++ch) {
+            const float *Sr = S + ch * V, *dSr = dSh + ch * V;
+            float sS = 0.0f;
 #pragma omp simd reduction(+ : sS)
-          for (int j = 0; j < Vi; ++j) sS += dSr[j] * Sr[j];
-          dG_end[channel ? ch : 0] += Dv[channel ? ch : 0] * sS;
-        }
-        for (int i = 0; i < c; ++i) {
-          const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
-          const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
-          float* dGi = dG.data() + i * kg;
-          if (!channel) {
-            float sq = 0.0f, sk = 0.0f;
+            for (int j = 0; j < Vi; ++j) sS += dSr[j] * Sr[j];
+            dG_end[channel ? ch : 0] += Dv[channel ? ch : 0] * sS;
+          }
+          for (int i = 0; i < c; ++i) {
+            const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
+            const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
+            float* dGi = dG.data() + i * kg;
+            if (!channel) {
+              float sq = 0.0f, sk = 0.0f;
 #pragma omp simd reduction(+ : sq, sk)
-            for (int ch = 0; ch < Ki; ++ch) {
-              sq += a[ch] * x[ch];
-              sk += e[ch] * y[ch];
-            }
-            dGi[0] = sq - sk;
-            dG_end[0] += sk;
-          } else {
+              for (int ch = 0; ch < Ki; ++ch) {
+                sq += a[ch] * x[ch];
+                sk += e[ch] * y[ch];
+              }
+              dGi[0] = sq - sk;
+              dG_end[0] += sk;
+            } else {
 #pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) {
-              const float ek = e[ch] * y[ch];
-              dGi[ch] = a[ch] * x[ch] - ek;
-              dG_end[ch] += ek;
+              for (int ch = 0; ch < Ki; ++ch) {
+                const float ek = e[ch] * y[ch];
+                dGi[ch] = a[ch] * x[ch] - ek;
+                dG_end[ch] += ek;
+              }
             }
           }
         }
@@ -853,9 +819,7 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         // 6. A_qk's factors: dQ = scale exp(G) dQd + dQ_A, dK = exp(G_c - G) dKe + dK_A, and
         //    the gates' share.
         if (!channel) {
-          product_gate_gradient(dA.data(), Aqk.data(), C, c, false, dG.data());
-          for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
-          for (int i = 0; i < c; ++i) {
+          for (int i = 0; gated && i < c; ++i) {
             const float a = scale * eG[i], e = eEnd[i];
             const float *x = dQd.data() + i * K, *y = dKe.data() + i * K;
             float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk;
@@ -864,6 +828,10 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               dq_i[ch] = a * x[ch];
               dk_i[ch] = e * y[ch];
             }
+          }
+          if (gated) {
+            product_gate_gradient(dA.data(), Aqk.data(), C, c, false, dG.data());
+            for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
           }
           gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
           gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
@@ -888,18 +856,14 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         }
 
         // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
-        for (int ch = 0; ch < Ki; ++ch) {
+        for (int ch = 0; gated && ch < Ki; ++ch) {
           float* row = dSh + ch * V;
           const float d = Dv[channel ? ch : 0];
 #pragma omp simd
           for (int j = 0; j < Vi; ++j) row[j] *= d;
         }
-        gemm(true, false, Ki, Vi, c, 1.0f, Qd.data(), K, dO, lddo, 1.0f, dSh, V);
-        if (!delta) {
-          for (int i = 0; i < c; ++i) {
-            std::memcpy(dV + i * lddv, dU.data() + i * V, sizeof(float) * V);
-          }
-        } else {
+        gemm(true, false, Ki, Vi, c, qr_alpha, Qr, ldqr, dO, lddo, 1.0f, dSh, V);
+        if (delta) {
           const float* W = X.data();
           const float* U0 = X.data() + K;
           gemm(true, false, Ki, Vi, c, -1.0f, W, ldx, dU.data(), V, 1.0f, dSh, V);
@@ -915,20 +879,20 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             const float bi = bc[i * sb];
             float* dTi = dA.data() + static_cast<int64_t>(i) * C;
             const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-            const float *kd = Kd.data() + i * K, *vi = Vc + i * ldv, *eg = eG.data() + i * kg;
+            const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv, *eg = eG.data() + i * kr;
             const float *rk = dRk.data() + i * K, *rv = dRv + i * V;
-            float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv, *dGi = dG.data() + i * kg;
+            float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv, *dGi = dG.data() + i * kr;
             float db = 0.0f, sk = 0.0f;
 #pragma omp simd reduction(+ : db)
             for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
             if (!channel) {
-              const float a = bi * eg[0];
+              const float a = gated ? bi * eg[0] : bi;
 #pragma omp simd reduction(+ : sk)
               for (int ch = 0; ch < Ki; ++ch) {
                 sk += rk[ch] * kd[ch];
                 dk_i[ch] += a * rk[ch];
               }
-              dGi[0] += bi * sk;
+              if (gated) dGi[0] += bi * sk;
             } else {
 #pragma omp simd reduction(+ : sk)
               for (int ch = 0; ch < Ki; ++ch) {
@@ -950,8 +914,10 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           }
           // A_kk's two factors (both k): dK += dK_L, and the gates' share.
           if (!channel) {
-            product_gate_gradient(dA.data(), Akk.data(), C, c, true, dG.data());
-            for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
+            if (gated) {
+              product_gate_gradient(dA.data(), Akk.data(), C, c, true, dG.data());
+              for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
+            }
             gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
             gemm(true, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
           } else {
@@ -973,14 +939,18 @@ gated_chunk_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         }
 
         // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
-        float* last = dG.data() + (c - 1) * kg;
-        for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
-        std::memcpy(dGt + (c - 1) * lddg, last, sizeof(float) * kg);
-        for (int i = c - 2; i >= 0; --i) {
-          float* out = dGt + i * lddg;
-          const float *next = out + lddg, *dGi = dG.data() + i * kg;
+        if (gated) {
+          float* dGt = at_row(dg, dgp);
+          const int64_t lddg = dg.stride(2);
+          float* last = dG.data() + (c - 1) * kg;
+          for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
+          std::memcpy(dGt + (c - 1) * lddg, last, sizeof(float) * kg);
+          for (int i = c - 2; i >= 0; --i) {
+            float* out = dGt + i * lddg;
+            const float *next = out + lddg, *dGi = dG.data() + i * kg;
 #pragma omp simd
-          for (int ch = 0; ch < kg; ++ch) out[ch] = next[ch] + dGi[ch];
+            for (int ch = 0; ch < kg; ++ch) out[ch] = next[ch] + dGi[ch];
+          }
         }
       }
     }
@@ -1076,148 +1046,13 @@ at::Tensor empty_huge(at::IntArrayRef sizes, at::ScalarType dtype) {
   return fresh(sizes, at::TensorOptions().dtype(dtype));
 }
 
-// The backward pass of the delta rule without decay, chunk by chunk from the last, from the
-// states the forward pass saved. Recomputed per chunk: A_qk = scale mask(Q K^T) (j <= i),
-// A_kk = mask(K K^T) (j < i), T = I + diag(beta) A_kk, [W | U0] = T^{-1} diag(beta) [K | V] and
-// U = U0 - W S. With o = scale Q S + A_qk U, S' = S + K^T U and dS' the gradient of S':
-//
-//   dU = A_qk^T dO + K dS'              dA_qk = mask(dO U^T)
-//   dQ = scale (dO S^T + dA_qk K)       dK = scale dA_qk^T Q + U dS'^T + ...
-//   dS = dS' + scale Q^T dO - W^T dU    (the gradient of the state entering the chunk)
-//   dR_v = T^{-T} dU,  dR_k = -dR_v S^T,  dT = -(dR_k W^T + dR_v U0^T)  (j < i)
-//   dv = beta dR_v;  dK += beta dR_k + dL K + dL^T K with dL = diag(beta) dT;
-//   dbeta_i = sum_j dT_ij A_kk,ij + dR_k,i . k_i + dR_v,i . v_i
-//
-// Returns dq, dk [B, H, T, K], dv [B, H, T, V] (views of [B, T, H, D] tensors), dbeta [B, H, T]
-// (a view of [B, T, H]) and dS0.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_chunk_backward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
-    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d,
-    int64_t C64) {
-  require_float32_cpu({&q, &k, &v, &beta, &states, &d_o, &dS_final});
-  const Sizes sz(q, v, C64);
-  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
-  const int C = sz.C;
-  const float scale = static_cast<float>(scale_d);
-  at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
-  at::Tensor dv = fresh_public(sz, V, q.options());
-  at::Tensor dbeta = at::empty({B, T, H}, q.options()).transpose(1, 2);
-  at::Tensor dS = dS_final.reshape({P, K, V}).clone();
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const float *bp = beta.data_ptr<float>(), *sp = states.data_ptr<float>();
-  const float* dop = d_o.data_ptr<float>();
-  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-  float *dbp = dbeta.data_ptr<float>(), *dSp = dS.data_ptr<float>();
-
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    FlushSubnormals flush;
-    Scratch w(C, static_cast<int>(K), static_cast<int>(V));
-    const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
-    const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C;
-    std::vector<float> Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx), U(C * V), dU(C * V),
-        dRk(C * K);
-    for (int64_t n = N - 1; n >= 0; --n) {
-      const int64_t t0 = n * C;
-      const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
-      for (int64_t p = lo; p < hi; ++p) {
-        const int64_t b = p / H, h = p % H;
-        auto at_row = [&](const at::Tensor& x, auto* base) {
-          return chunk_rows(x, base, b, h, t0);
-        };
-        const float *Q = at_row(q, qp), *Kc = at_row(k, kp), *Vc = at_row(v, vp);
-        const float *bc = at_row(beta, bp), *dO = at_row(d_o, dop);
-        float *dQ = at_row(dq, dqp), *dK = at_row(dk, dkp), *dV = at_row(dv, dvp);
-        float* dB = at_row(dbeta, dbp);
-        const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), sb = beta.stride(2);
-        const int64_t lddo = d_o.stride(2), lddq = dq.stride(2), lddk = dk.stride(2),
-                      lddv = dv.stride(2), sdb = dbeta.stride(2);
-        const float* S = sp + (n * P + p) * K * V;  // the state entering the chunk
-        float* dSh = dSp + p * K * V;               // dS': the state leaving it
-
-        // Recompute the chunk's terms: A_qk, A_kk, the UT transform and U.
-        decayed_products(Q, ldq, Kc, ldk, nullptr, 0, c, Ki, false, scale, Aqk.data(), C, w);
-        decayed_products(Kc, ldk, Kc, ldk, nullptr, 0, c, Ki, true, 1.0f, Akk.data(), C, w);
-        for (int i = 0; i < c; ++i) {
-          const float bi = bc[i * sb];
-          const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-          float* Li = L.data() + static_cast<int64_t>(i) * C;
-          for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
-          const float* ki = Kc + i * ldk;
-          const float* vi = Vc + i * ldv;
-          float* xi = X.data() + i * ldx;
-          for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch];
-          for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
-        }
-        unit_lower_solve(c, static_cast<int>(K + V), L.data(), C, X.data(), ldx);  // [W | U0]
-        const float* W = X.data();
-        const float* U0 = X.data() + K;
-        for (int i = 0; i < c; ++i) {
-          std::memcpy(U.data() + i * V, U0 + i * ldx, sizeof(float) * V);
-        }
-        gemm(false, false, c, Vi, Ki, -1.0f, W, ldx, S, V, 1.0f, U.data(), V);  // U = U0 - W S
-
-        // dU = A_qk^T dO + K dS'; dA_qk = mask(dO U^T).
-        gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dU.data(), V);
-        gemm(false, false, c, Vi, Ki, 1.0f, Kc, ldk, dSh, V, 1.0f, dU.data(), V);
-        gemm(false, true, c, c, Vi, 1.0f, dO, lddo, U.data(), V, 0.0f, dA.data(), C);
-        for (int i = 0; i < c; ++i) {
-          for (int j = i + 1; j < c; ++j) dA[i * C + j] = 0.0f;
-        }
-        // dQ = scale (dO S^T + dA_qk K); dK = scale dA_qk^T Q + U dS'^T.
-        gemm(false, true, c, Ki, Vi, scale, dO, lddo, S, V, 0.0f, dQ, lddq);
-        gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
-        gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 0.0f, dK, lddk);
-        gemm(false, true, c, Ki, Vi, 1.0f, U.data(), V, dSh, V, 1.0f, dK, lddk);
-        // dS = dS' + scale Q^T dO - W^T dU (dS' is no longer needed after this).
-        gemm(true, false, Ki, Vi, c, scale, Q, ldq, dO, lddo, 1.0f, dSh, V);
-        gemm(true, false, Ki, Vi, c, -1.0f, W, ldx, dU.data(), V, 1.0f, dSh, V);
-        // The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T.
-        unit_lower_solve_transposed(c, Vi, L.data(), C, dU.data(), V);
-        const float* dRv = dU.data();
-        gemm(false, true, c, Ki, Vi, -1.0f, dRv, V, S, V, 0.0f, dRk.data(), K);
-        // dT = -(dR_k W^T + dR_v U0^T), strictly lower.
-        gemm(false, true, c, c, Ki, -1.0f, dRk.data(), K, W, ldx, 0.0f, dA.data(), C);
-        gemm(false, true, c, c, Vi, -1.0f, dRv, V, U0, ldx, 1.0f, dA.data(), C);
-        for (int i = 0; i < c; ++i) {
-          const float bi = bc[i * sb];
-          float* dTi = dA.data() + static_cast<int64_t>(i) * C;
-          const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-          const float* ki = Kc + i * ldk;
-          const float* vi = Vc + i * ldv;
-          const float* rk = dRk.data() + static_cast<int64_t>(i) * K;
-          const float* rv = dRv + static_cast<int64_t>(i) * V;
-          float* dki = dK + i * lddk;
-          float* dvi = dV + i * lddv;
-          float db = 0.0f;
-          for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
-          for (int ch = 0; ch < Ki; ++ch) {
-            db += rk[ch] * ki[ch];
-            dki[ch] += bi * rk[ch];
-          }
-          for (int ch = 0; ch < Vi; ++ch) {
-            db += rv[ch] * vi[ch];
-            dvi[ch] = bi * rv[ch];
-          }
-          dB[i * sdb] = db;
-          for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
-          for (int j = i; j < c; ++j) dTi[j] = 0.0f;
-        }
-        // A_kk's two factors: dK += dL K + dL^T K.
-        gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
-        gemm(true, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
-      }
-    }
-  });
-  return {dq, dk, dv, dbeta, dS.view({B, H, K, V})};
-}
-
 TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "chunk_forward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor S0, float scale,"
       " int C, bool keep) -> (Tensor, Tensor, Tensor)");
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def(
-      "gated_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor g, Tensor states,"
+      "chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor states,"
       " Tensor d_o, Tensor dS_final, float scale, int C)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("cache_release() -> int", &cache_release);
@@ -1225,18 +1060,10 @@ TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "recurrent_step(Tensor(a!) state, Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g,"
       " float scale) -> Tensor");
-  m.def(
-      "linear_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor states, Tensor d_o,"
-      " Tensor dS_final, float scale, int C) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def(
-      "delta_chunk_backward(Tensor q, Tensor k, Tensor v, Tensor beta, Tensor states, Tensor d_o,"
-      " Tensor dS_final, float scale, int C) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("chunk_forward", &chunk_forward);
-  m.impl("linear_chunk_backward", &linear_chunk_backward);
-  m.impl("delta_chunk_backward", &delta_chunk_backward);
-  m.impl("gated_chunk_backward", &gated_chunk_backward);
+  m.impl("chunk_backward", &chunk_backward);
   m.impl("recurrent_step", &recurrent_step);
 }
