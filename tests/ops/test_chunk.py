@@ -47,7 +47,7 @@ def _run(op, x, g):
 @pytest.mark.parametrize("op", ["linear", "delta"])
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_no_exponent_exceeds_the_budget(op, gate, dtype, monkeypatch, pytorch_loop):
+def test_no_exponent_exceeds_the_budget(op, gate, dtype, pytorch_loop):
     # Gates from gentle to steep (log-decays down to about -100 per token): the only positive
     # exponents are the direct blocks' factors, within the budget (``_blockmath``). The PyTorch
     # loop (the fused forward's exponentials are in C++; ``test_native`` checks its steep gates).
@@ -60,7 +60,7 @@ def test_no_exponent_exceeds_the_budget(op, gate, dtype, monkeypatch, pytorch_lo
 
 @pytest.mark.parametrize("op", ["linear", "delta"])
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
-def test_every_exponent_is_non_positive_beyond_the_budget(op, gate, monkeypatch):
+def test_every_exponent_is_non_positive_beyond_the_budget(op, gate):
     # Every log-decay below -2 budget: no two tokens fit a direct block, so the per-channel
     # products halve down to single tokens and every exponent evaluated is <= 0 (DESIGN.md).
     x = make_inputs(T=150, gate=gate, rule="delta" if op == "delta" else "additive")

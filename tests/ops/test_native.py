@@ -1,9 +1,10 @@
-"""The fused C++ forward of the chunk form (``linattn.ops._native``) against the float64 engine.
+"""The fused C++ chunk form (``linattn.ops._native``) against the float64 engine.
 
 It serves float32 CPU inputs in ``chunk_function``; every rule, gate, chunk size (dividing T or
 not, longer than T), initial state and stride is checked against the float64 block engine
-(``chunk.chunk_forward``) and against the PyTorch group loop in float32, and its saved chunk
-states against the gradients of plain float64 autograd.
+(``chunk.chunk_forward``) and against the PyTorch group loop in float32, and its backward pass
+(from the chunk states the forward saves) against the gradients of plain float64 autograd. Also:
+its block cache, and the fused generation step.
 """
 
 from __future__ import annotations
