@@ -31,6 +31,7 @@ from torch import Tensor
 from linattn.ops import _native
 from linattn.ops._blockmath import fresh
 from linattn.ops._chunk_terms import Buffers, Terms
+from linattn.ops.chunk import chunk_forward
 
 NAMES = ("q", "k", "v", "beta", "g")
 # Token-heads per group and per torch thread: 4 chunks of 64 tokens of 8 heads, about 0.5 MB per
@@ -134,7 +135,7 @@ class ChunkFunction(torch.autograd.Function):
             # float32 on the CPU: the same steps fused chunk by chunk in C++ (``_native``).
             o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
             if keep:
-                ctx.save_for_backward(q, k, v, beta, g, states)
+                ctx.save_for_backward(q, k, v, beta, g, S0, states)
             return o, S
         if keep:
             states = _native.empty((n_chunks, P, K, V), q)
@@ -155,12 +156,15 @@ class ChunkFunction(torch.autograd.Function):
             og.flatten(0, 1).baddbmm_(terms.Qd.flatten(0, 1), st.flatten(0, 1))
             _scatter(o, og, t0, t1)
         if keep:
-            ctx.save_for_backward(q, k, v, beta, g, states)
+            ctx.save_for_backward(q, k, v, beta, g, S0, states)
         return o, S.view(B, H, K, V)
 
     @staticmethod
     def backward(ctx, d_o, d_S):
-        q, k, v, beta, g, states = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: gradients that can be differentiated again (issue 18).
+            return _differentiable_backward(ctx, d_o, d_S)
+        q, k, v, beta, g, _, states = ctx.saved_tensors
         scale, C = ctx.scale, ctx.C
         B, H, T, K = k.shape
         V = v.shape[-1]
@@ -209,6 +213,34 @@ class ChunkFunction(torch.autograd.Function):
                     _scatter(grads[name], value, t0, t1)
         dS0 = dS.view(B, H, K, V)
         return grads["q"], grads["k"], grads["v"], grads["beta"], grads["g"], dS0, None, None
+
+
+def _differentiable_backward(ctx, d_o: Tensor, d_S: Tensor | None) -> tuple:
+    """The backward pass as plain autograd, for ``create_graph=True`` (double backward).
+
+    The fused and group-loop backward passes write into preallocated buffers (``out=``), which
+    autograd cannot record. With grad mode on, the gradients are instead those of the same algebra
+    in its all-blocks-at-once form (``chunk.chunk_forward``, plain autograd, the engine of the
+    parallel form), recomputed from the saved inputs with ``torch.autograd.grad(...,
+    create_graph=True)``: so they are themselves differentiable, exactly, with respect to the
+    inputs and to ``d_o`` and ``d_S``. Memory is that of the parallel engine in blocks of C
+    tokens (the scores of every block at once), a price paid only for higher-order gradients.
+    """
+    q, k, v, beta, g, S0, _ = ctx.saved_tensors
+    inputs = (q, k, v, beta, g, S0)
+    wanted = [x is not None and need for x, need in zip(inputs, ctx.needs_input_grad, strict=False)]
+    o, S = chunk_forward(q * ctx.scale, k, v, beta, g, S0, ctx.C)
+    outputs, seeds = [o], [d_o]
+    if d_S is not None:
+        outputs.append(S)
+        seeds.append(d_S)
+    chosen = [x for x, w in zip(inputs, wanted, strict=True) if w]
+    found = iter(torch.autograd.grad(outputs, chosen, seeds, create_graph=True, allow_unused=True))
+    grads = []
+    for x, w in zip(inputs, wanted, strict=True):
+        grad = next(found) if w else None
+        grads.append(torch.zeros_like(x) if w and grad is None else grad)
+    return (*grads, None, None)
 
 
 def _empty_like(x: Tensor) -> Tensor:
