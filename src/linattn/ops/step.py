@@ -69,6 +69,7 @@ def recurrent_step(
             "pass a copy (state.clone()) to differentiate with respect to the initial state"
         )
     B, H, K, V = state.shape
+    _checks.head_sizes("state", K, V)
     for name, x, size in (("q", q, K), ("k", k, K), ("v", v, V)):
         _checks.tensor(name, x, 3, finite=False)
         if tuple(x.shape) != (B, H, size):
@@ -79,7 +80,7 @@ def recurrent_step(
     inputs = [x for x in (state, q, k, v, beta, g) if x is not None]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
     fused = all(x.dtype == torch.float32 for x in inputs) and _native.applies(state)
-    fused = fused and state.is_contiguous() and not graph
+    fused = fused and state.is_contiguous() and state.numel() > 0 and not graph
     if beta is not None:
         _checks.beta(beta, B, H, layout="[B, H]", values=not fused)
     _checks.gate(g, B, H, K, layout="[B, H]", values=not fused)
@@ -99,7 +100,7 @@ def recurrent_step(
     q_t = q.to(dtype) * scale
     k_t, v_t = k.to(dtype), v.to(dtype)
     beta_t = None if beta is None else beta.to(dtype)
-    g_t = None if g is None else g.to(dtype).reshape(B, H, -1)  # [B, H, 1|K]
+    g_t = None if g is None else g.to(dtype).reshape(B, H, K if g.dim() == 3 else 1)  # [B, H, 1|K]
     if not graph:
         o_t, _ = step(state, q_t, k_t, v_t, beta_t, g_t, inplace=True)
         return o_t.to(v.dtype)
