@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn.ops import delta_rule, linear_attention
+from linattn.ops import chunk_affine_map, delta_rule, linear_attention, softmax_attention
 
 from .cases import rel_rms
 
@@ -127,3 +127,21 @@ def test_first_order_gradients_with_create_graph_equal_the_plain_ones():
     for a, b in zip(graphed, plain, strict=True):
         assert a.requires_grad
         assert rel_rms(a.detach(), b) < 1e-6
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+def test_gradgradcheck_chunk_affine_map(rule):
+    x = _inputs("kda", state=False)
+    names = ["k", "v", "g"] + (["beta"] if rule == "delta" else [])
+
+    def f(*tensors):
+        t = dict(zip(names, tensors, strict=True))
+        return chunk_affine_map(t["k"], t["v"], t.get("beta"), t["g"])
+
+    assert torch.autograd.gradgradcheck(f, tuple(x[n] for n in names), eps=1e-6, atol=1e-6)
+
+
+def test_gradgradcheck_plain_softmax_attention():
+    x = _inputs("linear", state=False)
+    f = lambda *t: softmax_attention(*t, fused=False)  # noqa: E731
+    assert torch.autograd.gradgradcheck(f, (x["q"], x["k"], x["v"]), eps=1e-6, atol=1e-6)
