@@ -178,7 +178,7 @@ def test_steps_differentiate_through_the_state_like_one_recurrent_call(mechanism
 
 
 @pytest.mark.parametrize("mechanism", ["scalar_decay", "gated_delta", "kda"])
-def test_step_gradcheck(mechanism):
+def test_step_gradcheck_and_gradgradcheck(mechanism):
     x = inputs(mechanism)
     if x["beta"] is not None:
         x["beta"] = 0.2 + 0.8 * x["beta"]  # inside (0, 2): numerical steps stay in range
@@ -192,6 +192,7 @@ def test_step_gradcheck(mechanism):
         return o, state
 
     assert torch.autograd.gradcheck(f, tensors, eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradgradcheck(f, tensors, eps=1e-6, atol=1e-7)
 
 
 def test_no_grad_steps_stay_in_place_and_out_of_the_graph():
