@@ -18,6 +18,8 @@ backward pass recomputes each group's terms from them and runs the state gradien
 For float32 on the CPU both passes run fused in C++ instead, chunk by chunk with every block in the
 cache (``_native.chunk_forward`` and ``_native.chunk_backward``, every mechanism); this group loop
 serves float64, GPUs and ``LINATTN_NATIVE=0``, and is what the fused code is tested against.
+Neither is recorded by autograd: with ``create_graph=True`` (double backward) the gradients come
+from plain autograd through the all-blocks form ``chunk.chunk_forward`` instead.
 
 Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None; g None,
 [B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]. The scale multiplies q inside.
