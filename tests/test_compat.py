@@ -212,3 +212,43 @@ def test_unsupported_options(x):
         compat.chunk_kda(x["q"], x["k"], x["v"], x["gk"], x["beta"], bogus=1)
     with pytest.raises(ValueError, match="beta"):  # checks of the ops apply
         compat.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"] + 2.5)
+
+
+def _empty_calls(b: int, t: int, h: int):
+    """Every compat function on inputs with B, T, H = b, t, h (one of them 0), with a state."""
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(b, t, h, K, generator=gen), torch.randn(b, t, h, K, generator=gen)
+    v, beta = torch.randn(b, t, h, V, generator=gen), torch.rand(b, t, h, generator=gen)
+    g, gk = -torch.rand(b, t, h, generator=gen), -torch.rand(b, t, h, K, generator=gen)
+    S0 = torch.randn(b, h, K, V, generator=gen)
+    gate = dict(use_gate_in_kernel=True, A_log=torch.zeros(h), dt_bias=torch.zeros(h * K))
+    s = dict(initial_state=S0, output_final_state=True)
+    return S0, {
+        "chunk_linear_attn": lambda: compat.chunk_linear_attn(q, k, v, **s),
+        "fused_recurrent_linear_attn": lambda: compat.fused_recurrent_linear_attn(q, k, v, **s),
+        "chunk_simple_gla": lambda: compat.chunk_simple_gla(q, k, v, g, **s),
+        "fused_recurrent_simple_gla": lambda: compat.fused_recurrent_simple_gla(q, k, v, g, **s),
+        "chunk_gla": lambda: compat.chunk_gla(q, k, v, gk, **s),
+        "fused_recurrent_gla": lambda: compat.fused_recurrent_gla(q, k, v, gk, **s),
+        "chunk_delta_rule": lambda: compat.chunk_delta_rule(q, k, v, beta, **s),
+        "fused_recurrent_delta_rule": lambda: compat.fused_recurrent_delta_rule(q, k, v, **s),
+        "chunk_gated_delta_rule": lambda: compat.chunk_gated_delta_rule(q, k, v, g, beta, **s),
+        "fused_recurrent_gated_delta_rule": lambda: compat.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta=beta, **s
+        ),
+        "chunk_kda": lambda: compat.chunk_kda(
+            q, k, v, gk, beta, use_qk_l2norm_in_kernel=True, **gate, **s
+        ),  # fmt: skip
+        "fused_recurrent_kda": lambda: compat.fused_recurrent_kda(q, k, v, gk, beta, **gate, **s),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+@pytest.mark.parametrize("sizes", [(0, 5, 2), (2, 5, 0), (2, 0, 2)])
+def test_every_function_accepts_empty_dimensions(name, sizes):
+    # Issue 18, defect 8: empty outputs, the initial state back as final state (no token ran).
+    S0, calls = _empty_calls(*sizes)
+    o, S = calls[name]()
+    b, t, h = sizes
+    assert o.shape == (b, t, h, V)
+    torch.testing.assert_close(S, S0, rtol=0, atol=0)

@@ -75,3 +75,18 @@ def test_without_output_gate_the_output_is_the_normed_read(name):
     for mode in ("recurrent", "parallel"):
         plain.mode = mode
         torch.testing.assert_close(plain(x)[0], y, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", [*MIXERS, "conv"])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_an_empty_batch_gives_empty_outputs_states_and_gradients(name, with_state):
+    # Issue 18, defect 8: B = 0 failed inside the ops (aminmax of an empty gate).
+    layer = build_mixer(name, CONFIG)
+    x = torch.randn(0, 5, 16, requires_grad=True)
+    state = layer.new_state(0, torch.float32) if with_state else None
+    y, new_state = layer(x, state)
+    assert y.shape == (0, 5, 16)
+    if with_state:
+        layer.check_state(new_state, 0, torch.float32)  # every state tensor of batch size 0
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape

@@ -284,4 +284,4 @@ def test_bad_generation_arguments():
     with pytest.raises(ValueError, match="top_k"):
         model.generate(prompt, 2, top_k=0)
     with pytest.raises(ValueError, match="batch_size"):
-        model.new_cache(0)
+        model.new_cache(-1)

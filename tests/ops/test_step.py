@@ -109,7 +109,7 @@ def bad(name: str, value):
          "state must be float32 or float64"),
         (inputs("kda"), torch.zeros(B, H, K, dtype=torch.float64), ValueError, "state must have"),
         (inputs("kda"), torch.zeros(B, H, K, V, dtype=torch.float64, requires_grad=True),
-         ValueError, "state requires grad"),
+         ValueError, "state requires grad and is a leaf"),
     ],
 )  # fmt: skip
 def test_bad_input_is_named_and_leaves_the_state_untouched(x, state, error, message):
@@ -118,3 +118,86 @@ def test_bad_input_is_named_and_leaves_the_state_untouched(x, state, error, mess
     with pytest.raises(error, match=message):
         recurrent_step(state, **x)
     assert torch.equal(state.detach(), before) or not torch.isfinite(before).all()
+
+
+def _leaves(x: dict, dtype) -> dict:
+    """The same values in ``dtype``, as fresh leaves that require grad."""
+    return {n: None if t is None else t.to(dtype).requires_grad_(True) for n, t in x.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_step_gradients_equal_the_recurrent_forms(mechanism, dtype):
+    # Issue 18, defect 4: the fused float32 CPU step returned no gradient (q.grad was None).
+    gen = torch.Generator().manual_seed(2)
+    S0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=gen)
+    w = torch.randn(B, H, V, dtype=torch.float64, generator=gen)
+    ref = _leaves(inputs(mechanism), torch.float64)
+    o_ref, _ = op_step(ref, S0, None)
+    (o_ref * w).sum().backward()
+    new = _leaves(inputs(mechanism), dtype)
+    state = S0.to(dtype)
+    o = recurrent_step(state, **new)
+    (o * w.to(dtype)).sum().backward()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for name, t in new.items():
+        if t is not None:
+            assert t.grad is not None, name
+            torch.testing.assert_close(t.grad.double(), ref[name].grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(o.detach().double(), o_ref.detach(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mechanism", ["gla", "kda"])
+def test_steps_differentiate_through_the_state_like_one_recurrent_call(mechanism, dtype):
+    # Three steps from a copy of S0 that requires grad: every step's inputs and S0 get the
+    # gradients of the recurrent form over the three tokens (loss on the outputs and the state).
+    T = 3
+    steps = [_leaves(inputs(mechanism, seed=s), dtype) for s in range(T)]
+    S0 = torch.randn(B, H, K, V, dtype=dtype, generator=torch.Generator().manual_seed(9))
+    S0.requires_grad_(True)
+    state = S0.clone()
+    o = torch.stack([recurrent_step(state, **s) for s in steps], 1)
+    (o.square().sum() + state.sum()).backward()
+    seq = {n: None if steps[0][n] is None else
+           torch.stack([s[n].detach().double() for s in steps], 1).requires_grad_(True)
+           for n in steps[0]}  # fmt: skip
+    S0_ref = S0.detach().double().requires_grad_(True)
+    common = dict(mode="recurrent", initial_state=S0_ref, output_final_state=True)
+    if seq["beta"] is None:
+        o_ref, S_ref = linear_attention(seq["q"], seq["k"], seq["v"], g=seq["g"], **common)
+    else:
+        o_ref, S_ref = delta_rule(seq["q"], seq["k"], seq["v"], seq["beta"], g=seq["g"], **common)
+    (o_ref.square().sum() + S_ref.sum()).backward()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(S0.grad.double(), S0_ref.grad, rtol=tol, atol=tol)
+    for name, ref in seq.items():
+        if ref is not None:
+            got = torch.stack([s[name].grad for s in steps], 1).double()
+            torch.testing.assert_close(got, ref.grad, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("mechanism", ["scalar_decay", "gated_delta", "kda"])
+def test_step_gradcheck_and_gradgradcheck(mechanism):
+    x = inputs(mechanism)
+    if x["beta"] is not None:
+        x["beta"] = 0.2 + 0.8 * x["beta"]  # inside (0, 2): numerical steps stay in range
+    names = [n for n, t in x.items() if t is not None]
+    S0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    tensors = [x[n].clone().requires_grad_(True) for n in names] + [S0.requires_grad_(True)]
+
+    def f(*args):
+        state = args[-1].clone()
+        o = recurrent_step(state, **dict(zip(names, args[:-1], strict=True)))
+        return o, state
+
+    assert torch.autograd.gradcheck(f, tensors, eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradgradcheck(f, tensors, eps=1e-6, atol=1e-7)
+
+
+def test_no_grad_steps_stay_in_place_and_out_of_the_graph():
+    x = _leaves(inputs("kda"), torch.float32)
+    state = torch.zeros(B, H, K, V)
+    with torch.no_grad():
+        o = recurrent_step(state, **x)
+    assert not o.requires_grad and not state.requires_grad

@@ -98,7 +98,7 @@ class CausalLM(nn.Module):
     def new_cache(self, batch_size: int, device: torch.device | str | None = None) -> Cache:
         """An empty generation cache for ``batch_size`` sequences, in the model's dtype (states in
         float32, or float64 for a float64 model), on ``device`` (default: the model's)."""
-        _check_int("batch_size", batch_size, 1)
+        _check_int("batch_size", batch_size, 0)
         device = self.device if device is None else device
         blocks = [b.mixer.new_state(batch_size, self.dtype, device) for b in self.blocks]
         growing = [b.mixer.growing for b in self.blocks]
@@ -131,10 +131,12 @@ class CausalLM(nn.Module):
             raise TypeError(f"input_ids must be a tensor, got {type(input_ids).__name__}")
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(
-                f"input_ids must have shape [B, T] with B, T >= 1, got {tuple(input_ids.shape)}"
+                f"input_ids must have shape [B, T] with T >= 1, got {tuple(input_ids.shape)}"
             )
+        if input_ids.numel() == 0:  # B = 0: empty logits [0, T, vocab_size], as nn.Embedding
+            return
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= self.config.vocab_size:
             bad = low if low < 0 else high

@@ -89,9 +89,15 @@ def qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     B, T, H, K = q.shape
-    if T < 1 or K < 1 or v.shape[3] < 1:
-        raise ValueError(f"q, k, v must have T >= 1 and nonzero K, V; got q {tuple(q.shape)}")
+    head_sizes("q, k, v", K, v.shape[3])
     return B, T, H, K, v.shape[3]
+
+
+def head_sizes(names: str, K: int, V: int) -> None:
+    """K, V >= 1. Empty B, H or T are accepted (empty outputs, as PyTorch's own ops give), but a
+    head without key or value channels has no memory and no scale 1 / sqrt(K)."""
+    if K < 1 or V < 1:
+        raise ValueError(f"{names} must have head sizes K >= 1 and V >= 1, got K = {K}, V = {V}")
 
 
 def kv(k: object, v: object) -> tuple[int, int, int, int, int]:
@@ -105,8 +111,7 @@ def kv(k: object, v: object) -> tuple[int, int, int, int, int]:
         )
     if k.dtype != v.dtype:
         raise TypeError(f"k and v must share one dtype, got {k.dtype} and {v.dtype}")
-    if k.shape[1] < 1:
-        raise ValueError(f"k must have T >= 1 tokens, got shape {tuple(k.shape)}")
+    head_sizes("k, v", k.shape[3], v.shape[3])
     return (*k.shape, v.shape[3])
 
 
@@ -127,7 +132,7 @@ def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
         raise ValueError(
             f"g must be None, {layout} = {lead} or {channel} = {(*lead, K)}, got {tuple(g.shape)}"
         )
-    if not values:
+    if not values or g.numel() == 0:
         return
     _, high = value_range("g", g)
     if high > 0:
@@ -142,7 +147,7 @@ def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
     tensor("beta", b, len(sizes), finite=False)
     if tuple(b.shape) != sizes:
         raise ValueError(f"beta must have shape {layout} = {sizes}, got {tuple(b.shape)}")
-    if not values:
+    if not values or b.numel() == 0:
         return
     low, high = value_range("beta", b)
     if low < 0 or high > 2:

@@ -37,12 +37,36 @@ def forward(
     The chunk form takes q unscaled and the scale (it folds the scale into its per-group copy of
     q, which saves a whole-sequence copy); the other forms take q already scaled.
     """
+    if 0 in k.shape[:3]:
+        return empty_forward(q, k, v, beta, g, initial_state)
     if mode == "chunk":
         return chunk_function(q, k, v, beta, g, initial_state, chunk_size, scale)
     q = q * scale
     if mode == "recurrent":
         return recurrent_forward(q, k, v, beta, g, initial_state)
     return parallel_forward(q, k, v, beta, g, initial_state)
+
+
+def empty_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """No sequence, head or token (B, H or T = 0): o is empty [B, H, T, V], and the final state
+    is the initial state (zeros without one), since no transition ran: S_T = S_0 for T = 0.
+
+    Every form gives this, as PyTorch's own ops give empty results of the right shape. The sum of
+    every (empty) input is an exact 0 that keeps them in the graph, so that each gets an empty
+    gradient of its shape (not None), and the initial state its gradient dS_0 = dS_T.
+    """
+    B, H, T, K = k.shape
+    V = v.shape[-1]
+    link = sum(x.sum() for x in (q, k, v, beta, g) if x is not None)  # 0: all are empty
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+    return torch.zeros_like(v) + link, S0 + link
 
 
 def run(

@@ -46,8 +46,22 @@ def chunk_affine_map(
     if g is not None:
         g = g.to(dtype).transpose(1, 2)
         g = g.unsqueeze(-1) if g.dim() == 3 else g  # [B, H, T, 1 | K]
+    if T == 0:
+        return _empty_block(k, v, beta, g)
     terms = block_terms(k, v, beta, g)
     if terms.M is not None:
         return terms.M, terms.N
     diag = k.new_ones(B, H, K) if terms.M_diag is None else terms.M_diag[..., 0].expand(B, H, K)
     return torch.diag_embed(diag), terms.N
+
+
+def _empty_block(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
+    """A block of no tokens is the identity map: M = I [B, H, K, K], N = 0 [B, H, K, V].
+
+    The sum of the (empty) inputs is an exact 0 that keeps them in the graph, so that each gets
+    an empty gradient of its shape, as from PyTorch's own ops.
+    """
+    B, H, _, K = k.shape
+    link = sum(x.sum() for x in (k, v, beta, g) if x is not None)  # 0: all are empty
+    M = torch.eye(K, dtype=k.dtype, device=k.device).expand(B, H, K, K) + link
+    return M, k.new_zeros(B, H, K, v.shape[-1]) + link

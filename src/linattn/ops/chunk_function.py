@@ -18,6 +18,8 @@ backward pass recomputes each group's terms from them and runs the state gradien
 For float32 on the CPU both passes run fused in C++ instead, chunk by chunk with every block in the
 cache (``_native.chunk_forward`` and ``_native.chunk_backward``, every mechanism); this group loop
 serves float64, GPUs and ``LINATTN_NATIVE=0``, and is what the fused code is tested against.
+Neither is recorded by autograd: with ``create_graph=True`` (double backward) the gradients come
+from plain autograd through the all-blocks form ``chunk.chunk_forward`` instead.
 
 Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None; g None,
 [B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]. The scale multiplies q inside.
@@ -31,6 +33,7 @@ from torch import Tensor
 from linattn.ops import _native
 from linattn.ops._blockmath import fresh
 from linattn.ops._chunk_terms import Buffers, Terms
+from linattn.ops.chunk import chunk_forward
 
 NAMES = ("q", "k", "v", "beta", "g")
 # Token-heads per group and per torch thread: 4 chunks of 64 tokens of 8 heads, about 0.5 MB per
@@ -134,7 +137,7 @@ class ChunkFunction(torch.autograd.Function):
             # float32 on the CPU: the same steps fused chunk by chunk in C++ (``_native``).
             o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
             if keep:
-                ctx.save_for_backward(q, k, v, beta, g, states)
+                ctx.save_for_backward(q, k, v, beta, g, S0, states)
             return o, S
         if keep:
             states = _native.empty((n_chunks, P, K, V), q)
@@ -155,12 +158,15 @@ class ChunkFunction(torch.autograd.Function):
             og.flatten(0, 1).baddbmm_(terms.Qd.flatten(0, 1), st.flatten(0, 1))
             _scatter(o, og, t0, t1)
         if keep:
-            ctx.save_for_backward(q, k, v, beta, g, states)
+            ctx.save_for_backward(q, k, v, beta, g, S0, states)
         return o, S.view(B, H, K, V)
 
     @staticmethod
     def backward(ctx, d_o, d_S):
-        q, k, v, beta, g, states = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: gradients that can be differentiated again (issue 18).
+            return _differentiable_backward(ctx, d_o, d_S)
+        q, k, v, beta, g, _, states = ctx.saved_tensors
         scale, C = ctx.scale, ctx.C
         B, H, T, K = k.shape
         V = v.shape[-1]
@@ -209,6 +215,34 @@ class ChunkFunction(torch.autograd.Function):
                     _scatter(grads[name], value, t0, t1)
         dS0 = dS.view(B, H, K, V)
         return grads["q"], grads["k"], grads["v"], grads["beta"], grads["g"], dS0, None, None
+
+
+def _differentiable_backward(ctx, d_o: Tensor, d_S: Tensor | None) -> tuple:
+    """The backward pass as plain autograd, for ``create_graph=True`` (double backward).
+
+    The fused and group-loop backward passes write into preallocated buffers (``out=``), which
+    autograd cannot record. With grad mode on, the gradients are instead those of the same algebra
+    in its all-blocks-at-once form (``chunk.chunk_forward``, plain autograd, the engine of the
+    parallel form), recomputed from the saved inputs with ``torch.autograd.grad(...,
+    create_graph=True)``: so they are themselves differentiable, exactly, with respect to the
+    inputs and to ``d_o`` and ``d_S``. Memory is that of the parallel engine in blocks of C
+    tokens (the scores of every block at once), a price paid only for higher-order gradients.
+    """
+    q, k, v, beta, g, S0, _ = ctx.saved_tensors
+    inputs = (q, k, v, beta, g, S0)
+    wanted = [x is not None and need for x, need in zip(inputs, ctx.needs_input_grad, strict=False)]
+    o, S = chunk_forward(q * ctx.scale, k, v, beta, g, S0, ctx.C)
+    outputs, seeds = [o], [d_o]
+    if d_S is not None:
+        outputs.append(S)
+        seeds.append(d_S)
+    chosen = [x for x, w in zip(inputs, wanted, strict=True) if w]
+    found = iter(torch.autograd.grad(outputs, chosen, seeds, create_graph=True, allow_unused=True))
+    grads = []
+    for x, w in zip(inputs, wanted, strict=True):
+        grad = next(found) if w else None
+        grads.append(torch.zeros_like(x) if w and grad is None else grad)
+    return (*grads, None, None)
 
 
 def _empty_like(x: Tensor) -> Tensor:

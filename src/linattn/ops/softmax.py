@@ -31,6 +31,8 @@ def causal_mask(T_q: int, T_k: int, device: torch.device | None = None) -> Tenso
 def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """Section 2 step by step for [B, H, T, D] tensors: scores, softmax by rows, weighted sum."""
     scores = (q @ k.transpose(-1, -2)) * scale  # [B, H, T_q, T_k]
+    if scores.shape[-1] == 0:  # no keys, hence no queries (T_q <= T_k): an empty output
+        return scores @ v
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # Subtracting each row's maximum leaves the softmax unchanged and prevents overflow.
@@ -90,8 +92,9 @@ def softmax_attention(
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if T_q < 1 or k.shape[1] < 1:
-        raise ValueError(f"q and k need at least one token, got {T_q} and {k.shape[1]}")
+    _checks.head_sizes("q, k, v", K, v.shape[3])
+    if T_q > 0 and k.shape[1] < 1:
+        raise ValueError(f"k needs at least one token for the T_q = {T_q} queries, got T_k = 0")
     if causal and T_q > k.shape[1]:
         raise ValueError(f"causal attention needs T_q <= T_k, got q {T_q} and k {k.shape[1]}")
     _checks.scale(scale)

@@ -40,14 +40,21 @@ def recurrent_step(
       S <- Diag(exp g_t) S (per-channel decay, GLA and KDA).
 
     Args:
-        state: [B, H, K, V], float32 or float64; overwritten with S_t (must not require grad: use
-            the ops' recurrent mode for gradients).
+        state: [B, H, K, V], float32 or float64; overwritten with S_t. A leaf that requires
+            grad is refused (PyTorch cannot update one in place): pass ``S0.clone()``.
         q, k: [B, H, K]; v: [B, H, V]; any float dtype, computed in the state's dtype.
         beta: None or [B, H] in [0, 2]. g: None, [B, H] or [B, H, K], every entry <= 0.
         scale: multiplies q; None means 1 / sqrt(K).
 
     Returns:
         o_t: [B, H, V] in v's dtype.
+
+    Gradients: with grad mode on and any of q, k, v, beta, g (or a non-leaf state) requiring
+    grad, the step runs in PyTorch on a copy of the state, and the update ``state.copy_(S_t)`` is
+    recorded: o_t and the state are differentiable with respect to this token's inputs and,
+    through the state's history, every earlier step's (as the ops' recurrent form). Otherwise
+    (no_grad, or nothing requires grad) the step runs in place, fused in C++ for float32 on the
+    CPU.
     """
     # Types and shapes first (no tensor work), then one reduction for the finiteness of state, q,
     # k and v together and one range pass each for beta and g (which also rejects NaN and Inf
@@ -56,12 +63,13 @@ def recurrent_step(
     _checks.tensor("state", state, 4, finite=False)
     if state.dtype not in STATE_DTYPES:
         raise TypeError(f"state must be float32 or float64 (the compute dtype), got {state.dtype}")
-    if state.requires_grad:
+    if state.requires_grad and state.is_leaf:
         raise ValueError(
-            "state requires grad, but recurrent_step updates it in place; use the ops' "
-            "mode='recurrent' (a new state per call) to differentiate through a step"
+            "state requires grad and is a leaf, which recurrent_step cannot update in place; "
+            "pass a copy (state.clone()) to differentiate with respect to the initial state"
         )
     B, H, K, V = state.shape
+    _checks.head_sizes("state", K, V)
     for name, x, size in (("q", q, K), ("k", k, K), ("v", v, V)):
         _checks.tensor(name, x, 3, finite=False)
         if tuple(x.shape) != (B, H, size):
@@ -70,8 +78,9 @@ def recurrent_step(
                 f"{tuple(state.shape)}, got {tuple(x.shape)}"
             )
     inputs = [x for x in (state, q, k, v, beta, g) if x is not None]
+    graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
     fused = all(x.dtype == torch.float32 for x in inputs) and _native.applies(state)
-    fused = fused and state.is_contiguous()
+    fused = fused and state.is_contiguous() and state.numel() > 0 and not graph
     if beta is not None:
         _checks.beta(beta, B, H, layout="[B, H]", values=not fused)
     _checks.gate(g, B, H, K, layout="[B, H]", values=not fused)
@@ -91,6 +100,12 @@ def recurrent_step(
     q_t = q.to(dtype) * scale
     k_t, v_t = k.to(dtype), v.to(dtype)
     beta_t = None if beta is None else beta.to(dtype)
-    g_t = None if g is None else g.to(dtype).reshape(B, H, -1)  # [B, H, 1|K]
-    o_t, _ = step(state, q_t, k_t, v_t, beta_t, g_t, inplace=True)
+    g_t = None if g is None else g.to(dtype).reshape(B, H, K if g.dim() == 3 else 1)  # [B, H, 1|K]
+    if not graph:
+        o_t, _ = step(state, q_t, k_t, v_t, beta_t, g_t, inplace=True)
+        return o_t.to(v.dtype)
+    # Differentiable: the step reads a copy (autograd saves it; an in-place update would
+    # invalidate what it saved), then the new state is copied into the caller's memory, recorded.
+    o_t, S_t = step(state.clone(), q_t, k_t, v_t, beta_t, g_t)
+    state.copy_(S_t)
     return o_t.to(v.dtype)
