@@ -139,16 +139,6 @@ def ready() -> bool:
     return _enabled() and bool(_state.get("ok"))
 
 
-def _rows(x: Tensor | None) -> Tensor | None:
-    """x with unit stride in its last dimension and rows that do not overlap (BLAS leading
-    dimensions); the [B, H, T, D] views of [B, T, H, D] tensors pass unchanged."""
-    if x is None:
-        return None
-    if x.stride(-1) != 1 or (x.dim() > 3 and x.stride(-2) < x.shape[-1]) or x.stride(-2) == 0:
-        return x.contiguous()
-    return x
-
-
 def chunk_forward(
     q: Tensor,
     k: Tensor,
@@ -161,11 +151,9 @@ def chunk_forward(
     keep: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o [B, H, T, V] (a view of [B, T, H, V]), the final state [B, H, K, V], and (keep) the state
-    entering every chunk [T / C, B H, K, V]. Internal layout as in ``chunk_function``."""
-    q, k, v, g = (_rows(x) for x in (q, k, v, g))
-    if beta is not None and beta.stride(-1) == 0:
-        beta = beta.contiguous()
-    return _op("chunk_forward")(q, k, v, beta, g, S0.contiguous(), float(scale), int(C), bool(keep))
+    entering every chunk [T / C, B H, K, V]. Internal layout as in ``chunk_function``; any strides
+    (the kernel checks every shape and copies a layout its BLAS cannot read in place)."""
+    return _op("chunk_forward")(q, k, v, beta, g, S0, float(scale), int(C), bool(keep))
 
 
 def chunk_backward(
@@ -184,9 +172,8 @@ def chunk_backward(
     the additive rule), dg (g's shape; None without decay) and the initial state's gradient
     [B, H, K, V], for any mechanism, from the chunk states [T / C, B H, K, V] that
     ``chunk_forward`` saved and the gradients d_o, dS_final of its outputs."""
-    q, k, v, g, d_o = (_rows(x) for x in (q, k, v, g, d_o))
     dq, dk, dv, dbeta, dg, dS0 = _op("chunk_backward")(
-        q, k, v, beta, g, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
+        q, k, v, beta, g, states, d_o, dS_final, float(scale), int(C)
     )
     return dq, dk, dv, (None if beta is None else dbeta), (None if g is None else dg), dS0
 
