@@ -539,7 +539,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   const float scale = static_cast<float>(scale_d);
 
   at::Tensor o = fresh_public(sz, V, q.options());
-  at::Tensor S = S0.reshape({P, K, V}).clone();  // the running states, contiguous
+  // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).
+  at::Tensor S = S0.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
   at::Tensor states = keep ? fresh({N, P, K, V}, q.options()) : at::empty({0}, q.options());
 
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
@@ -743,7 +744,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor dg = gated ? fresh_public(sz, kg, q.options()) : at::empty({0}, q.options());
   at::Tensor dbeta = delta ? at::empty({B, T, H}, q.options()).transpose(1, 2)
                            : at::empty({0}, q.options());
-  at::Tensor dS = dS_final.reshape({P, K, V}).clone();
+  at::Tensor dS = dS_final.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *gp = gated ? g.data_ptr<float>() : nullptr, *sp = states.data_ptr<float>();
   const float* bp = delta ? beta.data_ptr<float>() : nullptr;
