@@ -64,15 +64,15 @@ LAYOUTS = {
     "expanded heads": lambda x: _expand(x, 2),
     "expanded last": lambda x: _expand(x, x.dim() - 1),
     "heads before time": lambda x: x.transpose(1, 2).contiguous().transpose(1, 2),
-    "reversed dimensions": lambda x: x.permute(*reversed(range(x.dim())))
-    .contiguous()
-    .permute(*reversed(range(x.dim()))),
-    "every second element": lambda x: torch.empty(
-        [2 * n for n in x.shape], dtype=x.dtype
-    )[tuple(slice(None, None, 2) for _ in x.shape)].copy_(x),
-    "storage offset": lambda x: torch.empty(x.numel() + 5, dtype=x.dtype)[5:]
-    .view(x.shape)
-    .copy_(x),
+    "reversed dimensions": lambda x: (
+        x.permute(*reversed(range(x.dim()))).contiguous().permute(*reversed(range(x.dim())))
+    ),
+    "every second element": lambda x: torch.empty([2 * n for n in x.shape], dtype=x.dtype)[
+        tuple(slice(None, None, 2) for _ in x.shape)
+    ].copy_(x),
+    "storage offset": lambda x: (
+        torch.empty(x.numel() + 5, dtype=x.dtype)[5:].view(x.shape).copy_(x)
+    ),
     "size-1 dims, odd strides": _odd_size_one,
     "overlapping rows": _overlapping_rows,
 }
