@@ -14,6 +14,8 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linattn.ops import _engine, _native, delta_rule, linear_attention
 
@@ -109,11 +111,16 @@ def _run(x: dict, rule: str, mode: str, C: int, cu_seqlens=None):
     return linear_attention(x["q"], x["k"], x["v"], x["g"], **args)
 
 
+def _canonical(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of t in dtype with the contiguous strides of its shape (size-1 dimensions too)."""
+    return torch.empty(t.shape, dtype=dtype).copy_(t)
+
+
 def _gradients(x: dict, rule: str, mode: str, C: int, d_o: torch.Tensor, dtype=None):
     """o, S and the gradients of every input (d_o for o, ones for S); in ``dtype`` (contiguous
     copies) when given, else on x's own tensors and layouts."""
     leaves = {
-        n: None if t is None else (t if dtype is None else t.to(dtype).contiguous()).detach()
+        n: None if t is None else (t if dtype is None else _canonical(t, dtype)).detach()
         for n, t in x.items()
     }
     for t in leaves.values():
@@ -177,6 +184,65 @@ def test_cu_seqlens_with_a_one_token_sequence_over_an_expanded_input(rule):
         part = [None if x[m] is None else x[m][:, s:e] for m in ("q", "k", "v", "beta", "g")]
         o64, S64 = oracle(*part, x["S0"][n : n + 1], rule=rule, scale=0.5)
         assert rel_rms(o[:, s:e], o64) < 2e-6 and rel_rms(S[n], S64[0]) < 2e-6
+
+
+def _random_layout(x: torch.Tensor, draw) -> torch.Tensor:
+    """x's values (one slice of them, expanded, for a drawn dimension) in a drawn layout: any order
+    of the dimensions in memory, gaps between elements, a storage offset, and odd strides (0, 1,
+    7, 1000) for dimensions of size 1."""
+    expand = draw(st.sampled_from([None, *range(x.dim())]))
+    base = x if expand is None else x.narrow(expand, 0, 1)
+    order = draw(st.permutations(range(x.dim())))  # outermost first
+    strides, step = [0] * x.dim(), 1
+    for d in reversed(order):
+        if base.shape[d] == 1:
+            strides[d] = draw(st.sampled_from([0, 1, 7, 1000]))
+        else:
+            strides[d] = step * draw(st.integers(1, 3))
+            step = strides[d] * base.shape[d]
+    offset = draw(st.integers(0, 7))
+    span = 1 + sum((n - 1) * t for n, t in zip(base.shape, strides, strict=True))
+    out = torch.empty(span + offset).as_strided(base.shape, strides, offset).copy_(base)
+    return out if expand is None else out.expand_as(x)
+
+
+LAYOUT_PROBLEMS = dict(
+    shape=st.tuples(st.integers(1, 2), st.integers(1, 12), st.integers(1, 3)),
+    mechanism=st.sampled_from(MECHANISMS),
+    chunk_size=st.integers(1, 14),
+    data=st.data(),
+)
+
+
+def _random_layout_case(shape, mechanism, chunk_size, data) -> None:
+    """Forward against the float64 recurrence; forward and gradients (d_o in a layout of its own)
+    against the same call on contiguous copies."""
+    (B, T, H), (rule, gate) = shape, mechanism
+    x = _inputs(T, rule, gate, lambda t: _random_layout(t, data.draw), B=B, H=H)
+    d_o = _random_layout(torch.randn(*x["v"].shape), data.draw)
+    o, S, grads = _gradients(x, rule, "chunk", chunk_size, d_o)
+    o64, S64 = oracle(*(x[n] for n in ("q", "k", "v", "beta", "g", "S0")), rule=rule, scale=0.5)
+    # float32's tolerance of the property suite (test_properties): keys are not normalised here
+    assert rel_rms(o, o64) < 1e-5 and rel_rms(S, S64) < 1e-5
+    o_c, S_c, grads_c = _gradients(x, rule, "chunk", chunk_size, d_o, torch.float32)
+    assert rel_rms(o, o_c) < 1e-6 and rel_rms(S, S_c) < 1e-6
+    for n, grad in grads.items():
+        assert rel_rms(grad, grads_c[n]) < 1e-6, n
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(**LAYOUT_PROBLEMS)
+def test_random_layouts_match_the_oracle(shape, mechanism, chunk_size, data):
+    _random_layout_case(shape, mechanism, chunk_size, data)
+
+
+@needs_native
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(**LAYOUT_PROBLEMS)
+def test_many_random_layouts_match_the_oracle(shape, mechanism, chunk_size, data):
+    _random_layout_case(shape, mechanism, chunk_size, data)
 
 
 def _internal(x: dict) -> list:
