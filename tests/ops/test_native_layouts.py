@@ -156,6 +156,18 @@ def test_every_layout_equals_the_float64_recurrence(layout, rule, gate, T):
         _check_against_float64(x, rule, C, d_o)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(("rule", "gate"), MECHANISMS)
+@pytest.mark.parametrize("T", [1, 9])
+def test_every_layout_in_the_pytorch_loop(layout, rule, gate, T):
+    # The same layouts through the PyTorch group loop (float64's path; float32's under
+    # LINATTN_NATIVE=0 is the same code).
+    x = _inputs(T, rule, gate, lambda t: LAYOUTS[layout](t.double()))
+    o, S = _run(x, rule, "chunk", 4)
+    o64, S64 = oracle(*(x[n] for n in ("q", "k", "v", "beta", "g", "S0")), rule=rule, scale=0.5)
+    assert rel_rms(o, o64) < 1e-12 and rel_rms(S, S64) < 1e-12
+
+
 @needs_native
 def test_a_one_token_slice_of_an_expanded_input():
     # The report's case: time stride 0 with one token; MKL printed "Parameter 8 was incorrect on

@@ -431,7 +431,7 @@ int64_t cache_bytes() { return 0; }
 #endif
 
 // The largest chunk (C = min(chunk_size, T)) the kernels take: each thread keeps a few C x C
-// blocks (256 MiB each at this size), and a larger C is never faster. ``_native.MAX_CHUNK``.
+// blocks (256 MiB each at this size), and a larger C is never faster. ``_engine.MAX_CHUNK``.
 constexpr int64_t kMaxChunk = 8192;
 
 // An entry point's checks, before any work, each naming the argument: dtype, device and shape, so
