@@ -470,3 +470,79 @@ def test_a_chunk_at_the_limit():
     o, S = linear_attention(q, k, v, scale=1.0, chunk_size=T, output_final_state=True)
     o64, S64 = oracle(q, k, v, None, None, None, scale=1.0)
     assert rel_rms(o, o64) < 1e-5 and rel_rms(S, S64) < 1e-5
+
+
+# Random direct calls, most of them with some argument of a wrong shape (or transposed, or of a
+# chunk size below 1): each must raise our RuntimeError or run; run in a child process, so that a
+# crash (an out-of-bounds access, a division by zero) fails the test instead of ending pytest.
+FUZZ = """
+import random, sys, torch
+op = torch.ops.linattn_native
+from linattn.ops import _native
+assert _native.available()
+rng = random.Random(int(sys.argv[1]))
+
+def tensor(shape):
+    if rng.random() < 0.1:
+        shape = [rng.choice([0, 1, 2, 3, 5]) for _ in range(rng.choice([2, 3, 4, 5]))]
+    t = torch.randn(*shape)
+    return t.transpose(-1, -2) if rng.random() < 0.2 and t.dim() >= 2 else t
+
+ran = refused = 0
+for _ in range(int(sys.argv[2])):
+    B, H, T, K, V = (rng.choice([1, 2, 3]) for _ in range(5))
+    q, k, v = tensor([B, H, T, K]), tensor([B, H, T, K]), tensor([B, H, T, V])
+    beta = tensor([B, H, T]).abs().clamp(max=2) if rng.random() < 0.5 else None
+    g = -tensor([B, H, T, rng.choice([1, K, 2])]).abs() if rng.random() < 0.5 else None
+    C = rng.choice([-1, 0, 1, 2, 3, 100])
+    try:
+        o, S, states = op.chunk_forward(q, k, v, beta, g, tensor([B, H, K, V]), 0.5, C, True)
+        ran += 1
+        if rng.random() < 0.2:
+            states = tensor([*states.shape[:-1], states.shape[-1] + 1])
+        op.chunk_backward(q, k, v, beta, g, states, tensor([B, H, T, V]), tensor([B, H, K, V]),
+                          0.5, C)
+    except RuntimeError as error:
+        assert "linattn_native." in str(error), error
+        refused += 1
+    step = [tensor([B, H, K]), tensor([B, H, K]), tensor([B, H, V])]
+    beta = tensor([B, H]).abs().clamp(max=2) if rng.random() < 0.5 else None
+    g = -tensor([B, H, rng.choice([1, K, 2])]).abs() if rng.random() < 0.5 else None
+    try:
+        op.recurrent_step(tensor([B, H, K, V]).contiguous(), *step, beta, g, 0.5)
+    except RuntimeError as error:
+        assert "linattn_native.recurrent_step" in str(error), error
+print(ran, refused)
+"""
+
+
+def _fuzz(seed: int, calls: int) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import linattn
+
+    env = dict(os.environ, PYTHONPATH=str(Path(linattn.__file__).parents[1]), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", FUZZ, str(seed), str(calls)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    ran, refused = map(int, done.stdout.split())
+    assert ran > 0 and refused > 0
+
+
+@needs_native
+def test_random_direct_calls_raise_or_run():
+    _fuzz(seed=0, calls=300)
+
+
+@needs_native
+@pytest.mark.slow
+def test_many_random_direct_calls_raise_or_run():
+    _fuzz(seed=1, calls=20_000)
