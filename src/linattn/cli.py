@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "mqar": "linattn.experiments.mqar.cli",
     "cp-bytes": "linattn.distributed.demo",
     "bench": "linattn.experiments.bench",
+    "build": "linattn.build",
 }
 
 

@@ -6,6 +6,7 @@ inputs, float32 otherwise), so that states and cumulative gates accumulate in fl
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -14,6 +15,23 @@ from torch import Tensor
 from linattn.ops.chunk_function import chunk_function
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
+
+# The longest chunk the chunk form takes, C = min(chunk_size, T) of the longest sequence: each
+# chunk is computed with C x C blocks (256 MiB each in float32 at this size; the fused C++ loop
+# keeps a few per thread, and checks the same limit, ``kMaxChunk`` in ``csrc/chunk.cpp``). Chunks
+# of 64 to 256 tokens are the fast ones; a larger one is never faster.
+MAX_CHUNK = 8192
+
+
+def check_chunk(chunk_size: int, lengths: list[int]) -> None:
+    """Refuse a chunk of more than ``MAX_CHUNK`` tokens (``min(chunk_size, T)`` for the longest of
+    the sequences' ``lengths``) before any work, naming ``chunk_size``."""
+    C = min(chunk_size, max(lengths, default=0))
+    if C > MAX_CHUNK:
+        raise ValueError(
+            f"chunk_size: the chunk form computes min(chunk_size, T) = {C} tokens at once, with "
+            f"{C} x {C} blocks; at most {MAX_CHUNK} (pass a smaller chunk_size, e.g. 64)"
+        )
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -87,6 +105,10 @@ def run(
     q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] or None; g: None, [B, T, H] or
     [B, T, H, K]; initial_state: [N, H, K, V] or None (N = B, or the number of packed sequences).
     """
+    bounds = None if cu_seqlens is None else cu_seqlens.tolist()
+    if mode == "chunk":
+        lengths = [q.shape[1]] if bounds is None else [e - s for s, e in itertools.pairwise(bounds)]
+        check_chunk(chunk_size, lengths)
     # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     dtype = compute_dtype(q.dtype)
@@ -107,7 +129,6 @@ def run(
         return o.transpose(1, 2), S
     # Packed sequences (B = 1): each runs alone from its own initial state.
     outputs, states = [], []
-    bounds = cu_seqlens.tolist()
     for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         part = [None if x is None else x[:, :, start:end] for x in (q, k, v, beta, g)]
         S0 = None if initial_state is None else initial_state[n : n + 1]

@@ -9,18 +9,31 @@ DESIGN.md's table the same way, from the chunk states this forward saves. ``recu
 generation step with its checks in one call.
 
 The source is compiled with ``torch.utils.cpp_extension`` the first time it is needed (about half a
-minute; the build is cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). It needs a
-C++ compiler; without one, or with ``LINATTN_NATIVE=0`` in the environment, ``available()`` is
-False and the chunk form runs its PyTorch loop instead (``reason()`` says why).
+minute, said on stderr when it starts; the build is cached under ``TORCH_EXTENSIONS_DIR``, by
+default ``~/.cache``; ``linattn build`` does it ahead of time). It needs a C++ compiler; without
+one, or with ``LINATTN_NATIVE=0`` in the environment, ``available()`` is False and the chunk form
+runs its PyTorch loop instead (``reason()`` says why).
+
+One process compiles at a time: it holds an ``fcntl.flock`` on ``linattn.lock`` in the build
+directory, which the system releases when the process ends, however it ends. Under it, torch's own
+compile lock (the file ``lock``, which a process killed mid-compile leaves behind and which made
+every later first call wait for ever) is stale by construction and removed. Another process waits
+for the lock at most ``LINATTN_BUILD_TIMEOUT`` seconds (default 300), then runs the PyTorch loop
+with a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import platform
+import sys
+import threading
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -29,7 +42,11 @@ from torch import Tensor
 SOURCE = Path(__file__).with_name("csrc") / "chunk.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd"]  # the C++ standard: cpp_extension's
 
+LOCK_NAME = "linattn.lock"  # our lock in the build directory (torch's own is ``lock``)
+BUILD_TIMEOUT_S = 300.0  # the longest wait for another process's compile (LINATTN_BUILD_TIMEOUT)
+
 _state: dict[str, object] = {}
+_load_lock = threading.Lock()  # one loading thread per process (flock is per open file)
 
 
 def build_name() -> str:
@@ -47,31 +64,127 @@ def build_name() -> str:
     return f"linattn_native_{tag}"
 
 
+def build_timeout() -> float:
+    """Seconds to wait for another process's compile: ``LINATTN_BUILD_TIMEOUT`` or 300."""
+    text = os.environ.get("LINATTN_BUILD_TIMEOUT", "")
+    try:
+        value = float(text) if text else BUILD_TIMEOUT_S
+    except ValueError:
+        raise ValueError(
+            f"LINATTN_BUILD_TIMEOUT must be a number of seconds, got {text!r}"
+        ) from None
+    if not value >= 0:  # NaN too
+        raise ValueError(f"LINATTN_BUILD_TIMEOUT must be >= 0, got {text!r}")
+    return value
+
+
+def build_directory() -> Path:
+    """Where the extension is built and cached (``torch.utils.cpp_extension``'s directory for it:
+    under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); created if needed."""
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(build_name(), verbose=False))
+
+
+def _say(message: str) -> None:
+    print(f"linattn: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def compile_lock(directory: Path, timeout: float) -> Iterator[None]:
+    """Hold the build directory's ``linattn.lock`` (an exclusive ``flock``, released by the
+    system when this process ends, however it ends), waiting at most ``timeout`` seconds for
+    another process that holds it; then ``TimeoutError``. Under it, a torch compile lock (the
+    file ``lock``) is stale, left by a killed compile, and removed. Without ``fcntl`` (Windows),
+    torch's lock alone, as before."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path = directory / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline, told = time.monotonic() + timeout, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another process held the compile lock {path} for {timeout:g} s "
+                        "(LINATTN_BUILD_TIMEOUT)"
+                    ) from None
+                if not told:
+                    _say(f"waiting for another process's compile (at most {timeout:g} s) ...")
+                    told = True
+                time.sleep(0.1)
+        baton = directory / "lock"
+        if baton.exists():
+            baton.unlink(missing_ok=True)
+            _say(f"removed a stale compile lock, {baton}, left by an interrupted build")
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _compiles(directory: Path, name: str) -> bool:
+    """Whether loading will compile: no build yet, or one older than the source."""
+    built = directory / f"{name}.so"
+    return not built.exists() or built.stat().st_mtime < SOURCE.stat().st_mtime
+
+
+def _compile_and_load(timeout: float) -> str:
+    """Compile (or find in the cache) and load the extension under ``compile_lock``; how."""
+    from torch.utils import cpp_extension
+
+    name, directory = build_name(), build_directory()
+    with compile_lock(directory, timeout):
+        compiles = _compiles(directory, name)
+        if compiles:
+            _say(
+                "compiling the fused CPU chunk kernels (csrc/chunk.cpp), once; "
+                f"this may take half a minute (cached in {directory}) ..."
+            )
+        start = time.monotonic()
+        cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
+        seconds = time.monotonic() - start
+    torch.ops.linattn_native.chunk_forward  # noqa: B018 (the op is registered)
+    if compiles:
+        _say(f"compiled in {seconds:.0f} s")
+        return f"compiled in {seconds:.0f} s"
+    return "loaded from the build cache"
+
+
 def _load() -> None:
     """Compile (or find in the cache) and load the extension once; record why not otherwise."""
     if "ok" in _state:
         return
-    try:
-        from torch.utils import cpp_extension
-
-        cpp_extension.load(
-            name=build_name(),
-            sources=[str(SOURCE)],
-            extra_cflags=FLAGS,
-            is_python_module=False,
-            verbose=False,
-        )
-        torch.ops.linattn_native.chunk_forward  # noqa: B018 (the op is registered)
-    except Exception as error:  # no compiler, no headers, a failed build: run the PyTorch loop
-        _state.update(ok=False, reason=f"build failed: {type(error).__name__}: {error}")
-        warnings.warn(
-            f"linattn: the fused CPU chunk forward is unavailable ({_state['reason']}); "
-            "the chunk form runs its PyTorch loop",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return
-    _state.update(ok=True, reason="compiled")
+    timeout = build_timeout()  # a bad LINATTN_BUILD_TIMEOUT raises, naming it
+    with _load_lock:
+        if "ok" in _state:
+            return
+        try:
+            how = _compile_and_load(timeout)
+        except Exception as error:  # no compiler, a failed build, a lock held too long
+            why = "not built" if isinstance(error, TimeoutError) else "build failed"
+            _state.update(ok=False, reason=f"{why}: {type(error).__name__}: {error}")
+            warnings.warn(
+                f"linattn: the fused CPU chunk forward is unavailable ({_state['reason']}); "
+                "the chunk form runs its PyTorch loop",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        _state.update(ok=True, reason=how)
 
 
 def _enabled() -> bool:
@@ -139,16 +252,6 @@ def ready() -> bool:
     return _enabled() and bool(_state.get("ok"))
 
 
-def _rows(x: Tensor | None) -> Tensor | None:
-    """x with unit stride in its last dimension and rows that do not overlap (BLAS leading
-    dimensions); the [B, H, T, D] views of [B, T, H, D] tensors pass unchanged."""
-    if x is None:
-        return None
-    if x.stride(-1) != 1 or (x.dim() > 3 and x.stride(-2) < x.shape[-1]) or x.stride(-2) == 0:
-        return x.contiguous()
-    return x
-
-
 def chunk_forward(
     q: Tensor,
     k: Tensor,
@@ -161,11 +264,9 @@ def chunk_forward(
     keep: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o [B, H, T, V] (a view of [B, T, H, V]), the final state [B, H, K, V], and (keep) the state
-    entering every chunk [T / C, B H, K, V]. Internal layout as in ``chunk_function``."""
-    q, k, v, g = (_rows(x) for x in (q, k, v, g))
-    if beta is not None and beta.stride(-1) == 0:
-        beta = beta.contiguous()
-    return _op("chunk_forward")(q, k, v, beta, g, S0.contiguous(), float(scale), int(C), bool(keep))
+    entering every chunk [T / C, B H, K, V]. Internal layout as in ``chunk_function``; any strides
+    (the kernel checks every shape and copies a layout its BLAS cannot read in place)."""
+    return _op("chunk_forward")(q, k, v, beta, g, S0, float(scale), int(C), bool(keep))
 
 
 def chunk_backward(
@@ -184,9 +285,8 @@ def chunk_backward(
     the additive rule), dg (g's shape; None without decay) and the initial state's gradient
     [B, H, K, V], for any mechanism, from the chunk states [T / C, B H, K, V] that
     ``chunk_forward`` saved and the gradients d_o, dS_final of its outputs."""
-    q, k, v, g, d_o = (_rows(x) for x in (q, k, v, g, d_o))
     dq, dk, dv, dbeta, dg, dS0 = _op("chunk_backward")(
-        q, k, v, beta, g, states.contiguous(), d_o, dS_final.contiguous(), float(scale), int(C)
+        q, k, v, beta, g, states, d_o, dS_final, float(scale), int(C)
     )
     return dq, dk, dv, (None if beta is None else dbeta), (None if g is None else dg), dS0
 

@@ -48,7 +48,8 @@ def delta_rule(
         scale: multiplies q; None means 1 / sqrt(K).
         mode: "parallel" (the whole sequence as one chunk), "recurrent" (token by token; the
             generation step) or "chunk".
-        chunk_size: any int >= 1; used by mode="chunk".
+        chunk_size: any int >= 1; used by mode="chunk", whose chunks of min(chunk_size, T)
+            tokens may be at most 8192 long (``_engine.MAX_CHUNK``).
         initial_state: [B, H, K, V] or None (zeros); [N, H, K, V] with cu_seqlens.
         output_final_state: return the state after the last token (else None).
         cu_seqlens: None or cumulative sequence lengths [N + 1] (B = 1): packed sequences.

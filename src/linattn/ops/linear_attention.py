@@ -40,7 +40,8 @@ def linear_attention(
         scale: multiplies q; None means 1 / sqrt(K) (pass 1.0 for the spec's plain form).
         mode: "parallel" (the masked n x n product), "recurrent" (token by token; with T = 1 and
             an initial state this is the generation step) or "chunk" (blocks of chunk_size).
-        chunk_size: any int >= 1 (need not divide T); used by mode="chunk".
+        chunk_size: any int >= 1 (need not divide T); used by mode="chunk", whose chunks of
+            min(chunk_size, T) tokens may be at most 8192 long (``_engine.MAX_CHUNK``).
         initial_state: [B, H, K, V] (or [B, H, K, V + 1] with normalize) or None (zeros); with
             cu_seqlens, [N, H, K, V(+1)] for N packed sequences.
         output_final_state: return the state after the last token (else None).

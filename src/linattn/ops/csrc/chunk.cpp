@@ -61,36 +61,61 @@ void strsm_(const char* side, const char* uplo, const char* transa, const char* 
 
 namespace {
 
+// The BLAS takes 32-bit integers: a size or leading dimension beyond that range is refused (the
+// entry points copy an input whose stride is too large, ``blas_rows``; sizes are checked there).
+int blas_int(int64_t x) {
+  TORCH_CHECK(x >= 0 && x <= INT32_MAX, "linattn_native: ", x,
+              " exceeds the BLAS's 32-bit range");
+  return static_cast<int>(x);
+}
+
+// The leading dimension of a row-major [rows, cols] operand as the BLAS requires it: >= max(1,
+// cols). A single row's stride is never read, and may be anything (a 1-token slice of an
+// expanded tensor has time stride 0, which the BLAS refuses): it is replaced by max(1, cols).
+int blas_ld(int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t least = std::max<int64_t>(1, cols);
+  if (rows <= 1) return blas_int(least);
+  TORCH_CHECK(ld >= least, "linattn_native: a leading dimension ", ld, " < ", least);
+  return blas_int(ld);
+}
+
 // Row-major C[m, n] = alpha op(A) op(B) + beta C, with op(A) [m, k] and op(B) [k, n]; A is stored
 // [m, k] (or [k, m] when ta), B [k, n] (or [n, k] when tb). The BLAS is column-major, and a
 // row-major matrix is its transpose read column-major: C^T = op(B)^T op(A)^T.
-void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (m == 0 || n == 0) return;
   const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
-  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
-  sgemm_(&opb, &opa, &n, &m, &k, &alpha, B, &lb, A, &la, &beta, C, &lc);
+  const int la = ta ? blas_ld(k, m, lda) : blas_ld(m, k, lda);
+  const int lb = tb ? blas_ld(n, k, ldb) : blas_ld(k, n, ldb);
+  const int lc = blas_ld(m, n, ldc);
+  const int mi = blas_int(m), ni = blas_int(n), ki = blas_int(k);
+  sgemm_(&opb, &opa, &ni, &mi, &ki, &alpha, B, &lb, A, &la, &beta, C, &lc);
+}
+
+// The triangular solve of ``unit_lower_solve`` (trans 'N') or its transpose (trans 'T').
+void unit_upper_trsm(char trans, int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
+                     int64_t ldx) {
+  if (c == 0 || n == 0) return;
+  const char side = 'R', uplo = 'U', diag = 'U';
+  const float one = 1.0f;
+  const int ll = blas_ld(c, c, ldl), lx = blas_ld(c, n, ldx);
+  const int ci = blas_int(c), ni = blas_int(n);
+  strsm_(&side, &uplo, &trans, &diag, &ni, &ci, &one, L, &ll, X, &lx);
 }
 
 // Solve (I + L) X = X in place for unit-lower-triangular I + L [c, c] (row-major, stride ldl)
 // and X [c, n] (row-major, stride ldx). Column-major this is X^T (I + L)^T = X^T, where the
 // row-major L read column-major is the upper-triangular (I + L)^T.
-void unit_lower_solve(int c, int n, const float* L, int64_t ldl, float* X, int64_t ldx) {
-  if (c == 0 || n == 0) return;
-  const char side = 'R', uplo = 'U', trans = 'N', diag = 'U';
-  const float one = 1.0f;
-  const int ll = static_cast<int>(ldl), lx = static_cast<int>(ldx);
-  strsm_(&side, &uplo, &trans, &diag, &n, &c, &one, L, &ll, X, &lx);
+void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* X, int64_t ldx) {
+  unit_upper_trsm('N', c, n, L, ldl, X, ldx);
 }
 
 // Solve (I + L)^T X = X in place (the same storage as ``unit_lower_solve``): column-major,
 // X^T (I + L) = X^T, the stored (I + L)^T transposed once more.
-void unit_lower_solve_transposed(int c, int n, const float* L, int64_t ldl, float* X, int64_t ldx) {
-  if (c == 0 || n == 0) return;
-  const char side = 'R', uplo = 'U', trans = 'T', diag = 'U';
-  const float one = 1.0f;
-  const int ll = static_cast<int>(ldl), lx = static_cast<int>(ldx);
-  strsm_(&side, &uplo, &trans, &diag, &n, &c, &one, L, &ll, X, &lx);
+void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
+                                 int64_t ldx) {
+  unit_upper_trsm('T', c, n, L, ldl, X, ldx);
 }
 
 // exp(x) for x <= 88, to about 2 ulp; results below the normal range are 0 (flushed, as the
@@ -118,10 +143,11 @@ __attribute__((always_inline)) inline float exp_flush(float x) {
 // (``_blockmath.factor_budget``).
 const float kFactorBudget = std::log(FLT_MAX) / 4.0f;
 
-// One thread's scratch memory, sized for one chunk of one head.
+// One thread's scratch memory, sized for one chunk of one head (64-bit sizes: C x C overflows an
+// int from C = 46,341 on).
 struct Scratch {
   std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;
-  Scratch(int C, int K, int V)
+  Scratch(int64_t C, int64_t K, int64_t V)
       : G(C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
         Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
 };
@@ -129,8 +155,8 @@ struct Scratch {
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
 // reference row r for the whole block: x * exp(G - G_r) times (y * exp(G_r - G))^T.
 void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
-                    int K, int i0, int n, int j0, int m, int r, float alpha, float* A, int64_t lda,
-                    Scratch& w) {
+                    int64_t K, int i0, int n, int j0, int m, int r, float alpha, float* A,
+                    int64_t lda, Scratch& w) {
   const float* Gr = G + static_cast<int64_t>(r) * K;
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
@@ -154,7 +180,7 @@ void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, co
 // quarter factors exactly about the last row of its upper half (every exponent <= 0 there), and the
 // two diagonal halves recurse (``_blockmath.direct_block_size``).
 void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
-                      int K, int i0, int n, float alpha, float* A, int64_t lda, Scratch& w) {
+                      int64_t K, int i0, int n, float alpha, float* A, int64_t lda, Scratch& w) {
   const float* first = G + static_cast<int64_t>(i0) * K;
   const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
   float spread = 0.0f;
@@ -173,7 +199,7 @@ void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
 // rows [i0, i0 + n) x [j0, j0 + m), dX_i += (alpha dA Yf)_i * exp(G_i - G_r) and
 // dY_j += (alpha dA^T Xf)_j * exp(G_r - G_j), with Xf, Yf the factored rows. dX, dY: [c, K].
 void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                             const float* G, int K, int i0, int n, int j0, int m, int r,
+                             const float* G, int64_t K, int i0, int n, int j0, int m, int r,
                              float alpha, const float* dA, int64_t lda, float* dX, float* dY,
                              Scratch& w) {
   const float* Gr = G + static_cast<int64_t>(r) * K;
@@ -217,8 +243,8 @@ void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_
 // The gradient of ``channel_diagonal``'s product (the same blocks, the same halving), for dA
 // masked as the product was: adds to dX and dY ([c, K]).
 void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                               const float* G, int K, int i0, int n, float alpha, const float* dA,
-                               int64_t lda, float* dX, float* dY, Scratch& w) {
+                               const float* G, int64_t K, int i0, int n, float alpha,
+                               const float* dA, int64_t lda, float* dX, float* dY, Scratch& w) {
   const float* first = G + static_cast<int64_t>(i0) * K;
   const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
   float spread = 0.0f;
@@ -239,8 +265,8 @@ void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int6
 // the masked, decayed product of section 10 for c rows. kg = 0 (no gate), 1 (one log-gate per
 // token) or K (one per channel); G [c, kg] holds the cumulative log-gates.
 void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
-                      int kg, int c, int K, bool strict, float alpha, float* A, int64_t lda,
-                      Scratch& w) {
+                      int64_t kg, int c, int64_t K, bool strict, float alpha, float* A,
+                      int64_t lda, Scratch& w) {
   if (kg <= 1) {
     gemm(false, true, c, c, K, alpha, X, ldx, Y, ldy, 0.0f, A, lda);
     if (kg == 1) {
@@ -404,20 +430,81 @@ int64_t cache_release() { return 0; }
 int64_t cache_bytes() { return 0; }
 #endif
 
-void require_float32_cpu(std::initializer_list<const at::Tensor*> tensors) {
-  for (const at::Tensor* x : tensors) {
-    TORCH_CHECK(x->scalar_type() == at::kFloat && x->device().is_cpu(), "float32 CPU tensors only");
+// The largest chunk (C = min(chunk_size, T)) the kernels take: each thread keeps a few C x C
+// blocks (256 MiB each at this size), and a larger C is never faster. ``_engine.MAX_CHUNK``.
+constexpr int64_t kMaxChunk = 8192;
+
+// An entry point's checks, before any work, each naming the argument: dtype, device and shape, so
+// that no call, from Python or through torch.ops, reads or writes out of bounds.
+struct Checks {
+  const char* op;
+
+  void float32_cpu(const char* name, const at::Tensor& x) const {
+    TORCH_CHECK(x.defined(), op, ": ", name, " is undefined");
+    TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+                x.scalar_type());
+    TORCH_CHECK(x.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ", x.device());
   }
+
+  void shape(const char* name, const at::Tensor& x, at::IntArrayRef sizes,
+             const char* dims) const {
+    float32_cpu(name, x);
+    TORCH_CHECK(x.sizes() == sizes, op, ": ", name, " must be of shape ", dims, " = ", sizes,
+                ", got ", x.sizes());
+  }
+
+  // g: [B, H, T, 1] (one log-gate per token) or [B, H, T, K] (one per channel); its width.
+  int64_t gate(const at::Tensor& g, int64_t B, int64_t H, int64_t T, int64_t K) const {
+    float32_cpu("g", g);
+    TORCH_CHECK(g.dim() == 4 && (g.size(3) == 1 || g.size(3) == K), op,
+                ": g must be of shape [B, H, T, 1 | K] = [", B, ", ", H, ", ", T, ", 1 | ", K,
+                "], got ", g.sizes());
+    shape("g", g, {B, H, T, g.size(3)}, "[B, H, T, 1 | K]");
+    return g.size(3);
+  }
+};
+
+// The sizes of a chunk-form call: q [B, H, T, K], v [B, H, T, V], N chunks of C tokens, with
+// C = min(C, T) (the same chunks: one chunk holds the whole sequence either way). 64-bit
+// throughout; the BLAS's 32-bit sizes and leading dimensions are checked here, before any work.
+struct Sizes {
+  int64_t B, H, T, K, V, P, N, C;
+  Sizes(const Checks& check, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+        int64_t C64) {
+    check.float32_cpu("q", q);
+    TORCH_CHECK(q.dim() == 4, check.op, ": q must be of shape [B, H, T, K], got ", q.sizes());
+    B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3);
+    check.shape("k", k, q.sizes(), "[B, H, T, K]");
+    check.float32_cpu("v", v);
+    TORCH_CHECK(v.dim() == 4, check.op, ": v must be of shape [B, H, T, V], got ", v.sizes());
+    V = v.size(3);
+    check.shape("v", v, {B, H, T, V}, "[B, H, T, V]");
+    TORCH_CHECK(C64 >= 1, check.op, ": C (the chunk size) must be >= 1, got ", C64);
+    C = std::min(C64, std::max<int64_t>(T, 1));
+    TORCH_CHECK(C <= kMaxChunk, check.op, ": C = min(chunk size, T) = ", C, " exceeds ",
+                kMaxChunk, " (a thread keeps C x C blocks: use a smaller chunk size)");
+    TORCH_CHECK(K + V <= INT32_MAX && H * std::max(K, V) <= INT32_MAX, check.op, ": K = ", K,
+                ", V = ", V, ", H = ", H, " exceed the BLAS's 32-bit sizes");
+    P = B * H;
+    N = (T + C - 1) / C;
+  }
+};
+
+// x [B, H, T, D] as the BLAS reads its rows: in place when each row is contiguous (unit stride
+// along D, or D <= 1) and the rows a valid leading dimension apart (T <= 1, or a time stride from
+// D up to the BLAS's 32-bit range); otherwise a contiguous copy (an expanded time dimension,
+// overlapping rows, a transposed last dimension, a huge stride).
+at::Tensor blas_rows(const at::Tensor& x) {
+  const int64_t T = x.size(2), D = x.size(3);
+  const bool unit = D <= 1 || x.stride(3) == 1;
+  const bool rows = T <= 1 || (x.stride(2) >= D && x.stride(2) <= INT32_MAX);
+  return unit && rows ? x : at::empty(x.sizes(), x.options()).copy_(x);
 }
 
-// The sizes of a chunk-form call: q [B, H, T, K], v [B, H, T, V], N chunks of C tokens.
-struct Sizes {
-  int64_t B, H, T, K, V, P, N;
-  int C;
-  Sizes(const at::Tensor& q, const at::Tensor& v, int64_t C64)
-      : B(q.size(0)), H(q.size(1)), T(q.size(2)), K(q.size(3)), V(v.size(3)), P(B * H),
-        N((T + C64 - 1) / C64), C(static_cast<int>(C64)) {}
-};
+// x [..., D] with unit stride along D (as the elementwise loops read it), else a contiguous copy.
+at::Tensor unit_rows(const at::Tensor& x) {
+  return x.size(-1) <= 1 || x.stride(-1) == 1 ? x : x.contiguous();
+}
 
 // A fresh [B, T, H, D] tensor seen as [B, H, T, D]: the public layout, written head by head.
 at::Tensor fresh_public(const Sizes& n, int64_t D, const at::TensorOptions& options) {
@@ -435,22 +522,25 @@ T* chunk_rows(const at::Tensor& x, T* base, int64_t b, int64_t h, int64_t t0) {
 // o [B, H, T, V] (a view of a [B, T, H, V] tensor), the final state [B, H, K, V], and (keep) the
 // state entering every chunk [N, B H, K, V] for the backward pass (else an empty tensor).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const c10::optional<at::Tensor>& beta_opt, const c10::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep) {
-  require_float32_cpu({&q, &k, &v, &S0});
-  const Sizes sz(q, v, C64);
-  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
-  const int C = sz.C;
+  const Checks check{"linattn_native.chunk_forward"};
+  const Sizes sz(check, q_in, k_in, v_in, C64);
+  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N, C = sz.C;
   const bool delta = beta_opt.has_value();
   const bool gated = g_opt.has_value();
+  if (delta) check.shape("beta", *beta_opt, {B, H, T}, "[B, H, T]");
+  const int64_t kg = gated ? check.gate(*g_opt, B, H, T, K) : 0;
+  check.shape("S0", S0, {B, H, K, V}, "[B, H, K, V]");
+  const at::Tensor q = blas_rows(q_in), k = blas_rows(k_in), v = blas_rows(v_in);
   const at::Tensor beta = delta ? *beta_opt : at::Tensor();
-  const at::Tensor g = gated ? *g_opt : at::Tensor();
-  const int kg = gated ? static_cast<int>(g.size(3)) : 0;
+  const at::Tensor g = gated ? unit_rows(*g_opt) : at::Tensor();
   const float scale = static_cast<float>(scale_d);
 
   at::Tensor o = fresh_public(sz, V, q.options());
-  at::Tensor S = S0.reshape({P, K, V}).clone();  // the running states, contiguous
+  // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).
+  at::Tensor S = S0.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
   at::Tensor states = keep ? fresh({N, P, K, V}, q.options()) : at::empty({0}, q.options());
 
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
@@ -461,7 +551,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 
   at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
     FlushSubnormals flush;
-    Scratch w(C, static_cast<int>(K), static_cast<int>(V));
+    Scratch w(C, K, V);
     const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
     const int64_t ldx = K + V;  // X = [W | U] after the solve
     for (int64_t n = 0; n < N; ++n) {
@@ -555,7 +645,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 #pragma omp simd
             for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
           }
-          unit_lower_solve(c, static_cast<int>(K + V), L, C, X, ldx);  // X = [W | U0]
+          unit_lower_solve(c, K + V, L, C, X, ldx);  // X = [W | U0]
           gemm(false, false, c, Vi, Ki, -1.0f, X, ldx, Sh, V, 1.0f, X + K, ldx);  // U = U0 - W S
           U = X + K, ldu = ldx;
         }
@@ -628,20 +718,25 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, b
 // Returns dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (an empty tensor for the additive
 // rule), dg [B, H, T, kg] (an empty tensor without decay; views of [B, T, H, ...] tensors) and dS0.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_backward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const c10::optional<at::Tensor>& beta_opt, const c10::optional<at::Tensor>& g_opt,
-    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final, double scale_d,
-    int64_t C64) {
-  require_float32_cpu({&q, &k, &v, &states, &d_o, &dS_final});
-  const Sizes sz(q, v, C64);
-  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
-  const int C = sz.C;
+    const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
+    double scale_d, int64_t C64) {
+  const Checks check{"linattn_native.chunk_backward"};
+  const Sizes sz(check, q_in, k_in, v_in, C64);
+  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N, C = sz.C;
   const bool delta = beta_opt.has_value();
-  const at::Tensor beta = delta ? *beta_opt : at::Tensor();
   const bool gated = g_opt.has_value();
-  const at::Tensor g = gated ? *g_opt : at::Tensor();
-  const int kg = gated ? static_cast<int>(g.size(3)) : 0;
-  const int kr = std::max(kg, 1);  // gates per row held below (no decay: one gate, G = 0)
+  if (delta) check.shape("beta", *beta_opt, {B, H, T}, "[B, H, T]");
+  const int64_t kg = gated ? check.gate(*g_opt, B, H, T, K) : 0;
+  check.shape("states", states_in, {N, P, K, V}, "[ceil(T / C), B H, K, V]");
+  check.shape("d_o", d_o_in, {B, H, T, V}, "[B, H, T, V]");
+  check.shape("dS_final", dS_final, {B, H, K, V}, "[B, H, K, V]");
+  const at::Tensor q = blas_rows(q_in), k = blas_rows(k_in), v = blas_rows(v_in);
+  const at::Tensor d_o = blas_rows(d_o_in), states = states_in.contiguous();
+  const at::Tensor beta = delta ? *beta_opt : at::Tensor();
+  const at::Tensor g = gated ? unit_rows(*g_opt) : at::Tensor();
+  const int64_t kr = std::max<int64_t>(kg, 1);  // gates per row held below (no decay: G = 0)
   const bool channel = kg > 1;
   const float scale = static_cast<float>(scale_d);
   at::Tensor dq = fresh_public(sz, K, q.options()), dk = fresh_public(sz, K, q.options());
@@ -649,7 +744,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor dg = gated ? fresh_public(sz, kg, q.options()) : at::empty({0}, q.options());
   at::Tensor dbeta = delta ? at::empty({B, T, H}, q.options()).transpose(1, 2)
                            : at::empty({0}, q.options());
-  at::Tensor dS = dS_final.reshape({P, K, V}).clone();
+  at::Tensor dS = dS_final.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *gp = gated ? g.data_ptr<float>() : nullptr, *sp = states.data_ptr<float>();
   const float* bp = delta ? beta.data_ptr<float>() : nullptr;
@@ -661,7 +756,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
   at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
     FlushSubnormals flush;
-    Scratch w(C, static_cast<int>(K), static_cast<int>(V));
+    Scratch w(C, K, V);
     const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
     const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K, CG = C * kr;
     std::vector<float> Gam(kg == 1 ? CC : 0), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
@@ -755,7 +850,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
             for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
             for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
           }
-          unit_lower_solve(c, static_cast<int>(K + V), L.data(), C, X.data(), ldx);  // [W | U0]
+          unit_lower_solve(c, K + V, L.data(), C, X.data(), ldx);  // [W | U0]
           for (int i = 0; i < c; ++i) {
             std::memcpy(U.data() + i * V, X.data() + i * ldx + K, sizeof(float) * V);
           }
@@ -966,18 +1061,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 //   o = S^T (scale q)
 //
 // state [B, H, K, V] contiguous; q, k [B, H, K]; v [B, H, V]; beta [B, H] or None; g [B, H, 1|K]
-// or None; all float32 and contiguous. Returns o [B, H, V]; or, when an input is out of its range
-// (a NaN or Inf anywhere, beta outside [0, 2], g > 0), an empty tensor, with the state unchanged:
-// the caller then names the input.
-at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, const c10::optional<at::Tensor>& beta_opt,
+// or None; all float32 (shapes checked first; the inputs other than the state are copied when not
+// contiguous). Returns o [B, H, V]; or, when an input is out of its range (a NaN or Inf anywhere,
+// beta outside [0, 2], g > 0), an empty tensor, with the state unchanged: the caller then names
+// the input.
+at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
+                          const at::Tensor& v_in, const c10::optional<at::Tensor>& beta_opt,
                           const c10::optional<at::Tensor>& g_opt, double scale_d) {
+  const Checks check{"linattn_native.recurrent_step"};
+  check.float32_cpu("state", state);
+  TORCH_CHECK(state.dim() == 4 && state.is_contiguous(), check.op,
+              ": state must be a contiguous [B, H, K, V] tensor (updated in place), got shape ",
+              state.sizes(), " and strides ", state.strides());
   const int64_t B = state.size(0), H = state.size(1), K = state.size(2), V = state.size(3);
   const int64_t P = B * H;
+  check.shape("q", q_in, {B, H, K}, "[B, H, K]");
+  check.shape("k", k_in, {B, H, K}, "[B, H, K]");
+  check.shape("v", v_in, {B, H, V}, "[B, H, V]");
   const bool delta = beta_opt.has_value(), gated = g_opt.has_value();
-  const int64_t kg = gated ? g_opt->size(-1) : 0;
-  const float* bp = delta ? beta_opt->data_ptr<float>() : nullptr;
-  const float* gp = gated ? g_opt->data_ptr<float>() : nullptr;
+  if (delta) check.shape("beta", *beta_opt, {B, H}, "[B, H]");
+  if (gated) {
+    check.float32_cpu("g", *g_opt);
+    const int64_t width = g_opt->dim() == 3 ? g_opt->size(2) : -1;
+    TORCH_CHECK(width == 1 || width == K, check.op, ": g must be of shape [B, H, 1 | K] = [", B,
+                ", ", H, ", 1 | ", K, "], got ", g_opt->sizes());
+    check.shape("g", *g_opt, {B, H, width}, "[B, H, 1 | K]");
+  }
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor beta = delta ? beta_opt->contiguous() : at::Tensor();
+  const at::Tensor g = gated ? g_opt->contiguous() : at::Tensor();
+  const int64_t kg = gated ? g.size(-1) : 0;
+  const float* bp = delta ? beta.data_ptr<float>() : nullptr;
+  const float* gp = gated ? g.data_ptr<float>() : nullptr;
   float* Sp = state.data_ptr<float>();
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   // 1. Checks, before anything is written.
@@ -1043,6 +1158,13 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q, const at::Tens
 
 // ``fresh`` for Python: an uninitialised CPU tensor of ``sizes``, on huge pages where possible.
 at::Tensor empty_huge(at::IntArrayRef sizes, at::ScalarType dtype) {
+  uint64_t bytes = c10::elementSize(dtype);
+  for (const int64_t n : sizes) {
+    TORCH_CHECK(n >= 0, "linattn_native.empty_huge: sizes must be >= 0, got ", sizes);
+    TORCH_CHECK(!__builtin_mul_overflow(bytes, static_cast<uint64_t>(n), &bytes) &&
+                    bytes <= static_cast<uint64_t>(INT64_MAX),
+                "linattn_native.empty_huge: sizes ", sizes, " overflow 64 bits");
+  }
   return fresh(sizes, at::TensorOptions().dtype(dtype));
 }
 
