@@ -117,6 +117,8 @@ def test_checks_are_what_verify_prints(built):
     page = (out / "index.html").read_text()
     assert f"<pre>{html.escape(text)}</pre>" in page
     assert page.count('<span class="pass">PASS</span>') == len(verify.run_checks())
+    for name in ("section 6.1: the causal mask raises the linear rank to n", "Eckart-Young"):
+        assert html.escape(name) in page.split("As printed by")[0]  # in the table of checks
     assert json.loads((out / "data" / "verify.json").read_text())["passed"] is True
 
 

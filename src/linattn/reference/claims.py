@@ -55,9 +55,7 @@ def product_ops(A: np.ndarray, B: np.ndarray) -> int:
     return 2 * A.shape[0] * A.shape[1] * B.shape[1]
 
 
-def softmax_order(
-    Q: np.ndarray, K: np.ndarray, V: np.ndarray
-) -> tuple[int, tuple[int, ...]]:
+def softmax_order(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> tuple[int, tuple[int, ...]]:
     """Section 4's table, softmax column: the products G = Q K^T / sqrt(d) and O = P V.
 
     Returns (operations counted product by product, the shape of the largest intermediate).
