@@ -50,8 +50,7 @@ def cache_and_state(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list
     )
     memory.plot([t, t], [linear_state, cache_t], color=style.ERROR, lw=1)
     memory.annotate(
-        f"t = {t:,}: {cache_t:,}\nagainst {int(linear_state):,} numbers,\n"
-        f"{ratio:,.0f} times fewer",
+        f"t = {t:,}: {cache_t:,}\nagainst {int(linear_state):,} numbers,\n{ratio:,.0f} times fewer",
         xy=(t, np.sqrt(linear_state * cache_t)),
         xytext=(1500, cache_t * 30),
         ha="left",
