@@ -60,3 +60,12 @@ def smallest_text_px(svg: Path | str, page_width: int) -> float:
 def _size(node: ET.Element) -> float | None:
     match = _SIZE.search(node.get("style", ""))
     return float(match.group(1)) if match else None
+
+
+def png_css_width(png: Path | str) -> int:
+    """The natural width in CSS pixels of a PNG the figures wrote (``style.DPI`` per inch, shown
+    at ``style.CSS_DPI``), read from its header."""
+    header = Path(png).read_bytes()[:24]
+    if header[:8] != b"\x89PNG\r\n\x1a\n" or header[12:16] != b"IHDR":
+        raise ValueError(f"{png} is not a PNG file")
+    return round(int.from_bytes(header[16:20], "big") * style.CSS_DPI / style.DPI)
