@@ -209,8 +209,8 @@ def render_html(report: Report) -> str:
         '<li><a href="#numbers">Numbers files</a></li>'
         '<li><a href="#environment">Machine</a></li></ul></nav>',
         '<h2 id="checks">Checks</h2>',
-        "<p>Every numerical check the spec prints, with the spec's seeds "
-        "(<code>linattn verify</code>).</p>",
+        "<p>Every numerical check the spec prints, with the spec's seeds, and every claim it "
+        "proves or states, computed by the float64 reference (<code>linattn verify</code>).</p>",
         _checks_html(report),
         "<details><summary>As printed by <code>linattn verify</code></summary>"
         f"<pre>{_e(report.verify_text)}</pre></details>",

@@ -146,7 +146,7 @@ def overwrite(out_dir: Path | str) -> list[Path]:
     style.arrow(ax, (6.3, y + 1), (7.7, y + 1), "correct")
     style.value_grid(ax, 8, y + 0.5, example["u3"][None], style.VALUE, "")
     ax.text(
-        9, y + 1.75, "$u_3 = v_3 - S_2^\\top k_3$", ha="center", va="bottom", fontsize=12,
+        9, y + 0.3, "$u_3 = v_3 - S_2^\\top k_3$", ha="center", va="top", fontsize=12,
         color=style.VALUE,
     )  # fmt: skip
     style.arrow(ax, (10.3, y + 1), (11.7, y + 1), "$+\\,k_3 u_3^\\top$")
