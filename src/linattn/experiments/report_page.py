@@ -230,7 +230,8 @@ def render_html(report: Report) -> str:
         f"<pre>{_e(report.costs_text)}</pre></details>",
         '<h2 id="figures">Figures</h2>',
         "<p>The spec's nine figures, drawn from numbers computed by "
-        "<code>linattn.reference</code>.</p>",
+        "<code>linattn.reference</code>. Each image opens its full-size SVG, for zooming on a "
+        "narrow screen.</p>",
         *(_figure(f["name"], f["caption"], report.widths.get(f["name"])) for f in report.figures),
         '<h2 id="bench">Benchmark</h2>',
     ]
