@@ -12,5 +12,7 @@ def test_accuracy_table_within_the_issue_bounds():
         assert r["float64"] < 1e-10, r
         assert r["float32"] < 1e-5, r
         assert r["bfloat16"] < 1e-2, r
+        assert r["float16"] < 2e-3, r  # 11 significant bits against bfloat16's 8
     text = accuracy_markdown(rows, 70, 4, 3)
     assert text.count("\n| ") == len(rows) + 1 and "KDA" in text
+    assert "float16 rel RMS" in text.splitlines()[2].replace("bfloat16 rel RMS", "")

@@ -117,6 +117,8 @@ def test_checks_are_what_verify_prints(built):
     page = (out / "index.html").read_text()
     assert f"<pre>{html.escape(text)}</pre>" in page
     assert page.count('<span class="pass">PASS</span>') == len(verify.run_checks())
+    for name in ("section 6.1: the causal mask raises the linear rank to n", "Eckart-Young"):
+        assert html.escape(name) in page.split("As printed by")[0]  # in the table of checks
     assert json.loads((out / "data" / "verify.json").read_text())["passed"] is True
 
 
@@ -174,7 +176,12 @@ def test_a_failed_check_shows():
 
 def test_markdown_to_html_escapes():
     assert markdown_to_html("a <b> & **c**") == "<p>a &lt;b&gt; &amp; <b>c</b></p>"
-    assert "<i>β_t = 1</i>" in markdown_to_html("$\\beta_t = 1$")
+    # Table 1's caption and the costs table: subscripts and powers typeset, not "β_t", "4n^2 d".
+    assert "<i>β<sub>t</sub> = 1</i>" in markdown_to_html("$\\beta_t = 1$")
+    assert markdown_to_html("4n^2 d and 6 d_model") == (
+        "<p>4n<sup>2</sup> d and 6 d<sub>model</sub></p>"
+    )
+    assert "<code>run_x ^2</code>" in markdown_to_html("`run_x ^2`")  # code is left as it is
 
 
 def test_an_existing_report_is_not_overwritten(built):
@@ -232,4 +239,65 @@ def test_defaults_are_the_spec_procedure():
     parser = cli.build_parser()
     args = parser.parse_args(["report"])
     assert args.table1_repetitions == 200 and args.out == Path("report")
-    assert args.bench == Path("runs/bench/bench.json") and args.mqar == Path("runs/mqar.jsonl")
+    assert args.bench is None and args.mqar is None  # the newer of a run and the committed files
+    args.argv = report._argv(args)
+    assert args.argv == []  # the page's "Made by" line lists only the flags that were passed
+
+
+def test_made_by_lists_the_flags_that_were_passed(built):
+    page = (built[0] / "index.html").read_text()
+    made_by = re.search(r"<p>Made by <code>(.*?)</code>", page).group(1)
+    assert made_by.startswith("linattn report --out ") and "--quiet" not in made_by
+    assert made_by.count("--bench") == made_by.count("--mqar") == 1
+    assert "--force" not in made_by and f"--table1-repetitions {REPETITIONS}" in made_by
+
+
+def test_ids_are_unique_and_every_anchor_exists(built):
+    page = (built[0] / "index.html").read_text()
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    for anchor in re.findall(r'href="#([^"]+)"', page):
+        assert anchor in ids
+
+
+def test_the_page_is_responsive(built):
+    page = (built[0] / "index.html").read_text()
+    assert page.count("<table>") == page.count('<div class="scroll"><table>')  # own scroll box
+    assert "max-width: 100%; height: auto" in page and "760px" not in page
+    assert "nav li { display: inline-block; white-space: nowrap;" in page
+    for width in re.findall(r'<img src="figures/[^"]+" width="(\d+)"', page):
+        assert int(width) <= 1100  # the column: every figure shown whole, at most at its size
+
+
+def test_the_committed_results_are_used_when_no_newer_run_exists(tmp_path):
+    run, committed = tmp_path / "runs" / "bench.json", tmp_path / "committed.json"
+    assert report.results_file(None, (run, committed)) == (run, "")
+    committed.write_text("{}")
+    path, note = report.results_file(None, (run, committed))
+    assert path == committed and "committed with the code" in note and "no run at" in note
+    run.parent.mkdir()
+    run.write_text("{}")
+    os.utime(committed, (1, 1))  # the run is the newer file
+    path, note = report.results_file(None, (run, committed))
+    assert path == run and "your latest run" in note
+    os.utime(run, (0, 0))
+    path, note = report.results_file(None, (run, committed))
+    assert path == committed and "newer than your run" in note
+    assert report.results_file(tmp_path / "x", (run, committed))[0] == tmp_path / "x"
+
+
+def test_a_default_report_shows_the_committed_results_and_says_so(tmp_path, monkeypatch):
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)  # no runs/ here: the committed files, found from the checkout
+    for name in ("bench.json", "mqar-cpu.jsonl"):
+        (tmp_path / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "benchmarks" / "results" / name).write_bytes(
+            (root / "benchmarks" / "results" / name).read_bytes()
+        )
+    status, stdout, _ = run_cli(["report", "--quiet", "--table1-repetitions", "2"])
+    assert status == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "No benchmark results" not in page and "No recall results" not in page
+    assert "From <code>benchmarks/results/bench.json</code> (the results committed" in page
+    assert "From <code>benchmarks/results/mqar-cpu.jsonl</code> (the results committed" in page
+    assert "<p>Made by <code>linattn report --table1-repetitions 2 --quiet</code>" in page

@@ -4,10 +4,12 @@ import argparse
 import json
 import math
 
+import numpy as np
 import pytest
 
 from linattn.experiments import verify
 from linattn.experiments.verify import SECTIONS, Check, compare, report, run_checks, to_json
+from linattn.reference import linear_attention_quadratic
 
 # The checks that the spec prints, by the spec's names, with the largest error it prints.
 SPEC_ERRORS = {
@@ -116,3 +118,153 @@ def test_json_is_the_same_checks(all_checks):
     assert payload["passed"] is True
     assert [row["name"] for row in payload["checks"]] == [c.name for c in checks]
     assert report(checks).splitlines()[-1] == f"all {len(checks)} checks passed"
+
+
+# The spec's claims that it proves or states without printing a check (issue 22), by section.
+CLAIM_SECTIONS = {
+    "variance_checks": 4,  # 2: Var(q.k) = d at two d, the rows sharpen, their gradient vanishes
+    "cost_table_checks": 3,  # 4: 4 n^2 d and n x n, 4 n r d and r x d, cheaper when n > r
+    "reordering_checks": 2,  # 5.1: (A o L) V row by row, and it is not the reordered product
+    "eckart_young_checks": 4,  # 6.1: sigma_(r+1) twice, no rank-4 matrix beats it, causal rank
+    "sharpness_checks": 2,  # 6.2: the bound, and softmax rows that do become one-hot
+    "positive_feature_checks": 3,  # 6.3: no two positive features orthogonal, crosstalk
+    "linear_loss_checks": 2,  # 7.1: the gradient -k v^T anywhere, a step corrects nothing
+    "overwrite_checks": 3,  # 9: a new value under an old key, three mechanisms
+    "stored_pair_checks": 5,  # 9: reading one stored pair, three mechanisms
+}
+
+
+@pytest.mark.parametrize("section", list(CLAIM_SECTIONS))
+def test_the_claims_are_checked_and_pass(section):
+    checks = getattr(verify, section)()
+    assert len(checks) == CLAIM_SECTIONS[section]
+    assert all(check.passed for check in checks), [c.line() for c in checks if not c.passed]
+    assert getattr(verify, section) in SECTIONS
+
+
+def _failing(section, monkeypatch, target, replacement):
+    monkeypatch.setattr(target[0], target[1], replacement)
+    return [check.name for check in getattr(verify, section)() if not check.passed]
+
+
+def test_the_variance_check_fails_for_a_variance_of_2d(monkeypatch):
+    real = verify.claims.score_variance
+    failed = _failing(
+        "variance_checks",
+        monkeypatch,
+        (verify.claims, "score_variance"),
+        lambda rng, d, samples: (2 * real(rng, d, samples)[0], real(rng, d, samples)[1]),
+    )
+    assert failed[:2] == [
+        "section 2: q.k has variance d = 16; / sqrt(d), variance 1",
+        "section 2: q.k has variance d = 256; / sqrt(d), variance 1",
+    ]
+
+
+def test_the_jacobian_check_fails_when_the_gradient_is_not_small(monkeypatch):
+    failed = _failing(
+        "variance_checks", monkeypatch, (verify.claims, "softmax_jacobian_norm"), lambda p: 0.5
+    )
+    assert failed == ["section 2: a row on one key has a gradient close to zero"]
+
+
+def test_the_cost_table_fails_for_an_order_that_builds_n_by_n(monkeypatch):
+    failed = _failing(
+        "cost_table_checks",
+        monkeypatch,
+        (verify.claims, "linear_right_order"),
+        lambda FQ, FK, V: verify.claims.softmax_order(FQ, FK, V),
+    )
+    assert failed == ["section 4: linear attention costs 4 n r d, through r x d"]
+
+
+def test_the_cost_table_fails_if_linear_attention_were_4_n_r_d_squared(monkeypatch):
+    failed = _failing(
+        "cost_table_checks",
+        monkeypatch,
+        (verify, "linear_attention_ops"),
+        lambda n, r, d: 4 * n * r * d * d,
+    )
+    assert failed == ["section 4: linear attention is cheaper exactly when n > r"]
+
+
+def test_the_reordering_claim_fails_without_the_mask(monkeypatch):
+    # With the mask replaced by all ones the two products agree, and the claim must fail.
+    failed = _failing("reordering_checks", monkeypatch, (verify.np, "tril"), lambda A: A)
+    assert "section 5.1: (A o L) V differs from phi(Q) (phi(K)^T V)" in failed
+
+
+def test_eckart_young_fails_for_a_worse_approximation(monkeypatch):
+    real = verify.claims.rank_r_error
+    failed = _failing(
+        "eckart_young_checks",
+        monkeypatch,
+        (verify.claims, "rank_r_error"),
+        lambda M, r: real(M, max(r - 1, 1)) if r > 1 else real(M, r),
+    )
+    assert failed == [
+        "Eckart-Young, d = 1 softmax: best rank-r error sigma_(r+1)",
+        "Eckart-Young, Figure 4: best rank-r error sigma_(r+1)",
+    ]
+
+
+def test_the_causal_rank_claim_fails_for_the_unmasked_matrix(monkeypatch):
+    def unmasked(Q, K):
+        return linear_attention_quadratic(Q, K, np.eye(len(K)))[1]
+
+    failed = _failing(
+        "eckart_young_checks", monkeypatch, (verify.claims, "causal_linear_matrix"), unmasked
+    )
+    assert failed == ["section 6.1: the causal mask raises the linear rank to n"]
+
+
+def test_the_sharpness_bound_fails_when_halved(monkeypatch):
+    real = verify.claims.sharpness_bound
+    failed = _failing(
+        "sharpness_checks", monkeypatch, (verify.claims, "sharpness_bound"), lambda FK: real(FK) / 2
+    )
+    assert failed == ["section 6.2: no query beats the keys' bound on A_ij / A_il"]
+
+
+def test_positive_feature_checks_fail_for_a_map_with_zeros(monkeypatch):
+    relu = lambda X: np.maximum(X, 0.0)  # noqa: E731
+    failed = _failing("positive_feature_checks", monkeypatch, (verify, "elu_plus_one"), relu)
+    assert failed == [
+        "section 6.3: positive features: no two keys orthogonal",
+        "section 6.3: the same keys through elu + 1: crosstalk",
+    ]
+
+
+def test_the_linear_loss_checks_fail_for_the_squared_loss(monkeypatch):
+    squared = lambda S, k, v: np.outer(k, S.T @ k - v)  # noqa: E731
+    failed = _failing(
+        "linear_loss_checks", monkeypatch, (verify.claims, "linear_loss_gradient"), squared
+    )
+    assert failed == [
+        "section 7.1: the linear loss has gradient -k v^T at any S",
+        "section 7.1: a step on it at a stored v reads 2 v back",
+    ]
+
+
+def test_the_overwrite_checks_fail_for_a_cache_that_keeps_only_the_last_value(monkeypatch):
+    failed = _failing(
+        "overwrite_checks", monkeypatch, (verify.claims, "softmax_read"), lambda K, V, q: V[-1]
+    )
+    assert failed == ["section 9: softmax keeps both values of a key in its cache"]
+
+
+def test_the_stored_pair_checks_fail_for_a_memory_without_crosstalk(monkeypatch):
+    failed = _failing(
+        "stored_pair_checks", monkeypatch, (verify.claims, "crosstalk"), lambda K, V: 0 * V
+    )
+    assert failed == ["section 9: r + 1 = 5 keys in R^4 have crosstalk"]
+
+
+def test_the_new_claims_are_printed(all_checks):
+    text = report(all_checks)
+    for line in (
+        "r = d = 128, n = 1 to 4,096: fewer operations from n = 129",
+        "Figure 4's queries and keys, r = 4: unmasked rank 4, masked rank 16",
+        "d = 1, n = 6: the softmax matrix is nonsingular (det > 0)",
+    ):
+        assert line in text

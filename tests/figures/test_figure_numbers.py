@@ -21,10 +21,27 @@ def svg_text(monkeypatch):
 
 
 def words(paths) -> str:
-    """All the text of a figure's SVG, one string."""
+    """All the text of a figure's SVG, one string: one text after the other, and inside a text
+    with mathtext (one <tspan> per glyph, grouped by font) the glyphs of each line left to right."""
     svg = next(p for p in paths if p.suffix == ".svg")
     root = ET.parse(svg).getroot()
-    return " ".join("".join(node.itertext()) for node in root.iter() if node.tag.endswith("text"))
+    texts = [_text(node) for node in root.iter() if node.tag.endswith("}text")]
+    return " ".join(texts).replace("\xa0", " ")
+
+
+def _text(node) -> str:
+    glyphs = [child for child in node if child.tag.endswith("tspan")]
+    if not glyphs:
+        return "".join(node.itertext())
+    lines: dict[float, list] = {}
+    for glyph in glyphs:  # sub- and superscripts sit within a few points of their line
+        y = float(glyph.get("y", 0))
+        line = next((key for key in lines if abs(key - y) < 6), y)
+        lines.setdefault(line, []).append(glyph)
+    return " ".join(
+        "".join(g.text or "" for g in sorted(lines[y], key=lambda g: float(g.get("x", 0))))
+        for y in sorted(lines)
+    )
 
 
 def drawn(rendered, name):
@@ -46,22 +63,23 @@ def test_cache_and_state_follows_the_reference(tmp_path, monkeypatch, svg_text):
 
 def test_attention_maps_shows_ranks_and_peaks(rendered):
     text = words(drawn(rendered, "attention-maps"))
-    assert "softmax P: rank 16" in text and "linear A (elu + 1): rank 4" in text
-    assert "mean largest weight of a row 0.39" in text
-    assert "mean largest weight of a row 0.10" in text
+    assert "softmax P, rank 16" in text and "linear A (elu + 1), rank 4" in text
+    assert "mean largest weight 0.39" in text
+    assert "mean largest weight 0.10" in text
     assert "linear: 12 zero" in text
+    assert "0.0625: uniform row" in text
 
 
 def test_attention_maps_follow_the_reference(tmp_path, monkeypatch, svg_text):
     monkeypatch.setattr(reference, "attention_maps", lambda rng, n, d, scale: (np.eye(n),) * 2)
     text = words(maps.attention_maps(tmp_path))
-    assert "linear A (elu + 1): rank 16" in text and "mean largest weight of a row 1.00" in text
+    assert "linear A (elu + 1), rank 16" in text and "mean largest weight 1.00" in text
 
 
 def test_overwrite_shows_the_computed_states(rendered, tmp_path, monkeypatch, svg_text):
     text = words(drawn(rendered, "overwrite"))
-    assert "= v1 + v3: the old value (3, 1) stays" in text
-    assert "= v3 (0, 4): only the new value" in text
+    assert "=v1+v3: the old value (3, 1) stays" in text
+    assert "=v3 (0, 4): only the new value" in text
     example = reference.figure6_example()
     example["delta_S3"] = np.full((2, 2), 7.0)
     monkeypatch.setattr(reference, "figure6_example", lambda: example)
@@ -77,3 +95,4 @@ def test_chunked_delta_prints_its_computed_agreement(rendered):
 def test_roadmap_hybrid_memory(rendered):
     text = words(drawn(rendered, "series-roadmap"))
     assert "25.0% of all-full-attention" in text and "(KV cache 75% smaller)" in text
+    assert text.count("read, correct, write") == 3  # every delta-rule arrow is labelled

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from linattn.experiments.table1 import compute_table1
-from linattn.figures import plots
+from linattn.figures import plots, style
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -132,3 +132,49 @@ def test_load_bench_reads_what_linattn_bench_writes(tmp_path):
     path.write_text(json.dumps({"config": {"B": 1}, "rows": rows}))
     data = plots.load_bench(path)
     assert plots.bench_series(data) == {"delta, chunk": [(64.0, 0.064), (128.0, 0.128)]}
+
+
+def _captured(monkeypatch):
+    """Replace style.save with one that keeps the figure for inspection."""
+    kept = {}
+
+    def save(fig, out_dir, name):
+        kept[name] = fig
+        return []
+
+    monkeypatch.setattr(style, "save", save)
+    return kept
+
+
+def test_bench_plot_one_colour_per_mechanism_a_style_per_form_legends_outside(monkeypatch):
+    kept = _captured(monkeypatch)
+    rows = [
+        {"name": f"{mechanism}, {form}", "T": T, "seconds": 1e-3 * T}
+        for mechanism in ("softmax", "linear", "delta", "gla", "kda", "gated_delta", "mamba")
+        for form in ("chunk", "parallel", "recurrent")
+        for T in (1024, 4096)
+    ]
+    plots.bench_plot({"meta": {"B": 1, "H": 8, "T": [1024, 4096]}, "results": rows}, "unused")
+    fig = kept["bench"]
+    (ax,) = fig.axes
+    lines = ax.get_lines()
+    assert len(lines) == 21
+    by_series = [(line.get_color(), line.get_linestyle()) for line in lines]
+    assert len({c for c, _ in by_series}) == 7  # one colour per mechanism
+    assert len({s for _, s in by_series}) == 3  # one line style per form
+    assert ax.get_legend() is None and len(fig.legends) == 2  # beside the axes, not on the data
+    assert len(ax.get_title()) < 40 and "\n" not in ax.get_title()  # a short title
+
+
+def test_mqar_plot_legend_outside_and_distinct_colours(monkeypatch):
+    kept = _captured(monkeypatch)
+    rows = [
+        {"mechanism": m, "state_numbers": s, "accuracy": 0.5}
+        for m in ("a", "b", "c", "d", "e", "f", "g", "h")
+        for s in (800, 2600)
+    ]
+    plots.mqar_plot(rows, "unused")
+    fig = kept["mqar"]
+    (ax,) = fig.axes
+    assert len({line.get_color() for line in ax.get_lines()}) == 8
+    assert ax.get_legend() is None and len(fig.legends) == 1

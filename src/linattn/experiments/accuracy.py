@@ -2,9 +2,10 @@
 
 For each row of the DESIGN.md table (linear attention, scalar decay, GLA, delta rule, Gated
 DeltaNet, KDA) and each form (parallel, recurrent, chunk), runs the op on one random problem in
-float64, float32 and bfloat16 and compares it with ``linattn.reference.gated.recurrence``: the
-largest absolute error for float64, the relative RMS error for the others (the low-precision
-inputs are rounded first and the oracle sees the rounded values).
+float64, float32, bfloat16 and float16 and compares it with
+``linattn.reference.gated.recurrence``: the largest absolute error for float64, the relative RMS
+error for the others (the low-precision inputs are rounded first and the oracle sees the rounded
+values).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ MECHANISMS = {  # name: (rule, gate shape)
     "KDA": ("delta", "channel"),
 }
 FORMS = (("parallel", 1), ("recurrent", 1), ("chunk", 64))
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def _problem(rule, gate, T, K, V, seed):
@@ -96,12 +102,13 @@ def accuracy_markdown(rows: list[dict], T: int = 1000, K: int = 16, V: int = 16)
     lines = [
         f"T = {T}, K = {K}, V = {V}, two heads, an initial state; chunk size 64.",
         "",
-        "| mechanism | form | float64 max abs error | float32 rel RMS | bfloat16 rel RMS |",
-        "|---|---|---|---|---|",
+        "| mechanism | form | float64 max abs error | float32 rel RMS | bfloat16 rel RMS "
+        "| float16 rel RMS |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['mechanism']} | {r['form']} | {r['float64']:.1e} | "
-                     f"{r['float32']:.1e} | {r['bfloat16']:.1e} |")  # fmt: skip
+        errors = " | ".join(f"{r[name]:.1e}" for name in DTYPES)
+        lines.append(f"| {r['mechanism']} | {r['form']} | {errors} |")
     return "\n".join(lines)
 
 

@@ -32,9 +32,13 @@ from linattn.experiments import table1 as table1_command
 from linattn.experiments import verify as verify_command
 from linattn.experiments._args import positive_int
 from linattn.experiments.report_page import render_html, render_markdown
+from linattn.figures.legibility import png_css_width
 
 TABLE1_NS = (8, 16, 32, 64, 128)
 TABLE1_R = 32
+# (your latest run, the results committed with the code): the page shows the newer of the two.
+BENCH_FILES = (Path("runs/bench/bench.json"), Path("benchmarks/results/bench.json"))
+MQAR_FILES = (Path("runs/mqar.jsonl"), Path("benchmarks/results/mqar-cpu.jsonl"))
 
 
 @dataclass
@@ -56,7 +60,10 @@ class Report:
     bench_source: str = ""
     mqar: list[dict] | None = None
     mqar_source: str = ""
+    bench_note: str = ""  # which file, and why that one
+    mqar_note: str = ""
     seconds: float = 0.0
+    widths: dict[str, int] = field(default_factory=dict)  # figure name: natural CSS width
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:
@@ -155,22 +162,39 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
         report.numbers_files = [p.name for p in numbers.write_numbers(out / "numbers")]
         bar.update()
         begin("benchmark")
-        report.bench = plots.load_bench(args.bench)
-        report.bench_source = str(args.bench)
+        source, report.bench_note = results_file(args.bench, BENCH_FILES)
+        report.bench, report.bench_source = plots.load_bench(source), str(source)
         if report.bench is not None:
             plots.bench_plot(report.bench, figures_dir)
         bar.update()
         begin("recall")
-        report.mqar = plots.load_mqar(args.mqar)
-        report.mqar_source = str(args.mqar)
+        source, report.mqar_note = results_file(args.mqar, MQAR_FILES)
+        report.mqar, report.mqar_source = plots.load_mqar(source), str(source)
         if report.mqar is not None:
             plots.mqar_plot(report.mqar, figures_dir)
         bar.update()
+        report.widths = {p.stem: png_css_width(p) for p in figures_dir.glob("*.png")}
         begin("pages")
         report.seconds = time.perf_counter() - start
         write_files(report, out)
         bar.update()
     return report
+
+
+def results_file(given: Path | None, files: tuple[Path, Path]) -> tuple[Path, str]:
+    """The results file to show and a note saying which it is: ``given`` when passed; otherwise
+    the newer of your latest run and the results committed with the code (``files``)."""
+    if given is not None:
+        return given, "(given with the command)"
+    run, committed = files
+    if run.exists() and (
+        not committed.exists() or run.stat().st_mtime >= committed.stat().st_mtime
+    ):
+        return run, f"(your latest run; the committed results are {committed})"
+    if committed.exists():
+        why = f"newer than your run at {run}" if run.exists() else f"no run at {run}"
+        return committed, f"(the results committed with the code: {why})"
+    return run, ""
 
 
 def write_files(report: Report, out: Path) -> None:
@@ -198,15 +222,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bench",
         type=Path,
-        default=Path("runs/bench/bench.json"),
-        help="benchmark results to include when present (default: runs/bench/bench.json, which "
-        "linattn bench writes)",
+        default=None,
+        help=f"benchmark results to include (default: the newer of {BENCH_FILES[0]}, which "
+        f"linattn bench writes, and the committed {BENCH_FILES[1]})",
     )
     parser.add_argument(
         "--mqar",
         type=Path,
-        default=Path("runs/mqar.jsonl"),
-        help="recall results to include when present (default: runs/mqar.jsonl)",
+        default=None,
+        help=f"recall results to include (default: the newer of {MQAR_FILES[0]} and the "
+        f"committed {MQAR_FILES[1]})",
     )
     parser.add_argument(
         "--table1-repetitions",
@@ -244,10 +269,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _argv(args: argparse.Namespace) -> list[str]:
     """The options as they would be typed, for the page's record of how it was made."""
-    words = ["--out", str(args.out)]
+    words = [] if Path(args.out) == Path("report") else ["--out", str(args.out)]
     if args.force:
         words.append("--force")
     if args.table1_repetitions != 200:
         words += ["--table1-repetitions", str(args.table1_repetitions)]
-    words += ["--bench", str(args.bench), "--mqar", str(args.mqar)]
+    for flag, value in (("--bench", args.bench), ("--mqar", args.mqar)):
+        if value is not None:
+            words += [flag, str(value)]
+    if args.quiet:
+        words.append("--quiet")
     return words

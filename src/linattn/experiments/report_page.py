@@ -13,25 +13,33 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+from linattn.figures.legibility import COLUMN_PX, PADDING_PX
+
 if TYPE_CHECKING:  # the dataclass lives in report.py, which imports this module
     from linattn.experiments.report import Report
 
-STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px;
-       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
-h1 { font-size: 1.6em; }
-h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
-table { border-collapse: collapse; margin: .8em 0; font-size: .92em; }
-th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.pass { color: #1d7a36; font-weight: bold; } .fail { color: #b3261e; font-weight: bold; }
-.summary { font-size: 1.1em; padding: .6em 1em; border-radius: 6px; background: #eef7ef; }
-.summary.failed { background: #fbeaea; }
-figure { margin: 1.5em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
-figure.plot img { max-width: 760px; }
-figcaption { font-size: .95em; margin-top: .4em; }
-pre { background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
-.note { color: #555; font-style: italic; } nav li { display: inline; margin-right: 1em; }
+STYLE = f"""
+*, *::before, *::after {{ box-sizing: border-box; }}
+body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: {COLUMN_PX}px;
+       margin: 2em auto; padding: 0 {PADDING_PX}px; color: #222; line-height: 1.45;
+       overflow-wrap: break-word; }}
+h1 {{ font-size: 1.6em; }}
+h2 {{ border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }}
+.scroll {{ overflow-x: auto; max-width: 100%; margin: .8em 0; }}
+table {{ border-collapse: collapse; font-size: .92em; }}
+th, td {{ border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; }} td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
+.pass {{ color: #1d7a36; font-weight: bold; }} .fail {{ color: #b3261e; font-weight: bold; }}
+.summary {{ font-size: 1.1em; padding: .6em 1em; border-radius: 6px; background: #eef7ef; }}
+.summary.failed {{ background: #fbeaea; }}
+figure {{ margin: 1.5em 0; }}
+figure img {{ display: block; max-width: 100%; height: auto; border: 1px solid #eee; }}
+figcaption {{ font-size: .95em; margin-top: .4em; }}
+code {{ overflow-wrap: anywhere; }}
+pre {{ background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }}
+.note {{ color: #555; font-style: italic; }}
+nav ul {{ padding: 0; margin: 0; }}
+nav li {{ display: inline-block; white-space: nowrap; margin: 0 1em .3em 0; }}
 """
 
 
@@ -40,15 +48,24 @@ def _e(text: object) -> str:
 
 
 def _inline(text: str) -> str:
-    """Escape, then **bold** -> <b>, `code` -> <code>, $math$ -> <i> with \\beta -> β."""
-    text = _e(text)
+    """Escape, then **bold** -> <b>, `code` -> <code>, $math$ -> <i> (\\beta -> β), and outside
+    code x_t -> x<sub>t</sub>, n^2 -> n<sup>2</sup>."""
+    parts = re.split(r"(`.+?`)", _e(text))
+    return "".join(
+        f"<code>{part[1:-1]}</code>" if part.startswith("`") and len(part) > 1 else _prose(part)
+        for part in parts
+    )
+
+
+def _prose(text: str) -> str:
     text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
-    text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
 
     def math_span(match: re.Match[str]) -> str:
         return "<i>" + match.group(1).replace("\\beta", "β").replace("\\", "") + "</i>"
 
-    return re.sub(r"\$(.+?)\$", math_span, text)
+    text = re.sub(r"\$(.+?)\$", math_span, text)
+    text = re.sub(r"(?<=[\w)β])_\{?(\w+)\}?", r"<sub>\1</sub>", text)
+    return re.sub(r"\^\{?(\w+)\}?", r"<sup>\1</sup>", text)
 
 
 def markdown_to_html(markdown: str) -> str:
@@ -83,21 +100,25 @@ def _table(lines: list[str]) -> str:
             )
             + "</tr>"
         )
-    return "<table>" + "".join(rows) + "</table>"
+    return '<div class="scroll"><table>' + "".join(rows) + "</table></div>"
 
 
 def _numeric(cell: str) -> bool:
     return bool(re.fullmatch(r"-?[\d,.]+", cell))
 
 
-def _figure(name: str, caption: str, plot: bool = False) -> str:
-    """One figure with its caption; a data plot is drawn narrower than a diagram."""
+def _figure(name: str, caption: str, width: int | None = None) -> str:
+    """One figure with its caption, id ``fig-NAME``; the image links its full-size SVG.
+
+    ``width`` (CSS pixels) is the figure's natural size; the page scales it down to the column.
+    """
     title, _, rest = caption.partition(". ")
-    width = ' class="plot"' if plot else ""
+    size = f' width="{width}"' if width else ""
     return (
-        f'<figure id="{_e(name)}"{width}><img src="figures/{_e(name)}.png" alt="{_e(caption)}">'
+        f'<figure id="fig-{_e(name)}"><a href="figures/{_e(name)}.svg">'
+        f'<img src="figures/{_e(name)}.png"{size} alt="{_e(caption)}"></a>'
         f"<figcaption><b>{_e(title)}.</b> {_e(rest)} "
-        f'<a href="figures/{_e(name)}.svg">SVG</a></figcaption></figure>'
+        f'<a href="figures/{_e(name)}.svg">Full-size SVG</a></figcaption></figure>'
     )
 
 
@@ -120,7 +141,7 @@ def _checks_html(report: Report) -> str:
             f'<td class="num">{"" if not check.tolerance else _error(check.tolerance)}</td>'
             f"<td>{verdict}</td><td>{_e(check.detail)}</td></tr>"
         )
-    return "<table>" + "".join(rows) + "</table>"
+    return '<div class="scroll"><table>' + "".join(rows) + "</table></div>"
 
 
 def _bench_rows(report: Report) -> list[tuple[str, str, str]]:
@@ -156,7 +177,7 @@ def _simple_table(
         + "</tr>"
         for row in rows
     )
-    return f"<table>{head}{body}</table>"
+    return f'<div class="scroll"><table>{head}{body}</table></div>'
 
 
 def _passed(report: Report) -> tuple[int, int]:
@@ -188,8 +209,8 @@ def render_html(report: Report) -> str:
         '<li><a href="#numbers">Numbers files</a></li>'
         '<li><a href="#environment">Machine</a></li></ul></nav>',
         '<h2 id="checks">Checks</h2>',
-        "<p>Every numerical check the spec prints, with the spec's seeds "
-        "(<code>linattn verify</code>).</p>",
+        "<p>Every numerical check the spec prints, with the spec's seeds, and every claim it "
+        "proves or states, computed by the float64 reference (<code>linattn verify</code>).</p>",
         _checks_html(report),
         "<details><summary>As printed by <code>linattn verify</code></summary>"
         f"<pre>{_e(report.verify_text)}</pre></details>",
@@ -199,7 +220,7 @@ def render_html(report: Report) -> str:
             "table1",
             "Table 1 as a plot. The read error of each memory against the number "
             "of stored pairs n, with the two theory curves (dotted).",
-            plot=True,
+            report.widths.get("table1"),
         ),
         "<details><summary>As printed by <code>linattn table1</code></summary>"
         f"<pre>{_e(report.table1_text)}</pre></details>",
@@ -209,17 +230,19 @@ def render_html(report: Report) -> str:
         f"<pre>{_e(report.costs_text)}</pre></details>",
         '<h2 id="figures">Figures</h2>',
         "<p>The spec's nine figures, drawn from numbers computed by "
-        "<code>linattn.reference</code>.</p>",
-        *(_figure(f["name"], f["caption"]) for f in report.figures),
+        "<code>linattn.reference</code>. Each image opens its full-size SVG, for zooming on a "
+        "narrow screen.</p>",
+        *(_figure(f["name"], f["caption"], report.widths.get(f["name"])) for f in report.figures),
         '<h2 id="bench">Benchmark</h2>',
     ]
     if report.bench is not None:
         parts += [
-            f"<p>From <code>{_e(report.bench_source)}</code>.</p>",
+            f"<p>From <code>{_e(report.bench_source)}</code> {_e(report.bench_note)}.</p>",
             _figure(
                 "bench",
-                "Benchmark. Time of one forward pass against the sequence length T.",
-                plot=True,
+                "Benchmark. Time of one forward pass against the sequence length T: one colour "
+                "per mechanism, one line style per form.",
+                report.widths.get("bench"),
             ),
             _simple_table(("series", "T", "milliseconds"), _bench_rows(report)),
         ]
@@ -231,12 +254,12 @@ def render_html(report: Report) -> str:
     parts.append('<h2 id="recall">Recall</h2>')
     if report.mqar is not None:
         parts += [
-            f"<p>From <code>{_e(report.mqar_source)}</code>.</p>",
+            f"<p>From <code>{_e(report.mqar_source)}</code> {_e(report.mqar_note)}.</p>",
             _figure(
                 "mqar",
                 "Recall. Multi-query associative recall accuracy against the state "
                 "size of one block.",
-                plot=True,
+                report.widths.get("mqar"),
             ),
             _simple_table(("series", "state numbers", "accuracy", "runs"), _mqar_rows(report)),
         ]
@@ -303,7 +326,7 @@ def render_markdown(report: Report) -> str:
     lines += ["## Benchmark", ""]
     if report.bench is not None:
         lines += [
-            f"From `{report.bench_source}`.",
+            f"From `{report.bench_source}` {report.bench_note}.",
             "",
             "![Benchmark](figures/bench.png)",
             "",
@@ -316,7 +339,7 @@ def render_markdown(report: Report) -> str:
     lines += ["", "## Recall", ""]
     if report.mqar is not None:
         lines += [
-            f"From `{report.mqar_source}`.",
+            f"From `{report.mqar_source}` {report.mqar_note}.",
             "",
             "![Recall](figures/mqar.png)",
             "",

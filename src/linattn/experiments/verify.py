@@ -23,9 +23,11 @@ from linattn.reference import (
     causal_linear_attention,
     chunked_delta_rule,
     chunked_linear_attention,
+    claims,
     crossover_tokens,
     delta_rule,
     delta_state_numbers,
+    elu_plus_one,
     figure5_example,
     figure6_example,
     householder_spectrum,
@@ -40,6 +42,7 @@ from linattn.reference import (
     prf_relative_standard_error,
     softmax_attention,
     softmax_d1_example,
+    softmax_training_ops,
     transition_product,
     wy_transition,
 )
@@ -48,8 +51,9 @@ from linattn.reference.costs import (
     layer_dense_ops,
     layer_linear_ops,
     layer_softmax_ops,
+    linear_attention_ops,
 )
-from linattn.reference.memory import kaczmarz_sweeps, unit
+from linattn.reference.memory import kaczmarz_sweeps, least_squares_memory, unit
 
 NAME_WIDTH = 58  # the spec's `check` pads names to 58 characters
 
@@ -343,20 +347,333 @@ def cost_checks() -> list[Check]:
     ]
 
 
+def variance_checks() -> list[Check]:
+    """Section 2: q^T k has variance d, the factor 1/sqrt(d) gives unit variance; without it the
+    rows sharpen as d grows, and a sharp row has a gradient close to zero."""
+    rng = np.random.default_rng(12)
+    checks = []
+    for d in (16, 256):
+        variance, se = claims.score_variance(rng, d, 50_000)
+        checks.append(
+            compare(
+                f"section 2: q.k has variance d = {d}; / sqrt(d), variance 1",
+                variance / d,
+                1,
+                4 * se / d,
+                detail=f"d = {d}: variance of q.k {variance:.2f}, of q.k / sqrt(d) "
+                f"{variance / d:.3f} (four standard errors {4 * se / d:.3f})",
+            )
+        )
+    return checks + _sharpening_checks(rng)
+
+
+def _sharpening_checks(rng: np.random.Generator) -> list[Check]:
+    """Section 2: mean peak weights with and without 1/sqrt(d), and the Jacobian of sharp rows."""
+    dims, plain, scaled = (4, 16, 64, 256, 1024), [], []
+    for d in dims:
+        Q, K = rng.standard_normal((64, d)), rng.standard_normal((64, d))
+        plain.append(claims.softmax_rows(Q @ K.T))
+        scaled.append(claims.softmax_rows(Q @ K.T / np.sqrt(d)))
+    peaks = [mean_peak_weight(P) for P in plain]
+    scaled_peaks = [mean_peak_weight(P) for P in scaled]
+    sharp = [p for p in plain[-1] if p.max() >= 0.99]
+    norms = [claims.softmax_jacobian_norm(p) for p in sharp]
+    bounded = all(n <= 2 * (1 - p.max()) + 1e-15 for n, p in zip(norms, sharp, strict=True))
+    return [
+        claim(
+            "section 2: without 1/sqrt(d) the rows sharpen as d grows",
+            bool(np.all(np.diff(peaks) > 0)) and peaks[-1] > 0.9 and max(scaled_peaks) < 0.2,
+            detail="mean largest weight, d = 4 to 1,024 (64 keys): without the factor "
+            + ", ".join(f"{p:.2f}" for p in peaks)
+            + "; with it "
+            + ", ".join(f"{p:.2f}" for p in scaled_peaks),
+        ),
+        claim(
+            "section 2: a row on one key has a gradient close to zero",
+            len(sharp) > 0 and bounded,
+            detail=f"d = 1,024 without the factor: {len(sharp)} of 64 rows put >= 0.99 on one "
+            f"key; the softmax Jacobian's norm there is at most {max(norms, default=0):.1e} "
+            "(bound 2 (1 - max_j P_ij))",
+        ),
+    ]
+
+
+def cost_table_checks() -> list[Check]:
+    """Section 4's table: 4 n^2 d against 4 n r d operations, n x n against r x d, counted
+    product by product; linear attention needs fewer operations exactly when n > r."""
+    _, Q, K, V = _section2_draws()
+    n, d = Q.shape
+    FQ, FK = elu_plus_one(Q), elu_plus_one(K)
+    r = FK.shape[1]
+    soft_ops, soft_shape = claims.softmax_order(Q, K, V)
+    lin_ops, lin_shape = claims.linear_right_order(FQ, FK, V)
+    sizes = range(1, 4097)
+    pays = [linear_attention_ops(m, 128, 128) < softmax_training_ops(m, 128) for m in sizes]
+    first = next((m for m, cheaper in zip(sizes, pays, strict=True) if cheaper), None)
+    return [
+        compare(
+            "section 4: softmax attention costs 4 n^2 d, through n x n",
+            [soft_ops, *soft_shape],
+            [4 * n * n * d, n, n],
+            0.5,
+            detail=f"n = {n}, d = r = {d}: softmax {soft_ops:,} operations, largest "
+            f"{soft_shape[0]} x {soft_shape[1]}; linear {lin_ops:,}, largest "
+            f"{lin_shape[0]} x {lin_shape[1]}",
+        ),
+        compare(
+            "section 4: linear attention costs 4 n r d, through r x d",
+            [lin_ops, *lin_shape],
+            [4 * n * r * d, r, d],
+            0.5,
+        ),
+        claim(
+            "section 4: linear attention is cheaper exactly when n > r",
+            pays == [m > 128 for m in sizes],
+            detail=f"r = d = 128, n = 1 to 4,096: fewer operations from n = {first}",
+        ),
+    ]
+
+
+def reordering_checks() -> list[Check]:
+    """Section 5.1: the masked product (A o L) V is not phi(Q) (phi(K)^T V); its row t is
+    phi(q_t)^T S_t with the state S_t of the first t pairs."""
+    _, Q, K, V = _section2_draws()
+    FQ, FK = elu_plus_one(Q), elu_plus_one(K)
+    masked = np.tril(FQ @ FK.T) @ V  # (A o L) V, (n, d)
+    reordered = FQ @ (FK.T @ V)
+    states = np.cumsum(FK[:, :, None] * V[:, None, :], axis=0)  # S_t, (n, r, d)
+    rows = np.einsum("tr,trd->td", FQ, states)
+    gap = np.abs(masked - reordered).max(axis=1) / np.abs(reordered).max()
+    return [
+        compare("section 5.1: row t of (A o L) V is phi(q_t)^T S_t", rows, masked, 1e-11),
+        claim(
+            "section 5.1: (A o L) V differs from phi(Q) (phi(K)^T V)",
+            bool(np.all(gap[:-1] > 1e-3)) and gap[-1] < 1e-14,
+            detail=f"relative difference row by row: from {gap[:-1].min():.2f} to "
+            f"{gap[:-1].max():.2f} for t < n, {gap[-1]:.0e} at t = n (S_n holds every pair)",
+        ),
+    ]
+
+
+def _figure4_draws() -> tuple[np.ndarray, np.ndarray]:
+    """Figure 4's queries and keys, as ``attention_maps(np.random.default_rng(1))`` draws them."""
+    rng = np.random.default_rng(1)
+    return 1.5 * rng.standard_normal((16, 4)), 1.5 * rng.standard_normal((16, 4))
+
+
+def eckart_young_checks() -> list[Check]:
+    """Section 6.1: the best rank-r error in the spectral norm is sigma_{r+1} (Eckart-Young),
+    and the causal mask can raise the rank of the linear attention matrix to n."""
+    checks = []
+    for name, M in (("d = 1 softmax", softmax_d1_example()), ("Figure 4", _p4())):
+        sigma = np.linalg.svd(M, compute_uv=False)
+        errors = [claims.rank_r_error(M, r) for r in range(1, len(M))]
+        checks.append(
+            compare(
+                f"Eckart-Young, {name}: best rank-r error sigma_(r+1)",
+                errors,
+                sigma[1:],
+                1e-12,
+                detail=f"{name} singular values: " + " ".join(f"{s:.1e}" for s in sigma),
+            )
+        )
+    return checks + [_no_better_rank_four(), _causal_rank()]
+
+
+def _p4() -> np.ndarray:
+    return attention_maps(np.random.default_rng(1))[0]
+
+
+def _no_better_rank_four() -> Check:
+    """No rank-4 matrix tried beats sigma_5: the linear matrix, 2,000 random projections of P."""
+    P4, A4 = attention_maps(np.random.default_rng(1))
+    sigma5 = np.linalg.svd(P4, compute_uv=False)[4]
+    rng = np.random.default_rng(5)
+    bases = [np.linalg.qr(rng.standard_normal((16, 4)))[0] for _ in range(2000)]  # (16, 4)
+    best = min(np.linalg.norm(P4 - P4 @ B @ B.T, 2) for B in bases)
+    linear = np.linalg.norm(P4 - A4, 2)
+    return claim(
+        "Eckart-Young: no rank-4 matrix tried beats sigma_5",
+        bool(best >= sigma5 and linear >= sigma5),
+        detail=f"Figure 4: sigma_5 = {sigma5:.3f}; the linear matrix misses P by {linear:.3f}, "
+        f"the best of 2,000 random rank-4 projections by {best:.3f}",
+    )
+
+
+def _causal_rank() -> Check:
+    Q4, K4 = _figure4_draws()
+    _, A4 = attention_maps(np.random.default_rng(1))
+    masked = matrix_rank(claims.causal_linear_matrix(Q4, K4))
+    return claim(
+        "section 6.1: the causal mask raises the linear rank to n",
+        matrix_rank(A4) == 4 and masked == 16,
+        detail=f"Figure 4's queries and keys, r = 4: unmasked rank {matrix_rank(A4)}, "
+        f"masked rank {masked}",
+    )
+
+
+def sharpness_checks() -> list[Check]:
+    """Section 6.2: A_ij / A_il <= max_m phi(k_j)_m / phi(k_l)_m for any query scale; the softmax
+    matrix's rows become one-hot as the queries grow."""
+    Q4, K4 = _figure4_draws()
+    bound = claims.sharpness_bound(elu_plus_one(K4))
+    worst, peaks, soft = [], [], []
+    for scale in (1.0, 10.0, 100.0):
+        _, A = linear_attention_quadratic(scale * Q4, K4, np.eye(16))
+        worst.append(float((claims.weight_ratios(A) / bound[None]).max()))
+        peaks.append(mean_peak_weight(A))
+        soft.append(mean_peak_weight(softmax_attention(scale * Q4, K4, np.eye(16))[1]))
+    return [
+        claim(
+            "section 6.2: no query beats the keys' bound on A_ij / A_il",
+            max(worst) <= 1 + 1e-12,
+            detail="Figure 4, queries scaled by 1, 10, 100: largest A_ij / A_il over its bound "
+            + ", ".join(f"{w:.3f}" for w in worst)
+            + "; mean largest weight, linear "
+            + ", ".join(f"{p:.2f}" for p in peaks)
+            + ", softmax "
+            + ", ".join(f"{p:.2f}" for p in soft),
+        ),
+        claim(
+            "section 6.2: scaled-up queries make softmax rows one-hot",
+            soft[-1] > 0.99 and soft[-1] > max(peaks),
+        ),
+    ]
+
+
+def positive_feature_checks() -> list[Check]:
+    """Section 6.3: strictly positive features leave no two keys orthogonal, so two stored pairs
+    already have crosstalk, even from keys that were orthogonal before the map."""
+    _, _, K, _ = _section2_draws()
+    W = np.random.default_rng(6).standard_normal((256, 8))
+    smallest = []
+    for keys in (np.eye(8), K):
+        for phi in (elu_plus_one, lambda X: positive_random_features(X, W)):
+            G = claims.feature_gram(phi(keys))
+            smallest.append(float(G[~np.eye(len(G), dtype=bool)].min()))
+    values = np.array([[3.0, 1.0], [-1.0, 2.0]])
+    raw = claims.crosstalk(np.eye(2), values)
+    mapped = claims.crosstalk(elu_plus_one(np.eye(2)), values)
+    return [
+        claim(
+            "section 6.3: positive features: no two keys orthogonal",
+            min(smallest) > 0,
+            detail="smallest phi(k_i)^T phi(k_j), i != j (I_8 keys, section-2 keys; elu + 1, "
+            "256 random features): " + ", ".join(f"{g:.2g}" for g in smallest),
+        ),
+        compare("section 6.3: orthogonal keys e_1, e_2: no crosstalk", raw, 0),
+        claim(
+            "section 6.3: the same keys through elu + 1: crosstalk",
+            float(np.abs(mapped).max()) > 0.1,
+            detail=f"keys e_1, e_2, values (3, 1), (-1, 2): crosstalk {np.abs(raw).max():.1f} "
+            f"raw, {np.abs(mapped).max():.2f} through elu + 1",
+        ),
+    ]
+
+
+def linear_loss_checks() -> list[Check]:
+    """Section 7.1: the additive rule is a gradient step on -<S^T k, v>, whose gradient is
+    -k v^T whatever S holds, so it corrects nothing."""
+    S, _, k, v = _section71_draws()
+    stored = np.outer(k, v)  # a memory that already returns v for k (|k| = 1)
+    gradients = [claims.linear_loss_gradient(M, k, v) for M in (S, stored)]
+    squared = np.outer(k, stored.T @ k - v)  # the delta rule's gradient at the same memory
+    return [
+        compare(
+            "section 7.1: the linear loss has gradient -k v^T at any S",
+            np.stack(gradients),
+            np.stack([-np.outer(k, v)] * 2),
+        ),
+        compare(
+            "section 7.1: a step on it at a stored v reads 2 v back",
+            (stored - gradients[1]).T @ k,
+            2 * v,
+            detail="at S = k v^T the squared loss's gradient is "
+            f"{np.abs(squared).max():.0e}; the linear loss's is still -k v^T",
+        ),
+    ]
+
+
+def overwrite_checks() -> list[Check]:
+    """Section 9, "a new value under an old key" (Figure 6's keys and values): the softmax cache
+    keeps both, the additive rule adds them, the delta rule (beta = 1) keeps the new one."""
+    keys, values = np.array([[1.0, 0], [0, 1], [1, 0]]), np.array([[3.0, 1], [-1, 2], [0, 4]])
+    k, old, new = keys[0], values[0], values[2]
+    _, S_delta = delta_rule(keys, keys, values, np.ones(3))
+    return [
+        compare(
+            "section 9: softmax keeps both values of a key in its cache",
+            claims.softmax_read(keys, values, 60 * k),
+            (old + new) / 2,
+        ),
+        compare(
+            "section 9: the additive rule adds old and new", (keys.T @ values).T @ k, old + new
+        ),
+        compare("section 9: the delta rule replaces the old value", S_delta.T @ k, new),
+    ]
+
+
+def stored_pair_checks() -> list[Check]:
+    """Section 9, "reading one stored pair": softmax on a vertex of the keys' hull, never more than
+    1/2 on an interior key; r orthogonal keys free of crosstalk, r + 1 keys not; the delta rule
+    returns the newest pair; no r x d memory holds r + 1 arbitrary pairs exactly."""
+    rng = np.random.default_rng(9)
+    keys = unit(rng.standard_normal((8, 4)))  # unit keys: every one is a vertex of their hull
+    keys = np.vstack([keys, (keys[0] + keys[1]) / 2])  # an interior key, index 8
+    hull = claims.softmax_read(keys, np.eye(9), 40 * keys[3])[3]
+    queries = rng.standard_normal((10_000, 4)) * rng.uniform(0, 30, (10_000, 1))
+    interior = max(claims.softmax_read(keys, np.eye(9), q)[8] for q in queries)
+    r = 4
+    orthogonal = claims.crosstalk(np.eye(r), rng.standard_normal((r, 3)))
+    extra = claims.crosstalk(rng.standard_normal((r + 1, r)), rng.standard_normal((r + 1, 3)))
+    K, V = unit(rng.standard_normal((3 * r, r))), rng.standard_normal((3 * r, 3))
+    _, S = delta_rule(K, K, V, np.ones(3 * r))
+    residual = np.abs(K[: r + 1] @ least_squares_memory(K[: r + 1], V[: r + 1]) - V[: r + 1])
+    return [
+        claim(
+            "section 9: softmax puts nearly all weight on a hull vertex",
+            hull > 0.99 and interior <= 0.5,
+            detail=f"query 40 k_j: weight {hull:.4f} on k_j; an interior key (k_1 + k_2) / 2 "
+            f"gets at most {interior:.3f} from 10,000 queries",
+        ),
+        compare(f"section 9: r = {r} orthogonal keys read free of crosstalk", orthogonal, 0),
+        claim(
+            f"section 9: r + 1 = {r + 1} keys in R^{r} have crosstalk",
+            float(np.abs(extra).max()) > 1e-3,
+            detail=f"largest crosstalk of {r + 1} random keys in R^{r}: {np.abs(extra).max():.2f}; "
+            f"least squares misses {r + 1} pairs by up to {residual.max():.2f}",
+        ),
+        compare("section 9: the delta rule returns the newest pair", K[-1] @ S, V[-1]),
+        claim(
+            f"section 9: no {r} x 3 memory holds {r + 1} arbitrary pairs",
+            float(residual.max()) > 1e-3,
+        ),
+    ]
+
+
 # The checks in the order the spec prints them.
 SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     softmax_checks,
+    variance_checks,
     linear_order_checks,
     random_feature_checks,
+    cost_table_checks,
     recurrence_checks,
+    reordering_checks,
     rank_checks,
+    eckart_young_checks,
+    sharpness_checks,
+    positive_feature_checks,
     figure5_checks,
     figure6_checks,
     regression_checks,
+    linear_loss_checks,
     spectrum_checks,
     kaczmarz_checks,
     chunked_delta_checks,
     cost_checks,
+    overwrite_checks,
+    stored_pair_checks,
 )
 
 

@@ -63,12 +63,12 @@ def chunked_delta(
         np.abs(reference.wy_transition(k, b) - reference.transition_product(k, b)).max()
     )
 
-    fig = plt.figure(figsize=(12.5, 10.5))
+    fig = plt.figure(figsize=(10, 10.4))
     ax = style.blank_axes(fig)
     gap = 1.6
     # The sequence: n tokens in chunks of C, the state carried from one chunk to the next.
     y = 36.0
-    scale = 1.5  # token cells are drawn 1.5 units wide
+    scale = 1.0  # token cells are drawn 1 unit wide
     for c in range(n // C):
         x0 = c * (C * scale + 3)
         for t in range(C):
@@ -87,25 +87,25 @@ def chunked_delta(
             f"chunk {c + 1}: tokens {c * C + 1}-{(c + 1) * C}",
             ha="center",
             va="bottom",
-            fontsize=10,
+            fontsize=11,
         )
         ax.text(
             x0 - 1.5,
             y + scale / 2,
-            f"S[{c + 1}]",
+            f"$S_{{[{c + 1}]}}$",
             ha="center",
             va="center",
             color=style.STATE,
-            fontsize=10,
+            fontsize=12,
         )
         if c:
             style.arrow(ax, (x0 - 3 + 0.2, y - 0.6), (x0 - 0.2, y - 0.6), color=style.STATE)
     ax.text(
         0,
         y - 2.0,
-        f"n = {n}, r = d = {r}, C = {C}.  The state is carried across chunks; "
+        f"$n = {n}$, $r = d = {r}$, $C = {C}$. The state is carried across chunks; "
         "inside chunk 2 (red):",
-        fontsize=10.5,
+        fontsize=12,
         va="top",
     )
     # Step 1: one triangular solve for the pseudo-values.
@@ -114,26 +114,28 @@ def chunked_delta(
         0,
         y + C + 2.2,
         "1.  Pseudo-values: one unit lower-triangular solve",
-        fontsize=12,
+        fontsize=13,
         color=style.VALUE,
     )
     x = 0.0
-    style.matrix_block(
-        ax, x, y, unit_lower, style.KEY, "I + L", "C × C, L_ti = β_t k_tᵀk_i", symmetric=True
-    )
+    style.matrix_block(ax, x, y, unit_lower, style.KEY, "$I + L$", "$C \\times C$", symmetric=True)
     x += C + gap / 2
     _operator(ax, x, y + C / 2, "·")
     x += gap / 2
-    style.matrix_block(ax, x, y, U, style.VALUE, "U", "C × d", symmetric=True, bold=True)
+    style.matrix_block(ax, x, y, U, style.VALUE, "$U$", "$C \\times d$", symmetric=True, bold=True)
     x += r + gap / 2
     _operator(ax, x, y + C / 2, "=")
     x += gap / 2
-    style.matrix_block(ax, x, y, right, style.VALUE, "diag(β)(V − K S)", "C × d", symmetric=True)
+    style.matrix_block(
+        ax, x, y, right, style.VALUE, r"$\operatorname{diag}(\beta)(V - KS)$", "$C \\times d$",
+        symmetric=True,
+    )  # fmt: skip
     ax.text(
-        x + r + 1.5,
+        x + r + 1.2,
         y + C / 2,
-        "forward substitution:\nabout C²d operations",
-        fontsize=10,
+        "$L_{ti} = \\beta_t\\, k_t^\\top k_i$ for $i < t$\n\nforward substitution:\n"
+        "about $C^2 d$ operations",
+        fontsize=12,
         va="center",
     )
     # Step 2: chunked linear attention with U in place of V.
@@ -141,17 +143,17 @@ def chunked_delta(
     ax.text(
         0,
         y + C + 2.2,
-        "2.  Output: chunked linear attention with U in place of V",
-        fontsize=12,
+        "2.  Output: chunked linear attention with $U$ in place of $V$",
+        fontsize=13,
         color=style.QUERY,
     )
     x = 0.0
     for index, (data, color, label, shape, bold) in enumerate(
         (
-            (O, style.INK, "O", "C × d", False),
-            (q @ S, style.STATE, "Q S", "C × d", False),
-            (masked, style.SCORE, "Q Kᵀ ⊙ L_C", "C × C", False),
-            (U, style.VALUE, "U", "C × d", True),
+            (O, style.INK, "$O$", "$C \\times d$", False),
+            (q @ S, style.STATE, "$QS$", "$C \\times d$", False),
+            (masked, style.SCORE, "$QK^\\top \\odot L_C$", "$C \\times C$", False),
+            (U, style.VALUE, "$U$", "$C \\times d$", True),
         )
     ):
         rows, cols = data.shape
@@ -165,20 +167,20 @@ def chunked_delta(
     ax.text(
         0,
         y,
-        "3.  State: S ← S + Kᵀ U   (the product of the chunk's C transitions is "
-        "I − Kᵀ T K, T = (I + L)⁻¹ diag(β): the WY form)",
-        fontsize=12,
+        "3.  State: $S \\leftarrow S + K^\\top U$. The product of the chunk's $C$ transitions is\n"
+        "     $I - K^\\top T K$ with $T = (I + L)^{-1} \\operatorname{diag}(\\beta)$: the WY form.",
+        fontsize=13,
         color=style.STATE,
         va="center",
     )
     ax.text(
         0,
-        y - 1.8,
-        f"Computed: chunks against the recurrence, largest difference "
-        f"{chunk_error:.1e}; WY form against the product of transitions, {wy_error:.1e}.",
-        fontsize=10.5,
+        y - 2.6,
+        f"Computed: chunks against the recurrence, largest difference {chunk_error:.1e};\n"
+        f"WY form against the product of transitions, {wy_error:.1e}.",
+        fontsize=12,
         va="center",
     )
-    ax.set_xlim(-2.5, 3 * (C * scale + 3))
-    ax.set_ylim(-1.0, 40.5)
+    ax.set_xlim(-2.5, 33.5)
+    ax.set_ylim(-2.0, 40.5)
     return style.save(fig, out_dir, "chunked-delta")

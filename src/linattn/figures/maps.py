@@ -31,34 +31,39 @@ def attention_maps(
     """
     plt = style.pyplot()
     P, A = reference.attention_maps(np.random.default_rng(seed), n=n, d=d, scale=scale)
-    fig = plt.figure(figsize=(13, 4.4))
-    grid = fig.add_gridspec(1, 5, width_ratios=[1, 1, 0.06, 0.12, 1.3], wspace=0.35)
+    fig = plt.figure(figsize=(11, 4.6))
+    grid = fig.add_gridspec(1, 5, width_ratios=[1, 1, 0.06, 0.55, 1.25], wspace=0.25)
     top = max(float(P.max()), float(A.max()))
-    for column, (name, M) in enumerate((("softmax P", P), ("linear A (elu + 1)", A))):
+    for column, (name, M) in enumerate((("softmax $P$", P), ("linear $A$ (elu + 1)", A))):
         ax = fig.add_subplot(grid[0, column])
         image = ax.imshow(M, cmap=style.CMAP, vmin=0, vmax=top, interpolation="nearest")
         ax.set_title(
-            f"{name}: rank {reference.matrix_rank(M)}\n"
-            f"mean largest weight of a row {reference.mean_peak_weight(M):.2f}",
-            fontsize=10.5,
+            f"{name}, rank {reference.matrix_rank(M)}\n"
+            f"mean largest weight {reference.mean_peak_weight(M):.2f}",
+            fontsize=11,
         )
-        ax.set_xlabel("key j")
-        ax.set_ylabel("query i")
+        ax.set_xlabel("key $j$")
+        if column == 0:
+            ax.set_ylabel("query $i$")
         ax.set_xticks([0, n - 1], [1, n])
         ax.set_yticks([0, n - 1], [1, n])
-    fig.colorbar(image, cax=fig.add_subplot(grid[0, 2]), label="attention weight")
+    bar = fig.colorbar(image, cax=fig.add_subplot(grid[0, 2]))
+    bar.set_label("attention weight", fontsize=11)
+    uniform = 1 / n  # the weight of every entry of a uniform row, section 6.2
+    bar.ax.axhline(uniform, color=style.ERROR, lw=2)
+    ticks = [0.0, uniform, *np.arange(0.2, top, 0.2)]
+    bar.set_ticks(ticks, labels=[f"{t:.1f}" if t != uniform else "" for t in ticks])
+    bar.ax.text(
+        1.6, uniform, f"{uniform:.4f}: uniform row", color=style.ERROR, fontsize=10,
+        va="center", transform=bar.ax.get_yaxis_transform(),
+    )  # fmt: skip
     ax = fig.add_subplot(grid[0, 4])  # column 3 is a spacer for the colour bar's label
-    spectra = [
-        (name, np.linalg.svd(M, compute_uv=False), color, marker)
-        for name, M, color, marker in (
-            ("softmax", P, style.KEY, "o"),
-            ("linear", A, style.STATE, "s"),
-        )
-    ]
-    # Zero singular values cannot sit on a log axis: draw them as crosses on a floor below all
-    # the nonzero ones.
-    floor = min(float(sv[sv > ZERO].min()) for _, sv, _, _ in spectra) / 10
-    for name, sv, color, marker in spectra:
+    zeros = []
+    for name, M, color, marker in (
+        ("softmax", P, style.KEY, "o"),
+        ("linear", A, style.STATE, "s"),
+    ):
+        sv = np.linalg.svd(M, compute_uv=False)
         nonzero = sv[sv > ZERO]
         ax.semilogy(
             np.arange(1, len(nonzero) + 1),
@@ -67,19 +72,18 @@ def attention_maps(
             color=color,
             label=f"{name}: {len(nonzero)} nonzero",
         )
-        zeros = np.arange(len(nonzero) + 1, len(sv) + 1)
-        if len(zeros):
-            ax.semilogy(
-                zeros,
-                np.full(len(zeros), floor),
-                marker="x",
-                ls="none",
-                color=color,
-                label=f"{name}: {len(zeros)} zero (below {ZERO:g})",
-            )
+        zeros.append((name, len(sv) - len(nonzero), color))
+    # A zero singular value has no place on a log axis: say how many there are instead.
+    note = "; ".join(f"{name}: {count} zero" for name, count, _ in zeros if count)
+    ax.text(
+        0.04, 0.04, f"{note}\nsingular values\n(below {ZERO:g}:\nnot on a log axis)",
+        transform=ax.transAxes, fontsize=10, color=style.STATE, va="bottom", ha="left",
+    )  # fmt: skip
     ax.set_xlabel("index of the singular value")
     ax.set_ylabel("singular value")
-    ax.set_title(f"Singular values (n = {n}, d = r = {d})", fontsize=10.5)
+    ax.set_title(f"Singular values ($n = {n}$, $d = r = {d}$)", fontsize=11)
     ax.set_xticks([1, 4, 8, 12, 16])
-    ax.legend(fontsize=8.5, frameon=False, loc="upper right")
+    ax.set_xlim(0.5, n + 0.5)
+    ax.set_ylim(top=10)
+    ax.legend(frameon=False, loc="upper right")
     return style.save(fig, out_dir, "attention-maps")

@@ -36,61 +36,84 @@ def cache_and_state(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list
     cache_t = reference.kv_cache_numbers(t, d)
     ratio = cache_t / linear_state
 
-    fig, (memory, work) = plt.subplots(1, 2, figsize=(12, 4.4))
-    memory.loglog(steps, cache, color=style.KEY, lw=2, label="softmax: KV cache, 2td")
-    memory.axhline(linear_state, color=style.STATE, lw=2, label="linear attention: rd + r")
-    memory.axhline(delta_state, color=style.VALUE, lw=1.5, ls="--", label="delta rule: rd")
+    fig, (memory, work) = plt.subplots(1, 2, figsize=(10.8, 4.6))
+    memory.loglog(steps, cache, color=style.KEY, lw=2, label="softmax: KV cache, $2td$")
+    memory.axhline(linear_state, color=style.STATE, lw=2, label="linear attention: $rd + r$")
+    memory.axhline(delta_state, color=style.VALUE, lw=1.5, ls="--", label="delta rule: $rd$")
     memory.plot([even], [reference.kv_cache_numbers(even, d)], "o", color=style.INK)
     memory.annotate(
         f"break-even: t = {even:,}",
         xy=(even, linear_state),
-        xytext=(even * 4, linear_state / 12),
-        fontsize=10,
+        xytext=(1.5, linear_state * 6),
+        fontsize=11,
         arrowprops={"arrowstyle": "->", "color": style.INK},
     )
     memory.plot([t, t], [linear_state, cache_t], color=style.ERROR, lw=1)
-    memory.text(
-        t / 1.3,
-        np.sqrt(linear_state * cache_t),
-        f"t = {t:,}:\n{cache_t:,} against\n{int(linear_state):,} numbers,\n"
-        f"{ratio:,.0f} times fewer",
-        ha="right",
+    memory.annotate(
+        f"t = {t:,}: {cache_t:,}\nagainst {int(linear_state):,} numbers,\n{ratio:,.0f} times fewer",
+        xy=(t, np.sqrt(linear_state * cache_t)),
+        xytext=(1500, cache_t * 30),
+        ha="left",
         va="center",
-        fontsize=9.5,
+        fontsize=10.5,
         color=style.ERROR,
+        arrowprops={"arrowstyle": "->", "color": style.ERROR},
     )
-    memory.set_xlabel("generation step t (tokens so far)")
+    _zoom_on_the_states(memory, linear_state, delta_state)
+    memory.set_xlabel("generation step $t$ (tokens so far)")
     memory.set_ylabel("numbers stored, one head")
-    memory.set_title(f"Memory at step t (d = r = {d})")
-    memory.legend(loc="upper left", fontsize=9, frameon=False)
+    memory.set_title(f"Memory at step $t$ ($d = r = {d}$)")
+    memory.legend(loc="upper left", frameon=False)
 
     work.loglog(
         steps,
         [reference.softmax_step_ops(int(s), d) for s in steps],
         color=style.KEY,
         lw=2,
-        label="softmax: about 4td",
+        label="softmax: about $4td$",
     )
     work.axhline(
         reference.linear_step_ops(r, d),
         color=style.STATE,
         lw=2,
-        label="linear attention: about 4rd",
+        label="linear attention: about $4rd$",
     )
     work.axhline(
         reference.delta_step_ops(r, d),
         color=style.VALUE,
         lw=1.5,
         ls="--",
-        label="delta rule: about 6rd",
+        label="delta rule: about $6rd$",
     )
-    work.set_xlabel("generation step t (tokens so far)")
-    work.set_ylabel("operations for step t, one head")
-    work.set_title("Work at step t")
-    work.legend(loc="upper left", fontsize=9, frameon=False)
+    work.set_xlabel("generation step $t$ (tokens so far)")
+    work.set_ylabel("operations for step $t$, one head")
+    work.set_title("Work at step $t$")
+    work.legend(loc="upper left", frameon=False)
     for ax in (memory, work):
         ax.minorticks_off()  # a log axis over six decades: minor ticks only add clutter (and time)
         ax.set_xlim(1, 2 * t)
         ax.grid(True, which="major", color="#dddddd", lw=0.6)
+    memory.set_ylim(top=cache_t * 100)  # room for the note above the cache's line
     fig.tight_layout()
     return style.save(fig, out_dir, "cache-and-state")
+
+
+def _zoom_on_the_states(ax, linear_state: float, delta_state: float) -> None:
+    """An inset on a linear axis: the two fixed states differ by r numbers, 0.8% at r = d = 128,
+    so on the log axis their lines coincide."""
+    inset = ax.inset_axes((0.64, 0.04, 0.34, 0.16))
+    gap = linear_state - delta_state
+    for value, color, ls, side in (
+        (linear_state, style.STATE, "-", 1),
+        (delta_state, style.VALUE, "--", -1),
+    ):
+        inset.axhline(value, color=color, lw=2, ls=ls)
+        inset.text(
+            0.5, value + side * 0.25 * gap, f"{value:,.0f}", color=color, fontsize=10,
+            ha="center", va="bottom" if side > 0 else "top",
+        )  # fmt: skip
+    inset.set_ylim(delta_state - 2.2 * gap, linear_state + 2.2 * gap)
+    inset.set_xticks([])
+    inset.set_yticks([])
+    inset.set_xlim(0, 1)
+    inset.set_title("the two states, zoomed", fontsize=10, pad=2)

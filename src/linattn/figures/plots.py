@@ -62,16 +62,16 @@ def table1_plot(rows: Sequence[dict], out_dir: Path | str, r: int = 32) -> list[
         ax.plot(ns, [row[key] for row in rows], marker=marker, color=color, ls=line, label=label)
     ax.axhline(1.0, color=style.SCORE, lw=0.8)
     ax.text(
-        ns.min(), 1.02, "a memory that returns zero", fontsize=8.5, color=style.SCORE, va="bottom"
+        ns.min(), 1.02, "a memory that returns zero", fontsize=10, color=style.SCORE, va="bottom"
     )
     ax.axvline(r, color=style.SCORE, lw=0.8, ls="--")
-    ax.text(r * 1.04, 1.6, f"n = r = {r}", fontsize=8.5, color=style.SCORE, va="bottom")
+    ax.text(r * 1.04, 1.6, f"$n = r = {r}$", fontsize=10, color=style.SCORE, va="bottom")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns, [str(n) for n in ns])
-    ax.set_xlabel("pairs stored, n")
+    ax.set_xlabel("pairs stored, $n$")
     ax.set_ylabel("root-mean-square read error")
-    ax.set_title(f"Table 1: read error of three memories, r = d = {r}")
-    ax.legend(fontsize=8.5, frameon=False, loc="upper left")
+    ax.set_title(f"Table 1: read error of three memories, $r = d = {r}$")
+    ax.legend(frameon=False, loc="upper left")
     fig.tight_layout()
     return style.save(fig, out_dir, "table1")
 
@@ -121,25 +121,50 @@ def bench_series(data: dict) -> dict[str, list[tuple[float, float]]]:
     return {name: sorted(points) for name, points in series.items()}
 
 
+# One colour per mechanism (a qualitative palette a reader tells apart), one line style per form.
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+           "#17becf", "#7f7f7f", "#bcbd22")  # fmt: skip
+FORM_STYLES = {"chunk": ("-", "o"), "parallel": (":", "s"), "recurrent": ("--", "^")}
+
+
+def _split_series(name: str) -> tuple[str, str]:
+    """ "delta, chunk" -> ("delta", "chunk"); a name without a known form keeps it whole."""
+    mechanism, _, form = name.rpartition(", ")
+    return (mechanism, form) if mechanism and form in FORM_STYLES else (name, "")
+
+
 def bench_plot(data: dict, out_dir: Path | str) -> list[Path]:
-    """The benchmark's time of one forward pass against the sequence length T, log-log."""
+    """The benchmark's time of one forward pass against the sequence length T, log-log: one
+    colour per mechanism, one line style per form, the legends beside the axes."""
     plt = style.pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+    series = bench_series(data)
+    mechanisms = list(dict.fromkeys(_split_series(name)[0] for name in series))
+    colours = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(mechanisms)}
     lengths: set[float] = set()
-    for name, points in bench_series(data).items():
+    forms: list[str] = []
+    for name, points in series.items():
+        mechanism, form = _split_series(name)
+        line, marker = FORM_STYLES.get(form, ("-", "o"))
         T, seconds = zip(*points, strict=True)
-        ax.loglog(T, seconds, marker="o", label=name)
+        ax.loglog(T, seconds, ls=line, marker=marker, color=colours[mechanism], lw=1.8)
         lengths.update(T)
+        forms += [form] if form and form not in forms else []
     ax.set_xticks(sorted(lengths), [f"{T:,.0f}" for T in sorted(lengths)])
     ax.minorticks_off()
-    ax.set_xlabel("sequence length T (tokens)")
+    ax.set_xlabel("sequence length $T$ (tokens)")
     ax.set_ylabel("seconds per forward pass")
-    meta = data.get("meta") or {}
-    described = ", ".join(f"{k} = {v}" for k, v in meta.items() if isinstance(v, (str, int, float)))
-    ax.set_title("Benchmark" + (f"\n{described}" if described else ""), fontsize=9.5)
+    ax.set_title("Benchmark: one forward pass")
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
-    ax.legend(fontsize=8.5, frameon=False)
-    fig.tight_layout()
+    by_mechanism = [Line2D([], [], color=colours[m], lw=2.5, label=m) for m in mechanisms]
+    by_form = [
+        Line2D([], [], color=style.INK, ls=FORM_STYLES[f][0], marker=FORM_STYLES[f][1], label=f)
+        for f in forms
+    ]
+    fig.legend(handles=by_mechanism, title="mechanism", frameon=False, loc="outside right upper")
+    fig.legend(handles=by_form, title="form", frameon=False, loc="outside right lower")
     return style.save(fig, out_dir, "bench")
 
 
@@ -185,20 +210,21 @@ def mqar_series(rows: Sequence[dict]) -> dict[str, list[tuple[float, float, int]
 
 
 def mqar_plot(rows: Sequence[dict], out_dir: Path | str) -> list[Path]:
-    """Recall accuracy against the state size of one block, one line per mechanism."""
+    """Recall accuracy against the state size of one block: one colour per mechanism, the
+    legend beside the axes."""
     plt = style.pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    for name, points in mqar_series(rows).items():
+    fig, ax = plt.subplots(figsize=(9.0, 4.8), layout="constrained")
+    for index, (name, points) in enumerate(mqar_series(rows).items()):
         state, accuracy, _ = zip(*points, strict=True)
-        ax.plot(state, accuracy, marker="o", label=name)
+        colour = PALETTE[index % len(PALETTE)]
+        ax.plot(state, accuracy, marker="o", color=colour, lw=1.8, label=name)
     ax.set_xscale("log")
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("state of one block (numbers; KV cache for softmax)")
     ax.set_ylabel("recall accuracy")
     ax.set_title("Multi-query associative recall")
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
-    ax.legend(fontsize=8.5, frameon=False)
-    fig.tight_layout()
+    fig.legend(frameon=False, loc="outside right upper", title="mechanism")
     return style.save(fig, out_dir, "mqar")
 
 

@@ -23,7 +23,14 @@ INK = "#222222"
 CMAP = "Blues"
 DIVERGING = "RdBu_r"
 
-DPI = 150
+# The PNG holds two pixels per CSS pixel (a page shows it at 96 per inch, its natural size, or
+# narrower: ``linattn.experiments.report_page`` sets the width); SMALLEST_TEXT is the smallest
+# font size, in points, that a figure uses (13.3 CSS px at its natural size), and MAX_WIDTH the
+# widest figure, in inches, that a 1,100 px column shows at its natural size.
+CSS_DPI = 96
+DPI = 2 * CSS_DPI
+SMALLEST_TEXT = 10.0
+MAX_WIDTH = 11.4
 # Text in the SVG as paths: the file needs no installed font. ("none" keeps it as <text>, which
 # the tests use to read the numbers a figure shows.)
 SVG_FONTTYPE = "path"
@@ -42,8 +49,13 @@ def pyplot() -> Any:
 
     plt.rcParams.update(
         {
-            "font.size": 10,
-            "axes.titlesize": 11,
+            "font.size": 11,
+            "axes.titlesize": 12,
+            "axes.labelsize": 11,
+            "xtick.labelsize": 10,
+            "ytick.labelsize": 10,
+            "legend.fontsize": 10,
+            "mathtext.fontset": "dejavusans",
             "axes.spines.top": False,
             "axes.spines.right": False,
             "svg.hashsalt": "linattn",  # the same SVG ids on every run
@@ -109,10 +121,10 @@ def matrix_block(
     frame.set_zorder(2)
     if label:
         ax.text(
-            x + cols / 2, y + rows + 0.4, label, ha="center", va="bottom", color=color, fontsize=12
+            x + cols / 2, y + rows + 0.4, label, ha="center", va="bottom", color=color, fontsize=14
         )
     if shape:
-        ax.text(x + cols / 2, y - 0.4, shape, ha="center", va="top", color=INK, fontsize=9)
+        ax.text(x + cols / 2, y - 0.4, shape, ha="center", va="top", color=INK, fontsize=11)
     return extent
 
 
@@ -148,7 +160,7 @@ def value_grid(
                 fmt.format(_clean(data[i, j])),
                 ha="center",
                 va="center",
-                fontsize=11,
+                fontsize=13,
                 color=ERROR if red else INK,
             )
     if label:
@@ -159,7 +171,7 @@ def value_grid(
             ha="center",
             va="bottom",
             color=color,
-            fontsize=11,
+            fontsize=13,
         )
     return (x, x + cols * cell, y, y + rows * cell)
 
@@ -186,7 +198,7 @@ def arrow(
             text,
             ha="center",
             va="bottom",
-            fontsize=10,
+            fontsize=12,
             color=color,
         )
 

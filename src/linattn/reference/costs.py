@@ -16,6 +16,13 @@ def softmax_training_ops(n: int, d: int) -> int:
     return 4 * n * n * d
 
 
+def linear_attention_ops(n: int, r: int, d: int) -> int:
+    """Section 4: 4 n r d, unmasked linear attention in the right order (phi(K)^T V, 2 n r d,
+    then phi(Q) M, 2 n r d)."""
+    n, r, d = _sizes(n=n, r=r, d=d)
+    return 4 * n * r * d
+
+
 def linear_training_ops(n: int, r: int, d: int, C: int) -> int:
     """Section 5.1 / 9: 2 n C (r + d) + 4 n r d, causal linear attention in blocks of C.
 

@@ -1,0 +1,93 @@
+"""The report page in headless Chromium at 1,280 and 390 px: no horizontal overflow, every image
+loaded, every link resolves, no console error; full-page screenshots kept under runs/browser/.
+
+Skipped when no Chromium is installed, except in CI (the environment variable CI set, as
+``.ci/run`` does), where a missing browser is a failure: ``.ci/run`` installs Debian's chromium.
+"""
+
+import contextlib
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from linattn import cli
+from linattn.experiments import report_browser
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "runs" / "browser"
+WIDTHS = (1280, 390)
+CHROMIUM = report_browser.find_chromium()
+
+if CHROMIUM is None and os.environ.get("CI"):
+    pytest.fail("CI needs Chromium for the browser test: apt-get install chromium", pytrace=False)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    """A report with the committed benchmark and recall results, so that every plot is there."""
+    out = tmp_path_factory.mktemp("browser") / "report"
+    argv = ["report", "--out", str(out), "--quiet", "--table1-repetitions", "2"]
+    argv += ["--bench", str(ROOT / "benchmarks" / "results" / "bench.json")]
+    argv += ["--mqar", str(ROOT / "benchmarks" / "results" / "mqar-cpu.jsonl")]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(argv) == 0
+    return out / "index.html"
+
+
+@pytest.fixture(scope="module", params=WIDTHS, ids=[f"{w}px" for w in WIDTHS])
+def seen(request, page):
+    return request.param, report_browser.inspect_page(page, request.param, CHROMIUM)
+
+
+def test_no_horizontal_overflow(seen):
+    width, result = seen
+    assert result["viewport"] == width
+    assert result["page"] <= width, result["overflowing"][:10]
+    assert result["overflowing"] == []  # nothing sticks out, outside the tables' scroll boxes
+
+
+def test_every_image_loads_and_fits(seen):
+    width, result = seen
+    names = {Path(image["src"]).stem for image in result["images"]}
+    assert {"softmax-attention-products", "series-roadmap", "table1", "bench", "mqar"} <= names
+    for image in result["images"]:
+        assert image["loaded"], image
+        assert image["inside"] and 0 < image["shown"] <= width, image
+
+
+def test_no_console_error(seen):
+    _, result = seen
+    assert result["errors"] == []
+
+
+def test_every_link_resolves(page):
+    assert report_browser.broken_links(page) == []
+
+
+def test_a_broken_link_and_a_missing_image_are_found(page, tmp_path):
+    # The checks can fail: the same page with one image removed and one anchor renamed.
+    copy = tmp_path / "report"
+    shutil.copytree(page.parent, copy)
+    (copy / "figures" / "reordering.png").unlink()
+    text = (copy / "index.html").read_text().replace('href="#checks"', 'href="#nowhere"')
+    (copy / "index.html").write_text(text)
+    assert sorted(report_browser.broken_links(copy / "index.html")) == [
+        "#nowhere (no element with that id)",
+        "figures/reordering.png (no such file)",
+    ]
+    result = report_browser.inspect_page(copy / "index.html", 390, CHROMIUM)
+    missing = [image for image in result["images"] if not image["loaded"]]
+    assert [Path(image["src"]).name for image in missing] == ["reordering.png"]
+    assert any("reordering.png" in error for error in result["errors"])
+
+
+def test_screenshots_are_kept(seen, page):
+    width, result = seen
+    png = report_browser.screenshot(
+        page, width, min(result["height"], 16_000), SCREENSHOTS / f"report-{width}px.png", CHROMIUM
+    )
+    assert png.stat().st_size > 10_000

@@ -1,0 +1,41 @@
+"""The figures can be read on the page: the smallest text of each, measured from its SVG, at the
+width the report page shows it (1,280 px and 390 px wide viewports)."""
+
+import pytest
+
+from linattn.figures import SPEC_FIGURES, legibility, style
+
+# At a 1,280 px page every figure is shown at its natural size or a little below it; 11 px is the
+# smallest text a reader reads without zooming. At 390 px (a phone) the figures scale down to the
+# 358 px column: the page links each SVG for zooming, and the sizes are printed, not asserted.
+DESKTOP, PHONE, MINIMUM_PX = 1280, 390, 11.0
+
+
+@pytest.mark.parametrize("figure", SPEC_FIGURES, ids=[f.name for f in SPEC_FIGURES])
+def test_smallest_text_at_the_desktop_width(rendered, figure):
+    out, _ = rendered
+    svg = out / f"{figure.name}.svg"
+    desktop = legibility.smallest_text_px(svg, DESKTOP)
+    phone = legibility.smallest_text_px(svg, PHONE)
+    width, sizes = legibility.svg_text_sizes(svg)
+    print(f"{figure.name}: {width / 72:.1f} in, smallest text {min(sizes):.1f} pt: "
+          f"{desktop:.1f} px at {DESKTOP}, {phone:.1f} px at {PHONE}")  # fmt: skip
+    assert desktop >= MINIMUM_PX, (figure.name, desktop)
+    assert min(sizes) >= style.SMALLEST_TEXT
+    assert width / 72 <= style.MAX_WIDTH + 0.05  # shown at its natural size in the column
+
+
+def test_the_measurement_scales_with_the_display_width(tmp_path):
+    plt = style.pyplot()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(plt.rcParams, "svg.fonttype", "none")
+        fig = plt.figure(figsize=(20, 2))  # 1,920 px natural: scaled to the 1,100 px column
+        fig.text(0.1, 0.5, r"big $k_t^\top$", fontsize=20)
+        fig.text(0.6, 0.5, "small", fontsize=8)
+        fig.savefig(tmp_path / "f.svg")
+        plt.close(fig)
+    width, sizes = legibility.svg_text_sizes(tmp_path / "f.svg")
+    assert width == pytest.approx(1440) and sorted(sizes) == [8, 20]
+    assert legibility.smallest_text_px(tmp_path / "f.svg", 1280) == pytest.approx(8 * 1100 / 1440)
+    assert legibility.smallest_text_px(tmp_path / "f.svg", 390) == pytest.approx(8 * 358 / 1440)
+    assert legibility.column_width(1280) == 1100 and legibility.natural_width(72) == 96
