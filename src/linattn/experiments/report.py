@@ -32,7 +32,7 @@ from linattn.experiments import table1 as table1_command
 from linattn.experiments import verify as verify_command
 from linattn.experiments._args import positive_int
 from linattn.experiments.report_page import render_html, render_markdown
-from linattn.figures.legibility import png_css_width
+from linattn.figures.legibility import legible_width, png_css_width
 
 TABLE1_NS = (8, 16, 32, 64, 128)
 TABLE1_R = 32
@@ -64,6 +64,7 @@ class Report:
     mqar_note: str = ""
     seconds: float = 0.0
     widths: dict[str, int] = field(default_factory=dict)  # figure name: natural CSS width
+    legible: dict[str, int] = field(default_factory=dict)  # figure name: narrowest legible width
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:
@@ -174,6 +175,9 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
             plots.mqar_plot(report.mqar, figures_dir)
         bar.update()
         report.widths = {p.stem: png_css_width(p) for p in figures_dir.glob("*.png")}
+        report.legible = {
+            f["name"]: legible_width(report.widths[f["name"]]) for f in report.figures
+        }
         begin("pages")
         report.seconds = time.perf_counter() - start
         write_files(report, out)

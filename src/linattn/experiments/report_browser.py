@@ -46,7 +46,7 @@ PROBE = """<script>
     const images = [...document.images].map((img) => ({
       src: img.getAttribute("src"), loaded: img.complete && img.naturalWidth > 0,
       shown: img.getBoundingClientRect().width, natural: img.naturalWidth,
-      inside: img.getBoundingClientRect().right <= width + 0.5,
+      inside: img.getBoundingClientRect().right <= width + 0.5, scrolls: !!img.closest(".scroll"),
     }));
     const result = {viewport: width, page: document.documentElement.scrollWidth,
                     height: document.documentElement.scrollHeight, images, overflowing: out,

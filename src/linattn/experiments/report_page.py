@@ -107,16 +107,19 @@ def _numeric(cell: str) -> bool:
     return bool(re.fullmatch(r"-?[\d,.]+", cell))
 
 
-def _figure(name: str, caption: str, width: int | None = None) -> str:
+def _figure(name: str, caption: str, width: int | None = None, legible: int | None = None) -> str:
     """One figure with its caption, id ``fig-NAME``; the image links its full-size SVG.
 
-    ``width`` (CSS pixels) is the figure's natural size; the page scales it down to the column.
+    ``width`` (CSS pixels) is the figure's natural size; the page scales it down to the column,
+    but not below ``legible``, the width at which its smallest text is still readable
+    (``legibility.legible_width``): on a narrower screen it scrolls sideways in its own box.
     """
     title, _, rest = caption.partition(". ")
     size = f' width="{width}"' if width else ""
+    size += f' style="min-width: {legible}px"' if legible else ""
     return (
-        f'<figure id="fig-{_e(name)}"><a href="figures/{_e(name)}.svg">'
-        f'<img src="figures/{_e(name)}.png"{size} alt="{_e(caption)}"></a>'
+        f'<figure id="fig-{_e(name)}"><div class="scroll"><a href="figures/{_e(name)}.svg">'
+        f'<img src="figures/{_e(name)}.png"{size} alt="{_e(caption)}"></a></div>'
         f"<figcaption><b>{_e(title)}.</b> {_e(rest)} "
         f'<a href="figures/{_e(name)}.svg">Full-size SVG</a></figcaption></figure>'
     )
@@ -230,9 +233,14 @@ def render_html(report: Report) -> str:
         f"<pre>{_e(report.costs_text)}</pre></details>",
         '<h2 id="figures">Figures</h2>',
         "<p>The spec's nine figures, drawn from numbers computed by "
-        "<code>linattn.reference</code>. Each image opens its full-size SVG, for zooming on a "
-        "narrow screen.</p>",
-        *(_figure(f["name"], f["caption"], report.widths.get(f["name"])) for f in report.figures),
+        "<code>linattn.reference</code>. On a narrow screen a figure keeps a size at which its "
+        "text can be read and scrolls sideways; each image opens its full-size SVG.</p>",
+        *(
+            _figure(
+                f["name"], f["caption"], report.widths.get(f["name"]), report.legible.get(f["name"])
+            )
+            for f in report.figures
+        ),
         '<h2 id="bench">Benchmark</h2>',
     ]
     if report.bench is not None:

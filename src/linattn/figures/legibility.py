@@ -2,12 +2,15 @@
 
 The report page (``linattn.experiments.report_page``) keeps its text in a column at most
 ``COLUMN_PX`` CSS pixels wide, inside ``PADDING_PX`` on each side, and shows a figure at its natural
-size (``style.CSS_DPI`` pixels per inch) or scaled down to the column. A text of s points in a
-figure w points wide is then s * display_width / w pixels tall on the screen.
+size (``style.CSS_DPI`` pixels per inch) or scaled down to the column, but never below its
+*legible width*, the width at which its smallest text is ``MINIMUM_PX`` tall: on a narrow screen
+(a phone) the figure then scrolls sideways in its own box instead of shrinking past reading. A text
+of s points in a figure w points wide is s * display_width / w pixels tall on the screen.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,6 +19,7 @@ from linattn.figures import style
 
 COLUMN_PX = 1100
 PADDING_PX = 16
+MINIMUM_PX = 11.0  # the smallest text a reader reads without zooming
 _SIZE = re.compile(r"font(?:-size)?:\s*(?:[a-z-]+\s+)*([\d.]+)px")
 
 
@@ -48,13 +52,39 @@ def svg_text_sizes(svg: Path | str) -> tuple[float, list[float]]:
     return width, sizes
 
 
-def smallest_text_px(svg: Path | str, page_width: int) -> float:
-    """The smallest text of a figure, in CSS pixels, on a page ``page_width`` pixels wide."""
+def text_px_at(svg: Path | str, shown_px: float) -> float:
+    """The smallest text of a figure, in CSS pixels, when the figure is shown ``shown_px`` wide."""
     width, sizes = svg_text_sizes(svg)
     if not sizes:
         raise ValueError(f"{svg} has no text kept as text (write it with svg.fonttype 'none')")
-    display = min(natural_width(width), column_width(page_width))
-    return min(sizes) * display / width
+    return min(sizes) * shown_px / width
+
+
+def legible_width(
+    natural_px: int, smallest_pt: float = style.SMALLEST_TEXT, minimum_px: float = MINIMUM_PX
+) -> int:
+    """The narrowest width in CSS pixels, at most ``natural_px``, at which a figure whose smallest
+    text is ``smallest_pt`` points shows that text ``minimum_px`` tall.
+
+    At its natural width a text of s points is s * CSS_DPI / 72 pixels tall, so the figure may
+    shrink by the factor minimum_px / that. The page uses the style's guarantee
+    (``style.SMALLEST_TEXT``, every figure's smallest text: tests/figures/test_legibility.py).
+    """
+    at_natural = smallest_pt * style.CSS_DPI / 72
+    return min(natural_px, math.ceil(natural_px * minimum_px / at_natural))
+
+
+def display_width(svg: Path | str, page_width: int) -> int:
+    """The width the page shows a figure at on a page ``page_width`` pixels wide: its natural
+    width or the column's, whichever is smaller, but not below its legible width."""
+    width, _ = svg_text_sizes(svg)
+    natural = natural_width(width)
+    return max(min(natural, column_width(page_width)), legible_width(natural))
+
+
+def smallest_text_px(svg: Path | str, page_width: int) -> float:
+    """The smallest text of a figure, in CSS pixels, on a page ``page_width`` pixels wide."""
+    return text_px_at(svg, display_width(svg, page_width))
 
 
 def _size(node: ET.Element) -> float | None:
