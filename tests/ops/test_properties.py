@@ -67,11 +67,39 @@ FORMS = ("parallel", "recurrent", "chunk", "chunk_torch")
 GATES = ("gentle", "reset", "neg_inf", "steep")
 # "token": one token (T = 1, or 1-token packed sequences) sliced from inputs expanded along time.
 LAYOUTS = ("strided", "expanded", "token")
+STATE_DTYPES = ("float32", "float64")  # the generation step's state
 RESETS = (-1e3, -1e4, -1e5, -1e6, -1e7, -1e20, -1e38)  # finite log-gates that flush a memory
 
-# The regions that fail on today's main because of a defect of issue 18 (the defect's number).
-# Remove an entry when its fix is merged: strict=True makes a fixed region fail here.
-KNOWN_DEFECTS: dict[tuple[str, ...], int] = {}
+
+def _each(test: str, *combos: tuple[str, ...]) -> list[tuple[str, ...]]:
+    return [(test, *c) for c in combos]
+
+
+# The regions that fail on today's main because of a defect of issue 18: region -> defect number.
+# Remove an entry when its fix is merged (strict=True makes a fixed region fail until then).
+# 1: -inf refused everywhere, resets lose precision in the chunk form; 2: stride-0 token slices in
+# the fused loop; 4: the step's gradients; 8: empty dimensions; 11: strictness of arguments.
+KNOWN_DEFECTS: dict[tuple[str, ...], int] = {
+    **dict.fromkeys(
+        _each("forward-gates", ("parallel", "neg_inf"), ("recurrent", "neg_inf"),
+              ("chunk", "reset"), ("chunk", "neg_inf"),
+              ("chunk_torch", "reset"), ("chunk_torch", "neg_inf"))
+        + _each("gradients-gates", ("parallel", "neg_inf"), ("recurrent", "neg_inf"),
+                ("chunk", "reset"), ("chunk", "neg_inf"),
+                ("chunk_torch", "reset"), ("chunk_torch", "neg_inf"))
+        + _each("step-forward", ("float32", "neg_inf"), ("float64", "neg_inf")),
+        1,
+    ),
+    **dict.fromkeys(_each("forward-layout", ("chunk", "token"))
+                    + _each("gradients-layout", ("chunk", "token")), 2),
+    **dict.fromkeys(_each("step-gradients", *((d, g) for d in STATE_DTYPES for g in GATES)), 4),
+    **dict.fromkeys(_each("forward-empty", *((f,) for f in FORMS))
+                    + _each("gradients-empty", *((f,) for f in FORMS))
+                    + _each("step-empty", *((d,) for d in STATE_DTYPES)), 8),
+    # output_final_state="no" is the same defect as 11's truthy strings, not in its list.
+    **dict.fromkeys(_each("refused", ("normalize-str",), ("l2norm-str",), ("final-state-str",))
+                    + _each("accepted", ("numpy-chunk-size",)), 11),
+}  # fmt: skip
 
 
 def region(test: str, *params: str):
@@ -200,10 +228,19 @@ LAYOUT_KINDS = {
 
 
 @st.composite
-def problems(draw, gates: str = "gentle", layout: str = "contiguous", empty: bool = False):
-    """A Problem in one region: a gate family, a layout family, empty dimensions or not."""
-    rule = draw(st.sampled_from(["additive", "delta"]))
-    gate_shapes = [None, "scalar", "channel"] if gates == "gentle" else ["scalar", "channel"]
+def problems(
+    draw,
+    gates: str = "gentle",
+    layout: str = "contiguous",
+    empty: bool = False,
+    rules: tuple[str, ...] = ("additive", "delta"),
+    gated: bool = False,
+):
+    """A Problem in one region: a gate family, a layout family, empty dimensions or not (rules:
+    the ops to draw from; gated: never g = None)."""
+    rule = draw(st.sampled_from(rules))
+    gated = gated or gates != "gentle"
+    gate_shapes = ["scalar", "channel"] if gated else [None, "scalar", "channel"]
     gate = draw(st.sampled_from(gate_shapes))
     if gates == "gentle" and gate is not None:
         gates = draw(st.sampled_from(["gentle", "gentle", "zero"]))
@@ -233,6 +270,12 @@ def problems(draw, gates: str = "gentle", layout: str = "contiguous", empty: boo
         layouts=(),
         seed=draw(st.integers(0, 2**16)),
     )
+    return _replace(p, layouts=draw(layouts_of(p, layout)))
+
+
+@st.composite
+def layouts_of(draw, p: Problem, layout: str) -> tuple[tuple[str, Layout], ...]:
+    """A layout for each of the problem's inputs, from the family ``layout``."""
     ndim = {n: len(shape) for n, shape in p.shapes().items()}
     drawn = tuple((n, draw(layouts(ndim[n], LAYOUT_KINDS[layout]))) for n in ndim)
     if layout == "token":  # every token input expanded along time (stride 0), then sliced
@@ -242,7 +285,17 @@ def problems(draw, gates: str = "gentle", layout: str = "contiguous", empty: boo
         n = draw(st.sampled_from(list(ndim)))  # at least one stride 0
         drawn = tuple((m, Layout("expanded", dim=draw(st.integers(0, ndim[m] - 1)), extra=1))
                       if m == n else (m, lay) for m, lay in drawn)  # fmt: skip
-    return _replace(p, layouts=drawn)
+    return drawn
+
+
+@st.composite
+def step_problems(draw, gates: str = "gentle", empty: bool = False, tokens: int = 4):
+    """A Problem for ``recurrent_step``: up to ``tokens`` steps from an initial state, the
+    step's inputs the tokens of [B, T, H, D] inputs in strided layouts."""
+    p = draw(problems(gates=gates, layout="strided", empty=empty))
+    T = draw(st.integers(1, tokens))
+    p = _replace(p, T=T, lengths=None, normalize=False, l2norm=False, state=True, chunk_size=1)
+    return _replace(p, layouts=draw(layouts_of(p, "strided")))
 
 
 def _replace(p: Problem, **changes) -> Problem:
@@ -414,20 +467,27 @@ def rms(x: torch.Tensor) -> float:
     return float(x.double().pow(2).mean().sqrt()) if x.numel() else 0.0
 
 
-def assert_agrees(name: str, x: torch.Tensor | None, ref: torch.Tensor, magnitude: float) -> None:
-    """x equals ref to x's dtype's rounding: RMS error <= TOLERANCE x RMS(ref), or, where ref is
-    tiny, <= ABSOLUTE x magnitude (the problem's scale; computed in float32 unless float64)."""
+def assert_agrees(
+    name: str,
+    x: torch.Tensor | None,
+    ref: torch.Tensor,
+    magnitude: float,
+    compute: torch.dtype | None = None,
+) -> None:
+    """x equals ref to the rounding of x's dtype and of the compute dtype (float32 unless x is
+    float64): RMS error <= TOLERANCE x RMS(ref), or, where ref is tiny, ABSOLUTE x magnitude."""
     assert x is not None, f"{name}: no result (None)"
     assert tuple(x.shape) == tuple(ref.shape), f"{name}: shape {tuple(x.shape)} != {ref.shape}"
     assert bool(torch.isfinite(x).all()), f"{name}: NaN or Inf where the reference is finite"
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = compute or (torch.float64 if x.dtype == torch.float64 else torch.float32)
     error, size = rms(x.double() - ref), rms(ref)
-    bound = max(TOLERANCE[x.dtype] * size, ABSOLUTE[compute] * magnitude)
+    tolerance = max(TOLERANCE[x.dtype], TOLERANCE[compute])
+    bound = max(tolerance * size, ABSOLUTE[compute] * magnitude)
     assert error <= bound, (
         f"{name} ({x.dtype}): RMS error {error:.3g} > {bound:.3g} (relative "
         f"{error / size if size else math.inf:.3g}, problem magnitude {magnitude:.3g})"
     )
-    if x.dtype == torch.float64:  # the suite's float64 bound: every entry within 1e-10
+    if x.dtype == compute == torch.float64:  # the suite's float64 bound: every entry within 1e-10
         worst = float((x.double() - ref).abs().max()) if x.numel() else 0.0
         assert worst <= 1e-10 * max(1.0, size), f"{name}: max error {worst:.3g}"
 
@@ -521,3 +581,318 @@ def test_forward_of_empty_inputs(profile, form):
 @pytest.mark.parametrize("form", regions("gradients-empty", FORMS))
 def test_gradients_of_empty_inputs(profile, form):
     holds(profile, problems(layout="strided", empty=True), lambda p: gradients_agree(p, form))
+
+
+# ---------------------------------------------------------------------------------------------
+# The properties of the generation step
+# ---------------------------------------------------------------------------------------------
+
+
+def step_inputs(x: dict[str, torch.Tensor], t: int) -> dict[str, torch.Tensor]:
+    """Token t of [B, T, H, D] inputs: the step's [B, H, D] arguments (strided views)."""
+    return {n: x[n][:, t] for n in ("q", "k", "v", "beta", "g") if n in x}
+
+
+def new_state(p: Problem, x: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The step's state: S0's values in the state dtype, in S0's layout, a tensor of its own."""
+    storage, view = place(x["S0"].detach().to(dtype, copy=True), dict(p.layouts)["S0"])
+    return view(storage)
+
+
+def step_forward_agrees(p: Problem, state_dtype: torch.dtype) -> None:
+    """Every o_t and the state after T steps equal the float64 recurrence (in the state dtype)."""
+    x = build(p, None)
+    state = new_state(p, x.views, state_dtype)
+    outputs = [recurrent_step(state, **step_inputs(x.views, t), scale=p.scale) for t in range(p.T)]
+    o_ref, S_ref = reference(p, {n: t.double() for n, t in x.views.items()})
+    assert all(o.dtype == p.dtype for o in outputs) and state.dtype == state_dtype
+    magnitude = max(rms(o_ref), rms(S_ref))
+    o = torch.stack(outputs, dim=1) if outputs else o_ref
+    assert_agrees("o", o, o_ref, magnitude, compute=state_dtype)
+    assert_agrees("state", state, S_ref, magnitude, compute=state_dtype)
+
+
+def step_gradients_agree(p: Problem, state_dtype: torch.dtype) -> None:
+    """One step's o_t is differentiable in q, k, v, beta and g, as the float64 recurrence."""
+    p = _replace(p, T=1)
+    x = build(p, None, grad=True)
+    inputs = step_inputs(x.views, 0)
+    try:
+        o = recurrent_step(new_state(p, x.views, state_dtype), **inputs, scale=p.scale)
+    except (ValueError, TypeError) as refusal:  # issue 18 allows refusing inputs that need grad
+        assert "grad" in str(refusal), refusal
+        return
+    found = gradients([o], inputs, p.seed)
+    x64 = build(p, torch.float64, grad=True)
+    inputs64 = step_inputs(x64.views, 0)
+    scale = p.K**-0.5 if p.scale is None else p.scale
+    o64, _ = token_step(x64.views["S0"].detach(), scale * inputs64["q"], inputs64["k"],
+                        inputs64["v"], inputs64.get("beta"), inputs64.get("g"))  # fmt: skip
+    expected = gradients([o64], inputs64, p.seed)
+    magnitude = max(rms(e) for e in expected.values() if e is not None)
+    for n, e in expected.items():
+        e = torch.zeros_like(inputs64[n]) if e is None else e
+        assert_agrees(f"d{n}", found[n], e, magnitude, compute=state_dtype)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize(("state_dtype", "gates"), regions("step-forward", STATE_DTYPES, GATES))
+def test_step_forward_with_any_gates(profile, state_dtype, gates):
+    dtype = getattr(torch, state_dtype)
+    holds(profile, step_problems(gates=gates), lambda p: step_forward_agrees(p, dtype))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize(("state_dtype", "gates"), regions("step-gradients", STATE_DTYPES, GATES))
+def test_step_gradients_with_any_gates(profile, state_dtype, gates):
+    dtype = getattr(torch, state_dtype)
+    holds(profile, step_problems(gates=gates), lambda p: step_gradients_agree(p, dtype))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("state_dtype", regions("step-empty", STATE_DTYPES))
+def test_step_of_empty_inputs(profile, state_dtype):
+    dtype = getattr(torch, state_dtype)
+    holds(profile, step_problems(empty=True), lambda p: step_forward_agrees(p, dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused inputs: our named error, before any work
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bad:
+    """A way to break a valid call: ``make(p, x)`` gives the overriding keyword arguments; the
+    call must raise ``error`` with ``name`` in its message. ``rules``: the ops it applies to."""
+
+    label: str
+    name: str
+    error: type[Exception]
+    make: object
+    rules: tuple[str, ...] = ("additive", "delta")
+
+
+def poison(x: torch.Tensor, value: float, seed: int) -> torch.Tensor:
+    """A copy of x with one entry (chosen by the seed) set to ``value``."""
+    x = x.detach().clone().contiguous()
+    x.view(-1)[seed % x.numel()] = value
+    return x
+
+
+def above_two(x: torch.Tensor) -> float:
+    """The smallest value of x's dtype above 2."""
+    two = torch.tensor(2.0, dtype=x.dtype)
+    return float(torch.nextafter(two, torch.tensor(math.inf, dtype=x.dtype)))
+
+
+def wider(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x with one more entry along ``dim`` (a wrong size)."""
+    return torch.cat([x, x.narrow(dim, 0, 1)], dim=dim)
+
+
+def bounds(p: Problem, *inner: int) -> torch.Tensor:
+    return torch.tensor([0, *inner, p.T])
+
+
+TINY_POSITIVE = {d: float(torch.finfo(d).smallest_normal) for d in DTYPES}
+# One bad input per line.
+# fmt: off
+BAD_INPUTS = [
+    Bad("q-list", "q", TypeError, lambda p, x: {"q": x["q"].tolist()}),
+    Bad("q-int", "q", TypeError, lambda p, x: {"q": x["q"].to(torch.int32)}),
+    Bad(
+        "v-dtype",
+        "v",
+        TypeError,
+        lambda p, x: {"v": x["v"].to(torch.float32 if p.dtype == torch.float64 else torch.float64)},
+    ),
+    Bad("q-ndim", "q", ValueError, lambda p, x: {"q": x["q"][0]}),
+    Bad("k-shape", "k", ValueError, lambda p, x: {"k": wider(x["k"], 3)}),
+    Bad("v-shape", "v", ValueError, lambda p, x: {"v": wider(x["v"], 1)}),
+    Bad("q-nan", "q", ValueError, lambda p, x: {"q": poison(x["q"], math.nan, p.seed)}),
+    Bad("k-inf", "k", ValueError, lambda p, x: {"k": poison(x["k"], math.inf, p.seed)}),
+    Bad("v-neg-inf", "v", ValueError, lambda p, x: {"v": poison(x["v"], -math.inf, p.seed)}),
+    Bad(
+        "g-positive",
+        "g",
+        ValueError,
+        lambda p, x: {"g": poison(x["g"], TINY_POSITIVE[p.dtype], p.seed)},
+    ),
+    Bad("g-inf", "g", ValueError, lambda p, x: {"g": poison(x["g"], math.inf, p.seed)}),
+    Bad("g-nan", "g", ValueError, lambda p, x: {"g": poison(x["g"], math.nan, p.seed)}),
+    Bad("g-shape", "g", ValueError, lambda p, x: {"g": wider(x["g"], x["g"].dim() - 1)}),
+    Bad("g-int", "g", TypeError, lambda p, x: {"g": x["g"].to(torch.int64)}),
+    Bad(
+        "beta-negative",
+        "beta",
+        ValueError,
+        lambda p, x: {"beta": poison(x["beta"], -TINY_POSITIVE[p.dtype], p.seed)},
+        ("delta",),
+    ),
+    Bad(
+        "beta-above-two",
+        "beta",
+        ValueError,
+        lambda p, x: {"beta": poison(x["beta"], above_two(x["beta"]), p.seed)},
+        ("delta",),
+    ),
+    Bad(
+        "beta-nan",
+        "beta",
+        ValueError,
+        lambda p, x: {"beta": poison(x["beta"], math.nan, p.seed)},
+        ("delta",),
+    ),
+    Bad("beta-shape", "beta", ValueError, lambda p, x: {"beta": wider(x["beta"], 2)}, ("delta",)),
+    Bad("beta-none", "beta", TypeError, lambda p, x: {"beta": None}, ("delta",)),
+    Bad("cu-float", "cu_seqlens", TypeError, lambda p, x: {"cu_seqlens": bounds(p).double()}),
+    Bad(
+        "cu-start",
+        "cu_seqlens",
+        ValueError,
+        lambda p, x: {"cu_seqlens": torch.tensor([1, p.T + 1])},
+    ),
+    Bad(
+        "cu-end", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": torch.tensor([0, p.T + 1])}
+    ),
+    Bad("cu-repeat", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": bounds(p, 0)}),
+    Bad("cu-decrease", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": bounds(p, p.T + 1)}),
+    Bad("cu-2d", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": bounds(p)[None]}),
+    Bad("cu-list", "cu_seqlens", TypeError, lambda p, x: {"cu_seqlens": [0, p.T]}),
+    Bad("chunk-zero", "chunk_size", ValueError, lambda p, x: {"chunk_size": 0}),
+    Bad("chunk-negative", "chunk_size", ValueError, lambda p, x: {"chunk_size": -p.chunk_size}),
+    Bad("chunk-bool", "chunk_size", TypeError, lambda p, x: {"chunk_size": True}),
+    Bad("chunk-float", "chunk_size", TypeError, lambda p, x: {"chunk_size": float(p.chunk_size)}),
+    Bad("chunk-str", "chunk_size", TypeError, lambda p, x: {"chunk_size": str(p.chunk_size)}),
+    Bad("mode", "mode", ValueError, lambda p, x: {"mode": "fused"}),
+    Bad("scale-nan", "scale", ValueError, lambda p, x: {"scale": math.nan}),
+    Bad("scale-inf", "scale", ValueError, lambda p, x: {"scale": math.inf}),
+    Bad("scale-bool", "scale", TypeError, lambda p, x: {"scale": True}),
+    Bad(
+        "state-shape",
+        "initial_state",
+        ValueError,
+        lambda p, x: {"initial_state": torch.zeros(p.N, p.H, p.K + 1, p.V, dtype=p.dtype)},
+    ),
+    Bad(
+        "state-nan",
+        "initial_state",
+        ValueError,
+        lambda p, x: {
+            "initial_state": torch.full(
+                _replace(p, state=True).shapes()["S0"], math.nan, dtype=p.dtype
+            )
+        },
+    ),
+    Bad(
+        "state-int",
+        "initial_state",
+        TypeError,
+        lambda p, x: {"initial_state": torch.zeros(p.N, p.H, p.K, p.V, dtype=torch.int64)},
+    ),
+    Bad("normalize-str", "normalize", TypeError, lambda p, x: {"normalize": "no"}, ("additive",)),
+    Bad(
+        "l2norm-str", "use_qk_l2norm", TypeError, lambda p, x: {"use_qk_l2norm": "yes"}, ("delta",)
+    ),
+    Bad(
+        "final-state-str",
+        "output_final_state",
+        TypeError,
+        lambda p, x: {"output_final_state": "no"},
+    ),
+]
+# fmt: on
+
+
+@st.composite
+def bad_calls(draw, bad: Bad):
+    """A valid problem of the ops the bad input applies to (with a gate where it is a gate)."""
+    p = draw(problems(rules=bad.rules, gated=bad.name == "g"))
+    return p, draw(st.sampled_from(FORMS))
+
+
+def refused(bad: Bad, p: Problem, form: str) -> None:
+    x = build(p, None).views
+    overrides = bad.make(p, x)
+    with loop(form):
+        assert_no_work(lambda: call(p, form, x, **overrides), bad.error, bad.name)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize(
+    "bad", [pytest.param(b, id=b.label, marks=region("refused", b.label).marks) for b in BAD_INPUTS]
+)
+def test_bad_input_is_refused_by_name(profile, bad):
+    holds(profile, bad_calls(bad), lambda case: refused(bad, *case))
+
+
+# One bad input per line: the step's own, then those of the ops that apply to a step's inputs.
+# fmt: off
+STEP_BAD_INPUTS = [
+    Bad("state-bf16", "state", TypeError, lambda p, x: {"state": x["state"].bfloat16()}),
+    Bad("state-grad", "state", ValueError,
+        lambda p, x: {"state": x["state"].clone().requires_grad_()}),
+    Bad("state-ndim", "state", ValueError, lambda p, x: {"state": x["state"][0]}),
+    Bad("state-inf", "state", ValueError,
+        lambda p, x: {"state": poison(x["state"], math.inf, p.seed)}),
+    Bad("q-shape", "q", ValueError, lambda p, x: {"q": wider(x["q"], 2)}),
+    Bad("v-shape", "v", ValueError, lambda p, x: {"v": wider(x["v"], 1)}),
+    Bad("beta-shape", "beta", ValueError, lambda p, x: {"beta": wider(x["beta"], 1)}, ("delta",)),
+    *(b for b in BAD_INPUTS if b.label in (
+        "q-list", "q-int", "q-nan", "k-inf", "v-neg-inf", "g-positive", "g-inf", "g-nan",
+        "g-shape", "g-int", "beta-negative", "beta-above-two", "beta-nan", "scale-nan",
+        "scale-inf", "scale-bool",
+    )),
+]
+# fmt: on
+
+
+@st.composite
+def bad_steps(draw, bad: Bad):
+    p = draw(problems(rules=bad.rules, gated=bad.name == "g", layout="strided"))
+    p = _replace(p, T=1, lengths=None, normalize=False, l2norm=False, state=True)
+    return _replace(p, layouts=draw(layouts_of(p, "strided"))), draw(st.sampled_from(STATE_DTYPES))
+
+
+def step_refused(bad: Bad, p: Problem, state_dtype: str) -> None:
+    """The bad step raises our named error and leaves the state exactly as it was."""
+    x = build(p, None).views
+    state = new_state(p, x, getattr(torch, state_dtype))
+    args = {"state": state, **step_inputs(x, 0), "scale": p.scale}
+    args.update(bad.make(p, {**x, **args}))
+    before = args["state"].detach().clone() if torch.is_tensor(args["state"]) else None
+    with pytest.raises(bad.error, match=rf"\b{bad.name}\b"):
+        recurrent_step(**args)
+    if before is not None and before.dim() == 4:
+        assert torch.equal(args["state"].detach(), before) or not bool(before.isfinite().all())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize(
+    "bad",
+    [pytest.param(b, id=b.label, marks=region("step-refused", b.label).marks)
+     for b in STEP_BAD_INPUTS],
+)  # fmt: skip
+def test_bad_step_is_refused_by_name(profile, bad):
+    holds(profile, bad_steps(bad), lambda case: step_refused(bad, *case))
+
+
+# ---------------------------------------------------------------------------------------------
+# Accepted options
+# ---------------------------------------------------------------------------------------------
+
+
+def integer_chunk_sizes_agree(p: Problem) -> None:
+    """Any integer type is a chunk size (NumPy's too), with the result of the same int."""
+    x = build(p, None).views
+    o, S = call(p, "chunk", x)
+    for size in (np.int64(p.chunk_size), np.int32(p.chunk_size)):
+        o_n, S_n = call(p, "chunk", x, chunk_size=size)
+        assert torch.equal(o_n, o) and torch.equal(S_n, S)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("kind", regions("accepted", ("numpy-chunk-size",)))
+def test_integer_chunk_sizes_are_accepted(profile, kind):
+    holds(profile, problems(), integer_chunk_sizes_agree)
