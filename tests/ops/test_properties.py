@@ -608,6 +608,35 @@ def test_gradients_of_empty_inputs(form, profile):
     holds(profile, problems(layout="strided", empty=True), lambda p: gradients_agree(p, form))
 
 
+@st.composite
+def packed_problems(draw):
+    """float64 problems with packed sequences (cu_seqlens), any layout."""
+    p = draw(problems(layout="strided"))
+    lengths = tuple(draw(st.lists(st.integers(1, 12), min_size=1, max_size=4)))
+    p = _replace(p, B=1, T=sum(lengths), lengths=lengths, dtype=torch.float64)
+    return _replace(p, layouts=draw(layouts_of(p, "strided")))
+
+
+def packed_sequences_run_alone(p: Problem, form: str) -> None:
+    """With cu_seqlens every sequence is the op on its own tokens from its own initial state."""
+    x = build(p, None).views
+    with loop(form):
+        o, S = call(p, form, x)
+        bounds = cu_seqlens(p).tolist()
+        for n, (a, b) in enumerate(itertools.pairwise(bounds)):
+            part = {m: t if m == "S0" else t[:, a:b] for m, t in x.items()}
+            if "S0" in part:
+                part["S0"] = part["S0"][n : n + 1]
+            o_n, S_n = call(_replace(p, T=b - a, lengths=None), form, part)
+            torch.testing.assert_close(o[:, a:b], o_n, rtol=0, atol=1e-12)
+            torch.testing.assert_close(S[n : n + 1], S_n, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("form", "profile"), regions("packed", FORMS))
+def test_packed_sequences_run_alone(form, profile):
+    holds(profile, packed_problems(), lambda p: packed_sequences_run_alone(p, form))
+
+
 def second_derivatives(outputs, inputs: dict[str, torch.Tensor], seed: int):
     """d/dx of sum_n <dL/dn, W_n> (L = sum_i <outputs_i, W_i>): double backward, create_graph."""
     first = gradients(outputs, inputs, seed, create_graph=True)
