@@ -94,9 +94,9 @@ KNOWN_DEFECTS: dict[tuple[str, ...], int] = {
                 ("chunk_torch", "reset"), ("chunk_torch", "neg_inf"))
         + _each("step-forward", *((d, "neg_inf") for d in PRECISIONS))
         # Steep gates: the chunk form ~100x less exact than the recurrent form; the few
-        # examples of the fast profile stay within 1e-5, the slow profile's do not.
-        + _each("forward-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow"))
-        + _each("gradients-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow")),
+        # examples of the fast profile stay within 1e-5, the slow profile's do not (its
+        # gradients' examples, marginal, do).
+        + _each("forward-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow")),
         1,
     ),
     **dict.fromkeys(_each("forward-layout", ("chunk", "token"))
@@ -273,9 +273,11 @@ def problems(
         V=draw(st.integers(1, 5)), dtype=draw(st.sampled_from(DTYPES)), lengths=lengths,
         state=draw(st.booleans()), normalize=normalize,
     )  # fmt: skip
+    # use_qk_l2norm with K = 1 maps every key to about +-1: its derivative, 1e-6 / (k^2 + 1e-6)^1.5,
+    # is all cancellation in float32 (an ill-conditioned input, not a defect), so K >= 2 there.
     p = Problem(
         **shape,
-        l2norm=rule == "delta" and draw(st.integers(0, 3)) == 0,
+        l2norm=rule == "delta" and shape["K"] > 1 and draw(st.integers(0, 3)) == 0,
         scale=draw(st.sampled_from([None, 1.0, 0.3])),
         chunk_size=draw(st.integers(1, T + 8)),
         beta=draw(st.sampled_from(["uniform", "uniform", "ends", "two", "zero"])),
