@@ -96,9 +96,10 @@ KNOWN_DEFECTS: dict[tuple[str, ...], int] = {
                 ("chunk_torch", "reset"), ("chunk_torch", "neg_inf"))
         + _each("step-forward", *((d, "neg_inf") for d in PRECISIONS))
         # Steep gates: the chunk form ~100x less exact than the recurrent form; the few
-        # examples of the fast profile stay within 1e-5, the slow profile's do not (its
-        # gradients' examples, marginal, do).
-        + _each("forward-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow")),
+        # examples of the fast profile stay within 1e-5, the slow profile's do not (by little:
+        # relative 1.01e-5 to 1.05e-5 for the examples seen).
+        + _each("forward-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow"))
+        + _each("gradients-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow")),
         1,
     ),
     **dict.fromkeys(_each("forward-layout", ("chunk", "token"))
