@@ -102,17 +102,8 @@ KNOWN_DEFECTS: dict[tuple[str, ...], int] = {
         + _each("gradients-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow")),
         1,
     ),
-    **dict.fromkeys(_each("forward-layout", ("chunk", "token"))
-                    + _each("gradients-layout", ("chunk", "token")), 2),
-    # 4: no gradient from the fused float32 step; an in-place error for the delta rule elsewhere.
-    **dict.fromkeys(_each("step-gradients", *(("float32", r, g) for r in RULES for g in GATES),
-                          *((d, "delta", g) for d in ("float64", "mixed") for g in GATES)), 4),
-    **dict.fromkeys(_each("step-gradients", *((d, "additive", "neg_inf")
-                                              for d in ("float64", "mixed"))), 1),
-    **dict.fromkeys(_each("forward-empty", *((f,) for f in FORMS))
-                    + _each("gradients-empty", *((f,) for f in FORMS))
-                    + _each("step-empty", *((d,) for d in PRECISIONS)), 8),
-    **dict.fromkeys(_each("double-backward", ("chunk",), ("chunk_torch",)), 3),
+    **dict.fromkeys(_each("step-gradients", *((d, r, "neg_inf") for r in RULES
+                                              for d in ("float32", "float64", "mixed"))), 1),
     # output_final_state="no" is the same defect as 11's truthy strings, not in its list.
     **dict.fromkeys(_each("refused", ("normalize-str",), ("l2norm-str",), ("final-state-str",))
                     + _each("accepted", ("numpy-chunk-size",)), 11),
