@@ -25,7 +25,9 @@
 // Inputs are float32, q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K], each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
 // public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
-// check).
+// check), but a log-gate may be -inf (a reset): each is floored at kGateFloor, and the cumulative
+// log-gates are summed in double (``cumulative_gates``), so that every decay exp(G_i - G_j) is
+// float32's rounding of the exact one whatever the gates (resets, steep gates).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -118,9 +120,33 @@ __attribute__((always_inline)) inline float exp_flush(float x) {
 // (``_blockmath.factor_budget``).
 const float kFactorBudget = std::log(FLT_MAX) / 4.0f;
 
+// The floor of a log-gate (``_gates.gate_floor``, -104.3): exp of anything below it is exactly 0
+// in float32, so flooring changes no decay, and it maps a reset (g = -inf) to a finite number.
+const float kGateFloor = std::log(FLT_MIN * FLT_EPSILON) - 1.0f;
+
+// G_i = sum_{l <= i} max(g_l, kGateFloor) for c rows of kg gates (row stride sg), accumulated in
+// double: in float32 a gate of -0.05 after a reset of -104 would keep 5 of its digits, and a
+// difference G_i - G_j of two large sums would lose the rest. Every exponent below is such a
+// difference, taken in double and rounded once to float32 (``decay``).
+void cumulative_gates(const float* gc, int64_t sg, int c, int kg, double* G) {
+  for (int i = 0; i < c; ++i) {
+    const float* gi = gc + i * sg;
+    double* Gi = G + static_cast<int64_t>(i) * kg;
+    for (int ch = 0; ch < kg; ++ch) {
+      Gi[ch] = (i == 0 ? 0.0 : Gi[ch - kg]) + static_cast<double>(std::max(gi[ch], kGateFloor));
+    }
+  }
+}
+
+// exp of a (non-positive) exponent formed in double, in float32.
+__attribute__((always_inline)) inline float decay(double x) {
+  return exp_flush(static_cast<float>(x));
+}
+
 // One thread's scratch memory, sized for one chunk of one head.
 struct Scratch {
-  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;
+  std::vector<double> G;  // the cumulative log-gates (``cumulative_gates``)
+  std::vector<float> Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;
   Scratch(int C, int K, int V)
       : G(C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
         Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
@@ -128,23 +154,23 @@ struct Scratch {
 
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
 // reference row r for the whole block: x * exp(G - G_r) times (y * exp(G_r - G))^T.
-void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const double* G,
                     int K, int i0, int n, int j0, int m, int r, float alpha, float* A, int64_t lda,
                     Scratch& w) {
-  const float* Gr = G + static_cast<int64_t>(r) * K;
+  const double* Gr = G + static_cast<int64_t>(r) * K;
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
-    const float* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    const double* Gi = G + static_cast<int64_t>(i0 + i) * K;
     float* out = w.Xf.data() + static_cast<int64_t>(i) * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = x[c] * exp_flush(Gi[c] - Gr[c]);
+    for (int c = 0; c < K; ++c) out[c] = x[c] * decay(Gi[c] - Gr[c]);
   }
   for (int j = 0; j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
-    const float* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    const double* Gj = G + static_cast<int64_t>(j0 + j) * K;
     float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = y[c] * exp_flush(Gr[c] - Gj[c]);
+    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c] - Gj[c]);
   }
   gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0, lda);
 }
@@ -153,11 +179,11 @@ void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, co
 // gates' spread over the block fits the budget; otherwise the block is halved: the lower-left
 // quarter factors exactly about the last row of its upper half (every exponent <= 0 there), and the
 // two diagonal halves recurse (``_blockmath.direct_block_size``).
-void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const double* G,
                       int K, int i0, int n, float alpha, float* A, int64_t lda, Scratch& w) {
-  const float* first = G + static_cast<int64_t>(i0) * K;
-  const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
-  float spread = 0.0f;
+  const double* first = G + static_cast<int64_t>(i0) * K;
+  const double* last = G + static_cast<int64_t>(i0 + n - 1) * K;
+  double spread = 0.0;
   for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
   if (spread <= kFactorBudget || n == 1) {
     factored_block(X, ldx, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha, A, lda, w);
@@ -173,27 +199,27 @@ void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
 // rows [i0, i0 + n) x [j0, j0 + m), dX_i += (alpha dA Yf)_i * exp(G_i - G_r) and
 // dY_j += (alpha dA^T Xf)_j * exp(G_r - G_j), with Xf, Yf the factored rows. dX, dY: [c, K].
 void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                             const float* G, int K, int i0, int n, int j0, int m, int r,
+                             const double* G, int K, int i0, int n, int j0, int m, int r,
                              float alpha, const float* dA, int64_t lda, float* dX, float* dY,
                              Scratch& w) {
-  const float* Gr = G + static_cast<int64_t>(r) * K;
+  const double* Gr = G + static_cast<int64_t>(r) * K;
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
-    const float* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    const double* Gi = G + static_cast<int64_t>(i0 + i) * K;
     float *e = w.Ex.data() + static_cast<int64_t>(i) * K, *f = w.Xf.data() + i * K;
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
-      e[c] = exp_flush(Gi[c] - Gr[c]);
+      e[c] = decay(Gi[c] - Gr[c]);
       f[c] = x[c] * e[c];
     }
   }
   for (int j = 0; j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
-    const float* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    const double* Gj = G + static_cast<int64_t>(j0 + j) * K;
     float *e = w.Ey.data() + static_cast<int64_t>(j) * K, *f = w.Yf.data() + j * K;
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
-      e[c] = exp_flush(Gr[c] - Gj[c]);
+      e[c] = decay(Gr[c] - Gj[c]);
       f[c] = y[c] * e[c];
     }
   }
@@ -217,11 +243,11 @@ void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_
 // The gradient of ``channel_diagonal``'s product (the same blocks, the same halving), for dA
 // masked as the product was: adds to dX and dY ([c, K]).
 void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                               const float* G, int K, int i0, int n, float alpha, const float* dA,
+                               const double* G, int K, int i0, int n, float alpha, const float* dA,
                                int64_t lda, float* dX, float* dY, Scratch& w) {
-  const float* first = G + static_cast<int64_t>(i0) * K;
-  const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
-  float spread = 0.0f;
+  const double* first = G + static_cast<int64_t>(i0) * K;
+  const double* last = G + static_cast<int64_t>(i0 + n - 1) * K;
+  double spread = 0.0;
   for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
   if (spread <= kFactorBudget || n == 1) {
     factored_block_backward(X, ldx, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha, dA, lda, dX,
@@ -238,7 +264,7 @@ void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int6
 // A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk) for j <= i (j < i when strict), zero above:
 // the masked, decayed product of section 10 for c rows. kg = 0 (no gate), 1 (one log-gate per
 // token) or K (one per channel); G [c, kg] holds the cumulative log-gates.
-void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const double* G,
                       int kg, int c, int K, bool strict, float alpha, float* A, int64_t lda,
                       Scratch& w) {
   if (kg <= 1) {
@@ -249,9 +275,9 @@ void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
       // caps them at 88, and the mask below overwrites those entries.
       for (int i = 0; i < c; ++i) {
         float* row = A + i * lda;
-        const float Gi = G[i];
+        const double Gi = G[i];
 #pragma omp simd
-        for (int j = 0; j < c; ++j) row[j] *= exp_flush(Gi - G[j]);
+        for (int j = 0; j < c; ++j) row[j] *= decay(Gi - G[j]);
       }
     }
   } else {
@@ -483,24 +509,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         float q_alpha = scale;
         const float* Kend = Kc;  // the rows that write the state
         int64_t ldke = ldk;
-        float* G = w.G.data();
+        double* G = w.G.data();
         if (gated) {
-          const float* gc = chunk_rows(g, gp, b, h, t0);
+          cumulative_gates(chunk_rows(g, gp, b, h, t0), g.stride(2), c, kg, G);
+          const double* Gc = G + static_cast<int64_t>(c - 1) * kg;
           for (int i = 0; i < c; ++i) {
-            const float* gi = gc + i * g.stride(2);
-            float* Gi = G + static_cast<int64_t>(i) * kg;
-            const float* Gprev = Gi - kg;
-            for (int ch = 0; ch < kg; ++ch) Gi[ch] = i == 0 ? gi[ch] : Gprev[ch] + gi[ch];
-          }
-          const float* Gc = G + static_cast<int64_t>(c - 1) * kg;
-          for (int i = 0; i < c; ++i) {
-            const float* Gi = G + static_cast<int64_t>(i) * kg;
+            const double* Gi = G + static_cast<int64_t>(i) * kg;
             const float* qi = Q + i * ldq;
             const float* ki = Kc + i * ldk;
             float* qd = w.Qd.data() + static_cast<int64_t>(i) * K;
             float* ke = w.Ke.data() + static_cast<int64_t>(i) * K;
             if (kg == 1) {
-              const float a = scale * exp_flush(Gi[0]), e = exp_flush(Gc[0] - Gi[0]);
+              const float a = scale * decay(Gi[0]), e = decay(Gc[0] - Gi[0]);
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
                 qd[ch] = a * qi[ch];
@@ -509,8 +529,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
             } else {
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
-                qd[ch] = scale * qi[ch] * exp_flush(Gi[ch]);
-                ke[ch] = ki[ch] * exp_flush(Gc[ch] - Gi[ch]);
+                qd[ch] = scale * qi[ch] * decay(Gi[ch]);
+                ke[ch] = ki[ch] * decay(Gc[ch] - Gi[ch]);
               }
             }
           }
@@ -544,13 +564,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch];
             } else if (kg == 1) {
-              const float a = bi * exp_flush(G[i]);
+              const float a = bi * decay(G[i]);
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) xi[ch] = a * ki[ch];
             } else {
-              const float* Gi = G + static_cast<int64_t>(i) * K;
+              const double* Gi = G + static_cast<int64_t>(i) * K;
 #pragma omp simd
-              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * exp_flush(Gi[ch]);
+              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * decay(Gi[ch]);
             }
 #pragma omp simd
             for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
@@ -566,9 +586,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 
         // 5. The state leaving the chunk: S <- D * S + Ke^T U.
         if (gated) {
-          const float* Gc = G + static_cast<int64_t>(c - 1) * kg;
+          const double* Gc = G + static_cast<int64_t>(c - 1) * kg;
           for (int ch = 0; ch < Ki; ++ch) {
-            const float d = exp_flush(Gc[kg == 1 ? 0 : ch]);
+            const float d = decay(Gc[kg == 1 ? 0 : ch]);
             float* row = Sh + ch * V;
 #pragma omp simd
             for (int j = 0; j < Vi; ++j) row[j] *= d;
@@ -667,7 +687,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     std::vector<float> Gam(kg == 1 ? CC : 0), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
         U(C * V), dU(C * V), dRk(CK), Qd(CK), Ke(CK), Kd(CK), dQd(CK), dKe(CK), dXm(CK), dYm(CK),
         eG(CG), eEnd(CG), dG(CG), Dv(kr), dG_end(kr);
-    float* G = w.G.data();  // [c, kr]
+    double* G = w.G.data();  // [c, kr]
     for (int64_t n = N - 1; n >= 0; --n) {
       const int64_t t0 = n * C;
       const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
@@ -688,22 +708,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
         //    Without decay these rows are the inputs themselves (the scale folded into products).
         if (gated) {
-          const float* gc = at_row(g, gp);
-          const int64_t sg = g.stride(2);
+          cumulative_gates(at_row(g, gp), g.stride(2), c, kg, G);
+          const double* Gc = G + (c - 1) * kg;
+          for (int ch = 0; ch < kg; ++ch) Dv[ch] = decay(Gc[ch]);
           for (int i = 0; i < c; ++i) {
-            const float* gi = gc + i * sg;
-            float* Gi = G + i * kg;
-            for (int ch = 0; ch < kg; ++ch) Gi[ch] = (i == 0 ? 0.0f : Gi[ch - kg]) + gi[ch];
-          }
-          const float* Gc = G + (c - 1) * kg;
-          for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch]);
-          for (int i = 0; i < c; ++i) {
-            const float *Gi = G + i * kg, *qi = Q + i * ldq, *ki = Kc + i * ldk;
+            const double* Gi = G + i * kg;
+            const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
             float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
 #pragma omp simd
             for (int ch = 0; ch < kg; ++ch) {
-              eg[ch] = exp_flush(Gi[ch]);
-              ee[ch] = exp_flush(Gc[ch] - Gi[ch]);
+              eg[ch] = decay(Gi[ch]);
+              ee[ch] = decay(Gc[ch] - Gi[ch]);
             }
             float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
             if (!channel) {
@@ -715,9 +730,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 kd[ch] = d * ki[ch];
               }
               float* row = Gam.data() + static_cast<int64_t>(i) * C;
-              const float G_i = Gi[0];
+              const double G_i = Gi[0];
 #pragma omp simd
-              for (int j = 0; j < c; ++j) row[j] = exp_flush(G_i - G[j]);
+              for (int j = 0; j < c; ++j) row[j] = decay(G_i - G[j]);
               for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
             } else {
 #pragma omp simd
@@ -940,16 +955,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
         // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
         if (gated) {
+          //    A floored gate (g <= kGateFloor: its decay is exactly 0) has the floor's gradient, 0.
           float* dGt = at_row(dg, dgp);
-          const int64_t lddg = dg.stride(2);
+          const float* gc = at_row(g, gp);
+          const int64_t lddg = dg.stride(2), sg = g.stride(2);
           float* last = dG.data() + (c - 1) * kg;
           for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
-          std::memcpy(dGt + (c - 1) * lddg, last, sizeof(float) * kg);
-          for (int i = c - 2; i >= 0; --i) {
-            float* out = dGt + i * lddg;
-            const float *next = out + lddg, *dGi = dG.data() + i * kg;
+          for (int i = c - 1; i >= 0; --i) {
+            float *out = dGt + i * lddg, *dGi = dG.data() + i * kg;
+            const float* gi = gc + i * sg;
+            if (i < c - 1) {
 #pragma omp simd
-            for (int ch = 0; ch < kg; ++ch) out[ch] = next[ch] + dGi[ch];
+              for (int ch = 0; ch < kg; ++ch) dGi[ch] += dGi[ch + kg];
+            }
+#pragma omp simd
+            for (int ch = 0; ch < kg; ++ch) out[ch] = gi[ch] > kGateFloor ? dGi[ch] : 0.0f;
           }
         }
       }
@@ -967,8 +987,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 //
 // state [B, H, K, V] contiguous; q, k [B, H, K]; v [B, H, V]; beta [B, H] or None; g [B, H, 1|K]
 // or None; all float32 and contiguous. Returns o [B, H, V]; or, when an input is out of its range
-// (a NaN or Inf anywhere, beta outside [0, 2], g > 0), an empty tensor, with the state unchanged:
-// the caller then names the input.
+// (a NaN or Inf anywhere but a g of -inf, beta outside [0, 2], g > 0), an empty tensor, with the
+// state unchanged: the caller then names the input.
 at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& v, const c10::optional<at::Tensor>& beta_opt,
                           const c10::optional<at::Tensor>& g_opt, double scale_d) {
@@ -991,7 +1011,7 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q, const at::Tens
   ok = all_finite(Sp, P * K * V) && all_finite(qp, P * K) && all_finite(kp, P * K) &&
        all_finite(vp, P * V);
   for (int64_t i = 0; ok && delta && i < P; ++i) ok = bp[i] >= 0.0f && bp[i] <= 2.0f;
-  for (int64_t i = 0; ok && gated && i < P * kg; ++i) ok = gp[i] <= 0.0f && std::isfinite(gp[i]);
+  for (int64_t i = 0; ok && gated && i < P * kg; ++i) ok = gp[i] <= 0.0f;  // -inf: a reset
   if (!ok) return at::empty({0}, state.options());
   // 2. The step, head by head.
   at::Tensor o = at::empty({B, H, V}, state.options());
