@@ -172,7 +172,13 @@ class Terms:
         dA_qk: a fresh tensor (masked in place). dD: [n, P, 1|K, 1] or None. S: the states
         entering the chunks [n, P, K, V]; for linear attention U = v and S is not used.
         """
-        dbeta = dKd = None
+        dbeta = dKd = diag = None
+        if self.G is not None:
+            # A_qk's diagonal (no decay) is kept out of the products' backward and added to dq
+            # and dk alone: its shares of q dq and k dk cancel, and their rounding would swamp the
+            # small dg of steep gates.
+            diag = dA_qk.diagonal(dim1=-2, dim2=-1)
+            diag, _ = diag.unsqueeze(-1).clone(), diag.zero_()  # [n, P, C, 1]
         if self.W is None:
             (dq,), dk = self.products.backward([dA_qk])
             dv = dU
@@ -205,19 +211,21 @@ class Terms:
                 dk.add_(dKd)
             return dq, dk, dv, dbeta, None
         # The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C).
-        dq = dq + dQd * self.eG
-        dk = dk + dKe * self.eEnd
-        dG = dG + dQd * self.Qd - dKe * self.Ke
+        dq = dq + diag * self.k + dQd * self.eG
+        dk = dk + diag * self.q + dKe * self.eEnd
+        dG = dG + dQd * self.Qd
+        # Ke_i depends on the gates after i only: its share is a prefix sum (below), not G_C's
+        # share less G_i's, whose rounding would be that of the undecayed Ke_C.
+        dG_ke = dKe * self.Ke
         if dKd is not None:
             dk = dk + dKd * self.eG
             dG = dG + dKd * self.Kd
-        dG_end = (dKe * self.Ke).sum(-2, keepdim=True)  # [n, P, 1, K]
         if self.G.shape[-1] == 1:  # scalar decay: one gate per token, shared by the channels
-            dG, dG_end = dG.sum(-1, keepdim=True), dG_end.sum(-1, keepdim=True)
+            dG, dG_ke = dG.sum(-1, keepdim=True), dG_ke.sum(-1, keepdim=True)
         if dD is not None:
-            dG_end = dG_end + (dD * self.D).transpose(-1, -2)  # [n, P, 1, 1|K]
-        dG[..., -1:, :] += dG_end
-        # G = cumsum(g): dg_i = sum_{l >= i} dG_l (a reversed cumulative sum inside the chunk);
-        # a floored gate has the floor's gradient, 0 (``_blockmath.gate_floor``).
+            dG[..., -1:, :] += (dD * self.D).transpose(-1, -2)  # [n, P, 1, 1|K]
+        # G = cumsum(g): dg_i = sum_{l >= i} dG_l (a reversed cumulative sum inside the chunk)
+        # plus Ke's share sum_{l < i}; a floored gate has the floor's gradient, 0 (``gate_floor``).
         dg = torch.flip(torch.cumsum(torch.flip(dG, dims=(-2,)), dim=-2), dims=(-2,))
+        dg[..., 1:, :] += torch.cumsum(dG_ke[..., :-1, :], dim=-2)
         return dq, dk, dv, dbeta, dg.masked_fill_(self.g <= gate_floor(self.g.dtype), 0.0)

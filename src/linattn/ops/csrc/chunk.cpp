@@ -604,14 +604,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 // The gates' share of a decayed product's gradient: for M = X * Gamma (Gamma[i, j] =
 // exp(G_i - G_j), causal: j <= i, or j < i when strict) and its gradient dM, row i of dM * M adds
 // to dG_i and column i subtracts from it. dM and M are [c, ld] row-major, zero above the mask.
-void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, bool strict,
-                           float* dG) {
+// The diagonal (no decay) adds to its row and subtracts from its column the same number: it is
+// skipped, so that its rounding (as large as the undecayed term) does not reach dg.
+void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG) {
   for (int i = 0; i < c; ++i) {
     const float *dMi = dM + i * ld, *Mi = M + i * ld;
-    const int end = strict ? i : i + 1;
     float row = 0.0f;
 #pragma omp simd reduction(+ : row)
-    for (int j = 0; j < end; ++j) {
+    for (int j = 0; j < i; ++j) {
       const float m = dMi[j] * Mi[j];
       row += m;
       dG[j] -= m;
@@ -639,11 +639,13 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, b
 //
 // where dQ_A, dK_A (dK_L) are the gradients of A_qk's (A_kk's) two factors: for kg = 1, with
 // Gamma[i, j] = exp(G_i - G_j), (dA * Gamma) K and (dA * Gamma)^T Q times scale; for kg = K, block
-// by block as ``channel_diagonal`` forms the product. The gates: dG = dQd * Qd - dKe * Ke
-// (+ beta dR_k * Kd) row by row; each product's share (X * dX - Y * dY for its factors X, Y; for
+// by block as ``channel_diagonal`` forms the product. The gates: dG = dQd * Qd (+ beta dR_k * Kd)
+// row by row; each product's share off its diagonal (X * dX - Y * dY for its factors X, Y; for
 // kg = 1 the row sums of dM * M less its column sums, ``product_gate_gradient``); and
-// sum_i dKe_i * Ke_i + D <dS', S> (row by row of S) for G_c. With kg = 1 each term is summed over
-// the channels. dg is the reversed cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i).
+// D <dS', S> (row by row of S) for G_c. With kg = 1 each term is summed over the channels. dg is
+// the reversed cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i) plus Ke's share,
+// sum_{i < t} dKe_i * Ke_i. Terms without decay (the products' diagonals, Ke_c) never enter dg:
+// their shares cancel exactly, and their rounding would swamp the small dg of steep gates.
 //
 // Returns dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (an empty tensor for the additive
 // rule), dg [B, H, T, kg] (an empty tensor without decay; views of [B, T, H, ...] tensors) and dS0.
@@ -686,7 +688,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K, CG = C * kr;
     std::vector<float> Gam(kg == 1 ? CC : 0), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
         U(C * V), dU(C * V), dRk(CK), Qd(CK), Ke(CK), Kd(CK), dQd(CK), dKe(CK), dXm(CK), dYm(CK),
-        eG(CG), eEnd(CG), dG(CG), Dv(kr), dG_end(kr);
+        eG(CG), eEnd(CG), dG(CG), dGe(CG), dG_diag(C), Dv(kr), dG_end(kr);
     double* G = w.G.data();  // [c, kr]
     for (int64_t n = N - 1; n >= 0; --n) {
       const int64_t t0 = n * C;
@@ -797,7 +799,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
         }
 
-        // 5. dG from Qd and Ke; G_c's share from Ke and D.
+        // 5. dG from Qd; G_c's share from D; Ke's share apart, in dGe: Ke_i = k_i exp(G_c - G_i)
+        //    depends on the gates after i only, and is added to dg as a prefix sum (step 9), not
+        //    as G_c's share less G_i's, whose rounding would be that of the undecayed Ke_c.
         if (gated) {
           std::fill(dG_end.begin(), dG_end.end(), 0.0f);
           for (int ch = 0; ch < Ki; ++ch) {
@@ -810,7 +814,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           for (int i = 0; i < c; ++i) {
             const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
             const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
-            float* dGi = dG.data() + i * kg;
+            float *dGi = dG.data() + i * kg, *dGei = dGe.data() + i * kg;
             if (!channel) {
               float sq = 0.0f, sk = 0.0f;
 #pragma omp simd reduction(+ : sq, sk)
@@ -818,14 +822,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 sq += a[ch] * x[ch];
                 sk += e[ch] * y[ch];
               }
-              dGi[0] = sq - sk;
-              dG_end[0] += sk;
+              dGi[0] = sq;
+              dGei[0] = sk;
             } else {
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
-                const float ek = e[ch] * y[ch];
-                dGi[ch] = a[ch] * x[ch] - ek;
-                dG_end[ch] += ek;
+                dGi[ch] = a[ch] * x[ch];
+                dGei[ch] = e[ch] * y[ch];
               }
             }
           }
@@ -845,12 +848,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
             }
           }
           if (gated) {
-            product_gate_gradient(dA.data(), Aqk.data(), C, c, false, dG.data());
+            product_gate_gradient(dA.data(), Aqk.data(), C, c, dG.data());
             for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
           }
           gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
           gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
         } else {
+          // The diagonal of dA (no decay) is taken out of the blocked backward and added to dQ
+          // and dK alone: its shares of q dX and k dY cancel, and their rounding would reach dg.
+          for (int i = 0; i < c; ++i) {
+            float* dAii = dA.data() + static_cast<int64_t>(i) * (C + 1);
+            dG_diag[i] = scale * *dAii;
+            *dAii = 0.0f;
+          }
           std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
           std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
           channel_diagonal_backward(Q, ldq, Kc, ldk, G, Ki, 0, c, scale, dA.data(), C,
@@ -861,10 +871,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
             const float *a = dQd.data() + i * K, *e = dKe.data() + i * K;
             const float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
             float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+            const float d = dG_diag[i];
 #pragma omp simd
             for (int ch = 0; ch < Ki; ++ch) {
-              dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch];
-              dk_i[ch] = ee[ch] * e[ch] + dy[ch];
+              dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch] + d * ki[ch];
+              dk_i[ch] = ee[ch] * e[ch] + dy[ch] + d * qi[ch];
               dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
             }
           }
@@ -930,7 +941,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           // A_kk's two factors (both k): dK += dK_L, and the gates' share.
           if (!channel) {
             if (gated) {
-              product_gate_gradient(dA.data(), Akk.data(), C, c, true, dG.data());
+              product_gate_gradient(dA.data(), Akk.data(), C, c, dG.data());
               for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
             }
             gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
@@ -955,21 +966,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
         // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
         if (gated) {
+          //    Ke's share (dGe) is the prefix sum sum_{i < t} dGe_i: Ke_i depends on g_t for t > i.
           //    A floored gate (g <= kGateFloor: its decay is exactly 0) has the floor's gradient, 0.
           float* dGt = at_row(dg, dgp);
           const float* gc = at_row(g, gp);
           const int64_t lddg = dg.stride(2), sg = g.stride(2);
           float* last = dG.data() + (c - 1) * kg;
           for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
-          for (int i = c - 1; i >= 0; --i) {
-            float *out = dGt + i * lddg, *dGi = dG.data() + i * kg;
-            const float* gi = gc + i * sg;
-            if (i < c - 1) {
+          for (int i = c - 2; i >= 0; --i) {  // dG_i <- sum_{l >= i} dG_l
+            float* dGi = dG.data() + i * kg;
 #pragma omp simd
-              for (int ch = 0; ch < kg; ++ch) dGi[ch] += dGi[ch + kg];
+            for (int ch = 0; ch < kg; ++ch) dGi[ch] += dGi[ch + kg];
+          }
+          for (int i = 1; i < c; ++i) {  // dGe_i <- sum_{l < i} dGe_l (dGe_0: 0 below)
+            float* dGei = dGe.data() + i * kg;
+#pragma omp simd
+            for (int ch = 0; ch < kg; ++ch) dGei[ch] = dGei[ch] + dGei[ch - kg];
+          }
+          for (int i = 0; i < c; ++i) {
+            float* out = dGt + i * lddg;
+            const float *gi = gc + i * sg, *dGi = dG.data() + i * kg;
+            const float* before = dGe.data() + (i - 1) * kg;  // sum_{l < i}, for i > 0
+#pragma omp simd
+            for (int ch = 0; ch < kg; ++ch) {
+              const float sum = dGi[ch] + (i > 0 ? before[ch] : 0.0f);
+              out[ch] = gi[ch] > kGateFloor ? sum : 0.0f;
             }
-#pragma omp simd
-            for (int ch = 0; ch < kg; ++ch) out[ch] = gi[ch] > kGateFloor ? dGi[ch] : 0.0f;
           }
         }
       }
