@@ -26,8 +26,8 @@
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
 // public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
 // check), but a log-gate may be -inf (a reset): each is floored at kGateFloor, and the cumulative
-// log-gates are summed in double (``cumulative_gates``), so that every decay exp(G_i - G_j) is
-// float32's rounding of the exact one whatever the gates (resets, steep gates).
+// log-gates are summed exactly as pairs of floats (``Gates``), so that every decay
+// exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -120,57 +120,98 @@ __attribute__((always_inline)) inline float exp_flush(float x) {
 // (``_blockmath.factor_budget``).
 const float kFactorBudget = std::log(FLT_MAX) / 4.0f;
 
-// The floor of a log-gate (``_gates.gate_floor``, -104.3): exp of anything below it is exactly 0
-// in float32, so flooring changes no decay, and it maps a reset (g = -inf) to a finite number.
-const float kGateFloor = std::log(FLT_MIN * FLT_EPSILON) - 1.0f;
+// The floor of a log-gate, log(FLT_MIN * FLT_EPSILON) - 1 (``_blockmath.gate_floor``): exp of
+// anything below it is exactly 0 in float32, so flooring changes no decay, and it maps a reset
+// (g = -inf) to a finite number. A literal, so that the loops that compare with it vectorise.
+constexpr float kGateFloor = -104.278931f;
 
-// G_i = sum_{l <= i} max(g_l, kGateFloor) for c rows of kg gates (row stride sg), accumulated in
-// double: in float32 a gate of -0.05 after a reset of -104 would keep 5 of its digits, and a
-// difference G_i - G_j of two large sums would lose the rest. Every exponent below is such a
-// difference, taken in double and rounded once to float32 (``decay``).
-void cumulative_gates(const float* gc, int64_t sg, int c, int kg, double* G) {
-  for (int i = 0; i < c; ++i) {
-    const float* gi = gc + i * sg;
-    double* Gi = G + static_cast<int64_t>(i) * kg;
-    for (int ch = 0; ch < kg; ++ch) {
-      Gi[ch] = (i == 0 ? 0.0 : Gi[ch - kg]) + static_cast<double>(std::max(gi[ch], kGateFloor));
-    }
+// The cumulative log-gates of a chunk as pairs of floats, G = hi + lo: hi the float32 running sum,
+// lo its rounding errors, summed (each [c, kg], row-major; ``cumulative_gates``). A float32 G would keep 5 digits of a gate of -0.05 after a
+// reset of -104, and a difference G_i - G_j of two large sums would lose the rest; from the pairs,
+// (hi_i - hi_j) + (lo_i - lo_j) is the exact difference to float32 rounding however large G is
+// (hi_i - hi_j is exact where the two are within a factor 2, else rounded once), at the cost of
+// two float operations more per exponent (a double difference costs more: measured, 30% more per
+// exponential, against 0-10% for the pair; in GLA's forward pass 3% in all).
+struct Gates {
+  float* hi;
+  float* lo;
+};
+
+// One row of ``cumulative_gates``: (hi, lo) = (hi_prev, lo_prev) + max(g, floor), the rounding of
+// hi_prev + g kept in lo (Knuth's TwoSum, exact in float32 arithmetic: cheaper here than a double
+// sum, which measured 20% of GLA's forward pass). Not inlined, and the floor a parameter: GCC
+// vectorises the loop only so (with kGateFloor folded in, it does not).
+__attribute__((noinline)) void cumulative_row(const float* __restrict g, int kg,
+                                              const float* __restrict hi_prev,
+                                              const float* __restrict lo_prev,
+                                              float* __restrict hi, float* __restrict lo,
+                                              float floor) {
+#pragma omp simd
+  for (int ch = 0; ch < kg; ++ch) {
+    const float x = g[ch] < floor ? floor : g[ch], a = hi_prev[ch];
+    const float s = a + x, x_part = s - a;
+    const float rounding = (a - (s - x_part)) + (x - x_part);
+    hi[ch] = s;
+    lo[ch] = lo_prev[ch] + rounding;
   }
 }
 
-// exp of a (non-positive) exponent formed in double, in float32.
-__attribute__((always_inline)) inline float decay(double x) {
-  return exp_flush(static_cast<float>(x));
+// G_i = sum_{l <= i} max(g_l, kGateFloor) for c rows of kg gates (row stride sg) as ``G``'s pairs;
+// ``zeros``: kg zeros (the sum before the first row).
+void cumulative_gates(const float* gc, int64_t sg, int c, int kg, const float* zeros,
+                      const Gates& G) {
+  for (int i = 0; i < c; ++i) {
+    const int64_t at = static_cast<int64_t>(i) * kg;
+    const float* hi_prev = i == 0 ? zeros : G.hi + at - kg;
+    const float* lo_prev = i == 0 ? zeros : G.lo + at - kg;
+    cumulative_row(gc + i * sg, kg, hi_prev, lo_prev, G.hi + at, G.lo + at, kGateFloor);
+  }
+}
+
+// out = sum where g > floor, else 0 (a floored gate's gradient), for one row of kg gates; not
+// inlined, for the reason given at ``cumulative_row``.
+__attribute__((noinline)) void floored_gradient_row(const float* __restrict sum,
+                                                    const float* __restrict g, int kg,
+                                                    float* __restrict out, float floor) {
+#pragma omp simd
+  for (int ch = 0; ch < kg; ++ch) out[ch] = g[ch] > floor ? sum[ch] : 0.0f;
+}
+
+// exp(G_i - G_j) from the pairs of G_i and G_j (``Gates``).
+__attribute__((always_inline)) inline float decay(float hi_i, float lo_i, float hi_j, float lo_j) {
+  return exp_flush((hi_i - hi_j) + (lo_i - lo_j));
 }
 
 // One thread's scratch memory, sized for one chunk of one head.
 struct Scratch {
-  std::vector<double> G;  // the cumulative log-gates (``cumulative_gates``)
-  std::vector<float> Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;
+  std::vector<float> zeros;  // ``cumulative_gates``
+  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;  // G: hi, then lo (``Gates``)
   Scratch(int C, int K, int V)
-      : G(C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
+      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
         Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
 };
 
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
 // reference row r for the whole block: x * exp(G - G_r) times (y * exp(G_r - G))^T.
-void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const double* G,
+void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
                     int K, int i0, int n, int j0, int m, int r, float alpha, float* A, int64_t lda,
                     Scratch& w) {
-  const double* Gr = G + static_cast<int64_t>(r) * K;
+  const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
-    const double* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
     float* out = w.Xf.data() + static_cast<int64_t>(i) * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = x[c] * decay(Gi[c] - Gr[c]);
+    for (int c = 0; c < K; ++c) out[c] = x[c] * decay(Gi[c], Li[c], Gr[c], Lr[c]);
   }
   for (int j = 0; j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
-    const double* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
+    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
     float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c] - Gj[c]);
+    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
   }
   gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0, lda);
 }
@@ -179,11 +220,11 @@ void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, co
 // gates' spread over the block fits the budget; otherwise the block is halved: the lower-left
 // quarter factors exactly about the last row of its upper half (every exponent <= 0 there), and the
 // two diagonal halves recurse (``_blockmath.direct_block_size``).
-void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const double* G,
+void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
                       int K, int i0, int n, float alpha, float* A, int64_t lda, Scratch& w) {
-  const double* first = G + static_cast<int64_t>(i0) * K;
-  const double* last = G + static_cast<int64_t>(i0 + n - 1) * K;
-  double spread = 0.0;
+  const float* first = G.hi + static_cast<int64_t>(i0) * K;
+  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
+  float spread = 0.0f;
   for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
   if (spread <= kFactorBudget || n == 1) {
     factored_block(X, ldx, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha, A, lda, w);
@@ -199,27 +240,29 @@ void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
 // rows [i0, i0 + n) x [j0, j0 + m), dX_i += (alpha dA Yf)_i * exp(G_i - G_r) and
 // dY_j += (alpha dA^T Xf)_j * exp(G_r - G_j), with Xf, Yf the factored rows. dX, dY: [c, K].
 void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                             const double* G, int K, int i0, int n, int j0, int m, int r,
+                             const Gates& G, int K, int i0, int n, int j0, int m, int r,
                              float alpha, const float* dA, int64_t lda, float* dX, float* dY,
                              Scratch& w) {
-  const double* Gr = G + static_cast<int64_t>(r) * K;
+  const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
-    const double* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
     float *e = w.Ex.data() + static_cast<int64_t>(i) * K, *f = w.Xf.data() + i * K;
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
-      e[c] = decay(Gi[c] - Gr[c]);
+      e[c] = decay(Gi[c], Li[c], Gr[c], Lr[c]);
       f[c] = x[c] * e[c];
     }
   }
   for (int j = 0; j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
-    const double* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
+    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
     float *e = w.Ey.data() + static_cast<int64_t>(j) * K, *f = w.Yf.data() + j * K;
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
-      e[c] = decay(Gr[c] - Gj[c]);
+      e[c] = decay(Gr[c], Lr[c], Gj[c], Lj[c]);
       f[c] = y[c] * e[c];
     }
   }
@@ -243,11 +286,11 @@ void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_
 // The gradient of ``channel_diagonal``'s product (the same blocks, the same halving), for dA
 // masked as the product was: adds to dX and dY ([c, K]).
 void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                               const double* G, int K, int i0, int n, float alpha, const float* dA,
+                               const Gates& G, int K, int i0, int n, float alpha, const float* dA,
                                int64_t lda, float* dX, float* dY, Scratch& w) {
-  const double* first = G + static_cast<int64_t>(i0) * K;
-  const double* last = G + static_cast<int64_t>(i0 + n - 1) * K;
-  double spread = 0.0;
+  const float* first = G.hi + static_cast<int64_t>(i0) * K;
+  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
+  float spread = 0.0f;
   for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
   if (spread <= kFactorBudget || n == 1) {
     factored_block_backward(X, ldx, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha, dA, lda, dX,
@@ -264,7 +307,7 @@ void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int6
 // A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk) for j <= i (j < i when strict), zero above:
 // the masked, decayed product of section 10 for c rows. kg = 0 (no gate), 1 (one log-gate per
 // token) or K (one per channel); G [c, kg] holds the cumulative log-gates.
-void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const double* G,
+void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
                       int kg, int c, int K, bool strict, float alpha, float* A, int64_t lda,
                       Scratch& w) {
   if (kg <= 1) {
@@ -275,9 +318,9 @@ void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
       // caps them at 88, and the mask below overwrites those entries.
       for (int i = 0; i < c; ++i) {
         float* row = A + i * lda;
-        const double Gi = G[i];
+        const float Gi = G.hi[i], Li = G.lo[i];
 #pragma omp simd
-        for (int j = 0; j < c; ++j) row[j] *= decay(Gi - G[j]);
+        for (int j = 0; j < c; ++j) row[j] *= decay(Gi, Li, G.hi[j], G.lo[j]);
       }
     }
   } else {
@@ -509,18 +552,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         float q_alpha = scale;
         const float* Kend = Kc;  // the rows that write the state
         int64_t ldke = ldk;
-        double* G = w.G.data();
+        const Gates G{w.G.data(), w.G.data() + static_cast<int64_t>(C) * K};
         if (gated) {
-          cumulative_gates(chunk_rows(g, gp, b, h, t0), g.stride(2), c, kg, G);
-          const double* Gc = G + static_cast<int64_t>(c - 1) * kg;
+          cumulative_gates(chunk_rows(g, gp, b, h, t0), g.stride(2), c, kg, w.zeros.data(), G);
+          const float* Gc = G.hi + static_cast<int64_t>(c - 1) * kg;
+          const float* Lc = G.lo + static_cast<int64_t>(c - 1) * kg;
           for (int i = 0; i < c; ++i) {
-            const double* Gi = G + static_cast<int64_t>(i) * kg;
+            const float* Gi = G.hi + static_cast<int64_t>(i) * kg;
+            const float* Li = G.lo + static_cast<int64_t>(i) * kg;
             const float* qi = Q + i * ldq;
             const float* ki = Kc + i * ldk;
             float* qd = w.Qd.data() + static_cast<int64_t>(i) * K;
             float* ke = w.Ke.data() + static_cast<int64_t>(i) * K;
             if (kg == 1) {
-              const float a = scale * decay(Gi[0]), e = decay(Gc[0] - Gi[0]);
+              const float a = scale * exp_flush(Gi[0] + Li[0]), e = decay(Gc[0], Lc[0], Gi[0], Li[0]);
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
                 qd[ch] = a * qi[ch];
@@ -529,8 +574,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
             } else {
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
-                qd[ch] = scale * qi[ch] * decay(Gi[ch]);
-                ke[ch] = ki[ch] * decay(Gc[ch] - Gi[ch]);
+                qd[ch] = scale * qi[ch] * exp_flush(Gi[ch] + Li[ch]);
+                ke[ch] = ki[ch] * decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
               }
             }
           }
@@ -564,13 +609,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch];
             } else if (kg == 1) {
-              const float a = bi * decay(G[i]);
+              const float a = bi * exp_flush(G.hi[i] + G.lo[i]);
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) xi[ch] = a * ki[ch];
             } else {
-              const double* Gi = G + static_cast<int64_t>(i) * K;
+              const float *Gi = G.hi + static_cast<int64_t>(i) * K, *Li = G.lo + i * K;
 #pragma omp simd
-              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * decay(Gi[ch]);
+              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * exp_flush(Gi[ch] + Li[ch]);
             }
 #pragma omp simd
             for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
@@ -586,9 +631,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 
         // 5. The state leaving the chunk: S <- D * S + Ke^T U.
         if (gated) {
-          const double* Gc = G + static_cast<int64_t>(c - 1) * kg;
+          const float* Gc = G.hi + static_cast<int64_t>(c - 1) * kg;
+          const float* Lc = G.lo + static_cast<int64_t>(c - 1) * kg;
           for (int ch = 0; ch < Ki; ++ch) {
-            const float d = decay(Gc[kg == 1 ? 0 : ch]);
+            const float d = exp_flush(Gc[kg == 1 ? 0 : ch] + Lc[kg == 1 ? 0 : ch]);
             float* row = Sh + ch * V;
 #pragma omp simd
             for (int j = 0; j < Vi; ++j) row[j] *= d;
@@ -689,7 +735,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     std::vector<float> Gam(kg == 1 ? CC : 0), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
         U(C * V), dU(C * V), dRk(CK), Qd(CK), Ke(CK), Kd(CK), dQd(CK), dKe(CK), dXm(CK), dYm(CK),
         eG(CG), eEnd(CG), dG(CG), dGe(CG), dG_diag(C), Dv(kr), dG_end(kr);
-    double* G = w.G.data();  // [c, kr]
+    const Gates G{w.G.data(), w.G.data() + static_cast<int64_t>(C) * K};  // [c, kr] each
     for (int64_t n = N - 1; n >= 0; --n) {
       const int64_t t0 = n * C;
       const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
@@ -710,17 +756,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
         //    Without decay these rows are the inputs themselves (the scale folded into products).
         if (gated) {
-          cumulative_gates(at_row(g, gp), g.stride(2), c, kg, G);
-          const double* Gc = G + (c - 1) * kg;
-          for (int ch = 0; ch < kg; ++ch) Dv[ch] = decay(Gc[ch]);
+          cumulative_gates(at_row(g, gp), g.stride(2), c, kg, w.zeros.data(), G);
+          const float *Gc = G.hi + (c - 1) * kg, *Lc = G.lo + (c - 1) * kg;
+          for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch] + Lc[ch]);
           for (int i = 0; i < c; ++i) {
-            const double* Gi = G + i * kg;
+            const float *Gi = G.hi + i * kg, *Li = G.lo + i * kg;
             const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
             float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
 #pragma omp simd
             for (int ch = 0; ch < kg; ++ch) {
-              eg[ch] = decay(Gi[ch]);
-              ee[ch] = decay(Gc[ch] - Gi[ch]);
+              eg[ch] = exp_flush(Gi[ch] + Li[ch]);
+              ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
             }
             float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
             if (!channel) {
@@ -732,9 +778,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 kd[ch] = d * ki[ch];
               }
               float* row = Gam.data() + static_cast<int64_t>(i) * C;
-              const double G_i = Gi[0];
+              const float G_i = Gi[0], L_i = Li[0];
 #pragma omp simd
-              for (int j = 0; j < c; ++j) row[j] = decay(G_i - G[j]);
+              for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
               for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
             } else {
 #pragma omp simd
@@ -978,20 +1024,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 #pragma omp simd
             for (int ch = 0; ch < kg; ++ch) dGi[ch] += dGi[ch + kg];
           }
-          for (int i = 1; i < c; ++i) {  // dGe_i <- sum_{l < i} dGe_l (dGe_0: 0 below)
+          for (int i = 1; i < c; ++i) {  // dGe_i <- sum_{l <= i} dGe_l
             float* dGei = dGe.data() + i * kg;
 #pragma omp simd
             for (int ch = 0; ch < kg; ++ch) dGei[ch] = dGei[ch] + dGei[ch - kg];
           }
-          for (int i = 0; i < c; ++i) {
-            float* out = dGt + i * lddg;
-            const float *gi = gc + i * sg, *dGi = dG.data() + i * kg;
-            const float* before = dGe.data() + (i - 1) * kg;  // sum_{l < i}, for i > 0
+          for (int i = c - 1; i >= 0; --i) {
+            float* dGi = dG.data() + i * kg;
+            if (i > 0) {
+              const float* before = dGe.data() + (i - 1) * kg;  // sum_{l < i}
 #pragma omp simd
-            for (int ch = 0; ch < kg; ++ch) {
-              const float sum = dGi[ch] + (i > 0 ? before[ch] : 0.0f);
-              out[ch] = gi[ch] > kGateFloor ? sum : 0.0f;
+              for (int ch = 0; ch < kg; ++ch) dGi[ch] += before[ch];
             }
+            floored_gradient_row(dGi, gc + i * sg, kg, dGt + i * lddg, kGateFloor);
           }
         }
       }
