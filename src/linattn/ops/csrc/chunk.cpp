@@ -187,8 +187,8 @@ struct Scratch {
   std::vector<float> zeros;  // ``cumulative_gates``
   std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;  // G: hi, then lo (``Gates``)
   Scratch(int C, int K, int V)
-      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
-        Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
+      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)),
+        Xf(C * K), Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
 };
 
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
@@ -329,6 +329,87 @@ void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
   for (int i = 0; i < c; ++i) {  // the causal mask
     float* row = A + i * lda;
     for (int j = strict ? i : i + 1; j < c; ++j) row[j] = 0.0f;
+  }
+}
+
+// ``factored_block`` for two left factors X1, X2 (row strides ld1, ld2) of one Y: A1 = alpha1 X1f
+// Yf^T and A2 = X2f Yf^T, each exponential formed once for both (the delta rule's A_qk and A_kk).
+void factored_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2, const float* Y,
+                   int64_t ldy, const Gates& G, int K, int i0, int n, int j0, int m, int r,
+                   float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
+  const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
+  for (int i = 0; i < n; ++i) {
+    const float *x1 = X1 + (i0 + i) * ld1, *x2 = X2 + (i0 + i) * ld2;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
+    float *f1 = w.Xf.data() + static_cast<int64_t>(i) * K, *f2 = w.dXf.data() + i * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) {
+      const float e = decay(Gi[c], Li[c], Gr[c], Lr[c]);
+      f1[c] = x1[c] * e;
+      f2[c] = x2[c] * e;
+    }
+  }
+  for (int j = 0; j < m; ++j) {
+    const float* y = Y + (j0 + j) * ldy;
+    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
+    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
+    float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
+  }
+  const int64_t at = i0 * lda + j0;
+  gemm(false, true, n, m, K, alpha1, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A1 + at, lda);
+  gemm(false, true, n, m, K, 1.0f, w.dXf.data(), K, w.Yf.data(), K, 0.0f, A2 + at, lda);
+}
+
+// ``channel_diagonal`` for the pair of ``factored_pair`` (the same blocks, the same halving).
+void channel_diagonal_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2,
+                           const float* Y, int64_t ldy, const Gates& G, int K, int i0, int n,
+                           float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
+  const float* first = G.hi + static_cast<int64_t>(i0) * K;
+  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
+  float spread = 0.0f;
+  for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
+  if (spread <= kFactorBudget || n == 1) {
+    factored_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha1, A1, A2, lda,
+                  w);
+    return;
+  }
+  const int h = n / 2;
+  factored_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0 + h, n - h, i0, h, i0 + h - 1, alpha1, A1, A2,
+                lda, w);
+  channel_diagonal_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0, h, alpha1, A1, A2, lda, w);
+  channel_diagonal_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0 + h, n - h, alpha1, A1, A2, lda, w);
+}
+
+// The delta rule's two decayed products at once: A1 = alpha1 decayed(X1 Y^T) (j <= i) and
+// A2 = decayed(X2 Y^T) (j < i), as ``decayed_products`` forms each, every decay formed once.
+void decayed_product_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2,
+                          const float* Y, int64_t ldy, const Gates& G, int kg, int c, int K,
+                          float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
+  if (kg <= 1) {
+    gemm(false, true, c, c, K, alpha1, X1, ld1, Y, ldy, 0.0f, A1, lda);
+    gemm(false, true, c, c, K, 1.0f, X2, ld2, Y, ldy, 0.0f, A2, lda);
+    if (kg == 1) {  // whole rows, as in ``decayed_products``
+      for (int i = 0; i < c; ++i) {
+        float *row1 = A1 + i * lda, *row2 = A2 + i * lda;
+        const float Gi = G.hi[i], Li = G.lo[i];
+#pragma omp simd
+        for (int j = 0; j < c; ++j) {
+          const float d = decay(Gi, Li, G.hi[j], G.lo[j]);
+          row1[j] *= d;
+          row2[j] *= d;
+        }
+      }
+    }
+  } else {
+    channel_diagonal_pair(X1, ld1, X2, ld2, Y, ldy, G, K, 0, c, alpha1, A1, A2, lda, w);
+  }
+  for (int i = 0; i < c; ++i) {  // the causal masks
+    float *row1 = A1 + i * lda, *row2 = A2 + i * lda;
+    for (int j = i + 1; j < c; ++j) row1[j] = 0.0f;
+    for (int j = i; j < c; ++j) row2[j] = 0.0f;
   }
 }
 
@@ -584,8 +665,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         }
 
         // 2. The masked, decayed scores inside the chunk.
-        float* A = w.A.data();
-        decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, A, C, w);
+        //    The delta rule's A_kk (L) with it, sharing its decays.
+        float *A = w.A.data(), *L = w.L.data();
+        if (delta) {
+          decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, A, L, C, w);
+        } else {
+          decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, A, C, w);
+        }
 
         // 3. Pseudo-values: U = v (additive rule), or the UT transform and U = U0 - W S.
         const float* U = Vc;
@@ -593,8 +679,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         if (delta) {
           const float* bc = chunk_rows(beta, bp, b, h, t0);
           const int64_t sb = beta.stride(2);
-          float* L = w.L.data();
-          decayed_products(Kc, ldk, Kc, ldk, G, kg, c, Ki, true, 1.0f, L, C, w);
           float* X = w.X.data();
           for (int i = 0; i < c; ++i) {
             const float bi = bc[i * sb];
@@ -799,8 +883,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         const int64_t ldqr = gated ? K : ldq, ldke = gated ? K : ldk, ldkd = gated ? K : ldk;
 
         // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
-        decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
-        if (delta) decayed_products(Kc, ldk, Kc, ldk, G, kg, c, Ki, true, 1.0f, Akk.data(), C, w);
+        if (delta) {
+          decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, Aqk.data(),
+                               Akk.data(), C, w);
+        } else {
+          decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
+        }
 
         // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
         const float* Uc = Vc;
