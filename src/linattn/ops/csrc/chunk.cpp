@@ -197,6 +197,23 @@ void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, co
                     int K, int i0, int n, int j0, int m, int r, float alpha, float* A, int64_t lda,
                     Scratch& w) {
   const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
+  if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
+    for (int i = 0; i < n; ++i) {
+      const float *x = X + (i0 + i) * ldx, *y = Y + (i0 + i) * ldy;
+      const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+      const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
+      float *fx = w.Xf.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
+        fx[c] = x[c] * exp_flush(d);
+        fy[c] = y[c] * exp_flush(-d);
+      }
+    }
+    gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0,
+         lda);
+    return;
+  }
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
     const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
@@ -249,13 +266,26 @@ void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_
     const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
     const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
     float *e = w.Ex.data() + static_cast<int64_t>(i) * K, *f = w.Xf.data() + i * K;
+    if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
+      const float* y = Y + (i0 + i) * ldy;
+      float *ey = w.Ey.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
+        e[c] = exp_flush(d);
+        f[c] = x[c] * e[c];
+        ey[c] = exp_flush(-d);
+        fy[c] = y[c] * ey[c];
+      }
+      continue;
+    }
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
       e[c] = decay(Gi[c], Li[c], Gr[c], Lr[c]);
       f[c] = x[c] * e[c];
     }
   }
-  for (int j = 0; j < m; ++j) {
+  for (int j = 0; !(i0 == j0 && n == m) && j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
     const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
     const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
@@ -338,19 +368,31 @@ void factored_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2, c
                    int64_t ldy, const Gates& G, int K, int i0, int n, int j0, int m, int r,
                    float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
   const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
+  const bool diagonal = i0 == j0 && n == m;  // the rows' exponents are d and -d, formed once
   for (int i = 0; i < n; ++i) {
-    const float *x1 = X1 + (i0 + i) * ld1, *x2 = X2 + (i0 + i) * ld2;
+    const float *x1 = X1 + (i0 + i) * ld1, *x2 = X2 + (i0 + i) * ld2, *y = Y + (i0 + i) * ldy;
     const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
     const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
     float *f1 = w.Xf.data() + static_cast<int64_t>(i) * K, *f2 = w.dXf.data() + i * K;
+    float* fy = w.Yf.data() + static_cast<int64_t>(i) * K;
+    if (diagonal) {
 #pragma omp simd
-    for (int c = 0; c < K; ++c) {
-      const float e = decay(Gi[c], Li[c], Gr[c], Lr[c]);
-      f1[c] = x1[c] * e;
-      f2[c] = x2[c] * e;
+      for (int c = 0; c < K; ++c) {
+        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]), e = exp_flush(d);
+        f1[c] = x1[c] * e;
+        f2[c] = x2[c] * e;
+        fy[c] = y[c] * exp_flush(-d);
+      }
+    } else {
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float e = decay(Gi[c], Li[c], Gr[c], Lr[c]);
+        f1[c] = x1[c] * e;
+        f2[c] = x2[c] * e;
+      }
     }
   }
-  for (int j = 0; j < m; ++j) {
+  for (int j = 0; !diagonal && j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
     const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
     const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
