@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from linattn import ops
 from linattn.distributed import maps
 
+from ..ops.cases import oracle, rel_rms
+from ..ops.test_resets import reset_inputs
 from .cp_worker import CASES, make_case
 
 # (name, delta rule?)
@@ -61,3 +65,27 @@ def test_stored_forms():
     assert maps.additive_map(x["k"], x["v"], x["g"])[0].shape == (2, 2, 4, 1)
     assert maps.additive_map(x["k"], x["v"], None)[0] is None
     assert maps.kind_of(None, x["g"]) == maps.CHANNEL
+
+
+@pytest.mark.parametrize("reset", [-1e7, -math.inf])
+@pytest.mark.parametrize("gate", ["scalar", "channel"])
+@pytest.mark.parametrize("delta", [False, True])
+def test_maps_with_resets(delta, gate, reset):
+    """Resets inside a slice (issue 18): in float32 M S0 + N is the float64 recurrence's state,
+    and the gradients of k, v, beta, g through the map are float64's to float32 rounding."""
+    rule = "delta" if delta else "additive"
+    x = reset_inputs(rule, gate, reset)
+    x["g"][:, -1] = -0.05  # not at the last token, where the state (and so M, N) starts afresh
+    _, S_ref = oracle(*(x[n] for n in ("q", "k", "v", "beta", "g", "S0")), rule=rule)
+    names = [n for n in ("k", "v", "beta", "g") if x[n] is not None]
+    grads = {}
+    for dtype in (torch.float32, torch.float64):
+        leaves = {n: x[n].to(dtype, copy=True).requires_grad_() for n in names}
+        M, N = slice_map({"beta": None, **leaves}, delta, chunk_size=7)
+        S = maps.apply(M, N, x["S0"].to(dtype))
+        assert torch.isfinite(S).all()
+        assert rel_rms(S.detach(), S_ref) <= (2e-6 if dtype == torch.float32 else 1e-10)
+        weights = torch.randn(S.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        grads[dtype] = torch.autograd.grad((S * weights).sum(), [leaves[n] for n in names])
+    for n, a, b in zip(names, *grads.values(), strict=True):
+        assert torch.isfinite(a).all() and rel_rms(a, b) <= 2e-6, n

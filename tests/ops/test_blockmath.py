@@ -138,3 +138,25 @@ def test_steep_gates_in_float32_match_float64(gate):
     out, _ = delta_rule(*(x[n].float() for n in ("q", "k", "v", "beta")), g.float(), chunk_size=64)
     assert torch.isfinite(out).all()
     assert (out.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_gate_floor_decays_to_exactly_zero(dtype):
+    floor = _blockmath.gate_floor(dtype)
+    assert torch.exp(torch.tensor(floor, dtype=dtype)) == 0  # flooring changes no decay
+    assert torch.exp(torch.tensor(floor + 2, dtype=dtype)) > 0  # and is not far below it
+
+
+@pytest.mark.parametrize("F", [64, 8, 1])
+def test_float64_gates_keep_float32_products_exact(F):
+    # Far from zero (G about -1e4, as after resets) a float32 G keeps about 3 digits of each
+    # difference; a float64 G, its differences rounded once, keeps float32's accuracy (issue 18).
+    gen = torch.Generator().manual_seed(F)
+    a, b = (torch.randn(4, 64, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    G = _gates((4, 64, 8), F, torch.float32, gen).double() - 1e4  # spread for float32's budget
+    products = _blockmath.ChannelProducts([a.float(), b.float()], b.float(), G, [False, True])
+    assert products.F == F
+    for A, left, strict in zip(products.As, (a, b), (False, True), strict=True):
+        ref = _exact(left, b, G, strict)
+        assert A.dtype == torch.float32
+        assert (A.double() - ref).abs().max() <= 1e-5 * ref.abs().max()

@@ -41,6 +41,7 @@ CASES = [
     ("v", lambda x: {"v": poison(x["v"], float("-inf"))}),
     ("g", lambda x: {"g": -x["g"] + 0.1}),
     ("g", lambda x: {"g": poison(x["g"], float("nan"))}),
+    ("g", lambda x: {"g": poison(x["g"], float("inf"))}),
     ("g", lambda x: {"g": x["g"][:, :4]}),
     ("g", lambda x: {"g": torch.zeros(1, 8, 2, 3)}),
     ("mode", lambda x: {"mode": "fused"}),
@@ -114,3 +115,14 @@ def test_all_finite_settles_an_overflowing_sum_entry_by_entry():
         x = torch.randn(4, 1000)
         x[2, 517] = bad
         assert not all_finite(x)
+
+
+@pytest.mark.parametrize("op", [lin, delta])
+@pytest.mark.parametrize("mode", ["chunk", "parallel", "recurrent"])
+def test_a_reset_is_accepted(op, mode, x):
+    """g = -inf (a reset: the decay is exactly 0) is a valid log-decay; NaN is not (issue 18)."""
+    g = poison(x["g"], float("-inf"))
+    o, _ = op(x, g=g, mode=mode)
+    assert torch.isfinite(o).all()
+    with pytest.raises(ValueError, match="g contains NaN"):
+        op(x, g=poison(x["g"], float("nan")), mode=mode)

@@ -87,23 +87,6 @@ def _each(test: str, *combos: tuple[str, ...]) -> list[tuple[str, ...]]:
 # token slices in the fused loop; 3: double backward of the chunk form; 4: the step's gradients;
 # 8: empty dimensions; 11: strictness of arguments.
 KNOWN_DEFECTS: dict[tuple[str, ...], int] = {
-    **dict.fromkeys(
-        _each("forward-gates", ("parallel", "neg_inf"), ("recurrent", "neg_inf"),
-              ("chunk", "reset"), ("chunk", "neg_inf"),
-              ("chunk_torch", "reset"), ("chunk_torch", "neg_inf"))
-        + _each("gradients-gates", ("parallel", "neg_inf"), ("recurrent", "neg_inf"),
-                ("chunk", "reset"), ("chunk", "neg_inf"),
-                ("chunk_torch", "reset"), ("chunk_torch", "neg_inf"))
-        + _each("step-forward", *((d, "neg_inf") for d in PRECISIONS))
-        # Steep gates: the chunk form ~100x less exact than the recurrent form; the few
-        # examples of the fast profile stay within 1e-5, the slow profile's do not (by little:
-        # relative 1.01e-5 to 1.05e-5 for the examples seen).
-        + _each("forward-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow"))
-        + _each("gradients-gates", ("chunk", "steep", "slow"), ("chunk_torch", "steep", "slow")),
-        1,
-    ),
-    **dict.fromkeys(_each("step-gradients", *((d, r, "neg_inf") for r in RULES
-                                              for d in ("float32", "float64", "mixed"))), 1),
     # output_final_state="no" is the same defect as 11's truthy strings, not in its list.
     **dict.fromkeys(_each("refused", ("normalize-str",), ("l2norm-str",), ("final-state-str",))
                     + _each("accepted", ("numpy-chunk-size",)), 11),

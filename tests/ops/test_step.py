@@ -67,6 +67,22 @@ def test_many_steps_equal_one_recurrent_call(mechanism):
     torch.testing.assert_close(state, S_seq, rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("mechanism", ["scalar_decay", "gla", "gated_delta", "kda"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_reset_forgets_the_state(mechanism, dtype, native, monkeypatch):
+    # g = -inf (issue 18): alpha = 0 exactly, the state before the token is forgotten. float32
+    # runs the fused step where it is available ("1") and the PyTorch step ("0").
+    monkeypatch.setenv("LINATTN_NATIVE", native)
+    x = inputs(mechanism, dtype=dtype)
+    x["g"] = torch.full_like(x["g"], float("-inf"))
+    state = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(1)).to(dtype)
+    o = recurrent_step(state, **x, scale=1.0)
+    fresh = torch.zeros(B, H, K, V, dtype=dtype)
+    o_fresh = recurrent_step(fresh, **{**x, "g": None}, scale=1.0)
+    assert torch.equal(state, fresh) and torch.equal(o, o_fresh)
+
+
 def test_low_precision_inputs_are_computed_in_the_state_dtype():
     x = inputs("gated_delta", dtype=torch.bfloat16)
     state = torch.zeros(B, H, K, V, dtype=torch.float32)
@@ -94,6 +110,10 @@ def bad(name: str, value):
         (bad("beta", torch.full((B, H), 2.5, dtype=torch.float64)), None, ValueError,
          r"beta must lie in \[0, 2\]"),
         (bad("g", torch.full((B, H, K), 0.1, dtype=torch.float64)), None, ValueError,
+         "g is a log-decay"),
+        (bad("g", torch.full((B, H, K), float("nan"), dtype=torch.float64)), None, ValueError,
+         "g contains NaN"),
+        (bad("g", torch.full((B, H, K), float("inf"), dtype=torch.float64)), None, ValueError,
          "g is a log-decay"),
         (bad("g", torch.zeros(B, H, K + 1, dtype=torch.float64)), None, ValueError,
          r"g must be None, \[B, H\] = \(2, 3\) or \[B, H, K\] = \(2, 3, 5\)"),

@@ -22,6 +22,10 @@ matrix product. Two ways to pick r:
 A group halves until its blocks' spread fits the budget, then takes direct products: with trained
 gates the first block, the whole chunk, already fits (one product, as without decay); gates too
 steep for that halve down to single tokens, every exponent then <= 0.
+
+G may be float64 for float32 blocks (``_chunk_terms`` sums the gates in float64, ``gate_floor``):
+every exponent is then a difference taken in float64 and rounded once to the blocks' dtype before
+its exponential, so that it keeps float32's accuracy however large G grows (resets, steep gates).
 """
 
 from __future__ import annotations
@@ -90,6 +94,25 @@ def fresh(name: str, like: Tensor, shape: tuple[int, ...] | None = None) -> Tens
     return like.new_empty(like.shape if shape is None else shape)
 
 
+def gate_floor(dtype: torch.dtype) -> float:
+    """The floor of a log-gate: log of the smallest subnormal number, minus 1 (-104.3 in float32,
+    -745.4 in float64).
+
+    ``exp`` of anything at or below it is exactly 0 in ``dtype``, so flooring each gate changes no
+    decay (nor the gradient, exp(g) * ... = 0 there too: the floor's is 0), and it maps a reset,
+    g = -inf, to a finite number, so that no inf - inf appears. With the floor every sum of C gates
+    is at least C times it, and a float64 sum of float32 gates keeps each to float32 accuracy.
+    """
+    info = torch.finfo(dtype)
+    return math.log(info.tiny * info.eps) - 1.0
+
+
+def exp_difference(x: Tensor, y: Tensor, dtype: torch.dtype, floor: float | None = None) -> Tensor:
+    """exp(x - y) in ``dtype``: the difference taken in x's dtype (float64 for float32 blocks),
+    rounded once, then ``decay_exp_`` (a new tensor)."""
+    return decay_exp_(torch.sub(x, y).to(dtype), floor)
+
+
 def subnormal_floor(dtype: torch.dtype) -> float:
     """log of the smallest normal number (-87.3 in float32): ``exp`` below it returns subnormals."""
     return math.log(torch.finfo(dtype).tiny)
@@ -120,14 +143,15 @@ def factor_budget(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).max) / 4
 
 
-def direct_block_size(G: Tensor) -> int:
+def direct_block_size(G: Tensor, dtype: torch.dtype | None = None) -> int:
     """The largest block size F (C, C / 2, ..., 2, or 1) whose direct products stay in budget.
 
-    G [..., C, K] with C a power of two, non-increasing along the tokens. A block of F tokens with
-    reference row r = F / 2 evaluates exp(G_i - G_r) and exp(G_r - G_i) for every row i of the
-    block; the largest of these exponents are G_first - G_r and G_r - G_last.
+    G [..., C, K] with C a power of two, non-increasing along the tokens; ``dtype``: that of the
+    products (G's by default). A block of F tokens with reference row r = F / 2 evaluates
+    exp(G_i - G_r) and exp(G_r - G_i) for every row i of the block; the largest of these exponents
+    are G_first - G_r and G_r - G_last.
     """
-    budget = factor_budget(G.dtype)
+    budget = factor_budget(G.dtype if dtype is None else dtype)
     F = G.shape[-2]
     while F > 1:
         blocks = _blocks(G, F)  # [..., C / F, F, K]
@@ -168,7 +192,8 @@ class ChannelProducts:
         self.lefts = [_pad_pow2(a, C2) for a in lefts]
         self.b = _pad_pow2(b, C2)
         self.G = _pad_pow2(G, C2, value_last=True)  # g = 0 on padding: no wider spread
-        self.F = direct_block_size(self.G)
+        self.dtype = b.dtype  # of the products; G may be float64 (the module docstring)
+        self.F = direct_block_size(self.G, self.dtype)
         if self.F == C2:  # the whole block in one product per left factor
             a_s, b_s = self._direct()
             shape = (*self.b.shape[:-1], C2)  # [..., C2, C2]
@@ -208,8 +233,8 @@ class ChannelProducts:
         halves, for the 2s-token blocks: each [..., C / (2s), s, K]."""
         G_low, G_up = _halves(self.G, s)
         ref = G_low[..., :1, :]  # [..., m, 1, K]
-        e_low = decay_exp_(torch.sub(G_low, ref), self.floor)  # rows at or after r
-        e_up = decay_exp_(torch.sub(ref, G_up), self.floor)  # rows before r
+        e_low = exp_difference(G_low, ref, self.dtype, self.floor)  # rows at or after r
+        e_up = exp_difference(ref, G_up, self.dtype, self.floor)  # rows before r
         return e_low, e_up, [_halves(a, s)[0] for a in self.lefts], _halves(self.b, s)[1]
 
     def _direct_exponentials(self) -> tuple[Tensor, Tensor]:
@@ -218,6 +243,10 @@ class ChannelProducts:
         F = self.F
         G = _blocks(self.G, F)  # [..., C / F, F, K]
         ref = G[..., F // 2 : F // 2 + 1, :]
+        if G.dtype != self.dtype:  # float64 gates: the difference rounded once, then exp
+            e_a = exp_difference(G, ref, self.dtype).flatten(-3, -2)
+            e_b = exp_difference(ref, G, self.dtype).flatten(-3, -2)
+            return e_a, e_b
         e_a = torch.sub(G, ref, out=self.buffers("e_a", G)).exp_().flatten(-3, -2)
         e_b = torch.sub(ref, G, out=self.buffers("e_b", G)).exp_().flatten(-3, -2)
         return e_a, e_b
@@ -275,13 +304,19 @@ def causal_mask(C: int, strict: bool, like: Tensor) -> Tensor:
     return torch.tril(ones, -1 if strict else 0)
 
 
-def scalar_decay(G: Tensor, out: Tensor | None = None, floor: float | None = None) -> Tensor:
-    """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> [..., C, C] (into out).
+def scalar_decay(G: Tensor, out: Tensor, floor: float | None = None) -> Tensor:
+    """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> out [..., C, C].
 
     The exponent is cut to 0 above the diagonal before the exponential (``tril_``), so none is
     evaluated above 0, and the result is cut to 0 there after it. ``floor``: see ``decay_exp_``.
+    G may be float64 for a float32 ``out``: the differences are then taken in float64 and rounded
+    once (the module docstring).
     """
-    return decay_exp_(torch.sub(G, G.transpose(-1, -2), out=out).tril_(), floor).tril_()
+    if G.dtype == out.dtype:
+        torch.sub(G, G.transpose(-1, -2), out=out)
+    else:
+        out.copy_(G - G.transpose(-1, -2))
+    return decay_exp_(out.tril_(), floor).tril_()
 
 
 def unit_lower_inverse(A: Tensor, out: Tensor | None = None) -> Tensor:

@@ -118,6 +118,9 @@ def kv(k: object, v: object) -> tuple[int, int, int, int, int]:
 def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True) -> None:
     """g: None, [B, T, H] (scalar decay per head) or [B, T, H, K] (per channel), all <= 0.
 
+    Any g <= 0 is accepted, -inf included (a reset: alpha = exp(-inf) = 0, the state is forgotten
+    at that token); NaN and +inf are refused.
+
     ``sizes`` are (B, T, H, K); a generation step passes (B, H, K) with ``layout="[B, H]"``.
     ``values=False`` checks the type and shape only (the caller checks the values itself).
     """
@@ -134,7 +137,10 @@ def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
         )
     if not values or g.numel() == 0:
         return
-    _, high = value_range("g", g)
+    # -inf is accepted: a reset, the decay exp(-inf) = 0 exactly (the state is forgotten there).
+    low, high = (float(t) for t in torch.aminmax(g.detach()))
+    if math.isnan(low) or math.isnan(high):
+        raise ValueError("g contains NaN")
     if high > 0:
         raise ValueError(f"g is a log-decay and must be <= 0; got max {high:.3g}")
 

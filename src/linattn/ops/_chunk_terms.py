@@ -11,7 +11,10 @@ inside each chunk (``[n, P, C, 1|K]``, or None without decay), for a chunk with 
     U = U0 - W S;   o = Qd S + A_qk U;   S_next = D * S + Ke^T U
 
 The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0); the per-channel
-products bound theirs by ``_blockmath.factor_budget`` instead (see there).
+products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
+``_blockmath.gate_floor`` (its decay is exactly 0 there; a reset, g = -inf, becomes finite) and G
+is summed in float64, every exponent a float64 difference rounded once to the compute dtype: a
+float32 G would lose the small gates after a large one (issue 18).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from torch import Tensor
 from linattn.ops._blockmath import (
     ChannelProducts,
     decay_exp,
-    decay_exp_,
+    exp_difference,
     fresh,
+    gate_floor,
     scalar_decay,
     subnormal_floor,
     unit_lower_inverse,
@@ -75,7 +79,7 @@ class Products:
         C = b.shape[-2]
         shape = (*b.shape[:-1], C)  # [..., C, C]
         if G is not None:  # [..., C, C], zero above the diagonal
-            self.decay = scalar_decay(G, out=buffers("decay", G, shape), floor=floor)
+            self.decay = scalar_decay(G, out=buffers("decay", b, shape), floor=floor)
         self.As = []
         for p, (a, st) in enumerate(zip(lefts, strict, strict=True)):
             P = torch.matmul(a, b.transpose(-1, -2), out=buffers(f"A{p}", a, shape))
@@ -120,21 +124,22 @@ class Terms:
         g: Tensor | None,
         buffers=fresh,
     ):
-        self.q, self.k, self.v, self.beta = q, k, v, beta
+        self.q, self.k, self.v, self.beta, self.g = q, k, v, beta, g
         floor = None
         if g is None:
             self.G = self.eG = self.eEnd = self.D = None
             self.Qd, self.Kd, self.Ke = q, k, k
         else:
-            self.G = torch.cumsum(g, dim=-2, out=buffers("G", g))  # [n, P, C, 1|K]
+            # The floored gates summed in float64 (the module docstring): [n, P, C, 1|K].
+            self.G = torch.cumsum(g.clamp(min=gate_floor(g.dtype)), dim=-2, dtype=torch.float64)
             G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
             # Every exponent below is >= G_C (a sum of gates inside one chunk): only where a
             # chunk's whole decay reaches the subnormal range are any flushed (``decay_exp_``).
             floor = subnormal_floor(g.dtype)
             floor = floor if G_end.min().item() < floor else None
-            self.eG = decay_exp(self.G, floor, out=buffers("eG", g))  # exp(G_i) <= 1
-            self.eEnd = decay_exp_(torch.sub(G_end, self.G, out=buffers("eEnd", g)), floor)
-            self.D = decay_exp(G_end, floor).transpose(-1, -2)  # [n, P, 1|K, 1]: scales S's rows
+            self.eG = decay_exp(self.G.to(g.dtype), floor, out=buffers("eG", g))  # exp(G_i) <= 1
+            self.eEnd = exp_difference(G_end, self.G, g.dtype, floor)
+            self.D = decay_exp(G_end.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
             self.Qd = torch.mul(q, self.eG, out=buffers("Qd", q))
             self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
             # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
@@ -167,7 +172,13 @@ class Terms:
         dA_qk: a fresh tensor (masked in place). dD: [n, P, 1|K, 1] or None. S: the states
         entering the chunks [n, P, K, V]; for linear attention U = v and S is not used.
         """
-        dbeta = dKd = None
+        dbeta = dKd = diag = None
+        if self.G is not None:
+            # A_qk's diagonal (no decay) is kept out of the products' backward and added to dq
+            # and dk alone: its shares of q dq and k dk cancel, and their rounding would swamp the
+            # small dg of steep gates.
+            diag = dA_qk.diagonal(dim1=-2, dim2=-1)
+            diag, _ = diag.unsqueeze(-1).clone(), diag.zero_()  # [n, P, C, 1]
         if self.W is None:
             (dq,), dk = self.products.backward([dA_qk])
             dv = dU
@@ -200,18 +211,21 @@ class Terms:
                 dk.add_(dKd)
             return dq, dk, dv, dbeta, None
         # The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C).
-        dq = dq + dQd * self.eG
-        dk = dk + dKe * self.eEnd
-        dG = dG + dQd * self.Qd - dKe * self.Ke
+        dq = dq + diag * self.k + dQd * self.eG
+        dk = dk + diag * self.q + dKe * self.eEnd
+        dG = dG + dQd * self.Qd
+        # Ke_i depends on the gates after i only: its share is a prefix sum (below), not G_C's
+        # share less G_i's, whose rounding would be that of the undecayed Ke_C.
+        dG_ke = dKe * self.Ke
         if dKd is not None:
             dk = dk + dKd * self.eG
             dG = dG + dKd * self.Kd
-        dG_end = (dKe * self.Ke).sum(-2, keepdim=True)  # [n, P, 1, K]
         if self.G.shape[-1] == 1:  # scalar decay: one gate per token, shared by the channels
-            dG, dG_end = dG.sum(-1, keepdim=True), dG_end.sum(-1, keepdim=True)
+            dG, dG_ke = dG.sum(-1, keepdim=True), dG_ke.sum(-1, keepdim=True)
         if dD is not None:
-            dG_end = dG_end + (dD * self.D).transpose(-1, -2)  # [n, P, 1, 1|K]
-        dG[..., -1:, :] += dG_end
-        # G = cumsum(g): dg_i = sum_{l >= i} dG_l (a reversed cumulative sum inside the chunk).
+            dG[..., -1:, :] += (dD * self.D).transpose(-1, -2)  # [n, P, 1, 1|K]
+        # G = cumsum(g): dg_i = sum_{l >= i} dG_l (a reversed cumulative sum inside the chunk)
+        # plus Ke's share sum_{l < i}; a floored gate has the floor's gradient, 0 (``gate_floor``).
         dg = torch.flip(torch.cumsum(torch.flip(dG, dims=(-2,)), dim=-2), dims=(-2,))
-        return dq, dk, dv, dbeta, dg
+        dg[..., 1:, :] += torch.cumsum(dG_ke[..., :-1, :], dim=-2)
+        return dq, dk, dv, dbeta, dg.masked_fill_(self.g <= gate_floor(self.g.dtype), 0.0)

@@ -29,7 +29,7 @@ def chunk_affine_map(
 
     Args:
         k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] in [0, 2] or None (additive rule);
-        g: None, [B, T, H] or [B, T, H, K], log-decay <= 0. Keys are used as given.
+        g: None, [B, T, H] or [B, T, H, K], log-decay <= 0 (-inf: a reset). Keys are used as given.
 
     Returns:
         M: [B, H, K, K] and N: [B, H, K, V], in float32 (float64 for float64 inputs).

@@ -44,7 +44,8 @@ def delta_rule(
     Args:
         q, k: [B, T, H, K] (keys used as given unless use_qk_l2norm). v: [B, T, H, V].
         beta: [B, T, H], in [0, 2] (1 overwrites, 2 is the Householder reflection).
-        g: None, [B, T, H] or [B, T, H, K]; a log-decay, every entry <= 0.
+        g: None, [B, T, H] or [B, T, H, K]; a log-decay, every entry <= 0, -inf included: a reset,
+            alpha = 0 exactly (the state is forgotten at that token).
         scale: multiplies q; None means 1 / sqrt(K).
         mode: "parallel" (the whole sequence as one chunk), "recurrent" (token by token; the
             generation step) or "chunk".

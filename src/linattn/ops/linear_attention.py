@@ -31,7 +31,8 @@ def linear_attention(
 
     Args:
         q, k: [B, T, H, K]. v: [B, T, H, V]. One floating dtype (float64/32, bfloat16, float16).
-        g: None, [B, T, H] or [B, T, H, K]; a log-decay, every entry <= 0 (alpha = exp g).
+        g: None, [B, T, H] or [B, T, H, K]; a log-decay, every entry <= 0 (alpha = exp g), -inf
+            included: a reset, alpha = 0 exactly (the state is forgotten at that token).
         normalize: divide by the normaliser z_t^T (scale q_t), where z_t is the same recurrence run
             on a column of ones: z_t = Diag(exp g_t) z_{t-1} + k_t. It is computed as one more
             value column, so the state is [B, H, K, V + 1] with z as its last column (the initial

@@ -43,7 +43,8 @@ def recurrent_step(
         state: [B, H, K, V], float32 or float64; overwritten with S_t. A leaf that requires
             grad is refused (PyTorch cannot update one in place): pass ``S0.clone()``.
         q, k: [B, H, K]; v: [B, H, V]; any float dtype, computed in the state's dtype.
-        beta: None or [B, H] in [0, 2]. g: None, [B, H] or [B, H, K], every entry <= 0.
+        beta: None or [B, H] in [0, 2]. g: None, [B, H] or [B, H, K], every entry <= 0 (-inf: a
+            reset, the state forgotten).
         scale: multiplies q; None means 1 / sqrt(K).
 
     Returns:

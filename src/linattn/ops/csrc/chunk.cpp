@@ -25,7 +25,9 @@
 // Inputs are float32, q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K], each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
 // public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
-// check).
+// check), but a log-gate may be -inf (a reset): each is floored at kGateFloor, and the cumulative
+// log-gates are summed exactly as pairs of floats (``Gates``), so that every decay
+// exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -143,34 +145,116 @@ __attribute__((always_inline)) inline float exp_flush(float x) {
 // (``_blockmath.factor_budget``).
 const float kFactorBudget = std::log(FLT_MAX) / 4.0f;
 
+// The floor of a log-gate, log(FLT_MIN * FLT_EPSILON) - 1 (``_blockmath.gate_floor``): exp of
+// anything below it is exactly 0 in float32, so flooring changes no decay, and it maps a reset
+// (g = -inf) to a finite number. A literal, so that the loops that compare with it vectorise.
+constexpr float kGateFloor = -104.278931f;
+
+// The cumulative log-gates of a chunk as pairs of floats, G = hi + lo: hi the float32 running sum,
+// lo its rounding errors, summed (each [c, kg], row-major; ``cumulative_gates``). A float32 G
+// would keep 5 digits of a gate of -0.05 after a reset of -104, and a difference G_i - G_j of two large sums would lose the rest; from the pairs,
+// (hi_i - hi_j) + (lo_i - lo_j) is the exact difference to float32 rounding however large G is
+// (hi_i - hi_j is exact where the two are within a factor 2, else rounded once), at the cost of
+// two float operations more per exponent (a double difference costs more: measured, 30% more per
+// exponential, against 0-10% for the pair; in GLA's forward pass 3% in all).
+struct Gates {
+  float* hi;
+  float* lo;
+};
+
+// One row of ``cumulative_gates``: (hi, lo) = (hi_prev, lo_prev) + max(g, floor), the rounding of
+// hi_prev + g kept in lo (Knuth's TwoSum, exact in float32 arithmetic: cheaper here than a double
+// sum, which measured 20% of GLA's forward pass). Not inlined, and the floor a parameter: GCC
+// vectorises the loop only so (with kGateFloor folded in, it does not).
+__attribute__((noinline)) void cumulative_row(const float* __restrict g, int64_t kg,
+                                              const float* __restrict hi_prev,
+                                              const float* __restrict lo_prev,
+                                              float* __restrict hi, float* __restrict lo,
+                                              float floor) {
+#pragma omp simd
+  for (int64_t ch = 0; ch < kg; ++ch) {
+    const float x = g[ch] < floor ? floor : g[ch], a = hi_prev[ch];
+    const float s = a + x, x_part = s - a;
+    const float rounding = (a - (s - x_part)) + (x - x_part);
+    hi[ch] = s;
+    lo[ch] = lo_prev[ch] + rounding;
+  }
+}
+
+// G_i = sum_{l <= i} max(g_l, kGateFloor) for c rows of kg gates (row stride sg) as ``G``'s pairs;
+// ``zeros``: kg zeros (the sum before the first row).
+void cumulative_gates(const float* gc, int64_t sg, int c, int64_t kg, const float* zeros,
+                      const Gates& G) {
+  for (int i = 0; i < c; ++i) {
+    const int64_t at = static_cast<int64_t>(i) * kg;
+    const float* hi_prev = i == 0 ? zeros : G.hi + at - kg;
+    const float* lo_prev = i == 0 ? zeros : G.lo + at - kg;
+    cumulative_row(gc + i * sg, kg, hi_prev, lo_prev, G.hi + at, G.lo + at, kGateFloor);
+  }
+}
+
+// out = sum where g > floor, else 0 (a floored gate's gradient), for one row of kg gates; not
+// inlined, for the reason given at ``cumulative_row``.
+__attribute__((noinline)) void floored_gradient_row(const float* __restrict sum,
+                                                    const float* __restrict g, int64_t kg,
+                                                    float* __restrict out, float floor) {
+#pragma omp simd
+  for (int64_t ch = 0; ch < kg; ++ch) out[ch] = g[ch] > floor ? sum[ch] : 0.0f;
+}
+
+// exp(G_i - G_j) from the pairs of G_i and G_j (``Gates``).
+__attribute__((always_inline)) inline float decay(float hi_i, float lo_i, float hi_j, float lo_j) {
+  return exp_flush((hi_i - hi_j) + (lo_i - lo_j));
+}
+
 // One thread's scratch memory, sized for one chunk of one head (64-bit sizes: C x C overflows an
 // int from C = 46,341 on).
 struct Scratch {
-  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;
+  std::vector<float> zeros;  // ``cumulative_gates``
+  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;  // G: hi, then lo (``Gates``)
   Scratch(int64_t C, int64_t K, int64_t V)
-      : G(C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)), Xf(C * K),
-        Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
+      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)),
+        Xf(C * K), Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
 };
 
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
 // reference row r for the whole block: x * exp(G - G_r) times (y * exp(G_r - G))^T.
-void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
                     int64_t K, int i0, int n, int j0, int m, int r, float alpha, float* A,
                     int64_t lda, Scratch& w) {
-  const float* Gr = G + static_cast<int64_t>(r) * K;
+  const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
+  if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
+    for (int i = 0; i < n; ++i) {
+      const float *x = X + (i0 + i) * ldx, *y = Y + (i0 + i) * ldy;
+      const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+      const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
+      float *fx = w.Xf.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
+        fx[c] = x[c] * exp_flush(d);
+        fy[c] = y[c] * exp_flush(-d);
+      }
+    }
+    gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0,
+         lda);
+    return;
+  }
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
-    const float* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
     float* out = w.Xf.data() + static_cast<int64_t>(i) * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = x[c] * exp_flush(Gi[c] - Gr[c]);
+    for (int c = 0; c < K; ++c) out[c] = x[c] * decay(Gi[c], Li[c], Gr[c], Lr[c]);
   }
   for (int j = 0; j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
-    const float* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
+    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
     float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = y[c] * exp_flush(Gr[c] - Gj[c]);
+    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
   }
   gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0, lda);
 }
@@ -179,10 +263,11 @@ void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, co
 // gates' spread over the block fits the budget; otherwise the block is halved: the lower-left
 // quarter factors exactly about the last row of its upper half (every exponent <= 0 there), and the
 // two diagonal halves recurse (``_blockmath.direct_block_size``).
-void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
-                      int64_t K, int i0, int n, float alpha, float* A, int64_t lda, Scratch& w) {
-  const float* first = G + static_cast<int64_t>(i0) * K;
-  const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
+void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
+                      int64_t K, int i0, int n, float alpha, float* A, int64_t lda,
+                      Scratch& w) {
+  const float* first = G.hi + static_cast<int64_t>(i0) * K;
+  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
   float spread = 0.0f;
   for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
   if (spread <= kFactorBudget || n == 1) {
@@ -199,27 +284,42 @@ void channel_diagonal(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
 // rows [i0, i0 + n) x [j0, j0 + m), dX_i += (alpha dA Yf)_i * exp(G_i - G_r) and
 // dY_j += (alpha dA^T Xf)_j * exp(G_r - G_j), with Xf, Yf the factored rows. dX, dY: [c, K].
 void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                             const float* G, int64_t K, int i0, int n, int j0, int m, int r,
+                             const Gates& G, int64_t K, int i0, int n, int j0, int m, int r,
                              float alpha, const float* dA, int64_t lda, float* dX, float* dY,
                              Scratch& w) {
-  const float* Gr = G + static_cast<int64_t>(r) * K;
+  const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
   for (int i = 0; i < n; ++i) {
     const float* x = X + (i0 + i) * ldx;
-    const float* Gi = G + static_cast<int64_t>(i0 + i) * K;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
     float *e = w.Ex.data() + static_cast<int64_t>(i) * K, *f = w.Xf.data() + i * K;
+    if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
+      const float* y = Y + (i0 + i) * ldy;
+      float *ey = w.Ey.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
+        e[c] = exp_flush(d);
+        f[c] = x[c] * e[c];
+        ey[c] = exp_flush(-d);
+        fy[c] = y[c] * ey[c];
+      }
+      continue;
+    }
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
-      e[c] = exp_flush(Gi[c] - Gr[c]);
+      e[c] = decay(Gi[c], Li[c], Gr[c], Lr[c]);
       f[c] = x[c] * e[c];
     }
   }
-  for (int j = 0; j < m; ++j) {
+  for (int j = 0; !(i0 == j0 && n == m) && j < m; ++j) {
     const float* y = Y + (j0 + j) * ldy;
-    const float* Gj = G + static_cast<int64_t>(j0 + j) * K;
+    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
+    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
     float *e = w.Ey.data() + static_cast<int64_t>(j) * K, *f = w.Yf.data() + j * K;
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
-      e[c] = exp_flush(Gr[c] - Gj[c]);
+      e[c] = decay(Gr[c], Lr[c], Gj[c], Lj[c]);
       f[c] = y[c] * e[c];
     }
   }
@@ -243,10 +343,10 @@ void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_
 // The gradient of ``channel_diagonal``'s product (the same blocks, the same halving), for dA
 // masked as the product was: adds to dX and dY ([c, K]).
 void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                               const float* G, int64_t K, int i0, int n, float alpha,
+                               const Gates& G, int64_t K, int i0, int n, float alpha,
                                const float* dA, int64_t lda, float* dX, float* dY, Scratch& w) {
-  const float* first = G + static_cast<int64_t>(i0) * K;
-  const float* last = G + static_cast<int64_t>(i0 + n - 1) * K;
+  const float* first = G.hi + static_cast<int64_t>(i0) * K;
+  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
   float spread = 0.0f;
   for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
   if (spread <= kFactorBudget || n == 1) {
@@ -264,7 +364,7 @@ void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int6
 // A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk) for j <= i (j < i when strict), zero above:
 // the masked, decayed product of section 10 for c rows. kg = 0 (no gate), 1 (one log-gate per
 // token) or K (one per channel); G [c, kg] holds the cumulative log-gates.
-void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const float* G,
+void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
                       int64_t kg, int c, int64_t K, bool strict, float alpha, float* A,
                       int64_t lda, Scratch& w) {
   if (kg <= 1) {
@@ -275,9 +375,9 @@ void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
       // caps them at 88, and the mask below overwrites those entries.
       for (int i = 0; i < c; ++i) {
         float* row = A + i * lda;
-        const float Gi = G[i];
+        const float Gi = G.hi[i], Li = G.lo[i];
 #pragma omp simd
-        for (int j = 0; j < c; ++j) row[j] *= exp_flush(Gi - G[j]);
+        for (int j = 0; j < c; ++j) row[j] *= decay(Gi, Li, G.hi[j], G.lo[j]);
       }
     }
   } else {
@@ -286,6 +386,99 @@ void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, 
   for (int i = 0; i < c; ++i) {  // the causal mask
     float* row = A + i * lda;
     for (int j = strict ? i : i + 1; j < c; ++j) row[j] = 0.0f;
+  }
+}
+
+// ``factored_block`` for two left factors X1, X2 (row strides ld1, ld2) of one Y: A1 = alpha1 X1f
+// Yf^T and A2 = X2f Yf^T, each exponential formed once for both (the delta rule's A_qk and A_kk).
+void factored_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2, const float* Y,
+                   int64_t ldy, const Gates& G, int K, int i0, int n, int j0, int m, int r,
+                   float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
+  const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
+  const bool diagonal = i0 == j0 && n == m;  // the rows' exponents are d and -d, formed once
+  for (int i = 0; i < n; ++i) {
+    const float *x1 = X1 + (i0 + i) * ld1, *x2 = X2 + (i0 + i) * ld2, *y = Y + (i0 + i) * ldy;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
+    float *f1 = w.Xf.data() + static_cast<int64_t>(i) * K, *f2 = w.dXf.data() + i * K;
+    float* fy = w.Yf.data() + static_cast<int64_t>(i) * K;
+    if (diagonal) {
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]), e = exp_flush(d);
+        f1[c] = x1[c] * e;
+        f2[c] = x2[c] * e;
+        fy[c] = y[c] * exp_flush(-d);
+      }
+    } else {
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float e = decay(Gi[c], Li[c], Gr[c], Lr[c]);
+        f1[c] = x1[c] * e;
+        f2[c] = x2[c] * e;
+      }
+    }
+  }
+  for (int j = 0; !diagonal && j < m; ++j) {
+    const float* y = Y + (j0 + j) * ldy;
+    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
+    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
+    float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
+  }
+  const int64_t at = i0 * lda + j0;
+  gemm(false, true, n, m, K, alpha1, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A1 + at, lda);
+  gemm(false, true, n, m, K, 1.0f, w.dXf.data(), K, w.Yf.data(), K, 0.0f, A2 + at, lda);
+}
+
+// ``channel_diagonal`` for the pair of ``factored_pair`` (the same blocks, the same halving).
+void channel_diagonal_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2,
+                           const float* Y, int64_t ldy, const Gates& G, int K, int i0, int n,
+                           float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
+  const float* first = G.hi + static_cast<int64_t>(i0) * K;
+  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
+  float spread = 0.0f;
+  for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
+  if (spread <= kFactorBudget || n == 1) {
+    factored_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0, n, i0, n, i0 + n / 2, alpha1, A1, A2, lda,
+                  w);
+    return;
+  }
+  const int h = n / 2;
+  factored_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0 + h, n - h, i0, h, i0 + h - 1, alpha1, A1, A2,
+                lda, w);
+  channel_diagonal_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0, h, alpha1, A1, A2, lda, w);
+  channel_diagonal_pair(X1, ld1, X2, ld2, Y, ldy, G, K, i0 + h, n - h, alpha1, A1, A2, lda, w);
+}
+
+// The delta rule's two decayed products at once: A1 = alpha1 decayed(X1 Y^T) (j <= i) and
+// A2 = decayed(X2 Y^T) (j < i), as ``decayed_products`` forms each, every decay formed once.
+void decayed_product_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2,
+                          const float* Y, int64_t ldy, const Gates& G, int kg, int c, int K,
+                          float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
+  if (kg <= 1) {
+    gemm(false, true, c, c, K, alpha1, X1, ld1, Y, ldy, 0.0f, A1, lda);
+    gemm(false, true, c, c, K, 1.0f, X2, ld2, Y, ldy, 0.0f, A2, lda);
+    if (kg == 1) {  // whole rows, as in ``decayed_products``
+      for (int i = 0; i < c; ++i) {
+        float *row1 = A1 + i * lda, *row2 = A2 + i * lda;
+        const float Gi = G.hi[i], Li = G.lo[i];
+#pragma omp simd
+        for (int j = 0; j < c; ++j) {
+          const float d = decay(Gi, Li, G.hi[j], G.lo[j]);
+          row1[j] *= d;
+          row2[j] *= d;
+        }
+      }
+    }
+  } else {
+    channel_diagonal_pair(X1, ld1, X2, ld2, Y, ldy, G, K, 0, c, alpha1, A1, A2, lda, w);
+  }
+  for (int i = 0; i < c; ++i) {  // the causal masks
+    float *row1 = A1 + i * lda, *row2 = A2 + i * lda;
+    for (int j = i + 1; j < c; ++j) row1[j] = 0.0f;
+    for (int j = i; j < c; ++j) row2[j] = 0.0f;
   }
 }
 
@@ -573,24 +766,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         float q_alpha = scale;
         const float* Kend = Kc;  // the rows that write the state
         int64_t ldke = ldk;
-        float* G = w.G.data();
+        const Gates G{w.G.data(), w.G.data() + static_cast<int64_t>(C) * K};
         if (gated) {
-          const float* gc = chunk_rows(g, gp, b, h, t0);
+          cumulative_gates(chunk_rows(g, gp, b, h, t0), g.stride(2), c, kg, w.zeros.data(), G);
+          const float* Gc = G.hi + static_cast<int64_t>(c - 1) * kg;
+          const float* Lc = G.lo + static_cast<int64_t>(c - 1) * kg;
           for (int i = 0; i < c; ++i) {
-            const float* gi = gc + i * g.stride(2);
-            float* Gi = G + static_cast<int64_t>(i) * kg;
-            const float* Gprev = Gi - kg;
-            for (int ch = 0; ch < kg; ++ch) Gi[ch] = i == 0 ? gi[ch] : Gprev[ch] + gi[ch];
-          }
-          const float* Gc = G + static_cast<int64_t>(c - 1) * kg;
-          for (int i = 0; i < c; ++i) {
-            const float* Gi = G + static_cast<int64_t>(i) * kg;
+            const float* Gi = G.hi + static_cast<int64_t>(i) * kg;
+            const float* Li = G.lo + static_cast<int64_t>(i) * kg;
             const float* qi = Q + i * ldq;
             const float* ki = Kc + i * ldk;
             float* qd = w.Qd.data() + static_cast<int64_t>(i) * K;
             float* ke = w.Ke.data() + static_cast<int64_t>(i) * K;
             if (kg == 1) {
-              const float a = scale * exp_flush(Gi[0]), e = exp_flush(Gc[0] - Gi[0]);
+              const float a = scale * exp_flush(Gi[0] + Li[0]), e = decay(Gc[0], Lc[0], Gi[0], Li[0]);
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
                 qd[ch] = a * qi[ch];
@@ -599,8 +788,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
             } else {
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
-                qd[ch] = scale * qi[ch] * exp_flush(Gi[ch]);
-                ke[ch] = ki[ch] * exp_flush(Gc[ch] - Gi[ch]);
+                qd[ch] = scale * qi[ch] * exp_flush(Gi[ch] + Li[ch]);
+                ke[ch] = ki[ch] * decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
               }
             }
           }
@@ -609,8 +798,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         }
 
         // 2. The masked, decayed scores inside the chunk.
-        float* A = w.A.data();
-        decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, A, C, w);
+        //    The delta rule's A_kk (L) with it, sharing its decays.
+        float *A = w.A.data(), *L = w.L.data();
+        if (delta) {
+          decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, A, L, C, w);
+        } else {
+          decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, A, C, w);
+        }
 
         // 3. Pseudo-values: U = v (additive rule), or the UT transform and U = U0 - W S.
         const float* U = Vc;
@@ -618,8 +812,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
         if (delta) {
           const float* bc = chunk_rows(beta, bp, b, h, t0);
           const int64_t sb = beta.stride(2);
-          float* L = w.L.data();
-          decayed_products(Kc, ldk, Kc, ldk, G, kg, c, Ki, true, 1.0f, L, C, w);
           float* X = w.X.data();
           for (int i = 0; i < c; ++i) {
             const float bi = bc[i * sb];
@@ -634,13 +826,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch];
             } else if (kg == 1) {
-              const float a = bi * exp_flush(G[i]);
+              const float a = bi * exp_flush(G.hi[i] + G.lo[i]);
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) xi[ch] = a * ki[ch];
             } else {
-              const float* Gi = G + static_cast<int64_t>(i) * K;
+              const float *Gi = G.hi + static_cast<int64_t>(i) * K, *Li = G.lo + i * K;
 #pragma omp simd
-              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * exp_flush(Gi[ch]);
+              for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * exp_flush(Gi[ch] + Li[ch]);
             }
 #pragma omp simd
             for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
@@ -656,9 +848,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 
         // 5. The state leaving the chunk: S <- D * S + Ke^T U.
         if (gated) {
-          const float* Gc = G + static_cast<int64_t>(c - 1) * kg;
+          const float* Gc = G.hi + static_cast<int64_t>(c - 1) * kg;
+          const float* Lc = G.lo + static_cast<int64_t>(c - 1) * kg;
           for (int ch = 0; ch < Ki; ++ch) {
-            const float d = exp_flush(Gc[kg == 1 ? 0 : ch]);
+            const float d = exp_flush(Gc[kg == 1 ? 0 : ch] + Lc[kg == 1 ? 0 : ch]);
             float* row = Sh + ch * V;
 #pragma omp simd
             for (int j = 0; j < Vi; ++j) row[j] *= d;
@@ -674,14 +867,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
 // The gates' share of a decayed product's gradient: for M = X * Gamma (Gamma[i, j] =
 // exp(G_i - G_j), causal: j <= i, or j < i when strict) and its gradient dM, row i of dM * M adds
 // to dG_i and column i subtracts from it. dM and M are [c, ld] row-major, zero above the mask.
-void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, bool strict,
-                           float* dG) {
+// The diagonal (no decay) adds to its row and subtracts from its column the same number: it is
+// skipped, so that its rounding (as large as the undecayed term) does not reach dg.
+void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG) {
   for (int i = 0; i < c; ++i) {
     const float *dMi = dM + i * ld, *Mi = M + i * ld;
-    const int end = strict ? i : i + 1;
     float row = 0.0f;
 #pragma omp simd reduction(+ : row)
-    for (int j = 0; j < end; ++j) {
+    for (int j = 0; j < i; ++j) {
       const float m = dMi[j] * Mi[j];
       row += m;
       dG[j] -= m;
@@ -709,11 +902,13 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, b
 //
 // where dQ_A, dK_A (dK_L) are the gradients of A_qk's (A_kk's) two factors: for kg = 1, with
 // Gamma[i, j] = exp(G_i - G_j), (dA * Gamma) K and (dA * Gamma)^T Q times scale; for kg = K, block
-// by block as ``channel_diagonal`` forms the product. The gates: dG = dQd * Qd - dKe * Ke
-// (+ beta dR_k * Kd) row by row; each product's share (X * dX - Y * dY for its factors X, Y; for
+// by block as ``channel_diagonal`` forms the product. The gates: dG = dQd * Qd (+ beta dR_k * Kd)
+// row by row; each product's share off its diagonal (X * dX - Y * dY for its factors X, Y; for
 // kg = 1 the row sums of dM * M less its column sums, ``product_gate_gradient``); and
-// sum_i dKe_i * Ke_i + D <dS', S> (row by row of S) for G_c. With kg = 1 each term is summed over
-// the channels. dg is the reversed cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i).
+// D <dS', S> (row by row of S) for G_c. With kg = 1 each term is summed over the channels. dg is
+// the reversed cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i) plus Ke's share,
+// sum_{i < t} dKe_i * Ke_i. Terms without decay (the products' diagonals, Ke_c) never enter dg:
+// their shares cancel exactly, and their rounding would swamp the small dg of steep gates.
 //
 // Returns dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (an empty tensor for the additive
 // rule), dg [B, H, T, kg] (an empty tensor without decay; views of [B, T, H, ...] tensors) and dS0.
@@ -761,8 +956,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const int64_t ldx = K + V, CC = static_cast<int64_t>(C) * C, CK = C * K, CG = C * kr;
     std::vector<float> Gam(kg == 1 ? CC : 0), Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx),
         U(C * V), dU(C * V), dRk(CK), Qd(CK), Ke(CK), Kd(CK), dQd(CK), dKe(CK), dXm(CK), dYm(CK),
-        eG(CG), eEnd(CG), dG(CG), Dv(kr), dG_end(kr);
-    float* G = w.G.data();  // [c, kr]
+        eG(CG), eEnd(CG), dG(CG), dGe(CG), dG_diag(C), Dv(kr), dG_end(kr);
+    const Gates G{w.G.data(), w.G.data() + static_cast<int64_t>(C) * K};  // [c, kr] each
     for (int64_t n = N - 1; n >= 0; --n) {
       const int64_t t0 = n * C;
       const int c = static_cast<int>(std::min<int64_t>(C, T - t0));
@@ -783,22 +978,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
         //    Without decay these rows are the inputs themselves (the scale folded into products).
         if (gated) {
-          const float* gc = at_row(g, gp);
-          const int64_t sg = g.stride(2);
+          cumulative_gates(at_row(g, gp), g.stride(2), c, kg, w.zeros.data(), G);
+          const float *Gc = G.hi + (c - 1) * kg, *Lc = G.lo + (c - 1) * kg;
+          for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch] + Lc[ch]);
           for (int i = 0; i < c; ++i) {
-            const float* gi = gc + i * sg;
-            float* Gi = G + i * kg;
-            for (int ch = 0; ch < kg; ++ch) Gi[ch] = (i == 0 ? 0.0f : Gi[ch - kg]) + gi[ch];
-          }
-          const float* Gc = G + (c - 1) * kg;
-          for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch]);
-          for (int i = 0; i < c; ++i) {
-            const float *Gi = G + i * kg, *qi = Q + i * ldq, *ki = Kc + i * ldk;
+            const float *Gi = G.hi + i * kg, *Li = G.lo + i * kg;
+            const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
             float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
 #pragma omp simd
             for (int ch = 0; ch < kg; ++ch) {
-              eg[ch] = exp_flush(Gi[ch]);
-              ee[ch] = exp_flush(Gc[ch] - Gi[ch]);
+              eg[ch] = exp_flush(Gi[ch] + Li[ch]);
+              ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
             }
             float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
             if (!channel) {
@@ -810,9 +1000,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 kd[ch] = d * ki[ch];
               }
               float* row = Gam.data() + static_cast<int64_t>(i) * C;
-              const float G_i = Gi[0];
+              const float G_i = Gi[0], L_i = Li[0];
 #pragma omp simd
-              for (int j = 0; j < c; ++j) row[j] = exp_flush(G_i - G[j]);
+              for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
               for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
             } else {
 #pragma omp simd
@@ -831,8 +1021,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         const int64_t ldqr = gated ? K : ldq, ldke = gated ? K : ldk, ldkd = gated ? K : ldk;
 
         // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
-        decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
-        if (delta) decayed_products(Kc, ldk, Kc, ldk, G, kg, c, Ki, true, 1.0f, Akk.data(), C, w);
+        if (delta) {
+          decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, Aqk.data(),
+                               Akk.data(), C, w);
+        } else {
+          decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
+        }
 
         // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
         const float* Uc = Vc;
@@ -877,7 +1071,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
         }
 
-        // 5. dG from Qd and Ke; G_c's share from Ke and D.
+        // 5. dG from Qd; G_c's share from D; Ke's share apart, in dGe: Ke_i = k_i exp(G_c - G_i)
+        //    depends on the gates after i only, and is added to dg as a prefix sum (step 9), not
+        //    as G_c's share less G_i's, whose rounding would be that of the undecayed Ke_c.
         if (gated) {
           std::fill(dG_end.begin(), dG_end.end(), 0.0f);
           for (int ch = 0; ch < Ki; ++ch) {
@@ -890,7 +1086,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           for (int i = 0; i < c; ++i) {
             const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
             const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
-            float* dGi = dG.data() + i * kg;
+            float *dGi = dG.data() + i * kg, *dGei = dGe.data() + i * kg;
             if (!channel) {
               float sq = 0.0f, sk = 0.0f;
 #pragma omp simd reduction(+ : sq, sk)
@@ -898,14 +1094,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                 sq += a[ch] * x[ch];
                 sk += e[ch] * y[ch];
               }
-              dGi[0] = sq - sk;
-              dG_end[0] += sk;
+              dGi[0] = sq;
+              dGei[0] = sk;
             } else {
 #pragma omp simd
               for (int ch = 0; ch < Ki; ++ch) {
-                const float ek = e[ch] * y[ch];
-                dGi[ch] = a[ch] * x[ch] - ek;
-                dG_end[ch] += ek;
+                dGi[ch] = a[ch] * x[ch];
+                dGei[ch] = e[ch] * y[ch];
               }
             }
           }
@@ -925,12 +1120,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
             }
           }
           if (gated) {
-            product_gate_gradient(dA.data(), Aqk.data(), C, c, false, dG.data());
+            product_gate_gradient(dA.data(), Aqk.data(), C, c, dG.data());
             for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
           }
           gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
           gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
         } else {
+          // The diagonal of dA (no decay) is taken out of the blocked backward and added to dQ
+          // and dK alone: its shares of q dX and k dY cancel, and their rounding would reach dg.
+          for (int i = 0; i < c; ++i) {
+            float* dAii = dA.data() + static_cast<int64_t>(i) * (C + 1);
+            dG_diag[i] = scale * *dAii;
+            *dAii = 0.0f;
+          }
           std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
           std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
           channel_diagonal_backward(Q, ldq, Kc, ldk, G, Ki, 0, c, scale, dA.data(), C,
@@ -941,10 +1143,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
             const float *a = dQd.data() + i * K, *e = dKe.data() + i * K;
             const float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
             float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+            const float d = dG_diag[i];
 #pragma omp simd
             for (int ch = 0; ch < Ki; ++ch) {
-              dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch];
-              dk_i[ch] = ee[ch] * e[ch] + dy[ch];
+              dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch] + d * ki[ch];
+              dk_i[ch] = ee[ch] * e[ch] + dy[ch] + d * qi[ch];
               dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
             }
           }
@@ -1010,7 +1213,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           // A_kk's two factors (both k): dK += dK_L, and the gates' share.
           if (!channel) {
             if (gated) {
-              product_gate_gradient(dA.data(), Akk.data(), C, c, true, dG.data());
+              product_gate_gradient(dA.data(), Akk.data(), C, c, dG.data());
               for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
             }
             gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
@@ -1035,16 +1238,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
         // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
         if (gated) {
+          //    Ke's share (dGe) is the prefix sum sum_{i < t} dGe_i: Ke_i depends on g_t for t > i.
+          //    A floored gate (g <= kGateFloor: its decay is exactly 0) has the floor's gradient, 0.
           float* dGt = at_row(dg, dgp);
-          const int64_t lddg = dg.stride(2);
+          const float* gc = at_row(g, gp);
+          const int64_t lddg = dg.stride(2), sg = g.stride(2);
           float* last = dG.data() + (c - 1) * kg;
           for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
-          std::memcpy(dGt + (c - 1) * lddg, last, sizeof(float) * kg);
-          for (int i = c - 2; i >= 0; --i) {
-            float* out = dGt + i * lddg;
-            const float *next = out + lddg, *dGi = dG.data() + i * kg;
+          for (int i = c - 2; i >= 0; --i) {  // dG_i <- sum_{l >= i} dG_l
+            float* dGi = dG.data() + i * kg;
 #pragma omp simd
-            for (int ch = 0; ch < kg; ++ch) out[ch] = next[ch] + dGi[ch];
+            for (int ch = 0; ch < kg; ++ch) dGi[ch] += dGi[ch + kg];
+          }
+          for (int i = 1; i < c; ++i) {  // dGe_i <- sum_{l <= i} dGe_l
+            float* dGei = dGe.data() + i * kg;
+#pragma omp simd
+            for (int ch = 0; ch < kg; ++ch) dGei[ch] = dGei[ch] + dGei[ch - kg];
+          }
+          for (int i = c - 1; i >= 0; --i) {
+            float* dGi = dG.data() + i * kg;
+            if (i > 0) {
+              const float* before = dGe.data() + (i - 1) * kg;  // sum_{l < i}
+#pragma omp simd
+              for (int ch = 0; ch < kg; ++ch) dGi[ch] += before[ch];
+            }
+            floored_gradient_row(dGi, gc + i * sg, kg, dGt + i * lddg, kGateFloor);
           }
         }
       }
@@ -1062,8 +1280,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 //
 // state [B, H, K, V] contiguous; q, k [B, H, K]; v [B, H, V]; beta [B, H] or None; g [B, H, 1|K]
 // or None; all float32 (shapes checked first; the inputs other than the state are copied when not
-// contiguous). Returns o [B, H, V]; or, when an input is out of its range (a NaN or Inf anywhere,
-// beta outside [0, 2], g > 0), an empty tensor, with the state unchanged: the caller then names
+// contiguous). Returns o [B, H, V]; or, when an input is out of its range (a NaN or Inf anywhere
+// but a g of -inf, beta outside [0, 2], g > 0), an empty tensor, with the state unchanged: the caller then names
 // the input.
 at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
                           const at::Tensor& v_in, const c10::optional<at::Tensor>& beta_opt,
@@ -1106,7 +1324,7 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
   ok = all_finite(Sp, P * K * V) && all_finite(qp, P * K) && all_finite(kp, P * K) &&
        all_finite(vp, P * V);
   for (int64_t i = 0; ok && delta && i < P; ++i) ok = bp[i] >= 0.0f && bp[i] <= 2.0f;
-  for (int64_t i = 0; ok && gated && i < P * kg; ++i) ok = gp[i] <= 0.0f && std::isfinite(gp[i]);
+  for (int64_t i = 0; ok && gated && i < P * kg; ++i) ok = gp[i] <= 0.0f;  // -inf: a reset
   if (!ok) return at::empty({0}, state.options());
   // 2. The step, head by head.
   at::Tensor o = at::empty({B, H, V}, state.options());
