@@ -7,8 +7,9 @@ that tree's ``src`` folder and its own ``TORCH_EXTENSIONS_DIR`` (each tree build
 loop). A child times the chunk form's forward and forward + backward of every mechanism (float32,
 B = 1, H = 8, K = V = 64; the bench's inputs: unit keys, beta = sigmoid(normal),
 g = logsigmoid(normal + 4)), the median of ``--repeats`` runs by this process's CPU time, and
-prints them as JSON. The report is, per row, the median over rounds for each tree and the ratio
-new / old: interleaving makes a slow minute of this shared machine fall on both trees alike.
+prints them as JSON. The report is, per row, the median and the minimum over every timed run of
+each tree (the minimum: the run least disturbed by other jobs) and the ratios new / old:
+interleaving makes a slow minute of this shared machine fall on both trees alike.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def child(args: argparse.Namespace) -> None:
                 t0 = time.process_time()
                 run(backward)
                 times.append(time.process_time() - t0)
-            results[f"{name} {'fwd+bwd' if backward else 'fwd'}"] = statistics.median(times)
+            results[f"{name} {'fwd+bwd' if backward else 'fwd'}"] = times
     print(json.dumps(results))
 
 
@@ -89,11 +90,15 @@ def parent(args: argparse.Namespace) -> None:
             runs[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {label} done", file=sys.stderr)
     print(f"T = {args.T}, {args.threads} thread(s), {args.rounds} rounds x {args.repeats} repeats")
-    print("| row | old ms | new ms | new / old |\n|---|---:|---:|---:|")
+    print("| row | old ms | new ms | new / old | old min | new min | min / min |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in runs["old"][0]:
-        old = statistics.median(x[row] for x in runs["old"]) * 1e3
-        new = statistics.median(x[row] for x in runs["new"]) * 1e3
-        print(f"| {row} | {old:.1f} | {new:.1f} | {new / old:.3f} |")
+        old, new = ([t * 1e3 for x in runs[label] for t in x[row]] for label in ("old", "new"))
+        o, n = statistics.median(old), statistics.median(new)
+        print(
+            f"| {row} | {o:.1f} | {n:.1f} | {n / o:.3f} | {min(old):.1f} | {min(new):.1f} "
+            f"| {min(new) / min(old):.3f} |"
+        )
 
 
 def main() -> None:
