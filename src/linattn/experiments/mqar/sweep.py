@@ -340,11 +340,29 @@ def config_hash(preset: Preset, mechanism: str, d_model: int) -> str:
 
 
 def read_results(path: Path) -> list[dict]:
-    """All rows of a results file (missing file: none)."""
+    """All rows of a results file (missing file: none); ``ValueError`` naming the file and line.
+
+    A partial last line (a run killed while appending) is refused, not skipped: the file is the
+    record of finished runs, and the user decides whether to delete that line.
+    """
     if not path.exists():
         return []
+    rows = []
     with path.open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"results file {path}, line {number}: not valid JSON ({error.msg}); "
+                    "delete or repair that line"
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(f"results file {path}, line {number}: not a JSON object")
+            rows.append(row)
+    return rows
 
 
 def run_pair(
@@ -539,6 +557,7 @@ def plot_results(rows: Sequence[dict], path: str | Path, title: str = "MQAR") ->
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    # Without a suffix matplotlib would append ".png" and write another file than the one named.
+    fig.savefig(path, dpi=120, format=None if path.suffix else "png")
     plt.close(fig)
     return path
