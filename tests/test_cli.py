@@ -60,7 +60,7 @@ def test_costs_json(capsys):
         (["accuracy", "--seed", "-3"], "argument --seed: expected an integer >= 0, got -3"),
         (["memory", "--mixers", "kda,,softmax"], "expected names separated by commas"),
         (["memory", "--mixers", "kda,"], "expected names separated by commas"),
-        (["memory", "--mixers", "kda,gru"], "unknown names ['gru']"),
+        (["memory", "--mixers", "kda,gru"], "unknown mixers ['gru'] in 'kda,gru'"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(argv, message, capsys):

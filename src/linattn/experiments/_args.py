@@ -41,8 +41,10 @@ def int_list(text: str) -> list[int]:
     return [positive_int(part) for part in parts]
 
 
-def name_list(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+def name_list(choices: Sequence[str], what: str = "names") -> Callable[[str], tuple[str, ...]]:
     """An argparse type: comma-separated names from ``choices``, such as kda,kda,softmax.
+
+    ``what`` names the kind in the message ("unknown mixers ['mamba'] ...").
 
     An empty item ("kda,,softmax", a trailing comma) is refused, not skipped: it is a typo, and
     skipping it would silently build another model than the one asked for.
@@ -55,7 +57,7 @@ def name_list(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
         unknown = [name for name in names if name not in choices]
         if unknown:
             raise argparse.ArgumentTypeError(
-                f"unknown names {unknown} in {text!r}; choose from {', '.join(choices)}"
+                f"unknown {what} {unknown} in {text!r}; choose from {', '.join(choices)}"
             )
         return names
 

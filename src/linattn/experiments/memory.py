@@ -116,7 +116,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=None, help="default d_model / n_heads")
     parser.add_argument(
         "--mixers",
-        type=name_list(MIXERS),
+        type=name_list(MIXERS, "mixers"),
         default=MIXERS,
         help="comma-separated mixer names, one per block (default: one block of each: "
         + ",".join(MIXERS)
