@@ -169,3 +169,37 @@ def test_cp_bytes_json_is_checked_before_the_ranks_start(tmp_path, monkeypatch, 
     assert cli.main(["cp-bytes", "--json", str(path)]) == 2
     err = capsys.readouterr().err
     assert err == f"linattn cp-bytes: error: --json {path}: {parent} is a file, not a folder\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_sweep_with_workers_is_one_line_and_130(tmp_path):
+    """A real SIGINT to the whole process group, as a terminal sends it, workers included."""
+    import signal
+    import time
+
+    paths = ["--results", str(tmp_path / "r.jsonl"), "--checkpoint-dir", str(tmp_path / "ck")]
+    argv = [
+        "mqar",
+        "--preset",
+        "smoke",
+        "--workers",
+        "2",
+        "--no-progress",
+        "--plot",
+        "none",
+        *paths,
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "linattn", *argv],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout.readline().startswith("MQAR preset")  # parsed, the workers starting
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (130, "linattn mqar: interrupted\n")

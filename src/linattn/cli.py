@@ -56,8 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # imports every command's module: seconds
+    except KeyboardInterrupt:
+        print("linattn: interrupted", file=sys.stderr)
+        return 130
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:

@@ -116,6 +116,16 @@ def test_a_plot_path_without_suffix_is_the_file_written(tmp_path) -> None:
     assert path.read_bytes()[:4] == b"\x89PNG" and not path.with_suffix(".png").exists()
 
 
+def test_workers_start_with_sigint_ignored() -> None:
+    """The spawned workers inherit an ignored SIGINT: Ctrl-C is the main process's to handle."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    with sweep._sigint_ignored():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_fresh_retrains(tmp_path) -> None:
     sweep_rows(tmp_path)
     rows = sweep_rows(tmp_path, fresh=True)

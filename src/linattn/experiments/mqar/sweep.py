@@ -123,12 +123,15 @@ more, the recurrent form 2-7x more.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import multiprocessing
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -495,18 +498,42 @@ def run_sweep(
         todo.sort(key=lambda p: -len(MECHANISMS[p[0]]) * p[1] * preset.train_for(p[0]).steps)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
-            futures = [
-                pool.submit(_run_pair_in_worker, threads_per_worker, preset, m, d, kwargs)
-                for m, d in todo
-            ]
+            with _sigint_ignored():  # inherited by the workers: Ctrl-C is this process's to handle
+                futures = [
+                    pool.submit(_run_pair_in_worker, threads_per_worker, preset, m, d, kwargs)
+                    for m, d in todo
+                ]
             try:
                 for future in as_completed(futures):
                     record(future.result())
             except BaseException:
                 for future in futures:  # finished rows are saved; the rest resume next time
                     future.cancel()
+                _stop_workers(pool)  # else leaving the ``with`` would wait for the running pairs
                 raise
     return [rows[m, d] for m in preset.mechanisms for d in preset.widths]
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while the pool starts its workers, who inherit that (Python keeps an ignored
+    SIGINT at startup): a Ctrl-C then stops the sweep in this process with one message, instead
+    of a traceback from every worker. Outside the main thread signals cannot be set: no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's worker processes (our own children; their pairs resume from their
+    checkpoints next time). ``_processes`` is private: without it the pool ends as it would."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 def _run_pair_in_worker(threads: int, preset: Preset, mechanism: str, d_model: int,
