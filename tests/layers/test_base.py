@@ -75,3 +75,21 @@ def test_without_output_gate_the_output_is_the_normed_read(name):
     for mode in ("recurrent", "parallel"):
         plain.mode = mode
         torch.testing.assert_close(plain(x)[0], y, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("layer", "name"),
+    [
+        ("GatedDeltaNet", "short_conv"),
+        ("GatedDeltaNet", "output_gate"),
+        ("DeltaNet", "allow_neg_eigval"),
+        ("LinearAttention", "normalize"),
+        ("SoftmaxAttention", "rope"),
+        ("SoftmaxAttention", "short_conv"),
+    ],
+)
+def test_yes_no_options_must_be_bools(layer, name):
+    import linattn.layers
+
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
+        getattr(linattn.layers, layer)(d_model=8, n_heads=2, **{name: "no"})
