@@ -418,8 +418,8 @@ def run(args: argparse.Namespace) -> int:
     output_dir("--out", args.out)  # before any timing: a bad --out must not cost the run
     if args.merge:
         try:
-            merged = merge_runs([json.loads(p.read_text()) for p in args.merge])
-        except (OSError, ValueError, KeyError) as error:  # JSONDecodeError is a ValueError
+            merged = merge_runs([_read_run(p) for p in args.merge])
+        except (OSError, ValueError, KeyError) as error:
             print(f"bench: --merge: {error}", file=sys.stderr)
             return 2
         return _write(merged, args)
@@ -438,6 +438,14 @@ def run(args: argparse.Namespace) -> int:
     result["machine"]["chunk_loop"] = chunk_loop()
     result["config"]["out"] = str(args.out)
     return _write(result, args)
+
+
+def _read_run(path: Path) -> dict:
+    """One bench.json to merge; a file that is not JSON (a run cut short) is named in the error."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
 
 
 def _write(result: dict, args: argparse.Namespace) -> int:
