@@ -191,7 +191,8 @@ def test_incomplete_or_altered_dicts_are_refused(tmp_path, change, message):
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("position", -1), ("position", 1.0), ("batch_size", 0), ("position", True)]
+    ("field", "value"),
+    [("position", -1), ("position", 1.0), ("batch_size", -1), ("position", True)],
 )
 def test_cache_counts_must_be_integers_in_range(field, value):
     kwargs = dict(blocks=[], growing=[], fingerprint="x", batch_size=1, position=0)

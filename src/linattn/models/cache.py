@@ -48,7 +48,7 @@ class Cache:
     ) -> None:
         if len(blocks) != len(growing):
             raise ValueError("blocks and growing must have one entry per block")
-        _check_count("batch_size", batch_size, 1)
+        _check_count("batch_size", batch_size, 0)  # 0: an empty batch, as in PyTorch
         _check_count("position", position, 0)
         self.blocks = blocks
         self.growing = [tuple(g) for g in growing]
