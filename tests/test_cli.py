@@ -57,6 +57,10 @@ def test_costs_json(capsys):
         (["costs", "--C", "0"], "argument --C: expected an integer >= 1, got 0"),
         (["costs", "--d-model", "big"], "argument --d-model: expected an integer >= 1"),
         (["verify", "--nonsense"], "unrecognized arguments: --nonsense"),
+        (["accuracy", "--seed", "-3"], "argument --seed: expected an integer >= 0, got -3"),
+        (["memory", "--mixers", "kda,,softmax"], "expected names separated by commas"),
+        (["memory", "--mixers", "kda,"], "expected names separated by commas"),
+        (["memory", "--mixers", "kda,gru"], "unknown mixers ['gru'] in 'kda,gru'"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(argv, message, capsys):
@@ -89,3 +93,113 @@ def test_python_m_linattn():
     assert ok.returncode == 0 and "33,554,432" in ok.stdout
     bad = run_module("table1", "--ns", "8,abc")
     assert bad.returncode == 2 and "argument --ns" in bad.stderr
+
+
+def test_a_failed_write_exits_2_with_one_line(monkeypatch, capsys):
+    """A full disk while the report is written: one line naming the file, not a traceback."""
+    import errno
+
+    from linattn.experiments import report
+
+    def full_disk(*args):
+        raise OSError(errno.ENOSPC, "No space left on device", "report/index.html")
+
+    monkeypatch.setattr(report, "build_report", full_disk)
+    monkeypatch.setattr(report, "prepare_out_dir", lambda out, force: out)
+    assert cli.main(["report", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "linattn report: error: [Errno 28] No space left on device: 'report/index.html'\n"
+    )
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
+    from linattn.experiments import costs
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(costs, "compute_costs", interrupted)
+    try:
+        status = cli.main(["costs"])
+    except KeyboardInterrupt:  # escaping, it would stop the whole pytest session
+        pytest.fail("Ctrl-C escaped cli.main as a traceback")
+    assert status == 130
+    assert capsys.readouterr().err == "linattn costs: interrupted\n"
+
+
+def test_a_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):
+    from linattn.experiments import costs
+
+    def bad(*args):
+        raise ValueError("first line\n  second line")
+
+    monkeypatch.setattr(costs, "compute_costs", bad)
+    assert cli.main(["costs"]) == 2
+    assert capsys.readouterr().err == "linattn costs: error: first line second line\n"
+
+
+def refuse_work(monkeypatch, module, name):
+    def work(*args, **kwargs):
+        raise AssertionError(f"{name} ran before the output path was checked")
+
+    monkeypatch.setattr(module, name, work)
+
+
+def test_bench_out_is_checked_before_any_timing(tmp_path, monkeypatch, capsys):
+    from linattn.experiments import bench
+
+    refuse_work(monkeypatch, bench, "compute_bench")
+    out = tmp_path / "a-file"
+    out.write_text("")
+    assert cli.main(["bench", "--out", str(out)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"linattn bench: error: --out {out} is a file; expected a folder\n"
+    )
+
+
+def test_cp_bytes_json_is_checked_before_the_ranks_start(tmp_path, monkeypatch, capsys):
+    from linattn.distributed import launch
+
+    refuse_work(monkeypatch, launch, "run_local")
+    parent = tmp_path / "a-file"
+    parent.write_text("")
+    path = parent / "rows.json"
+    assert cli.main(["cp-bytes", "--json", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"linattn cp-bytes: error: --json {path}: {parent} is a file, not a folder\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_sweep_with_workers_is_one_line_and_130(tmp_path):
+    """A real SIGINT to the whole process group, as a terminal sends it, workers included."""
+    import signal
+    import time
+
+    paths = ["--results", str(tmp_path / "r.jsonl"), "--checkpoint-dir", str(tmp_path / "ck")]
+    argv = [
+        "mqar",
+        "--preset",
+        "smoke",
+        "--workers",
+        "2",
+        "--no-progress",
+        "--plot",
+        "none",
+        *paths,
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "linattn", *argv],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout.readline().startswith("MQAR preset")  # parsed, the workers starting
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (130, "linattn mqar: interrupted\n")

@@ -6,7 +6,10 @@ Each subcommand lives in its own module, which defines
     run(args: argparse.Namespace) -> int                  # does the work, returns the exit status
 
 and is listed once in ``COMMANDS`` below. Bad input (a ``ValueError`` or ``TypeError`` raised by the
-library) ends the command with a one-line message naming the problem and exit status 2.
+library) and a failed read or write (an ``OSError``: a full disk, a missing file) end the command
+with a one-line message naming the problem and exit status 2; Ctrl-C ends it with one line and exit
+status 130 (128 + SIGINT, as a shell reports it). Commands check their output paths before any
+work (``linattn.experiments._args.output_file``), so that a bad path fails in the first second.
 """
 
 from __future__ import annotations
@@ -54,13 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # imports every command's module: seconds
+    except KeyboardInterrupt:
+        print("linattn: interrupted", file=sys.stderr)
+        return 130
     try:
         return int(args._module.run(args) or 0)
-    except (ValueError, TypeError) as error:
-        print(f"linattn {args.command}: error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"linattn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, OSError) as error:
+        print(f"linattn {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (an OSError's names its file: "[Errno 28] ...: 'x'")."""
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 if __name__ == "__main__":

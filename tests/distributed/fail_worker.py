@@ -4,6 +4,9 @@
 tiny slice, except that one rank misbehaves according to SCENARIO:
 
 - ``mismatch``: the last rank's slice has another number of heads;
+- ``state_values``: the last rank's initial state holds other values (same shape);
+- ``l2norm``: the last rank passes use_qk_l2norm=True, the others False;
+- ``scale``: the last rank passes scale=0.25, the others the default (0.5);
 - ``bad_input``: the last rank's beta is out of range;
 - ``raise``: the last rank raises before the collective and exits;
 - ``absent``: the last rank raises before the collective and then stays alive without calling it;
@@ -38,7 +41,12 @@ def main(scenario: str, timeout: float) -> None:
         finally:
             if scenario == "absent":
                 time.sleep(4 * timeout)  # alive, but never arrives
-    ld.delta_rule(q, k, v, beta, chunk_size=2)
+    S0 = torch.ones(1, H, 4, 4) * (2.0 if scenario == "state_values" and last else 1.0)
+    options = {
+        "use_qk_l2norm": scenario == "l2norm" and last,
+        "scale": 0.25 if scenario == "scale" and last else None,  # default: 1 / sqrt(4)
+    }
+    ld.delta_rule(q, k, v, beta, chunk_size=2, initial_state=S0, **options)
     print(f"rank {rank}: DONE", flush=True)
 
 

@@ -131,7 +131,7 @@ def expected_bytes(name: str, world: int) -> dict[str, int]:
     per_head = {"scalar": 1, "channel": cp_worker.K, None: 0}[gate]
     M = cp_worker.B * cp_worker.H * (cp_worker.K * cp_worker.K if rule == "delta" else per_head)
     L = M + N
-    return {"descriptor": 10 * 8, "maps": 4 * L, "map_grads": 4 * (world * L + N)}
+    return {"descriptor": 12 * 8, "maps": 4 * L, "map_grads": 4 * (world * L + N)}
 
 
 def check_bytes(per_rank: list[dict]) -> None:
@@ -150,3 +150,20 @@ def test_two_ranks_unequal_slices(tmp_path):
 @pytest.mark.slow
 def test_four_ranks_unequal_slices(tmp_path):
     run_and_compare([5, 1, 9, 8], tmp_path)
+
+
+def test_checksum_tells_values_apart_and_ignores_the_sign_of_zero():
+    from linattn.distributed.context_parallel import checksum
+
+    S = torch.randn(2, 2, 4, 3, generator=torch.Generator().manual_seed(0))
+    assert (
+        checksum(S)
+        == checksum(S.clone())
+        == checksum(S.transpose(0, 3).contiguous().transpose(0, 3))
+    )
+    other = S.clone()
+    other.view(-1)[5] = torch.nextafter(other.view(-1)[5], torch.tensor(9.0))  # one ulp
+    assert checksum(other) != checksum(S)
+    assert checksum(S.double()) != checksum(S)  # the dtype counts
+    assert checksum(torch.zeros(3)) == checksum(-torch.zeros(3))
+    assert checksum(0.5, "use_qk_l2norm", True) != checksum(0.5, "use_qk_l2norm", False)

@@ -43,6 +43,9 @@ def test_no_failure_runs_through():
     "scenario, message",
     [
         ("mismatch", "must agree across ranks"),
+        ("state_values", "These differ: initial_state values (a checksum"),
+        ("l2norm", "These differ: options (a checksum of scale and normalize / use_qk_l2norm)"),
+        pytest.param("scale", "These differ: options", marks=pytest.mark.slow),
         pytest.param("bad_input", "rank 1: ValueError: beta", marks=pytest.mark.slow),
     ],
 )

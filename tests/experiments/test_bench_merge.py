@@ -43,3 +43,11 @@ def test_merge_refuses_runs_of_other_options(tmp_path, capsys):
     assert "run 2 was made with other options" in capsys.readouterr().err
     assert cli.main(["bench", "--merge", str(a), "--out", str(tmp_path / "m")]) == 2
     assert "at least 2 runs" in capsys.readouterr().err
+
+
+def test_a_truncated_run_is_named(tmp_path, capsys):
+    a = _tiny_run(tmp_path, "a")
+    b = tmp_path / "b.json"
+    b.write_text(a.read_text()[:-40])  # a copy cut short
+    assert cli.main(["bench", "--merge", str(a), str(b), "--out", str(tmp_path / "m")]) == 2
+    assert f"bench: --merge: {b}: not valid JSON" in capsys.readouterr().err

@@ -90,3 +90,21 @@ def test_an_empty_batch_gives_empty_outputs_states_and_gradients(name, with_stat
         layer.check_state(new_state, 0, torch.float32)  # every state tensor of batch size 0
     y.sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize(
+    ("layer", "name"),
+    [
+        ("GatedDeltaNet", "short_conv"),
+        ("GatedDeltaNet", "output_gate"),
+        ("DeltaNet", "allow_neg_eigval"),
+        ("LinearAttention", "normalize"),
+        ("SoftmaxAttention", "rope"),
+        ("SoftmaxAttention", "short_conv"),
+    ],
+)
+def test_yes_no_options_must_be_bools(layer, name):
+    import linattn.layers
+
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got str 'no'"):
+        getattr(linattn.layers, layer)(d_model=8, n_heads=2, **{name: "no"})

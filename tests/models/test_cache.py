@@ -112,3 +112,89 @@ def test_nbytes_at_rejects_negative_t():
     cache = CausalLM(tiny_config(("softmax",))).new_cache(1)
     with pytest.raises(ValueError, match="t must be"):
         cache.nbytes_at(-1)
+
+
+def saved_cache(tmp_path, seed=1):
+    model = CausalLM(tiny_config(HYBRID))
+    cache = model.new_cache(1)
+    ids = torch.randint(0, 37, (1, 6), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        model(ids, cache=cache)
+    path = tmp_path / "c.pt"
+    cache.save(path)
+    return cache, path
+
+
+def test_a_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    import errno
+
+    from linattn.models import cache as cache_module
+
+    good, path = saved_cache(tmp_path)
+    old_bytes = path.read_bytes()
+    real_save = torch.save
+
+    def disk_full(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)  # a partial write, then the disk is full
+        f.seek(len(old_bytes) // 3)
+        f.truncate()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_module.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        good.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == old_bytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]  # no temporary file left
+    assert Cache.load(path).position == 6
+
+
+def test_flipped_bytes_anywhere_are_refused(tmp_path):
+    _, path = saved_cache(tmp_path)
+    payload = path.read_bytes()
+    tensor_bytes = torch.load(path, weights_only=True)["blocks"][0]["S"].numpy().tobytes()
+    offset = payload.index(tensor_bytes[:64])  # inside the first block's state S
+    for where in (offset, offset + len(tensor_bytes) // 2):
+        flipped = bytearray(payload)
+        flipped[where] ^= 0x10
+        path.write_bytes(bytes(flipped))
+        with pytest.raises(ValueError, match="corrupt: its checksum does not match"):
+            Cache.load(path)
+
+
+@pytest.mark.parametrize("keep", [0, 100, 0.5, 0.99], ids=repr)
+def test_a_truncated_file_is_refused(tmp_path, keep):
+    _, path = saved_cache(tmp_path)
+    payload = path.read_bytes()
+    path.write_bytes(payload[: int(keep * len(payload)) if isinstance(keep, float) else keep])
+    with pytest.raises(ValueError, match="c.pt"):
+        Cache.load(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("fingerprint"), "no 'fingerprint'"),
+        (lambda d: d.pop("checksum"), "no 'checksum'"),
+        (lambda d: d.update(position="6"), "'position' must be a int"),
+        (lambda d: d.update(blocks=[{"S": 3}]), "'blocks' must be dicts of tensors"),
+        (lambda d: d.update(position=-1), "checksum does not match"),
+    ],
+)
+def test_incomplete_or_altered_dicts_are_refused(tmp_path, change, message):
+    cache, path = saved_cache(tmp_path)
+    d = cache.to_dict()
+    change(d)
+    torch.save(d, path)
+    with pytest.raises(ValueError, match=message):
+        Cache.load(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("position", -1), ("position", 1.0), ("batch_size", -1), ("position", True)],
+)
+def test_cache_counts_must_be_integers_in_range(field, value):
+    kwargs = dict(blocks=[], growing=[], fingerprint="x", batch_size=1, position=0)
+    with pytest.raises(ValueError, match=f"{field} must be an integer >= "):
+        Cache(**{**kwargs, field: value})

@@ -65,3 +65,19 @@ def test_dict_round_trip_and_fingerprint():
     )
     with pytest.raises(ValueError, match="unknown LMConfig fields"):
         LMConfig.from_dict(dict(config.to_dict(), depth=3))
+
+
+@pytest.mark.parametrize("field", ["mlp", "tie_embeddings", "short_conv", "output_gate", "rope",
+                                   "softmax_short_conv", "allow_neg_eigval"])  # fmt: skip
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_yes_no_fields_must_be_bools(field, value):
+    with pytest.raises(TypeError, match=f"LMConfig.{field} must be a bool"):
+        LMConfig(vocab_size=8, d_model=8, n_heads=2, mixers=("kda",), **{field: value})
+
+
+def test_numpy_bools_are_stored_as_bools():
+    import numpy as np
+
+    config = LMConfig(vocab_size=8, d_model=8, n_heads=2, mixers=("kda",), mlp=np.bool_(False))
+    assert config.mlp is False
+    assert config.fingerprint() == LMConfig(**{**config.to_dict(), "mlp": False}).fingerprint()

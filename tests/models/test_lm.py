@@ -285,3 +285,60 @@ def test_bad_generation_arguments():
         model.generate(prompt, 2, top_k=0)
     with pytest.raises(ValueError, match="batch_size"):
         model.new_cache(-1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(temperature=1e-320), ValueError, "temperature must be 0 .* got 1e-320"),
+        (dict(temperature=float("inf")), ValueError, "temperature must be 0"),
+        (dict(temperature=float("nan")), ValueError, "temperature must be 0"),
+        (dict(temperature="0.8"), TypeError, "temperature must be a real number"),
+        (dict(seed=1.5), TypeError, "seed must be None or an int, got float"),
+        (dict(seed="7"), TypeError, "seed must be None or an int, got str"),
+        (dict(seed=True), TypeError, "seed must be None or an int, got bool"),
+        (dict(seed=-1), ValueError, r"seed must lie in \[0, 2\*\*64\)"),
+        (dict(seed=2**64), ValueError, r"seed must lie in \[0, 2\*\*64\)"),
+        (dict(generator=7), TypeError, "generator must be a torch.Generator"),
+    ],
+)
+def test_generation_arguments_that_torch_would_refuse_deep_inside(kwargs, error, message):
+    model = make_model(("deltanet",), torch.float32)
+    cache = model.new_cache(1)
+    with pytest.raises(error, match=message):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 2, cache=cache, **kwargs)
+    assert cache.position == 0  # refused before any work
+
+
+def test_tiny_temperatures_sample_the_argmax_without_nan():
+    """The smallest accepted temperature divides logit gaps into -inf, never inf - inf."""
+    model = make_model(HYBRID, torch.float32)
+    prompt = torch.randint(0, 37, (2, 4), generator=torch.Generator().manual_seed(4))
+    greedy = model.generate(prompt, 5, temperature=0)
+    for temperature in (1e-300, 1 / 1.7e308):
+        assert torch.equal(model.generate(prompt, 5, temperature=temperature, seed=1), greedy)
+
+
+@pytest.mark.parametrize(
+    "mixers", [HYBRID, ("deltanet", "softmax", "gla")], ids=["hybrid", "mixed"]
+)
+def test_a_failure_inside_a_later_block_leaves_the_whole_cache_as_it_was(mixers, monkeypatch):
+    model = make_model(mixers, torch.float32)
+    cache = model.new_cache(2)
+    model(torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(1)), cache=cache)
+    before = [{name: t.clone() for name, t in block.items()} for block in cache.blocks]
+    last = model.blocks[len(mixers) - 1].mixer
+    real = last.mix
+
+    def fail(x, state):
+        real(x, state)
+        raise RuntimeError("out of memory in the last block")
+
+    monkeypatch.setattr(last, "mix", fail)
+    for ids in (torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long)):
+        with pytest.raises(RuntimeError, match="out of memory"):
+            model(ids, cache=cache)
+        assert cache.position == 5
+        for i, (old, new) in enumerate(zip(before, cache.blocks, strict=True)):
+            for name in old:
+                assert torch.equal(old[name], new[name]), (i, name)

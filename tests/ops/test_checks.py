@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,3 +127,57 @@ def test_a_reset_is_accepted(op, mode, x):
     assert torch.isfinite(o).all()
     with pytest.raises(ValueError, match="g contains NaN"):
         op(x, g=poison(x["g"], float("nan")), mode=mode)
+
+
+@pytest.mark.parametrize("value", ["no", "yes", "", 1, 0, None, torch.tensor(True)])
+@pytest.mark.parametrize(
+    "op,name",
+    [(lin, "normalize"), (lin, "output_final_state"), (delta, "use_qk_l2norm"),
+     (delta, "output_final_state")],
+)  # fmt: skip
+def test_flags_must_be_bools(x, op, name, value):
+    """A truthy string ("no") or an int would silently switch the option on (or off)."""
+    with pytest.raises(TypeError, match=f"{name} must be a bool"):
+        op(x, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["fused", "causal"])
+def test_softmax_flags_must_be_bools(x, name):
+    from linattn.ops import softmax_attention
+
+    with pytest.raises(TypeError, match=f"{name} must be a bool"):
+        softmax_attention(x["q"], x["k"], x["v"], **{name: "no"})
+
+
+def test_numpy_bools_are_bools(x):
+    import numpy as np
+
+    o_np, S_np = delta(x, use_qk_l2norm=np.bool_(True), output_final_state=np.True_)
+    o, S = delta(x, use_qk_l2norm=True, output_final_state=True)
+    assert torch.equal(o_np, o) and torch.equal(S_np, S)
+
+
+@pytest.mark.parametrize(
+    "chunk_size", [np.int64(4), np.int32(4), np.uint8(4), torch.tensor(4)], ids=repr
+)
+@pytest.mark.parametrize("op", [lin, delta])
+def test_chunk_size_of_any_integer_type(x, op, chunk_size):
+    assert torch.equal(op(x, chunk_size=chunk_size)[0], op(x, chunk_size=4)[0])
+
+
+@pytest.mark.parametrize("chunk_size", [True, np.bool_(True), 4.0, np.float64(4.0), "4"])
+def test_chunk_size_must_be_an_integer(x, chunk_size):
+    with pytest.raises(TypeError, match="chunk_size must be an int"):
+        lin(x, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_range_messages_show_a_value_just_out_of_range(x, dtype):
+    """2 + 1 ulp printed as "2" (``.3g``) made a refused beta look allowed."""
+    two_plus = torch.nextafter(torch.tensor(2.0, dtype=dtype), torch.tensor(3.0, dtype=dtype))
+    beta = x["beta"].to(dtype).clone()
+    beta.view(-1)[0] = two_plus
+    args = {n: x[n].to(dtype) for n in ("q", "k", "v")}
+    shown = "2.0000002" if dtype == torch.float32 else "2.0000000000000004"
+    with pytest.raises(ValueError, match=rf"beta must lie in \[0, 2\]; got range \[.*, {shown}\]"):
+        delta_rule(**args, beta=beta)

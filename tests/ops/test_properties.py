@@ -77,20 +77,11 @@ RULES = ("additive", "delta")
 RESETS = (-1e3, -1e4, -1e5, -1e6, -1e7, -1e20, -1e38)  # finite log-gates that flush a memory
 
 
-def _each(test: str, *combos: tuple[str, ...]) -> list[tuple[str, ...]]:
-    return [(test, *c) for c in combos]
-
-
-# The regions that fail on today's main because of a defect of issue 18: region -> defect number.
-# Remove an entry when its fix is merged (strict=True makes a fixed region fail until then).
-# 1: -inf refused everywhere, resets and steep gates lose precision in the chunk form; 2: stride-0
-# token slices in the fused loop; 3: double backward of the chunk form; 4: the step's gradients;
-# 8: empty dimensions; 11: strictness of arguments.
-KNOWN_DEFECTS: dict[tuple[str, ...], int] = {
-    # output_final_state="no" is the same defect as 11's truthy strings, not in its list.
-    **dict.fromkeys(_each("refused", ("normalize-str",), ("l2norm-str",), ("final-state-str",))
-                    + _each("accepted", ("numpy-chunk-size",)), 11),
-}  # fmt: skip
+# Regions that fail because of a known defect: region -> issue number, each marked
+# xfail(strict=True) so that it must fail until fixed and its entry removed. Empty: the defects of
+# issue 18 (resets, stride-0 slices, double backward, the step's gradients, empty dimensions,
+# strictness) are fixed, and every region passes.
+KNOWN_DEFECTS: dict[tuple[str, ...], int] = {}
 
 
 def regions(test: str, *axes) -> list:

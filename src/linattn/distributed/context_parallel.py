@@ -4,9 +4,10 @@ Rank p holds the contiguous slice p of the sequence (slices may differ in length
 acts on the state as an affine map S -> M_p S + N_p (``linattn.distributed.maps``), the ranks only
 exchange these maps, whose size does not depend on the slice length:
 
-1. every rank checks its inputs and all-gathers a small shape descriptor; a mismatch across ranks
-   (B, H, K, V, dtype, gate kind, initial state, autograd) or bad input on any rank raises the
-   same ``ValueError`` on every rank, before any heavy work;
+1. every rank checks its inputs and all-gathers a small descriptor; a mismatch across ranks
+   (B, H, K, V, dtype, gate kind, whether an initial state is given, its values (a checksum),
+   the options that change the result: scale, normalize or use_qk_l2norm; autograd) or bad
+   input on any rank raises the same ``ValueError`` on every rank, before any heavy work;
 2. every rank computes its slice's map (M_p, N_p);
 3. the maps are all-gathered and each rank folds the maps before it into its incoming state,
    S_in(p) = M_{p-1}(... (M_0 S_0 + N_0) ...) + N_{p-1};
@@ -32,6 +33,7 @@ Conventions:
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -44,18 +46,55 @@ from linattn.ops import _checks
 
 _DTYPES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 # The fields of the shape descriptor each rank contributes (int64), in order.
-_FIELDS = ("error", "B", "H", "K", "V", "kind", "dtype", "initial_state", "grad", "T")
+_FIELDS = (
+    "error", "B", "H", "K", "V", "kind", "dtype", "initial_state", "state_values", "options",
+    "grad", "T",
+)  # fmt: skip
+# What each field that must agree means, for the message that names the disagreement.
+_MEANING = {
+    "B": "B",
+    "H": "H",
+    "K": "K",
+    "V": "V (with normalize: V + 1)",
+    "kind": "gate kind (0 none, 1 scalar, 2 per channel, 3 delta rule)",
+    "dtype": "dtype",
+    "initial_state": "initial state (0 none, 1 given, 2 given with grad)",
+    "state_values": "initial_state values (a checksum of its bytes: pass the same S_0 everywhere)",
+    "options": "options (a checksum of scale and normalize / use_qk_l2norm)",
+    "grad": "whether autograd is on",
+}
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _descriptor(q, v_cols, beta, g, initial_state, needs_grad, error) -> dict[str, int]:
+def checksum(*parts: object) -> int:
+    """A signed 64-bit digest (SHA-256, first 8 bytes) of tensors' dtypes, shapes and bytes and of
+    other values' reprs: equal on every rank exactly when the parts are.
+
+    ``x + 0`` first turns -0.0 into 0.0, so that equal values give equal bytes (NaN and Inf were
+    refused by the checks). A state is [B, H, K, V]: its copy to the CPU is small.
+    """
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Tensor):
+            t = (part.detach() + 0).cpu().contiguous().view(-1)
+            h.update(repr((str(t.dtype), tuple(part.shape))).encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(part).encode())
+    return int.from_bytes(h.digest()[:8], "little", signed=True)
+
+
+def _descriptor(q, v_cols, beta, g, initial_state, options, needs_grad, error) -> dict[str, int]:
+    """This rank's descriptor; ``options``: the values of the options that change the result."""
     if error is not None:
         return dict.fromkeys(_FIELDS, 0) | {"error": 1}
     B, T, H, K = q.shape
     state = 0 if initial_state is None else 1 + int(initial_state.requires_grad and needs_grad)
+    scale = options[0]
+    options = (1.0 / math.sqrt(K) if scale is None else float(scale), *options[1:])
     return {
         "error": 0,
         "B": B,
@@ -65,6 +104,8 @@ def _descriptor(q, v_cols, beta, g, initial_state, needs_grad, error) -> dict[st
         "kind": maps.kind_of(beta, g),
         "dtype": _DTYPES[q.dtype],
         "initial_state": state,
+        "state_values": 0 if initial_state is None else checksum(initial_state),
+        "options": checksum(*options),
         "grad": int(needs_grad),
         "T": T,
     }
@@ -79,16 +120,16 @@ def _agree(local: dict[str, int], error: str | None, group, device) -> None:
         messages = collectives.all_gather_strings(error or "", group)
         bad = "; ".join(f"rank {p}: {m}" for p, m in enumerate(messages) if rows[p]["error"])
         raise ValueError(f"invalid input to context-parallel attention ({bad})")
-    shared = [f for f in _FIELDS if f not in ("error", "T")]
-    if any(r[f] != rows[0][f] for r in rows for f in shared):
+    differ = [f for f in _MEANING if any(r[f] != rows[0][f] for r in rows)]
+    if differ:
         seen = "; ".join(
-            f"rank {p}: " + ", ".join(f"{f}={r[f]}" for f in shared) for p, r in enumerate(rows)
+            f"rank {p}: " + ", ".join(f"{f}={r[f]}" for f in differ) for p, r in enumerate(rows)
         )
         raise ValueError(
             "the slices of one context-parallel call must agree across ranks in B, H, K, V, "
-            "dtype, gate kind (0 none, 1 scalar, 2 per channel, 3 delta rule), initial state "
-            "(0 none, 1 given, 2 given with grad) and whether autograd is on; only T may differ. "
-            f"Got {seen}"
+            "dtype, gate kind, initial state and its values, scale, normalize / use_qk_l2norm "
+            "and whether autograd is on; only T may differ. These differ: "
+            f"{'; '.join(_MEANING[f] for f in differ)}. Got {seen}"
         )
 
 
@@ -199,14 +240,17 @@ def linear_attention(
         _, _, _, K, V = _checks.qkv(q, k, v)
         B, T, H = q.shape[:3]
         _checks.gate(g, B, T, H, K)
-        _checks.options(mode, chunk_size)
+        chunk_size = _checks.options(mode, chunk_size)
         _checks.scale(scale)
-        _checks.state(initial_state, B, H, K, V + int(bool(normalize)))
+        normalize = _checks.flag("normalize", normalize)
+        _checks.flag("output_final_state", output_final_state)
+        _checks.state(initial_state, B, H, K, V + int(normalize))
     except (ValueError, TypeError) as e:
         error = f"{type(e).__name__}: {e}"
-    v_cols = 0 if error else V + int(bool(normalize))
+    v_cols = 0 if error else V + int(normalize)
     needs_grad = _needs_grad(k, v, g, initial_state)
-    local = _descriptor(q, v_cols, None, g, initial_state, needs_grad, error)
+    options = (scale, "normalize", normalize)
+    local = _descriptor(q, v_cols, None, g, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     # Step 2: this slice's map, in the compute dtype (the ones column is the normaliser's value).
     dtype = _compute_dtype(q.dtype)
@@ -271,13 +315,16 @@ def delta_rule(
         B, T, H = q.shape[:3]
         _checks.beta(beta, B, T, H)
         _checks.gate(g, B, T, H, K)
-        _checks.options(mode, chunk_size)
+        chunk_size = _checks.options(mode, chunk_size)
         _checks.scale(scale)
+        use_qk_l2norm = _checks.flag("use_qk_l2norm", use_qk_l2norm)
+        _checks.flag("output_final_state", output_final_state)
         _checks.state(initial_state, B, H, K, V)
     except (ValueError, TypeError) as e:
         error = f"{type(e).__name__}: {e}"
     needs_grad = _needs_grad(k, v, beta, g, initial_state)
-    local = _descriptor(q, 0 if error else V, beta, g, initial_state, needs_grad, error)
+    options = (scale, "use_qk_l2norm", use_qk_l2norm)
+    local = _descriptor(q, 0 if error else V, beta, g, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     dtype = _compute_dtype(q.dtype)
     M, N = maps.delta_map(

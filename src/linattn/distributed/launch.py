@@ -72,11 +72,18 @@ def run_local(
         )
         logs.append(log)
     ended: dict[int, float] = {}
-    while len(ended) < nproc and time.monotonic() - start < deadline:
-        for rank, proc in enumerate(procs):
-            if rank not in ended and proc.poll() is not None:
-                ended[rank] = time.monotonic() - start
-        time.sleep(0.05)
+    try:
+        while len(ended) < nproc and time.monotonic() - start < deadline:
+            for rank, proc in enumerate(procs):
+                if rank not in ended and proc.poll() is not None:
+                    ended[rank] = time.monotonic() - start
+            time.sleep(0.05)
+    except BaseException:  # Ctrl-C: no rank may outlive the launcher
+        for proc, log in zip(procs, logs, strict=True):
+            proc.kill()  # our own children
+            proc.wait()
+            log.close()
+        raise
     results: list[RankResult] = []
     for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
         if rank not in ended:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def positive_int(text: str) -> int:
@@ -35,3 +39,66 @@ def int_list(text: str) -> list[int]:
             f"expected integers >= 1 separated by commas, got {text!r}"
         )
     return [positive_int(part) for part in parts]
+
+
+def name_list(choices: Sequence[str], what: str = "names") -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: comma-separated names from ``choices``, such as kda,kda,softmax.
+
+    ``what`` names the kind in the message ("unknown mixers ['mamba'] ...").
+
+    An empty item ("kda,,softmax", a trailing comma) is refused, not skipped: it is a typo, and
+    skipping it would silently build another model than the one asked for.
+    """
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(part.strip() for part in text.split(","))
+        if not text.strip() or any(not name for name in names):
+            raise argparse.ArgumentTypeError(f"expected names separated by commas, got {text!r}")
+        unknown = [name for name in names if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {unknown} in {text!r}; choose from {', '.join(choices)}"
+            )
+        return names
+
+    return parse
+
+
+def _writable_ancestor(option: str, path: Path) -> None:
+    """The nearest existing folder above ``path`` is a folder that accepts a new file."""
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path}: {parent} is a file, not a folder")
+    try:
+        # A probe file, since os.access says yes to root on a read-only or special file system.
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as error:
+        raise ValueError(f"{option} {path}: cannot write in {parent} ({error.strerror})") from None
+
+
+def output_file(option: str, path: str | Path) -> Path:
+    """Check, before any work, that ``path`` can be written as a file; return it as a Path.
+
+    A folder is refused (matplotlib would write ``DIR.png`` beside it, and ``open`` fails only
+    at the end, after the work); so is a path below a file or in a folder we cannot write.
+    Nothing is created: missing folders are made when the file is written.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; expected a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{option} {path} is not writable")
+    _writable_ancestor(option, path)
+    return path
+
+
+def output_dir(option: str, path: str | Path) -> Path:
+    """Check, before any work, that ``path`` is (or can be made) a writable folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} is a file; expected a folder")
+    _writable_ancestor(option, path / "probe")
+    return path

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from linattn.experiments._args import nonnegative_int, positive_int
 from linattn.ops import delta_rule, linear_attention
 from linattn.reference.gated import recurrence
 
@@ -112,18 +113,11 @@ def accuracy_markdown(rows: list[dict], T: int = 1000, K: int = 16, V: int = 16)
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--T", type=_positive, default=1000, help="tokens (default 1000)")
-    parser.add_argument("--K", type=_positive, default=16, help="key dimension (default 16)")
-    parser.add_argument("--V", type=_positive, default=16, help="value dimension (default 16)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--T", type=positive_int, default=1000, help="tokens (default 1000)")
+    parser.add_argument("--K", type=positive_int, default=16, help="key dimension (default 16)")
+    parser.add_argument("--V", type=positive_int, default=16, help="value dimension (default 16)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed (>= 0, default 0)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
 

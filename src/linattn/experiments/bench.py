@@ -24,7 +24,7 @@ import torch
 from linattn.cpu import DESCRIPTION, tune_malloc
 from linattn.experiments import _bench_cases as cases
 from linattn.experiments import _generation, _timing
-from linattn.experiments._args import int_list, positive_int
+from linattn.experiments._args import int_list, nonnegative_int, output_dir, positive_int
 from linattn.experiments._bench_merge import merge_runs
 from linattn.experiments._timing import (
     matmul_rate,
@@ -392,7 +392,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="wall",
         help="wall: elapsed time; cpu: this process's CPU time (steadier on a shared machine)",
     )
-    add("--seed", type=int, default=0, help="seed of the random inputs")
+    add("--seed", type=nonnegative_int, default=0, help="seed of the random inputs")
     add("--out", type=Path, default=Path("runs/bench"), help="directory for bench.json/md/png")
     add("--json", action="store_true", help="print JSON instead of Markdown")
     add(
@@ -415,10 +415,11 @@ def _choices(text: str, allowed) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, write bench.json, bench.md and bench.png under --out, print the tables."""
+    output_dir("--out", args.out)  # before any timing: a bad --out must not cost the run
     if args.merge:
         try:
-            merged = merge_runs([json.loads(p.read_text()) for p in args.merge])
-        except (OSError, ValueError, KeyError) as error:  # JSONDecodeError is a ValueError
+            merged = merge_runs([_read_run(p) for p in args.merge])
+        except (OSError, ValueError, KeyError) as error:
             print(f"bench: --merge: {error}", file=sys.stderr)
             return 2
         return _write(merged, args)
@@ -437,6 +438,14 @@ def run(args: argparse.Namespace) -> int:
     result["machine"]["chunk_loop"] = chunk_loop()
     result["config"]["out"] = str(args.out)
     return _write(result, args)
+
+
+def _read_run(path: Path) -> dict:
+    """One bench.json to merge; a file that is not JSON (a run cut short) is named in the error."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
 
 
 def _write(result: dict, args: argparse.Namespace) -> int:

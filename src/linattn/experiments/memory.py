@@ -14,6 +14,7 @@ import json
 
 import torch
 
+from linattn.experiments._args import name_list
 from linattn.models import MIXERS, CausalLM, LMConfig
 
 DTYPES = {
@@ -109,23 +110,13 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _mixer_list(text: str) -> tuple[str, ...]:
-    names = tuple(x.strip() for x in text.split(",") if x.strip())
-    unknown = [n for n in names if n not in MIXERS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown mixers {unknown}; choose from {', '.join(MIXERS)}"
-        )
-    return names
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-model", type=int, default=2048, help="width (default 2048)")
     parser.add_argument("--n-heads", type=int, default=16, help="heads per mixer (default 16)")
     parser.add_argument("--head-dim", type=int, default=None, help="default d_model / n_heads")
     parser.add_argument(
         "--mixers",
-        type=_mixer_list,
+        type=name_list(MIXERS, "mixers"),
         default=MIXERS,
         help="comma-separated mixer names, one per block (default: one block of each: "
         + ",".join(MIXERS)

@@ -26,6 +26,7 @@ from linattn.layers.common import (
     resolve_head_dim,
     state_dtype,
 )
+from linattn.ops._checks import flag
 
 
 class RecurrentMixer(TokenMixer):
@@ -62,6 +63,7 @@ class RecurrentMixer(TokenMixer):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__(d_model, chunk_size)
+        short_conv, output_gate = flag("short_conv", short_conv), flag("output_gate", output_gate)
         head_dim = resolve_head_dim(d_model, n_heads, head_dim)
         key_dim = head_dim if key_dim is None else key_dim
         check_positive("key_dim", key_dim)

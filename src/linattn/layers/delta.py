@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from linattn import ops
 from linattn.layers.base import RecurrentMixer
 from linattn.layers.common import DecayGate
+from linattn.ops._checks import flag
 
 
 class DeltaNet(RecurrentMixer):
@@ -42,7 +43,7 @@ class DeltaNet(RecurrentMixer):
         **kwargs,
     ) -> None:
         super().__init__(d_model, n_heads, head_dim, key_dim, **kwargs)
-        self.allow_neg_eigval = allow_neg_eigval
+        self.allow_neg_eigval = flag("allow_neg_eigval", allow_neg_eigval)
         self.b_proj = nn.Linear(d_model, n_heads, bias=False)
         self.decay = None
         if self.decay_kind is not None:

@@ -20,6 +20,7 @@ from torch import Tensor
 from linattn import features, ops
 from linattn.layers.base import RecurrentMixer
 from linattn.layers.common import DecayGate
+from linattn.ops._checks import flag
 
 FEATURE_MAPS = ("elu_plus_one", "relu", "taylor", "favor", "identity")
 DECAYS = (None, "scalar", "channel", "gla")
@@ -64,6 +65,7 @@ class LinearAttention(RecurrentMixer):
             raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, got {feature_map!r}")
         if decay not in DECAYS:
             raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
+        normalize = flag("normalize", normalize)
         if normalize and feature_map == "identity":
             raise ValueError("normalize=True needs a positive feature map, not 'identity'")
         self.feature_map, self.normalize = feature_map, normalize

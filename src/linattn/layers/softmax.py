@@ -27,6 +27,7 @@ from linattn.layers.common import (
     TokenMixer,
     resolve_head_dim,
 )
+from linattn.ops._checks import flag
 
 
 def rotary(x: Tensor, start: int, base: float = 10000.0) -> Tensor:
@@ -66,6 +67,7 @@ class SoftmaxAttention(TokenMixer):
         super().__init__(d_model, chunk_size)
         head_dim = resolve_head_dim(d_model, n_heads, head_dim)
         self.n_heads, self.head_dim = n_heads, head_dim
+        rope, short_conv = flag("rope", rope), flag("short_conv", short_conv)
         self.rope, self.rope_base = rope, rope_base
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)

@@ -6,6 +6,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
+from linattn.ops._checks import flag
+
 # One name per mechanism of the spec (DESIGN.md's table); ``linattn.models.mixers`` builds them.
 MIXERS = (
     "softmax",
@@ -93,6 +95,9 @@ class LMConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.type in ("bool", bool):  # a truthy string ("no") would switch a feature on
+                setattr(self, f.name, flag(f"LMConfig.{f.name}", getattr(self, f.name)))
         names = ("vocab_size", "d_model", "n_heads", "conv_size", "gated_conv_size", "chunk_size")
         for name in (*names, "taylor_dim"):
             _positive_int(name, getattr(self, name))

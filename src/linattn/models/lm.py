@@ -10,6 +10,10 @@ with the same logits.
 
 from __future__ import annotations
 
+import math
+import numbers
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -159,17 +163,22 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: Tensor, cache: Cache | None = None) -> Tensor:
         """input_ids: [B, T] -> logits [B, T, vocab_size]; advances ``cache`` by T tokens.
 
-        Every check runs before any work, so a refused call leaves the cache as it was."""
+        A refused or failed call leaves the cache as it was: the checks run before any work, and
+        the blocks' new states (new tensors: no block updates its state in place) are committed
+        to the cache together with the position only after the last block has run, so that an
+        error inside block i (a NaN in its state, an interrupt) cannot leave blocks 0..i-1
+        advanced."""
         self._check_ids(input_ids)
         if cache is not None:
             self._check_cache(cache, input_ids.shape[0])
         self._check_context(0 if cache is None else cache.position, input_ids.shape[1])
         x = self.embed(input_ids.long())  # [B, T, d_model]
+        states = []
         for i, block in enumerate(self.blocks):
             x, state = block(x, None if cache is None else cache.blocks[i])
-            if cache is not None:
-                cache.blocks[i] = state
+            states.append(state)
         if cache is not None:
+            cache.blocks[:] = states
             cache.position += input_ids.shape[1]
         return self.lm_head(self.norm(x))
 
@@ -199,8 +208,10 @@ class CausalLM(nn.Module):
         _check_int("max_new_tokens", max_new_tokens, 0)
         if top_k is not None:
             _check_int("top_k", top_k, 1)
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        _check_temperature(temperature)
+        _check_seed(seed)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self._check_ids(input_ids)
         if cache is None:
             cache = self.new_cache(input_ids.shape[0])
@@ -208,7 +219,7 @@ class CausalLM(nn.Module):
         # The whole context before any work: the prompt, then every sampled token but the last.
         self._check_context(cache.position, input_ids.shape[1], max(max_new_tokens - 1, 0))
         if generator is None and seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
+            generator = torch.Generator(device=self.device).manual_seed(int(seed))
         logits = self(input_ids, cache=cache)[:, -1]  # [B, vocab]
         out = [input_ids.long()]
         for step in range(max_new_tokens):
@@ -224,6 +235,35 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+def _check_temperature(temperature: object) -> None:
+    """0 (greedy) or a positive real whose reciprocal is finite in float64.
+
+    The logits are divided by the temperature: below 1 / float64-max (about 5.6e-309; 1e-320, a
+    subnormal, for one) the quotient is infinite and the softmax NaN, so such a value is refused
+    here rather than failing inside torch.multinomial.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
+    temperature = float(temperature)
+    if temperature == 0:
+        return
+    if not (temperature > 0 and math.isfinite(temperature) and math.isfinite(1 / temperature)):
+        raise ValueError(
+            f"temperature must be 0 (greedy) or a finite number >= {1 / sys.float_info.max:.3g} "
+            f"(1 / temperature must be finite), got {temperature!r}"
+        )
+
+
+def _check_seed(seed: object) -> None:
+    """None or an integer in [0, 2**64) (what torch.Generator.manual_seed takes), not a bool."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be None or an int, got {type(seed).__name__} {seed!r}")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
+
+
 def sample(
     logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
 ) -> Tensor:
@@ -231,7 +271,11 @@ def sample(
     softmax(logits / temperature), restricted to the ``top_k`` largest when given."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.double() / temperature  # float64: the draw does not depend on the model dtype
+    # float64: the draw does not depend on the model dtype. The largest logit is subtracted first
+    # so that the largest quotient is exactly 0 and a tiny temperature gives -inf (probability 0)
+    # to the others, never inf - inf = NaN.
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -7,7 +7,9 @@ dtype) whose message names the argument and states what was expected.
 from __future__ import annotations
 
 import math
+import operator
 
+import numpy as np
 import torch
 
 MODES = ("parallel", "recurrent", "chunk")
@@ -29,6 +31,19 @@ def tensor(name: str, x: object, ndim: int, finite: bool = True) -> torch.Tensor
     if finite and not all_finite(x):
         raise ValueError(f"{name} contains non-finite values (NaN or Inf)")
     return x
+
+
+def shown(x: float, dtype: torch.dtype) -> str:
+    """``x`` printed with the fewest digits that tell it apart from its neighbours in ``dtype``.
+
+    A fixed precision (``.3g``) prints 2 + 1 ulp as "2", which makes a refused value look
+    allowed; numpy's shortest round-trip repr of the value in the tensor's own precision prints
+    "2.0000002" for float32 and "2.0000000000000004" for float64 (bfloat16 and float16 values
+    are exact in float32).
+    """
+    if dtype == torch.float64:
+        return repr(float(x))
+    return str(np.float32(x))
 
 
 def value_range(name: str, x: torch.Tensor) -> tuple[float, float]:
@@ -142,7 +157,7 @@ def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
     if math.isnan(low) or math.isnan(high):
         raise ValueError("g contains NaN")
     if high > 0:
-        raise ValueError(f"g is a log-decay and must be <= 0; got max {high:.3g}")
+        raise ValueError(f"g is a log-decay and must be <= 0; got max {shown(high, g.dtype)}")
 
 
 def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True) -> None:
@@ -157,17 +172,41 @@ def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
         return
     low, high = value_range("beta", b)
     if low < 0 or high > 2:
-        raise ValueError(f"beta must lie in [0, 2]; got range [{low:.3g}, {high:.3g}]")
+        raise ValueError(
+            f"beta must lie in [0, 2]; got range [{shown(low, b.dtype)}, {shown(high, b.dtype)}]"
+        )
 
 
-def options(mode: object, chunk_size: object) -> None:
-    """mode in MODES; chunk_size an int >= 1."""
-    if mode not in MODES:
+def flag(name: str, value: object) -> bool:
+    """A yes/no option (``normalize``, ``use_qk_l2norm``, ...): a bool, not merely something truthy.
+
+    PyTorch-like strictness: ``bool`` and ``numpy.bool_`` are accepted; strings ("no" is truthy),
+    integers, None and tensors are refused, since ``if value`` would silently read them.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def integer(name: str, value: object) -> int:
+    """An integer argument: any integer type (int, numpy and 0-d torch integers, via
+    ``operator.index``), never a bool or a float; returned as a Python int."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
+def options(mode: object, chunk_size: object) -> int:
+    """mode in MODES; chunk_size an integer >= 1, returned as a Python int."""
+    if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
+    chunk_size = integer("chunk_size", chunk_size)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return chunk_size
 
 
 def scale(s: object) -> None:

@@ -63,8 +63,10 @@ def delta_rule(
     B, T, H, K, V = _checks.qkv(q, k, v)
     _checks.beta(beta, B, T, H)
     _checks.gate(g, B, T, H, K)
-    _checks.options(mode, chunk_size)
+    chunk_size = _checks.options(mode, chunk_size)
     _checks.scale(scale)
+    output_final_state = _checks.flag("output_final_state", output_final_state)
+    use_qk_l2norm = _checks.flag("use_qk_l2norm", use_qk_l2norm)
     N = _checks.seqlens(cu_seqlens, B, T)
     _checks.state(initial_state, N, H, K, V)
     if use_qk_l2norm:

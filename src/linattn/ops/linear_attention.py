@@ -55,8 +55,10 @@ def linear_attention(
     """
     B, T, H, K, V = _checks.qkv(q, k, v)
     _checks.gate(g, B, T, H, K)
-    _checks.options(mode, chunk_size)
+    chunk_size = _checks.options(mode, chunk_size)
     _checks.scale(scale)
+    normalize = _checks.flag("normalize", normalize)
+    output_final_state = _checks.flag("output_final_state", output_final_state)
     N = _checks.seqlens(cu_seqlens, B, T)
     _checks.state(initial_state, N, H, K, V + 1 if normalize else V)
     if normalize:

@@ -80,6 +80,8 @@ def softmax_attention(
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         _checks.tensor(name, x, 4)
+    causal = _checks.flag("causal", causal)
+    fused = _checks.flag("fused", fused)
     B, T_q, H, K = q.shape
     if k.shape[0] != B or k.shape[2:] != q.shape[2:]:
         raise ValueError(

@@ -87,3 +87,38 @@ def test_steps_option_replaces_the_per_mechanism_steps(tmp_path, capsys, monkeyp
         assert line in capsys.readouterr().out
         (row,) = [json.loads(line) for line in results.read_text().splitlines()]
         assert row["steps"] == row["max_steps"] == expected
+
+
+@pytest.mark.parametrize(
+    ("option", "make", "message"),
+    [
+        ("--results", "folder", "--results {path} is a folder; expected a file name"),
+        ("--plot", "folder", "--plot {path} is a folder; expected a file name"),
+        ("--plot", "below-a-file", "--plot {path}: {parent} is a file, not a folder"),
+        ("--checkpoint-dir", "file", "--checkpoint-dir {path} is a file; expected a folder"),
+    ],
+)
+def test_bad_output_paths_fail_before_training(tmp_path, capsys, monkeypatch, option, make,
+                                               message) -> None:  # fmt: skip
+    from linattn.experiments.mqar import cli as mqar_cli
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the output paths were checked")
+
+    monkeypatch.setattr(mqar_cli, "run_sweep", no_training)
+    parent = tmp_path / "a-file"
+    parent.write_text("")
+    path = {"folder": tmp_path, "file": parent, "below-a-file": parent / "x.png"}[make]
+    argv = ["mqar", "--preset", "smoke", "--results", str(tmp_path / "r.jsonl"), "--plot", "none",
+            "--checkpoint-dir", "none", "--no-progress", option, str(path)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message.format(path=path, parent=parent) in err and len(err.splitlines()) == 1
+    assert not (tmp_path / f"{tmp_path.name}.png").exists()
+
+
+def test_negative_seed_is_refused(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["mqar", "--preset", "smoke", "--seed", "-3"])
+    assert exit_info.value.code == 2
+    assert "argument --seed: expected an integer >= 0" in capsys.readouterr().err

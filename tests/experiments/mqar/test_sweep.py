@@ -100,6 +100,32 @@ def test_interrupted_sweep_resumes_to_the_same_numbers(tmp_path, monkeypatch) ->
     assert [comparable(r) for r in resumed] == [comparable(r) for r in straight]
 
 
+def test_a_partial_last_line_names_the_results_file(tmp_path) -> None:
+    sweep_rows(tmp_path)
+    results = tmp_path / "r.jsonl"
+    text = results.read_text()
+    results.write_text(text + text.splitlines()[0][:25])  # a run killed while appending
+    line = len(text.splitlines()) + 1
+    with pytest.raises(ValueError, match=f"results file {results}, line {line}: not valid JSON"):
+        sweep_rows(tmp_path)
+
+
+def test_a_plot_path_without_suffix_is_the_file_written(tmp_path) -> None:
+    path = tmp_path / "accuracy"
+    assert sweep.plot_results(sweep_rows(tmp_path), path) == path
+    assert path.read_bytes()[:4] == b"\x89PNG" and not path.with_suffix(".png").exists()
+
+
+def test_workers_start_with_sigint_ignored() -> None:
+    """The spawned workers inherit an ignored SIGINT: Ctrl-C is the main process's to handle."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    with sweep._sigint_ignored():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_fresh_retrains(tmp_path) -> None:
     sweep_rows(tmp_path)
     rows = sweep_rows(tmp_path, fresh=True)

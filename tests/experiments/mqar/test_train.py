@@ -130,6 +130,23 @@ def test_checkpoint_of_another_configuration_is_refused(tmp_path) -> None:
     assert train.train(fresh_model(), TASK, relaxed, checkpoint=path, progress=False).complete
 
 
+@pytest.mark.parametrize("keep", [0, 10, 0.5], ids=["empty", "10-bytes", "half"])
+def test_truncated_checkpoint_is_a_clear_error_naming_the_file(tmp_path, keep) -> None:
+    path = tmp_path / "run.pt"
+    train.train(fresh_model(), TASK, CONFIG, checkpoint=path, stop_after=2, progress=False)
+    payload = path.read_bytes()
+    path.write_bytes(payload[: int(keep * len(payload)) if isinstance(keep, float) else keep])
+    with pytest.raises(ValueError, match=f"checkpoint {path} cannot be read"):
+        train.train(fresh_model(), TASK, CONFIG, checkpoint=path, progress=False)
+
+
+def test_a_foreign_checkpoint_is_a_clear_error(tmp_path) -> None:
+    path = tmp_path / "run.pt"
+    torch.save({"step": 3}, path)  # no fingerprint: not one of ours
+    with pytest.raises(ValueError, match="not a linattn MQAR checkpoint"):
+        train.train(fresh_model(), TASK, CONFIG, checkpoint=path, progress=False)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [

@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
+from linattn.experiments._args import nonnegative_int, output_dir, output_file
 from linattn.experiments.mqar.sweep import (
     MECHANISMS,
     PRESETS,
@@ -49,7 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "small vocabulary keys then recur in the filler)")  # fmt: skip
     parser.add_argument("--lr", nargs="+", type=float, metavar="LR",
                         help="learning rates to sweep; each run reports its best")  # fmt: skip
-    parser.add_argument("--seed", type=int, help="seed for data and initialisation (default 0)")
+    parser.add_argument(
+        "--seed", type=nonnegative_int, help="seed for data and initialisation (default 0)"
+    )
     parser.add_argument("--results", default="runs/mqar.jsonl", help="JSON lines file to append to")
     parser.add_argument("--plot", default="runs/mqar.png", help="PNG to write ('none': no plot)")
     parser.add_argument("--checkpoint-dir", default="runs/mqar-checkpoints",
@@ -67,6 +69,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the preset (with overrides), run the sweep, print the table, write the plot."""
+    # Every output path first: a bad one must fail now, not after minutes of training.
+    results_path = output_file("--results", args.results)
+    plot_path = None if args.plot == "none" else output_file("--plot", args.plot)
+    checkpoint_dir = (
+        None
+        if args.checkpoint_dir == "none"
+        else output_dir("--checkpoint-dir", args.checkpoint_dir)
+    )
     preset = PRESETS[args.preset]
     train_overrides = {}
     if args.steps is not None:
@@ -115,18 +125,17 @@ def run(args: argparse.Namespace) -> int:
         + (f"{preset.workers} workers x {threads} thread(s)" if parallel else f"{threads} threads"),
         flush=True,
     )
-    checkpoint_dir = None if args.checkpoint_dir == "none" else Path(args.checkpoint_dir)
     started = time.perf_counter()
-    rows = run_sweep(preset, results_path=Path(args.results), checkpoint_dir=checkpoint_dir,
+    rows = run_sweep(preset, results_path=results_path, checkpoint_dir=checkpoint_dir,
                      fresh=args.fresh, progress=not args.no_progress,
                      threads_per_worker=threads)  # fmt: skip
     wall = time.perf_counter() - started
     print()
     print(results_table(rows))
     print(f"\nwall time {wall:.0f} s ({wall / 60:.1f} min); results appended to {args.results}")
-    if args.plot != "none":
+    if plot_path is not None:
         title = f"MQAR: T={t.seq_len}, {t.n_kv} pairs, vocab {t.vocab_size}"
-        print(f"plot: {plot_results(rows, args.plot, title=title)}")
+        print(f"plot: {plot_results(rows, plot_path, title=title)}")
     return 0
 
 

@@ -123,12 +123,15 @@ more, the recurrent form 2-7x more.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import multiprocessing
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -340,11 +343,29 @@ def config_hash(preset: Preset, mechanism: str, d_model: int) -> str:
 
 
 def read_results(path: Path) -> list[dict]:
-    """All rows of a results file (missing file: none)."""
+    """All rows of a results file (missing file: none); ``ValueError`` naming the file and line.
+
+    A partial last line (a run killed while appending) is refused, not skipped: the file is the
+    record of finished runs, and the user decides whether to delete that line.
+    """
     if not path.exists():
         return []
+    rows = []
     with path.open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"results file {path}, line {number}: not valid JSON ({error.msg}); "
+                    "delete or repair that line"
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(f"results file {path}, line {number}: not a JSON object")
+            rows.append(row)
+    return rows
 
 
 def run_pair(
@@ -477,18 +498,42 @@ def run_sweep(
         todo.sort(key=lambda p: -len(MECHANISMS[p[0]]) * p[1] * preset.train_for(p[0]).steps)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
-            futures = [
-                pool.submit(_run_pair_in_worker, threads_per_worker, preset, m, d, kwargs)
-                for m, d in todo
-            ]
+            with _sigint_ignored():  # inherited by the workers: Ctrl-C is this process's to handle
+                futures = [
+                    pool.submit(_run_pair_in_worker, threads_per_worker, preset, m, d, kwargs)
+                    for m, d in todo
+                ]
             try:
                 for future in as_completed(futures):
                     record(future.result())
             except BaseException:
                 for future in futures:  # finished rows are saved; the rest resume next time
                     future.cancel()
+                _stop_workers(pool)  # else leaving the ``with`` would wait for the running pairs
                 raise
     return [rows[m, d] for m in preset.mechanisms for d in preset.widths]
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while the pool starts its workers, who inherit that (Python keeps an ignored
+    SIGINT at startup): a Ctrl-C then stops the sweep in this process with one message, instead
+    of a traceback from every worker. Outside the main thread signals cannot be set: no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's worker processes (our own children; their pairs resume from their
+    checkpoints next time). ``_processes`` is private: without it the pool ends as it would."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 def _run_pair_in_worker(threads: int, preset: Preset, mechanism: str, d_model: int,
@@ -539,6 +584,7 @@ def plot_results(rows: Sequence[dict], path: str | Path, title: str = "MQAR") ->
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    # Without a suffix matplotlib would append ".png" and write another file than the one named.
+    fig.savefig(path, dpi=120, format=None if path.suffix else "png")
     plt.close(fig)
     return path

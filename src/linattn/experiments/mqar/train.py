@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -197,7 +198,16 @@ def save_checkpoint(path: Path, state: dict) -> None:
 
 def load_checkpoint(path: Path, expected: dict) -> dict:
     """Load a checkpoint and check it belongs to this run; ``ValueError`` if it does not."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+        # A truncated or foreign file (a run killed before the atomic saves, a copy cut short).
+        raise ValueError(
+            f"checkpoint {path} cannot be read ({' '.join(str(error).split())[:200]}); "
+            "delete it or choose another checkpoint path"
+        ) from None
+    if not isinstance(state, dict) or not isinstance(state.get("fingerprint"), dict):
+        raise ValueError(f"checkpoint {path} is not a linattn MQAR checkpoint; delete it")
     if state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint {path} has format {state.get('format')}, expected 1")
     if state["fingerprint"] != expected:
