@@ -1,0 +1,117 @@
+"""A/B timing of the fused C++ chunk kernels of two commits in ONE process, calls interleaved.
+
+    python benchmarks/ab_kernels.py OLD_REV [--T 16384] [--pairs 9] [--backward]
+
+Separate processes of the same code differ by up to 1.5x on this shared machine (linear
+attention's forward at T = 16,384: 48 ms in one process, 71 ms in the next), so ``ab.py``'s
+process-level medians resolve only large changes. Here the old commit's ``csrc/chunk.cpp``
+(``git show OLD_REV:...``) is compiled under another op namespace (``linattn_ab_old``) beside the
+working tree's kernels (``linattn_native``), and each pair of calls runs old and new back to back
+in alternating order on the same inputs, one thread: two builds of the same source differ by about
+3% this way. It times ``chunk_forward`` (and ``chunk_backward`` with ``--backward``) directly, so
+it needs the two commits' kernel signatures to agree, and it leaves the Python around them out
+(time that separately, e.g. at a tiny T). Reported per mechanism: the minimum of each, and the
+median of the new / old ratios of the pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils import cpp_extension
+
+from linattn.ops import _native
+
+SOURCE = "src/linattn/ops/csrc/chunk.cpp"
+
+
+def load_old(rev: str) -> object:
+    """The kernels of ``rev``, compiled under the namespace ``linattn_ab_old``."""
+    root = Path(__file__).resolve().parents[1]
+    text = subprocess.run(
+        ["git", "-C", str(root), "show", f"{rev}:{SOURCE}"], check=True, capture_output=True
+    ).stdout.decode()
+    text = text.replace("TORCH_LIBRARY(linattn_native", "TORCH_LIBRARY(linattn_ab_old")
+    text = text.replace("TORCH_LIBRARY_IMPL(linattn_native", "TORCH_LIBRARY_IMPL(linattn_ab_old")
+    folder = Path(tempfile.mkdtemp(prefix="linattn-ab-"))
+    (folder / "chunk.cpp").write_text(text)
+    cpp_extension.load(
+        name="linattn_ab_old",
+        sources=[str(folder / "chunk.cpp")],
+        extra_cflags=_native.FLAGS,
+        build_directory=str(folder),
+        is_python_module=False,
+    )
+    return torch.ops.linattn_ab_old
+
+
+def inputs(T: int, H: int = 8, K: int = 64) -> dict[str, torch.Tensor]:
+    """The bench's inputs in the kernels' layout [B, H, T, ...] (views of [B, T, H, ...])."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rows(*tail: int) -> torch.Tensor:
+        return torch.randn(1, T, H, *tail, generator=gen)
+
+    x = {"q": rows(K), "k": F.normalize(rows(K), dim=-1), "v": rows(K)}
+    x["beta"] = torch.sigmoid(torch.randn(1, T, H, generator=gen))
+    x["g channel"] = F.logsigmoid(rows(K) + 4.0)
+    x["g scalar"] = x["g channel"][..., :1].contiguous()
+    return {name: t.transpose(1, 2) for name, t in x.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("old", help="the old commit (a git revision)")
+    parser.add_argument("--T", type=int, default=16384)
+    parser.add_argument("--pairs", type=int, default=9)
+    parser.add_argument("--backward", action="store_true", help="time forward + backward")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if not _native.available():
+        raise SystemExit(f"the working tree's kernels are not available: {_native.reason()}")
+    old, new = load_old(args.old), torch.ops.linattn_native
+    x = inputs(args.T)
+    H, K, scale, C = x["q"].shape[1], x["q"].shape[-1], x["q"].shape[-1] ** -0.5, 64
+    S0 = torch.zeros(1, H, K, K)
+    mechanisms = {  # name: (beta, g)
+        "linear": (None, None),
+        "scalar_decay": (None, x["g scalar"]),
+        "gla": (None, x["g channel"]),
+        "delta": (x["beta"], None),
+        "gated_delta": (x["beta"], x["g scalar"]),
+        "kda": (x["beta"], x["g channel"]),
+    }
+    row = "fwd+bwd" if args.backward else "fwd"
+    print(f"T = {args.T}, one thread, {args.pairs} pairs; old {args.old}, new: the working tree")
+    print(f"| {row} | old min ms | new min ms | min / min | median of pair ratios |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (beta, g) in mechanisms.items():
+        call = (x["q"], x["k"], x["v"], beta, g, S0, scale, C)
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        for pair in range(args.pairs + 1):  # the first pair warms up
+            for label in ("old", "new") if pair % 2 else ("new", "old"):
+                lib = old if label == "old" else new
+                start = time.perf_counter()
+                o, S, states = lib.chunk_forward(*call, args.backward)
+                if args.backward:
+                    lib.chunk_backward(
+                        *call[:5], states, torch.ones_like(o), torch.zeros_like(S), scale, C
+                    )
+                if pair:
+                    times[label].append(time.perf_counter() - start)
+        o_min, n_min = min(times["old"]) * 1e3, min(times["new"]) * 1e3
+        ratio = statistics.median(n / o for o, n in zip(times["old"], times["new"], strict=True))
+        print(f"| {name} | {o_min:.1f} | {n_min:.1f} | {n_min / o_min:.3f} | {ratio:.3f} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
