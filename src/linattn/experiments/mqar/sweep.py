@@ -538,7 +538,15 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 def _run_pair_in_worker(threads: int, preset: Preset, mechanism: str, d_model: int,
                         kwargs: dict) -> dict:  # fmt: skip
-    """``run_pair`` in a worker process, with ``threads`` torch threads and no progress bar."""
+    """``run_pair`` in a worker process, with ``threads`` torch threads and no progress bar.
+
+    tqdm's default lock is a multiprocessing lock, a named semaphore; a worker stopped on Ctrl-C
+    (``_stop_workers``) would leave it behind, and the resource tracker would report it as leaked
+    after our one-line message. A worker draws no bar: a thread lock serves.
+    """
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     torch.set_num_threads(threads)
     return run_pair(preset, mechanism, d_model, progress=False, **kwargs)
 
