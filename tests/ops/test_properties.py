@@ -538,14 +538,20 @@ def gradients_agree(p: Problem, form: str) -> None:
     """The gradients of q, k, v, beta, g and the initial state equal the float64 recurrence's."""
     # The gradients of the views the op reads: a gradient summed over an expanded dimension
     # would add autograd's own rounding in the input dtype.
+    derivatives_agree(p, form, gradients, "d")
+
+
+def derivatives_agree(p: Problem, form: str, derive, prefix: str) -> None:
+    """``derive(outputs, inputs, seed)`` through the op equals it through the float64 recurrence,
+    input by input (named ``prefix`` + the input's name)."""
     x = build(p, None, grad=True)
     with loop(form):
-        found = gradients(call(p, form, x.views), x.views, p.seed)
+        found = derive(call(p, form, x.views), x.views, p.seed)
     x64 = build(p, torch.float64, grad=True)
-    expected = gradients(reference(p, x64.views), x64.views, p.seed)
+    expected = derive(reference(p, x64.views), x64.views, p.seed)
     magnitude = max((rms(e) for e in expected.values()), default=0.0)
     for n, e in expected.items():
-        assert_agrees(f"d{n}", found[n], e, magnitude)
+        assert_agrees(f"{prefix}{n}", found[n], e, magnitude)
 
 
 @pytest.mark.parametrize(("form", "gates", "profile"), regions("forward-gates", FORMS, GATES))
@@ -618,14 +624,7 @@ def second_derivatives(outputs, inputs: dict[str, torch.Tensor], seed: int):
 
 def double_backward_agrees(p: Problem, form: str) -> None:
     """Second derivatives through the op equal those through the float64 recurrence."""
-    x = build(p, None, grad=True)
-    with loop(form):
-        found = second_derivatives(call(p, form, x.views), x.views, p.seed)
-    x64 = build(p, torch.float64, grad=True)
-    expected = second_derivatives(reference(p, x64.views), x64.views, p.seed)
-    magnitude = max((rms(e) for e in expected.values()), default=0.0)
-    for n, e in expected.items():
-        assert_agrees(f"d2/d{n}", found[n], e, magnitude)
+    derivatives_agree(p, form, second_derivatives, "d2/d")
 
 
 @pytest.mark.parametrize(("form", "profile"), regions("double-backward", FORMS))
