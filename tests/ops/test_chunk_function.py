@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from linattn.ops import _blockmath, _chunk_terms, chunk_function
+from linattn.ops import _blockmath, _chunk_terms, chunk_function, tuning
 from linattn.ops.chunk import chunk_forward
 
 from .cases import make_inputs
@@ -40,7 +40,7 @@ CASES += [(rule, "steep", 16) for rule in ("additive", "delta")]
 @pytest.mark.parametrize(("rule", "gate", "C"), CASES)
 @pytest.mark.parametrize("rows", [1, 4096])  # one chunk per group, and one group (per thread)
 def test_matches_autograd_through_the_block_engine(rule, gate, C, rows, monkeypatch):
-    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", rows)
+    monkeypatch.setattr(tuning, "GROUP_ROWS_PER_THREAD", rows)
     steep = gate == "steep"
     gate = "channel" if steep else gate
     x = make_inputs(B=2, T=37, H=2, K=4, V=3, gate=gate, rule=rule, state=True)
@@ -76,7 +76,7 @@ def test_matches_autograd_through_the_block_engine(rule, gate, C, rows, monkeypa
 @pytest.mark.parametrize("gate", [None, "scalar", "channel"])
 def test_gradcheck_across_groups(gate, monkeypatch):
     # one chunk per group (on up to 7 threads): several groups
-    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(tuning, "GROUP_ROWS_PER_THREAD", 1)
     x = make_inputs(B=1, T=11, H=1, K=3, V=2, gate=gate, rule="delta", state=True)
     x["beta"] = 0.1 + 0.9 * x["beta"]
     inputs = _internal(x, ("q", "k", "v", "beta", "g"))
@@ -104,7 +104,7 @@ def test_only_needed_gradients_are_computed():
 
 
 def test_groups_grow_with_the_torch_threads(monkeypatch):
-    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", 2048)
+    monkeypatch.setattr(tuning, "GROUP_ROWS_PER_THREAD", 2048)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -131,7 +131,7 @@ def test_reused_buffers_change_no_bit(rule, gate, monkeypatch):
     # One chunk per group: every group overwrites the previous group's terms. Outputs and
     # gradients must be bit for bit those of fresh tensors in every group ("steep": channel gates
     # beyond the direct blocks' budget, so the products halve).
-    monkeypatch.setattr(chunk_function, "GROUP_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(tuning, "GROUP_ROWS_PER_THREAD", 1)
     steep = gate == "steep"
     gate = "channel" if steep else gate
     x = make_inputs(B=2, T=37, H=2, K=4, V=3, gate=gate, rule=rule, state=True)

@@ -35,6 +35,8 @@ import math
 import torch
 from torch import Tensor
 
+from linattn.ops.tuning import SMALL_QUADRANT
+
 
 def _pad_pow2(x: Tensor, C2: int, value_last: bool = False) -> Tensor:
     """Pad the token axis (-2) of ``x`` to C2 rows: zeros, or copies of the last row."""
@@ -74,16 +76,9 @@ def _halves(x: Tensor, s: int) -> tuple[Tensor, Tensor]:
     return blocks[..., s:, :], blocks[..., :s, :]
 
 
-# Quadrants up to this size are products of broadcast vectors, not tiny matmuls. Measured (8 heads,
-# C = K = 64, the two products of KDA forward and backward, medians of 9 in turns, 4 and 8 chunks,
-# 1 and 2 threads): 2 is 4-13% faster than 4 and 1, 8 is 32-50% slower; the forward alone is the
-# same for 1, 2 and 4.
-SMALL = 2
-
-
 def _quadrant_product(a: Tensor, b: Tensor, s: int) -> Tensor:
     """a [..., s, K] times b [..., s, K] transposed: [..., s, s]."""
-    if s <= SMALL:  # batched matmuls of 1 x K x 1 blocks cost more than the arithmetic
+    if s <= SMALL_QUADRANT:  # batched matmuls of 1 x K x 1 blocks cost more than the arithmetic
         return (a.unsqueeze(-2) * b.unsqueeze(-3)).sum(-1)
     return a @ b.transpose(-1, -2)
 
@@ -270,7 +265,7 @@ class ChannelProducts:
             for dA, da, a_low in zip(dAs, das, a_lows, strict=True):
                 a = a_low * e_low
                 dQ = _quadrants(dA, s)  # [..., m, s, s]
-                if s <= SMALL:
+                if s <= SMALL_QUADRANT:
                     _halves(da, s)[0].add_((dQ.unsqueeze(-1) * b_s.unsqueeze(-3)).sum(-2) * e_low)
                     db_s = db_s + (dQ.unsqueeze(-1) * a.unsqueeze(-2)).sum(-3)
                 else:

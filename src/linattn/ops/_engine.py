@@ -15,12 +15,7 @@ from torch import Tensor
 from linattn.ops.chunk_function import chunk_function
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
-
-# The longest chunk the chunk form takes, C = min(chunk_size, T) of the longest sequence: each
-# chunk is computed with C x C blocks (256 MiB each in float32 at this size; the fused C++ loop
-# keeps a few per thread, and checks the same limit, ``kMaxChunk`` in ``csrc/chunk.cpp``). Chunks
-# of 64 to 256 tokens are the fast ones; a larger one is never faster.
-MAX_CHUNK = 8192
+from linattn.ops.tuning import MAX_CHUNK
 
 
 def check_chunk(chunk_size: int, lengths: list[int]) -> None:

@@ -17,9 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Per-channel decay: sub-blocks of this many tokens get the exact [c, c, K] decay tensor; pairs of
-# tokens in different sub-blocks go through matrix products (the boundary trick below).
-SUB_BLOCK = 16
+from linattn.ops.tuning import SUB_BLOCK
 
 
 def segment_sums(g: Tensor) -> Tensor:

@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from linattn.ops import tuning
+
 SOURCE = Path(__file__).with_name("csrc") / "chunk.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd"]  # the C++ standard: cpp_extension's
 
@@ -221,16 +223,13 @@ def _op(name: str):
     return getattr(torch.ops.linattn_native, name)
 
 
-HUGE_MIN_BYTES = 4 * 2**20
-
-
 def empty(sizes: tuple[int, ...], like: Tensor) -> Tensor:
     """An uninitialised tensor like ``like.new_empty(sizes)``; on the CPU, from 4 MiB up and with
     the extension loaded, in a block of the extension's cache (``BlockCache`` in ``chunk.cpp``:
     2 MiB pages where Linux allows it, and a freed block kept for the next tensor of its size, so
     that its pages are not faulted in and zeroed again; see ``cache_release``)."""
     nbytes = math.prod(sizes) * like.element_size()
-    if like.device.type == "cpu" and nbytes >= HUGE_MIN_BYTES and available():
+    if like.device.type == "cpu" and nbytes >= tuning.HUGE_MIN_BYTES and available():
         return _op("empty_huge")(list(sizes), like.dtype)
     return like.new_empty(sizes)
 

@@ -30,20 +30,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops import _native
+from linattn.ops import _native, tuning
 from linattn.ops._blockmath import fresh
 from linattn.ops._chunk_terms import Buffers, Terms
 from linattn.ops.chunk import chunk_forward
 
 NAMES = ("q", "k", "v", "beta", "g")
-# Token-heads per group and per torch thread: 4 chunks of 64 tokens of 8 heads, about 0.5 MB per
-# input in float32, so that each thread's share of a group's working set stays in its core's L2
-# cache. Measured on this machine (T = 16,384, H = 8, medians of 7 interleaved runs): on one
-# thread, 2,048 token-heads per group are 3-7% faster than 4,096 and 10-30% faster than
-# 8,192-32,768; on two threads, 4,096 token-heads (2,048 per thread) are 2-13% faster than 2,048
-# for every mechanism, forward and forward + backward (GLA and KDA gain the most), and 8,192 and
-# 16,384 are slower again.
-GROUP_ROWS_PER_THREAD = 2048
 
 
 def _gather(
@@ -98,7 +90,7 @@ def _groups(T: int, C: int, P: int):
 
 def _chunks_per_group(C: int, P: int) -> int:
     """Chunks per group for chunks of C tokens of P heads."""
-    return max(1, GROUP_ROWS_PER_THREAD * torch.get_num_threads() // (C * P))
+    return max(1, tuning.GROUP_ROWS_PER_THREAD * torch.get_num_threads() // (C * P))
 
 
 class _Gatherer:
