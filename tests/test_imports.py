@@ -1,0 +1,164 @@
+"""The import map of ``src/linattn``: no circle, no reach into another package's private modules.
+
+The graph is read from the source with ``ast`` (nothing is imported): one node per module, one edge
+per ``import`` or ``from ... import`` of a ``linattn`` module, wherever it is written (top level,
+inside a function, under ``TYPE_CHECKING``). ``from linattn.p import name`` is an edge to the module
+``linattn.p.name`` when that file exists, else to the package ``linattn.p``. Importing a submodule
+does not count as importing its parent packages' ``__init__`` (every package would then be a circle
+with its own submodules).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import linattn
+
+ROOT = Path(linattn.__file__).parent
+
+# Branch `cpp` (issue 20) replaces these imports of ops._native with public names; the lead removes
+# this allowance when that branch merges.
+ALLOWED_PRIVATE = {
+    ("linattn.build", "linattn.ops._native"),
+    ("linattn.cpu", "linattn.ops._native"),
+    ("linattn.experiments.bench", "linattn.ops._native"),
+}
+
+
+def module_name(path: Path) -> str:
+    """``.../linattn/ops/chunk.py`` -> ``linattn.ops.chunk``; an ``__init__``: its package."""
+    parts = ("linattn", *path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def is_package(name: str) -> bool:
+    return MODULES.get(name, Path()).name == "__init__.py"
+
+
+def resolve(importer: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from`` import names (relative: against ``importer``)."""
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".")
+    if not is_package(importer):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_modules(importer: str, tree: ast.AST) -> set[str]:
+    """Every ``linattn`` module the source imports."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = resolve(importer, node)
+            for alias in node.names:
+                candidate = f"{module}.{alias.name}"
+                found.add(candidate if candidate in MODULES else module)
+    return {name for name in found if name in MODULES}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {
+        name: imported_modules(name, ast.parse(path.read_text(), filename=str(path)))
+        for name, path in MODULES.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of the graph as a list of modules (first repeated last), or None (depth-first)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def owner(private: str) -> str | None:
+    """The package a private module belongs to (``linattn.ops._checks`` -> ``linattn.ops``)."""
+    parts = private.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def private_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, private module) pairs whose importer lies outside the private module's package."""
+    bad = set()
+    for importer, targets in graph.items():
+        for target in targets:
+            package = owner(target)
+            if package is not None and not (
+                importer == package or importer.startswith(package + ".")
+            ):
+                bad.add((importer, target))
+    return bad
+
+
+def test_the_graph_reads_every_module_and_sees_known_edges():
+    graph = import_graph()
+    assert "linattn.ops.chunk" in graph and "linattn.experiments.report" in graph
+    assert "linattn.ops.affine" in graph["linattn.ops"]  # from linattn.ops.affine import ...
+    assert "linattn.ops._checks" in graph["linattn.ops.delta_rule"]  # from linattn.ops import ...
+    assert "linattn.ops" in graph["linattn.layers.delta"]  # from linattn import ops
+
+
+def test_find_cycle_finds_a_circle_and_passes_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_circle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    "importer, target, private",
+    [
+        ("linattn.layers.delta", "linattn.ops._checks", True),
+        ("linattn.ops.delta_rule", "linattn.ops._checks", False),
+        ("linattn.experiments.mqar.cli", "linattn.experiments._args", False),
+        ("linattn.experiments.table1", "linattn.reference._checks", True),
+    ],
+)
+def test_private_imports_tells_inside_from_outside(importer, target, private):
+    assert bool(private_imports({importer: {target}})) is private
+
+
+def test_no_private_module_of_another_package_is_imported():
+    bad = private_imports(import_graph()) - ALLOWED_PRIVATE
+    assert not bad, "private modules imported from another package: " + ", ".join(
+        f"{importer} imports {target}" for importer, target in sorted(bad)
+    )
+
+
+def test_no_import_runs_from_the_library_up_into_the_experiments():
+    graph = import_graph()
+    above = ("linattn.experiments", "linattn.cli", "linattn.__main__")
+    library = [name for name in graph if not name.startswith(above)]
+    up = [(m, t) for m in library for t in graph[m] if t.startswith("linattn.experiments")]
+    assert not up, f"library modules importing experiments: {up}"
