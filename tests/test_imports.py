@@ -122,7 +122,8 @@ def test_the_graph_reads_every_module_and_sees_known_edges():
     graph = import_graph()
     assert "linattn.ops.chunk" in graph and "linattn.experiments.report" in graph
     assert "linattn.ops.affine" in graph["linattn.ops"]  # from linattn.ops.affine import ...
-    assert "linattn.ops._checks" in graph["linattn.ops.delta_rule"]  # from linattn.ops import ...
+    assert "linattn.ops.checks" in graph["linattn.ops.delta_rule"]  # from linattn.ops import ...
+    assert "linattn.experiments._args" in graph["linattn.experiments.bench"]
     assert "linattn.ops" in graph["linattn.layers.delta"]  # from linattn import ops
 
 

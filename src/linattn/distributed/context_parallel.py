@@ -42,7 +42,7 @@ from torch import Tensor
 
 from linattn import ops
 from linattn.distributed import collectives, maps
-from linattn.ops import _checks
+from linattn.ops import checks as _checks
 
 _DTYPES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 # The fields of the shape descriptor each rank contributes (int64), in order.
