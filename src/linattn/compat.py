@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention
 
 CHUNK = 64  # fla's chunk size
@@ -327,7 +328,7 @@ def kda_gate(
     A_log: [H]; dt_bias: [H * K] or [H, K].
     """
     H, K = g.shape[2], g.shape[3]
-    x = g.to(torch.float64 if g.dtype == torch.float64 else torch.float32)
+    x = g.to(compute_dtype(g.dtype))
     if dt_bias is not None:
         x = x + dt_bias.to(x.dtype).reshape(H, K)
     rate = None if A_log is None else torch.exp(A_log.to(x.dtype)).reshape(H, 1)
@@ -343,7 +344,7 @@ def _kda(mode, q, k, v, g, beta, scale, initial_state, output_final_state, l2nor
     if gate_in:
         g = kda_gate(g, A_log, dt_bias, lower_bound)
     if beta_sigmoid:
-        dtype = torch.float64 if beta.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(beta.dtype)
         beta = torch.sigmoid(beta.to(dtype)) * (2.0 if neg_eig else 1.0)
     return _delta(
         mode, q, k, v, beta, g, scale, initial_state, output_final_state, l2norm, cu_seqlens
