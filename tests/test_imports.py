@@ -52,9 +52,10 @@ def resolve(importer: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imported_modules(importer: str, tree: ast.AST) -> set[str]:
-    """Every ``linattn`` module the source imports."""
-    found = set()
+def imported(importer: str, tree: ast.AST) -> tuple[set[str], set[str]]:
+    """Every ``linattn`` module the source imports, and every private name (``_x``, not a module)
+    it imports from one, as ``module._x``."""
+    found, names = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
@@ -63,14 +64,22 @@ def imported_modules(importer: str, tree: ast.AST) -> set[str]:
             for alias in node.names:
                 candidate = f"{module}.{alias.name}"
                 found.add(candidate if candidate in MODULES else module)
-    return {name for name in found if name in MODULES}
+                if candidate not in MODULES and alias.name.startswith("_") and module in MODULES:
+                    names.add(candidate)
+    return {name for name in found if name in MODULES}, names
+
+
+def parsed(name: str) -> ast.AST:
+    return ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
 
 
 def import_graph() -> dict[str, set[str]]:
-    return {
-        name: imported_modules(name, ast.parse(path.read_text(), filename=str(path)))
-        for name, path in MODULES.items()
-    }
+    return {name: imported(name, parsed(name))[0] for name in MODULES}
+
+
+def private_names() -> dict[str, set[str]]:
+    """importer -> the private names it imports from ``linattn`` modules."""
+    return {name: imported(name, parsed(name))[1] for name in MODULES}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -97,11 +106,17 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def owner(private: str) -> str | None:
-    """The package a private module belongs to (``linattn.ops._checks`` -> ``linattn.ops``)."""
+    """The package a private module or name belongs to (``linattn.ops._checks`` and
+    ``linattn.ops.chunk._terms`` -> ``linattn.ops``), or None for a public one."""
     parts = private.split(".")
     for i, part in enumerate(parts):
         if part.startswith("_") and not part.startswith("__"):
-            return ".".join(parts[:i])
+            package = ".".join(parts[:i])
+            return (
+                package
+                if package not in MODULES or is_package(package)
+                else package.rpartition(".")[0]
+            )
     return None
 
 
@@ -144,6 +159,8 @@ def test_no_import_circle():
         ("linattn.ops.delta_rule", "linattn.ops._checks", False),
         ("linattn.experiments.mqar.cli", "linattn.experiments._args", False),
         ("linattn.experiments.table1", "linattn.reference._checks", True),
+        ("linattn.ops.parallel", "linattn.ops.chunk._terms", False),  # a sibling's private name
+        ("linattn.layers.delta", "linattn.ops.chunk._terms", True),
     ],
 )
 def test_private_imports_tells_inside_from_outside(importer, target, private):
@@ -153,6 +170,17 @@ def test_private_imports_tells_inside_from_outside(importer, target, private):
 def test_no_private_module_of_another_package_is_imported():
     bad = private_imports(import_graph()) - ALLOWED_PRIVATE
     assert not bad, "private modules imported from another package: " + ", ".join(
+        f"{importer} imports {target}" for importer, target in sorted(bad)
+    )
+
+
+def test_no_private_name_of_another_package_is_imported():
+    names = private_names()
+    assert imported("linattn.x", ast.parse("from linattn.ops.chunk import _y"))[1] == {
+        "linattn.ops.chunk._y"
+    }
+    bad = private_imports(names)
+    assert not bad, "private names imported from another package: " + ", ".join(
         f"{importer} imports {target}" for importer, target in sorted(bad)
     )
 

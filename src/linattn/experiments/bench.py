@@ -23,7 +23,7 @@ import torch
 
 from linattn.cpu import DESCRIPTION, tune_malloc
 from linattn.experiments import _bench_cases as cases
-from linattn.experiments import _generation, _timing
+from linattn.experiments import _generation_step, _timing
 from linattn.experiments._args import int_list, nonnegative_int, output_dir, positive_int
 from linattn.experiments._bench_merge import merge_runs
 from linattn.experiments._timing import (
@@ -198,7 +198,7 @@ def compute_bench(args: argparse.Namespace) -> dict:
             r["softmax_over_this_forward"] = softmax[r["T"]]["forward_s"] / r["forward_s"]
     generation = []
     if args.generation_t:
-        generation = _generation.generation_rows(
+        generation = _generation_step.generation_rows(
             args.generation_t, args.H, args.generation_K, args.generation_repeats
         )
     return {
@@ -295,7 +295,7 @@ def bench_markdown(result: dict) -> str:
                 f"{r['fla_max_abs_diff']:.1e} |"
             )
     if result["generation"]:
-        lines += ["", _generation.generation_markdown(result["generation"])]
+        lines += ["", _generation_step.generation_markdown(result["generation"])]
     return "\n".join(lines)
 
 
