@@ -191,3 +191,27 @@ def test_no_import_runs_from_the_library_up_into_the_experiments():
     library = [name for name in graph if not name.startswith(above)]
     up = [(m, t) for m in library for t in graph[m] if t.startswith("linattn.experiments")]
     assert not up, f"library modules importing experiments: {up}"
+
+
+def drawing_imports(tree: ast.AST) -> list[str]:
+    """The matplotlib modules a source imports to draw (``matplotlib.pyplot``, ``.lines``, ...);
+    a bare ``import matplotlib`` (a check that the optional extra is installed) is not one."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("matplotlib.")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("matplotlib"):
+            found.append(node.module or "")
+    return found
+
+
+def test_only_the_figures_draw():
+    """One plotting module: the commands draw their plots through ``linattn.figures``."""
+    assert drawing_imports(ast.parse("import matplotlib.pyplot as plt")) == ["matplotlib.pyplot"]
+    assert drawing_imports(ast.parse("import matplotlib")) == []
+    drawing = {
+        name: found
+        for name in MODULES
+        if not name.startswith("linattn.figures") and (found := drawing_imports(parsed(name)))
+    }
+    assert not drawing, f"modules drawing outside linattn.figures: {drawing}"
