@@ -2,10 +2,6 @@
 
 Each failure is a ``ValueError`` (wrong shape, range, value) or a ``TypeError`` (wrong type or
 dtype) whose message names the argument and states what was expected.
-
-Public, so that code built on the ops checks the same arguments the same way: the context-parallel
-ops (``linattn.distributed``) before their collectives, and the layers and ``LMConfig`` their
-yes/no options (``flag``).
 """
 
 from __future__ import annotations
