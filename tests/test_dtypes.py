@@ -27,12 +27,10 @@ def test_float64_stays_float64_else_float32(dtype, expected):
     assert compute_dtype(dtype) is expected
 
 
-def test_the_users_take_the_one_function():
-    from linattn.layers.common import state_dtype
+def test_the_ops_take_the_one_function():
     from linattn.ops import _engine
 
     assert _engine.compute_dtype is compute_dtype
-    assert all(state_dtype(d) is compute_dtype(d) for d in (torch.float64, torch.bfloat16))
 
 
 def test_the_rule_is_written_once():
