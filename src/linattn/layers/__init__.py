@@ -12,11 +12,12 @@ and in recurrent mode for a one-token decoding step.
   block the MQAR models put in front of each mechanism.
 """
 
-from linattn.layers.base import RecurrentMixer
-from linattn.layers.common import DecayGate, GatedRMSNorm, ShortConvolution, TokenMixer
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.linear import LinearAttention
+from linattn.layers.mixer import TokenMixer
+from linattn.layers.modules import DecayGate, GatedRMSNorm, ShortConvolution
+from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.softmax import SoftmaxAttention
 
 __all__ = [

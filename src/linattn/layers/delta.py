@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn import ops
-from linattn.layers.base import RecurrentMixer
-from linattn.layers.common import DecayGate
+from linattn.layers.modules import DecayGate
+from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops._checks import flag
 
 

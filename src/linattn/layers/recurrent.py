@@ -15,17 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linattn.layers.common import (
-    GatedRMSNorm,
-    ShortConvolution,
+from linattn.layers.mixer import (
     State,
     StateSpec,
     TokenMixer,
     check_positive,
-    low_rank,
     resolve_head_dim,
     state_dtype,
 )
+from linattn.layers.modules import GatedRMSNorm, ShortConvolution, low_rank
 from linattn.ops._checks import flag
 
 
