@@ -74,6 +74,12 @@ class GatedRMSNorm(nn.Module):
         return o * act
 
 
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """``x / sqrt(||x||^2 + eps)`` over the last axis: the query/key normalisation of fla's and
+    transformers' delta-rule layers (``use_qk_l2norm_in_kernel``), eps 1e-6 inside the root."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
 def low_rank(d_in: int, rank: int, d_out: int, bias: bool = False) -> nn.Sequential:
     """x -> W2 (W1 x) (+ b): the low-rank projection of GLA and KDA gates, d_in -> rank -> d_out."""
     return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=bias))
@@ -84,18 +90,27 @@ class DecayGate(nn.Module):
 
     - ``kind="scalar"`` (Mamba-2, Gated DeltaNet): one value per head, ``g: [B, T, H]``,
       ``g = -exp(A_log) * softplus(a_proj x + dt_bias)``. Initialisation as in Mamba-2:
-      ``A_log = log(A)``, ``A ~ uniform(1, 16)`` per head; ``dt_bias = softplus^{-1}(dt)``, ``dt``
-      log-uniform in [0.001, 0.1], so that the initial step sizes ``softplus(dt_bias)`` span
-      that range.
+      ``A_log = log(A)``, ``A ~ uniform(A_range)`` per head (Mamba-2: (1, 16); fla's Gated
+      DeltaNet: (0, 16)); ``dt_bias = softplus^{-1}(dt)``, ``dt`` log-uniform in [0.001, 0.1],
+      so that the initial step sizes ``softplus(dt_bias)`` span that range.
     - ``kind="channel"`` (KDA): the same formula per key channel, ``g: [B, T, H, K]``, with
       ``a_proj`` low-rank (d_model -> ``rank`` -> H*K), ``A_log`` per head and ``dt_bias`` per
-      channel, initialised as above (Kimi Linear starts ``dt_bias`` at 0; we use the Mamba-2
-      range for both).
+      channel, initialised as above: fla 0.6.0's ``KimiDeltaAttention`` and transformers 5.23's
+      ``KimiLinearForgetGate`` (its ``_init_weights``) both start ``dt_bias`` in Mamba-2's
+      range and ``A`` in (1, 16).
     - ``kind="gla"`` (GLA): ``g = logsigmoid(a_proj x) / 16`` per key channel, ``a_proj``
       low-rank with bias (rank 16 in the paper); dividing by 16 keeps the initial decay near 1.
     """
 
-    def __init__(self, d_model: int, n_heads: int, key_dim: int, kind: str, rank: int = 16) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        key_dim: int,
+        kind: str,
+        rank: int = 16,
+        A_range: tuple[float, float] = (1.0, 16.0),
+    ) -> None:
         super().__init__()
         if kind not in ("scalar", "channel", "gla"):
             raise ValueError(f"kind must be 'scalar', 'channel' or 'gla', got {kind!r}")
@@ -106,7 +121,7 @@ class DecayGate(nn.Module):
         else:
             self.a_proj = low_rank(d_model, rank, width, bias=(kind == "gla"))
         if kind != "gla":
-            self.A_log = nn.Parameter(torch.log(torch.empty(n_heads).uniform_(1.0, 16.0)))
+            self.A_log = nn.Parameter(torch.log(torch.empty(n_heads).uniform_(*A_range)))
             dt = torch.exp(torch.empty(width).uniform_(math.log(1e-3), math.log(1e-1)))
             # inverse softplus: softplus(dt + log(1 - exp(-dt))) = dt
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
