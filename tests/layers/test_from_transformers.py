@@ -1,5 +1,8 @@
 """Our layers equal transformers' Qwen3-Next and Kimi-Linear layers with the same weights.
 
+Qwen3-Next's gated delta net and gated attention, Kimi-Linear's KDA and MLA (with and without the
+query's low-rank projection):
+
 float64 to 1e-12 (their float32 casts promoted), float32 to 1e-5 relative; the forward pass, the
 gradients of the input and of every weight, and our token-by-token decoding with its state against
 their one forward pass. Skipped without transformers.
@@ -10,7 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn.layers import GatedDeltaNet, KimiDeltaAttention
+from linattn.layers import (
+    GatedAttention,
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    MultiHeadLatentAttention,
+)
 from tests.layers.reference_layers import (
     gradients_as_module,
     perturb,
@@ -53,7 +61,50 @@ def kimi_linear_kda():
     return kimi_linear, module, KimiDeltaAttention
 
 
-PAIRS = {"qwen3_next_gated_deltanet": qwen3_next_gdn, "kimi_linear_kda": kimi_linear_kda}
+def qwen3_next_attention():
+    config = qwen3_next.Qwen3NextConfig(
+        hidden_size=D,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=4,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1000.0,
+            "partial_rotary_factor": 0.25,
+        },
+    )
+    config._attn_implementation = "eager"
+    return qwen3_next, qwen3_next.Qwen3NextAttention(config, layer_idx=3), GatedAttention
+
+
+def kimi_linear_mla(q_lora_rank=None):
+    config = kimi_linear.KimiLinearConfig(
+        hidden_size=D,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=12,
+        q_lora_rank=q_lora_rank,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        num_hidden_layers=4,
+    )
+    config._attn_implementation = "eager"
+    return (
+        kimi_linear,
+        kimi_linear.KimiLinearAttention(config, layer_idx=3),
+        MultiHeadLatentAttention,
+    )
+
+
+PAIRS = {
+    "qwen3_next_gated_deltanet": qwen3_next_gdn,
+    "kimi_linear_kda": kimi_linear_kda,
+    "qwen3_next_gated_attention": qwen3_next_attention,
+    "kimi_linear_mla": kimi_linear_mla,
+    "kimi_linear_mla_q_lora": lambda: kimi_linear_mla(q_lora_rank=10),
+}
 
 
 def build(name, dtype, monkeypatch):
@@ -67,11 +118,37 @@ def build(name, dtype, monkeypatch):
     return modeling, module, ours
 
 
+def causal_mask(T, dtype):
+    """The additive mask [1, 1, T, T] transformers' eager attention takes (0 or -inf)."""
+    upper = torch.ones(T, T, dtype=torch.bool).triu(1)
+    return torch.zeros(T, T, dtype=dtype).masked_fill(upper, float("-inf"))[None, None]
+
+
+def rotary_embeddings(module, T, dtype):
+    """Qwen3-Next's (cos, sin) [1, T, rotary_dim], computed in float64 (their rotary module casts
+    the angles to float32) and cast to the input dtype, as theirs does."""
+    rope = module.config.rope_parameters
+    dim = int(module.head_dim * rope["partial_rotary_factor"])
+    inv_freq = rope["rope_theta"] ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None]
+    emb = torch.cat([angle, angle], dim=-1)[None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def call(module, x):
+    T = x.shape[1]
+    if isinstance(module, qwen3_next.Qwen3NextAttention):
+        return module(x, rotary_embeddings(module, T, x.dtype), causal_mask(T, x.dtype))[0]
+    if isinstance(module, kimi_linear.KimiLinearAttention):
+        return module(x, causal_mask(T, x.dtype))[0]
+    return module(x)
+
+
 def theirs(modeling, module, x):
     if x.dtype == torch.float64:
         with promoted(modeling):
-            return module(x)
-    return module(x)
+            return call(module, x)
+    return call(module, x)
 
 
 @pytest.mark.parametrize("name", PAIRS)
@@ -149,3 +226,7 @@ def test_converters_refuse_another_module():
         GatedDeltaNet.from_transformers(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="KimiLinearDeltaAttention"):
         KimiDeltaAttention.from_transformers(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="KimiLinearAttention"):
+        MultiHeadLatentAttention.from_transformers(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="Qwen3NextAttention"):
+        GatedAttention.from_transformers(torch.nn.Linear(2, 2))

@@ -127,3 +127,88 @@ def kda_from_kimi_linear(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     for target, source, name in pairs:
         _copy(target, source, name)
     return layer
+
+
+def mla_from_kimi_linear(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``MultiHeadLatentAttention`` from transformers' ``KimiLinearAttention`` (MLA with NoPE: the
+    shared ``k^R`` channels are kept, not rotated)."""
+    _check_type(module, "KimiLinearAttention")
+    if module.num_key_value_groups != 1:
+        raise ValueError("KimiLinearAttention with num_key_value_heads != num_attention_heads")
+    kwargs.setdefault("rope", False)
+    layer = cls(
+        module.hidden_size,
+        module.num_heads,
+        kv_lora_rank=module.kv_lora_rank,
+        q_lora_rank=module.q_lora_rank,
+        qk_nope_head_dim=module.qk_nope_head_dim,
+        qk_rope_head_dim=module.qk_rope_head_dim,
+        v_head_dim=module.v_head_dim,
+        attention_bias=module.o_proj.bias is not None,
+        norm_eps=module.kv_a_layernorm.variance_epsilon,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    pairs = [
+        (layer.kv_a_proj, module.kv_a_proj_with_mqa, "kv_a_proj_with_mqa"),
+        (layer.kv_norm, module.kv_a_layernorm, "kv_a_layernorm"),
+        (layer.kv_b_proj, module.kv_b_proj, "kv_b_proj"),
+        (layer.o_proj, module.o_proj, "o_proj"),
+    ]
+    if module.q_lora_rank is None:
+        pairs.append((layer.q_proj, module.q_proj, "q_proj"))
+    else:
+        pairs += [
+            (layer.q_proj[0], module.q_a_proj, "q_a_proj"),
+            (layer.q_proj[1], module.q_a_layernorm, "q_a_layernorm"),
+            (layer.q_proj[2], module.q_b_proj, "q_b_proj"),
+        ]
+    for ours, theirs, name in pairs:
+        _copy_module(ours, theirs, name)
+    return layer
+
+
+def gated_attention_from_qwen3_next(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``GatedAttention`` from transformers' ``Qwen3NextAttention``.
+
+    Its ``q_proj`` packs, per head h, ``[q_h (D), z_h (D)]`` (the query, then its output gate);
+    we unpack them into ``q_proj`` and ``g_proj``.
+    """
+    _check_type(module, "Qwen3NextAttention")
+    config = module.config
+    H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, module.head_dim
+    rope = config.rope_parameters
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"only the default RoPE is supported, got {rope['rope_type']!r}")
+    layer = cls(
+        config.hidden_size,
+        H,
+        D,
+        num_key_value_heads=H_kv,
+        partial_rotary_factor=rope.get("partial_rotary_factor", 1.0),
+        rope_base=rope["rope_theta"],
+        attention_bias=module.q_proj.bias is not None,
+        norm_eps=module.q_norm.eps,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    d = config.hidden_size
+    q, z = module.q_proj.weight.view(H, 2 * D, d).split([D, D], dim=1)  # [H, D, d] each
+    pairs = [(layer.q_proj.weight, q, "q_proj (query)"), (layer.g_proj.weight, z, "q_proj (gate)")]
+    if module.q_proj.bias is not None:
+        q_bias, z_bias = module.q_proj.bias.view(H, 2 * D).split([D, D], dim=1)
+        pairs += [(layer.q_proj.bias, q_bias, "q_proj.bias"), (layer.g_proj.bias, z_bias, "bias")]
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    for name in ("k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+        _copy_module(getattr(layer, name), getattr(module, name), name)
+    return layer
+
+
+def _copy_module(ours: nn.Module, theirs: nn.Module, name: str) -> None:
+    """Every parameter of ``ours`` from the same-named one of ``theirs`` (weight, bias)."""
+    theirs_params = dict(theirs.named_parameters())
+    if set(theirs_params) != {n for n, _ in ours.named_parameters()}:
+        raise ValueError(f"{name}: parameters {sorted(theirs_params)} do not match ours")
+    for n, p in ours.named_parameters():
+        _copy(p, theirs_params[n], f"{name}.{n}")
