@@ -10,11 +10,12 @@ Example::
 """
 
 from linattn.models.cache import Cache
-from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig
+from linattn.models.config import ATTENTION_MIXERS, AUXILIARY_MIXERS, MIXERS, LMConfig
 from linattn.models.lm import Block, CausalLM, SwiGLU, sample
 from linattn.models.mixers import build_mixer
 
 __all__ = [
+    "ATTENTION_MIXERS",
     "AUXILIARY_MIXERS",
     "MIXERS",
     "Block",
