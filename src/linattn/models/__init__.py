@@ -13,16 +13,20 @@ from linattn.models.cache import Cache
 from linattn.models.config import ATTENTION_MIXERS, AUXILIARY_MIXERS, MIXERS, LMConfig
 from linattn.models.lm import Block, CausalLM, SwiGLU, sample
 from linattn.models.mixers import build_mixer
+from linattn.models.presets import PRESETS, preset, softmax_counterpart
 
 __all__ = [
     "ATTENTION_MIXERS",
     "AUXILIARY_MIXERS",
     "MIXERS",
+    "PRESETS",
     "Block",
     "Cache",
     "CausalLM",
     "LMConfig",
     "SwiGLU",
     "build_mixer",
+    "preset",
     "sample",
+    "softmax_counterpart",
 ]
