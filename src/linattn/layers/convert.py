@@ -24,9 +24,11 @@ def _copy(target: Tensor, source: Tensor, name: str) -> None:
         target.copy_(source.detach().reshape(target.shape))
 
 
-def _check_type(module: nn.Module, name: str) -> None:
-    if type(module).__name__ != name:
-        raise TypeError(f"module must be transformers' {name}, got {type(module).__name__}")
+def _check_type(module: nn.Module, name: str, library: str = "transformers") -> None:
+    """A TypeError unless ``module`` is ``library``'s class ``name`` (ours may share the name)."""
+    kind = type(module)
+    if kind.__name__ != name or not kind.__module__.startswith(library + "."):
+        raise TypeError(f"module must be {library}'s {name}, got {kind.__module__}.{kind.__name__}")
 
 
 def _check_activation(module: nn.Module) -> None:
@@ -212,3 +214,99 @@ def _copy_module(ours: nn.Module, theirs: nn.Module, name: str) -> None:
         raise ValueError(f"{name}: parameters {sorted(theirs_params)} do not match ours")
     for n, p in ours.named_parameters():
         _copy(p, theirs_params[n], f"{name}.{n}")
+
+
+def _conv_from_fla(module: nn.Module) -> Tensor | None:
+    """fla's three short convolutions (q, k, v) as our one depthwise convolution over [q | k | v]
+    (None without them)."""
+    if not module.use_short_conv:
+        return None
+    convs = (module.q_conv1d, module.k_conv1d, module.v_conv1d)
+    if any(c.bias is not None for c in convs) or any(
+        c.activation not in ("silu", "swish") for c in convs
+    ):
+        raise ValueError("only fla's short convolutions without bias, with SiLU, are supported")
+    return torch.cat([c.weight for c in convs], dim=0)  # [2HK + HV V, 1, kernel]
+
+
+def _fla_common(module: nn.Module) -> dict:
+    return dict(
+        expand_v=module.expand_v,
+        num_v_heads=module.num_v_heads,
+        short_conv=module.use_short_conv,
+        conv_size=module.conv_size,
+        allow_neg_eigval=module.allow_neg_eigval,
+        norm_eps=module.o_norm.eps,
+    )
+
+
+def gated_deltanet_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``GatedDeltaNet`` from fla's ``fla.layers.GatedDeltaNet`` (same names but for the gate:
+    fla's ``a_proj`` is our decay's ``a_proj``, its three convolutions our one)."""
+    _check_type(module, "GatedDeltaNet", "fla")
+    activation = {"swish": "silu", "silu": "silu", "sigmoid": "sigmoid"}
+    gate_activation = getattr(module.o_norm, "activation", "swish")
+    layer = cls(
+        module.hidden_size,
+        module.num_heads,
+        module.head_k_dim,
+        output_gate=module.use_gate,
+        gate_activation=activation[gate_activation] if module.use_gate else "silu",
+        **_fla_common(module),
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    pairs = [
+        (layer.q_proj.weight, module.q_proj.weight, "q_proj"),
+        (layer.k_proj.weight, module.k_proj.weight, "k_proj"),
+        (layer.v_proj.weight, module.v_proj.weight, "v_proj"),
+        (layer.b_proj.weight, module.b_proj.weight, "b_proj"),
+        (layer.decay.a_proj.weight, module.a_proj.weight, "a_proj"),
+        (layer.decay.A_log, module.A_log, "A_log"),
+        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
+        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
+        (layer.o_proj.weight, module.o_proj.weight, "o_proj"),
+    ]
+    if module.use_gate:
+        pairs.append((layer.g_proj.weight, module.g_proj.weight, "g_proj"))
+    conv = _conv_from_fla(module)
+    if conv is not None:
+        pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    return layer
+
+
+def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``KimiDeltaAttention`` from fla's ``fla.layers.KimiDeltaAttention`` (its output gate has a
+    bias: ``gate_bias=True``; ``f_proj`` is our decay's low-rank ``a_proj``)."""
+    _check_type(module, "KimiDeltaAttention", "fla")
+    if module.lower_bound is not None or module.safe_gate:
+        raise ValueError("fla's lower_bound / safe_gate gate clamps are not supported")
+    kwargs.setdefault("gate_bias", module.g_proj[1].bias is not None)
+    layer = cls(
+        module.hidden_size, module.num_heads, module.head_k_dim, **_fla_common(module), **kwargs
+    )
+    layer = _like(layer, module)
+    pairs = [
+        (layer.q_proj.weight, module.q_proj.weight, "q_proj"),
+        (layer.k_proj.weight, module.k_proj.weight, "k_proj"),
+        (layer.v_proj.weight, module.v_proj.weight, "v_proj"),
+        (layer.b_proj.weight, module.b_proj.weight, "b_proj"),
+        (layer.decay.a_proj[0].weight, module.f_proj[0].weight, "f_proj.0"),
+        (layer.decay.a_proj[1].weight, module.f_proj[1].weight, "f_proj.1"),
+        (layer.decay.A_log, module.A_log, "A_log"),
+        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
+        (layer.g_proj[0].weight, module.g_proj[0].weight, "g_proj.0"),
+        (layer.g_proj[1].weight, module.g_proj[1].weight, "g_proj.1"),
+        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
+        (layer.o_proj.weight, module.o_proj.weight, "o_proj"),
+    ]
+    if module.g_proj[1].bias is not None:
+        pairs.append((layer.g_proj[1].bias, module.g_proj[1].bias, "g_proj.1.bias"))
+    conv = _conv_from_fla(module)
+    if conv is not None:
+        pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    return layer

@@ -137,6 +137,14 @@ class GatedDeltaNet(DeltaNet):
 
         return gated_deltanet_from_qwen3_next(cls, module, **kwargs)
 
+    @classmethod
+    def from_fla(cls, module: nn.Module, **kwargs) -> GatedDeltaNet:
+        """Our layer with the weights of fla's ``fla.layers.GatedDeltaNet`` (see
+        ``linattn.layers.convert``)."""
+        from linattn.layers.convert import gated_deltanet_from_fla
+
+        return gated_deltanet_from_fla(cls, module, **kwargs)
+
 
 class KimiDeltaAttention(DeltaNet):
     """Kimi Delta Attention (Kimi Team, 2025) as fla 0.6.0 and transformers' Kimi-Linear define it.
@@ -181,3 +189,11 @@ class KimiDeltaAttention(DeltaNet):
         from linattn.layers.convert import kda_from_kimi_linear
 
         return kda_from_kimi_linear(cls, module, **kwargs)
+
+    @classmethod
+    def from_fla(cls, module: nn.Module, **kwargs) -> KimiDeltaAttention:
+        """Our layer with the weights of fla's ``fla.layers.KimiDeltaAttention`` (see
+        ``linattn.layers.convert``)."""
+        from linattn.layers.convert import kda_from_fla
+
+        return kda_from_fla(cls, module, **kwargs)
