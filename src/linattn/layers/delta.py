@@ -9,9 +9,11 @@
     KDA            A_t = (I - beta_t k_t k_t^T) Diag(alpha_t) (Kimi Team, 2025)
 
 and the write is ``w_t = beta_t v_t`` for all three. What the papers build around it: q and k
-L2-normalised per head (so ``I - beta k k^T`` has eigenvalues 1 and 1 - beta, spec 7.2), ``beta_t =
-sigmoid(b_proj x_t)`` in (0, 1), or in (0, 2) with ``allow_neg_eigval`` (the eigenvalue 1 - beta
-then reaches -1; Grazzi et al., 2025).
+L2-normalised per head as fla does, ``x / sqrt(|x|^2 + 1e-6)`` (so ``I - beta k k^T`` has
+eigenvalues 1 and about 1 - beta, spec 7.2), ``beta_t = sigmoid(b_proj x_t)`` in (0, 1), or in
+(0, 2) with ``allow_neg_eigval`` (the eigenvalue 1 - beta then reaches -1; Grazzi et al., 2025).
+With grouped value heads (``num_v_heads`` = G H) each query/key head is repeated for its G value
+heads; beta, the decays and the memory are per value head.
 """
 
 from __future__ import annotations

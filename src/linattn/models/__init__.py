@@ -3,8 +3,9 @@
 Example::
 
     >>> import torch
-    >>> from linattn.models import CausalLM, LMConfig
+    >>> from linattn.models import CausalLM, LMConfig, preset
     >>> model = CausalLM(LMConfig(vocab_size=256, mixers=("kda", "kda", "kda", "softmax")))
+    >>> kimi_linear = CausalLM(preset("kimi_linear"))  # 3 KDA : 1 MLA, the model's layout
     >>> prompt = torch.randint(0, 256, (1, 8))
     >>> ids = model.generate(prompt, max_new_tokens=32, temperature=0.8, top_k=50, seed=0)
 """

@@ -48,8 +48,9 @@ class LMConfig:
         head_dim: value (and key) dimension per head; default ``d_model // n_heads``, which then
             must divide evenly.
         mixers: one mechanism name per block, from ``MIXERS`` (or ``"conv"``, a gated short
-            convolution); e.g. ``("kda", "kda", "kda", "softmax")`` for a Kimi-Linear-style
-            hybrid (spec section 10), ``("conv", "deltanet")`` for Zoology's MQAR model.
+            convolution); e.g. ``("kda", "kda", "kda", "mla")`` for Kimi Linear's hybrid (spec
+            section 10; ``linattn.models.preset("kimi_linear")``), ``("conv", "deltanet")`` for
+            Zoology's MQAR model.
         mlp: a SwiGLU MLP after the mixer of every block (default); False gives blocks of the
             mixer alone, as Zoology's MQAR models.
         mlp_ratio: hidden width of the SwiGLU MLP as a multiple of d_model.
