@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn.models import MIXERS, Cache, CausalLM
+from linattn.models import ATTENTION_MIXERS, MIXERS, Cache, CausalLM
 from tests.models.tiny import HYBRID, tiny_config
 
-RECURRENT = tuple(m for m in MIXERS if m != "softmax")
+RECURRENT = tuple(m for m in MIXERS if m not in ATTENTION_MIXERS)
 
 
 def run_tokens(model: CausalLM, cache: Cache, n: int, piece: int = 2000) -> None:

@@ -8,25 +8,34 @@ and in recurrent mode for a one-token decoding step.
 - ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay.
 - ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``: the delta rule, without decay, with a
   per-head decay, with a per-channel decay.
+- ``MultiHeadLatentAttention``: softmax attention over a cached low-rank latent (MLA; NoPE
+  available, as Kimi Linear's full-attention layers).
+- ``GatedAttention``: Qwen3-Next's softmax attention with an output gate, q/k norms, partial
+  rotary embeddings and grouped key/value heads.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
 
-from linattn.layers.base import RecurrentMixer
-from linattn.layers.common import DecayGate, GatedRMSNorm, ShortConvolution, TokenMixer
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
+from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.linear import LinearAttention
+from linattn.layers.mixer import TokenMixer
+from linattn.layers.mla import MultiHeadLatentAttention
+from linattn.layers.modules import DecayGate, GatedRMSNorm, ShortConvolution
+from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.softmax import SoftmaxAttention
 
 __all__ = [
     "DecayGate",
     "DeltaNet",
+    "GatedAttention",
     "GatedConvolution",
     "GatedDeltaNet",
     "GatedRMSNorm",
     "KimiDeltaAttention",
     "LinearAttention",
+    "MultiHeadLatentAttention",
     "RecurrentMixer",
     "ShortConvolution",
     "SoftmaxAttention",

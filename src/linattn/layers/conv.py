@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from linattn.layers.common import ShortConvolution, State, StateSpec, TokenMixer
+from linattn.layers.mixer import State, StateSpec, TokenMixer
+from linattn.layers.modules import ShortConvolution
 
 
 class GatedConvolution(TokenMixer):

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from linattn import features, ops
-from linattn.layers.base import RecurrentMixer
-from linattn.layers.common import DecayGate
+from linattn.layers.modules import DecayGate
+from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops.checks import flag
 
 FEATURE_MAPS = ("elu_plus_one", "relu", "taylor", "favor", "identity")

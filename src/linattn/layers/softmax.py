@@ -20,13 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from linattn import ops
-from linattn.layers.common import (
-    ShortConvolution,
-    State,
-    StateSpec,
-    TokenMixer,
-    resolve_head_dim,
-)
+from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim
+from linattn.layers.modules import ShortConvolution
 from linattn.ops.checks import flag
 
 

@@ -18,7 +18,11 @@ MIXERS = (
     "deltanet",
     "gated_deltanet",
     "kda",
+    "mla",
+    "gated_attention",
 )
+# The mixers whose state is a KV cache that grows with t: softmax attention and its variants.
+ATTENTION_MIXERS = ("softmax", "mla", "gated_attention")
 # Blocks that are not a mechanism of the spec: ``"conv"``, the gated short convolution
 # (``linattn.layers.GatedConvolution``, Zoology's BaseConv) that the MQAR models put in front.
 AUXILIARY_MIXERS = ("conv",)
@@ -44,8 +48,9 @@ class LMConfig:
         head_dim: value (and key) dimension per head; default ``d_model // n_heads``, which then
             must divide evenly.
         mixers: one mechanism name per block, from ``MIXERS`` (or ``"conv"``, a gated short
-            convolution); e.g. ``("kda", "kda", "kda", "softmax")`` for a Kimi-Linear-style
-            hybrid (spec section 10), ``("conv", "deltanet")`` for Zoology's MQAR model.
+            convolution); e.g. ``("kda", "kda", "kda", "mla")`` for Kimi Linear's hybrid (spec
+            section 10; ``linattn.models.preset("kimi_linear")``), ``("conv", "deltanet")`` for
+            Zoology's MQAR model.
         mlp: a SwiGLU MLP after the mixer of every block (default); False gives blocks of the
             mixer alone, as Zoology's MQAR models.
         mlp_ratio: hidden width of the SwiGLU MLP as a multiple of d_model.
@@ -58,7 +63,8 @@ class LMConfig:
             x (default); False keeps the per-head RMSNorm alone (DeltaNet's original layer).
         gated_conv_size: kernel of the ``"conv"`` blocks (3, as Zoology's BaseConv).
         chunk_size: block length C of the chunk form.
-        rope, rope_base: rotary position embeddings in the softmax blocks.
+        rope, rope_base: rotary position embeddings in the attention blocks (``"softmax"``,
+            ``"mla"``, ``"gated_attention"``).
         softmax_short_conv: the same short convolution (kernel ``conv_size``) + SiLU on q, k, v
             of the softmax blocks; off by default (plain attention, the spec's section 2). (The
             MQAR models put a ``"conv"`` block in front instead, as Zoology does; with both,
@@ -66,6 +72,18 @@ class LMConfig:
         taylor_dim: key dimension of the ``"taylor"`` mixer before its feature map (1 + K + K^2
             features: 273 for 16), independent of head_dim so that its state stays modest.
         allow_neg_eigval: beta in (0, 2) instead of (0, 1) in the delta-rule mixers.
+        expand_v: value dimension per head of ``"gated_deltanet"`` as a multiple of its key
+            dimension ``head_dim`` (fla's and the paper's 2; ``"kda"`` keeps 1, as fla's KDA).
+        num_v_heads: value heads of ``"gated_deltanet"`` and ``"kda"`` (default n_heads; a
+            multiple of it: grouped value heads, Qwen3-Next's layout).
+        num_key_value_heads: key/value heads of ``"gated_attention"`` (default n_heads; a divisor
+            of it: grouped-query attention).
+        partial_rotary_factor: fraction of each ``"gated_attention"`` head that RoPE rotates
+            (Qwen3-Next: 0.25).
+        kv_lora_rank, q_lora_rank, qk_rope_head_dim: ``"mla"``'s latent rank, its query's
+            low-rank projection (None: a full projection, as Kimi Linear) and its shared
+            positional key channels; its per-head dimensions are ``head_dim``. ``rope`` decides
+            whether those channels are rotated (False: NoPE, Kimi Linear's MLA).
         gate_rank: rank of GLA's low-rank decay projection (16 in the paper).
         norm_eps: epsilon of every RMSNorm.
         init_std: standard deviation of the normal initialisation of linear and embedding weights.
@@ -90,6 +108,13 @@ class LMConfig:
     softmax_short_conv: bool = False
     taylor_dim: int = 16
     allow_neg_eigval: bool = False
+    expand_v: float = 2.0
+    num_v_heads: int | None = None
+    num_key_value_heads: int | None = None
+    partial_rotary_factor: float = 0.25
+    kv_lora_rank: int = 64
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int = 16
     gate_rank: int = 16
     norm_eps: float = 1e-6
     init_std: float = 0.02
@@ -102,6 +127,7 @@ class LMConfig:
         for name in (*names, "taylor_dim"):
             _positive_int(name, getattr(self, name))
         _positive_int("gate_rank", self.gate_rank)
+        self._check_head_layout()
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise ValueError(
@@ -129,6 +155,33 @@ class LMConfig:
             raise ValueError(f"LMConfig.mlp_ratio must be > 0, got {self.mlp_ratio!r}")
         if not (self.norm_eps > 0 and self.init_std > 0 and self.rope_base > 0):
             raise ValueError("LMConfig.norm_eps, init_std and rope_base must be > 0")
+
+    def _check_head_layout(self) -> None:
+        """Value heads, key/value heads, value expansion, rotary fraction and MLA sizes."""
+        _positive_int("kv_lora_rank", self.kv_lora_rank)
+        for name in ("num_v_heads", "num_key_value_heads", "q_lora_rank"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        rope_dim = self.qk_rope_head_dim
+        if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or rope_dim < 0:
+            raise ValueError(f"LMConfig.qk_rope_head_dim must be an integer >= 0, got {rope_dim!r}")
+        if self.num_v_heads is not None and self.num_v_heads % self.n_heads:
+            raise ValueError(
+                f"LMConfig.num_v_heads ({self.num_v_heads}) must be a multiple of n_heads "
+                f"({self.n_heads})"
+            )
+        if self.num_key_value_heads is not None and self.n_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"LMConfig.num_key_value_heads ({self.num_key_value_heads}) must divide n_heads "
+                f"({self.n_heads})"
+            )
+        if isinstance(self.expand_v, bool) or not self.expand_v > 0:
+            raise ValueError(f"LMConfig.expand_v must be a number > 0, got {self.expand_v!r}")
+        if not 0 <= self.partial_rotary_factor <= 1:
+            raise ValueError(
+                f"LMConfig.partial_rotary_factor must lie in [0, 1], got "
+                f"{self.partial_rotary_factor!r}"
+            )
 
     @property
     def n_layers(self) -> int:

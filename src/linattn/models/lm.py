@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linattn.layers.common import State, TokenMixer
+from linattn.layers.mixer import State, TokenMixer
 from linattn.models.cache import Cache
 from linattn.models.config import LMConfig
 from linattn.models.mixers import build_mixer

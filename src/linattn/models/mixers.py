@@ -6,10 +6,12 @@ from collections.abc import Callable
 
 from linattn.layers import (
     DeltaNet,
+    GatedAttention,
     GatedConvolution,
     GatedDeltaNet,
     KimiDeltaAttention,
     LinearAttention,
+    MultiHeadLatentAttention,
     SoftmaxAttention,
     TokenMixer,
 )
@@ -65,8 +67,35 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         **_recurrent_kwargs(c),
     ),
     "deltanet": lambda c: DeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
-    "gated_deltanet": lambda c: GatedDeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
-    "kda": lambda c: KimiDeltaAttention(c.d_model, c.n_heads, **_delta_kwargs(c)),
+    "gated_deltanet": lambda c: GatedDeltaNet(
+        c.d_model, c.n_heads, expand_v=c.expand_v, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
+    ),
+    "kda": lambda c: KimiDeltaAttention(
+        c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
+    ),
+    "mla": lambda c: MultiHeadLatentAttention(
+        c.d_model,
+        c.n_heads,
+        kv_lora_rank=c.kv_lora_rank,
+        q_lora_rank=c.q_lora_rank,
+        qk_nope_head_dim=c.head_size,
+        qk_rope_head_dim=c.qk_rope_head_dim,
+        v_head_dim=c.head_size,
+        rope=c.rope,
+        rope_base=c.rope_base,
+        norm_eps=c.norm_eps,
+        chunk_size=c.chunk_size,
+    ),
+    "gated_attention": lambda c: GatedAttention(
+        c.d_model,
+        c.n_heads,
+        c.head_size,
+        num_key_value_heads=c.num_key_value_heads,
+        partial_rotary_factor=c.partial_rotary_factor if c.rope else 0.0,
+        rope_base=c.rope_base,
+        norm_eps=c.norm_eps,
+        chunk_size=c.chunk_size,
+    ),
     "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, c.chunk_size),
 }
 assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS

@@ -15,17 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linattn.layers.common import (
-    GatedRMSNorm,
-    ShortConvolution,
+from linattn.layers.mixer import (
     State,
     StateSpec,
     TokenMixer,
     check_positive,
-    low_rank,
     resolve_head_dim,
     state_dtype,
 )
+from linattn.layers.modules import GatedRMSNorm, ShortConvolution, low_rank
 from linattn.ops.checks import flag
 
 
@@ -34,17 +32,22 @@ class RecurrentMixer(TokenMixer):
 
     Args:
         d_model: width of the residual stream.
-        n_heads: number of heads H.
+        n_heads: number of query/key heads H.
         head_dim: value dimension V per head (default ``d_model // n_heads``).
         key_dim: query/key dimension K per head, before any feature map (default ``head_dim``).
+        num_v_heads: number of value heads HV, a multiple of H (default H). With HV = G H each
+            query/key head serves G consecutive value heads (grouped value heads, Qwen3-Next's
+            and fla's layout): the memory, the gates and the output have HV heads.
         short_conv: causal depthwise convolution (kernel ``conv_size``) + SiLU on q, k and v;
             without it, q, k and v go through SiLU alone.
         output_gate: multiply the normed output by ``act(g_proj x)`` (default); False keeps the
             per-head RMSNorm alone (DeltaNet's original layer; Zoology's MQAR models).
         gate_activation: ``"silu"`` or ``"sigmoid"`` for the output gate.
-        gate_rank: ``None`` for a full output-gate projection, an int for a low-rank one with bias
-            (KDA: d_model -> rank -> H*V).
+        gate_rank: ``None`` for a full output-gate projection, an int for a low-rank one
+            (KDA: d_model -> rank -> HV*V).
+        gate_bias: a bias on the output gate's (last) projection.
         chunk_size: block length C of the chunk form.
+        norm_eps: epsilon of the output RMSNorm.
     """
 
     def __init__(
@@ -54,34 +57,41 @@ class RecurrentMixer(TokenMixer):
         head_dim: int | None = None,
         key_dim: int | None = None,
         *,
+        num_v_heads: int | None = None,
         short_conv: bool = True,
         conv_size: int = 4,
         output_gate: bool = True,
         gate_activation: str = "silu",
         gate_rank: int | None = None,
+        gate_bias: bool = False,
         chunk_size: int = 64,
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__(d_model, chunk_size)
         short_conv, output_gate = flag("short_conv", short_conv), flag("output_gate", output_gate)
+        gate_bias = flag("gate_bias", gate_bias)
         head_dim = resolve_head_dim(d_model, n_heads, head_dim)
         key_dim = head_dim if key_dim is None else key_dim
         check_positive("key_dim", key_dim)
+        HV = n_heads if num_v_heads is None else num_v_heads
+        check_positive("num_v_heads", HV)
+        if HV % n_heads:
+            raise ValueError(f"num_v_heads ({HV}) must be a multiple of n_heads ({n_heads})")
         H, K, V = n_heads, key_dim, head_dim
-        self.n_heads, self.key_dim, self.head_dim = H, K, V
+        self.n_heads, self.num_v_heads, self.key_dim, self.head_dim = H, HV, K, V
         self.q_proj = nn.Linear(d_model, H * K, bias=False)
         self.k_proj = nn.Linear(d_model, H * K, bias=False)
-        self.v_proj = nn.Linear(d_model, H * V, bias=False)
+        self.v_proj = nn.Linear(d_model, HV * V, bias=False)
         # One depthwise convolution over [q | k | v] is three per-channel convolutions.
-        self.conv = ShortConvolution(H * (2 * K + V), conv_size) if short_conv else None
+        self.conv = ShortConvolution(2 * H * K + HV * V, conv_size) if short_conv else None
         self.g_proj: nn.Module | None = None
         if output_gate:
             if gate_rank is None:
-                self.g_proj = nn.Linear(d_model, H * V, bias=False)
+                self.g_proj = nn.Linear(d_model, HV * V, bias=gate_bias)
             else:
-                self.g_proj = low_rank(d_model, gate_rank, H * V, bias=True)
+                self.g_proj = low_rank(d_model, gate_rank, HV * V, bias=gate_bias)
         self.o_norm = GatedRMSNorm(V, gate_activation, norm_eps)
-        self.o_proj = nn.Linear(H * V, d_model, bias=False)
+        self.o_proj = nn.Linear(HV * V, d_model, bias=False)
 
     # -- what the subclasses define ------------------------------------------------------------
 
@@ -93,17 +103,24 @@ class RecurrentMixer(TokenMixer):
     def recurrence(
         self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mode: str, S: Tensor | None, keep: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """Run the op: q, k [B, T, H, K], v [B, T, H, V], S the initial memory [B, H, *memory_shape]
-        or None -> (o [B, T, H, V], final memory if ``keep`` else None). ``x`` feeds the gates."""
+        """Run the op: q, k [B, T, H, K], v [B, T, HV, V], S the initial memory
+        [B, HV, *memory_shape] or None -> (o [B, T, HV, V], final memory if ``keep`` else None).
+        ``x`` feeds the gates."""
         raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------------
 
+    def expand_heads(self, x: Tensor) -> Tensor:
+        """Grouped value heads: [B, T, H, D] -> [B, T, HV, D], query/key head h repeated for its
+        value heads h G ... h G + G - 1 (until the ops take grouped heads natively)."""
+        groups = self.num_v_heads // self.n_heads
+        return x if groups == 1 else x.repeat_interleave(groups, dim=2)
+
     def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
-        """``S``: [B, H, rows, cols] in float32 (float64 for float64 models); ``conv``: the last
-        ``conv_size - 1`` inputs of the short convolution, [B, H*(2K+V), conv_size - 1]."""
+        """``S``: [B, HV, rows, cols] in float32 (float64 for float64 models); ``conv``: the last
+        ``conv_size - 1`` inputs of the short convolution, [B, 2HK + HV V, conv_size - 1]."""
         spec: StateSpec = {
-            "S": ((batch_size, self.n_heads, *self.memory_shape()), state_dtype(dtype))
+            "S": ((batch_size, self.num_v_heads, *self.memory_shape()), state_dtype(dtype))
         }
         if self.conv is not None:
             spec["conv"] = ((batch_size, self.conv.channels, self.conv.kernel_size - 1), dtype)
@@ -111,8 +128,8 @@ class RecurrentMixer(TokenMixer):
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
         B, T, _ = x.shape
-        H, K, V = self.n_heads, self.key_dim, self.head_dim
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [B, T, H(2K+V)]
+        H, HV, K, V = self.n_heads, self.num_v_heads, self.key_dim, self.head_dim
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [B, T, C]
         new_state: State | None = None if state is None else {}
         if self.conv is not None:
             qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
@@ -120,9 +137,9 @@ class RecurrentMixer(TokenMixer):
                 new_state["conv"] = conv_state
         else:
             qkv = F.silu(qkv)
-        q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
+        q, k, v = qkv.split([H * K, H * K, HV * V], dim=-1)
         q, k = q.view(B, T, H, K), k.view(B, T, H, K)  # [B, T, H*K] -> [B, T, H, K]
-        v = v.reshape(B, T, H, V)  # [B, T, H*V] -> [B, T, H, V]
+        v = v.reshape(B, T, HV, V)  # [B, T, HV*V] -> [B, T, HV, V]
         mode = self.pick_mode(T, state)
         S = None if state is None else state["S"]
         o, S = self.recurrence(x, q, k, v, mode, S, keep=state is not None)
@@ -130,6 +147,6 @@ class RecurrentMixer(TokenMixer):
             new_state["S"] = S.to(state_dtype(x.dtype))
         gate = None
         if self.g_proj is not None:
-            gate = self.g_proj(x).view(B, T, H, V)  # [B, T, H*V] -> [B, T, H, V]
+            gate = self.g_proj(x).view(B, T, HV, V)  # [B, T, HV*V] -> [B, T, HV, V]
         o = self.o_norm(o.to(x.dtype), gate)
-        return self.o_proj(o.reshape(B, T, H * V)), new_state  # [B, T, H, V] -> [B, T, H*V]
+        return self.o_proj(o.reshape(B, T, HV * V)), new_state  # [B, T, HV, V] -> [B, T, HV*V]

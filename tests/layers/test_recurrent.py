@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn.models import MIXERS, LMConfig, build_mixer
+from linattn.models import ATTENTION_MIXERS, MIXERS, LMConfig, build_mixer
 
-RECURRENT = [m for m in MIXERS if m != "softmax"]
+RECURRENT = [m for m in MIXERS if m not in ATTENTION_MIXERS]
 CONFIG = LMConfig(vocab_size=10, d_model=16, n_heads=2, chunk_size=4, taylor_dim=4)
 
 

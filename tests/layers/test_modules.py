@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linattn.layers.common import DecayGate, GatedRMSNorm, ShortConvolution, state_dtype
+from linattn.layers.mixer import state_dtype
+from linattn.layers.modules import DecayGate, GatedRMSNorm, ShortConvolution
 
 
 def test_short_convolution_is_the_causal_formula():

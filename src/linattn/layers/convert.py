@@ -1,0 +1,312 @@
+"""Our layers built with the weights of transformers' (and fla's) layers, so that "equal" is a test.
+
+Each function reads the sizes of the other library's module, builds our layer with them, and
+copies every weight (no weight is left at its initialisation: a missing one is an error). The
+classmethods ``GatedDeltaNet.from_transformers``, ``KimiDeltaAttention.from_transformers``,
+``MultiHeadLatentAttention.from_transformers`` and ``GatedAttention.from_transformers`` call them;
+the other library is only read, never imported here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _copy(target: Tensor, source: Tensor, name: str) -> None:
+    """target <- source, which must have the same number of elements (reshaped to target's)."""
+    if target.numel() != source.numel():
+        raise ValueError(
+            f"{name}: {tuple(source.shape)} cannot fill our {tuple(target.shape)}; "
+            "was the module built with other sizes?"
+        )
+    with torch.no_grad():
+        target.copy_(source.detach().reshape(target.shape))
+
+
+def _check_type(module: nn.Module, name: str, library: str = "transformers") -> None:
+    """A TypeError unless ``module`` is ``library``'s class ``name`` (ours may share the name)."""
+    kind = type(module)
+    if kind.__name__ != name or not kind.__module__.startswith(library + "."):
+        raise TypeError(f"module must be {library}'s {name}, got {kind.__module__}.{kind.__name__}")
+
+
+def _check_activation(module: nn.Module) -> None:
+    if getattr(module, "activation", "silu") not in ("silu", "swish"):
+        raise ValueError(f"only a SiLU short convolution is supported, got {module.activation!r}")
+
+
+def _like(layer: nn.Module, module: nn.Module) -> nn.Module:
+    """Our layer on the device and in the dtype of ``module``'s first weight."""
+    weight = next(module.parameters())
+    return layer.to(device=weight.device, dtype=weight.dtype)
+
+
+def gated_deltanet_from_qwen3_next(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``GatedDeltaNet`` from transformers' ``Qwen3NextGatedDeltaNet``.
+
+    Qwen3-Next packs ``in_proj_qkvz`` per query/key head h: ``[q_h (K), k_h (K), v (G V),
+    z (G V)]`` for its G = HV / H value heads, and ``in_proj_ba`` as ``[b (G), a (G)]`` per h; we
+    unpack them into ``q_proj``, ``k_proj``, ``v_proj``, ``g_proj`` (z, the output gate),
+    ``b_proj`` and the decay's ``a_proj``.
+    """
+    _check_type(module, "Qwen3NextGatedDeltaNet")
+    _check_activation(module)
+    H, HV = module.num_k_heads, module.num_v_heads
+    K, V = module.head_k_dim, module.head_v_dim
+    G = HV // H
+    layer = cls(
+        module.hidden_size,
+        H,
+        K,
+        expand_v=V / K,
+        num_v_heads=HV,
+        conv_size=module.conv_kernel_size,
+        norm_eps=module.layer_norm_epsilon,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    d = module.hidden_size
+    # [H (2K + 2GV), d] -> [H, 2K + 2GV, d] -> q, k: [H, K, d]; v, z: [H, G V, d]
+    qkvz = module.in_proj_qkvz.weight.view(H, 2 * K + 2 * G * V, d)
+    q, k, v, z = qkvz.split([K, K, G * V, G * V], dim=1)
+    ba = module.in_proj_ba.weight.view(H, 2 * G, d)  # [H, 2G, d] -> b, a: [H, G, d]
+    b, a = ba.split([G, G], dim=1)
+    pairs = [
+        (layer.q_proj.weight, q, "q"),
+        (layer.k_proj.weight, k, "k"),
+        (layer.v_proj.weight, v, "v"),
+        (layer.g_proj.weight, z, "z"),
+        (layer.b_proj.weight, b, "b"),
+        (layer.decay.a_proj.weight, a, "a"),
+        (layer.decay.A_log, module.A_log, "A_log"),
+        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
+        (layer.conv.weight, module.conv1d.weight, "conv1d.weight"),
+        (layer.o_norm.weight, module.norm.weight, "norm.weight"),
+        (layer.o_proj.weight, module.out_proj.weight, "out_proj.weight"),
+    ]
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    if module.conv1d.bias is not None:
+        raise ValueError("a short convolution with a bias is not supported")
+    return layer
+
+
+def kda_from_kimi_linear(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``KimiDeltaAttention`` from transformers' ``KimiLinearDeltaAttention`` (H heads, K = V =
+    ``head_dim``; the output gate ``g_b_proj`` without bias)."""
+    _check_type(module, "KimiLinearDeltaAttention")
+    _check_activation(module)
+    H, K = module.num_heads, module.head_dim
+    kwargs.setdefault("gate_bias", module.g_b_proj.bias is not None)
+    layer = cls(
+        module.hidden_size,
+        H,
+        K,
+        conv_size=module.conv_kernel_size,
+        norm_eps=module.layer_norm_epsilon,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    gate = module.forget_gate
+    pairs = [
+        (layer.q_proj.weight, module.q_proj.weight, "q_proj"),
+        (layer.k_proj.weight, module.k_proj.weight, "k_proj"),
+        (layer.v_proj.weight, module.v_proj.weight, "v_proj"),
+        (layer.conv.weight, module.conv1d.weight, "conv1d.weight"),
+        (layer.decay.a_proj[0].weight, gate.f_a_proj.weight, "forget_gate.f_a_proj"),
+        (layer.decay.a_proj[1].weight, gate.f_b_proj.weight, "forget_gate.f_b_proj"),
+        (layer.decay.A_log, gate.A_log, "forget_gate.A_log"),
+        (layer.decay.dt_bias, gate.dt_bias, "forget_gate.dt_bias"),
+        (layer.b_proj.weight, module.b_proj.weight, "b_proj"),
+        (layer.g_proj[0].weight, module.g_a_proj.weight, "g_a_proj"),
+        (layer.g_proj[1].weight, module.g_b_proj.weight, "g_b_proj"),
+        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
+        (layer.o_proj.weight, module.o_proj.weight, "o_proj"),
+    ]
+    if module.g_b_proj.bias is not None:
+        pairs.append((layer.g_proj[1].bias, module.g_b_proj.bias, "g_b_proj.bias"))
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    return layer
+
+
+def mla_from_kimi_linear(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``MultiHeadLatentAttention`` from transformers' ``KimiLinearAttention`` (MLA with NoPE: the
+    shared ``k^R`` channels are kept, not rotated)."""
+    _check_type(module, "KimiLinearAttention")
+    if module.num_key_value_groups != 1:
+        raise ValueError("KimiLinearAttention with num_key_value_heads != num_attention_heads")
+    kwargs.setdefault("rope", False)
+    layer = cls(
+        module.hidden_size,
+        module.num_heads,
+        kv_lora_rank=module.kv_lora_rank,
+        q_lora_rank=module.q_lora_rank,
+        qk_nope_head_dim=module.qk_nope_head_dim,
+        qk_rope_head_dim=module.qk_rope_head_dim,
+        v_head_dim=module.v_head_dim,
+        attention_bias=module.o_proj.bias is not None,
+        norm_eps=module.kv_a_layernorm.variance_epsilon,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    pairs = [
+        (layer.kv_a_proj, module.kv_a_proj_with_mqa, "kv_a_proj_with_mqa"),
+        (layer.kv_norm, module.kv_a_layernorm, "kv_a_layernorm"),
+        (layer.kv_b_proj, module.kv_b_proj, "kv_b_proj"),
+        (layer.o_proj, module.o_proj, "o_proj"),
+    ]
+    if module.q_lora_rank is None:
+        pairs.append((layer.q_proj, module.q_proj, "q_proj"))
+    else:
+        pairs += [
+            (layer.q_proj[0], module.q_a_proj, "q_a_proj"),
+            (layer.q_proj[1], module.q_a_layernorm, "q_a_layernorm"),
+            (layer.q_proj[2], module.q_b_proj, "q_b_proj"),
+        ]
+    for ours, theirs, name in pairs:
+        _copy_module(ours, theirs, name)
+    return layer
+
+
+def gated_attention_from_qwen3_next(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``GatedAttention`` from transformers' ``Qwen3NextAttention``.
+
+    Its ``q_proj`` packs, per head h, ``[q_h (D), z_h (D)]`` (the query, then its output gate);
+    we unpack them into ``q_proj`` and ``g_proj``.
+    """
+    _check_type(module, "Qwen3NextAttention")
+    config = module.config
+    H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, module.head_dim
+    rope = config.rope_parameters
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"only the default RoPE is supported, got {rope['rope_type']!r}")
+    layer = cls(
+        config.hidden_size,
+        H,
+        D,
+        num_key_value_heads=H_kv,
+        partial_rotary_factor=rope.get("partial_rotary_factor", 1.0),
+        rope_base=rope["rope_theta"],
+        attention_bias=module.q_proj.bias is not None,
+        norm_eps=module.q_norm.eps,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    d = config.hidden_size
+    q, z = module.q_proj.weight.view(H, 2 * D, d).split([D, D], dim=1)  # [H, D, d] each
+    pairs = [(layer.q_proj.weight, q, "q_proj (query)"), (layer.g_proj.weight, z, "q_proj (gate)")]
+    if module.q_proj.bias is not None:
+        q_bias, z_bias = module.q_proj.bias.view(H, 2 * D).split([D, D], dim=1)
+        pairs += [(layer.q_proj.bias, q_bias, "q_proj.bias"), (layer.g_proj.bias, z_bias, "bias")]
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    for name in ("k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+        _copy_module(getattr(layer, name), getattr(module, name), name)
+    return layer
+
+
+def _copy_module(ours: nn.Module, theirs: nn.Module, name: str) -> None:
+    """Every parameter of ``ours`` from the same-named one of ``theirs`` (weight, bias)."""
+    theirs_params = dict(theirs.named_parameters())
+    if set(theirs_params) != {n for n, _ in ours.named_parameters()}:
+        raise ValueError(f"{name}: parameters {sorted(theirs_params)} do not match ours")
+    for n, p in ours.named_parameters():
+        _copy(p, theirs_params[n], f"{name}.{n}")
+
+
+def _conv_from_fla(module: nn.Module) -> Tensor | None:
+    """fla's three short convolutions (q, k, v) as our one depthwise convolution over [q | k | v]
+    (None without them)."""
+    if not module.use_short_conv:
+        return None
+    convs = (module.q_conv1d, module.k_conv1d, module.v_conv1d)
+    if any(c.bias is not None for c in convs) or any(
+        c.activation not in ("silu", "swish") for c in convs
+    ):
+        raise ValueError("only fla's short convolutions without bias, with SiLU, are supported")
+    return torch.cat([c.weight for c in convs], dim=0)  # [2HK + HV V, 1, kernel]
+
+
+def _fla_common(module: nn.Module) -> dict:
+    return dict(
+        expand_v=module.expand_v,
+        num_v_heads=module.num_v_heads,
+        short_conv=module.use_short_conv,
+        conv_size=module.conv_size,
+        allow_neg_eigval=module.allow_neg_eigval,
+        norm_eps=module.o_norm.eps,
+    )
+
+
+def gated_deltanet_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``GatedDeltaNet`` from fla's ``fla.layers.GatedDeltaNet`` (same names but for the gate:
+    fla's ``a_proj`` is our decay's ``a_proj``, its three convolutions our one)."""
+    _check_type(module, "GatedDeltaNet", "fla")
+    activation = {"swish": "silu", "silu": "silu", "sigmoid": "sigmoid"}
+    gate_activation = getattr(module.o_norm, "activation", "swish")
+    layer = cls(
+        module.hidden_size,
+        module.num_heads,
+        module.head_k_dim,
+        output_gate=module.use_gate,
+        gate_activation=activation[gate_activation] if module.use_gate else "silu",
+        **_fla_common(module),
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    pairs = [
+        (layer.q_proj.weight, module.q_proj.weight, "q_proj"),
+        (layer.k_proj.weight, module.k_proj.weight, "k_proj"),
+        (layer.v_proj.weight, module.v_proj.weight, "v_proj"),
+        (layer.b_proj.weight, module.b_proj.weight, "b_proj"),
+        (layer.decay.a_proj.weight, module.a_proj.weight, "a_proj"),
+        (layer.decay.A_log, module.A_log, "A_log"),
+        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
+        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
+        (layer.o_proj.weight, module.o_proj.weight, "o_proj"),
+    ]
+    if module.use_gate:
+        pairs.append((layer.g_proj.weight, module.g_proj.weight, "g_proj"))
+    conv = _conv_from_fla(module)
+    if conv is not None:
+        pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    return layer
+
+
+def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``KimiDeltaAttention`` from fla's ``fla.layers.KimiDeltaAttention`` (its output gate has a
+    bias: ``gate_bias=True``; ``f_proj`` is our decay's low-rank ``a_proj``)."""
+    _check_type(module, "KimiDeltaAttention", "fla")
+    if module.lower_bound is not None or module.safe_gate:
+        raise ValueError("fla's lower_bound / safe_gate gate clamps are not supported")
+    kwargs.setdefault("gate_bias", module.g_proj[1].bias is not None)
+    layer = cls(
+        module.hidden_size, module.num_heads, module.head_k_dim, **_fla_common(module), **kwargs
+    )
+    layer = _like(layer, module)
+    pairs = [
+        (layer.q_proj.weight, module.q_proj.weight, "q_proj"),
+        (layer.k_proj.weight, module.k_proj.weight, "k_proj"),
+        (layer.v_proj.weight, module.v_proj.weight, "v_proj"),
+        (layer.b_proj.weight, module.b_proj.weight, "b_proj"),
+        (layer.decay.a_proj[0].weight, module.f_proj[0].weight, "f_proj.0"),
+        (layer.decay.a_proj[1].weight, module.f_proj[1].weight, "f_proj.1"),
+        (layer.decay.A_log, module.A_log, "A_log"),
+        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
+        (layer.g_proj[0].weight, module.g_proj[0].weight, "g_proj.0"),
+        (layer.g_proj[1].weight, module.g_proj[1].weight, "g_proj.1"),
+        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
+        (layer.o_proj.weight, module.o_proj.weight, "o_proj"),
+    ]
+    if module.g_proj[1].bias is not None:
+        pairs.append((layer.g_proj[1].bias, module.g_proj[1].bias, "g_proj.1.bias"))
+    conv = _conv_from_fla(module)
+    if conv is not None:
+        pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
+    for target, source, name in pairs:
+        _copy(target, source, name)
+    return layer

@@ -1,0 +1,139 @@
+"""The building blocks the mixers share: short convolution, gated per-head RMSNorm, decay gates,
+the low-rank projection of the gates."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linattn.layers.mixer import check_positive
+
+
+class ShortConvolution(nn.Module):
+    """Causal depthwise convolution over time, then SiLU (Mamba, H3, DeltaNet, KDA).
+
+    ``y[t, c] = silu(sum_{i < kernel} w[c, i] x[t - kernel + 1 + i, c])``, with ``x[s] = 0``
+    before the first token (``activation=None``: without the SiLU). Its generation state is the
+    last ``kernel - 1`` inputs, ``[B, channels, kernel - 1]``: calling it on a sequence in pieces
+    of any lengths, passing the state along, gives the outputs of one call on the whole sequence.
+    """
+
+    def __init__(
+        self, channels: int, kernel_size: int = 4, activation: str | None = "silu"
+    ) -> None:
+        super().__init__()
+        check_positive("channels", channels)
+        check_positive("kernel_size", kernel_size)
+        if activation not in ("silu", None):
+            raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+        self.channels = channels
+        self.kernel_size = kernel_size
+        self.activation = activation
+        # weight: [channels, 1, kernel] (one filter per channel); same init as nn.Conv1d.
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x: [B, T, C], state: [B, C, kernel - 1] or None (zeros) -> (y: [B, T, C], new state)."""
+        B, T, C = x.shape
+        x = x.transpose(1, 2)  # [B, C, T]
+        if state is None:
+            state = x.new_zeros(B, C, self.kernel_size - 1)
+        padded = torch.cat([state.to(x.dtype), x], dim=2)  # [B, C, kernel - 1 + T]
+        y = F.conv1d(padded, self.weight.to(x.dtype), groups=C)  # [B, C, T]
+        new_state = padded[:, :, padded.shape[2] - (self.kernel_size - 1) :]
+        y = F.silu(y) if self.activation == "silu" else y
+        return y.transpose(1, 2), new_state
+
+
+class GatedRMSNorm(nn.Module):
+    """Per-head output norm and gate: ``o <- rmsnorm(o) * weight * act(gate)``.
+
+    o, gate: [B, T, H, V]; the norm runs over each head's V channels with one weight of size V
+    shared by the heads (as Gated DeltaNet and KDA do). ``act`` is ``"silu"`` (Gated DeltaNet,
+    GLA) or ``"sigmoid"`` (KDA).
+    """
+
+    def __init__(self, head_dim: int, activation: str = "silu", eps: float = 1e-6) -> None:
+        super().__init__()
+        if activation not in ("silu", "sigmoid"):
+            raise ValueError(f"activation must be 'silu' or 'sigmoid', got {activation!r}")
+        self.weight = nn.Parameter(torch.ones(head_dim))
+        self.activation = activation
+        self.eps = eps
+
+    def forward(self, o: Tensor, gate: Tensor | None) -> Tensor:
+        """``rmsnorm(o) * weight * act(gate)``; the norm alone when ``gate`` is None."""
+        o = F.rms_norm(o, (o.shape[-1],), self.weight, self.eps)
+        if gate is None:
+            return o
+        act = F.silu(gate) if self.activation == "silu" else torch.sigmoid(gate)
+        return o * act
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """``x / sqrt(||x||^2 + eps)`` over the last axis: the query/key normalisation of fla's and
+    transformers' delta-rule layers (``use_qk_l2norm_in_kernel``), eps 1e-6 inside the root."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def low_rank(d_in: int, rank: int, d_out: int, bias: bool = False) -> nn.Sequential:
+    """x -> W2 (W1 x) (+ b): the low-rank projection of GLA and KDA gates, d_in -> rank -> d_out."""
+    return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=bias))
+
+
+class DecayGate(nn.Module):
+    """Data-dependent log-decay ``g = log(alpha) <= 0``, per head or per key channel.
+
+    - ``kind="scalar"`` (Mamba-2, Gated DeltaNet): one value per head, ``g: [B, T, H]``,
+      ``g = -exp(A_log) * softplus(a_proj x + dt_bias)``. Initialisation as in Mamba-2:
+      ``A_log = log(A)``, ``A ~ uniform(A_range)`` per head (Mamba-2: (1, 16); fla's Gated
+      DeltaNet: (0, 16)); ``dt_bias = softplus^{-1}(dt)``, ``dt`` log-uniform in [0.001, 0.1],
+      so that the initial step sizes ``softplus(dt_bias)`` span that range.
+    - ``kind="channel"`` (KDA): the same formula per key channel, ``g: [B, T, H, K]``, with
+      ``a_proj`` low-rank (d_model -> ``rank`` -> H*K), ``A_log`` per head and ``dt_bias`` per
+      channel, initialised as above: fla 0.6.0's ``KimiDeltaAttention`` and transformers 5.23's
+      ``KimiLinearForgetGate`` (its ``_init_weights``) both start ``dt_bias`` in Mamba-2's
+      range and ``A`` in (1, 16).
+    - ``kind="gla"`` (GLA): ``g = logsigmoid(a_proj x) / 16`` per key channel, ``a_proj``
+      low-rank with bias (rank 16 in the paper); dividing by 16 keeps the initial decay near 1.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        key_dim: int,
+        kind: str,
+        rank: int = 16,
+        A_range: tuple[float, float] = (1.0, 16.0),
+    ) -> None:
+        super().__init__()
+        if kind not in ("scalar", "channel", "gla"):
+            raise ValueError(f"kind must be 'scalar', 'channel' or 'gla', got {kind!r}")
+        self.kind, self.n_heads, self.key_dim = kind, n_heads, key_dim
+        width = n_heads if kind == "scalar" else n_heads * key_dim
+        if kind == "scalar":
+            self.a_proj = nn.Linear(d_model, width, bias=False)
+        else:
+            self.a_proj = low_rank(d_model, rank, width, bias=(kind == "gla"))
+        if kind != "gla":
+            self.A_log = nn.Parameter(torch.log(torch.empty(n_heads).uniform_(*A_range)))
+            dt = torch.exp(torch.empty(width).uniform_(math.log(1e-3), math.log(1e-1)))
+            # inverse softplus: softplus(dt + log(1 - exp(-dt))) = dt
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: [B, T, d_model] -> g: [B, T, H] (scalar) or [B, T, H, K] (channel, gla)."""
+        B, T, _ = x.shape
+        a = self.a_proj(x)  # [B, T, H] or [B, T, H*K]
+        if self.kind == "gla":
+            return (F.logsigmoid(a) / 16.0).view(B, T, self.n_heads, self.key_dim)
+        g = F.softplus(a + self.dt_bias)
+        if self.kind == "scalar":
+            return -torch.exp(self.A_log) * g  # [B, T, H]
+        g = g.view(B, T, self.n_heads, self.key_dim)  # [B, T, H, K]
+        return -torch.exp(self.A_log)[:, None] * g
