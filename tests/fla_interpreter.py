@@ -14,6 +14,11 @@ must not be imported before) and patches what triton 3.9's interpreter lacks for
   so ``i`` is a Python int and fla's ``i_t.to(tl.int64)`` (common/chunk_delta_h.py) fails with
   "'int' object has no attribute 'to'"; the rewritten kernel binds ``i`` to a triton scalar, as
   compiled triton does (``tl.static_range`` keeps its int).
+- builtins bound to other names: fla binds ``gather = tl.gather`` at import, which the
+  interpreter's patching of ``triton.language`` misses ("Did you forget to add @triton.jit ?"
+  in KDA's chunk kernels); the kernel module's own names are patched too.
+- dot precisions: KDA's safe gate asks for ``input_precision="bf16x3"``, which the
+  interpreter's options do not list (its dot is a numpy matmul anyway); it is added.
 
 Nothing else is needed: fla's ``fla.utils`` device detection warns "Triton is not supported on
 current platform, roll back to CPU" and picks ``device = 'cpu'``, which is what the interpreter
@@ -28,6 +33,7 @@ encountered in exp" on values the kernels then discard.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import sys
 
@@ -38,6 +44,9 @@ if "fla" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
     )
 os.environ["TRITON_INTERPRET"] = "1"
 
+from functools import partial  # noqa: E402
+
+import triton.language as tl  # noqa: E402
 from triton.runtime import autotuner, interpreter  # noqa: E402
 
 
@@ -82,8 +91,45 @@ def _visit_for(self, node):
     return node
 
 
+def _bound_builtins(patch_lang):
+    """Also patch triton builtins a kernel's module binds to its own names.
+
+    The interpreter patches the builtins of ``triton.language`` while a kernel runs, but fla's
+    ``fla.ops.utils.op`` binds ``gather = tl.gather`` at import, which then still asks for the
+    compiler's ``_semantic`` ("Did you forget to add @triton.jit ?", KDA's intra-chunk kernel).
+    """
+
+    def patched(fn):
+        scope = patch_lang(fn)
+        names = fn.__globals__
+        for name, value in list(names.items()):
+            if tl.core.is_builtin(value):
+                names[name] = partial(_with_semantic, value)
+        return scope
+
+    return patched
+
+
+def _with_semantic(member, *args, **kwargs):
+    kwargs = {k: v for k, v in kwargs.items() if k != "_semantic"}
+    return member(*args, **kwargs, _semantic=interpreter.interpreter_semantic)
+
+
+def _dot_precisions() -> None:
+    """Accept fla's ``input_precision="bf16x3"`` (KDA's safe gate); the interpreter's dot is a
+    numpy matmul in the operands' precision whatever the option says."""
+    builder = interpreter.interpreter_builder
+    allowed = builder.options.allowed_dot_input_precisions
+    extra = tuple(p for p in ("bf16x3", "bf16x6") if p not in allowed)
+    builder.options = dataclasses.replace(
+        builder.options, allowed_dot_input_precisions=allowed + extra
+    )
+
+
 def _patch_interpreter() -> None:
+    _dot_precisions()
     interpreter.ASTTransformer.visit_For = _visit_for
+    interpreter._patch_lang = _bound_builtins(interpreter._patch_lang)
     interpreter.InterpretedFunction.rewritten_fn.clear()
 
 
