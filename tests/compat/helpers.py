@@ -62,3 +62,14 @@ def assert_same(a, b, tol, what=""):
         scale = max(float(y.abs().max()), 1.0)
         err = float((x - y).abs().max())
         assert err <= tol * scale, f"{what}[{i}]: max error {err:.3g} > {tol:.1g} x {scale:.3g}"
+
+
+class Promoted:
+    """``torch`` seen with float32 (and ``float``) read as float64: a reference module's
+    float32 casts promoted (``monkeypatch.setattr(module, "torch", Promoted())``)."""
+
+    float32 = torch.float64
+    float = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)

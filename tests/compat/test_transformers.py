@@ -21,25 +21,16 @@ kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear
 
 from linattn import compat  # noqa: E402
 
-from .helpers import assert_same, outputs_and_grads, recipe  # noqa: E402
+from .helpers import Promoted, assert_same, outputs_and_grads, recipe  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-class _Promoted:
-    """``torch`` with float32 read as float64 (the fallbacks' casts promoted)."""
-
-    float32 = torch.float64
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
 
 
 @pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])
 def dtype(request, monkeypatch):
     if request.param == torch.float64:
-        monkeypatch.setattr(qwen3, "torch", _Promoted())
-        monkeypatch.setattr(kimi, "torch", _Promoted())
+        monkeypatch.setattr(qwen3, "torch", Promoted())
+        monkeypatch.setattr(kimi, "torch", Promoted())
         to_float = torch.Tensor.float
         monkeypatch.setattr(
             torch.Tensor, "float", lambda x: x if x.dtype == torch.float64 else to_float(x)
