@@ -158,18 +158,65 @@ def delta_rule_recurrent_channel_beta():
     return _case("fused_recurrent_delta_rule", leaves, output_final_state=True)
 
 
+def kda_intermediate_states_varlen():
+    x = recipe(T=70, H=2, HV=4)
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["gk"], "beta": x["beta"]}
+    return _case(
+        "chunk_kda", leaves, grads=False, output_final_state=True,
+        return_intermediate_states=True, cu_seqlens=torch.tensor([0, 40, 70]),
+        state_v_first=True,
+    )  # fmt: skip
+
+
+def linear_attn_varlen():
+    x = recipe(T=70)
+    leaves = {"q": x["q"].sigmoid(), "k": x["k"].sigmoid(), "v": x["v"]}
+    return _case("chunk_linear_attn", leaves, output_final_state=True,
+                 cu_seqlens=torch.tensor([0, 30, 70]))  # fmt: skip
+
+
+def gdn_recurrent_varlen_in_kernel_gate():
+    x = recipe(T=70, H=2, HV=4)
+    gen = torch.Generator().manual_seed(8)
+    leaves = {
+        "q": x["q"],
+        "k": x["k"],
+        "v": x["v"],
+        "g": torch.randn(1, 70, 4, generator=gen),
+        "beta": x["beta"],
+        "initial_state": torch.cat([x["h0"], -x["h0"]]),
+        "A_log": torch.randn(4, generator=gen),
+        "dt_bias": torch.randn(4, generator=gen),
+    }
+    return _case(
+        "fused_recurrent_gdn", leaves, grads=False, output_final_state=True,
+        cu_seqlens=torch.tensor([0, 30, 70]), use_gate_in_kernel=True,
+    )  # fmt: skip
+
+
+def gdn_recurrent_mixed_dtypes():
+    """q, k in bfloat16, v, g, beta in float32 (fla's chunk kernels refuse the mix)."""
+    x = recipe(H=2, HV=4)
+    leaves = {"q": x["q"].bfloat16(), "k": x["k"].bfloat16(), "v": x["v"], "g": x["g"],
+              "beta": x["beta"], "initial_state": x["h0"]}  # fmt: skip
+    return _case("fused_recurrent_gated_delta_rule", leaves, grads=False,
+                 output_final_state=True)  # fmt: skip
+
+
 FAST = [
     gdn_chunk_in_kernel, gdn_recurrent_every_gate, kda_chunk_in_kernel, kda_recurrent_in_kernel,
     gla_recurrent_gv_reverse, simple_gla_recurrent_g_and_gamma, delta_rule_recurrent_channel_beta,
 ]  # fmt: skip
 SLOW = [gdn_chunk_varlen, gla_chunk_v_first, simple_gla_chunk_gamma_v_first, simple_gla_parallel,
-        simple_gla_parallel_attentions, retention_recurrent_reverse, lightning_chunk]  # fmt: skip
+        simple_gla_parallel_attentions, retention_recurrent_reverse, lightning_chunk,
+        kda_intermediate_states_varlen, linear_attn_varlen, gdn_recurrent_varlen_in_kernel_gate,
+        gdn_recurrent_mixed_dtypes]  # fmt: skip
 
 
 def _compare(case):
     name, leaves, kwargs, grads = case()
-    if not grads:  # fla has no backward here
-        with torch.no_grad():
+    if not grads:  # fla has no backward here (or intermediate states: inference only)
+        with torch.inference_mode():
             a = flatten(getattr(compat, name)(**leaves, **kwargs))
             b = flatten(getattr(ops, name)(**leaves, **kwargs))
         assert_same(a, b, TOL, name)
