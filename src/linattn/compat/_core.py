@@ -4,9 +4,11 @@ One call of ``run`` is one of linattn's ops (``linear_attention`` for the additi
 ``delta_rule`` for the delta rule) with fla's conventions converted on the way in and out:
 
 - dtypes: q, k, v may differ (fla's tests pass q, k in bfloat16 with v in float32); they are
-  promoted to one dtype (``torch.promote_types``) and o is returned in q's or v's dtype, as the
-  fla function does (``out``). Final states are float32 (float64 for float64 inputs: linattn's
-  compute dtype; fla would round them to float32).
+  promoted to one dtype (``torch.promote_types``, with the gates and beta, so that a gate
+  computed in float32 is not rounded to bfloat16) and o is returned in q's or v's dtype, as the
+  fla function does (``out``); an initial state is read in float32 (float64 for float64).
+  Final states are float32 (float64 for float64 inputs: linattn's compute dtype; fla would
+  round them to float32).
 - states: ``[N, HV, K, V]``, or ``[N, HV, V, K]`` with ``state_v_first=True``.
 - grouped value heads (v, beta, g, states with HV = G * H heads): linattn's ops take them.
 - gates: ``g`` (per head), ``gk`` (per key channel) and ``gv`` (per value channel) multiply into
@@ -211,7 +213,7 @@ def run(
     1 / sqrt(K).
     """
     check_varlen(q, initial_state, cu_seqlens)
-    dtype = promote(q, k, v)
+    dtype = promote(q, k, v, beta, g, gk, gv)  # an in-kernel gate computed in float32 stays
     out_dtype = q.dtype if out == "q" else v.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if beta is not None:
@@ -220,7 +222,7 @@ def run(
     HV, V = v.shape[2], v.shape[3]
     S0 = initial_state
     if S0 is not None:
-        S0 = S0.to(dtype)
+        S0 = S0.to(state_dtype(dtype))  # a float32 state stays float32 with bfloat16 inputs
         S0 = S0.transpose(-1, -2) if state_v_first else S0  # [N, HV, V, K] -> [N, HV, K, V]
     gate, split = total_gate(g, gk, gv, V)
     split = split or (beta is not None and beta.dim() == 4)
