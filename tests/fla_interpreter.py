@@ -26,7 +26,11 @@ wants (tensors stay on the CPU). Checked with fla 0.6.0 / triton 3.9.0 / torch 2
 ``chunk_*`` and ``fused_recurrent_*`` gated delta rule forward and backward; fla's layers
 GatedDeltaNet, DeltaNet, KimiDeltaAttention, GatedLinearAttention and Mamba2 (short convolution,
 fused norms, l2norm and ops) forward and backward. The interpreter is slow (seconds per call at
-T = 64): keep shapes small. Masked-out lanes are computed too, so numpy may warn "overflow
+T = 64): keep shapes small. Known limits: bfloat16 can give wrong results (seen: fla's
+``chunk_delta_rule`` in bfloat16 returns outputs of 1e10; in float16 it is right; the cause,
+likely the interpreter's bfloat16 emulation, is not pinned down), and
+fla's chunk kernels refuse q, k in bfloat16 with v in float32 ("Both operands must be same
+dtype"), as compiled triton would. Masked-out lanes are computed too, so numpy may warn "overflow
 encountered in exp" on values the kernels then discard.
 """
 
