@@ -211,6 +211,13 @@ def delta_rule_chunk_float16():
     return _case("chunk_delta_rule", leaves, tol=4e-3, output_final_state=True)
 
 
+def hgrn_recurrent():
+    x = recipe()
+    leaves = {"x": x["v"].flatten(2), "g": x["gv"].flatten(2),
+              "initial_state": x["h0"][:, :, 0].flatten(1)}  # fmt: skip
+    return _case("fused_recurrent_hgrn", leaves, output_final_state=True)
+
+
 FAST = [
     gdn_chunk_in_kernel, gdn_recurrent_every_gate, kda_chunk_in_kernel, kda_recurrent_in_kernel,
     gla_recurrent_gv_reverse, simple_gla_recurrent_g_and_gamma, delta_rule_recurrent_channel_beta,
@@ -218,7 +225,7 @@ FAST = [
 SLOW = [gdn_chunk_varlen, gla_chunk_v_first, simple_gla_chunk_gamma_v_first, simple_gla_parallel,
         simple_gla_parallel_attentions, retention_recurrent_reverse, lightning_chunk,
         kda_intermediate_states_varlen, linear_attn_varlen, gdn_recurrent_varlen_in_kernel_gate,
-        gdn_recurrent_mixed_dtypes, delta_rule_chunk_float16]  # fmt: skip
+        gdn_recurrent_mixed_dtypes, delta_rule_chunk_float16, hgrn_recurrent]  # fmt: skip
 
 
 def _compare(case):

@@ -12,6 +12,7 @@ kda_naive = pytest.importorskip("fla.ops.kda.naive")
 gdn_naive = pytest.importorskip("fla.ops.gated_delta_rule.naive")
 sgla_naive = pytest.importorskip("fla.ops.simple_gla.naive")
 delta_naive = pytest.importorskip("fla.ops.delta_rule.naive")
+hgrn_naive = pytest.importorskip("fla.ops.hgrn.naive")
 
 from linattn import compat  # noqa: E402
 
@@ -88,3 +89,23 @@ def test_delta_rule():
 
     for fn in (compat.chunk_delta_rule, compat.fused_recurrent_delta_rule):
         _compare(lambda fn=fn, **t: fn(**t, output_final_state=True), theirs, leaves, 3e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_hgrn(dtype, monkeypatch):
+    if dtype == torch.float64:
+        monkeypatch.setattr(hgrn_naive, "torch", Promoted())
+        to_float = torch.Tensor.float
+        monkeypatch.setattr(
+            torch.Tensor, "float", lambda x: x if x.dtype == torch.float64 else to_float(x)
+        )
+    x = recipe(T=37, dtype=dtype)
+    # x, g [B, T, D = 16] and h0 [B, D] from the recipe's v, gv and state
+    leaves = {"x": x["v"].flatten(2), "g": x["gv"].flatten(2),
+              "initial_state": x["h0"][:, :, 0].flatten(1)}  # fmt: skip
+    tol = 1e-12 if dtype == torch.float64 else 3e-5
+    _compare(
+        lambda **t: compat.fused_recurrent_hgrn(**t, output_final_state=True),
+        lambda **t: hgrn_naive.naive_recurrent_hgrn(**t, output_final_state=True),
+        leaves, tol,
+    )  # fmt: skip

@@ -8,9 +8,10 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 
 - computed by linattn: linear attention (``*_linear_attn``, normalised with fla's ``(kv, z)``
   state), simple GLA, retention and lightning attention (a constant decay per head), GLA, the
-  delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too) and KDA
-  (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
-  ``kda``); ``chunk_*`` run linattn's chunk form, ``fused_recurrent_*`` its recurrent form,
+  delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA and
+  HGRN (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``,
+  ``gated_delta_rule``, ``kda``, ``hgrn``); ``chunk_*`` run linattn's chunk form,
+  ``fused_recurrent_*`` its recurrent form,
   ``parallel_*`` its parallel form;
 - fla's deprecated ``fused_chunk_delta_rule`` / ``fused_chunk_gla`` raise as fla's do;
 - the others raise NotImplementedError naming the missing mechanism (``unsupported``).
@@ -38,6 +39,7 @@ from linattn.compat.gated_delta_rule import (
     fused_recurrent_gdn,
 )
 from linattn.compat.gla import chunk_gla, fused_chunk_gla, fused_recurrent_gla
+from linattn.compat.hgrn import fused_recurrent_hgrn
 from linattn.compat.kda import chunk_kda, fused_recurrent_kda, kda_gate
 from linattn.compat.linear_attn import (
     chunk_linear_attn,
@@ -76,6 +78,7 @@ COMPUTED = (
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gdn",
     "fused_recurrent_gla",
+    "fused_recurrent_hgrn",
     "fused_recurrent_kda",
     "fused_recurrent_lightning_attn",
     "fused_recurrent_linear_attn",
@@ -106,6 +109,7 @@ __all__ = [
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gdn",
     "fused_recurrent_gla",
+    "fused_recurrent_hgrn",
     "fused_recurrent_kda",
     "fused_recurrent_lightning_attn",
     "fused_recurrent_linear_attn",

@@ -37,7 +37,6 @@ MISSING = {
     "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
     "parallel_based": "Based in fla's form (its Taylor feature map and normaliser inside the "
     "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
-    "fused_recurrent_hgrn": "HGRN (an element-wise gated recurrence without queries and keys)",
     "parallel_attn": "fla's flash attention (sliding windows, sinks, gates; "
     "linattn.ops.softmax_attention is linattn's causal softmax attention)",
     "parallel_forgetting_attn": "the forgetting transformer (softmax with a forget gate)",
