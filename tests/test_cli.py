@@ -160,7 +160,7 @@ def test_bench_out_is_checked_before_any_timing(tmp_path, monkeypatch, capsys):
 
 
 def test_cp_bytes_json_is_checked_before_the_ranks_start(tmp_path, monkeypatch, capsys):
-    from linattn.distributed import launch
+    from linattn.experiments import launch
 
     refuse_work(monkeypatch, launch, "run_local")
     parent = tmp_path / "a-file"

@@ -48,7 +48,7 @@ def test_readme_python_example_runs(index, tmp_path, monkeypatch):
 
 def test_readme_context_parallel_script_runs_on_two_processes(tmp_path):
     """The README's `cp_example.py`, launched as 2 local processes the way torchrun does."""
-    from linattn.distributed.launch import run_local
+    from linattn.experiments.launch import run_local
 
     readme = (ROOT / "README.md").read_text()
     scripts = re.findall(r"```python cp_example.py\n(.*?)```", readme, re.S)

@@ -28,7 +28,7 @@ COMMANDS: dict[str, str] = {
     "costs": "linattn.experiments.costs",
     "report": "linattn.experiments.report",
     "mqar": "linattn.experiments.mqar.cli",
-    "cp-bytes": "linattn.distributed.demo",
+    "cp-bytes": "linattn.experiments.cp_bytes",
     "bench": "linattn.experiments.bench",
     "build": "linattn.build",
 }

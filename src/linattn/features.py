@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn.dtypes import compute_dtype
+
 
 def elu_plus_one(x: Tensor) -> Tensor:
     """phi(x) = elu(x) + 1, entry by entry (Katharopoulos et al., 2020; section 4). r = d.
@@ -128,7 +130,7 @@ class PositiveRandomFeatures(nn.Module):
         """[..., d] -> [..., r], computed in float32 at least, returned in the input dtype."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"x must have last dimension dim = {self.dim}, got {tuple(x.shape)}")
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(x.dtype)
         y = x.to(dtype)
         if self.fold_scale:
             y = y / self.dim**0.25

@@ -8,24 +8,18 @@ state, summed over ranks) against one process running the whole sequence.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from linattn import ops
-from linattn.distributed.launch import run_local
+from linattn.experiments.launch import run_local
 
 from . import cp_worker
 from .cp_worker import CASES, DTYPES, call, leaves, make_case
 
 WORKER = Path(cp_worker.__file__)
-SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def worker_env() -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
 
 
 def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -65,12 +59,12 @@ def prefix_state(name: str, case: dict, stop: int) -> torch.Tensor:
     return call(name, fn, part, part["S0"])[1]
 
 
-def run_and_compare(lengths: list[int], tmp_path: Path) -> None:
+def run_and_compare(lengths: list[int], tmp_path: Path, env: dict[str, str]) -> None:
     results = run_local(
         [str(WORKER), str(tmp_path), ",".join(map(str, lengths))],
         len(lengths),
         deadline=240,
-        env=worker_env(),
+        env=env,
     )
     for r in results:
         assert r.returncode == 0, f"rank {r.rank} failed ({r.returncode}):\n{r.output[-3000:]}"
@@ -143,13 +137,13 @@ def check_bytes(per_rank: list[dict]) -> None:
                 assert counts[(name, T)] == want, (name, p, T, counts[(name, T)], want)
 
 
-def test_two_ranks_unequal_slices(tmp_path):
-    run_and_compare([9, 14], tmp_path)
+def test_two_ranks_unequal_slices(tmp_path, worker_env):
+    run_and_compare([9, 14], tmp_path, worker_env)
 
 
 @pytest.mark.slow
-def test_four_ranks_unequal_slices(tmp_path):
-    run_and_compare([5, 1, 9, 8], tmp_path)
+def test_four_ranks_unequal_slices(tmp_path, worker_env):
+    run_and_compare([5, 1, 9, 8], tmp_path, worker_env)
 
 
 def test_checksum_tells_values_apart_and_ignores_the_sign_of_zero():

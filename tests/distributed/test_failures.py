@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from linattn.distributed.launch import run_local
+from linattn.experiments.launch import run_local
 
 from . import fail_worker
-from .test_context_parallel import worker_env
 
 WORKER = str(Path(fail_worker.__file__))
 TIMEOUT = 4.0  # the process group's timeout, seconds
@@ -23,18 +22,24 @@ TIMEOUT = 4.0  # the process group's timeout, seconds
 DEADLINE = 90.0
 
 
-def launch(scenario: str, nproc: int = 2, world_size: int | None = None):
-    return run_local(
-        [WORKER, scenario, str(TIMEOUT)],
-        nproc,
-        deadline=DEADLINE,
-        env=worker_env(),
-        world_size=world_size,
-    )
+@pytest.fixture
+def launch(worker_env):
+    """``launch(scenario, nproc=2, world_size=None)``: run ``fail_worker`` on local ranks."""
+
+    def run(scenario: str, nproc: int = 2, world_size: int | None = None):
+        return run_local(
+            [WORKER, scenario, str(TIMEOUT)],
+            nproc,
+            deadline=DEADLINE,
+            env=worker_env,
+            world_size=world_size,
+        )
+
+    return run
 
 
 @pytest.mark.slow  # the context-parallel tests run the same path
-def test_no_failure_runs_through():
+def test_no_failure_runs_through(launch):
     for r in launch("ok"):
         assert r.returncode == 0 and "DONE" in r.output, r.output[-2000:]
 
@@ -49,14 +54,14 @@ def test_no_failure_runs_through():
         pytest.param("bad_input", "rank 1: ValueError: beta", marks=pytest.mark.slow),
     ],
 )
-def test_invalid_slices_raise_the_same_error_on_every_rank(scenario, message):
+def test_invalid_slices_raise_the_same_error_on_every_rank(launch, scenario, message):
     for r in launch(scenario):
         assert r.returncode == 1, f"rank {r.rank}: {r.returncode}\n{r.output[-2000:]}"
         assert "ValueError" in r.output and message in r.output, r.output[-2000:]
         assert "DONE" not in r.output
 
 
-def test_rank_that_raises_ends_every_rank_with_an_error():
+def test_rank_that_raises_ends_every_rank_with_an_error(launch):
     results = launch("raise")
     for r in results:
         assert r.returncode is not None and r.returncode != 0, f"rank {r.rank} hung or passed"
@@ -66,7 +71,7 @@ def test_rank_that_raises_ends_every_rank_with_an_error():
 
 
 @pytest.mark.slow
-def test_peer_that_never_arrives_times_out():
+def test_peer_that_never_arrives_times_out(launch):
     survivor, silent = launch("absent")
     assert survivor.returncode not in (None, 0), survivor.output[-2000:]
     assert "PeerFailureError" in survivor.output, survivor.output[-2000:]
@@ -76,7 +81,7 @@ def test_peer_that_never_arrives_times_out():
 
 
 @pytest.mark.slow
-def test_missing_rank_at_rendezvous_times_out():
+def test_missing_rank_at_rendezvous_times_out(launch):
     (result,) = launch("ok", nproc=1, world_size=2)
     assert result.returncode not in (None, 0), result.output[-2000:]
     assert "PeerFailureError" in result.output and "rendezvous" in result.output

@@ -11,7 +11,7 @@ from linattn import ops
 from linattn.distributed import maps
 
 from ..ops.cases import oracle, rel_rms
-from ..ops.test_resets import reset_inputs
+from ..ops.reset_cases import reset_inputs
 from .cp_worker import CASES, make_case
 
 # (name, delta rule?)

@@ -10,28 +10,9 @@ from linattn import cli
 from linattn.experiments import _bench_cases as cases
 from linattn.experiments import bench
 
-TINY = [
-    "--clock",
-    "cpu",
-    "--memory-min-T",
-    "1",
-    "--T",
-    "32,64",
-    "--H",
-    "2",
-    "--K",
-    "8",
-    "--V",
-    "8",
-    "--chunk-size",
-    "16",
-    "--repeats",
-    "1",
-]
 
-
-def test_tiny_run_writes_json_markdown_and_plot(tmp_path, capsys):
-    args = TINY + [
+def test_tiny_run_writes_json_markdown_and_plot(tiny_bench_args, tmp_path, capsys):
+    args = tiny_bench_args + [
         "--mechanisms",
         "softmax,linear,delta",
         "--modes",
@@ -120,14 +101,15 @@ def test_bad_options_exit_2(capsys):
     assert bench._choices("chunk,parallel", bench.MODES) == ["chunk", "parallel"]
 
 
-def test_every_efficiency_is_taken_against_the_highest_roof(monkeypatch):
+def test_every_efficiency_is_taken_against_the_highest_roof(tiny_bench_args, monkeypatch):
     """A roof measured while the machine was busy (lower) must not flatter the rows after it."""
     samples = iter([150e9, 89e9, 140e9])
     monkeypatch.setattr(bench, "matmul_rate", lambda: next(samples))
     parser = argparse.ArgumentParser()
     bench.configure(parser)
-    args = parser.parse_args(TINY + ["--mechanisms", "linear,delta,kda", "--modes", "chunk",
-                                     "--no-fla", "--no-memory", "--no-backward"])  # fmt: skip
+    args = parser.parse_args([*tiny_bench_args, "--mechanisms", "linear,delta,kda",
+                              "--modes", "chunk", "--no-fla", "--no-memory",
+                              "--no-backward"])  # fmt: skip
     args.generation_t = []  # no generation table: this test is about the roof
     result = bench.compute_bench(args)
     assert result["roof_ops_per_s"] == 150e9
@@ -139,11 +121,14 @@ def test_every_efficiency_is_taken_against_the_highest_roof(monkeypatch):
 
 
 @pytest.mark.parametrize("applied", [True, False])
-def test_tune_malloc_option_is_applied_and_reported(applied, tmp_path, capsys, monkeypatch):
+def test_tune_malloc_option_is_applied_and_reported(
+    applied, tiny_bench_args, tmp_path, capsys, monkeypatch
+):
     calls = []
     # The real call is process-wide (tests/test_cpu.py runs it in a child process).
     monkeypatch.setattr(bench, "tune_malloc", lambda: calls.append(1) or applied)
-    args = [*TINY, "--mechanisms", "linear", "--modes", "chunk", "--T", "32", "--no-memory"]
+    args = [*tiny_bench_args, "--mechanisms", "linear", "--modes", "chunk", "--T", "32"]
+    args += ["--no-memory"]
     args += ["--generation-t", "none", "--no-fla", "--tune-malloc", "--out", str(tmp_path)]
     assert cli.main(["bench", *args]) == 0
     out = capsys.readouterr().out

@@ -2,20 +2,26 @@
 
 import json
 
+import pytest
+
 from linattn import cli
 
-from .test_bench import TINY
+
+@pytest.fixture
+def tiny_run(tiny_bench_args, tmp_path):
+    """``tiny_run(name)``: a tiny ``linattn bench`` into ``tmp_path / name``; its bench.json."""
+
+    def run(name: str):
+        args = [*tiny_bench_args, "--mechanisms", "softmax,linear", "--modes", "chunk", "--no-fla"]
+        args += ["--generation-t", "16", "--generation-K", "8", "--generation-repeats", "1"]
+        assert cli.main(["bench", *args, "--out", str(tmp_path / name)]) == 0
+        return tmp_path / name / "bench.json"
+
+    return run
 
 
-def _tiny_run(tmp_path, name):
-    args = [*TINY, "--mechanisms", "softmax,linear", "--modes", "chunk", "--no-fla"]
-    args += ["--generation-t", "16", "--generation-K", "8", "--generation-repeats", "1"]
-    assert cli.main(["bench", *args, "--out", str(tmp_path / name)]) == 0
-    return tmp_path / name / "bench.json"
-
-
-def test_merge_takes_the_median_of_every_measured_number(tmp_path, capsys):
-    paths = [_tiny_run(tmp_path, f"run{i}") for i in range(3)]
+def test_merge_takes_the_median_of_every_measured_number(tiny_run, tmp_path, capsys):
+    paths = [tiny_run(f"run{i}") for i in range(3)]
     runs = [json.loads(p.read_text()) for p in paths]
     out = tmp_path / "merged"
     assert cli.main(["bench", "--merge", *map(str, paths), "--out", str(out)]) == 0
@@ -33,8 +39,8 @@ def test_merge_takes_the_median_of_every_measured_number(tmp_path, capsys):
     assert merged["generation"][0]["delta_step_s"] == sorted(step)[1]
 
 
-def test_merge_refuses_runs_of_other_options(tmp_path, capsys):
-    a = _tiny_run(tmp_path, "a")
+def test_merge_refuses_runs_of_other_options(tiny_run, tmp_path, capsys):
+    a = tiny_run("a")
     other = json.loads(a.read_text())
     other["config"]["H"] = 4
     b = tmp_path / "b.json"
@@ -45,8 +51,8 @@ def test_merge_refuses_runs_of_other_options(tmp_path, capsys):
     assert "at least 2 runs" in capsys.readouterr().err
 
 
-def test_a_truncated_run_is_named(tmp_path, capsys):
-    a = _tiny_run(tmp_path, "a")
+def test_a_truncated_run_is_named(tiny_run, tmp_path, capsys):
+    a = tiny_run("a")
     b = tmp_path / "b.json"
     b.write_text(a.read_text()[:-40])  # a copy cut short
     assert cli.main(["bench", "--merge", str(a), str(b), "--out", str(tmp_path / "m")]) == 2

@@ -36,15 +36,12 @@ def test_numbers_agree_with_a_real_cache_after_t_tokens():
     assert [b["bytes"][0] for b in result["blocks"]] == cache.nbytes_per_block()
 
 
-@pytest.fixture
-def main(monkeypatch):
-    """``linattn`` with only this command registered (the other commands live on other branches)."""
-    assert cli.COMMANDS["memory"] == "linattn.experiments.memory"
-    monkeypatch.setattr(cli, "COMMANDS", {"memory": cli.COMMANDS["memory"]})
-    return cli.main
+def main(argv: list[str]) -> int:
+    """``linattn ARGV`` through the real command line (every command registered)."""
+    return cli.main(argv)
 
 
-def test_command_prints_markdown_and_json(main, capsys):
+def test_command_prints_markdown_and_json(capsys):
     args = ["memory", "--d-model", "32", "--n-heads", "2", "--mixers", "kda,softmax"]
     assert main([*args, "--contexts", "16,1024"]) == 0
     text = capsys.readouterr().out
@@ -56,7 +53,7 @@ def test_command_prints_markdown_and_json(main, capsys):
     assert memory_markdown(data).startswith("Generation cache")
 
 
-def test_bad_arguments(main, capsys):
+def test_bad_arguments(capsys):
     assert main(["memory", "--d-model", "30", "--n-heads", "4"]) == 2
     assert "divisible" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.test_lm import make_model
-from tests.models.tiny import CASES, IDS
+from tests.models.tiny import CASES, IDS, make_model
 
 
 @pytest.mark.parametrize("mixers", CASES, ids=IDS)

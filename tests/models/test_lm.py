@@ -10,18 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.models import MIXERS, Cache, CausalLM
-from tests.models.tiny import CASES, HYBRID, IDS, tiny_config
-
-
-def make_model(mixers, dtype=torch.float64, seed=0, **overrides) -> CausalLM:
-    torch.manual_seed(seed)
-    model = CausalLM(tiny_config(mixers, **overrides)).to(dtype)
-    # Larger weights than the init's 0.02, so that every mixer matters to the logits.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(10.0)
-    return model
+from tests.models.tiny import CASES, HYBRID, IDS, make_model, tiny_config
 
 
 def feed(model: CausalLM, ids: torch.Tensor, pieces) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from linattn.models import MIXERS, LMConfig
+import torch
+
+from linattn.models import MIXERS, CausalLM, LMConfig
 
 HYBRID = ("kda", "kda", "kda", "softmax")  # Kimi-Linear-style: three KDA blocks, one softmax block
 ZOOLOGY = ("conv", "deltanet")  # the MQAR models: a gated short convolution, then the mechanism
@@ -15,3 +17,14 @@ def tiny_config(mixers, **overrides) -> LMConfig:
     kwargs = dict(vocab_size=37, d_model=32, n_heads=2, mixers=mixers, chunk_size=8, taylor_dim=4)
     kwargs.update(overrides)
     return LMConfig(**kwargs)
+
+
+def make_model(mixers, dtype=torch.float64, seed=0, **overrides) -> CausalLM:
+    torch.manual_seed(seed)
+    model = CausalLM(tiny_config(mixers, **overrides)).to(dtype)
+    # Larger weights than the init's 0.02, so that every mixer matters to the logits.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(10.0)
+    return model

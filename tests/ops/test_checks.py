@@ -107,7 +107,7 @@ def test_checks_run_before_work(x, monkeypatch):
 
 def test_all_finite_settles_an_overflowing_sum_entry_by_entry():
     """Finite entries whose sum overflows are finite; a NaN or an Inf anywhere is not."""
-    from linattn.ops._checks import all_finite
+    from linattn.ops.checks import all_finite
 
     huge = torch.full((4, 1000), 3e38, dtype=torch.float32)
     assert not torch.isfinite(huge.sum())

@@ -22,8 +22,8 @@ from linattn.ops.chunk import chunk_forward
 from linattn.ops.chunk_function import chunk_function
 
 from .cases import make_inputs, rel_rms
-from .test_step import B, H, K, V
-from .test_step import inputs as step_inputs
+from .step_cases import B, H, K, V
+from .step_cases import inputs as step_inputs
 
 needs_native = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"

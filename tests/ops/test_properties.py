@@ -488,6 +488,22 @@ def assert_agrees(
         assert worst <= 1e-10 * max(1.0, size), f"{name}: max error {worst:.3g}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_tiny_reference_is_still_bounded_in_absolute_terms(dtype):
+    """Where the reference is ~0 (it cancels, or a reset zeroes a gradient), the comparison is
+    |error| <= ABSOLUTE x magnitude, never a pass by default: an error of 1.5 floors fails, one of
+    half a floor passes, and with nothing of size in the problem only exact zeros pass."""
+    ref = torch.full((3, 4), 1e-17, dtype=torch.float64)  # about zero: relative error means nothing
+    floor = ABSOLUTE[dtype] * 2.0  # magnitude 2: the largest RMS among the tensors compared
+    assert_agrees("x", (ref + 0.5 * floor).to(dtype), ref, magnitude=2.0)
+    with pytest.raises(AssertionError, match="RMS error"):
+        assert_agrees("x", (ref + 1.5 * floor).to(dtype), ref, magnitude=2.0)
+    zero = torch.zeros(3, 4, dtype=torch.float64)
+    assert_agrees("x", zero.to(dtype), zero, magnitude=0.0)
+    with pytest.raises(AssertionError, match="RMS error"):
+        assert_agrees("x", torch.full((3, 4), 1e-30, dtype=dtype), zero, magnitude=0.0)
+
+
 def weights(like: torch.Tensor, seed: int) -> torch.Tensor:
     """Fixed random output weights (multiples of 1/8 in [-2, 2], exact in every dtype, so that
     the op and the reference weigh alike): the loss sum(o * W) reaches every gradient path."""

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention
 
 CHUNK = 64  # fla's default chunk size
@@ -41,11 +42,6 @@ def promote(*xs: Tensor | None) -> torch.dtype:
         if isinstance(x, Tensor) and x.dtype.is_floating_point:
             dtype = x.dtype if dtype is None else torch.promote_types(dtype, x.dtype)
     return torch.float32 if dtype is None else dtype
-
-
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fla's final states are float32; float64 inputs keep float64 (linattn's compute dtype)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def check_varlen(q: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor | None) -> None:
@@ -113,14 +109,14 @@ def no_head_first(kwargs: dict) -> None:
 
 def sigmoid_beta(beta: Tensor, allow_neg_eigval: bool) -> Tensor:
     """``use_beta_sigmoid_in_kernel``: beta = sigmoid(logits), times 2 with allow_neg_eigval."""
-    b = torch.sigmoid(beta.to(state_dtype(beta.dtype)))
+    b = torch.sigmoid(beta.to(compute_dtype(beta.dtype)))
     return 2.0 * b if allow_neg_eigval else b
 
 
 def gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Tensor | None) -> Tensor:
     """Gated DeltaNet's in-kernel gate: ``-exp(A_log) * softplus(g + dt_bias)``, A_log, dt_bias
     [HV], computed in float32 (float64 stays); g [B, T, HV] is the raw gate input."""
-    x = g.to(state_dtype(g.dtype))
+    x = g.to(compute_dtype(g.dtype))
     if dt_bias is not None:
         x = x + dt_bias.to(x.dtype)
     return -torch.exp(A_log.to(x.dtype)) * F.softplus(x)
@@ -222,7 +218,7 @@ def run(
     HV, V = v.shape[2], v.shape[3]
     S0 = initial_state
     if S0 is not None:
-        S0 = S0.to(state_dtype(dtype))  # a float32 state stays float32 with bfloat16 inputs
+        S0 = S0.to(compute_dtype(dtype))  # a float32 state stays float32 with bfloat16 inputs
         S0 = S0.transpose(-1, -2) if state_v_first else S0  # [N, HV, V, K] -> [N, HV, K, V]
     gate, split = total_gate(g, gk, gv, V)
     split = split or (beta is not None and beta.dim() == 4)
@@ -247,5 +243,5 @@ def run(
         o, S = join_columns(o, S, HV, V)
     if S is not None:
         S = S.transpose(-1, -2) if state_v_first else S
-        S = S.to(state_dtype(dtype))
+        S = S.to(compute_dtype(dtype))
     return o.to(out_dtype), S

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.compat import _core
+from linattn.dtypes import compute_dtype
 
 
 def kda_gate(
@@ -27,7 +28,7 @@ def kda_gate(
     A_log: [HV]; dt_bias: [HV * K] or [HV, K].
     """
     H, K = g.shape[2], g.shape[3]
-    x = g.to(_core.state_dtype(g.dtype))
+    x = g.to(compute_dtype(g.dtype))
     if dt_bias is not None:
         x = x + dt_bias.to(x.dtype).reshape(H, K)
     rate = None if A_log is None else torch.exp(A_log.to(x.dtype)).reshape(H, 1)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from linattn.compat import _core
+from linattn.dtypes import compute_dtype
 
 
 def _gamma_gate(q: Tensor, g: Tensor | None, g_gamma: Tensor | None) -> Tensor | None:
@@ -109,7 +110,7 @@ def fused_recurrent_simple_gla(
 
 def _attention_matrix(q: Tensor, k: Tensor, g: Tensor | None, scale: float | None) -> Tensor:
     """fla's ``output_attentions``: A[b, h, t, s] = scale q_t^T k_s exp(G_t - G_s), s <= t."""
-    dtype = _core.state_dtype(_core.promote(q, k))
+    dtype = compute_dtype(_core.promote(q, k))
     K = q.shape[-1]
     scale = K**-0.5 if scale is None else scale
     A = torch.einsum("bthk,bshk->bhts", q.to(dtype), k.to(dtype)) * scale

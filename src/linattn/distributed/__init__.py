@@ -1,4 +1,4 @@
-"""linattn beyond one process: context parallelism and data-parallel training (torch.distributed).
+"""linattn beyond one process: context parallelism on torch.distributed (library code only).
 
 - ``linear_attention``, ``delta_rule``: context-parallel versions of the ops; each rank of a
   process group holds a contiguous slice of one long sequence and the ranks exchange only the
@@ -6,7 +6,10 @@
 - ``init_process_group``: torchrun's environment plus a timeout after which a rank waiting for a
   failed or missing peer raises ``PeerFailureError`` instead of hanging.
 - ``count_bytes``: the bytes this rank contributes to collectives.
-- ``linattn.distributed.train``: data-parallel MQAR training with ``DistributedDataParallel``.
+
+The scripts that use it live with the experiments: ``linattn.experiments.cp_bytes`` (the
+``linattn cp-bytes`` command), ``linattn.experiments.mqar.data_parallel`` (data-parallel MQAR
+training with ``DistributedDataParallel``) and ``linattn.experiments.launch`` (local ranks).
 """
 
 from linattn.distributed.collectives import (

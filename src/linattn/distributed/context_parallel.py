@@ -42,7 +42,8 @@ from torch import Tensor
 
 from linattn import ops
 from linattn.distributed import collectives, maps
-from linattn.ops import _checks
+from linattn.dtypes import compute_dtype
+from linattn.ops import checks as _checks
 
 _DTYPES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 # The fields of the shape descriptor each rank contributes (int64), in order.
@@ -63,10 +64,6 @@ _MEANING = {
     "options": "options (a checksum of scale and normalize / use_qk_l2norm)",
     "grad": "whether autograd is on",
 }
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def checksum(*parts: object) -> int:
@@ -253,7 +250,7 @@ def linear_attention(
     local = _descriptor(q, v_cols, None, g, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     # Step 2: this slice's map, in the compute dtype (the ones column is the normaliser's value).
-    dtype = _compute_dtype(q.dtype)
+    dtype = compute_dtype(q.dtype)
     values = v.to(dtype)
     if normalize:
         values = torch.cat([values, torch.ones_like(values[..., :1])], dim=-1)  # [B, T, H, V + 1]
@@ -326,7 +323,7 @@ def delta_rule(
     options = (scale, "use_qk_l2norm", use_qk_l2norm)
     local = _descriptor(q, 0 if error else V, beta, g, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
-    dtype = _compute_dtype(q.dtype)
+    dtype = compute_dtype(q.dtype)
     M, N = maps.delta_map(
         k.to(dtype),
         v.to(dtype),

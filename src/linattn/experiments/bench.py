@@ -23,7 +23,7 @@ import torch
 
 from linattn.cpu import DESCRIPTION, tune_malloc
 from linattn.experiments import _bench_cases as cases
-from linattn.experiments import _generation, _timing
+from linattn.experiments import _generation_step, _timing
 from linattn.experiments._args import int_list, nonnegative_int, output_dir, positive_int
 from linattn.experiments._bench_merge import merge_runs
 from linattn.experiments._timing import (
@@ -198,7 +198,7 @@ def compute_bench(args: argparse.Namespace) -> dict:
             r["softmax_over_this_forward"] = softmax[r["T"]]["forward_s"] / r["forward_s"]
     generation = []
     if args.generation_t:
-        generation = _generation.generation_rows(
+        generation = _generation_step.generation_rows(
             args.generation_t, args.H, args.generation_K, args.generation_repeats
         )
     return {
@@ -295,48 +295,20 @@ def bench_markdown(result: dict) -> str:
                 f"{r['fla_max_abs_diff']:.1e} |"
             )
     if result["generation"]:
-        lines += ["", _generation.generation_markdown(result["generation"])]
+        lines += ["", _generation_step.generation_markdown(result["generation"])]
     return "\n".join(lines)
 
 
 def bench_plot(result: dict, path: Path) -> bool:
-    """Log-log time against T of every mechanism's chunk form and of softmax; False without
-    matplotlib."""
-    try:
-        import matplotlib
+    """The benchmark's plot (``linattn.figures.plots.bench_figure``) as the PNG ``path``; False
+    without matplotlib (the optional ``plot`` extra: the tables are written all the same)."""
+    from linattn.figures import plots, style
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:
+        figure = plots.bench_figure(plots.bench_results(result))
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for name in dict.fromkeys(r["mechanism"] for r in result["rows"]):
-        rows = [r for r in result["rows"] if r["mechanism"] == name and r["mode"] == "chunk"]
-        if not rows:
-            continue
-        Ts = [r["T"] for r in rows]
-        style = {"color": "black", "linewidth": 2.5} if name == "softmax" else {}
-        (line,) = ax.plot(Ts, [r["forward_s"] for r in rows], "o-", label=f"{name} fwd", **style)
-        if all("forward_backward_s" in r for r in rows):
-            ax.plot(
-                Ts,
-                [r["forward_backward_s"] for r in rows],
-                "s--",
-                color=line.get_color(),
-                alpha=0.6,
-                label=f"{name} fwd+bwd",
-            )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel("median time (s)")
-    cfg = result["config"]
-    ax.set_title(f"float32 CPU, B={cfg['B']}, H={cfg['H']}, K=V={cfg['K']}: chunk forms vs softmax")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    style.save_png(figure, path)
     return True
 
 

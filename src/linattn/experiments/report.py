@@ -22,7 +22,6 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -31,6 +30,7 @@ from linattn.experiments import costs as costs_command
 from linattn.experiments import table1 as table1_command
 from linattn.experiments import verify as verify_command
 from linattn.experiments._args import positive_int
+from linattn.experiments.report_contents import Report
 from linattn.experiments.report_page import render_html, render_markdown
 from linattn.figures.legibility import legible_width, png_css_width
 
@@ -39,32 +39,6 @@ TABLE1_R = 32
 # (your latest run, the results committed with the code): the page shows the newer of the two.
 BENCH_FILES = (Path("runs/bench/bench.json"), Path("benchmarks/results/bench.json"))
 MQAR_FILES = (Path("runs/mqar.jsonl"), Path("benchmarks/results/mqar-cpu.jsonl"))
-
-
-@dataclass
-class Report:
-    """Everything the page shows, gathered by ``build_report``."""
-
-    command: str
-    date: str
-    environment: dict[str, str]
-    checks: list[verify_command.Check]
-    verify_text: str
-    table1_rows: list[dict[str, float]]
-    table1_text: str
-    costs: dict[str, object]
-    costs_text: str
-    figures: list[dict[str, str]] = field(default_factory=list)  # number, name, caption
-    numbers_files: list[str] = field(default_factory=list)
-    bench: dict | None = None
-    bench_source: str = ""
-    mqar: list[dict] | None = None
-    mqar_source: str = ""
-    bench_note: str = ""  # which file, and why that one
-    mqar_note: str = ""
-    seconds: float = 0.0
-    widths: dict[str, int] = field(default_factory=dict)  # figure name: natural CSS width
-    legible: dict[str, int] = field(default_factory=dict)  # figure name: narrowest legible width
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from linattn.figures.legibility import COLUMN_PX, PADDING_PX
 
-if TYPE_CHECKING:  # the dataclass lives in report.py, which imports this module
-    from linattn.experiments.report import Report
+if TYPE_CHECKING:
+    from linattn.experiments.report_contents import Report
 
 STYLE = f"""
 *, *::before, *::after {{ box-sizing: border-box; }}

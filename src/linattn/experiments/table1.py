@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from linattn.experiments._args import int_list, nonnegative_int, positive_int
 from linattn.reference import recall_errors, recall_theory
-from linattn.reference._checks import as_positive_int
+from linattn.reference.checks import as_positive_int
 
 COLUMNS = (
     ("additive", "Additive"),

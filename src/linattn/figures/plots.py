@@ -2,7 +2,10 @@
 
 The last two read result files written by other commands (``linattn bench`` and ``linattn mqar``);
 their formats are documented in ``load_bench`` and ``load_mqar``, which check them and raise a
-``ValueError`` naming the file and the problem.
+``ValueError`` naming the file and the problem. They are the one bench and one recall plot: the
+report draws them (``bench_plot``, ``mqar_plot``: PNG and SVG) and so do the commands themselves
+(``linattn bench``'s ``bench.png``, ``linattn mqar --plot``: ``bench_figure`` and ``mqar_figure``
+saved with ``style.save_png``).
 
 ``runs/bench.json`` (one JSON object)::
 
@@ -30,6 +33,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +90,7 @@ def load_bench(path: Path | str) -> dict | None:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if isinstance(data, dict) and "results" not in data and isinstance(data.get("rows"), list):
-        data = {"meta": data.get("config", {}), "results": _bench_rows(data["rows"])}
+        data = bench_results(data)
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list) or not results:
         raise ValueError(f"{path}: expected an object with a non-empty list 'results'")
@@ -100,6 +104,11 @@ def load_bench(path: Path | str) -> dict | None:
         if "name" not in row and "method" not in row:
             raise ValueError(f"{path}: results[{index}] needs a 'name' (or a 'method')")
     return data
+
+
+def bench_results(run: dict) -> dict:
+    """What ``linattn bench`` writes (``{"config", "rows", ...}``) as the plot's data (above)."""
+    return {"meta": run.get("config", {}), "results": _bench_rows(run["rows"])}
 
 
 def _bench_rows(rows: list) -> list:
@@ -134,8 +143,14 @@ def _split_series(name: str) -> tuple[str, str]:
 
 
 def bench_plot(data: dict, out_dir: Path | str) -> list[Path]:
+    """``bench_figure`` as ``out_dir/bench.png`` and ``.svg``."""
+    return style.save(bench_figure(data), out_dir, "bench")
+
+
+def bench_figure(data: dict) -> Any:
     """The benchmark's time of one forward pass against the sequence length T, log-log: one
-    colour per mechanism, one line style per form, the legends beside the axes."""
+    colour per mechanism, one line style per form, the legends beside the axes (a matplotlib
+    Figure)."""
     plt = style.pyplot()
     from matplotlib.lines import Line2D
 
@@ -165,7 +180,7 @@ def bench_plot(data: dict, out_dir: Path | str) -> list[Path]:
     ]
     fig.legend(handles=by_mechanism, title="mechanism", frameon=False, loc="outside right upper")
     fig.legend(handles=by_form, title="form", frameon=False, loc="outside right lower")
-    return style.save(fig, out_dir, "bench")
+    return fig
 
 
 def load_mqar(path: Path | str) -> list[dict] | None:
@@ -210,8 +225,13 @@ def mqar_series(rows: Sequence[dict]) -> dict[str, list[tuple[float, float, int]
 
 
 def mqar_plot(rows: Sequence[dict], out_dir: Path | str) -> list[Path]:
+    """``mqar_figure`` as ``out_dir/mqar.png`` and ``.svg``."""
+    return style.save(mqar_figure(rows), out_dir, "mqar")
+
+
+def mqar_figure(rows: Sequence[dict], title: str = "Multi-query associative recall") -> Any:
     """Recall accuracy against the state size of one block: one colour per mechanism, the
-    legend beside the axes."""
+    legend beside the axes (a matplotlib Figure)."""
     plt = style.pyplot()
     fig, ax = plt.subplots(figsize=(9.0, 4.8), layout="constrained")
     for index, (name, points) in enumerate(mqar_series(rows).items()):
@@ -222,10 +242,10 @@ def mqar_plot(rows: Sequence[dict], out_dir: Path | str) -> list[Path]:
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("state of one block (numbers; KV cache for softmax)")
     ax.set_ylabel("recall accuracy")
-    ax.set_title("Multi-query associative recall")
+    ax.set_title(title)
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
     fig.legend(frameon=False, loc="outside right upper", title="mechanism")
-    return style.save(fig, out_dir, "mqar")
+    return fig
 
 
 def _number(x: object) -> bool:

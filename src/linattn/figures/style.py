@@ -77,6 +77,17 @@ def save(fig: Any, out_dir: Path | str, name: str) -> list[Path]:
     return [png, svg]
 
 
+def save_png(fig: Any, path: Path | str) -> Path:
+    """Write ``fig`` to exactly ``path`` (PNG unless its suffix names another format), close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Without a suffix matplotlib would append ".png" and write another file than the one named.
+    png = None if path.suffix else "png"
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", format=png)
+    pyplot().close(fig)
+    return path
+
+
 def blank_axes(fig: Any, rect: Sequence[float] = (0, 0, 1, 1)) -> Any:
     """An axes without ticks or frame, with equal aspect: a canvas for block diagrams."""
     ax = fig.add_axes(rect)

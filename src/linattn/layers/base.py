@@ -26,7 +26,7 @@ from linattn.layers.common import (
     resolve_head_dim,
     state_dtype,
 )
-from linattn.ops._checks import flag
+from linattn.ops.checks import flag
 
 
 class RecurrentMixer(TokenMixer):

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn.dtypes import compute_dtype
+
 State = dict[str, Tensor]
 # name -> (shape, dtype); a 0 on axis 1 of a name listed in ``TokenMixer.growing`` is the time axis.
 StateSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -24,7 +26,7 @@ StateSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
     """States accumulate in float32, or in float64 when the model is float64 (DESIGN.md)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    return compute_dtype(dtype)
 
 
 def check_positive(name: str, value: int) -> None:

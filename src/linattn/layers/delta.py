@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from linattn import ops
 from linattn.layers.base import RecurrentMixer
 from linattn.layers.common import DecayGate
-from linattn.ops._checks import flag
+from linattn.ops.checks import flag
 
 
 class DeltaNet(RecurrentMixer):

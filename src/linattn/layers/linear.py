@@ -20,7 +20,7 @@ from torch import Tensor
 from linattn import features, ops
 from linattn.layers.base import RecurrentMixer
 from linattn.layers.common import DecayGate
-from linattn.ops._checks import flag
+from linattn.ops.checks import flag
 
 FEATURE_MAPS = ("elu_plus_one", "relu", "taylor", "favor", "identity")
 DECAYS = (None, "scalar", "channel", "gla")

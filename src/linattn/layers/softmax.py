@@ -27,7 +27,7 @@ from linattn.layers.common import (
     TokenMixer,
     resolve_head_dim,
 )
-from linattn.ops._checks import flag
+from linattn.ops.checks import flag
 
 
 def rotary(x: Tensor, start: int, base: float = 10000.0) -> Tensor:

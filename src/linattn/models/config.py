@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-from linattn.ops._checks import flag
+from linattn.ops.checks import flag
 
 # One name per mechanism of the spec (DESIGN.md's table); ``linattn.models.mixers`` builds them.
 MIXERS = (

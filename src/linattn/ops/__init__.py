@@ -2,6 +2,10 @@
 
 Layout [B, T, H, D]; states [B, H, K, V]. Each op has the forms "parallel", "recurrent" and
 "chunk", which agree to rounding and are tested against ``linattn.reference.gated.recurrence``.
+
+``linattn.ops.checks`` holds their input checks, public so that code built on the ops checks the
+same arguments the same way: the context-parallel ops (``linattn.distributed``) before their
+collectives, the layers and ``LMConfig`` their yes/no options (``checks.flag``).
 """
 
 from linattn.ops.affine import chunk_affine_map

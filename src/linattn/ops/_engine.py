@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor
 
+from linattn.dtypes import compute_dtype
 from linattn.ops.chunk_function import chunk_function
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
@@ -27,11 +28,6 @@ def check_chunk(chunk_size: int, lengths: list[int]) -> None:
             f"chunk_size: the chunk form computes min(chunk_size, T) = {C} tokens at once, with "
             f"{C} x {C} blocks; at most {MAX_CHUNK} (pass a smaller chunk_size, e.g. 64)"
         )
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; float32, bfloat16 and float16 are computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def forward(

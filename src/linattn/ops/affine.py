@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops import _checks, _engine
+from linattn.ops import _engine
+from linattn.ops import checks as _checks
 from linattn.ops.chunk import block_terms
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops import _checks, _engine
+from linattn.ops import _engine
+from linattn.ops import checks as _checks
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:

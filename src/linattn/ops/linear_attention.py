@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops import _checks, _engine
+from linattn.ops import _engine
+from linattn.ops import checks as _checks
 
 
 def linear_attention(

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.ops import _checks
+from linattn.ops import checks as _checks
 
 
 def causal_mask(T_q: int, T_k: int, device: torch.device | None = None) -> Tensor:

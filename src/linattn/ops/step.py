@@ -14,7 +14,8 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops import _checks, _native
+from linattn.ops import _native
+from linattn.ops import checks as _checks
 from linattn.ops.recurrent import step
 
 STATE_DTYPES = (torch.float32, torch.float64)

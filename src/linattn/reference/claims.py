@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from linattn.reference._checks import as_matrix, as_positive_int, as_vector, same_columns
+from linattn.reference.checks import as_matrix, as_positive_int, as_vector, same_columns
 from linattn.reference.features import elu_plus_one
 
 

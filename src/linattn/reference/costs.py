@@ -7,7 +7,7 @@ tokens, step t of generation, model width d_model. Every function returns an exa
 
 from __future__ import annotations
 
-from linattn.reference._checks import as_positive_int
+from linattn.reference.checks import as_positive_int
 
 
 def softmax_training_ops(n: int, d: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from linattn.reference._checks import (
+from linattn.reference.checks import (
     as_beta,
     as_chunk_size,
     as_matrix,

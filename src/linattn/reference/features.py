@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from linattn.reference._checks import as_matrix, as_positive_int, as_vector, same_columns
+from linattn.reference.checks import as_matrix, as_positive_int, as_vector, same_columns
 
 
 def elu_plus_one(X: np.ndarray) -> np.ndarray:

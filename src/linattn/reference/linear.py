@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from linattn.reference._checks import (
+from linattn.reference.checks import (
     as_chunk_size,
     as_feature_map,
     as_flag,

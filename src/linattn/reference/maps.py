@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from linattn.reference._checks import as_matrix, as_positive_int, as_real
+from linattn.reference.checks import as_matrix, as_positive_int, as_real
 from linattn.reference.linear import linear_attention_quadratic
 from linattn.reference.softmax import softmax_attention
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from linattn.reference._checks import as_matrix, as_positive_int, same_rows
+from linattn.reference.checks import as_matrix, as_positive_int, same_rows
 from linattn.reference.delta import delta_rule
 
 

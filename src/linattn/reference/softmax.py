@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from linattn.reference._checks import as_flag, as_matrix, non_empty, same_columns, same_rows
+from linattn.reference.checks import as_flag, as_matrix, non_empty, same_columns, same_rows
 
 
 def softmax_attention(

@@ -11,12 +11,6 @@ from linattn import cli
 from linattn.experiments.mqar.sweep import MECHANISMS, PRESETS
 
 
-@pytest.fixture(autouse=True)
-def only_mqar(monkeypatch) -> None:
-    """Parse with the mqar subcommand alone: these tests need no other command's module."""
-    monkeypatch.setattr(cli, "COMMANDS", {"mqar": cli.COMMANDS["mqar"]})
-
-
 def main(argv: list[str]) -> int:
     return cli.main(argv)
 

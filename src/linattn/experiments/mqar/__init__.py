@@ -5,4 +5,5 @@
   (``TrainConfig``, ``train``).
 - ``sweep``: presets ``smoke``/``cpu``/``zoology``, the results table and plot (``run_sweep``).
 - ``cli``: the ``linattn mqar`` command.
+- ``data_parallel``: the same training with ``DistributedDataParallel`` under torchrun.
 """

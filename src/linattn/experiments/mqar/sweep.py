@@ -566,33 +566,8 @@ def results_table(rows: Sequence[dict]) -> str:
 
 
 def plot_results(rows: Sequence[dict], path: str | Path, title: str = "MQAR") -> Path:
-    """PNG of accuracy against state numbers per layer (log scale), one curve per mechanism."""
-    import matplotlib
+    """PNG of accuracy against state numbers per layer (log scale), one curve per mechanism
+    (``linattn.figures.plots.mqar_figure``), written to exactly ``path``."""
+    from linattn.figures import plots, style
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.6, 4.2))
-    order = list(MECHANISMS)  # the legend in the table's order, whatever the rows' order
-    names = dict.fromkeys(r["mechanism"] for r in rows)
-    for mechanism in sorted(names, key=lambda m: order.index(m) if m in order else len(order)):
-        points = sorted(
-            (r["state_numbers"], r["accuracy"]) for r in rows if r["mechanism"] == mechanism
-        )
-        xs, ys = zip(*points, strict=True)
-        ax.plot(xs, ys, marker="o", label=mechanism)
-    ax.set_xscale("log")
-    ax.set_xlabel("state size per layer (numbers)")
-    ax.set_ylabel("held-out query accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    # beside the axes: the curves reach every corner of the plot
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Without a suffix matplotlib would append ".png" and write another file than the one named.
-    fig.savefig(path, dpi=120, format=None if path.suffix else "png")
-    plt.close(fig)
-    return path
+    return style.save_png(plots.mqar_figure(rows, title), path)

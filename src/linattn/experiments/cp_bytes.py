@@ -1,10 +1,10 @@
 """Bytes each rank contributes to context parallelism's collectives, at several slice lengths.
 
-Run under torchrun (``torchrun --nproc-per-node 2 -m linattn.distributed.demo --lengths 4096
-65536``) or through ``linattn cp-bytes``, which starts the processes itself on 127.0.0.1. For every
-mechanism and slice length T, each rank runs a forward and backward pass of the context-parallel
-op on a random slice of T tokens inside ``count_bytes()``; rank 0 prints one row per (mechanism,
-T) with the bytes it contributed, by collective:
+Run under torchrun (``torchrun --nproc-per-node 2 -m linattn.experiments.cp_bytes --lengths
+4096 65536``) or through ``linattn cp-bytes``, which starts the processes itself on 127.0.0.1. For
+every mechanism and slice length T, each rank runs a forward and backward pass of the
+context-parallel op on a random slice of T tokens inside ``count_bytes()``; rank 0 prints one row
+per (mechanism, T) with the bytes it contributed, by collective:
 
 - ``descriptor``: the shape check (10 int64 numbers);
 - ``maps``: the slice's affine map, M (None, [B, H, 1|K, 1] or [B, H, K, K]) and N [B, H, K, V];
@@ -154,7 +154,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start ``--nproc`` ranks on 127.0.0.1 running this module; print rank 0's table."""
-    from linattn.distributed.launch import run_local
+    from linattn.experiments.launch import run_local
 
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
@@ -170,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         forwarded += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.json:
         forwarded += ["--json", args.json]
-    results = run_local(["-m", "linattn.distributed.demo", *forwarded], args.nproc, deadline=3600)
+    argv = ["-m", "linattn.experiments.cp_bytes", *forwarded]
+    results = run_local(argv, args.nproc, deadline=3600)
     print(results[0].output, end="")
     failed = [r for r in results if r.returncode != 0]
     for r in failed:

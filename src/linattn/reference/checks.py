@@ -1,7 +1,8 @@
 """Input validation for the reference: every public function checks its arguments before any work.
 
 Each helper raises ``TypeError`` (wrong kind of object) or ``ValueError`` (wrong shape or range)
-with a message that names the argument and says what was expected.
+with a message that names the argument and says what was expected. Public, so that the
+experiments built on the reference check their sizes the same way (``as_positive_int``).
 """
 
 from __future__ import annotations

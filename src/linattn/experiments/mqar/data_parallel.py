@@ -1,9 +1,10 @@
 """Data-parallel training of the recall benchmark's models with ``DistributedDataParallel``.
 
-``torchrun --nproc-per-node N -m linattn.distributed.train --preset smoke --mechanism deltanet``
-trains the same model on the same batches as one process would: every rank draws the global batch
-of step s (``mqar.data.train_batch(task, batch_size, seed, s)``, a pure function of the seed and
-the step) and keeps its ``batch_size / N`` rows, so the global batch is the single-process batch.
+``torchrun --nproc-per-node N -m linattn.experiments.mqar.data_parallel --preset smoke
+--mechanism deltanet`` trains the same model on the same batches as one process would: every rank
+draws the global batch of step s (``mqar.data.train_batch(task, batch_size, seed, s)``, a pure
+function of the seed and the step) and keeps its ``batch_size / N`` rows, so the global batch is
+the single-process batch.
 
 The loss each rank back-propagates is ``N * (sum of its query cross-entropies) / (queries in the
 global batch)``. DDP averages gradients over the N ranks, so the gradient every rank applies is

@@ -8,15 +8,11 @@ import pytest
 
 from linattn import cli
 
-from .test_context_parallel import worker_env
-
 
 @pytest.fixture
-def main(monkeypatch):
-    """``linattn cp-bytes ARGS`` through the real CLI, with only this command registered (the
-    CLI imports every command's module, and this branch need not hold the others)."""
-    monkeypatch.setattr(cli, "COMMANDS", {"cp-bytes": cli.COMMANDS["cp-bytes"]})
-    for name, value in worker_env().items():
+def main(monkeypatch, worker_env):
+    """``linattn cp-bytes ARGS`` through the real CLI; the ranks it starts import this tree."""
+    for name, value in worker_env.items():
         monkeypatch.setenv(name, value)
     return lambda argv: cli.main(["cp-bytes", *argv])
 

@@ -17,10 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from linattn.distributed import train
-from linattn.distributed.launch import run_local
-
-from .test_context_parallel import worker_env
+from linattn.experiments.launch import run_local
+from linattn.experiments.mqar import data_parallel
 
 
 def options(steps: int, dtype: str) -> list[str]:
@@ -37,22 +35,23 @@ def options(steps: int, dtype: str) -> list[str]:
 
 def one_process(steps: int, dtype: str) -> np.ndarray:
     parser = argparse.ArgumentParser()
-    train.configure(parser)
-    model, task, config = train.build(parser.parse_args(options(steps, dtype)))
+    data_parallel.configure(parser)
+    model, task, config = data_parallel.build(parser.parse_args(options(steps, dtype)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine is shared; one thread is also what each rank uses
     try:
-        result = train.train_data_parallel(model, task, config, evaluate=False)
+        result = data_parallel.train_data_parallel(model, task, config, evaluate=False)
     finally:
         torch.set_num_threads(threads)
     assert result.world_size == 1
     return np.array(result.losses)
 
 
-def two_processes(steps: int, dtype: str, tmp_path) -> np.ndarray:
+def two_processes(steps: int, dtype: str, tmp_path, env: dict[str, str]) -> np.ndarray:
     out = tmp_path / "losses.json"
-    args = ["-m", "linattn.distributed.train", *options(steps, dtype), "--loss-file", str(out)]
-    results = run_local(args, 2, deadline=300, env=worker_env())
+    args = ["-m", "linattn.experiments.mqar.data_parallel", *options(steps, dtype)]
+    args += ["--loss-file", str(out)]
+    results = run_local(args, 2, deadline=300, env=env)
     for r in results:
         assert r.returncode == 0, f"rank {r.rank}:\n{r.output[-3000:]}"
     log = json.loads(out.read_text())
@@ -65,18 +64,21 @@ def relative_gap(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b) / np.abs(a)))
 
 
-def test_two_ranks_match_one_process_float64(tmp_path):
+def test_two_ranks_match_one_process_float64(tmp_path, worker_env):
     steps = 40
-    single, double = one_process(steps, "float64"), two_processes(steps, "float64", tmp_path)
+    single, double = (
+        one_process(steps, "float64"),
+        two_processes(steps, "float64", tmp_path, worker_env),
+    )
     assert len(single) == steps
     assert relative_gap(double, single) < 1e-9, relative_gap(double, single)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tolerance", [("float64", 1e-9), ("float32", 1e-4)])
-def test_two_ranks_match_one_process_300_steps(tmp_path, dtype, tolerance):
+def test_two_ranks_match_one_process_300_steps(tmp_path, worker_env, dtype, tolerance):
     steps = 300
-    single, double = one_process(steps, dtype), two_processes(steps, dtype, tmp_path)
+    single, double = one_process(steps, dtype), two_processes(steps, dtype, tmp_path, worker_env)
     gap = relative_gap(double, single)
     print(f"{dtype}: max relative gap of the loss curves over {steps} steps: {gap:.2e}")
     assert gap < tolerance
@@ -85,21 +87,23 @@ def test_two_ranks_match_one_process_300_steps(tmp_path, dtype, tolerance):
 
 def test_build_rejects_unknown_names():
     parser = argparse.ArgumentParser()
-    train.configure(parser)
+    data_parallel.configure(parser)
     with pytest.raises(ValueError, match="--preset"):
-        train.build(parser.parse_args(["--preset", "nope"]))
+        data_parallel.build(parser.parse_args(["--preset", "nope"]))
     with pytest.raises(ValueError, match="--mechanism"):
-        train.build(parser.parse_args(["--mechanism", "nope"]))
+        data_parallel.build(parser.parse_args(["--mechanism", "nope"]))
 
 
 def test_build_takes_the_mechanisms_own_recipe_from_the_preset():
     """The cpu preset's per-mechanism lr and steps, unless the command line overrides them."""
     parser = argparse.ArgumentParser()
-    train.configure(parser)
-    _, _, config = train.build(parser.parse_args(["--preset", "cpu", "--mechanism", "softmax"]))
+    data_parallel.configure(parser)
+    _, _, config = data_parallel.build(
+        parser.parse_args(["--preset", "cpu", "--mechanism", "softmax"])
+    )
     assert config.lr == 1e-2 and config.steps == 1000
-    _, _, config = train.build(parser.parse_args(["--preset", "cpu", "--mechanism", "kda"]))
+    _, _, config = data_parallel.build(parser.parse_args(["--preset", "cpu", "--mechanism", "kda"]))
     assert config.lr == 3e-3 and config.steps == 2000
     argv = ["--preset", "cpu", "--mechanism", "kda", "--lr", "1e-3", "--steps", "7"]
-    _, _, config = train.build(parser.parse_args(argv))
+    _, _, config = data_parallel.build(parser.parse_args(argv))
     assert config.lr == 1e-3 and config.steps == 7

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from linattn.distributed import launch
+from linattn.experiments import launch
 
 
 def test_ctrl_c_kills_every_rank(monkeypatch):
