@@ -78,6 +78,22 @@ def empty_forward(
     return torch.zeros_like(v) + link, S0 + link
 
 
+def expand_heads(q: Tensor, k: Tensor, HV: int) -> tuple[Tensor, Tensor]:
+    """Grouped value heads: q, k [B, T, H, K] -> [B, T, HV, K], head j a copy of head j // G.
+
+    Value head j (of HV = G * H) pairs with q/k head j // G, which ``repeat_interleave`` lays
+    out; the forms then see H = HV plain heads, and autograd sums each copy's gradient back
+    into its q/k head. NOTE: this copies q and k (G times their size). The next step, after
+    issue 20's split of the C++ kernels, is the kernels taking the head map natively (value head
+    j reading q/k head j // G in place, no copies); this is the one place to change then.
+    """
+    H = q.shape[2]
+    if HV == H:
+        return q, k
+    G = HV // H
+    return q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2)  # [B, T, HV, K]
+
+
 def run(
     q: Tensor,
     k: Tensor,
@@ -91,11 +107,13 @@ def run(
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """Validated public tensors in, (o [B, T, H, V] in the compute dtype, final state) out.
+    """Validated public tensors in, (o [B, T, HV, V] in the compute dtype, final state) out.
 
-    q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] or None; g: None, [B, T, H] or
-    [B, T, H, K]; initial_state: [N, H, K, V] or None (N = B, or the number of packed sequences).
+    q, k: [B, T, H, K]; v: [B, T, HV, V]; beta: [B, T, HV] or None; g: None, [B, T, HV] or
+    [B, T, HV, K]; initial_state: [N, HV, K, V] or None (N = B, or the number of packed
+    sequences). HV = G * H: grouped value heads, value head j reading q/k head j // G.
     """
+    q, k = expand_heads(q, k, v.shape[2])
     bounds = None if cu_seqlens is None else cu_seqlens.tolist()
     if mode == "chunk":
         lengths = [q.shape[1]] if bounds is None else [e - s for s, e in itertools.pairwise(bounds)]

@@ -108,6 +108,31 @@ def qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
     return B, T, H, K, v.shape[3]
 
 
+def grouped_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int, int]:
+    """q, k: [B, T, H, K], v: [B, T, HV, V] with HV = G * H (grouped value heads; value head j
+    reads q/k head j // G), one dtype; returns (B, T, H, HV, K, V). HV = H is the plain case."""
+    tensor("q", q, 4)
+    tensor("k", k, 4)
+    tensor("v", v, 4)
+    if q.shape != k.shape:
+        raise ValueError(
+            f"q and k must have the same shape [B, T, H, K], got {tuple(q.shape)} and "
+            f"{tuple(k.shape)}"
+        )
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if v.shape[:2] != q.shape[:2] or (HV % H if H else HV) != 0:
+        raise ValueError(
+            f"v must have shape [B, T, HV, V] with B, T = {(B, T)} and HV a multiple of H = {H} "
+            f"(grouped value heads: value head j pairs with q/k head j // (HV // H)), got "
+            f"{tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    head_sizes("q, k, v", K, v.shape[3])
+    return B, T, H, HV, K, v.shape[3]
+
+
 def head_sizes(names: str, K: int, V: int) -> None:
     """K, V >= 1. Empty B, H or T are accepted (empty outputs, as PyTorch's own ops give), but a
     head without key or value channels has no memory and no scale 1 / sqrt(K)."""

@@ -42,34 +42,39 @@ def delta_rule(
     with the decay folded into its masks as cumulative log-gates (no exponential can overflow:
     ``linattn.ops._blockmath``).
 
+    Grouped value heads (Qwen3-Next, Qwen3.5): v, beta, g and the states may have HV = G * H
+    heads while q and k have H; value head j then reads q/k head j // G (its state, output and
+    gates are its own). HV = H is the plain case.
+
     Args:
-        q, k: [B, T, H, K] (keys used as given unless use_qk_l2norm). v: [B, T, H, V].
-        beta: [B, T, H], in [0, 2] (1 overwrites, 2 is the Householder reflection).
-        g: None, [B, T, H] or [B, T, H, K]; a log-decay, every entry <= 0, -inf included: a reset,
-            alpha = 0 exactly (the state is forgotten at that token).
+        q, k: [B, T, H, K] (keys used as given unless use_qk_l2norm). v: [B, T, HV, V], HV a
+            multiple of H.
+        beta: [B, T, HV], in [0, 2] (1 overwrites, 2 is the Householder reflection).
+        g: None, [B, T, HV] or [B, T, HV, K]; a log-decay, every entry <= 0, -inf included: a
+            reset, alpha = 0 exactly (the state is forgotten at that token).
         scale: multiplies q; None means 1 / sqrt(K).
         mode: "parallel" (the whole sequence as one chunk), "recurrent" (token by token; the
             generation step) or "chunk".
         chunk_size: any int >= 1; used by mode="chunk", whose chunks of min(chunk_size, T)
             tokens may be at most 8192 long (``_engine.MAX_CHUNK``).
-        initial_state: [B, H, K, V] or None (zeros); [N, H, K, V] with cu_seqlens.
+        initial_state: [B, HV, K, V] or None (zeros); [N, HV, K, V] with cu_seqlens.
         output_final_state: return the state after the last token (else None).
         cu_seqlens: None or cumulative sequence lengths [N + 1] (B = 1): packed sequences.
         use_qk_l2norm: normalise q and k to unit length along K first (x / sqrt(|x|^2 + 1e-6)).
 
     Returns:
-        o: [B, T, H, V] in the input dtype; final_state [B, H, K, V] (or [N, H, K, V]) in float32
+        o: [B, T, HV, V] in the input dtype; final_state [B, HV, K, V] (or [N, HV, K, V]) in float32
         (float64 for float64 inputs), or None.
     """
-    B, T, H, K, V = _checks.qkv(q, k, v)
-    _checks.beta(beta, B, T, H)
-    _checks.gate(g, B, T, H, K)
+    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
+    _checks.beta(beta, B, T, HV)
+    _checks.gate(g, B, T, HV, K)
     chunk_size = _checks.options(mode, chunk_size)
     _checks.scale(scale)
     output_final_state = _checks.flag("output_final_state", output_final_state)
     use_qk_l2norm = _checks.flag("use_qk_l2norm", use_qk_l2norm)
     N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, H, K, V)
+    _checks.state(initial_state, N, HV, K, V)
     if use_qk_l2norm:
         dtype = _engine.compute_dtype(q.dtype)
         q, k = l2norm(q.to(dtype)), l2norm(k.to(dtype))

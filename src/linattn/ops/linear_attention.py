@@ -30,9 +30,13 @@ def linear_attention(
     [B, T, H, K] one per key channel (GLA). ``q`` and ``k`` are already feature-mapped
     (``linattn.features``).
 
+    Grouped value heads: v, g and the states may have HV = G * H heads while q and k have H;
+    value head j then reads q/k head j // G. HV = H is the plain case.
+
     Args:
-        q, k: [B, T, H, K]. v: [B, T, H, V]. One floating dtype (float64/32, bfloat16, float16).
-        g: None, [B, T, H] or [B, T, H, K]; a log-decay, every entry <= 0 (alpha = exp g), -inf
+        q, k: [B, T, H, K]. v: [B, T, HV, V], HV a multiple of H. One floating dtype
+            (float64/32, bfloat16, float16).
+        g: None, [B, T, HV] or [B, T, HV, K]; a log-decay, every entry <= 0 (alpha = exp g), -inf
             included: a reset, alpha = 0 exactly (the state is forgotten at that token).
         normalize: divide by the normaliser z_t^T (scale q_t), where z_t is the same recurrence run
             on a column of ones: z_t = Diag(exp g_t) z_{t-1} + k_t. It is computed as one more
@@ -44,24 +48,24 @@ def linear_attention(
             an initial state this is the generation step) or "chunk" (blocks of chunk_size).
         chunk_size: any int >= 1 (need not divide T); used by mode="chunk", whose chunks of
             min(chunk_size, T) tokens may be at most 8192 long (``_engine.MAX_CHUNK``).
-        initial_state: [B, H, K, V] (or [B, H, K, V + 1] with normalize) or None (zeros); with
-            cu_seqlens, [N, H, K, V(+1)] for N packed sequences.
+        initial_state: [B, HV, K, V] (or [B, HV, K, V + 1] with normalize) or None (zeros); with
+            cu_seqlens, [N, HV, K, V(+1)] for N packed sequences.
         output_final_state: return the state after the last token (else None).
         cu_seqlens: None, or cumulative sequence lengths [N + 1] (FlashAttention convention, B = 1):
             the packed sequences run independently.
 
     Returns:
-        o: [B, T, H, V] in the input dtype; final_state: [B, H, K, V(+1)] (or [N, ...]) in float32
+        o: [B, T, HV, V] in the input dtype; final_state: [B, HV, K, V(+1)] (or [N, ...]) in float32
         (float64 for float64 inputs), or None.
     """
-    B, T, H, K, V = _checks.qkv(q, k, v)
-    _checks.gate(g, B, T, H, K)
+    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
+    _checks.gate(g, B, T, HV, K)
     chunk_size = _checks.options(mode, chunk_size)
     _checks.scale(scale)
     normalize = _checks.flag("normalize", normalize)
     output_final_state = _checks.flag("output_final_state", output_final_state)
     N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, H, K, V + 1 if normalize else V)
+    _checks.state(initial_state, N, HV, K, V + 1 if normalize else V)
     if normalize:
         # The normaliser is the same recurrence on a column of ones (DESIGN.md).
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)

@@ -21,6 +21,23 @@ from linattn.ops.recurrent import step
 STATE_DTYPES = (torch.float32, torch.float64)
 
 
+def _step_heads(q: object, k: object, B: int, HV: int, K: int) -> tuple[object, object]:
+    """Grouped value heads in a step: q, k [B, H, K] with HV = G * H -> [B, HV, K] copies.
+
+    Value head j reads q/k head j // G (``_engine.expand_heads``; NOTE: a copy until the kernels
+    take the head map natively, after issue 20's C++ split). Anything else is left for the
+    shape checks to name.
+    """
+    out = []
+    for x in (q, k):
+        if isinstance(x, Tensor) and x.dim() == 3 and x.shape[0] == B and x.shape[2] == K:
+            H = x.shape[1]
+            if 0 < H < HV and HV % H == 0:
+                x = x.repeat_interleave(HV // H, dim=1)  # [B, H, K] -> [B, HV, K]
+        out.append(x)
+    return out[0], out[1]
+
+
 def recurrent_step(
     state: Tensor,
     q: Tensor,
@@ -40,12 +57,17 @@ def recurrent_step(
     - g None: no decay; g [B, H]: S <- exp(g_t) S (scalar decay, Gated DeltaNet); g [B, H, K]:
       S <- Diag(exp g_t) S (per-channel decay, GLA and KDA).
 
+    Grouped value heads: the state, v, beta and g may have HV = G * H heads while q and k have
+    H ([B, H, K]); value head j reads q/k head j // G.
+
     Args:
-        state: [B, H, K, V], float32 or float64; overwritten with S_t. A leaf that requires
-            grad is refused (PyTorch cannot update one in place): pass ``S0.clone()``.
-        q, k: [B, H, K]; v: [B, H, V]; any float dtype, computed in the state's dtype.
+        state: [B, H, K, V] (H: the value heads), float32 or float64; overwritten with S_t. A
+            leaf that requires grad is refused (PyTorch cannot update one in place): pass
+            ``S0.clone()``.
+        q, k: [B, H, K] (H dividing the state's heads); v: [B, H, V] (the state's heads); any
+            float dtype, computed in the state's dtype.
         beta: None or [B, H] in [0, 2]. g: None, [B, H] or [B, H, K], every entry <= 0 (-inf: a
-            reset, the state forgotten).
+            reset, the state forgotten); H the state's (value) heads.
         scale: multiplies q; None means 1 / sqrt(K).
 
     Returns:
@@ -70,8 +92,9 @@ def recurrent_step(
             "state requires grad and is a leaf, which recurrent_step cannot update in place; "
             "pass a copy (state.clone()) to differentiate with respect to the initial state"
         )
-    B, H, K, V = state.shape
+    B, H, K, V = state.shape  # H: the value heads (HV of grouped value heads)
     _checks.head_sizes("state", K, V)
+    q, k = _step_heads(q, k, B, H, K)
     for name, x, size in (("q", q, K), ("k", k, K), ("v", v, V)):
         _checks.tensor(name, x, 3, finite=False)
         if tuple(x.shape) != (B, H, size):

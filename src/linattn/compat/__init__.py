@@ -1,0 +1,122 @@
+"""fla 0.6.0's op interface on linattn: drop-in entry points with flash-linear-attention's names.
+
+Swap ``from fla.ops.gated_delta_rule import chunk_gated_delta_rule`` for
+``from linattn.compat import chunk_gated_delta_rule`` to run the same call on the CPU (or any
+device) through linattn's ops. Every one of fla 0.6.0's 59 ``chunk_* / fused_recurrent_* /
+fused_chunk_* / parallel_*`` entry points (``fla.ops``) has a function here with fla's name,
+positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
+
+- computed by linattn: linear attention (``*_linear_attn``, normalised with fla's ``(kv, z)``
+  state), simple GLA, retention and lightning attention (a constant decay per head), GLA, the
+  delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA and
+  HGRN (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``,
+  ``gated_delta_rule``, ``kda``, ``hgrn``); ``chunk_*`` run linattn's chunk form,
+  ``fused_recurrent_*`` its recurrent form,
+  ``parallel_*`` its parallel form;
+- fla's deprecated ``fused_chunk_delta_rule`` / ``fused_chunk_gla`` raise as fla's do;
+- the others raise NotImplementedError naming the missing mechanism (``unsupported``).
+
+fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
+with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
+final states float32 (float64 for float64 inputs); ``scale=None`` is 1 / sqrt(K); log-space gates;
+``cu_seqlens`` with B = 1 (``cu_seqlens_cpu`` and ``chunk_indices`` accepted: precomputed
+indices fla's kernels use); ``cp_context`` must be None (NotImplementedError otherwise);
+unknown keywords are swallowed where fla's ``**kwargs`` swallows them. fla's checks raise
+ValueError here where fla raises ValueError or asserts; the Triton kernels' own limits (dtypes,
+head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) are promoted.
+"""
+
+from linattn.compat import unsupported
+from linattn.compat.delta_rule import (
+    chunk_delta_rule,
+    fused_chunk_delta_rule,
+    fused_recurrent_delta_rule,
+)
+from linattn.compat.gated_delta_rule import (
+    chunk_gated_delta_rule,
+    chunk_gdn,
+    fused_recurrent_gated_delta_rule,
+    fused_recurrent_gdn,
+)
+from linattn.compat.gla import chunk_gla, fused_chunk_gla, fused_recurrent_gla
+from linattn.compat.hgrn import fused_recurrent_hgrn
+from linattn.compat.kda import chunk_kda, fused_recurrent_kda, kda_gate
+from linattn.compat.linear_attn import (
+    chunk_linear_attn,
+    fused_chunk_linear_attn,
+    fused_recurrent_linear_attn,
+)
+from linattn.compat.simple_gla import (
+    chunk_lightning_attn,
+    chunk_retention,
+    chunk_simple_gla,
+    fused_chunk_retention,
+    fused_chunk_simple_gla,
+    fused_recurrent_lightning_attn,
+    fused_recurrent_retention,
+    fused_recurrent_simple_gla,
+    parallel_retention,
+    parallel_simple_gla,
+)
+from linattn.compat.unsupported import *  # noqa: F403
+from linattn.compat.unsupported import MISSING
+
+COMPUTED = (
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_gdn",
+    "chunk_gla",
+    "chunk_kda",
+    "chunk_lightning_attn",
+    "chunk_linear_attn",
+    "chunk_retention",
+    "chunk_simple_gla",
+    "fused_chunk_linear_attn",
+    "fused_chunk_retention",
+    "fused_chunk_simple_gla",
+    "fused_recurrent_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gdn",
+    "fused_recurrent_gla",
+    "fused_recurrent_hgrn",
+    "fused_recurrent_kda",
+    "fused_recurrent_lightning_attn",
+    "fused_recurrent_linear_attn",
+    "fused_recurrent_retention",
+    "fused_recurrent_simple_gla",
+    "parallel_retention",
+    "parallel_simple_gla",
+)
+DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
+FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING)))
+
+__all__ = [
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_gdn",
+    "chunk_gla",
+    "chunk_kda",
+    "chunk_lightning_attn",
+    "chunk_linear_attn",
+    "chunk_retention",
+    "chunk_simple_gla",
+    "fused_chunk_delta_rule",
+    "fused_chunk_gla",
+    "fused_chunk_linear_attn",
+    "fused_chunk_retention",
+    "fused_chunk_simple_gla",
+    "fused_recurrent_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gdn",
+    "fused_recurrent_gla",
+    "fused_recurrent_hgrn",
+    "fused_recurrent_kda",
+    "fused_recurrent_lightning_attn",
+    "fused_recurrent_linear_attn",
+    "fused_recurrent_retention",
+    "fused_recurrent_simple_gla",
+    "kda_gate",
+    "parallel_retention",
+    "parallel_simple_gla",
+]
+__all__ += unsupported.__all__

@@ -1,0 +1,247 @@
+"""What every compat entry point shares: fla's checks and conventions around one linattn call.
+
+One call of ``run`` is one of linattn's ops (``linear_attention`` for the additive rule,
+``delta_rule`` for the delta rule) with fla's conventions converted on the way in and out:
+
+- dtypes: q, k, v may differ (fla's tests pass q, k in bfloat16 with v in float32); they are
+  promoted to one dtype (``torch.promote_types``, with the gates and beta, so that a gate
+  computed in float32 is not rounded to bfloat16) and o is returned in q's or v's dtype, as the
+  fla function does (``out``); an initial state is read in float32 (float64 for float64).
+  Final states are float32 (float64 for float64 inputs: linattn's compute dtype; fla would
+  round them to float32).
+- states: ``[N, HV, K, V]``, or ``[N, HV, V, K]`` with ``state_v_first=True``.
+- grouped value heads (v, beta, g, states with HV = G * H heads): linattn's ops take them.
+- gates: ``g`` (per head), ``gk`` (per key channel) and ``gv`` (per value channel) multiply into
+  one transition; g and gk together are the per-key-channel gate g + gk.
+- ``gv`` and a per-value-channel beta ``[B, T, HV, V]``: the columns of the state evolve
+  independently under either rule (S_t's column c depends only on column c of S_{t-1} and on
+  v_t[c]), so each value channel c runs as a head of its own with V = 1, gate ``gk + gv[c]`` and
+  beta ``beta[c]`` (``split_columns``; exact, V times the heads).
+- ``reverse=True``: the recurrence runs from the last token to the first (of each sequence),
+  computed on the time-reversed inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from linattn.dtypes import compute_dtype
+from linattn.ops import delta_rule, linear_attention
+
+CHUNK = 64  # fla's default chunk size
+
+
+def promote(*xs: Tensor | None) -> torch.dtype:
+    """The one dtype of q, k, v (and the gates): the promotion of their dtypes."""
+    dtype = None
+    for x in xs:
+        if isinstance(x, Tensor) and x.dtype.is_floating_point:
+            dtype = x.dtype if dtype is None else torch.promote_types(dtype, x.dtype)
+    return torch.float32 if dtype is None else dtype
+
+
+def check_varlen(q: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor | None) -> None:
+    """fla's checks of packed sequences: B = 1 and one initial state per sequence."""
+    if cu_seqlens is None:
+        return
+    if q.shape[0] != 1:
+        raise ValueError(
+            f"cu_seqlens: the batch size is expected to be 1 rather than {q.shape[0]} when using "
+            "cu_seqlens (flatten variable-length inputs first)"
+        )
+    if initial_state is not None and initial_state.shape[0] != len(cu_seqlens) - 1:
+        raise ValueError(
+            f"initial_state: the number of initial states is expected to be equal to the number "
+            f"of input sequences, i.e., {len(cu_seqlens) - 1} rather than {initial_state.shape[0]}"
+        )
+
+
+def check_cp(cp_context: object) -> None:
+    """fla's context parallelism spans devices; linattn has its own (``linattn.distributed``)."""
+    if cp_context is not None:
+        raise NotImplementedError(
+            "cp_context: fla's context parallelism is not implemented by linattn.compat (pass "
+            "None; linattn.distributed.context_parallel is linattn's own)"
+        )
+
+
+def check_neg_eigval(allow_neg_eigval: bool, use_beta_sigmoid_in_kernel: bool) -> None:
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+
+
+def check_chunk_size(chunk_size: object, allowed: tuple[int, ...] | None, what: str) -> int:
+    """fla's chunk sizes: ``allowed`` values, or any power of 2 when ``allowed`` is None."""
+    if chunk_size is None:
+        return CHUNK
+    if allowed is None:
+        if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
+            raise ValueError(f"`chunk_size` must be a power of 2, got {chunk_size}.")
+        return chunk_size
+    if chunk_size not in allowed:
+        choices = ", ".join(str(c) for c in allowed)
+        raise ValueError(f"`chunk_size` must be one of {choices} for {what}, got {chunk_size}.")
+    return int(chunk_size)
+
+
+def renamed_layout(kwargs: dict, state_v_first: bool) -> bool:
+    """fla's deprecated ``transpose_state_layout`` keyword, renamed ``state_v_first``."""
+    if "transpose_state_layout" not in kwargs:
+        return state_v_first
+    if state_v_first:
+        raise ValueError(
+            "Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`."
+        )
+    return bool(kwargs.pop("transpose_state_layout"))
+
+
+def no_head_first(kwargs: dict) -> None:
+    """fla removed ``head_first`` ([B, H, T, D] inputs) and raises when it is passed."""
+    if "head_first" in kwargs:
+        raise DeprecationWarning(
+            "head_first has been removed. Inputs must be in `[B, T, H, ...]` format."
+        )
+
+
+def sigmoid_beta(beta: Tensor, allow_neg_eigval: bool) -> Tensor:
+    """``use_beta_sigmoid_in_kernel``: beta = sigmoid(logits), times 2 with allow_neg_eigval."""
+    b = torch.sigmoid(beta.to(compute_dtype(beta.dtype)))
+    return 2.0 * b if allow_neg_eigval else b
+
+
+def gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Tensor | None) -> Tensor:
+    """Gated DeltaNet's in-kernel gate: ``-exp(A_log) * softplus(g + dt_bias)``, A_log, dt_bias
+    [HV], computed in float32 (float64 stays); g [B, T, HV] is the raw gate input."""
+    x = g.to(compute_dtype(g.dtype))
+    if dt_bias is not None:
+        x = x + dt_bias.to(x.dtype)
+    return -torch.exp(A_log.to(x.dtype)) * F.softplus(x)
+
+
+def time_order(T: int, cu_seqlens: Tensor | None, device: torch.device) -> Tensor:
+    """The token order of a reverse scan: each sequence's tokens last to first."""
+    if cu_seqlens is None:
+        return torch.arange(T - 1, -1, -1, device=device)
+    bounds = cu_seqlens.tolist()
+    parts = [torch.arange(e - 1, s - 1, -1) for s, e in itertools.pairwise(bounds)]
+    return torch.cat(parts).to(device)
+
+
+def total_gate(
+    g: Tensor | None, gk: Tensor | None, gv: Tensor | None, V: int
+) -> tuple[Tensor | None, bool]:
+    """The log-decays g [B, T, HV], gk [B, T, HV, K], gv [B, T, HV, V] as one gate.
+
+    Without gv: g, gk or g + gk (per key channel). With gv: [B, T, HV, V, K'] (K' = K with gk,
+    else 1), the gate of each value channel's own head (``split_columns``). The flag says
+    whether the result is split per value channel.
+    """
+    if gv is None:
+        if g is not None and gk is not None:
+            return g.unsqueeze(-1) + gk, False
+        return (gk if gk is not None else g), False
+    total = gv.unsqueeze(-1)  # [B, T, HV, V, 1]
+    if g is not None:
+        total = total + g[..., None, None]
+    if gk is not None:
+        total = total + gk.unsqueeze(-2)  # [B, T, HV, V, K]
+    return total, True
+
+
+def split_columns(v, beta, gate, S0, V):
+    """Each value channel as a head of its own (V = 1): exact, since the columns of S are
+    independent under both rules. v [B, T, HV, V] -> [B, T, HV * V, 1], head hv * V + c; q, k
+    then pair by grouped heads (head hv * V + c reads q/k head hv // G)."""
+    B, T, HV = v.shape[:3]
+    v = v.reshape(B, T, HV * V, 1)
+    if beta is not None:
+        beta = beta.reshape(B, T, HV * V) if beta.dim() == 4 else beta.repeat_interleave(V, 2)
+    if gate is not None:
+        if gate.dim() == 3:  # g [B, T, HV] shared by every column
+            gate = gate.repeat_interleave(V, 2)
+        else:  # [B, T, HV, V, K'] -> [B, T, HV * V, K'], or [B, T, HV * V] when K' = 1
+            gate = gate.reshape(B, T, HV * V, gate.shape[-1])
+            gate = gate.squeeze(-1) if gate.shape[-1] == 1 else gate
+    if S0 is not None:
+        N, _, K, _ = S0.shape
+        S0 = S0.transpose(-1, -2).reshape(N, HV * V, K, 1)  # [N, HV, V, K] -> columns
+    return v, beta, gate, S0
+
+
+def join_columns(o: Tensor, S: Tensor | None, HV: int, V: int):
+    """Inverse of ``split_columns`` for o [B, T, HV * V, 1] and S [N, HV * V, K, 1]."""
+    B, T = o.shape[:2]
+    o = o.reshape(B, T, HV, V)
+    if S is not None:
+        S = S.reshape(S.shape[0], HV, V, S.shape[2]).transpose(-1, -2)  # [N, HV, K, V]
+    return o, S
+
+
+def run(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    delta: bool,
+    mode: str,
+    beta: Tensor | None = None,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    gv: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = CHUNK,
+    l2norm: bool = False,
+    reverse: bool = False,
+    state_v_first: bool = False,
+    out: str = "v",
+) -> tuple[Tensor, Tensor | None]:
+    """One linattn op with fla's conventions (the module docstring); returns (o, final state).
+
+    ``delta`` picks the rule: ``delta_rule`` (beta [B, T, HV] or [B, T, HV, V]) or
+    ``linear_attention``; ``out`` is "q" or "v", whose dtype o takes. ``scale`` None means
+    1 / sqrt(K).
+    """
+    check_varlen(q, initial_state, cu_seqlens)
+    dtype = promote(q, k, v, beta, g, gk, gv)  # an in-kernel gate computed in float32 stays
+    out_dtype = q.dtype if out == "q" else v.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if beta is not None:
+        beta = beta.to(dtype)
+    g, gk, gv = (None if x is None else x.to(dtype) for x in (g, gk, gv))
+    HV, V = v.shape[2], v.shape[3]
+    S0 = initial_state
+    if S0 is not None:
+        S0 = S0.to(compute_dtype(dtype))  # a float32 state stays float32 with bfloat16 inputs
+        S0 = S0.transpose(-1, -2) if state_v_first else S0  # [N, HV, V, K] -> [N, HV, K, V]
+    gate, split = total_gate(g, gk, gv, V)
+    split = split or (beta is not None and beta.dim() == 4)
+    if split:
+        v, beta, gate, S0 = split_columns(v, beta, gate, S0, V)
+    order = None
+    if reverse:
+        order = time_order(q.shape[1], cu_seqlens, q.device)
+        q, k, v = (x.index_select(1, order) for x in (q, k, v))
+        beta, gate = (None if x is None else x.index_select(1, order) for x in (beta, gate))
+    common = dict(
+        scale=scale, mode=mode, chunk_size=chunk_size, initial_state=S0,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+    if delta:
+        o, S = delta_rule(q, k, v, beta, gate, use_qk_l2norm=l2norm, **common)
+    else:
+        o, S = linear_attention(q, k, v, gate, **common)
+    if order is not None:
+        o = o.index_select(1, order)  # the reversal is its own inverse
+    if split:
+        o, S = join_columns(o, S, HV, V)
+    if S is not None:
+        S = S.transpose(-1, -2) if state_v_first else S
+        S = S.to(compute_dtype(dtype))
+    return o.to(out_dtype), S

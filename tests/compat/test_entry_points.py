@@ -1,0 +1,53 @@
+"""Every one of fla 0.6.0's op entry points has a compat function with fla's signature."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+
+from linattn import compat
+
+PATTERN = re.compile(r"^(chunk_|fused_recurrent_|fused_chunk_|parallel_)")
+
+
+def test_fifty_nine_entry_points():
+    assert len(compat.FLA_ENTRY_POINTS) == 59
+    assert len(set(compat.FLA_ENTRY_POINTS)) == 59
+    for name in compat.FLA_ENTRY_POINTS:
+        assert callable(getattr(compat, name)), name
+
+
+def test_fla_entry_points_each_have_a_compat_function():
+    ops = pytest.importorskip("fla.ops")
+    names = {n for n in dir(ops) if PATTERN.match(n) and callable(getattr(ops, n))}
+    assert names == set(compat.FLA_ENTRY_POINTS)
+
+
+def _fla(name):
+    ops = pytest.importorskip("fla.ops")
+    return getattr(ops, name)
+
+
+@pytest.mark.parametrize("name", compat.COMPUTED + compat.DEPRECATED)
+def test_signature_is_fla_s(name):
+    """Same parameter names, positional order, kinds and defaults as fla's function."""
+    ours = inspect.signature(getattr(compat, name)).parameters
+    theirs = inspect.signature(_fla(name)).parameters
+    assert list(ours) == list(theirs)
+    for p in theirs:
+        assert ours[p].kind == theirs[p].kind, p
+        assert ours[p].default == theirs[p].default, p
+
+
+@pytest.mark.parametrize("name", sorted(compat.MISSING))
+def test_missing_mechanisms_raise_naming_what_is_missing(name):
+    with pytest.raises(NotImplementedError, match=rf"linattn.compat.{name}: linattn does not"):
+        getattr(compat, name)(None, None, None)
+
+
+@pytest.mark.parametrize("name", compat.DEPRECATED)
+def test_deprecated_fused_chunk_functions_raise_as_fla_s(name):
+    with pytest.raises(NotImplementedError, match="deprecated"):
+        getattr(compat, name)(q=None)

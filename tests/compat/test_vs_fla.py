@@ -1,0 +1,254 @@
+"""compat vs fla 0.6.0's Triton kernels, run on the CPU by triton's interpreter.
+
+fla's own test recipes (``helpers.recipe``), float32, forward and (where fla has a backward)
+the gradients of every input, grouped value heads, ``state_v_first``, the in-kernel options,
+``cu_seqlens``, initial and final states. The interpreter is slow: shapes are small, and the
+heavier cases are marked slow.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("tests.fla_interpreter")
+ops = pytest.importorskip("fla.ops")
+
+from linattn import compat  # noqa: E402
+
+from .helpers import assert_same, flatten, outputs_and_grads, recipe  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+TOL = 5e-5
+
+
+def _case(name, leaves, grads=True, tol=TOL, **kwargs):
+    return name, leaves, kwargs, grads, tol
+
+
+def gdn_chunk_in_kernel():
+    x = recipe(H=2, HV=4)
+    gen = torch.Generator().manual_seed(5)
+    leaves = {
+        "q": x["q"], "k": x["k"], "v": x["v"], "g": torch.randn(1, 40, 4, generator=gen),
+        "beta": torch.randn(1, 40, 4, generator=gen),
+        "initial_state": x["h0"].transpose(-1, -2).contiguous(),
+        "A_log": torch.randn(4, generator=gen), "dt_bias": torch.randn(4, generator=gen),
+    }  # fmt: skip
+    return _case(
+        "chunk_gated_delta_rule", leaves, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+        state_v_first=True, use_cache=True,
+    )  # fmt: skip
+
+
+def gdn_chunk_varlen():
+    x = recipe(H=2, HV=4)
+    h0 = torch.cat([x["h0"], x["h0"].flip(0).neg()])  # one state per sequence
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"], "beta": x["beta"],
+              "initial_state": h0}  # fmt: skip
+    cu = torch.tensor([0, 13, 40])
+    return _case("chunk_gdn", leaves, output_final_state=True, cu_seqlens=cu, chunk_size=32)
+
+
+def gdn_recurrent_every_gate():
+    x = recipe(H=2, HV=4)
+    beta = torch.rand(1, 40, 4, 8, generator=torch.Generator().manual_seed(2))
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"], "gk": x["gk"], "gv": x["gv"],
+              "beta": beta, "initial_state": x["h0"].transpose(-1, -2).contiguous()}  # fmt: skip
+    return _case(
+        "fused_recurrent_gated_delta_rule", leaves, grads=False, output_final_state=True,
+        state_v_first=True, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+
+
+def kda_chunk_in_kernel():
+    x = recipe(H=2, HV=4)
+    gen = torch.Generator().manual_seed(6)
+    leaves = {
+        "q": x["q"], "k": x["k"], "v": x["v"], "g": torch.randn(1, 40, 4, 16, generator=gen),
+        "beta": torch.randn(1, 40, 4, generator=gen), "initial_state": x["h0"],
+        "A_log": torch.randn(4, generator=gen), "dt_bias": torch.randn(4 * 16, generator=gen),
+    }  # fmt: skip
+    return _case(
+        "chunk_kda", leaves, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+        use_beta_sigmoid_in_kernel=True,
+    )  # fmt: skip
+
+
+def kda_recurrent_in_kernel():
+    x = recipe(H=2, HV=4)
+    gen = torch.Generator().manual_seed(7)
+    leaves = {
+        "q": x["q"], "k": x["k"], "v": x["v"], "g": torch.randn(1, 40, 4, 16, generator=gen),
+        "beta": x["beta"], "A_log": torch.randn(4, generator=gen),
+        "dt_bias": torch.randn(4 * 16, generator=gen),
+        "initial_state": x["h0"].transpose(-1, -2).contiguous(),
+    }  # fmt: skip
+    return _case(
+        "fused_recurrent_kda", leaves, grads=False, output_final_state=True,
+        use_gate_in_kernel=True, state_v_first=True, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+
+
+def gla_recurrent_gv_reverse():
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "gk": x["gk"], "gv": x["gv"],
+              "initial_state": x["h0"]}  # fmt: skip
+    return _case("fused_recurrent_gla", leaves, output_final_state=True, reverse=True)
+
+
+def gla_chunk_v_first():
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["gk"],
+              "initial_state": x["h0"].transpose(-1, -2).contiguous()}  # fmt: skip
+    return _case("chunk_gla", leaves, output_final_state=True, state_v_first=True)
+
+
+def simple_gla_recurrent_g_and_gamma():
+    """g and g_gamma together multiply (fla's chunk kernel returns a final state of ~1e11
+    here, its recurrent kernel agrees with compat: compared with the recurrent one)."""
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"],
+              "initial_state": x["h0"]}  # fmt: skip
+    gamma = torch.tensor([-0.1, -0.7])
+    return _case("fused_recurrent_simple_gla", leaves, g_gamma=gamma, output_final_state=True)
+
+
+def simple_gla_chunk_gamma_v_first():
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"],
+              "initial_state": x["h0"].transpose(-1, -2).contiguous()}  # fmt: skip
+    gamma = torch.tensor([-0.1, -0.7])
+    return _case("chunk_simple_gla", leaves, g_gamma=gamma, output_final_state=True,
+                 state_v_first=True)  # fmt: skip
+
+
+def simple_gla_parallel():
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"]}
+    return _case("parallel_simple_gla", leaves)
+
+
+def simple_gla_parallel_attentions():
+    """The decayed score matrix (fla's is outside the graph: forward only)."""
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"]}
+    return _case("parallel_simple_gla", leaves, grads=False, output_attentions=True)
+
+
+def retention_recurrent_reverse():
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "initial_state": x["h0"]}
+    return _case("fused_recurrent_retention", leaves, output_final_state=True, reverse=True)
+
+
+def lightning_chunk():
+    x = recipe()
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "initial_state": x["h0"]}
+    return _case("chunk_lightning_attn", leaves, layer_idx=1, num_layers=4,
+                 output_final_state=True)  # fmt: skip
+
+
+def delta_rule_recurrent_channel_beta():
+    x = recipe()
+    beta = torch.rand(1, 40, 2, 8, generator=torch.Generator().manual_seed(3))
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "beta": beta, "initial_state": x["h0"]}
+    return _case("fused_recurrent_delta_rule", leaves, output_final_state=True)
+
+
+def kda_intermediate_states_varlen():
+    x = recipe(T=70, H=2, HV=4)
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["gk"], "beta": x["beta"]}
+    return _case(
+        "chunk_kda", leaves, grads=False, output_final_state=True,
+        return_intermediate_states=True, cu_seqlens=torch.tensor([0, 40, 70]),
+        state_v_first=True,
+    )  # fmt: skip
+
+
+def linear_attn_varlen():
+    x = recipe(T=70)
+    leaves = {"q": x["q"].sigmoid(), "k": x["k"].sigmoid(), "v": x["v"]}
+    return _case("chunk_linear_attn", leaves, output_final_state=True,
+                 cu_seqlens=torch.tensor([0, 30, 70]))  # fmt: skip
+
+
+def gdn_recurrent_varlen_in_kernel_gate():
+    x = recipe(T=70, H=2, HV=4)
+    gen = torch.Generator().manual_seed(8)
+    leaves = {
+        "q": x["q"],
+        "k": x["k"],
+        "v": x["v"],
+        "g": torch.randn(1, 70, 4, generator=gen),
+        "beta": x["beta"],
+        "initial_state": torch.cat([x["h0"], -x["h0"]]),
+        "A_log": torch.randn(4, generator=gen),
+        "dt_bias": torch.randn(4, generator=gen),
+    }
+    return _case(
+        "fused_recurrent_gdn", leaves, grads=False, output_final_state=True,
+        cu_seqlens=torch.tensor([0, 30, 70]), use_gate_in_kernel=True,
+    )  # fmt: skip
+
+
+def gdn_recurrent_mixed_dtypes():
+    """q, k in bfloat16, v, g, beta in float32 (fla's chunk kernels refuse the mix)."""
+    x = recipe(H=2, HV=4)
+    leaves = {"q": x["q"].bfloat16(), "k": x["k"].bfloat16(), "v": x["v"], "g": x["g"],
+              "beta": x["beta"], "initial_state": x["h0"]}  # fmt: skip
+    return _case("fused_recurrent_gated_delta_rule", leaves, grads=False,
+                 output_final_state=True)  # fmt: skip
+
+
+def delta_rule_chunk_float16():
+    """fla's chunk delta rule refuses float32; float16 (its bfloat16 results are wrong under the
+    interpreter: tests/fla_interpreter.py), to float16's rounding of fla's kernels."""
+    x = recipe(T=64)
+    leaves = {n: x[n].half() for n in ("q", "k", "v", "beta")}
+    return _case("chunk_delta_rule", leaves, tol=4e-3, output_final_state=True)
+
+
+def hgrn_recurrent():
+    x = recipe()
+    leaves = {"x": x["v"].flatten(2), "g": x["gv"].flatten(2),
+              "initial_state": x["h0"][:, :, 0].flatten(1)}  # fmt: skip
+    return _case("fused_recurrent_hgrn", leaves, output_final_state=True)
+
+
+FAST = [
+    gdn_chunk_in_kernel, gdn_recurrent_every_gate, kda_chunk_in_kernel, kda_recurrent_in_kernel,
+    gla_recurrent_gv_reverse, simple_gla_recurrent_g_and_gamma, delta_rule_recurrent_channel_beta,
+]  # fmt: skip
+SLOW = [gdn_chunk_varlen, gla_chunk_v_first, simple_gla_chunk_gamma_v_first, simple_gla_parallel,
+        simple_gla_parallel_attentions, retention_recurrent_reverse, lightning_chunk,
+        kda_intermediate_states_varlen, linear_attn_varlen, gdn_recurrent_varlen_in_kernel_gate,
+        gdn_recurrent_mixed_dtypes, delta_rule_chunk_float16, hgrn_recurrent]  # fmt: skip
+
+
+def _compare(case):
+    name, leaves, kwargs, grads, tol = case()
+    if not grads:  # fla has no backward here (or intermediate states: inference only)
+        with torch.inference_mode():
+            a = flatten(getattr(compat, name)(**leaves, **kwargs))
+            b = flatten(getattr(ops, name)(**leaves, **kwargs))
+        assert_same(a, b, tol, name)
+        return
+    a, da = outputs_and_grads(lambda **t: getattr(compat, name)(**t, **kwargs), leaves)
+    b, db = outputs_and_grads(lambda **t: getattr(ops, name)(**t, **kwargs), leaves)
+    assert_same(a, b, tol, name)
+    for n in leaves:
+        assert_same([da[n]], [db[n]], tol, f"{name} d{n}")
+
+
+@pytest.mark.parametrize("case", FAST, ids=lambda c: c.__name__)
+def test_agrees_with_fla_kernels(case):
+    _compare(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW, ids=lambda c: c.__name__)
+def test_agrees_with_fla_kernels_more(case):
+    _compare(case)

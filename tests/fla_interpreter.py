@@ -1,0 +1,141 @@
+"""Run fla's Triton kernels on the CPU under Triton's interpreter (a test helper).
+
+Import this module FIRST, before fla (or transformers, which imports fla) is imported::
+
+    fla_interpreter = pytest.importorskip("tests.fla_interpreter")  # then import fla
+
+``tests/compat/conftest.py`` does it for the tests under ``tests/compat``. It sets
+``TRITON_INTERPRET=1`` (read by ``triton.jit`` when fla's modules decorate their kernels, so fla
+must not be imported before) and patches what triton 3.9's interpreter lacks for fla 0.6.0:
+
+- autotuning: ``Autotuner.do_bench`` asks the (absent) GPU driver for a benchmarker, which fails
+  with "0 active drivers"; every config is timed as 1 ms instead, so the first config runs.
+- loop counters: the interpreter runs ``for i in range(n)`` / ``tl.range`` with Python's range,
+  so ``i`` is a Python int and fla's ``i_t.to(tl.int64)`` (common/chunk_delta_h.py) fails with
+  "'int' object has no attribute 'to'"; the rewritten kernel binds ``i`` to a triton scalar, as
+  compiled triton does (``tl.static_range`` keeps its int).
+- builtins bound to other names: fla binds ``gather = tl.gather`` at import, which the
+  interpreter's patching of ``triton.language`` misses ("Did you forget to add @triton.jit ?"
+  in KDA's chunk kernels); the kernel module's own names are patched too.
+- dot precisions: KDA's safe gate asks for ``input_precision="bf16x3"``, which the
+  interpreter's options do not list (its dot is a numpy matmul anyway); it is added.
+
+Nothing else is needed: fla's ``fla.utils`` device detection warns "Triton is not supported on
+current platform, roll back to CPU" and picks ``device = 'cpu'``, which is what the interpreter
+wants (tensors stay on the CPU). Checked with fla 0.6.0 / triton 3.9.0 / torch 2.13.0 (CPU):
+``chunk_*`` and ``fused_recurrent_*`` gated delta rule forward and backward; fla's layers
+GatedDeltaNet, DeltaNet, KimiDeltaAttention, GatedLinearAttention and Mamba2 (short convolution,
+fused norms, l2norm and ops) forward and backward. The interpreter is slow (seconds per call at
+T = 64): keep shapes small. Known limits: bfloat16 can give wrong results (seen: fla's
+``chunk_delta_rule`` in bfloat16 returns outputs of 1e10; in float16 it is right; the cause,
+likely the interpreter's bfloat16 emulation, is not pinned down), and
+fla's chunk kernels refuse q, k in bfloat16 with v in float32 ("Both operands must be same
+dtype"), as compiled triton would. Masked-out lanes are computed too, so numpy may warn "overflow
+encountered in exp" on values the kernels then discard.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import sys
+
+if "fla" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    raise ImportError(
+        "tests.fla_interpreter must be imported before fla: TRITON_INTERPRET=1 is read when "
+        "triton.jit decorates fla's kernels, and fla was imported without it"
+    )
+os.environ["TRITON_INTERPRET"] = "1"
+
+from functools import partial  # noqa: E402
+
+import triton.language as tl  # noqa: E402
+from triton.runtime import autotuner, interpreter  # noqa: E402
+
+
+def _fake_bench(fn, quantiles=None, **kwargs):
+    """Autotuning has no GPU timer: every config 'takes' 1 ms, so the first one is kept."""
+    return [1.0, 1.0, 1.0]
+
+
+def _patch_autotuner() -> None:
+    autotuner.Autotuner.do_bench = property(lambda self: _fake_bench)
+
+
+ACTIVE = True  # for tests that want to assert the interpreter is on
+
+
+def _visit_for(self, node):
+    """``for i in range(n)`` binds ``i`` to a triton tensor, as compiled triton does.
+
+    The interpreter runs the loop with Python's ``range``, so ``i`` is a Python int and
+    ``i.to(tl.int64)`` (fla's chunk_delta_h) fails; ``tl.static_range`` keeps its int.
+    """
+    node = self.generic_visit(node)
+    it = node.iter
+    is_range = isinstance(it, ast.Call) and (
+        (isinstance(it.func, ast.Name) and it.func.id == "range")
+        or (isinstance(it.func, ast.Attribute) and it.func.attr == "range")
+    )
+    if is_range and isinstance(node.target, ast.Name):
+        wrap = ast.Assign(
+            targets=[ast.Name(id=node.target.id, ctx=ast.Store())],
+            value=ast.Call(
+                func=ast.Attribute(
+                    value=ast.Name(id="interpreter_semantic", ctx=ast.Load()),
+                    attr="to_tensor",
+                    ctx=ast.Load(),
+                ),
+                args=[ast.Name(id=node.target.id, ctx=ast.Load()), ast.Constant(value=False)],
+                keywords=[],
+            ),
+        )
+        node.body.insert(0, ast.copy_location(wrap, node))
+    return node
+
+
+def _bound_builtins(patch_lang):
+    """Also patch triton builtins a kernel's module binds to its own names.
+
+    The interpreter patches the builtins of ``triton.language`` while a kernel runs, but fla's
+    ``fla.ops.utils.op`` binds ``gather = tl.gather`` at import, which then still asks for the
+    compiler's ``_semantic`` ("Did you forget to add @triton.jit ?", KDA's intra-chunk kernel).
+    """
+
+    def patched(fn):
+        scope = patch_lang(fn)
+        names = fn.__globals__
+        for name, value in list(names.items()):
+            if tl.core.is_builtin(value):
+                names[name] = partial(_with_semantic, value)
+        return scope
+
+    return patched
+
+
+def _with_semantic(member, *args, **kwargs):
+    kwargs = {k: v for k, v in kwargs.items() if k != "_semantic"}
+    return member(*args, **kwargs, _semantic=interpreter.interpreter_semantic)
+
+
+def _dot_precisions() -> None:
+    """Accept fla's ``input_precision="bf16x3"`` (KDA's safe gate); the interpreter's dot is a
+    numpy matmul in the operands' precision whatever the option says."""
+    builder = interpreter.interpreter_builder
+    allowed = builder.options.allowed_dot_input_precisions
+    extra = tuple(p for p in ("bf16x3", "bf16x6") if p not in allowed)
+    builder.options = dataclasses.replace(
+        builder.options, allowed_dot_input_precisions=allowed + extra
+    )
+
+
+def _patch_interpreter() -> None:
+    _dot_precisions()
+    interpreter.ASTTransformer.visit_For = _visit_for
+    interpreter._patch_lang = _bound_builtins(interpreter._patch_lang)
+    interpreter.InterpretedFunction.rewritten_fn.clear()
+
+
+_patch_autotuner()
+_patch_interpreter()
