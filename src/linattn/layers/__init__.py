@@ -8,6 +8,7 @@ and in recurrent mode for a one-token decoding step.
 - ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay.
 - ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``: the delta rule, without decay, with a
   per-head decay, with a per-channel decay.
+- ``Mamba2``: the Mamba-2 mixer (SSD: scalar decay, Delta-scaled input, D skip, B/C groups).
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
@@ -17,6 +18,7 @@ from linattn.layers.common import DecayGate, GatedRMSNorm, ShortConvolution, Tok
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.linear import LinearAttention
+from linattn.layers.mamba2 import Mamba2
 from linattn.layers.softmax import SoftmaxAttention
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "GatedRMSNorm",
     "KimiDeltaAttention",
     "LinearAttention",
+    "Mamba2",
     "RecurrentMixer",
     "ShortConvolution",
     "SoftmaxAttention",
