@@ -5,7 +5,8 @@ Each mixer's ``forward(x, state=None)`` returns ``(y, new_state)``; with a state
 and in recurrent mode for a one-token decoding step.
 
 - ``SoftmaxAttention``: causal, optional rotary embeddings; its state is the KV cache.
-- ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay.
+- ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay;
+  ``GatedLinearAttention``: GLA as its paper and fla define the layer.
 - ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``: the delta rule, without decay, with a
   per-head decay, with a per-channel decay.
 - ``Mamba2``: the Mamba-2 mixer (SSD: scalar decay, Delta-scaled input, D skip, B/C groups).
@@ -17,7 +18,7 @@ from linattn.layers.base import RecurrentMixer
 from linattn.layers.common import DecayGate, GatedRMSNorm, ShortConvolution, TokenMixer
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
-from linattn.layers.linear import LinearAttention
+from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.softmax import SoftmaxAttention
 
@@ -26,6 +27,7 @@ __all__ = [
     "DeltaNet",
     "GatedConvolution",
     "GatedDeltaNet",
+    "GatedLinearAttention",
     "GatedRMSNorm",
     "KimiDeltaAttention",
     "LinearAttention",

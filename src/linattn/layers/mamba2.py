@@ -62,7 +62,8 @@ class GroupRMSNormGated(nn.Module):
         if not self.norm_before_gate:
             y = y * F.silu(z)
         shape = y.shape
-        y = y.reshape(*shape[:-1], -1, self.group_size)  # [..., d] -> [..., groups, group_size]
+        groups = shape[-1] // self.group_size
+        y = y.reshape(*shape[:-1], groups, self.group_size)  # [..., d] -> [..., groups, size]
         y = F.rms_norm(y, (self.group_size,), eps=self.eps).reshape(shape) * self.weight
         return y * F.silu(z) if self.norm_before_gate else y
 
