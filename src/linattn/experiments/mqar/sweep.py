@@ -12,6 +12,7 @@ scalar_decay       conv, scalar_decay (Mamba-2 / RetNet)       10
 deltanet           conv, deltanet                              7, 8
 gated_deltanet     conv, gated_deltanet                        10
 kda                conv, kda (Kimi Delta Attention)            10
+mamba2             conv, mamba2 (the Mamba-2 mixer, N = 64)    10
 hybrid             conv, softmax, kda, kda, kda                10 (3:1 hybrid)
 =================  ==========================================  ===================================
 
@@ -147,7 +148,16 @@ from linattn.experiments.mqar.train import TrainConfig, train
 # it from our own ``GatedConvolution`` (the ``"conv"`` block of ``LMConfig.mixers``). The hybrid
 # keeps the convolution in front, then one softmax block and three KDA blocks (softmax first:
 # see the calibration notes above).
-_SINGLE = ("softmax", "linear", "taylor", "scalar_decay", "deltanet", "gated_deltanet", "kda")
+_SINGLE = (
+    "softmax",
+    "linear",
+    "taylor",
+    "scalar_decay",
+    "deltanet",
+    "gated_deltanet",
+    "kda",
+    "mamba2",
+)
 MECHANISMS: dict[str, tuple[str, ...]] = {
     **{name: ("conv", name) for name in _SINGLE},
     "hybrid": ("conv", "softmax", "kda", "kda", "kda"),
