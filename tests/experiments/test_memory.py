@@ -112,7 +112,7 @@ def test_kimi_linear_reproduces_the_reports_kv_cache_reduction():
         assert round(100 * reduction) == round(100 * memory.KIMI_LINEAR_REPORT["reduction"])
 
 
-def test_preset_command(main, capsys):
+def test_preset_command(capsys):
     assert main(["memory", "--preset", "kimi_linear", "--contexts", "1024,1048576"]) == 0
     text = capsys.readouterr().out
     assert "Its counterpart, every block mla" in text

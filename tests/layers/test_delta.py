@@ -107,3 +107,16 @@ def test_negative_eigenvalues_double_beta():
     assert ((beta > 0) & (beta < 1)).all()
     torch.testing.assert_close(doubled.beta(x), 2 * beta)
     assert not torch.allclose(plain(x)[0], doubled(x)[0])
+
+
+def test_deltanet_defaults_are_flas_and_the_gated_subclasses_keep_theirs():
+    """fla's DeltaNet: no output gate, eps 1e-5; Gated DeltaNet and KDA keep their output gates
+    (fla's use_gate=True, eps 1e-5 as theirs)."""
+    plain = DeltaNet(16, 2)
+    assert plain.g_proj is None and plain.o_norm.eps == 1e-5 and plain.conv is not None
+    assert DeltaNet(16, 2, output_gate=True, norm_eps=1e-6).g_proj is not None
+    for cls in (GatedDeltaNet, KimiDeltaAttention):
+        layer = cls(16, 2)
+        assert layer.g_proj is not None and layer.o_norm.eps == 1e-5
+    with pytest.raises(TypeError, match="fla's GatedDeltaNet"):
+        GatedDeltaNet.from_fla(plain)

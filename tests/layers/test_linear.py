@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn.layers import LinearAttention
+from linattn.layers import GatedLinearAttention, LinearAttention
 
 
 def test_taylor_features_give_the_taylor_polynomial_of_exp():
@@ -86,3 +86,58 @@ def test_without_short_convolution_there_is_no_conv_state():
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LinearAttention(32, 2, **kwargs)
+
+
+def literal_gla(q, k, v, g):
+    """S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t / sqrt(K), one token at a time."""
+    B, T, H, K = q.shape
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype)
+    out = []
+    for t in range(T):
+        S = g[:, t].exp()[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]) / K**0.5)
+    return torch.stack(out, 1)
+
+
+def test_gla_is_the_papers_layer():
+    """Keys d/2, values d over the heads, no convolution and no activation on q, k, v; output
+    o_proj(rmsnorm(o) * w * silu(g_proj x)); against the literal recurrence in float64."""
+    torch.manual_seed(0)
+    layer = GatedLinearAttention(32, 2, chunk_size=4).double()
+    assert (layer.key_dim, layer.head_dim, layer.conv, layer.o_norm.eps) == (8, 16, None, 1e-5)
+    with torch.no_grad():
+        layer.o_norm.weight.normal_()
+    x = torch.randn(2, 11, 32, dtype=torch.float64)
+    q, k = layer.q_proj(x).view(2, 11, 2, 8), layer.k_proj(x).view(2, 11, 2, 8)
+    v = layer.v_proj(x).view(2, 11, 2, 16)
+    g = torch.nn.functional.logsigmoid(layer.decay.a_proj(x)).view(2, 11, 2, 8) / 16
+    o = torch.nn.functional.rms_norm(literal_gla(q, k, v, g), (16,), layer.o_norm.weight, 1e-5)
+    o = o * torch.nn.functional.silu(layer.g_proj(x).view(2, 11, 2, 16))
+    want = layer.o_proj(o.reshape(2, 11, 32))
+    torch.testing.assert_close(layer(x)[0], want, rtol=0, atol=1e-12)
+
+
+def test_gla_sizes_from_fla_expansions():
+    layer = GatedLinearAttention(64, 4, expand_k=1.0, expand_v=2.0, short_conv=True)
+    assert (layer.key_dim, layer.head_dim, layer.conv.channels) == (16, 32, 4 * (2 * 16 + 32))
+    with pytest.raises(ValueError, match="expand_k"):
+        GatedLinearAttention(36, 4)  # keys 36 / 2 / 4 = 4.5 per head
+
+
+def test_linear_attention_without_convolution_keeps_its_silu():
+    """``silu_without_conv`` is GLA's alone: LinearAttention feeds silu(q_proj x) to its op."""
+    torch.manual_seed(1)
+    layer = LinearAttention(16, 2, feature_map="identity", decay="scalar", short_conv=False)
+    seen = {}
+    run = layer.recurrence
+
+    def recurrence(x_, q, *args, **kwargs):
+        seen["q"] = q
+        return run(x_, q, *args, **kwargs)
+
+    layer.recurrence = recurrence
+    x = torch.randn(1, 5, 16)
+    layer(x)
+    torch.testing.assert_close(
+        seen["q"], torch.nn.functional.silu(layer.q_proj(x)).view(1, 5, 2, 8)
+    )

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from linattn import ops
+from linattn.layers._reference import check_type, fla_short_conv, load, require
 from linattn.layers.mixer import resolve_head_dim
 from linattn.layers.modules import DecayGate, l2norm
 from linattn.layers.recurrent import RecurrentMixer
@@ -29,7 +30,14 @@ from linattn.ops.checks import flag
 
 
 class DeltaNet(RecurrentMixer):
-    """The delta rule, no decay. Args: those of ``RecurrentMixer``, plus ``allow_neg_eigval``."""
+    """The delta rule, no decay, as fla's ``DeltaNet`` layer defines it (Yang et al., 2024b):
+    short convolution + SiLU on q, k, v (on), q and k L2-normalised, ``beta = sigmoid(b_proj x)``,
+    per-head RMSNorm of the output (eps 1e-5) and no output gate (fla's ``use_gate=False``).
+
+    Args: those of ``RecurrentMixer``, plus ``allow_neg_eigval``. (Only DeltaNet itself takes
+    fla's defaults ``output_gate=False``, ``norm_eps=1e-5``; its gated subclasses keep
+    ``RecurrentMixer``'s.)
+    """
 
     decay_kind: str | None = None
     A_init_range: tuple[float, float] = (1.0, 16.0)
@@ -45,6 +53,9 @@ class DeltaNet(RecurrentMixer):
         decay_rank: int | None = None,
         **kwargs,
     ) -> None:
+        if type(self) is DeltaNet:  # fla's DeltaNet defaults (the subclasses keep their own)
+            kwargs.setdefault("output_gate", False)
+            kwargs.setdefault("norm_eps", 1e-5)
         super().__init__(d_model, n_heads, head_dim, key_dim, **kwargs)
         self.allow_neg_eigval = flag("allow_neg_eigval", allow_neg_eigval)
         HV = self.num_v_heads  # beta and the decays are per value head (fla's GVA)
@@ -77,6 +88,41 @@ class DeltaNet(RecurrentMixer):
             initial_state=S,
             output_final_state=keep,
         )
+
+    @classmethod
+    def from_fla(cls, module: nn.Module) -> DeltaNet:
+        """Our DeltaNet with the options and weights of fla's ``DeltaNet`` layer (SiLU and L2
+        norm on q and k, beta from ``b_proj``; refused otherwise)."""
+        if cls is not DeltaNet:
+            raise TypeError(f"{cls.__name__}.from_fla is not defined; use DeltaNet.from_fla")
+        check_type(module, "DeltaNet", "fla")
+        require(module, qk_activation="silu", qk_norm="l2", use_beta=True)
+        H = module.num_heads
+        layer = cls(
+            module.hidden_size,
+            H,
+            module.head_v_dim,
+            module.head_k_dim,
+            allow_neg_eigval=module.allow_neg_eigval,
+            short_conv=module.use_short_conv,
+            conv_size=module.conv_size,
+            output_gate=module.use_gate,
+            norm_eps=module.o_norm.eps,
+        )
+        weights = {
+            "q_proj.weight": module.q_proj.weight,
+            "k_proj.weight": module.k_proj.weight,
+            "v_proj.weight": module.v_proj.weight,
+            "b_proj.weight": module.b_proj.weight,
+            "o_norm.weight": module.o_norm.weight,
+            "o_proj.weight": module.o_proj.weight,
+        }
+        if module.use_gate:
+            weights["g_proj.weight"] = module.g_proj.weight
+        conv = fla_short_conv(module)
+        if conv is not None:
+            weights["conv.weight"] = conv
+        return load(layer, weights, module.q_proj.weight)
 
 
 def _value_dim(head_dim: int, expand_v: float) -> int:

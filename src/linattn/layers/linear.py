@@ -10,6 +10,9 @@ it:
     "taylor"        phi = 2nd-order Taylor features of exp, normalised  (Based, Arora et al., 2024)
     "scalar_decay"  phi = identity, per-head decay -exp(A_log) softplus (Mamba-2)
     "gla"           phi = identity, per-channel decay logsigmoid / 16   (GLA, Yang et al., 2024a)
+
+``GatedLinearAttention`` is GLA as its paper and fla define the layer (keys d/2 wide, no short
+convolution, no activation on q, k, v); the ``"gla"`` mixer builds it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from torch import Tensor
 
 from linattn import features, ops
+from linattn.layers._reference import check_type, fla_short_conv, load, require
 from linattn.layers.modules import DecayGate
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops.checks import flag
@@ -120,3 +124,104 @@ class LinearAttention(RecurrentMixer):
             initial_state=S,
             output_final_state=keep,
         )
+
+
+class GatedLinearAttention(LinearAttention):
+    """GLA (Yang et al., 2024a, "Gated Linear Attention Transformers with Hardware-Efficient
+    Training") as the paper and fla's ``GatedLinearAttention`` layer define it:
+
+        q, k, v = W_q x, W_k x, W_v x          (no activation; no short convolution by default)
+        g_t = logsigmoid(W_2 W_1 x_t + b) / 16 (low-rank gate, rank 16; fla's normaliser 16)
+        S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T,   o_t = S_t^T q_t / sqrt(K)
+        y = W_o (rmsnorm(o) * weight * silu(W_r x))   (per head; output gate on)
+
+    Args (besides those of ``RecurrentMixer``): ``expand_k``, ``expand_v``: the key and value
+    widths, ``expand_k * d_model`` and ``expand_v * d_model`` over the heads (fla's names;
+    0.5 and 1 as in the paper), unless ``key_dim`` / ``head_dim`` give them per head;
+    ``gate_low_rank_dim``: the gate's rank. ``short_conv=True`` adds the convolution (+ SiLU)
+    of fla's ``use_short_conv``.
+    """
+
+    silu_without_conv = False  # fla's GLA feeds the projections to the op as they are
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        key_dim: int | None = None,
+        *,
+        expand_k: float = 0.5,
+        expand_v: float = 1.0,
+        gate_low_rank_dim: int = 16,
+        short_conv: bool = False,
+        norm_eps: float = 1e-5,
+        **kwargs,
+    ) -> None:
+        if head_dim is None:
+            head_dim = _per_head("expand_v", d_model, n_heads, expand_v)
+        if key_dim is None:
+            key_dim = _per_head("expand_k", d_model, n_heads, expand_k)
+        super().__init__(
+            d_model,
+            n_heads,
+            head_dim,
+            key_dim,
+            feature_map="identity",
+            decay="gla",
+            decay_rank=gate_low_rank_dim,
+            short_conv=short_conv,
+            norm_eps=norm_eps,
+            **kwargs,
+        )
+
+    @classmethod
+    def from_fla(cls, module: torch.nn.Module) -> GatedLinearAttention:
+        """Our GLA with the options and weights of fla's ``GatedLinearAttention`` layer."""
+        check_type(module, "GatedLinearAttention", "fla")
+        require(module, num_kv_groups=1, feature_map_fn=None, clamp_min=None)
+        require(module, gate_logit_normalizer=16)
+        if module.use_output_gate:
+            require(module, fuse_norm_and_gate=True)  # gate_fn 'swish', norm then gate
+        norm = module.g_norm_swish_gate if module.use_output_gate else module.g_norm
+        if norm.weight is None:
+            raise ValueError("GatedLinearAttention with elementwise_affine=False is not supported")
+        H = module.num_heads
+        layer = cls(
+            module.hidden_size,
+            H,
+            module.head_v_dim,
+            module.head_k_dim,
+            gate_low_rank_dim=module.gk_proj[0].out_features,
+            short_conv=module.use_short_conv,
+            conv_size=module.conv_size,
+            output_gate=module.use_output_gate,
+            norm_eps=norm.eps,
+        )
+        weights = {
+            "q_proj.weight": module.q_proj.weight,
+            "k_proj.weight": module.k_proj.weight,
+            "v_proj.weight": module.v_proj.weight,
+            "decay.a_proj.0.weight": module.gk_proj[0].weight,
+            "decay.a_proj.1.weight": module.gk_proj[1].weight,
+            "decay.a_proj.1.bias": module.gk_proj[1].bias,
+            "o_norm.weight": norm.weight,
+            "o_proj.weight": module.o_proj.weight,
+        }
+        if module.use_output_gate:
+            weights["g_proj.weight"] = module.g_proj.weight
+        conv = fla_short_conv(module)
+        if conv is not None:
+            weights["conv.weight"] = conv
+        return load(layer, weights, module.q_proj.weight)
+
+
+def _per_head(name: str, d_model: int, n_heads: int, expand: float) -> int:
+    """``expand * d_model / n_heads``, which must be a positive integer."""
+    width = expand * d_model / n_heads
+    if not (width >= 1 and float(width).is_integer()):
+        raise ValueError(
+            f"{name} * d_model / n_heads must be a positive integer, got {expand} * {d_model} / "
+            f"{n_heads} = {width}"
+        )
+    return int(width)

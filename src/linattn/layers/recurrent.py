@@ -50,6 +50,10 @@ class RecurrentMixer(TokenMixer):
         norm_eps: epsilon of the output RMSNorm.
     """
 
+    # Without the short convolution, q, k and v still go through its SiLU (DeltaNet, Gated
+    # DeltaNet); False: they enter the op as projected (GLA without convolution, as fla's).
+    silu_without_conv: bool = True
+
     def __init__(
         self,
         d_model: int,
@@ -135,7 +139,7 @@ class RecurrentMixer(TokenMixer):
             qkv, conv_state = self.conv(qkv, None if state is None else state["conv"])
             if new_state is not None:
                 new_state["conv"] = conv_state
-        else:
+        elif self.silu_without_conv:
             qkv = F.silu(qkv)
         q, k, v = qkv.split([H * K, H * K, HV * V], dim=-1)
         q, k = q.view(B, T, H, K), k.view(B, T, H, K)  # [B, T, H*K] -> [B, T, H, K]

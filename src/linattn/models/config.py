@@ -20,6 +20,7 @@ MIXERS = (
     "kda",
     "mla",
     "gated_attention",
+    "mamba2",
 )
 # The mixers whose state is a KV cache that grows with t: softmax attention and its variants.
 ATTENTION_MIXERS = ("softmax", "mla", "gated_attention")
@@ -85,6 +86,11 @@ class LMConfig:
             positional key channels; its per-head dimensions are ``head_dim``. ``rope`` decides
             whether those channels are rotated (False: NoPE, Kimi Linear's MLA).
         gate_rank: rank of GLA's low-rank decay projection (16 in the paper).
+        state_size, expand, n_groups: the ``"mamba2"`` mixer's state size N per head, its inner
+            width ``expand * d_model`` and its number of B/C groups (transformers' Mamba2Config
+            names; the layer's ``d_state``, ``expand``, ``n_groups``). Its heads are ``head_dim``
+            wide when that is given (``expand * d_model / head_dim`` heads, as fla infers
+            them), else ``expand * d_model / n_heads`` (``n_heads`` heads).
         norm_eps: epsilon of every RMSNorm.
         init_std: standard deviation of the normal initialisation of linear and embedding weights.
     """
@@ -116,6 +122,9 @@ class LMConfig:
     q_lora_rank: int | None = None
     qk_rope_head_dim: int = 16
     gate_rank: int = 16
+    state_size: int = 64
+    expand: int = 2
+    n_groups: int = 1
     norm_eps: float = 1e-6
     init_std: float = 0.02
 
@@ -126,7 +135,8 @@ class LMConfig:
         names = ("vocab_size", "d_model", "n_heads", "conv_size", "gated_conv_size", "chunk_size")
         for name in (*names, "taylor_dim"):
             _positive_int(name, getattr(self, name))
-        _positive_int("gate_rank", self.gate_rank)
+        for name in ("gate_rank", "state_size", "expand", "n_groups"):
+            _positive_int(name, getattr(self, name))
         self._check_head_layout()
         if self.head_dim is None:
             if self.d_model % self.n_heads:
@@ -151,6 +161,8 @@ class LMConfig:
                     f"LMConfig.mixers[{i}] is {name!r}, an unknown mixer; choose from "
                     f"{MIXERS + AUXILIARY_MIXERS}"
                 )
+        if "mamba2" in self.mixers:
+            self._check_mamba2()
         if not self.mlp_ratio > 0:
             raise ValueError(f"LMConfig.mlp_ratio must be > 0, got {self.mlp_ratio!r}")
         if not (self.norm_eps > 0 and self.init_std > 0 and self.rope_base > 0):
@@ -182,6 +194,28 @@ class LMConfig:
                 f"LMConfig.partial_rotary_factor must lie in [0, 1], got "
                 f"{self.partial_rotary_factor!r}"
             )
+
+    def _check_mamba2(self) -> None:
+        inner, P = self.expand * self.d_model, self.mamba2_head_dim
+        name, width = ("n_heads", self.n_heads) if self.head_dim is None else ("head_dim", P)
+        if inner % width:
+            raise ValueError(
+                f"LMConfig: the mamba2 mixer needs expand * d_model ({inner}) divisible by "
+                f"{name} ({width})"
+            )
+        if (inner // P) % self.n_groups:
+            raise ValueError(
+                f"LMConfig: the mamba2 mixer's {inner // P} heads are not divisible by n_groups "
+                f"({self.n_groups})"
+            )
+
+    @property
+    def mamba2_head_dim(self) -> int:
+        """The ``"mamba2"`` mixer's head dimension P: ``head_dim``, or ``expand * d_model /
+        n_heads`` without one."""
+        if self.head_dim is not None:
+            return self.head_dim
+        return self.expand * self.d_model // self.n_heads
 
     @property
     def n_layers(self) -> int:

@@ -9,8 +9,10 @@ from linattn.layers import (
     GatedAttention,
     GatedConvolution,
     GatedDeltaNet,
+    GatedLinearAttention,
     KimiDeltaAttention,
     LinearAttention,
+    Mamba2,
     MultiHeadLatentAttention,
     SoftmaxAttention,
     TokenMixer,
@@ -33,7 +35,7 @@ def _delta_kwargs(c: LMConfig) -> dict:
     return dict(_recurrent_kwargs(c), allow_neg_eigval=c.allow_neg_eigval)
 
 
-# name -> builder; "linear", "taylor", "scalar_decay" and "gla" are one class, configured.
+# name -> builder; "linear", "taylor" and "scalar_decay" are one class, configured.
 _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     "softmax": lambda c: SoftmaxAttention(
         c.d_model,
@@ -58,13 +60,9 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     "scalar_decay": lambda c: LinearAttention(
         c.d_model, c.n_heads, feature_map="identity", decay="scalar", **_recurrent_kwargs(c)
     ),
-    "gla": lambda c: LinearAttention(
-        c.d_model,
-        c.n_heads,
-        feature_map="identity",
-        decay="gla",
-        decay_rank=c.gate_rank,
-        **_recurrent_kwargs(c),
+    # GLA as its paper and fla define it: keys d_model / 2 wide over the heads (expand_k 0.5)
+    "gla": lambda c: GatedLinearAttention(
+        c.d_model, c.n_heads, gate_low_rank_dim=c.gate_rank, **_recurrent_kwargs(c)
     ),
     "deltanet": lambda c: DeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
     "gated_deltanet": lambda c: GatedDeltaNet(
@@ -93,6 +91,16 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         num_key_value_heads=c.num_key_value_heads,
         partial_rotary_factor=c.partial_rotary_factor if c.rope else 0.0,
         rope_base=c.rope_base,
+        norm_eps=c.norm_eps,
+        chunk_size=c.chunk_size,
+    ),
+    "mamba2": lambda c: Mamba2(
+        c.d_model,
+        c.state_size,
+        c.conv_size,
+        c.expand,
+        c.mamba2_head_dim,
+        c.n_groups,
         norm_eps=c.norm_eps,
         chunk_size=c.chunk_size,
     ),

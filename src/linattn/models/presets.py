@@ -3,6 +3,11 @@
     preset("kimi_linear")     3 KDA : 1 MLA with NoPE, twice (Kimi Team, 2025)
     preset("qwen3_next")      3 Gated DeltaNet (grouped value heads) : 1 gated attention, twice
     preset("gated_deltanet")  4 Gated DeltaNet blocks, values twice as wide as keys (Yang et al.)
+    preset("mamba2")          4 Mamba-2 blocks, no MLP (Dao and Gu, 2024): 8 heads of 64, N = 64
+    preset("gla")             4 GLA blocks + SwiGLU MLPs (Yang et al., 2024a): keys d/2, no
+                              short convolution
+    preset("deltanet")        4 DeltaNet blocks + SwiGLU MLPs (Yang et al., 2024b): short
+                              convolution, no output gate
 
 Each preset keeps its model's layout and ratios at a small width: Kimi Linear's MLA has a latent
 of rank 4 D and D / 2 shared key channels (512 and 64 for D = 128), Qwen3-Next has twice as many
@@ -12,6 +17,11 @@ the two kinds of layers; Qwen3-Next's attention heads are twice as wide as its d
 
 ``softmax_counterpart(config)`` is the all-attention model the memory comparison divides by: every
 block replaced by the preset's attention block (``"softmax"`` when it has none), the sizes kept.
+
+The last three keep their model's block and its layer's defaults (fla's, the papers') at
+d_model = 256: Mamba-2's language models stack the mixer alone (``mlp=False``, expand 2, head dim
+64), GLA's and DeltaNet's alternate the mixer with a SwiGLU MLP; every norm's epsilon is 1e-5 as
+theirs.
 """
 
 from __future__ import annotations
@@ -47,6 +57,30 @@ PRESETS: dict[str, dict] = {
         head_dim=96,  # fla: num_heads * head_dim = 0.75 hidden_size
         mixers=("gated_deltanet",) * 4,
         expand_v=2.0,
+    ),
+    "mamba2": dict(
+        d_model=256,
+        n_heads=8,  # head dim expand * d_model / n_heads = 64, Mamba-2's
+        mixers=("mamba2",) * 4,
+        mlp=False,
+        state_size=64,
+        expand=2,
+        n_groups=1,
+        norm_eps=1e-5,
+    ),
+    "gla": dict(
+        d_model=256,
+        n_heads=4,  # keys 256 / 2 / 4 = 32 per head, values 64
+        mixers=("gla",) * 4,
+        short_conv=False,
+        norm_eps=1e-5,
+    ),
+    "deltanet": dict(
+        d_model=256,
+        n_heads=4,
+        mixers=("deltanet",) * 4,
+        output_gate=False,  # fla's DeltaNet: use_gate=False
+        norm_eps=1e-5,
     ),
 }
 
