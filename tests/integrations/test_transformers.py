@@ -348,3 +348,21 @@ def test_deepcopy_of_an_applied_model_runs_on_linattn(monkeypatch):
     with torch.no_grad():
         model(torch.randint(3, hf_models.VOCAB, (1, 5)))
     assert calls["torch_chunk_gated_delta_rule"] == 1
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear", "mamba2"])
+def test_training_gradients_equal_transformers_own_path(family):
+    """Training runs through linattn's chunk form: the loss's gradients equal theirs (float64)."""
+    model = hf_models.build(family, torch.float64).train()
+    ours = hf.apply(copy.deepcopy(model))
+    ids = torch.randint(3, hf_models.VOCAB, (2, 19), generator=torch.Generator().manual_seed(0))
+    with hf_models.float32_promoted():
+        with hf_models.own_path(family):
+            model(ids, labels=ids).loss.backward()
+        ours(ids, labels=ids).loss.backward()
+    theirs = dict(model.named_parameters())
+    for name, p in ours.named_parameters():
+        if theirs[name].grad is None:
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        assert hf_models.relative(p.grad, theirs[name].grad) < 1e-12, name
