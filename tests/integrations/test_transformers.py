@@ -86,7 +86,7 @@ def test_prefill_takes_the_chunk_form_and_decoding_the_step(monkeypatch, family,
     ids = torch.randint(3, hf_models.VOCAB, (1, 12))
     with torch.no_grad():
         hf_models.decode(model, ids, 9)
-    layers = sum(1 for m in model.modules() if "_linattn_methods" in vars(m))
+    layers = sum(1 for m in model.modules() if "_linattn_saved" in vars(m))
     assert layers >= 1
     assert calls[prefill] == layers and calls[step] == 3 * layers, calls
     assert calls["causal_conv1d_fn"] == layers and calls["causal_conv1d_update"] == 3 * layers
@@ -342,12 +342,40 @@ def test_import_linattn_imports_neither_transformers_nor_fla():
     assert result.stdout.strip() == "[]"
 
 
-def test_deepcopy_of_an_applied_model_runs_on_linattn(monkeypatch):
+def test_deepcopy_of_an_applied_model_runs_on_linattn_until_restored(monkeypatch):
     calls = counting(monkeypatch, hf.GATED_DELTA)
     model = copy.deepcopy(hf.apply(hf_models.build("qwen3_next")))
+    ids = torch.randint(3, hf_models.VOCAB, (1, 5))
+    with torch.no_grad():
+        model(ids)
+        assert calls["torch_chunk_gated_delta_rule"] == 1
+        assert hf.restore(model) is model
+        with hf_models.own_path("qwen3_next"):
+            model(ids)
+    assert calls["torch_chunk_gated_delta_rule"] == 1
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_apply_keeps_accelerate_hooks(monkeypatch):
+    """With accelerate's hooks (device_map, offloading) the hook stays and calls linattn."""
+    accelerate_hooks = pytest.importorskip("accelerate.hooks")
+    calls = counting(monkeypatch, hf.GATED_DELTA)
+    model = hf_models.build("qwen3_next")
+    seen = []
+
+    class Hook(accelerate_hooks.ModelHook):
+        def pre_forward(self, module, *args, **kwargs):
+            seen.append(type(module).__name__)
+            return args, kwargs
+
+    layer = model.model.layers[0].linear_attn
+    accelerate_hooks.add_hook_to_module(layer, Hook())
+    hf.apply(model)
     with torch.no_grad():
         model(torch.randint(3, hf_models.VOCAB, (1, 5)))
-    assert calls["torch_chunk_gated_delta_rule"] == 1
+    assert seen == ["Qwen3NextGatedDeltaNet"] and calls["torch_chunk_gated_delta_rule"] == 1
+    hf.restore(model)
+    assert layer._old_forward.__func__ is type(layer).forward
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear", "mamba2"])

@@ -11,7 +11,7 @@ decoding), whichever was bound:
 - ``apply(model)``: one built model, in place: its linear-attention layers' methods are rebound to
   module globals in which the kernel names are linattn's; other models keep theirs.
 - ``enable()``: the modeling modules' kernel names themselves (every model, built before or after).
-- ``disable()``: undoes both.
+- ``disable()``: undoes both (``restore(model)``: one model, a copy of an applied one too).
 
 Families (the kernel code each shares, identical in transformers 5.23): Gated DeltaNet (Qwen3-Next,
 Qwen3.5, Qwen3.5-MoE, OLMo-Hybrid, Qwen4-Exp), Kimi Delta Attention (Kimi-Linear, Bailing-Hybrid,
@@ -97,7 +97,10 @@ def names_used(fn: types.FunctionType, seen: set[int] | None = None) -> set[str]
     seen.add(id(fn))
     names = set(fn.__code__.co_names)
     for cell in fn.__closure__ or ():
-        inner = cell.cell_contents
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
         if isinstance(inner, types.FunctionType) and id(inner) not in seen:
             names |= names_used(inner, seen)
     return names
@@ -172,17 +175,37 @@ def apply(model: nn.Module) -> nn.Module:
 
 
 def patch_layer(layer: nn.Module, overrides: dict[str, Callable]) -> bool:
-    """Rebind layer's kernel-calling methods as instance attributes; True when there were any."""
+    """Rebind layer's kernel-calling methods as instance attributes; True when there were any.
+
+    A layer with accelerate's hooks (``device_map``, offloading) keeps them: its instance
+    ``forward`` is accelerate's wrapper, which calls ``_old_forward``, and that is what is
+    rebound. The instance attributes replaced are saved for ``restore``.
+    """
     methods = kernel_methods(type(layer), set(overrides))
     if not methods:
         return False
+    restore(layer)  # applying twice rebinds from the class again
     module_globals = importlib.import_module(type(layer).__module__).__dict__
     scope = Globals(module_globals, overrides)
+    saved = {}
     for attr, fn in methods.items():
-        setattr(layer, attr, types.MethodType(rebind(fn, module_globals, scope), layer))
-    layer._linattn_methods = tuple(methods)
+        target = "_old_forward" if attr == "forward" and "_old_forward" in vars(layer) else attr
+        saved[target] = vars(layer).get(target)
+        setattr(layer, target, types.MethodType(rebind(fn, module_globals, scope), layer))
+    layer._linattn_saved = saved
     _applied.add(layer)
     return True
+
+
+def restore(model: nn.Module) -> nn.Module:
+    """Undo ``apply`` on model (a copy of an applied model included); returns the model."""
+    for layer in model.modules():
+        for attr, value in layer.__dict__.pop("_linattn_saved", {}).items():
+            if value is None:
+                layer.__dict__.pop(attr, None)
+            else:
+                setattr(layer, attr, value)
+    return model
 
 
 def enable() -> None:
@@ -216,8 +239,7 @@ def disable() -> None:
             setattr(module, kernel_name, original)
     _enabled.clear()
     for layer in list(_applied):
-        for attr in layer.__dict__.pop("_linattn_methods", ()):
-            layer.__dict__.pop(attr, None)
+        restore(layer)
     _applied.clear()
 
 
