@@ -1,0 +1,6 @@
+"""Integrations: one module per outside library whose models linattn serves (DESIGN.md).
+
+Imported only on request, never at ``import linattn``: ``import linattn.integrations.transformers``
+needs nothing outside linattn until ``apply`` or ``enable`` is called, which need ``transformers``
+(the ``linattn[integrations]`` extra).
+"""

@@ -1,0 +1,415 @@
+"""linattn in the signatures of the kernels transformers binds (fla, mamba-ssm, causal-conv1d).
+
+Each function here takes exactly what a transformers modeling module passes to its bound kernel
+(the pure-PyTorch fallback's signature, e.g. ``torch_chunk_gated_delta_rule(query, key, value, g,
+beta, chunk_size, initial_state, output_final_state, use_qk_l2norm_in_kernel)``), returns what that
+fallback returns, and computes it with the public ops ``linattn.ops.delta_rule``,
+``linear_attention`` (the chunk form, for prefill) and ``recurrent_step`` (the decoding step).
+
+Every mechanism is one row of the spec's table (DESIGN.md):
+
+- Gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo-Hybrid, ...): S_t = alpha_t (I - beta_t k_t k_t^T)
+  S_{t-1} + beta_t k_t v_t^T, g [B, T, HV] (sections 7, 8, 10);
+- Kimi Delta Attention (Kimi-Linear, Bailing-Hybrid, GLM-5-Next): the same with Diag(alpha_t),
+  g [B, T, H, K];
+- Mamba-2's SSD (Mamba-2, Bamba, Falcon-H1, Nemotron-H, Granite-MoE-Hybrid, Zamba2): linear
+  attention with a scalar decay per head (section 10), q = C, k = dt B, v = x, g = dt A, scale 1;
+  the D skip (o + D x) and the dt scaling live outside the kernel, here.
+
+Compute dtype: float64 inputs stay float64 (the ops' float64 path), every other dtype computes in
+float32 as transformers' fallbacks do; outputs come back in the caller's dtype as theirs do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from linattn.ops import delta_rule, linear_attention, recurrent_step
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """float64 for float64 inputs, else float32 (where transformers' fallbacks compute)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def rsqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x * rsqrt(|x|^2 + eps): the l2norm of transformers' gated-delta fallbacks."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def sqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(|x|^2 + eps): the l2norm of transformers' KDA fallbacks (fla's rounding)."""
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def expand_heads(x: Tensor, heads: int, name: str) -> Tensor:
+    """[B, T, H, D] -> [B, T, heads, D]: head h serves the `heads // H` consecutive value heads.
+
+    Value head j pairs with query/key head j // G (G = heads // H), as transformers'
+    ``repeat_interleave(G, dim=2)``.
+    TODO(compat): pass the head mapping to the ops' grouped-value-heads argument (issue 19, item
+    1) instead of copying q and k here.
+    """
+    H = x.shape[2]
+    if heads % H != 0:
+        raise ValueError(f"{name} has {H} heads, which do not divide the {heads} value heads")
+    return x if heads == H else x.repeat_interleave(heads // H, dim=2)
+
+
+def state_in(initial_state: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """The caller's state in the compute dtype (a copy: the fallbacks never write their input)."""
+    return None if initial_state is None else initial_state.to(dtype, copy=True)
+
+
+def chunk_gated_delta_rule(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    chunk_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Tensor | None = None,
+    **kwargs: object,
+) -> tuple[Tensor, Tensor | None]:
+    """Gated DeltaNet, the chunk form: transformers' ``torch_chunk_gated_delta_rule`` (prefill).
+
+    S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t / sqrt(K)
+    (spec sections 7, 8, 10). query, key [B, T, H, K]; value [B, T, HV, V]; g, beta [B, T, HV]
+    (HV a multiple of H: grouped value heads); state [B, HV, K, V]. Keywords transformers adds
+    (``use_cache``, ...) are ignored, as its kernel wrapper drops them.
+    """
+    dtype = compute_dtype(query)
+    heads = value.shape[2]
+    q = expand_heads(query, heads, "query").to(dtype)
+    k = expand_heads(key, heads, "key").to(dtype)
+    if use_qk_l2norm_in_kernel:
+        q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
+    o, S = delta_rule(
+        q,
+        k,
+        value.to(dtype),
+        beta.to(dtype),
+        g.to(dtype),
+        scale=q.shape[-1] ** -0.5,
+        mode="chunk",
+        chunk_size=chunk_size,
+        initial_state=state_in(initial_state, dtype),
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return o.to(query.dtype), S
+
+
+def recurrent_gated_delta_rule(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Tensor | None = None,
+    **kwargs: object,
+) -> tuple[Tensor, Tensor | None]:
+    """Gated DeltaNet token by token: transformers' ``torch_recurrent_gated_delta_rule`` (decoding).
+
+    The same recurrence as ``chunk_gated_delta_rule``; one token (T = 1, no cu_seqlens) is one
+    ``linattn.ops.recurrent_step`` on a copy of the state, longer inputs take the chunk form.
+    """
+    if query.shape[1] != 1 or cu_seqlens is not None:
+        return chunk_gated_delta_rule(
+            query,
+            key,
+            value,
+            g,
+            beta,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            cu_seqlens=cu_seqlens,
+        )
+    dtype = compute_dtype(query)
+    heads = value.shape[2]
+    q = expand_heads(query, heads, "query")[:, 0].to(dtype)  # [B, HV, K]
+    k = expand_heads(key, heads, "key")[:, 0].to(dtype)
+    if use_qk_l2norm_in_kernel:
+        q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
+    S = step_state(initial_state, q, value, dtype)
+    v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
+    o = recurrent_step(S, q, k, v, beta_t, g_t)
+    return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
+
+
+def step_state(
+    initial_state: Tensor | None, q: Tensor, value: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """The state a step updates in place: a copy of the caller's, or zeros [B, HV, K, V]."""
+    if initial_state is not None:
+        return initial_state.to(dtype, copy=True)
+    B, HV, K = q.shape
+    return torch.zeros(B, HV, K, value.shape[-1], dtype=dtype, device=q.device)
+
+
+def chunk_kda(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    chunk_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Tensor | None = None,
+    **kwargs: object,
+) -> tuple[Tensor, Tensor | None]:
+    """Kimi Delta Attention, the chunk form: transformers' ``chunk_kimi_delta_attention``.
+
+    S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t /
+    sqrt(K) (sections 7, 8, 10). query, key, value, g [B, T, H, K]; beta [B, T, H]; state
+    [B, H, K, V].
+    """
+    dtype = compute_dtype(query)
+    q, k = query.to(dtype), key.to(dtype)
+    if use_qk_l2norm_in_kernel:
+        q, k = sqrt_l2norm(q), sqrt_l2norm(k)
+    o, S = delta_rule(
+        q,
+        k,
+        value.to(dtype),
+        beta.to(dtype),
+        g.to(dtype),
+        scale=q.shape[-1] ** -0.5,
+        mode="chunk",
+        chunk_size=chunk_size,
+        initial_state=state_in(initial_state, dtype),
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return o.to(query.dtype), S
+
+
+def recurrent_kda(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Tensor | None = None,
+    **kwargs: object,
+) -> tuple[Tensor, Tensor | None]:
+    """KDA token by token: transformers' ``recurrent_kimi_delta_attention`` (decoding).
+
+    One token is one ``recurrent_step`` (g [B, H, K]: the per-channel decay) on a copy of the
+    state; longer inputs take the chunk form.
+    """
+    if query.shape[1] != 1 or cu_seqlens is not None:
+        return chunk_kda(
+            query,
+            key,
+            value,
+            g,
+            beta,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            cu_seqlens=cu_seqlens,
+        )
+    dtype = compute_dtype(query)
+    q, k = query[:, 0].to(dtype), key[:, 0].to(dtype)  # [B, H, K]
+    if use_qk_l2norm_in_kernel:
+        q, k = sqrt_l2norm(q), sqrt_l2norm(k)
+    S = step_state(initial_state, q, value, dtype)
+    v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
+    o = recurrent_step(S, q, k, v, beta_t, g_t)
+    return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
+
+
+def mamba2_dt(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool) -> Tensor:
+    """Mamba-2's step sizes, as transformers computes them: dt + dt_bias, then softplus."""
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    return F.softplus(dt) if dt_softplus else dt
+
+
+def mamba2_chunk_scan(
+    hidden_states: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    initial_states: Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    return_final_states: bool = False,
+    **kwargs: object,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Mamba-2's SSD, the chunk form: transformers' ``mamba2_chunk_scan`` (prefill).
+
+    Linear attention with a scalar decay per head (spec section 10): with the step sizes dt
+    (softplus(dt + dt_bias), clamped to dt_limit), S_t = exp(dt_t A) S_{t-1} + B_t (dt_t x_t)^T
+    and y_t = S_t^T C_t + D x_t, i.e. ``linear_attention(q=C, k=B, v=dt x, g=dt A, scale=1)``.
+    hidden_states x [B, T, H, P]; dt [B, T, H]; A, D, dt_bias [H]; B, C [B, T, G, N] (head h reads
+    group h // (H / G)); states [B, H, P, N] as transformers keeps them (linattn's [B, H, N, P]
+    transposed). Returns y [B, T, H, P] in the compute dtype (float32 unless float64), as the
+    fallback does, and the final state when asked. ``z`` is ignored, as the fallback ignores it.
+    """
+    heads = hidden_states.shape[2]
+    dt = mamba2_dt(dt, dt_bias, dt_softplus).clamp(min=dt_limit[0], max=dt_limit[1])
+    dtype = compute_dtype(hidden_states)
+    x, dt = hidden_states.to(dtype), dt.to(dtype)
+    q = expand_heads(C, heads, "C").to(dtype)  # [B, T, H, N]
+    k = expand_heads(B, heads, "B").to(dtype)
+    S0 = None if initial_states is None else initial_states.to(dtype).transpose(-1, -2)
+    y, S = linear_attention(
+        q,
+        k,
+        x * dt.unsqueeze(-1),
+        A.to(dtype) * dt,
+        scale=1.0,
+        mode="chunk",
+        chunk_size=chunk_size,
+        initial_state=S0,
+        output_final_state=return_final_states,
+    )
+    if D is not None:
+        y = y + D.unsqueeze(-1) * x  # the D skip: [H, 1] * [B, T, H, P]
+    if not return_final_states:
+        return y
+    return y, S.transpose(-1, -2).contiguous()  # [B, H, N, P] -> transformers' [B, H, P, N]
+
+
+def per_head(x: Tensor, dims: int, name: str) -> Tensor:
+    """x [..., H, *rest] with `dims` trailing dims constant -> [..., H]; refuse what varies there.
+
+    Transformers expands Mamba-2's per-head dt, A, D and dt_bias over the head and state
+    dimensions before its step; a decay that varies along P is no linattn mechanism.
+    """
+    head = x[(...,) + (0,) * dims]
+    if any(x.stride(-1 - d) != 0 for d in range(dims)):
+        if not bool((x == head[(...,) + (None,) * dims]).all()):
+            raise ValueError(f"Mamba-2 step: {name} must be one value per head")
+    return head
+
+
+def mamba2_selective_state_update(
+    state: Tensor,
+    hidden_states: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    dt_softplus: bool = False,
+    z: Tensor | None = None,
+    **kwargs: object,
+) -> Tensor:
+    """One Mamba-2 token: transformers' ``mamba2_selective_state_update`` (decoding), in place.
+
+    S <- exp(dt A) S + B (dt x)^T, y = S^T C + D x, times silu(z) when z is given; one
+    ``recurrent_step`` (additive rule, g = dt A one per head, scale 1) on the state [B, H, P, N],
+    read as linattn's [B, H, N, P] through a transposed view. hidden_states, z [B, H, P]; dt
+    [B, H, P] and dt_bias, D [H, P] and A [H, P, N] expanded from one value per head; B, C
+    [B, G, N]. Returns y [B, H, P] in hidden_states' dtype.
+    """
+    heads = hidden_states.shape[1]
+    bias = None if dt_bias is None else per_head(dt_bias, 1, "dt_bias")
+    dt = mamba2_dt(per_head(dt, 1, "dt"), bias, dt_softplus)
+    work = state if state.dtype in (torch.float32, torch.float64) else state.float()
+    dtype = work.dtype
+    x, dt = hidden_states.to(dtype), dt.to(dtype)
+    q = expand_heads(C.unsqueeze(1), heads, "C")[:, 0].to(dtype)  # [B, G, N] -> [B, H, N]
+    k = expand_heads(B.unsqueeze(1), heads, "B")[:, 0].to(dtype)
+    g = per_head(A, 2, "A").to(dtype) * dt  # [B, H]
+    y = recurrent_step(work.transpose(-1, -2), q, k, x * dt.unsqueeze(-1), None, g, scale=1.0)
+    if work is not state:
+        state.copy_(work)
+    if D is not None:
+        y = y + x * D.to(dtype)
+    if z is not None:
+        y = y * F.silu(z.to(dtype))
+    return y.to(hidden_states.dtype)
+
+
+def mamba2_split_conv1d_scan_combined(*args: object, **kwargs: object) -> None:
+    """The fused training kernel (mamba-ssm's, CUDA only): None sends the mixer to its unfused path.
+
+    transformers' own fallback returns None too; the unfused path then calls the conv and
+    ``mamba2_chunk_scan`` above.
+    """
+    return None
+
+
+def conv_activation(x: Tensor, activation: str | None) -> Tensor:
+    """The short convolution's activation: none or SiLU (what these models use)."""
+    if activation is None:
+        return x
+    if activation in ("silu", "swish"):
+        return F.silu(x)
+    raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
+
+
+def refuse_packed(kwargs: dict) -> None:
+    """A depthwise conv over packed sequences would mix them: refused, as transformers does."""
+    for name in ("cu_seqlens", "seq_idx"):
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"causal_conv1d_fn cannot keep packed sequences apart ({name} given): linattn "
+                "serves the short convolution for unpacked batches only"
+            )
+
+
+def causal_conv1d_fn(
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    **kwargs: object,
+) -> Tensor:
+    """The causal depthwise short convolution: out[:, c, t] = sum_j w[c, j] x[:, c, t - W + 1 + j].
+
+    hidden_states [B, D, T]; weight [D, W]; bias [D] or None. The conv runs in weight's dtype and
+    the result comes back in hidden_states' dtype, as transformers' fallback.
+    """
+    refuse_packed(kwargs)
+    D, T = hidden_states.shape[1], hidden_states.shape[-1]
+    out = F.conv1d(
+        hidden_states.to(weight.dtype),
+        weight.unsqueeze(1),  # [D, W] -> [D, 1, W]: one filter per channel
+        bias,
+        padding=weight.shape[-1] - 1,
+        groups=D,
+    )[..., :T]
+    return conv_activation(out, activation).to(hidden_states.dtype)
+
+
+def causal_conv1d_update(
+    hidden_states: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    **kwargs: object,
+) -> Tensor:
+    """The short convolution's decoding step: conv_state [B, D, S] takes the newest S inputs.
+
+    hidden_states [B, D, T] (T new tokens, usually 1); conv_state is updated in place.
+    """
+    D, T = hidden_states.shape[1], hidden_states.shape[-1]
+    window = torch.cat([conv_state, hidden_states], dim=-1).to(weight.dtype)  # [B, D, S + T]
+    conv_state.copy_(window[..., -conv_state.shape[-1] :])
+    out = F.conv1d(window, weight.unsqueeze(1), bias, groups=D)[..., -T:]
+    return conv_activation(out, activation).to(hidden_states.dtype)
