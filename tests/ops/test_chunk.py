@@ -78,7 +78,7 @@ def test_every_exponent_is_non_positive_beyond_the_budget(op, gate):
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 @pytest.mark.parametrize("mode", ["chunk", "parallel"])
 def test_strong_decay_gradients_are_finite(gate, mode):
-    # exp(G_i) exp(-G_j) would overflow here (|G| up to ~3000); the masked segment sums do not.
+    # exp(G_i) exp(-G_j) would overflow here (|G| up to ~3000); differences inside a chunk do not.
     x = make_inputs(B=1, H=1, T=100, gate=gate, rule="delta", dtype=torch.float32)
     g = (x["g"] * 0 - 30.0).requires_grad_()
     q, k, v = (x[n].clone().requires_grad_() for n in ("q", "k", "v"))

@@ -23,6 +23,10 @@ A group halves until its blocks' spread fits the budget, then takes direct produ
 gates the first block, the whole chunk, already fits (one product, as without decay); gates too
 steep for that halve down to single tokens, every exponent then <= 0.
 
+This is the one per-channel product algorithm of the library: the group loop, the all-blocks form
+(``mode="parallel"``, double backward) and the affine maps take it through ``_chunk_terms``, and
+the fused C++ loop computes the same halving under the same budget.
+
 G may be float64 for float32 blocks (``_chunk_terms`` sums the gates in float64, ``gate_floor``):
 every exponent is then a difference taken in float64 and rounded once to the blocks' dtype before
 its exponential, so that it keeps float32's accuracy however large G grows (resets, steep gates).

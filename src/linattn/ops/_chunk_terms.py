@@ -210,30 +210,33 @@ class Terms:
             states[0] = S
         outs = [None] * n if states is None else [*states[1:].unbind(0), torch.empty_like(S)]
         KeT = self.Ke.transpose(-1, -2)  # [n, P, K, C]
-        if self.W is None:
-            N = KeT @ self.v  # [n, P, K, V]
-            U, Us = self.v, None
-        else:
-            U = self.buffers("U", self.U0)
+        if self.mech.delta:
+            U, N = self.buffers("U", self.U0), None
             Us = [None] * n if U is None else list(U.unbind(0))
+        else:
+            U, N, Us = self.v, KeT @ self.v, None  # N: [n, P, K, V]
         for j in range(n):
-            if Us is None:  # S_{j+1} = D_j S_j + N_j
-                if self.D is None:
-                    S = torch.add(N[j], S, out=outs[j])
-                else:
-                    S = torch.addcmul(N[j], self.D[j], S, out=outs[j])
-            else:
-                Us[j] = self.pseudo_values(S, j, out=Us[j])
-                if self.D is None:
-                    S = torch.baddbmm(S, KeT[j], Us[j], out=outs[j])
-                else:
-                    S = torch.mul(S, self.D[j], out=outs[j]).baddbmm_(KeT[j], Us[j])
+            S = self._step(j, S, KeT, N, Us, outs[j])
             if kept is not None:
                 kept.append(S)
         if kept is not None:  # differentiable: the states and U as new stacks
             states = torch.stack(kept[:-1])  # [n, P, K, V]
-            U = U if Us is None else torch.stack(Us)
+            U = torch.stack(Us) if self.mech.delta else U
         return states, U, S
+
+    def _step(self, j: int, S: Tensor, KeT: Tensor, N: Tensor | None, Us: list | None, out):
+        """S_{j+1} = D_j S_j + Ke_j^T U_j (into ``out``); the delta rule's U_j into ``Us[j]``.
+
+        Linear attention: S_{j+1} = D_j S_j + N_j, N_j = Ke_j^T v_j computed for all chunks.
+        """
+        if not self.mech.delta:
+            if not self.mech.decays:
+                return torch.add(N[j], S, out=out)
+            return torch.addcmul(N[j], self.D[j], S, out=out)
+        Us[j] = self.pseudo_values(S, j, out=Us[j])
+        if not self.mech.decays:
+            return torch.baddbmm(S, KeT[j], Us[j], out=out)
+        return torch.mul(S, self.D[j], out=out).baddbmm_(KeT[j], Us[j])
 
     def pseudo_values(self, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
         """U = U0 - W S (section 8) of chunk j entering with S [P, K, V], or of every chunk
