@@ -59,7 +59,7 @@ def affine_map(
     """
     B, H, T, K = k.shape
     V = v.shape[-1]
-    if T == 0:
+    if 0 in (B, H, T):
         return _empty_map(k, v, beta, g, mech)
     P = B * H
     start = k.new_zeros(P, K, V)
@@ -77,7 +77,8 @@ def affine_map(
 
 
 def _empty_map(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, mech: Mechanism):
-    """A block of no tokens is the identity map: M = I (in the mechanism's stored form), N = 0.
+    """A block of no tokens (or no batch or head) is the identity map: M = I (in the mechanism's
+    stored form), N = 0.
 
     The sum of the (empty) inputs is an exact 0 that keeps them in the graph, so that each gets
     an empty gradient of its shape, as from PyTorch's own ops.
@@ -92,14 +93,14 @@ def _empty_map(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, mech
     return k.new_ones(B, H, 1 if mech.gate == "head" else K, 1) + link, N
 
 
-def full_matrix(M: Tensor | None, N: Tensor) -> Tensor:
-    """A stored M (None, a diagonal [B, H, 1|K, 1] or [B, H, K, K]) as the [B, H, K, K] matrix."""
+def full_matrix(M: Tensor | None, N: Tensor, mech: Mechanism) -> Tensor:
+    """M in ``affine_map``'s stored form as the [B, H, K, K] matrix."""
     B, H, K, _ = N.shape
-    if M is None:
+    if mech.delta:
+        return M
+    if not mech.decays:
         return torch.eye(K, dtype=N.dtype, device=N.device).expand(B, H, K, K)
-    if M.shape[-1] == 1 and K > 1:
-        return torch.diag_embed(M[..., 0].expand(B, H, K))
-    return M
+    return torch.diag_embed(M[..., 0].expand(B, H, K))  # Diag(exp G_T)
 
 
 def chunk_affine_map(
@@ -130,4 +131,4 @@ def chunk_affine_map(
     _checks.gate(g, B, T, H, K)
     mech = Mechanism.of(beta, g)
     M, N = affine_map(*to_internal(k, v, beta, g), mech)
-    return full_matrix(M, N), N
+    return full_matrix(M, N, mech), N
