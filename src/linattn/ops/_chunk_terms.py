@@ -18,6 +18,19 @@ terms in reused buffers, a hand-written backward ``Terms.gradients``), the all-b
 ``mode="parallel"`` and double backward) and the affine maps (``affine``). Which terms exist is
 decided by the ``Mechanism`` (rule and gate), resolved once at the public op.
 
+Where each step is computed (the one Python place of each):
+
+    G, exp(G), exp(G_C - G), D, Qd, Kd, Ke        Terms._gates
+    A_qk, A_kk (decayed causal products)          Products: _blockmath.scalar_decay (gate per
+                                                  head), _blockmath.ChannelProducts (per channel)
+    I + L, (I + L)^{-1}, W, U0 (UT transform)     Terms.pseudo_value_terms
+    U = U0 - W S                                  Terms.pseudo_values
+    S_{j+1} = D_j S_j + Ke_j^T U_j                Terms.states (Terms._step)
+    o = Qd S + A_qk U                             Terms.outputs
+    (M, N) of a block                             affine.affine_map (Terms.states from [0 | I])
+    their gradients                               Terms.gradients, Products.backward,
+                                                  chunk_function._state_loop_backward
+
 The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0); the per-channel
 products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
 ``_blockmath.gate_floor`` (its decay is exactly 0 there; a reset, g = -inf, becomes finite) and G
