@@ -193,16 +193,21 @@ class Terms:
         A = torch.mul(self.A_kk, b, out=buffers("A", self.A_kk))  # L = diag(beta) A_kk
         A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
         self.I_plus_L = A  # [n, P, C, C], unit lower triangular
-        self.Ainv = unit_lower_inverse(A, out=buffers("Ainv", A))  # [n, P, C, C]
-        # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
         K = k.shape[-1]
         R = buffers("R", k, (*k.shape[:-1], K + v.shape[-1]))
-        if R is None:  # differentiable: no writes into a buffer
-            R = torch.cat([self.Kd, v], dim=-1) * b
+        if R is None:
+            # Differentiable: one solve for both right-hand sides, X = (I + L)^{-1} R (no explicit
+            # inverse: only the hand-written backward needs it; for long chunks, as the parallel
+            # form's one chunk of T tokens, it would cost C^3 against C^2 (K + V)).
+            R = torch.cat([self.Kd, v], dim=-1) * b  # [n, P, C, K + V]
+            self.Ainv = None
+            self.X = torch.linalg.solve_triangular(A, R, upper=False, unitriangular=True)
         else:
+            self.Ainv = unit_lower_inverse(A, out=buffers("Ainv", A))  # [n, P, C, C]
+            # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
             torch.mul(self.Kd, b, out=R[..., :K])
             torch.mul(v, b, out=R[..., K:])
-        self.X = torch.matmul(self.Ainv, R, out=buffers("X", R))  # [n, P, C, K + V]
+            self.X = torch.matmul(self.Ainv, R, out=buffers("X", R))  # [n, P, C, K + V]
         return self.X[..., :K], self.X[..., K:]
 
     def states(self, S: Tensor, states: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
