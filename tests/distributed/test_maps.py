@@ -9,6 +9,7 @@ import torch
 
 from linattn import ops
 from linattn.distributed import maps
+from linattn.ops.mechanism import Mechanism
 
 from ..ops.cases import oracle, rel_rms
 from ..ops.reset_cases import reset_inputs
@@ -19,10 +20,9 @@ NAMES = [(name, rule == "delta") for name, _, rule, _, normalize in CASES if not
 
 
 def slice_map(x: dict, delta: bool, chunk_size: int = 4):
-    if delta:
-        return maps.delta_map(x["k"], x["v"], x["beta"], x["g"], chunk_size=chunk_size,
-                              use_qk_l2norm=False)  # fmt: skip
-    return maps.additive_map(x["k"], x["v"], x["g"])
+    beta = x["beta"] if delta else None
+    mech = Mechanism.of(beta, x["g"])
+    return maps.slice_map(x["k"], x["v"], beta, x["g"], mech, chunk_size=chunk_size)
 
 
 def full_matrix(M: torch.Tensor | None, K: int) -> torch.Tensor:
@@ -62,9 +62,13 @@ def test_map_moves_any_state_like_the_op(name, delta):
 
 def test_stored_forms():
     x = make_case("gla", 5, torch.float64)["inputs"]
-    assert maps.additive_map(x["k"], x["v"], x["g"])[0].shape == (2, 2, 4, 1)
-    assert maps.additive_map(x["k"], x["v"], None)[0] is None
-    assert maps.kind_of(None, x["g"]) == maps.CHANNEL
+    assert slice_map(x, False)[0].shape == (2, 2, 4, 1)
+    assert slice_map({**x, "g": x["g"][..., 0]}, False)[0].shape == (2, 2, 1, 1)
+    assert slice_map({**x, "g": None}, False)[0] is None
+    assert slice_map({**x, "beta": torch.rand(x["k"].shape[:3], dtype=torch.float64)}, True)[
+        0
+    ].shape == (2, 2, 4, 4)
+    assert Mechanism.of(None, x["g"]) == Mechanism(delta=False, gate="channel")
 
 
 @pytest.mark.parametrize("reset", [-1e7, -math.inf])

@@ -71,3 +71,33 @@ def test_checks():
         chunk_affine_map(x["k"], x["v"], x["beta"] * 3)
     with pytest.raises(ValueError, match="g"):
         chunk_affine_map(x["k"], x["v"], x["beta"], -x["g"])
+
+
+@pytest.mark.parametrize("gate", [None, "scalar", "channel"])
+def test_map_is_computed_in_chunks(gate, monkeypatch):
+    # Linear in T: the UT transform's solves and the decayed products are chunk-sized (64
+    # tokens), never T x T; the map equals the literal product of the transitions all the same.
+    x = make_inputs(B=1, H=2, T=300, gate=gate, rule="delta")
+    sizes = []
+    real_solve, real_matmul = torch.linalg.solve_triangular, torch.matmul
+
+    def solve(A, *args, **kwargs):
+        sizes.append(A.shape[-1])
+        return real_solve(A, *args, **kwargs)
+
+    def matmul(a, b, *args, **kwargs):
+        sizes.append(a.shape[-2])
+        return real_matmul(a, b, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "solve_triangular", solve)
+    monkeypatch.setattr(torch, "matmul", matmul)
+    M, N = chunk_affine_map(x["k"], x["v"], x["beta"], x["g"])
+    monkeypatch.undo()
+    assert sizes and max(sizes) <= 64
+    product = np.stack([np.eye(4)] * 2)
+    for t in range(300):
+        for h in range(2):
+            g_t = None if x["g"] is None else x["g"][0, t, h].numpy()
+            A = transition(x["k"][0, t, h].numpy(), float(x["beta"][0, t, h]), g_t, rule="delta")
+            product[h] = A @ product[h]
+    np.testing.assert_allclose(M[0].numpy(), product, rtol=0, atol=1e-10)

@@ -44,6 +44,7 @@ from linattn import ops
 from linattn.distributed import collectives, maps
 from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
+from linattn.ops.mechanism import Mechanism
 
 _DTYPES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 # The fields of the shape descriptor each rank contributes (int64), in order.
@@ -57,7 +58,8 @@ _MEANING = {
     "H": "H",
     "K": "K",
     "V": "V (with normalize: V + 1)",
-    "kind": "gate kind (0 none, 1 scalar, 2 per channel, 3 delta rule)",
+    "kind": "mechanism (Mechanism.code: 0-2 additive, 3-5 delta rule; gate none, per head, "
+    "per channel)",
     "dtype": "dtype",
     "initial_state": "initial state (0 none, 1 given, 2 given with grad)",
     "state_values": "initial_state values (a checksum of its bytes: pass the same S_0 everywhere)",
@@ -84,7 +86,7 @@ def checksum(*parts: object) -> int:
     return int.from_bytes(h.digest()[:8], "little", signed=True)
 
 
-def _descriptor(q, v_cols, beta, g, initial_state, options, needs_grad, error) -> dict[str, int]:
+def _descriptor(q, v_cols, mech, initial_state, options, needs_grad, error) -> dict[str, int]:
     """This rank's descriptor; ``options``: the values of the options that change the result."""
     if error is not None:
         return dict.fromkeys(_FIELDS, 0) | {"error": 1}
@@ -98,7 +100,7 @@ def _descriptor(q, v_cols, beta, g, initial_state, options, needs_grad, error) -
         "H": H,
         "K": K,
         "V": v_cols,
-        "kind": maps.kind_of(beta, g),
+        "kind": mech.code,
         "dtype": _DTYPES[q.dtype],
         "initial_state": state,
         "state_values": 0 if initial_state is None else checksum(initial_state),
@@ -247,14 +249,15 @@ def linear_attention(
     v_cols = 0 if error else V + int(normalize)
     needs_grad = _needs_grad(k, v, g, initial_state)
     options = (scale, "normalize", normalize)
-    local = _descriptor(q, v_cols, None, g, initial_state, options, needs_grad, error)
+    mech = None if error else Mechanism.of(None, g)
+    local = _descriptor(q, v_cols, mech, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     # Step 2: this slice's map, in the compute dtype (the ones column is the normaliser's value).
     dtype = compute_dtype(q.dtype)
     values = v.to(dtype)
     if normalize:
         values = torch.cat([values, torch.ones_like(values[..., :1])], dim=-1)  # [B, T, H, V + 1]
-    M, N = maps.additive_map(k.to(dtype), values, None if g is None else g.to(dtype))
+    M, N = maps.slice_map(k, values, None, g, mech, chunk_size=chunk_size)
     S0 = None if initial_state is None else initial_state.to(dtype)
     # Steps 3-4.
     S_in = _incoming_state(M, N, S0, group)
@@ -321,16 +324,12 @@ def delta_rule(
         error = f"{type(e).__name__}: {e}"
     needs_grad = _needs_grad(k, v, beta, g, initial_state)
     options = (scale, "use_qk_l2norm", use_qk_l2norm)
-    local = _descriptor(q, 0 if error else V, beta, g, initial_state, options, needs_grad, error)
+    mech = None if error else Mechanism.of(beta, g)
+    local = _descriptor(q, 0 if error else V, mech, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     dtype = compute_dtype(q.dtype)
-    M, N = maps.delta_map(
-        k.to(dtype),
-        v.to(dtype),
-        beta.to(dtype),
-        None if g is None else g.to(dtype),
-        chunk_size=chunk_size,
-        use_qk_l2norm=use_qk_l2norm,
+    M, N = maps.slice_map(
+        k.to(dtype), v, beta, g, mech, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm
     )
     S0 = None if initial_state is None else initial_state.to(dtype)
     S_in = _incoming_state(M, N, S0, group)

@@ -1,7 +1,8 @@
 """Figure 8: the delta rule in chunks (spec section 8).
 
 One chunk of a random example is drawn from its computed matrices: the unit lower-triangular
-I + L, the pseudo-values U from ``reference.pseudo_values``, and the chunked linear attention that
+I + L and the masked scores Q K^T * L_C, the library's own chunk terms (``ops.chunk.chunk_terms``),
+the pseudo-values U from ``reference.pseudo_values``, and the chunked linear attention that
 follows. The agreement with the recurrence (``reference.chunked_delta_rule`` against
 ``reference.delta_rule``) and the WY form of the transitions (``reference.wy_transition`` against
 ``reference.transition_product``) are computed and printed in the figure.
@@ -12,9 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from linattn import reference
 from linattn.figures import style
+from linattn.ops.chunk import chunk_terms
+from linattn.ops.mechanism import Mechanism
 
 CAPTION = (
     "Figure 8. The delta rule in chunks: one triangular solve gives the pseudo-values, and the "
@@ -31,6 +35,14 @@ def _example(n: int, r: int, seed: int):
     V = rng.standard_normal((n, r))
     beta = 1 / (1 + np.exp(-rng.standard_normal(n)))
     return Q, K, V, beta
+
+
+def _chunk_matrices(q, k, v, b) -> tuple[np.ndarray, np.ndarray]:
+    """I + L and Q K^T * L_C of one chunk of the delta rule, from the library's chunk terms."""
+    # (C, d) -> [1, 1, C, d]: one batch, one head, one chunk of C tokens
+    q, k, v, b = (torch.from_numpy(x)[None, None] for x in (q, k, v, b))
+    terms = chunk_terms(q, k, v, b, None, k.shape[2], Mechanism(delta=True, gate="none"))
+    return terms.I_plus_L[0, 0].numpy(), terms.A_qk[0, 0].numpy()
 
 
 def _operator(ax, x: float, y: float, symbol: str) -> None:
@@ -52,9 +64,8 @@ def chunked_delta(
     _, S = reference.delta_rule(Q[:C], K[:C], V[:C], beta[:C])
     q, k, v, b = Q[chunk], K[chunk], V[chunk], beta[chunk]
     U = reference.pseudo_values(k, v, b, S)  # (C, d)
-    unit_lower = np.eye(C) + np.tril(b[:, None] * (k @ k.T), -1)  # I + L, (C, C)
+    unit_lower, masked = _chunk_matrices(q, k, v, b)  # I + L and Q K^T * L_C, (C, C)
     right = b[:, None] * (v - k @ S)  # diag(beta) (V - K S), (C, d)
-    masked = np.tril(q @ k.T)  # Q K^T * L_C, (C, C)
     O = q @ S + masked @ U
     chunked, _ = reference.chunked_delta_rule(Q, K, V, beta, C)
     recurrent, _ = reference.delta_rule(Q, K, V, beta)

@@ -23,6 +23,10 @@ A group halves until its blocks' spread fits the budget, then takes direct produ
 gates the first block, the whole chunk, already fits (one product, as without decay); gates too
 steep for that halve down to single tokens, every exponent then <= 0.
 
+This is the one per-channel product algorithm of the library: the group loop, the all-blocks form
+(``mode="parallel"``, double backward) and the affine maps take it through ``_chunk_terms``, and
+the fused C++ loop computes the same halving under the same budget.
+
 G may be float64 for float32 blocks (``_chunk_terms`` sums the gates in float64, ``gate_floor``):
 every exponent is then a difference taken in float64 and rounded once to the blocks' dtype before
 its exponential, so that it keeps float32's accuracy however large G grows (resets, steep gates).
@@ -87,6 +91,18 @@ def fresh(name: str, like: Tensor, shape: tuple[int, ...] | None = None) -> Tens
     """An uninitialised tensor like ``like``: the default of the ``buffers`` arguments here and in
     ``_chunk_terms``, whose ``Buffers`` hands the same memory to every group instead."""
     return like.new_empty(like.shape if shape is None else shape)
+
+
+def differentiable(name: str, like: Tensor, shape: tuple[int, ...] | None = None) -> None:
+    """The ``buffers`` of the terms that autograd records (the all-blocks form, the maps): no
+    buffer, so every ``out=`` is None and every term a new tensor, and no exponential that a
+    backward pass needs is scaled in place afterwards (``scaled``)."""
+    return None
+
+
+def scaled(e: Tensor, x: Tensor, buffers) -> Tensor:
+    """e * x, into e (a fresh exponential) unless autograd needs e (``differentiable``)."""
+    return e * x if buffers is differentiable else e.mul_(x)
 
 
 def gate_floor(dtype: torch.dtype) -> float:
@@ -201,8 +217,8 @@ class ChannelProducts:
             As = [b.new_empty(*self.b.shape[:-1], C2) for _ in lefts]
             for s in self._sizes():
                 e_low, e_up, a_lows, b_up = self._level(s)
-                b_s = e_up.mul_(b_up)
-                a_s = [a * e_low for a in a_lows[:-1]] + [e_low.mul_(a_lows[-1])]
+                b_s = scaled(e_up, b_up, self.buffers)
+                a_s = [a * e_low for a in a_lows[:-1]] + [scaled(e_low, a_lows[-1], self.buffers)]
                 for A, a in zip(As, a_s, strict=True):
                     _quadrants(A, s).copy_(_quadrant_product(a, b_s, s))
             if self.F > 1:
@@ -249,8 +265,8 @@ class ChannelProducts:
     def _direct(self) -> tuple[list[Tensor], Tensor]:
         """The lefts times exp(G_i - G_r), b times exp(G_r - G_j) (``_direct_exponentials``)."""
         e_a, e_b = self._direct_exponentials()
-        a_s = [a * e_a for a in self.lefts[:-1]] + [e_a.mul_(self.lefts[-1])]
-        return a_s, e_b.mul_(self.b)
+        a_s = [a * e_a for a in self.lefts[:-1]] + [scaled(e_a, self.lefts[-1], self.buffers)]
+        return a_s, scaled(e_b, self.b, self.buffers)
 
     def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """([da_p], db) for upstream gradients dA_p [..., C, C] (only the causal parts count)."""
@@ -293,20 +309,20 @@ class ChannelProducts:
         return [da[..., : self.C, :] for da in das], db[..., : self.C, :]
 
 
-def causal_mask(C: int, strict: bool, like: Tensor) -> Tensor:
-    """Boolean [C, C]: True where j <= i (j < i if strict)."""
-    ones = torch.ones(C, C, dtype=torch.bool, device=like.device)
-    return torch.tril(ones, -1 if strict else 0)
-
-
-def scalar_decay(G: Tensor, out: Tensor, floor: float | None = None) -> Tensor:
+def scalar_decay(
+    G: Tensor, out: Tensor | None, floor: float | None = None, dtype: torch.dtype | None = None
+) -> Tensor:
     """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> out [..., C, C].
 
     The exponent is cut to 0 above the diagonal before the exponential (``tril_``), so none is
     evaluated above 0, and the result is cut to 0 there after it. ``floor``: see ``decay_exp_``.
     G may be float64 for a float32 ``out``: the differences are then taken in float64 and rounded
-    once (the module docstring).
+    once (the module docstring). ``out`` None (``differentiable``): new tensors in ``dtype``, none
+    changed in place after its exponential.
     """
+    if out is None:
+        exponents = torch.tril(G - G.transpose(-1, -2)).to(dtype)  # [..., C, C]
+        return torch.tril(decay_exp_(exponents, floor))
     if G.dtype == out.dtype:
         torch.sub(G, G.transpose(-1, -2), out=out)
     else:

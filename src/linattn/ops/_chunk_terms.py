@@ -6,9 +6,30 @@ inside each chunk (``[n, P, C, 1|K]``, or None without decay), for a chunk with 
 
     Qd = q * exp(G)            Kd = k * exp(G)            Ke = k * exp(G_C - G)     D = exp(G_C)
     A_qk = decayed tril(q k^T) (j <= i)      A_kk = decayed tril(k k^T) (j < i)
-    delta rule:  Ainv = (I + diag(beta) A_kk)^{-1},  W = Ainv (beta * Kd),  U0 = Ainv (beta * v)
+    delta rule:  I + L = I + diag(beta) A_kk,  Ainv = (I + L)^{-1},
+                 W = Ainv (beta * Kd),  U0 = Ainv (beta * v)
+                 (T = Ainv diag(beta) is the UT transform: W = T Kd, U0 = T v)
     linear attention:  W = 0, U0 = v
     U = U0 - W S;   o = Qd S + A_qk U;   S_next = D * S + Ke^T U
+
+These are the one set of chunk terms of the PyTorch backends: the group loop (``chunk_function``,
+terms in reused buffers, a hand-written backward ``Terms.gradients``), the all-blocks form
+(``chunk``: every chunk at once, ``buffers=differentiable`` so that autograd records them, for
+``mode="parallel"`` and double backward) and the affine maps (``affine``). Which terms exist is
+decided by the ``Mechanism`` (rule and gate), resolved once at the public op.
+
+Where each step is computed (the one Python place of each):
+
+    G, exp(G), exp(G_C - G), D, Qd, Kd, Ke        Terms._gates
+    A_qk, A_kk (decayed causal products)          Products: _blockmath.scalar_decay (gate per
+                                                  head), _blockmath.ChannelProducts (per channel)
+    I + L, (I + L)^{-1}, W, U0 (UT transform)     Terms.pseudo_value_terms
+    U = U0 - W S                                  Terms.pseudo_values
+    S_{j+1} = D_j S_j + Ke_j^T U_j                Terms.states (Terms._step)
+    o = Qd S + A_qk U                             Terms.outputs
+    (M, N) of a block                             affine.affine_map (Terms.states from [0 | I])
+    their gradients                               Terms.gradients, Products.backward,
+                                                  chunk_function._state_loop_backward
 
 The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0); the per-channel
 products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
@@ -32,6 +53,7 @@ from linattn.ops._blockmath import (
     subnormal_floor,
     unit_lower_inverse,
 )
+from linattn.ops.mechanism import Mechanism
 
 
 class Buffers:
@@ -58,7 +80,7 @@ class Products:
 
     A_p[i, j] = sum_c a_p,ic b_jc exp(G_ic - G_jc) for j <= i (j < i where ``strict[p]``), else 0:
     A_qk (a = q) and A_kk (a = k, strict) share b = k and the decay. G: None, [..., C, 1] or
-    [..., C, K].
+    [..., C, K], as the mechanism's ``gate`` says.
     """
 
     def __init__(
@@ -67,19 +89,21 @@ class Products:
         b: Tensor,
         G: Tensor | None,
         strict: list[bool],
+        gate: str,
         buffers=fresh,
         floor: float | None = None,
     ):
         self.lefts, self.b, self.strict = lefts, b, strict
         self.channel = self.decay = None
-        if G is not None and G.shape[-1] > 1:
+        if gate == "channel":
             self.channel = ChannelProducts(lefts, b, G, strict, buffers, floor)
             self.As = self.channel.As
             return
         C = b.shape[-2]
         shape = (*b.shape[:-1], C)  # [..., C, C]
-        if G is not None:  # [..., C, C], zero above the diagonal
-            self.decay = scalar_decay(G, out=buffers("decay", b, shape), floor=floor)
+        if gate == "head":  # [..., C, C], zero above the diagonal
+            out = buffers("decay", b, shape)
+            self.decay = scalar_decay(G, out=out, floor=floor, dtype=b.dtype)
         self.As = []
         for p, (a, st) in enumerate(zip(lefts, strict, strict=True)):
             P = torch.matmul(a, b.transpose(-1, -2), out=buffers(f"A{p}", a, shape))
@@ -109,60 +133,145 @@ class Products:
 
 
 class Terms:
-    """All state-independent terms of one group (see the module docstring).
+    """All state-independent terms of a group of chunks [n, P, C, D] (see the module docstring).
 
     ``buffers`` (``Buffers``) holds the terms from one group to the next; by default (``fresh``)
-    every group's are new tensors.
+    every group's are new tensors; ``differentiable``: new tensors that autograd records.
+    q None: the terms of the state alone (no Qd, A_qk), for the affine maps.
     """
 
     def __init__(
         self,
-        q: Tensor,
+        q: Tensor | None,
         k: Tensor,
         v: Tensor,
         beta: Tensor | None,
         g: Tensor | None,
+        mech: Mechanism,
         buffers=fresh,
     ):
         self.q, self.k, self.v, self.beta, self.g = q, k, v, beta, g
-        floor = None
-        if g is None:
-            self.G = self.eG = self.eEnd = self.D = None
-            self.Qd, self.Kd, self.Ke = q, k, k
-        else:
-            # The floored gates summed in float64 (the module docstring): [n, P, C, 1|K].
-            self.G = torch.cumsum(g.clamp(min=gate_floor(g.dtype)), dim=-2, dtype=torch.float64)
-            G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
-            # Every exponent below is >= G_C (a sum of gates inside one chunk): only where a
-            # chunk's whole decay reaches the subnormal range are any flushed (``decay_exp_``).
-            floor = subnormal_floor(g.dtype)
-            floor = floor if G_end.min().item() < floor else None
-            self.eG = decay_exp(self.G.to(g.dtype), floor, out=buffers("eG", g))  # exp(G_i) <= 1
-            self.eEnd = exp_difference(G_end, self.G, g.dtype, floor)
-            self.D = decay_exp(G_end.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
-            self.Qd = torch.mul(q, self.eG, out=buffers("Qd", q))
-            self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
-            # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
-            self.Kd = None if beta is None else torch.mul(k, self.eG, out=buffers("Kd", k))
-        delta = beta is not None
-        lefts, strict = ([q, k], [False, True]) if delta else ([q], [False])
-        self.products = Products(lefts, k, self.G, strict, buffers, floor)
-        self.A_qk = self.products.As[0]  # [n, P, C, C]
-        if not delta:
-            self.W, self.U0 = None, v
-            return
-        self.A_kk = self.products.As[1]  # [n, P, C, C], strictly lower
-        b = beta.unsqueeze(-1)  # [n, P, C, 1]
-        A = torch.mul(self.A_kk, b, out=buffers("A", self.A_kk))
+        self.mech, self.buffers = mech, buffers
+        self.G = self.eG = self.eEnd = self.D = None
+        self.Qd, self.Kd, self.Ke = q, k, k
+        floor = self._gates() if mech.decays else None
+        # The products with k on the right: A_qk (the outputs; none without q) and A_kk (delta).
+        lefts = ([] if q is None else [q]) + ([k] if mech.delta else [])
+        strict = ([] if q is None else [False]) + ([True] if mech.delta else [])
+        self.products = None
+        if lefts:
+            self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor)
+        self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
+        self.W, self.U0 = self.pseudo_value_terms() if mech.delta else (None, v)
+
+    def _gates(self) -> float | None:
+        """G, exp(G), exp(G_C - G), D = exp(G_C) and Qd, Ke, Kd; returns the subnormal floor of
+        the group's exponentials, or None where no decay of it reaches it."""
+        q, k, g, buffers = self.q, self.k, self.g, self.buffers
+        # The floored gates summed in float64 (the module docstring): [n, P, C, 1|K].
+        self.G = torch.cumsum(g.clamp(min=gate_floor(g.dtype)), dim=-2, dtype=torch.float64)
+        G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
+        # Every exponent below is >= G_C (a sum of gates inside one chunk): only where a
+        # chunk's whole decay reaches the subnormal range are any flushed (``decay_exp_``).
+        floor = subnormal_floor(g.dtype)
+        floor = floor if G_end.min().item() < floor else None
+        self.eG = decay_exp(self.G.to(g.dtype), floor, out=buffers("eG", g))  # exp(G_i) <= 1
+        self.eEnd = exp_difference(G_end, self.G, g.dtype, floor)
+        self.D = decay_exp(G_end.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
+        self.Qd = None if q is None else torch.mul(q, self.eG, out=buffers("Qd", q))
+        self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
+        # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
+        self.Kd = torch.mul(k, self.eG, out=buffers("Kd", k)) if self.mech.delta else None
+        return floor
+
+    def pseudo_value_terms(self) -> tuple[Tensor, Tensor]:
+        """W = T Kd and U0 = T v with T = (I + L)^{-1} diag(beta) (the UT transform, section 8),
+        so that the pseudo-values of a chunk entering with state S are U = U0 - W S."""
+        k, v, buffers = self.k, self.v, self.buffers
+        self.A_kk = self.products.As[-1]  # [n, P, C, C], strictly lower
+        b = self.beta.unsqueeze(-1)  # [n, P, C, 1]
+        A = torch.mul(self.A_kk, b, out=buffers("A", self.A_kk))  # L = diag(beta) A_kk
         A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-        self.Ainv = unit_lower_inverse(A, out=buffers("Ainv", A))  # [n, P, C, C]
-        # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
+        self.I_plus_L = A  # [n, P, C, C], unit lower triangular
         K = k.shape[-1]
         R = buffers("R", k, (*k.shape[:-1], K + v.shape[-1]))
-        torch.mul(self.Kd, b, out=R[..., :K])
-        torch.mul(v, b, out=R[..., K:])
-        self.X = torch.matmul(self.Ainv, R, out=buffers("X", R))  # [n, P, C, K + V]
-        self.W, self.U0 = self.X[..., :K], self.X[..., K:]
+        if R is None:
+            # Differentiable: one solve for both right-hand sides, X = (I + L)^{-1} R (no explicit
+            # inverse: only the hand-written backward needs it; for long chunks, as the parallel
+            # form's one chunk of T tokens, it would cost C^3 against C^2 (K + V)).
+            R = torch.cat([self.Kd, v], dim=-1) * b  # [n, P, C, K + V]
+            self.Ainv = None
+            self.X = torch.linalg.solve_triangular(A, R, upper=False, unitriangular=True)
+        else:
+            self.Ainv = unit_lower_inverse(A, out=buffers("Ainv", A))  # [n, P, C, C]
+            # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
+            torch.mul(self.Kd, b, out=R[..., :K])
+            torch.mul(v, b, out=R[..., K:])
+            self.X = torch.matmul(self.Ainv, R, out=buffers("X", R))  # [n, P, C, K + V]
+        return self.X[..., :K], self.X[..., K:]
+
+    def states(self, S: Tensor, states: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The state recurrence through the group's chunks, from S [P, K, V] (section 8):
+
+            U_j = U0_j - W_j S_j,   S_{j+1} = D_j * S_j + Ke_j^T U_j.
+
+        The only sequential step: two small batched products per chunk (the affine form
+        S_{j+1} = M_j S_j + N_j would need one, but M = D - Ke^T W costs one more product per
+        chunk: measured, no faster on one thread). Linear attention: U = v, and N = Ke^T v is one
+        batched product, so the loop is a row scaling and a sum. The states entering the chunks go
+        into ``states`` [n, P, K, V] (a buffer) or, without one, into a new (differentiable)
+        stack. Returns them, U [n, P, C, V] and the state leaving the group.
+        """
+        n = self.U0.shape[0]
+        kept = [S] if states is None else None
+        if states is not None:
+            states[0] = S
+        outs = [None] * n if states is None else [*states[1:].unbind(0), torch.empty_like(S)]
+        KeT = self.Ke.transpose(-1, -2)  # [n, P, K, C]
+        if self.mech.delta:
+            U, N = self.buffers("U", self.U0), None
+            Us = [None] * n if U is None else list(U.unbind(0))
+        else:
+            U, N, Us = self.v, KeT @ self.v, None  # N: [n, P, K, V]
+        for j in range(n):
+            S = self._step(j, S, KeT, N, Us, outs[j])
+            if kept is not None:
+                kept.append(S)
+        if kept is not None:  # differentiable: the states and U as new stacks
+            states = torch.stack(kept[:-1])  # [n, P, K, V]
+            U = torch.stack(Us) if self.mech.delta else U
+        return states, U, S
+
+    def _step(self, j: int, S: Tensor, KeT: Tensor, N: Tensor | None, Us: list | None, out):
+        """S_{j+1} = D_j S_j + Ke_j^T U_j (into ``out``); the delta rule's U_j into ``Us[j]``.
+
+        Linear attention: S_{j+1} = D_j S_j + N_j, N_j = Ke_j^T v_j computed for all chunks.
+        """
+        if not self.mech.delta:
+            if not self.mech.decays:
+                return torch.add(N[j], S, out=out)
+            return torch.addcmul(N[j], self.D[j], S, out=out)
+        Us[j] = self.pseudo_values(S, j, out=Us[j])
+        if not self.mech.decays:
+            return torch.baddbmm(S, KeT[j], Us[j], out=out)
+        return torch.mul(S, self.D[j], out=out).baddbmm_(KeT[j], Us[j])
+
+    def pseudo_values(self, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
+        """U = U0 - W S (section 8) of chunk j entering with S [P, K, V], or of every chunk
+        (j None, S [n, P, K, V]): [P, C, V] or [n, P, C, V]. Linear attention: U = v."""
+        if not self.mech.delta:
+            return self.v if j is None else self.v[j]
+        if j is not None:
+            return torch.baddbmm(self.U0[j], self.W[j], S, alpha=-1, out=out)
+        # [n, P, C, .] -> [n P, C, .]: one batched product for every chunk
+        U = torch.baddbmm(self.U0.flatten(0, 1), self.W.flatten(0, 1), S.flatten(0, 1), alpha=-1)
+        return U.view(self.U0.shape)
+
+    def outputs(self, U: Tensor, states: Tensor) -> Tensor:
+        """o = Qd S + A_qk U for every chunk at once: [n, P, C, V]."""
+        o = torch.matmul(self.A_qk, U, out=self.buffers("o", U))  # [n, P, C, V]
+        o.flatten(0, 1).baddbmm_(self.Qd.flatten(0, 1), states.flatten(0, 1))
+        return o
 
     def gradients(
         self, dQd: Tensor, dA_qk: Tensor, dKe: Tensor, dD: Tensor | None, dU: Tensor, S: Tensor
@@ -173,13 +282,13 @@ class Terms:
         entering the chunks [n, P, K, V]; for linear attention U = v and S is not used.
         """
         dbeta = dKd = diag = None
-        if self.G is not None:
+        if self.mech.decays:
             # A_qk's diagonal (no decay) is kept out of the products' backward and added to dq
             # and dk alone: its shares of q dq and k dk cancel, and their rounding would swamp the
             # small dg of steep gates.
             diag = dA_qk.diagonal(dim1=-2, dim2=-1)
             diag, _ = diag.unsqueeze(-1).clone(), diag.zero_()  # [n, P, C, 1]
-        if self.W is None:
+        if not self.mech.delta:
             (dq,), dk = self.products.backward([dA_qk])
             dv = dU
         else:
@@ -198,12 +307,12 @@ class Terms:
             dbeta = (dA * self.A_kk).sum(-1) + (dR_k * self.Kd).sum(-1) + (dR_v * self.v).sum(-1)
             (dq, dk_left), dk = self.products.backward([dA_qk, dA.mul_(b)])
         # The decay inside the products: dG = sum_p a_p * da_p - b * db (see ``Products``).
-        dG = None if self.G is None else self.q * dq - self.k * dk
-        if self.W is not None:
+        dG = None if not self.mech.decays else self.q * dq - self.k * dk
+        if self.mech.delta:
             if dG is not None:
                 dG.add_(self.k * dk_left)
             dk = dk + dk_left
-        if self.G is None:
+        if not self.mech.decays:
             # dq and dk are fresh products here: accumulate in place (no new tensors).
             dq.add_(dQd)
             dk.add_(dKe)
@@ -220,7 +329,7 @@ class Terms:
         if dKd is not None:
             dk = dk + dKd * self.eG
             dG = dG + dKd * self.Kd
-        if self.G.shape[-1] == 1:  # scalar decay: one gate per token, shared by the channels
+        if self.mech.gate == "head":  # scalar decay: one gate per token, shared by the channels
             dG, dG_ke = dG.sum(-1, keepdim=True), dG_ke.sum(-1, keepdim=True)
         if dD is not None:
             dG[..., -1:, :] += (dD * self.D).transpose(-1, -2)  # [n, P, 1, 1|K]

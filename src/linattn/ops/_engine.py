@@ -14,6 +14,7 @@ from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops.chunk_function import chunk_function
+from linattn.ops.mechanism import Mechanism
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
 from linattn.ops.tuning import MAX_CHUNK
@@ -32,6 +33,7 @@ def check_chunk(chunk_size: int, lengths: list[int]) -> None:
 
 def forward(
     mode: str,
+    mech: Mechanism,
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -49,11 +51,11 @@ def forward(
     if 0 in k.shape[:3]:
         return empty_forward(q, k, v, beta, g, initial_state)
     if mode == "chunk":
-        return chunk_function(q, k, v, beta, g, initial_state, chunk_size, scale)
+        return chunk_function(q, k, v, beta, g, initial_state, chunk_size, scale, mech)
     q = q * scale
     if mode == "recurrent":
         return recurrent_forward(q, k, v, beta, g, initial_state)
-    return parallel_forward(q, k, v, beta, g, initial_state)
+    return parallel_forward(q, k, v, beta, g, initial_state, mech)
 
 
 def empty_forward(
@@ -120,6 +122,7 @@ def run(
         check_chunk(chunk_size, lengths)
     # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    mech = Mechanism.of(beta, g)  # the row of the table, resolved once (``mechanism``)
     dtype = compute_dtype(q.dtype)
     # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
     q = q.to(dtype).transpose(1, 2)
@@ -134,14 +137,14 @@ def run(
     if initial_state is not None:
         initial_state = initial_state.to(dtype)
     if cu_seqlens is None:
-        o, S = forward(mode, q, k, v, beta, g, initial_state, chunk_size, scale)
+        o, S = forward(mode, mech, q, k, v, beta, g, initial_state, chunk_size, scale)
         return o.transpose(1, 2), S
     # Packed sequences (B = 1): each runs alone from its own initial state.
     outputs, states = [], []
     for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         part = [None if x is None else x[:, :, start:end] for x in (q, k, v, beta, g)]
         S0 = None if initial_state is None else initial_state[n : n + 1]
-        o, S = forward(mode, *part, S0, chunk_size, scale)
+        o, S = forward(mode, mech, *part, S0, chunk_size, scale)
         outputs.append(o.transpose(1, 2))  # [B, T_n, H, V]
         states.append(S)
     return torch.cat(outputs, dim=1), torch.cat(states, dim=0)  # o contiguous [B, T, H, V]

@@ -1,8 +1,19 @@
 """The affine map of a block of tokens: S_out = M S_in + N (spec section 8, the WY form).
 
 Every mechanism of the table is affine in its state, so a block of tokens acts on the incoming
-state as one affine map. Composing the maps of consecutive blocks is how the chunk form carries the
-state (``chunk.block_states``) and how context parallelism will carry it across devices.
+state as one affine map. It comes from the chunk terms (``_chunk_terms.Terms``, without the output
+terms) and the chunk form's own state recurrence, chunk by chunk, so its cost is linear in the
+number of tokens and nothing of size T x T is formed:
+
+- additive rule: N is the state the block writes from S = 0, and M = Diag(exp G_T), the product
+  of the chunks' D = exp(G_C);
+- delta rule: the recurrence acts on each column of the state independently, so running it from
+  [0 | I] on the values [V | 0] ends in [N | M] (the zero-value columns carry I to M I = M, the
+  value columns carry 0 to N). Per chunk this is M_c = Diag(exp G_C) - Ke^T W, N_c = Ke^T U0,
+  with W = T (K * exp G), U0 = T V, T = (I + L)^{-1} diag(beta) the UT transform; without decay
+  M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T).
+
+Context parallelism (``linattn.distributed.maps``) exchanges these maps between ranks.
 """
 
 from __future__ import annotations
@@ -10,9 +21,87 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops import _engine
+from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
-from linattn.ops.chunk import block_terms
+from linattn.ops.chunk import chunk_terms
+from linattn.ops.mechanism import Mechanism
+
+# The chunk the maps are computed in when the caller names none (the ops' default).
+CHUNK = 64
+
+
+def to_internal(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
+    """Public [B, T, H, ...] tensors -> internal [B, H, T, ...] in the compute dtype (a gate per
+    head as [B, H, T, 1])."""
+    dtype = compute_dtype(k.dtype)
+    k, v = k.to(dtype).transpose(1, 2), v.to(dtype).transpose(1, 2)
+    if beta is not None:
+        beta = beta.to(dtype).transpose(1, 2)  # [B, H, T]
+    if g is not None:
+        g = g.to(dtype).transpose(1, 2)
+        g = g.unsqueeze(-1) if g.dim() == 3 else g  # [B, H, T, 1 | K]
+    return k, v, beta, g
+
+
+def affine_map(
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    mech: Mechanism,
+    chunk_size: int = CHUNK,
+) -> tuple[Tensor | None, Tensor]:
+    """(M, N) of a block of tokens in the internal layout (checked inputs, compute dtype).
+
+    k: [B, H, T, K]; v: [B, H, T, V]; beta: [B, H, T] or None; g: None, [B, H, T, 1] or
+    [B, H, T, K]. M in the cheapest form the mechanism allows: None (I: no gate, additive rule),
+    [B, H, 1|K, 1] (the diagonal Diag(exp G_T): additive rule with a gate) or [B, H, K, K]
+    (delta rule); N: [B, H, K, V].
+    """
+    B, H, T, K = k.shape
+    V = v.shape[-1]
+    if 0 in (B, H, T):
+        return _empty_map(k, v, beta, g, mech)
+    P = B * H
+    start = k.new_zeros(P, K, V)
+    if mech.delta:  # run from [0 | I] on [V | 0]: the final state is [N | M]
+        v = torch.cat([v, v.new_zeros(B, H, T, K)], dim=-1)  # [B, H, T, V + K]
+        eye = torch.eye(K, dtype=k.dtype, device=k.device).expand(P, K, K)
+        start = torch.cat([start, eye], dim=-1)  # [P, K, V + K]
+    terms = chunk_terms(None, k, v, beta, g, min(chunk_size, T), mech)
+    _, _, S = terms.states(start)
+    S = S.view(B, H, K, -1)
+    if mech.delta:
+        return S[..., V:], S[..., :V]
+    M = terms.D.prod(dim=0).view(B, H, -1, 1) if mech.decays else None  # [B, H, 1|K, 1]
+    return M, S
+
+
+def _empty_map(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, mech: Mechanism):
+    """A block of no tokens (or no batch or head) is the identity map: M = I (in the mechanism's
+    stored form), N = 0.
+
+    The sum of the (empty) inputs is an exact 0 that keeps them in the graph, so that each gets
+    an empty gradient of its shape, as from PyTorch's own ops.
+    """
+    B, H, _, K = k.shape
+    link = sum(x.sum() for x in (k, v, beta, g) if x is not None)  # 0: all are empty
+    N = k.new_zeros(B, H, K, v.shape[-1]) + link
+    if mech.delta:
+        return torch.eye(K, dtype=k.dtype, device=k.device).expand(B, H, K, K) + link, N
+    if not mech.decays:
+        return None, N
+    return k.new_ones(B, H, 1 if mech.gate == "head" else K, 1) + link, N
+
+
+def full_matrix(M: Tensor | None, N: Tensor, mech: Mechanism) -> Tensor:
+    """M in ``affine_map``'s stored form as the [B, H, K, K] matrix."""
+    B, H, K, _ = N.shape
+    if mech.delta:
+        return M
+    if not mech.decays:
+        return torch.eye(K, dtype=N.dtype, device=N.device).expand(B, H, K, K)
+    return torch.diag_embed(M[..., 0].expand(B, H, K))  # Diag(exp G_T)
 
 
 def chunk_affine_map(
@@ -21,12 +110,14 @@ def chunk_affine_map(
     """The pair (M, N) with S_out = M S_in + N for one block of tokens.
 
     M is the product of the block's transitions (the latest on the left) and N the state the block
-    writes from zero. With the cumulative log-gate G of the block (G_C its last row):
+    writes from zero. With the cumulative log-gate G of the block (G_T its last row):
 
-    - additive rule (beta None): M = Diag(exp G_C), N = (K * exp(G_C - G))^T V;
-    - delta rule: M = Diag(exp G_C) - (K * exp(G_C - G))^T W, N = (K * exp(G_C - G))^T U0, with
-      W = T (K * exp G), U0 = T V and T = (I + L)^{-1} diag(beta) the UT transform; without decay
+    - additive rule (beta None): M = Diag(exp G_T), N = (K * exp(G_T - G))^T V;
+    - delta rule: the product of the chunks' M_c = Diag(exp G_C) - (K * exp(G_C - G))^T W,
+      N composed likewise from N_c = (K * exp(G_C - G))^T U0 (the module docstring); without decay
       M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T).
+
+    Computed in chunks of 64 tokens: linear in T.
 
     Args:
         k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] in [0, 2] or None (additive rule);
@@ -39,30 +130,6 @@ def chunk_affine_map(
     if beta is not None:
         _checks.beta(beta, B, T, H)
     _checks.gate(g, B, T, H, K)
-    dtype = _engine.compute_dtype(k.dtype)
-    # [B, T, H, D] -> [B, H, T, D]: the whole block is one chunk of C = T tokens.
-    k, v = k.to(dtype).transpose(1, 2), v.to(dtype).transpose(1, 2)
-    if beta is not None:
-        beta = beta.to(dtype).transpose(1, 2)
-    if g is not None:
-        g = g.to(dtype).transpose(1, 2)
-        g = g.unsqueeze(-1) if g.dim() == 3 else g  # [B, H, T, 1 | K]
-    if T == 0:
-        return _empty_block(k, v, beta, g)
-    terms = block_terms(k, v, beta, g)
-    if terms.M is not None:
-        return terms.M, terms.N
-    diag = k.new_ones(B, H, K) if terms.M_diag is None else terms.M_diag[..., 0].expand(B, H, K)
-    return torch.diag_embed(diag), terms.N
-
-
-def _empty_block(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
-    """A block of no tokens is the identity map: M = I [B, H, K, K], N = 0 [B, H, K, V].
-
-    The sum of the (empty) inputs is an exact 0 that keeps them in the graph, so that each gets
-    an empty gradient of its shape, as from PyTorch's own ops.
-    """
-    B, H, _, K = k.shape
-    link = sum(x.sum() for x in (k, v, beta, g) if x is not None)  # 0: all are empty
-    M = torch.eye(K, dtype=k.dtype, device=k.device).expand(B, H, K, K) + link
-    return M, k.new_zeros(B, H, K, v.shape[-1]) + link
+    mech = Mechanism.of(beta, g)
+    M, N = affine_map(*to_internal(k, v, beta, g), mech)
+    return full_matrix(M, N, mech), N

@@ -31,9 +31,9 @@ import torch
 from torch import Tensor
 
 from linattn.ops import _native, tuning
-from linattn.ops._blockmath import fresh
 from linattn.ops._chunk_terms import Buffers, Terms
 from linattn.ops.chunk import chunk_forward
+from linattn.ops.mechanism import Mechanism
 
 NAMES = ("q", "k", "v", "beta", "g")
 
@@ -115,7 +115,7 @@ class ChunkFunction(torch.autograd.Function):
     """o, S_final = chunk form of ``S_t = A_t S_{t-1} + k_t w_t^T`` (DESIGN.md's table)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, S0, scale: float, C: int):
+    def forward(ctx, q, k, v, beta, g, S0, scale: float, C: int, mech: Mechanism):
         B, H, T, K = k.shape
         V = v.shape[-1]
         P = B * H
@@ -124,7 +124,7 @@ class ChunkFunction(torch.autograd.Function):
         # input needs a gradient, e.g. under no_grad) a group-sized buffer is reused, which
         # spares a fresh T / C x K x V allocation (its page faults) and keeps the states in cache.
         keep = any(ctx.needs_input_grad)
-        ctx.scale, ctx.C = scale, C
+        ctx.scale, ctx.C, ctx.mech = scale, C, mech
         if _native.applies(q):
             # float32 on the CPU: the same steps fused chunk by chunk in C++ (``_native``).
             o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
@@ -143,18 +143,21 @@ class ChunkFunction(torch.autograd.Function):
         buffers = Buffers()
         for c0, t0, t1, n in _groups(T, C, P):
             qg, kg, vg, bg, gg = gather(t0, t1, n)
-            terms = Terms(qg, kg, vg, bg, gg, buffers)
+            terms = Terms(qg, kg, vg, bg, gg, mech, buffers)
             st = states[c0 : c0 + n] if keep else group_states[:n]  # [n, P, K, V]
-            U, S = _state_loop(terms, S, st, buffers)
-            og = torch.matmul(terms.A_qk, U, out=buffers("o", U))  # [n, P, C, V]
-            og.flatten(0, 1).baddbmm_(terms.Qd.flatten(0, 1), st.flatten(0, 1))
-            _scatter(o, og, t0, t1)
+            _, U, S = terms.states(S, st)
+            _scatter(o, terms.outputs(U, st), t0, t1)
         if keep:
             ctx.save_for_backward(q, k, v, beta, g, S0, states)
         return o, S.view(B, H, K, V)
 
     @staticmethod
     def backward(ctx, d_o, d_S):
+        return (*ChunkFunction.gradients(ctx, d_o, d_S), None)  # none for the mechanism
+
+    @staticmethod
+    def gradients(ctx, d_o, d_S):
+        """The gradients of the eight tensor and number inputs (None for the numbers)."""
         if torch.is_grad_enabled():
             # create_graph=True: gradients that can be differentiated again (issue 18).
             return _differentiable_backward(ctx, d_o, d_S)
@@ -181,24 +184,18 @@ class ChunkFunction(torch.autograd.Function):
         buffers = Buffers()
         for c0, t0, t1, n in reversed(list(_groups(T, C, P))):
             qg, kg, vg, bg, gg, dO = gather(t0, t1, n)
-            terms = Terms(qg, kg, vg, bg, gg, buffers)
+            terms = Terms(qg, kg, vg, bg, gg, ctx.mech, buffers)
             st = states[c0 : c0 + n]  # [n, P, K, V]
-            U = (
-                vg
-                if terms.W is None
-                else torch.baddbmm(
-                    terms.U0.flatten(0, 1), terms.W.flatten(0, 1), st.flatten(0, 1), alpha=-1
-                ).view(n, P, C, V)
-            )
+            U = terms.pseudo_values(st)  # [n, P, C, V]
             dS_next = q.new_empty(n, P, K, V)  # gradient of the state leaving each chunk
             dU, dS = _state_loop_backward(terms, dO, dS, dS_next)
             dQd = dO @ st.transpose(-1, -2)  # [n, P, C, K]
             dA_qk = dO @ U.transpose(-1, -2)  # [n, P, C, C]
             dKe = U @ dS_next.transpose(-1, -2)  # [n, P, C, K]
             dD = None
-            if terms.D is not None:
+            if ctx.mech.decays:
                 dD = (dS_next * st).sum(-1, keepdim=True)  # [n, P, K, 1]
-                if terms.D.shape[-2] == 1:
+                if ctx.mech.gate == "head":
                     dD = dD.sum(-2, keepdim=True)
             dq, dk, dv, dbeta, dg = terms.gradients(dQd, dA_qk, dKe, dD, dU, st)
             dq.mul_(scale)
@@ -223,7 +220,7 @@ def _differentiable_backward(ctx, d_o: Tensor, d_S: Tensor | None) -> tuple:
     q, k, v, beta, g, S0, _ = ctx.saved_tensors
     inputs = (q, k, v, beta, g, S0)
     wanted = [x is not None and need for x, need in zip(inputs, ctx.needs_input_grad, strict=False)]
-    o, S = chunk_forward(q * ctx.scale, k, v, beta, g, S0, ctx.C)
+    o, S = chunk_forward(q * ctx.scale, k, v, beta, g, S0, ctx.C, ctx.mech)
     outputs, seeds = [o], [d_o]
     if d_S is not None:
         outputs.append(S)
@@ -246,40 +243,6 @@ def _empty_like(x: Tensor) -> Tensor:
     return torch.empty_like(x)
 
 
-def _state_loop(terms: Terms, S: Tensor, states: Tensor, buffers=fresh) -> tuple[Tensor, Tensor]:
-    """States entering each chunk of the group (into ``states`` [n, P, K, V]), starting from S.
-
-    The only sequential step. Delta rule: U_j = U0_j - W_j S_j, S_{j+1} = D_j S_j + Ke_j^T U_j,
-    two small batched products per chunk (the affine form S_{j+1} = M_j S_j + N_j would need one,
-    but M = D - Ke^T W costs one more product per chunk: measured, no faster on one thread).
-    Linear attention: S_{j+1} = D_j S_j + N_j with N = Ke^T v one batched product, so the loop
-    is a row scaling and a sum. Returns U (the pseudo-values; v for linear attention) and the
-    state leaving the group.
-    """
-    n = states.shape[0]
-    KeT = terms.Ke.transpose(-1, -2)  # [n, P, K, C]
-    states[0] = S
-    S_out = torch.empty_like(S)
-    if terms.W is None:
-        N = KeT @ terms.v  # [n, P, K, V]
-        for j in range(n):
-            out = states[j + 1] if j + 1 < n else S_out
-            if terms.D is None:
-                torch.add(N[j], states[j], out=out)
-            else:
-                torch.addcmul(N[j], terms.D[j], states[j], out=out)
-        return terms.v, S_out
-    U = buffers("U", terms.U0)
-    for j in range(n):
-        out = states[j + 1] if j + 1 < n else S_out
-        torch.baddbmm(terms.U0[j], terms.W[j], states[j], alpha=-1, out=U[j])
-        if terms.D is None:
-            torch.baddbmm(states[j], KeT[j], U[j], out=out)
-        else:
-            torch.mul(states[j], terms.D[j], out=out).baddbmm_(KeT[j], U[j])
-    return U, S_out
-
-
 def _state_loop_backward(
     terms: Terms, dO: Tensor, dS: Tensor, dS_next: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -296,14 +259,14 @@ def _state_loop_backward(
     for j in range(n - 1, -1, -1):
         out = dS_next[j - 1] if j > 0 else dS_in
         dS_j = dS_next[j]
-        if terms.W is not None:
+        if terms.mech.delta:
             dU[j].baddbmm_(terms.Ke[j], dS_j)
             dS_local[j].baddbmm_(terms.W[j].transpose(-1, -2), dU[j], alpha=-1)
-        if terms.D is None:
+        if not terms.mech.decays:
             torch.add(dS_local[j], dS_j, out=out)
         else:
             torch.addcmul(dS_local[j], terms.D[j], dS_j, out=out)
-    if terms.W is None:
+    if not terms.mech.delta:
         dU.add_(terms.Ke @ dS_next)
     return dU, dS_in
 
@@ -317,8 +280,14 @@ def chunk_function(
     initial_state: Tensor | None,
     chunk_size: int,
     scale: float = 1.0,
+    mech: Mechanism | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """The chunk form (internal layout, see the module docstring); o [B, H, T, V], final state."""
+    """The chunk form (internal layout, see the module docstring); o [B, H, T, V], final state.
+
+    ``mech``: the mechanism the public op resolved (``Mechanism.of``); None for direct calls with
+    internal tensors, whose g [B, H, T, 1] is then taken for a gate per head.
+    """
     B, H, T, K = k.shape
     S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
-    return ChunkFunction.apply(q, k, v, beta, g, S0, float(scale), min(chunk_size, T))
+    mech = Mechanism.internal(beta, g) if mech is None else mech
+    return ChunkFunction.apply(q, k, v, beta, g, S0, float(scale), min(chunk_size, T), mech)

@@ -22,10 +22,6 @@ MAX_CHUNK = 8192
 # the most), and 8,192 and 16,384 are slower again.
 GROUP_ROWS_PER_THREAD = 2048
 
-# Per-channel decay in the PyTorch loop: sub-blocks of this many tokens get the exact [c, c, K]
-# decay tensor; pairs of tokens in different sub-blocks go through matrix products.
-SUB_BLOCK = 16
-
 # Quadrants of the PyTorch loop's decayed products up to this size are products of broadcast
 # vectors, not tiny matmuls. Measured (8 heads, C = K = 64, the two products of KDA forward and
 # backward, medians of 9 in turns, 4 and 8 chunks, 1 and 2 threads): 2 is 4-13% faster than 4 and
