@@ -13,6 +13,7 @@ import copy
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -288,16 +289,41 @@ def fla_bound() -> bool:
     return inspect.getclosurevars(wrapper).nonlocals.get("is_new_implementation", False)
 
 
+WITH_FLA = """
+import torch
+from linattn.integrations import transformers as hf
+from tests.integrations import hf_models, test_transformers as t
+assert t.fla_bound(), "transformers did not bind fla"
+model = hf_models.build("qwen3_next")
+ids = torch.randint(3, hf_models.VOCAB, (1, 8))
+try:
+    with torch.no_grad():
+        model(ids)
+except Exception as e:  # fla's Triton kernel: no GPU driver
+    assert "driver" in str(e), e
+else:
+    raise AssertionError("transformers' Qwen3-Next with fla ran on the CPU")
+with torch.no_grad():  # ... and with apply the same model runs on linattn
+    assert torch.isfinite(hf.apply(model)(ids).logits).all()
+print("ok")
+"""
+
+
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla is not installed")
 def test_with_fla_transformers_binds_its_kernels_and_apply_replaces_them():
-    """fla installed: transformers' Qwen3-Next calls fla's Triton kernel (no CPU driver) ..."""
-    assert fla_bound()
-    model = hf_models.build("qwen3_next")
-    ids = torch.randint(3, hf_models.VOCAB, (1, 8))
-    with pytest.raises(Exception, match="driver"), torch.no_grad():
-        model(ids)
-    with torch.no_grad():  # ... and with apply the same model runs on linattn
-        assert torch.isfinite(hf.apply(model)(ids).logits).all()
+    """fla installed: transformers' Qwen3-Next calls fla's Triton kernel (no CPU driver) and
+    fails on the CPU; with apply the same model runs. In a fresh process: the test suite's Triton
+    interpreter shim (tests/fla_interpreter.py) would otherwise let fla's kernels run."""
+    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(WITH_FLA)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in {**os.environ, **env}.items() if k != "TRITON_INTERPRET"},
+        timeout=600,
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
 WITHOUT_FLA = """

@@ -141,3 +141,11 @@ def test_linear_attention_without_convolution_keeps_its_silu():
     torch.testing.assert_close(
         seen["q"], torch.nn.functional.silu(layer.q_proj(x)).view(1, 5, 2, 8)
     )
+
+
+@pytest.mark.parametrize("cls", [LinearAttention, GatedLinearAttention])
+def test_grouped_value_heads_are_refused_by_name(cls):
+    """Grouped value heads are the delta-rule layers'; here they are refused, naming the option
+    (they used to be accepted and then fail inside the op with a gate-shape error)."""
+    with pytest.raises(ValueError, match="num_v_heads"):
+        cls(16, 2, num_v_heads=4)

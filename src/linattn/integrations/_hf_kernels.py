@@ -26,12 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention, recurrent_step
-
-
-def compute_dtype(x: Tensor) -> torch.dtype:
-    """float64 for float64 inputs, else float32 (where transformers' fallbacks compute)."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def rsqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -83,7 +79,7 @@ def chunk_gated_delta_rule(
     (HV a multiple of H: grouped value heads); state [B, HV, K, V]. Keywords transformers adds
     (``use_cache``, ...) are ignored, as its kernel wrapper drops them.
     """
-    dtype = compute_dtype(query)
+    dtype = compute_dtype(query.dtype)
     heads = value.shape[2]
     q = expand_heads(query, heads, "query").to(dtype)
     k = expand_heads(key, heads, "key").to(dtype)
@@ -134,7 +130,7 @@ def recurrent_gated_delta_rule(
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             cu_seqlens=cu_seqlens,
         )
-    dtype = compute_dtype(query)
+    dtype = compute_dtype(query.dtype)
     heads = value.shape[2]
     q = expand_heads(query, heads, "query")[:, 0].to(dtype)  # [B, HV, K]
     k = expand_heads(key, heads, "key")[:, 0].to(dtype)
@@ -175,7 +171,7 @@ def chunk_kda(
     sqrt(K) (sections 7, 8, 10). query, key, value, g [B, T, H, K]; beta [B, T, H]; state
     [B, H, K, V].
     """
-    dtype = compute_dtype(query)
+    dtype = compute_dtype(query.dtype)
     q, k = query.to(dtype), key.to(dtype)
     if use_qk_l2norm_in_kernel:
         q, k = sqrt_l2norm(q), sqrt_l2norm(k)
@@ -224,7 +220,7 @@ def recurrent_kda(
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             cu_seqlens=cu_seqlens,
         )
-    dtype = compute_dtype(query)
+    dtype = compute_dtype(query.dtype)
     q, k = query[:, 0].to(dtype), key[:, 0].to(dtype)  # [B, H, K]
     if use_qk_l2norm_in_kernel:
         q, k = sqrt_l2norm(q), sqrt_l2norm(k)
@@ -268,7 +264,7 @@ def mamba2_chunk_scan(
     """
     heads = hidden_states.shape[2]
     dt = mamba2_dt(dt, dt_bias, dt_softplus).clamp(min=dt_limit[0], max=dt_limit[1])
-    dtype = compute_dtype(hidden_states)
+    dtype = compute_dtype(hidden_states.dtype)
     x, dt = hidden_states.to(dtype), dt.to(dtype)
     q = expand_heads(C, heads, "C").to(dtype)  # [B, T, H, N]
     k = expand_heads(B, heads, "B").to(dtype)

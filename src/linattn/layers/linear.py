@@ -65,6 +65,12 @@ class LinearAttention(RecurrentMixer):
         **kwargs,
     ) -> None:
         super().__init__(d_model, n_heads, head_dim, key_dim, **kwargs)
+        if self.num_v_heads != self.n_heads:
+            raise ValueError(
+                f"num_v_heads ({self.num_v_heads}) must equal n_heads ({n_heads}) in "
+                f"{type(self).__name__}: grouped value heads are the delta-rule layers' "
+                "(GatedDeltaNet, KimiDeltaAttention)"
+            )
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, got {feature_map!r}")
         if decay not in DECAYS:
