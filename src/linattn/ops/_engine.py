@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops.chunk_function import chunk_function
+from linattn.ops.library import chunk
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
 from linattn.ops.tuning import MAX_CHUNK
@@ -53,7 +53,7 @@ def forward(
     if 0 in k.shape[:3]:
         return empty_forward(q, k, v, beta, g, initial_state)
     if mode == "chunk":
-        return chunk_function(q, k, v, beta, g, initial_state, chunk_size, scale)
+        return chunk(q, k, v, beta, g, initial_state, chunk_size, scale)
     q = q * scale
     if mode == "recurrent":
         return recurrent_forward(q, k, v, beta, g, initial_state)

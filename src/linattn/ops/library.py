@@ -1,0 +1,178 @@
+"""The chunk form as registered torch.library ops, so that torch.compile and torch.export see it.
+
+Two ops in the namespace ``linattn`` (spec sections 5.1 and 8; the internal layout of
+``chunk_function``: q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K]):
+
+    linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep) -> (o, S, states)
+    linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C)
+        -> (dq, dk, dv, dbeta, dg, dS0)
+
+o [B, H, T, V] is a view of a [B, T, H, V] tensor; S [B, H, K, V] the final state; states
+[ceil(T / C), B H, K, V] the state entering every chunk (``keep``; else an empty tensor), which the
+backward op reads instead of recomputing the recurrence. dbeta and dg are empty tensors where beta
+or g is None. Each op has a fake kernel (the shapes and strides of its outputs, no data) and
+``chunk_forward`` a registered backward, so that ``chunk`` is one traceable op with its gradient
+under ``torch.compile(fullgraph=True)``.
+
+Why ops defined in Python: the C++ extension is compiled lazily, on the first float32 CPU call
+(half a minute or more), and may be disabled (``LINATTN_NATIVE=0``) or unbuildable. The schema, the
+fake kernels and the autograd formula must exist at trace time whatever its state, so they are
+defined here at import, and the kernel decides when it runs: the fused C++ loop
+(``torch.ops.linattn_native``, ``_native``) for float32 CPU tensors where it is available, the
+PyTorch group loop (``chunk_function.ChunkFunction``) for everything else (float64, GPUs,
+``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compiled graph serves both.
+
+Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
+write into buffers autograd cannot record: the registered backward then differentiates the
+all-blocks form instead (``chunk_function._differentiable_backward``), as the autograd.Function did.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops import _native
+from linattn.ops.chunk_function import ChunkFunction, _differentiable_backward
+
+
+class _LoopContext:
+    """The part of an autograd context that ``ChunkFunction``'s forward and backward use, so that
+    the PyTorch loop runs as a plain function inside the ops' kernels."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...], scale: float, C: int) -> None:
+        self.needs_input_grad, self.scale, self.C = needs_input_grad, scale, C
+        self.saved_tensors: tuple = ()
+
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
+        self.saved_tensors = tensors
+
+
+def _public(x: Tensor) -> Tensor:
+    """x [B, H, T, ...] as a view of a [B, T, H, ...] tensor (the layout the fake kernels give):
+    x itself when it is one, else a copy."""
+    if x.transpose(1, 2).is_contiguous():
+        return x
+    return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2).copy_(x)
+
+
+def _empty(x: Tensor) -> Tensor:
+    return x.new_empty(0)
+
+
+@torch.library.custom_op("linattn::chunk_forward", mutates_args=())
+def chunk_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    S0: Tensor,
+    scale: float,
+    C: int,
+    keep: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """o, the final state and (keep) the state entering every chunk; see the module docstring."""
+    if _native.applies(q):
+        return _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
+    ctx = _LoopContext((keep,) * 6, scale, C)
+    with torch.no_grad():
+        o, S = ChunkFunction.forward(ctx, q, k, v, beta, g, S0, scale, C)
+    states = ctx.saved_tensors[6] if keep else _empty(q)
+    return o, (S.clone() if S.data_ptr() == S0.data_ptr() else S), states
+
+
+@chunk_forward.register_fake
+def _(q, k, v, beta, g, S0, scale, C, keep):
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    n_chunks = -(-T // max(1, min(C, T)))
+    o = q.new_empty(B, T, H, V).transpose(1, 2)
+    states = q.new_empty(n_chunks, B * H, K, V) if keep else q.new_empty(0)
+    return o, q.new_empty(B, H, K, V), states
+
+
+@torch.library.custom_op("linattn::chunk_backward", mutates_args=())
+def chunk_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    states: Tensor,
+    d_o: Tensor,
+    dS: Tensor,
+    scale: float,
+    C: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, dbeta (empty without beta), dg (empty without g) and dS0 from the states
+    ``chunk_forward`` kept and the gradients d_o, dS of its outputs."""
+    if _native.applies(q):
+        dq, dk, dv, dbeta, dg, dS0 = _native.chunk_backward(
+            q, k, v, beta, g, states, d_o, dS, scale, C
+        )
+    else:
+        ctx = _LoopContext((True,) * 6, scale, C)
+        ctx.saved_tensors = (q, k, v, beta, g, None, states)
+        with torch.no_grad():
+            dq, dk, dv, dbeta, dg, dS0, _, _ = ChunkFunction.backward(ctx, d_o, dS)
+        dq, dk, dv = _public(dq), _public(dk), _public(dv)
+    dbeta = _empty(q) if beta is None else _public(dbeta)
+    dg = _empty(q) if g is None else _public(dg)
+    return dq, dk, dv, dbeta, dg, dS0
+
+
+@chunk_backward.register_fake
+def _(q, k, v, beta, g, states, d_o, dS, scale, C):
+    B, H, T, K = q.shape
+
+    def public(x: Tensor) -> Tensor:  # [B, T, H, ...] seen as [B, H, T, ...]
+        return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2)
+
+    dbeta = q.new_empty(0) if beta is None else public(beta)
+    dg = q.new_empty(0) if g is None else public(g)
+    return public(q), public(k), public(v), dbeta, dg, dS.new_empty(dS.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, beta, g, S0, scale, C, _ = inputs
+    ctx.scale, ctx.C = scale, C
+    ctx.save_for_backward(q, k, v, beta, g, S0, output[2])
+    ctx.mark_non_differentiable(output[2])
+
+
+def _backward(ctx, d_o: Tensor, d_S: Tensor, _d_states: Tensor) -> tuple:
+    if torch.is_grad_enabled():
+        # create_graph=True: gradients that can be differentiated again (issue 18).
+        return (*_differentiable_backward(ctx, d_o, d_S), None)
+    q, k, v, beta, g, _, states = ctx.saved_tensors
+    dq, dk, dv, dbeta, dg, dS0 = chunk_backward(
+        q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C
+    )
+    dbeta = None if beta is None else dbeta
+    dg = None if g is None else dg
+    return dq, dk, dv, dbeta, dg, dS0, None, None, None
+
+
+chunk_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def chunk(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+    chunk_size: int,
+    scale: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """The chunk form through the op ``linattn::chunk_forward`` (internal layout); o
+    [B, H, T, V] and the final state. The states of the chunks are kept only where a gradient
+    can flow back."""
+    B, H, T, K = k.shape
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
+    inputs = (q, k, v, beta, g, S0)
+    keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    o, S, _ = chunk_forward(q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep)
+    return o, S
