@@ -257,7 +257,8 @@ def cache_release() -> int:
 
 def cache_bytes() -> int:
     """Bytes of freed output blocks the extension's cache keeps for reuse (at most
-    ``LINATTN_CACHE_MIB`` MiB, default 1024; 0 when the extension is not loaded)."""
+    ``LINATTN_CACHE_MIB`` MiB, default ``tuning.CACHE_MIB``; 0 when the extension is not
+    loaded)."""
     return int(torch.ops.linattn_native.cache_bytes()) if ready() else 0
 
 

@@ -29,11 +29,48 @@ all-blocks form instead (``chunk_function._differentiable_backward``), as the au
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from linattn.ops import _native
+from linattn.ops import _native, tuning
 from linattn.ops.chunk_function import ChunkFunction, _differentiable_backward
+
+FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
+
+
+def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
+    """x must be a tensor of ``shape`` ([dims]) with q's dtype and device."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+    if x.dtype != q.dtype or x.device != q.device:
+        raise TypeError(f"{name} must be {q.dtype} on {q.device} as q, got {x.dtype} on {x.device}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
+
+
+def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int, int, int]:
+    """The checks both ops share, before any work (the fake kernels run them too): shapes, one
+    dtype and device, a finite scale and the chunk size; (B, H, T, K, V)."""
+    if not isinstance(q, Tensor) or q.dim() != 4 or q.dtype not in FLOAT_DTYPES:
+        raise ValueError("q must be a float32 or float64 tensor [B, H, T, K]")
+    B, H, T, K = q.shape
+    _like("k", k, q, (B, H, T, K), "[B, H, T, K]")
+    if not isinstance(v, Tensor) or v.dim() != 4:
+        raise ValueError("v must be a tensor [B, H, T, V]")
+    V = v.shape[-1]
+    _like("v", v, q, (B, H, T, V), "[B, H, T, V]")
+    if beta is not None:
+        _like("beta", beta, q, (B, H, T), "[B, H, T]")
+    if g is not None:
+        width = g.shape[-1] if isinstance(g, Tensor) and g.dim() == 4 else 1
+        _like("g", g, q, (B, H, T, width if width in (1, K) else 1), "[B, H, T, 1 | K]")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if not 1 <= C <= tuning.MAX_CHUNK:
+        raise ValueError(f"C (the chunk size) must be in [1, {tuning.MAX_CHUNK}], got {C}")
+    return B, H, T, K, V
 
 
 class _LoopContext:
@@ -73,6 +110,8 @@ def chunk_forward(
     keep: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o, the final state and (keep) the state entering every chunk; see the module docstring."""
+    B, H, _, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    _like("S0", S0, q, (B, H, K, V), "[B, H, K, V]")
     if _native.applies(q):
         return _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
     ctx = _LoopContext((keep,) * 6, scale, C)
@@ -84,12 +123,20 @@ def chunk_forward(
 
 @chunk_forward.register_fake
 def _(q, k, v, beta, g, S0, scale, C, keep):
-    B, H, T, K = q.shape
-    V = v.shape[-1]
-    n_chunks = -(-T // max(1, min(C, T)))
+    B, H, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    _like("S0", S0, q, (B, H, K, V), "[B, H, K, V]")
+    n_chunks = -(-T // min(C, max(T, 1)))
     o = q.new_empty(B, T, H, V).transpose(1, 2)
     states = q.new_empty(n_chunks, B * H, K, V) if keep else q.new_empty(0)
     return o, q.new_empty(B, H, K, V), states
+
+
+def _check_backward(q, k, v, beta, g, states, d_o, dS, scale: float, C: int) -> None:
+    B, H, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    n_chunks = -(-T // min(C, max(T, 1)))
+    _like("states", states, q, (n_chunks, B * H, K, V), "[ceil(T / C), B H, K, V]")
+    _like("d_o", d_o, q, (B, H, T, V), "[B, H, T, V]")
+    _like("dS", dS, q, (B, H, K, V), "[B, H, K, V]")
 
 
 @torch.library.custom_op("linattn::chunk_backward", mutates_args=())
@@ -107,6 +154,7 @@ def chunk_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, dbeta (empty without beta), dg (empty without g) and dS0 from the states
     ``chunk_forward`` kept and the gradients d_o, dS of its outputs."""
+    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
     if _native.applies(q):
         dq, dk, dv, dbeta, dg, dS0 = _native.chunk_backward(
             q, k, v, beta, g, states, d_o, dS, scale, C
@@ -124,7 +172,7 @@ def chunk_backward(
 
 @chunk_backward.register_fake
 def _(q, k, v, beta, g, states, d_o, dS, scale, C):
-    B, H, T, K = q.shape
+    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
 
     def public(x: Tensor) -> Tensor:  # [B, T, H, ...] seen as [B, H, T, ...]
         return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2)
@@ -145,7 +193,9 @@ def _backward(ctx, d_o: Tensor, d_S: Tensor, _d_states: Tensor) -> tuple:
     if torch.is_grad_enabled():
         # create_graph=True: gradients that can be differentiated again (issue 18).
         return (*_differentiable_backward(ctx, d_o, d_S), None)
-    q, k, v, beta, g, _, states = ctx.saved_tensors
+    q, k, v, beta, g, S0, states = ctx.saved_tensors
+    if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
+        _, _, states = chunk_forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True)
     dq, dk, dv, dbeta, dg, dS0 = chunk_backward(
         q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C
     )

@@ -519,8 +519,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       }
     }
   });
-  const at::Tensor none = at::empty({0}, options);
-  return {t.dq, t.dk, t.dv, delta ? t.dbeta : none, kg > 0 ? t.dg : none, t.dS.view({B, H, K, V})};
+  auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
+  return {t.dq, t.dk, t.dv, delta ? t.dbeta : none(), kg > 0 ? t.dg : none(),
+          t.dS.view({B, H, K, V})};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -536,12 +537,12 @@ chunk_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   auto public_layout = [&](int64_t D) {  // [B, T, H, D] seen as [B, H, T, D]
     return at::empty({sz.B, sz.T, sz.H, D}, options).transpose(1, 2);
   };
-  const at::Tensor none = at::empty({0}, options);
+  auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
   return {public_layout(sz.K),
           public_layout(sz.K),
           public_layout(sz.V),
-          beta.has_value() ? at::empty({sz.B, sz.T, sz.H}, options).transpose(1, 2) : none,
-          kg > 0 ? public_layout(kg) : none,
+          beta.has_value() ? at::empty({sz.B, sz.T, sz.H}, options).transpose(1, 2) : none(),
+          kg > 0 ? public_layout(kg) : none(),
           at::empty({sz.B, sz.H, sz.K, sz.V}, options)};
 }
 
