@@ -197,15 +197,27 @@ def _public(x: dict) -> dict:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_delta_rule_has_no_graph_break_and_matches_eager(backend, monkeypatch):
+    # One graph each way: the forward holds the op chunk_forward (and the value checks as
+    # assertions), the backward the op chunk_backward; outputs and gradients as eager's.
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
     monkeypatch.setenv("LINATTN_NATIVE", backend)
     torch._dynamo.reset()
     x = _inputs("delta", "channel", T=11)
     eager = _grads(_delta_rule_chunk, _public(x))
-    compiled = _grads(
-        torch.compile(_delta_rule_chunk, fullgraph=True, backend="aot_eager"), _public(x)
-    )
+    recorder = AotEagerAndRecordGraphs()
+    compiled_fn = torch.compile(_delta_rule_chunk, fullgraph=True, backend=recorder)
+    compiled = _grads(compiled_fn, _public(x))
     for a, b in zip(compiled, eager, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+    def targets(graphs) -> set[str]:
+        return {str(node.target) for gm in graphs for node in gm.graph.nodes}
+
+    forward, backward = targets(recorder.fw_graphs), targets(recorder.bw_graphs)
+    assert "linattn.chunk_forward.default" in forward and "aten._assert_async.msg" in forward
+    assert "linattn.chunk_backward.default" in backward
+    assert len(recorder.fw_graphs) == len(recorder.bw_graphs) == 1
 
 
 def _model_loss_and_grads(model: CausalLM, fn, ids: torch.Tensor) -> tuple:

@@ -154,309 +154,300 @@ struct ChunkBackward {
     gate_gradients();
   }
 
-  // Steps G, Qd, Ke, Kd, D (and Gamma for one gate per token).
+  // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
+  //    Without decay these rows are the inputs themselves (the scale folded into products).
   void gates() {
-      // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
-      //    Without decay these rows are the inputs themselves (the scale folded into products).
-      if (gated) {
-        cumulative_gates(gc, sg, c, kg, w.zeros.data(), G);
-        const float *Gc = G.hi + (c - 1) * kg, *Lc = G.lo + (c - 1) * kg;
-        for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch] + Lc[ch]);
-        for (int i = 0; i < c; ++i) {
-          const float *Gi = G.hi + i * kg, *Li = G.lo + i * kg;
-          const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
-          float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
-#pragma omp simd
-          for (int ch = 0; ch < kg; ++ch) {
-            eg[ch] = exp_flush(Gi[ch] + Li[ch]);
-            ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
-          }
-          float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
-          if (!channel) {
-            const float a = scale * eg[0], e = ee[0], d = eg[0];
-#pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) {
-              qd[ch] = a * qi[ch];
-              ke[ch] = e * ki[ch];
-              kd[ch] = d * ki[ch];
-            }
-            float* row = Gam.data() + static_cast<int64_t>(i) * C;
-            const float G_i = Gi[0], L_i = Li[0];
-#pragma omp simd
-            for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
-            for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
-          } else {
-#pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) {
-              qd[ch] = scale * qi[ch] * eg[ch];
-              ke[ch] = ki[ch] * ee[ch];
-              kd[ch] = ki[ch] * eg[ch];
-            }
-          }
-        }
-      }
-  }
-
-  // Steps A_qk and A_kk, recomputed.
-  void scores() {
-      // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
-      if (delta) {
-        decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, Aqk.data(),
-                             Akk.data(), C, w);
-      } else {
-        decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
-      }
-  }
-
-  // Steps L, W, U0 and U = U0 - W S, recomputed (the delta rule).
-  void pseudo_values() {
-      // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
-      if (delta) {
-        for (int i = 0; i < c; ++i) {
-          const float bi = bc[i * sb];
-          const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-          float* Li = L.data() + static_cast<int64_t>(i) * C;
-          for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
-          const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv;
-          float* xi = X.data() + i * ldx;
-          for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
-          for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
-        }
-        unit_lower_solve(c, K + V, L.data(), C, X.data(), ldx);  // [W | U0]
-        for (int i = 0; i < c; ++i) {
-          std::memcpy(U.data() + i * V, X.data() + i * ldx + K, sizeof(float) * V);
-        }
-        gemm(false, false, c, Vi, Ki, -1.0f, X.data(), ldx, S, V, 1.0f, U.data(), V);
-        Uc = U.data(), ldu = V;
-      }
-  }
-
-  // The gradients of o = Qd S + A_qk U and of Ke^T U in the next state.
-  void output_gradients() {
-      // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T. For the
-      //    additive rule dU is dV; without decay dQd and dKe go straight into dQ (scaled), dK.
-      gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dUp, lddu);
-      gemm(false, false, c, Vi, Ki, 1.0f, Ker, ldke, dSh, V, 1.0f, dUp, lddu);
-      gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Uc, ldu, 0.0f, dA.data(), C);
-      if (gated) {
-        gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
-        gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dKe.data(), K);
-      } else {
-        gemm(false, true, c, Ki, Vi, scale, dO, lddo, S, V, 0.0f, dQ, lddq);
-        gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dK, lddk);
-      }
+    if (gated) {
+      cumulative_gates(gc, sg, c, kg, w.zeros.data(), G);
+      const float *Gc = G.hi + (c - 1) * kg, *Lc = G.lo + (c - 1) * kg;
+      for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch] + Lc[ch]);
       for (int i = 0; i < c; ++i) {
-        float* dAi = dA.data() + static_cast<int64_t>(i) * C;
-        for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
-      }
-  }
-
-  // The gates' shares from Qd, D and Ke.
-  void read_gate_gradients() {
-      // 5. dG from Qd; G_c's share from D; Ke's share apart, in dGe: Ke_i = k_i exp(G_c - G_i)
-      //    depends on the gates after i only, and is added to dg as a prefix sum (step 9), not
-      //    as G_c's share less G_i's, whose rounding would be that of the undecayed Ke_c.
-      if (gated) {
-        std::fill(dG_end.begin(), dG_end.end(), 0.0f);
-        for (int ch = 0; ch < Ki; ++ch) {
-          const float *Sr = S + ch * V, *dSr = dSh + ch * V;
-          float sS = 0.0f;
-#pragma omp simd reduction(+ : sS)
-          for (int j = 0; j < Vi; ++j) sS += dSr[j] * Sr[j];
-          dG_end[channel ? ch : 0] += Dv[channel ? ch : 0] * sS;
-        }
-        for (int i = 0; i < c; ++i) {
-          const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
-          const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
-          float *dGi = dG.data() + i * kg, *dGei = dGe.data() + i * kg;
-          if (!channel) {
-            float sq = 0.0f, sk = 0.0f;
-#pragma omp simd reduction(+ : sq, sk)
-            for (int ch = 0; ch < Ki; ++ch) {
-              sq += a[ch] * x[ch];
-              sk += e[ch] * y[ch];
-            }
-            dGi[0] = sq;
-            dGei[0] = sk;
-          } else {
+        const float *Gi = G.hi + i * kg, *Li = G.lo + i * kg;
+        const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
+        float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
 #pragma omp simd
-            for (int ch = 0; ch < Ki; ++ch) {
-              dGi[ch] = a[ch] * x[ch];
-              dGei[ch] = e[ch] * y[ch];
-            }
-          }
+        for (int ch = 0; ch < kg; ++ch) {
+          eg[ch] = exp_flush(Gi[ch] + Li[ch]);
+          ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
         }
-      }
-  }
-
-  // Through A_qk's two factors (q and k) to dQ, dK and the gates.
-  void qk_score_gradients() {
-      // 6. A_qk's factors: dQ = scale exp(G) dQd + dQ_A, dK = exp(G_c - G) dKe + dK_A, and
-      //    the gates' share.
-      if (!channel) {
-        for (int i = 0; gated && i < c; ++i) {
-          const float a = scale * eG[i], e = eEnd[i];
-          const float *x = dQd.data() + i * K, *y = dKe.data() + i * K;
-          float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk;
+        float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
+        if (!channel) {
+          const float a = scale * eg[0], e = ee[0], d = eg[0];
 #pragma omp simd
           for (int ch = 0; ch < Ki; ++ch) {
-            dq_i[ch] = a * x[ch];
-            dk_i[ch] = e * y[ch];
+            qd[ch] = a * qi[ch];
+            ke[ch] = e * ki[ch];
+            kd[ch] = d * ki[ch];
           }
-        }
-        if (gated) {
-          product_gate_gradient(dA.data(), Aqk.data(), C, c, dG.data());
-          for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
-        }
-        gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
-        gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
-      } else {
-        // The diagonal of dA (no decay) is taken out of the blocked backward and added to dQ
-        // and dK alone: its shares of q dX and k dY cancel, and their rounding would reach dg.
-        for (int i = 0; i < c; ++i) {
-          float* dAii = dA.data() + static_cast<int64_t>(i) * (C + 1);
-          dG_diag[i] = scale * *dAii;
-          *dAii = 0.0f;
-        }
-        std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
-        std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
-        channel_diagonal_backward(Q, ldq, Kc, ldk, G, Ki, 0, c, scale, dA.data(), C,
-                                  dXm.data(), dYm.data(), w);
-        for (int i = 0; i < c; ++i) {
-          const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
-          const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
-          const float *a = dQd.data() + i * K, *e = dKe.data() + i * K;
-          const float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
-          float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
-          const float d = dG_diag[i];
+          float* row = Gam.data() + static_cast<int64_t>(i) * C;
+          const float G_i = Gi[0], L_i = Li[0];
+#pragma omp simd
+          for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
+          for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
+        } else {
 #pragma omp simd
           for (int ch = 0; ch < Ki; ++ch) {
-            dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch] + d * ki[ch];
-            dk_i[ch] = ee[ch] * e[ch] + dy[ch] + d * qi[ch];
-            dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
+            qd[ch] = scale * qi[ch] * eg[ch];
+            ke[ch] = ki[ch] * ee[ch];
+            kd[ch] = ki[ch] * eg[ch];
           }
         }
       }
+    }
   }
 
-  // The gradient of the state entering the chunk, in place of dS'.
-  void state_gradient() {
-      // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
-      for (int ch = 0; gated && ch < Ki; ++ch) {
-        float* row = dSh + ch * V;
-        const float d = Dv[channel ? ch : 0];
-#pragma omp simd
-        for (int j = 0; j < Vi; ++j) row[j] *= d;
-      }
-      gemm(true, false, Ki, Vi, c, qr_alpha, Qr, ldqr, dO, lddo, 1.0f, dSh, V);
-      if (delta) gemm(true, false, Ki, Vi, c, -1.0f, X.data(), ldx, dU.data(), V, 1.0f, dSh, V);
+  // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
+  void scores() {
+    if (delta) {
+      decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, Aqk.data(),
+                           Akk.data(), C, w);
+    } else {
+      decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
+    }
   }
 
-  // Through the UT transform (the delta rule).
-  void ut_transform_backward() {
-      const float* W = X.data();
-      const float* U0 = X.data() + K;
-      // 8. The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T, dT (in dA).
-      unit_lower_solve_transposed(c, Vi, L.data(), C, dU.data(), V);
-      const float* dRv = dU.data();
-      gemm(false, true, c, Ki, Vi, -1.0f, dRv, V, S, V, 0.0f, dRk.data(), K);
-      gemm(false, true, c, c, Ki, -1.0f, dRk.data(), K, W, ldx, 0.0f, dA.data(), C);
-      gemm(false, true, c, c, Vi, -1.0f, dRv, V, U0, ldx, 1.0f, dA.data(), C);
+  // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
+  void pseudo_values() {
+    if (delta) {
       for (int i = 0; i < c; ++i) {
         const float bi = bc[i * sb];
-        float* dTi = dA.data() + static_cast<int64_t>(i) * C;
         const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-        const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv, *eg = eG.data() + i * kr;
-        const float *rk = dRk.data() + i * K, *rv = dRv + i * V;
-        float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv, *dGi = dG.data() + i * kr;
-        float db = 0.0f, sk = 0.0f;
-#pragma omp simd reduction(+ : db)
-        for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
+        float* Li = L.data() + static_cast<int64_t>(i) * C;
+        for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
+        const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv;
+        float* xi = X.data() + i * ldx;
+        for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
+        for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
+      }
+      unit_lower_solve(c, K + V, L.data(), C, X.data(), ldx);  // [W | U0]
+      for (int i = 0; i < c; ++i) {
+        std::memcpy(U.data() + i * V, X.data() + i * ldx + K, sizeof(float) * V);
+      }
+      gemm(false, false, c, Vi, Ki, -1.0f, X.data(), ldx, S, V, 1.0f, U.data(), V);
+      Uc = U.data(), ldu = V;
+    }
+  }
+
+  // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T. For the
+  //    additive rule dU is dV; without decay dQd and dKe go straight into dQ (scaled), dK.
+  void output_gradients() {
+    gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dUp, lddu);
+    gemm(false, false, c, Vi, Ki, 1.0f, Ker, ldke, dSh, V, 1.0f, dUp, lddu);
+    gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Uc, ldu, 0.0f, dA.data(), C);
+    if (gated) {
+      gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
+      gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dKe.data(), K);
+    } else {
+      gemm(false, true, c, Ki, Vi, scale, dO, lddo, S, V, 0.0f, dQ, lddq);
+      gemm(false, true, c, Ki, Vi, 1.0f, Uc, ldu, dSh, V, 0.0f, dK, lddk);
+    }
+    for (int i = 0; i < c; ++i) {
+      float* dAi = dA.data() + static_cast<int64_t>(i) * C;
+      for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
+    }
+  }
+
+  // 5. dG from Qd; G_c's share from D; Ke's share apart, in dGe: Ke_i = k_i exp(G_c - G_i)
+  //    depends on the gates after i only, and is added to dg as a prefix sum (step 9), not
+  //    as G_c's share less G_i's, whose rounding would be that of the undecayed Ke_c.
+  void read_gate_gradients() {
+    if (gated) {
+      std::fill(dG_end.begin(), dG_end.end(), 0.0f);
+      for (int ch = 0; ch < Ki; ++ch) {
+        const float *Sr = S + ch * V, *dSr = dSh + ch * V;
+        float sS = 0.0f;
+#pragma omp simd reduction(+ : sS)
+        for (int j = 0; j < Vi; ++j) sS += dSr[j] * Sr[j];
+        dG_end[channel ? ch : 0] += Dv[channel ? ch : 0] * sS;
+      }
+      for (int i = 0; i < c; ++i) {
+        const float *a = dQd.data() + i * K, *x = Qd.data() + i * K;
+        const float *e = dKe.data() + i * K, *y = Ke.data() + i * K;
+        float *dGi = dG.data() + i * kg, *dGei = dGe.data() + i * kg;
         if (!channel) {
-          const float a = gated ? bi * eg[0] : bi;
-#pragma omp simd reduction(+ : sk)
+          float sq = 0.0f, sk = 0.0f;
+#pragma omp simd reduction(+ : sq, sk)
           for (int ch = 0; ch < Ki; ++ch) {
-            sk += rk[ch] * kd[ch];
-            dk_i[ch] += a * rk[ch];
+            sq += a[ch] * x[ch];
+            sk += e[ch] * y[ch];
           }
-          if (gated) dGi[0] += bi * sk;
+          dGi[0] = sq;
+          dGei[0] = sk;
         } else {
-#pragma omp simd reduction(+ : sk)
-          for (int ch = 0; ch < Ki; ++ch) {
-            const float r = rk[ch] * kd[ch];
-            sk += r;
-            dGi[ch] += bi * r;
-            dk_i[ch] += bi * eg[ch] * rk[ch];
-          }
-        }
-#pragma omp simd reduction(+ : db)
-        for (int ch = 0; ch < Vi; ++ch) {
-          db += rv[ch] * vi[ch];
-          dv_i[ch] = bi * rv[ch];
-        }
-        dB[i * sdb] = db + sk;
-#pragma omp simd
-        for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
-        for (int j = i; j < c; ++j) dTi[j] = 0.0f;
-      }
-  }
-
-  // Through A_kk's two factors (both k) to dK and the gates.
-  void kk_score_gradients() {
-      // A_kk's two factors (both k): dK += dK_L, and the gates' share.
-      if (!channel) {
-        if (gated) {
-          product_gate_gradient(dA.data(), Akk.data(), C, c, dG.data());
-          for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
-        }
-        gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
-        gemm(true, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
-      } else {
-        std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
-        std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
-        channel_diagonal_backward(Kc, ldk, Kc, ldk, G, Ki, 0, c, 1.0f, dA.data(), C,
-                                  dXm.data(), dYm.data(), w);
-        for (int i = 0; i < c; ++i) {
-          const float* ki = Kc + i * ldk;
-          const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
-          float *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
 #pragma omp simd
           for (int ch = 0; ch < Ki; ++ch) {
-            dk_i[ch] += dx[ch] + dy[ch];
-            dGi[ch] += ki[ch] * (dx[ch] - dy[ch]);
+            dGi[ch] = a[ch] * x[ch];
+            dGei[ch] = e[ch] * y[ch];
           }
         }
       }
+    }
   }
 
-  // Step G backwards: dg from dG and dGe.
-  void gate_gradients() {
-      // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
+  // 6. A_qk's factors: dQ = scale exp(G) dQd + dQ_A, dK = exp(G_c - G) dKe + dK_A, and
+  //    the gates' share.
+  void qk_score_gradients() {
+    if (!channel) {
+      for (int i = 0; gated && i < c; ++i) {
+        const float a = scale * eG[i], e = eEnd[i];
+        const float *x = dQd.data() + i * K, *y = dKe.data() + i * K;
+        float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk;
+#pragma omp simd
+        for (int ch = 0; ch < Ki; ++ch) {
+          dq_i[ch] = a * x[ch];
+          dk_i[ch] = e * y[ch];
+        }
+      }
       if (gated) {
-        //    Ke's share (dGe) is the prefix sum sum_{i < t} dGe_i: Ke_i depends on g_t for t > i.
-        //    A floored gate (g <= kGateFloor: its decay is exactly 0) has the floor's gradient, 0.
-        float* last = dG.data() + (c - 1) * kg;
-        for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
-        for (int i = c - 2; i >= 0; --i) {  // dG_i <- sum_{l >= i} dG_l
-          float* dGi = dG.data() + i * kg;
+        product_gate_gradient(dA.data(), Aqk.data(), C, c, dG.data());
+        for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
+      }
+      gemm(false, false, c, Ki, c, scale, dA.data(), C, Kc, ldk, 1.0f, dQ, lddq);
+      gemm(true, false, c, Ki, c, scale, dA.data(), C, Q, ldq, 1.0f, dK, lddk);
+    } else {
+      // The diagonal of dA (no decay) is taken out of the blocked backward and added to dQ
+      // and dK alone: its shares of q dX and k dY cancel, and their rounding would reach dg.
+      for (int i = 0; i < c; ++i) {
+        float* dAii = dA.data() + static_cast<int64_t>(i) * (C + 1);
+        dG_diag[i] = scale * *dAii;
+        *dAii = 0.0f;
+      }
+      std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
+      std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
+      channel_diagonal_backward(Q, ldq, Kc, ldk, G, Ki, 0, c, scale, dA.data(), C,
+                                dXm.data(), dYm.data(), w);
+      for (int i = 0; i < c; ++i) {
+        const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
+        const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
+        const float *a = dQd.data() + i * K, *e = dKe.data() + i * K;
+        const float *eg = eG.data() + i * K, *ee = eEnd.data() + i * K;
+        float *dq_i = dQ + i * lddq, *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+        const float d = dG_diag[i];
 #pragma omp simd
-          for (int ch = 0; ch < kg; ++ch) dGi[ch] += dGi[ch + kg];
-        }
-        for (int i = 1; i < c; ++i) {  // dGe_i <- sum_{l <= i} dGe_l
-          float* dGei = dGe.data() + i * kg;
-#pragma omp simd
-          for (int ch = 0; ch < kg; ++ch) dGei[ch] = dGei[ch] + dGei[ch - kg];
-        }
-        for (int i = c - 1; i >= 0; --i) {
-          float* dGi = dG.data() + i * kg;
-          if (i > 0) {
-            const float* before = dGe.data() + (i - 1) * kg;  // sum_{l < i}
-#pragma omp simd
-            for (int ch = 0; ch < kg; ++ch) dGi[ch] += before[ch];
-          }
-          floored_gradient_row(dGi, gc + i * sg, kg, dGt + i * lddg, kGateFloor);
+        for (int ch = 0; ch < Ki; ++ch) {
+          dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch] + d * ki[ch];
+          dk_i[ch] = ee[ch] * e[ch] + dy[ch] + d * qi[ch];
+          dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
         }
       }
+    }
+  }
+
+  // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
+  void state_gradient() {
+    for (int ch = 0; gated && ch < Ki; ++ch) {
+      float* row = dSh + ch * V;
+      const float d = Dv[channel ? ch : 0];
+#pragma omp simd
+      for (int j = 0; j < Vi; ++j) row[j] *= d;
+    }
+    gemm(true, false, Ki, Vi, c, qr_alpha, Qr, ldqr, dO, lddo, 1.0f, dSh, V);
+    if (delta) gemm(true, false, Ki, Vi, c, -1.0f, X.data(), ldx, dU.data(), V, 1.0f, dSh, V);
+  }
+
+  // 8. The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T, dT (in dA); dv, dbeta and
+  //    beta's share of dk.
+  void ut_transform_backward() {
+    const float* W = X.data();
+    const float* U0 = X.data() + K;
+    unit_lower_solve_transposed(c, Vi, L.data(), C, dU.data(), V);
+    const float* dRv = dU.data();
+    gemm(false, true, c, Ki, Vi, -1.0f, dRv, V, S, V, 0.0f, dRk.data(), K);
+    gemm(false, true, c, c, Ki, -1.0f, dRk.data(), K, W, ldx, 0.0f, dA.data(), C);
+    gemm(false, true, c, c, Vi, -1.0f, dRv, V, U0, ldx, 1.0f, dA.data(), C);
+    for (int i = 0; i < c; ++i) {
+      const float bi = bc[i * sb];
+      float* dTi = dA.data() + static_cast<int64_t>(i) * C;
+      const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
+      const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv, *eg = eG.data() + i * kr;
+      const float *rk = dRk.data() + i * K, *rv = dRv + i * V;
+      float *dk_i = dK + i * lddk, *dv_i = dV + i * lddv, *dGi = dG.data() + i * kr;
+      float db = 0.0f, sk = 0.0f;
+#pragma omp simd reduction(+ : db)
+      for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
+      if (!channel) {
+        const float a = gated ? bi * eg[0] : bi;
+#pragma omp simd reduction(+ : sk)
+        for (int ch = 0; ch < Ki; ++ch) {
+          sk += rk[ch] * kd[ch];
+          dk_i[ch] += a * rk[ch];
+        }
+        if (gated) dGi[0] += bi * sk;
+      } else {
+#pragma omp simd reduction(+ : sk)
+        for (int ch = 0; ch < Ki; ++ch) {
+          const float r = rk[ch] * kd[ch];
+          sk += r;
+          dGi[ch] += bi * r;
+          dk_i[ch] += bi * eg[ch] * rk[ch];
+        }
+      }
+#pragma omp simd reduction(+ : db)
+      for (int ch = 0; ch < Vi; ++ch) {
+        db += rv[ch] * vi[ch];
+        dv_i[ch] = bi * rv[ch];
+      }
+      dB[i * sdb] = db + sk;
+#pragma omp simd
+      for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
+      for (int j = i; j < c; ++j) dTi[j] = 0.0f;
+    }
+  }
+
+  // 8b. A_kk's two factors (both k): dK += dK_L, and the gates' share.
+  void kk_score_gradients() {
+    if (!channel) {
+      if (gated) {
+        product_gate_gradient(dA.data(), Akk.data(), C, c, dG.data());
+        for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) dA[e] *= Gam[e];
+      }
+      gemm(false, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
+      gemm(true, false, c, Ki, c, 1.0f, dA.data(), C, Kc, ldk, 1.0f, dK, lddk);
+    } else {
+      std::fill(dXm.begin(), dXm.begin() + c * K, 0.0f);
+      std::fill(dYm.begin(), dYm.begin() + c * K, 0.0f);
+      channel_diagonal_backward(Kc, ldk, Kc, ldk, G, Ki, 0, c, 1.0f, dA.data(), C,
+                                dXm.data(), dYm.data(), w);
+      for (int i = 0; i < c; ++i) {
+        const float* ki = Kc + i * ldk;
+        const float *dx = dXm.data() + i * K, *dy = dYm.data() + i * K;
+        float *dk_i = dK + i * lddk, *dGi = dG.data() + i * K;
+#pragma omp simd
+        for (int ch = 0; ch < Ki; ++ch) {
+          dk_i[ch] += dx[ch] + dy[ch];
+          dGi[ch] += ki[ch] * (dx[ch] - dy[ch]);
+        }
+      }
+    }
+  }
+
+  // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end.
+  //    Ke's share (dGe) is the prefix sum sum_{i < t} dGe_i: Ke_i depends on g_t for t > i.
+  //    A floored gate (g <= kGateFloor: its decay is exactly 0) has the floor's gradient, 0.
+  void gate_gradients() {
+    if (gated) {
+      float* last = dG.data() + (c - 1) * kg;
+      for (int ch = 0; ch < kg; ++ch) last[ch] += dG_end[ch];
+      for (int i = c - 2; i >= 0; --i) {  // dG_i <- sum_{l >= i} dG_l
+        float* dGi = dG.data() + i * kg;
+#pragma omp simd
+        for (int ch = 0; ch < kg; ++ch) dGi[ch] += dGi[ch + kg];
+      }
+      for (int i = 1; i < c; ++i) {  // dGe_i <- sum_{l <= i} dGe_l
+        float* dGei = dGe.data() + i * kg;
+#pragma omp simd
+        for (int ch = 0; ch < kg; ++ch) dGei[ch] = dGei[ch] + dGei[ch - kg];
+      }
+      for (int i = c - 1; i >= 0; --i) {
+        float* dGi = dG.data() + i * kg;
+        if (i > 0) {
+          const float* before = dGe.data() + (i - 1) * kg;  // sum_{l < i}
+#pragma omp simd
+          for (int ch = 0; ch < kg; ++ch) dGi[ch] += before[ch];
+        }
+        floored_gradient_row(dGi, gc + i * sg, kg, dGt + i * lddg, kGateFloor);
+      }
+    }
   }
 };
 
