@@ -1,7 +1,7 @@
 """Build the fused CPU chunk kernels (csrc/) ahead of time and report the result.
 
 The chunk form's float32 CPU path compiles ``src/linattn/ops/csrc/*.cpp`` on its first use
-(about half a minute, cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). This
+(a minute or two, cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). This
 command does it now: it compiles (or loads the cached build), runs one small forward and backward
 pass of the gated delta rule through it against the float64 recurrent form, and prints where the
 build is and how it went. Exit status 0 when the kernels are ready, 1 when they are not (no

@@ -161,7 +161,7 @@ def _compile_and_load(timeout: float) -> str:
         if compiles:
             _say(
                 f"compiling the fused CPU chunk kernels (csrc/, {len(SOURCES)} files), once; "
-                f"this may take half a minute (cached in {directory}) ..."
+                f"this may take a minute or two (cached in {directory}) ..."
             )
         start = time.monotonic()
         cpp_extension.load(

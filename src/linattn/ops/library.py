@@ -15,7 +15,7 @@ or g is None. Each op has a fake kernel (the shapes and strides of its outputs, 
 under ``torch.compile(fullgraph=True)``.
 
 Why ops defined in Python: the C++ extension is compiled lazily, on the first float32 CPU call
-(half a minute or more), and may be disabled (``LINATTN_NATIVE=0``) or unbuildable. The schema, the
+(a minute or two), and may be disabled (``LINATTN_NATIVE=0``) or unbuildable. The schema, the
 fake kernels and the autograd formula must exist at trace time whatever its state, so they are
 defined here at import, and the kernel decides when it runs: the fused C++ loop
 (``torch.ops.linattn_native``, ``_native``) for float32 CPU tensors where it is available, the

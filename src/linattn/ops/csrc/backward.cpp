@@ -41,6 +41,7 @@
 //
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cstring>

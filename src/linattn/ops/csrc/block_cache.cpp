@@ -2,7 +2,9 @@
 
 #include "block_cache.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/accumulate.h>
 
 #include <cstdlib>
 #include <mutex>

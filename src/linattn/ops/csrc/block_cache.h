@@ -3,7 +3,7 @@
 // the previous step's pages instead of faulting in and zeroing fresh ones.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 

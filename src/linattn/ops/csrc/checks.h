@@ -4,7 +4,7 @@
 // whose rows the BLAS cannot read in place is copied (``blas_rows``, layout.h).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cmath>

@@ -4,6 +4,7 @@
 // (o = Qd S + A_qk U) and ``state_pass`` (S <- D S + Ke^T U).
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cstring>

@@ -36,7 +36,7 @@
 // ops.cpp (the torch.library registration).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <optional>

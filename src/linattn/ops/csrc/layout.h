@@ -2,7 +2,8 @@
 // written in place with their strides, or copied once where the BLAS cannot read them.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <cstdint>
 

@@ -1,6 +1,7 @@
 // The generation step (spec section 9): one token of any mechanism, the state updated in place.
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cmath>
