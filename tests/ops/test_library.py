@@ -113,8 +113,8 @@ def _bad(x: dict, name: str, value) -> dict:
 
 # (argument, bad value from the good inputs, error type, words of the message)
 BAD = [
-    ("q", lambda x: x["q"][0], ValueError, "q must be a float32 or float64 tensor"),
-    ("q", lambda x: x["q"].to(torch.bfloat16), ValueError, "q must be a float32 or float64"),
+    ("q", lambda x: x["q"][0], ValueError, "q must have shape \\[B, H, T, K\\]"),
+    ("q", lambda x: x["q"].to(torch.bfloat16), TypeError, "q must be a float32 or float64"),
     ("k", lambda x: x["k"][:, :, :5], ValueError, "k must have shape"),
     ("k", lambda x: x["k"].double(), TypeError, "k must be torch.float32"),
     ("v", lambda x: x["v"][:, :1], ValueError, "v must have shape"),

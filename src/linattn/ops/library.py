@@ -53,8 +53,10 @@ def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) ->
 def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int, int, int]:
     """The checks both ops share, before any work (the fake kernels run them too): shapes, one
     dtype and device, a finite scale and the chunk size; (B, H, T, K, V)."""
-    if not isinstance(q, Tensor) or q.dim() != 4 or q.dtype not in FLOAT_DTYPES:
-        raise ValueError("q must be a float32 or float64 tensor [B, H, T, K]")
+    if not isinstance(q, Tensor) or q.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must be a float32 or float64 tensor, got {getattr(q, 'dtype', q)}")
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape [B, H, T, K], got {tuple(q.shape)}")
     B, H, T, K = q.shape
     _like("k", k, q, (B, H, T, K), "[B, H, T, K]")
     if not isinstance(v, Tensor) or v.dim() != 4:
