@@ -99,10 +99,10 @@ class _LoopContext:
         self.saved_tensors = tensors
 
 
-def _public(x: Tensor) -> Tensor:
+def _public(x: Tensor | None) -> Tensor | None:
     """x [B, H, T, ...] as a view of a [B, T, H, ...] tensor (the layout the fake kernels give):
-    x itself when it is one, else a copy."""
-    if x.transpose(1, 2).is_contiguous():
+    x itself when it is one (or None), else a copy."""
+    if x is None or x.transpose(1, 2).is_contiguous():
         return x
     return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2).copy_(x)
 
@@ -123,14 +123,18 @@ def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tu
     return o, (S.clone() if S.data_ptr() == S0.data_ptr() else S), states
 
 
-def backward_kernel(q, k, v, beta, g, states, d_o, dS, scale: float, C: int) -> tuple:
-    """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``)."""
+def backward_kernel(
+    q, k, v, beta, g, states, d_o, dS, scale: float, C: int, needs: tuple[bool, ...] = (True,) * 6
+) -> tuple:
+    """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``). The PyTorch loop
+    computes only the gradients ``needs`` marks (q, k, v, beta, g, S0), None for the others; the
+    fused loop computes all of them."""
     if _native.applies(q):
         dq, dk, dv, dbeta, dg, dS0 = _native.chunk_backward(
             q, k, v, beta, g, states, d_o, dS, scale, C
         )
     else:
-        ctx = _LoopContext((True,) * 6, scale, C)
+        ctx = _LoopContext(tuple(needs), scale, C)
         ctx.saved_tensors = (q, k, v, beta, g, None, states)
         with torch.no_grad():
             dq, dk, dv, dbeta, dg, dS0, _, _ = ChunkFunction.backward(ctx, d_o, dS)
@@ -224,7 +228,11 @@ def _backward(ctx, d_o: Tensor, d_S: Tensor, _d_states: Tensor) -> tuple:
     forward, backward = (chunk_forward, chunk_backward) if tracing(d_o) else _KERNELS
     if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
         _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True)
-    dq, dk, dv, dbeta, dg, dS0 = backward(q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C)
+    args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C)
+    if backward is backward_kernel:  # eager: the loop computes only the gradients needed
+        dq, dk, dv, dbeta, dg, dS0 = backward_kernel(*args, ctx.needs_input_grad[:6])
+    else:
+        dq, dk, dv, dbeta, dg, dS0 = backward(*args)
     dbeta = None if beta is None else dbeta
     dg = None if g is None else dg
     return dq, dk, dv, dbeta, dg, dS0, None, None, None
