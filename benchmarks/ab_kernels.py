@@ -4,8 +4,9 @@
 
 Separate processes of the same code differ by up to 1.5x on this shared machine (linear
 attention's forward at T = 16,384: 48 ms in one process, 71 ms in the next), so ``ab.py``'s
-process-level medians resolve only large changes. Here the old commit's ``csrc/chunk.cpp``
-(``git show OLD_REV:...``) is compiled under another op namespace (``linattn_ab_old``) beside the
+process-level medians resolve only large changes. Here the old commit's ``csrc/`` sources
+(``git show OLD_REV:...``; one ``chunk.cpp`` up to 26bdc42, a file per concern since) are
+compiled under another op namespace (``linattn_ab_old``) beside the
 working tree's kernels (``linattn_native``), and each pair of calls runs old and new back to back
 in alternating order on the same inputs, one thread: two builds of the same source differ by about
 3% this way. It times ``chunk_forward`` (and ``chunk_backward`` with ``--backward``) directly, so
@@ -28,25 +29,29 @@ import torch
 import torch.nn.functional as F
 from torch.utils import cpp_extension
 
-from linattn.ops import _native
+from linattn.ops import native
 
-SOURCE = "src/linattn/ops/csrc/chunk.cpp"
+CSRC = "src/linattn/ops/csrc"
 
 
 def load_old(rev: str) -> object:
     """The kernels of ``rev``, compiled under the namespace ``linattn_ab_old``."""
     root = Path(__file__).resolve().parents[1]
-    text = subprocess.run(
-        ["git", "-C", str(root), "show", f"{rev}:{SOURCE}"], check=True, capture_output=True
-    ).stdout.decode()
-    text = text.replace("TORCH_LIBRARY(linattn_native", "TORCH_LIBRARY(linattn_ab_old")
-    text = text.replace("TORCH_LIBRARY_IMPL(linattn_native", "TORCH_LIBRARY_IMPL(linattn_ab_old")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+        return done.stdout.decode()
+
     folder = Path(tempfile.mkdtemp(prefix="linattn-ab-"))
-    (folder / "chunk.cpp").write_text(text)
+    for path in git("ls-tree", "--name-only", f"{rev}:{CSRC}").split():
+        text = git("show", f"{rev}:{CSRC}/{path}")
+        for macro in ("TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"):
+            text = text.replace(f"{macro}(linattn_native", f"{macro}(linattn_ab_old")
+        (folder / path).write_text(text)
     cpp_extension.load(
         name="linattn_ab_old",
-        sources=[str(folder / "chunk.cpp")],
-        extra_cflags=_native.FLAGS,
+        sources=[str(path) for path in sorted(folder.glob("*.cpp"))],
+        extra_cflags=native.FLAGS,
         build_directory=str(folder),
         is_python_module=False,
     )
@@ -75,8 +80,8 @@ def main() -> None:
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if not _native.available():
-        raise SystemExit(f"the working tree's kernels are not available: {_native.reason()}")
+    if not native.available():
+        raise SystemExit(f"the working tree's kernels are not available: {native.reason()}")
     old, new = load_old(args.old), torch.ops.linattn_native
     x = inputs(args.T)
     H, K, scale, C = x["q"].shape[1], x["q"].shape[-1], x["q"].shape[-1] ** -0.5, 64

@@ -19,13 +19,9 @@ import linattn
 
 ROOT = Path(linattn.__file__).parent
 
-# Branch `cpp` (issue 20) replaces these imports of ops._native with public names; the lead removes
-# this allowance when that branch merges.
-ALLOWED_PRIVATE = {
-    ("linattn.build", "linattn.ops._native"),
-    ("linattn.cpu", "linattn.ops._native"),
-    ("linattn.experiments.bench", "linattn.ops._native"),
-}
+# No module imports a private module of another package (the fused kernels' build and cache are
+# public as ``linattn.ops.native``).
+ALLOWED_PRIVATE: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

@@ -1,7 +1,7 @@
-"""Build the fused CPU chunk kernels (csrc/chunk.cpp) ahead of time and report the result.
+"""Build the fused CPU chunk kernels (csrc/) ahead of time and report the result.
 
-The chunk form's float32 CPU path compiles ``src/linattn/ops/csrc/chunk.cpp`` on its first use
-(about half a minute, cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). This
+The chunk form's float32 CPU path compiles ``src/linattn/ops/csrc/*.cpp`` on its first use
+(a minute or two, cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). This
 command does it now: it compiles (or loads the cached build), runs one small forward and backward
 pass of the gated delta rule through it against the float64 recurrent form, and prints where the
 build is and how it went. Exit status 0 when the kernels are ready, 1 when they are not (no
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from linattn.ops import _native, delta_rule
+from linattn.ops import delta_rule, native
 
 CHECK_TOLERANCE = 1e-5  # float32 rounding is about 1e-7 here
 
@@ -57,11 +57,11 @@ def self_check() -> float:
 def run(args: argparse.Namespace) -> int:
     """Build or load the kernels, check them, print the result; 0 when they are ready."""
     start = time.monotonic()
-    ready = _native.available()
+    ready = native.available()
     seconds = time.monotonic() - start
     if not ready:
         print(
-            f"linattn build: the fused CPU chunk kernels are unavailable ({_native.reason()}); "
+            f"linattn build: the fused CPU chunk kernels are unavailable ({native.reason()}); "
             "the chunk form runs its PyTorch loop",
             file=sys.stderr,
         )
@@ -69,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
     error = self_check()
     if not error <= CHECK_TOLERANCE:
         print(
-            f"linattn build: the fused CPU chunk kernels ({_native.build_directory()}) failed "
+            f"linattn build: the fused CPU chunk kernels ({native.build_directory()}) failed "
             f"their check: {error:.1e} from float64, more than {CHECK_TOLERANCE:g}",
             file=sys.stderr,
         )
         return 1
     print(
-        f"linattn build: the fused CPU chunk kernels are ready ({_native.reason()}; "
-        f"{seconds:.1f} s) in {_native.build_directory()}; a float32 forward and backward pass "
+        f"linattn build: the fused CPU chunk kernels are ready ({native.reason()}; "
+        f"{seconds:.1f} s) in {native.build_directory()}; a float32 forward and backward pass "
         f"through them is {error:.1e} from float64 (relative)"
     )
     return 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-from linattn.ops import _native
+from linattn.ops import native
 
 # mallopt's parameter numbers (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -59,9 +59,9 @@ def tune_malloc() -> bool:
 
 def empty_cache() -> int:
     """Return the blocks the fused chunk form keeps for reuse to the system; the bytes returned."""
-    return _native.cache_release()
+    return native.cache_release()
 
 
 def cached_bytes() -> int:
     """Bytes of freed output blocks the fused chunk form keeps for reuse."""
-    return _native.cache_bytes()
+    return native.cache_bytes()

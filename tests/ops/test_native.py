@@ -1,10 +1,10 @@
 """The fused C++ chunk form (``linattn.ops._native``) against the float64 engine.
 
-It serves float32 CPU inputs in ``chunk_function``; every rule, gate, chunk size (dividing T or
-not, longer than T), initial state and stride is checked against the float64 block engine
-(``chunk.chunk_forward``) and against the PyTorch group loop in float32, and its backward pass
-(from the chunk states the forward saves) against the gradients of plain float64 autograd. Also:
-its block cache, and the fused generation step.
+It serves float32 CPU inputs in the op ``linattn::chunk_forward`` (``library.chunk``); every rule,
+gate, chunk size (dividing T or not, longer than T), initial state and stride is checked against
+the float64 block engine (``chunk.chunk_forward``) and against the PyTorch group loop in float32,
+and its backward pass (from the chunk states the forward saves) against the gradients of plain
+float64 autograd. Also: its block cache, and the fused generation step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from linattn.ops import _native, delta_rule, linear_attention, recurrent_step
 from linattn.ops.chunk import chunk_forward
-from linattn.ops.chunk_function import chunk_function
+from linattn.ops.library import chunk
 
 from .cases import make_inputs, rel_rms
 from .step_cases import B, H, K, V
@@ -110,9 +110,9 @@ def test_equals_the_float64_engine(rule, gate, C):
 def test_equals_the_pytorch_loop_in_float32(rule, gate, monkeypatch):
     x = make_inputs(B=1, T=300, H=4, K=16, V=16, gate=gate, rule=rule, state=True)
     args = (*_internal(x, torch.float32), x["S0"].float(), 64, 0.25)
-    o1, S1 = chunk_function(*args)
+    o1, S1 = chunk(*args)
     monkeypatch.setenv("LINATTN_NATIVE", "0")
-    o2, S2 = chunk_function(*args)
+    o2, S2 = chunk(*args)
     assert rel_rms(o1, o2) < 2e-6 and rel_rms(S1, S2) < 2e-6
 
 

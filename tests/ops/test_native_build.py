@@ -116,8 +116,8 @@ def test_the_compile_is_announced_on_stderr(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: calls.append(kw))
     assert _native._compile_and_load(1.0).startswith("compiled in ")
     err = capsys.readouterr().err
-    assert "linattn: compiling the fused CPU chunk kernels (csrc/chunk.cpp), once; " in err
-    assert "this may take half a minute" in err and "linattn: compiled in " in err
+    assert "linattn: compiling the fused CPU chunk kernels (csrc/, " in err and "once; " in err
+    assert "this may take a minute or two" in err and "linattn: compiled in " in err
     assert calls[0]["build_directory"] == str(tmp_path)
     # A build newer than the source: loaded, nothing said.
     (tmp_path / f"{_native.build_name()}.so").touch()
@@ -157,6 +157,47 @@ def test_a_compile_killed_midway_does_not_hang_the_next_call(tmp_path):
     assert baton.exists()
     code, out, err, _ = _child(extensions, timeout=400)
     assert code == 0, err
-    assert "removed a stale compile lock" in err and "may take half a minute" in err
+    assert "removed a stale compile lock" in err and "may take a minute or two" in err
     fused, error = _fused_and_right(out)
     assert fused and error < 1e-5
+
+
+def test_the_tuning_constants_are_compiled_in_and_name_the_build(monkeypatch):
+    # Each C++ tuning constant comes from ops/tuning.py as a -D define (csrc/tuning.h refuses to
+    # compile without them), and the flags are part of the build's name: a changed value builds
+    # anew instead of loading a build made with the old one.
+    from linattn.ops import tuning
+
+    assert _native.DEFINES == {
+        "LINATTN_MAX_CHUNK": tuning.MAX_CHUNK,
+        "LINATTN_HUGE_MIN_BYTES": tuning.HUGE_MIN_BYTES,
+        "LINATTN_CACHE_MIB": tuning.CACHE_MIB,
+    }
+    for name, value in _native.DEFINES.items():
+        assert f"-D{name}={value}" in _native.FLAGS
+    before = _native.build_name()
+    flags = [f.replace(f"={tuning.MAX_CHUNK}", "=4096") for f in _native.FLAGS]
+    monkeypatch.setattr(_native, "FLAGS", flags)
+    assert _native.build_name() != before
+
+
+def test_every_source_and_header_is_compiled_or_tracked():
+    csrc = Path(_native.__file__).with_name("csrc")
+    assert set(_native.SOURCES) == set(csrc.glob("*.cpp")) and len(_native.SOURCES) > 1
+    assert set(_native.FILES) == set(csrc.glob("*.cpp")) | set(csrc.glob("*.h"))
+
+
+def test_a_header_newer_than_the_build_compiles_again(tmp_path, monkeypatch):
+    source, header = tmp_path / "a.cpp", tmp_path / "a.h"
+    source.touch()
+    header.touch()
+    built = tmp_path / f"{_native.build_name()}.so"
+    built.touch()
+    old = time.time() - 100
+    os.utime(source, (old, old))
+    os.utime(header, (old, old))
+    monkeypatch.setattr(_native, "FILES", [source, header])
+    assert not _native._compiles(tmp_path, _native.build_name())
+    os.utime(header, None)  # now: newer than the build
+    os.utime(built, (old + 1, old + 1))
+    assert _native._compiles(tmp_path, _native.build_name())

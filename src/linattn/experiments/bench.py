@@ -33,7 +33,7 @@ from linattn.experiments._timing import (
     medians_in_turns,
     memory_supported,
 )
-from linattn.ops import _native
+from linattn.ops import native, tuning
 
 MODES = ("chunk", "parallel", "recurrent")
 SLOW_CALL_S = 1.0  # a call slower than this is repeated at most 3 times
@@ -217,10 +217,10 @@ def compute_bench(args: argparse.Namespace) -> dict:
 
 def chunk_loop() -> str:
     """Which loop runs the float32 chunk forms here: the fused C++ one or PyTorch's."""
-    if _native.available():
-        cache = os.environ.get("LINATTN_CACHE_MIB", "1024")
+    if native.available():
+        cache = os.environ.get("LINATTN_CACHE_MIB", str(tuning.CACHE_MIB))
         return f"fused C++ forward and backward; output blocks reused, LINATTN_CACHE_MIB={cache}"
-    return f"PyTorch group loop ({_native.reason()})"
+    return f"PyTorch group loop ({native.reason()})"
 
 
 def _ms(s: float | None) -> str:

@@ -141,6 +141,10 @@ class CausalLM(nn.Module):
             )
         if input_ids.numel() == 0:  # B = 0: empty logits [0, T, vocab_size], as nn.Embedding
             return
+        if torch.compiler.is_compiling():  # values unknown while tracing: checked in the graph
+            inside = (input_ids >= 0) & (input_ids < self.config.vocab_size)
+            torch._assert_async(inside.all(), "input_ids holds a token id outside the vocabulary")
+            return
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= self.config.vocab_size:
             bad = low if low < 0 else high

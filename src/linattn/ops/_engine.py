@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
-from linattn.ops.chunk_function import chunk_function
+from linattn.ops.library import chunk
 from linattn.ops.mechanism import Mechanism
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
@@ -51,7 +51,8 @@ def forward(
     if 0 in k.shape[:3]:
         return empty_forward(q, k, v, beta, g, initial_state)
     if mode == "chunk":
-        return chunk_function(q, k, v, beta, g, initial_state, chunk_size, scale, mech)
+        # A registered op: its schema carries the mechanism as which of beta and g are given.
+        return chunk(q, k, v, beta, g, initial_state, chunk_size, scale)
     q = q * scale
     if mode == "recurrent":
         return recurrent_forward(q, k, v, beta, g, initial_state)

@@ -1,4 +1,4 @@
-"""The fused CPU chunk form (``csrc/chunk.cpp``), compiled on first use.
+"""The fused CPU chunk form (``csrc/``), compiled on first use.
 
 ``chunk_forward`` runs the chunk form's forward pass chunk by chunk in C++, every block of a chunk
 in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group loop
@@ -8,11 +8,14 @@ same algebra as ``chunk_function`` and is checked against it and against float64
 DESIGN.md's table the same way, from the chunk states this forward saves. ``recurrent_step`` is the
 generation step with its checks in one call.
 
-The source is compiled with ``torch.utils.cpp_extension`` the first time it is needed (about half a
-minute, said on stderr when it starts; the build is cached under ``TORCH_EXTENSIONS_DIR``, by
-default ``~/.cache``; ``linattn build`` does it ahead of time). It needs a C++ compiler; without
-one, or with ``LINATTN_NATIVE=0`` in the environment, ``available()`` is False and the chunk form
-runs its PyTorch loop instead (``reason()`` says why).
+The sources (``csrc/*.cpp`` and their headers; ``csrc/kernels.h`` says which file holds what) are
+compiled together with ``torch.utils.cpp_extension`` the first time they are needed, with the
+machine-tuned constants of ``tuning`` passed as ``-D`` defines (``DEFINES``; part of the build's
+name, so a changed value builds anew). It takes a minute or so, said on stderr when it starts;
+the build is cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``, and ``linattn build``
+does it ahead of time. It needs a C++ compiler; without one, or with ``LINATTN_NATIVE=0`` in the
+environment, ``available()`` is False and the chunk form runs its PyTorch loop instead
+(``reason()`` says why).
 
 One process compiles at a time: it holds an ``fcntl.flock`` on ``linattn.lock`` in the build
 directory, which the system releases when the process ends, however it ends. Under it, torch's own
@@ -41,8 +44,17 @@ from torch import Tensor
 
 from linattn.ops import tuning
 
-SOURCE = Path(__file__).with_name("csrc") / "chunk.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd"]  # the C++ standard: cpp_extension's
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = sorted(CSRC.glob("*.cpp"))  # compiled together into one extension
+FILES = sorted([*SOURCES, *CSRC.glob("*.h")])  # everything a build depends on
+# The machine-tuned constants of the kernels (``csrc/tuning.h`` checks that each is defined).
+DEFINES = {
+    "LINATTN_MAX_CHUNK": tuning.MAX_CHUNK,
+    "LINATTN_HUGE_MIN_BYTES": tuning.HUGE_MIN_BYTES,
+    "LINATTN_CACHE_MIB": tuning.CACHE_MIB,
+}
+# The C++ standard: cpp_extension's.
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", *(f"-D{k}={v}" for k, v in DEFINES.items())]
 
 LOCK_NAME = "linattn.lock"  # our lock in the build directory (torch's own is ``lock``)
 BUILD_TIMEOUT_S = 300.0  # the longest wait for another process's compile (LINATTN_BUILD_TIMEOUT)
@@ -52,9 +64,10 @@ _load_lock = threading.Lock()  # one loading thread per process (flock is per op
 
 
 def build_name() -> str:
-    """The extension's name: one build per processor kind and PyTorch version, since it is
-    compiled for the processor it is built on (``-march=native``) and against one PyTorch's headers
-    (a cache directory shared by different machines keeps one build for each)."""
+    """The extension's name: one build per processor kind, PyTorch version and set of flags
+    (the tuning constants among them), since it is compiled for the processor it is built on
+    (``-march=native``) and against one PyTorch's headers (a cache directory shared by different
+    machines keeps one build for each)."""
     cpu = platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -62,7 +75,7 @@ def build_name() -> str:
                 cpu += line
     except OSError:
         cpu += platform.processor()
-    tag = hashlib.sha1(f"{cpu} {torch.__version__}".encode()).hexdigest()[:10]
+    tag = hashlib.sha1(f"{cpu} {torch.__version__} {FLAGS}".encode()).hexdigest()[:10]
     return f"linattn_native_{tag}"
 
 
@@ -132,9 +145,10 @@ def compile_lock(directory: Path, timeout: float) -> Iterator[None]:
 
 
 def _compiles(directory: Path, name: str) -> bool:
-    """Whether loading will compile: no build yet, or one older than the source."""
+    """Whether loading will compile: no build yet, or one older than a source or header."""
     built = directory / f"{name}.so"
-    return not built.exists() or built.stat().st_mtime < SOURCE.stat().st_mtime
+    newest = max(path.stat().st_mtime for path in FILES)
+    return not built.exists() or built.stat().st_mtime < newest
 
 
 def _compile_and_load(timeout: float) -> str:
@@ -146,13 +160,13 @@ def _compile_and_load(timeout: float) -> str:
         compiles = _compiles(directory, name)
         if compiles:
             _say(
-                "compiling the fused CPU chunk kernels (csrc/chunk.cpp), once; "
-                f"this may take half a minute (cached in {directory}) ..."
+                f"compiling the fused CPU chunk kernels (csrc/, {len(SOURCES)} files), once; "
+                f"this may take a minute or two (cached in {directory}) ..."
             )
         start = time.monotonic()
         cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(path) for path in SOURCES],
             extra_cflags=FLAGS,
             build_directory=str(directory),
             is_python_module=False,
@@ -225,9 +239,10 @@ def _op(name: str):
 
 def empty(sizes: tuple[int, ...], like: Tensor) -> Tensor:
     """An uninitialised tensor like ``like.new_empty(sizes)``; on the CPU, from 4 MiB up and with
-    the extension loaded, in a block of the extension's cache (``BlockCache`` in ``chunk.cpp``:
-    2 MiB pages where Linux allows it, and a freed block kept for the next tensor of its size, so
-    that its pages are not faulted in and zeroed again; see ``cache_release``)."""
+    the extension loaded, in a block of the extension's cache (``BlockCache``,
+    ``csrc/block_cache.cpp``: 2 MiB pages where Linux allows it, and a freed block kept for the
+    next tensor of its size, so that its pages are not faulted in and zeroed again; see
+    ``cache_release``)."""
     nbytes = math.prod(sizes) * like.element_size()
     if like.device.type == "cpu" and nbytes >= tuning.HUGE_MIN_BYTES and available():
         return _op("empty_huge")(list(sizes), like.dtype)
@@ -242,7 +257,8 @@ def cache_release() -> int:
 
 def cache_bytes() -> int:
     """Bytes of freed output blocks the extension's cache keeps for reuse (at most
-    ``LINATTN_CACHE_MIB`` MiB, default 1024; 0 when the extension is not loaded)."""
+    ``LINATTN_CACHE_MIB`` MiB, default ``tuning.CACHE_MIB``; 0 when the extension is not
+    loaded)."""
     return int(torch.ops.linattn_native.cache_bytes()) if ready() else 0
 
 

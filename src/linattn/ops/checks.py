@@ -1,7 +1,9 @@
 """Input validation shared by the public ops: every check runs before any work is done.
 
 Each failure is a ``ValueError`` (wrong shape, range, value) or a ``TypeError`` (wrong type or
-dtype) whose message names the argument and states what was expected.
+dtype) whose message names the argument and states what was expected. Under ``torch.compile`` the
+values are unknown while the graph is traced: the value checks (ranges, finiteness) are traced into
+it instead (``traced``) and raise ``RuntimeError`` with the same message when it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,19 @@ MODES = ("parallel", "recurrent", "chunk")
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
+def compiling() -> bool:
+    """Whether torch.compile (or torch.export) is tracing: values are unknown, and are checked by
+    ``traced`` instead."""
+    return torch.compiler.is_compiling()
+
+
+def traced(condition: torch.Tensor, message: str) -> None:
+    """A value check under torch.compile: ``condition`` (a bool tensor) goes into the graph as
+    ``torch._assert_async``, which raises ``RuntimeError(message)`` when the compiled code meets a
+    value that fails it (no graph break, no synchronisation at trace time)."""
+    torch._assert_async(condition, message)
+
+
 def tensor(name: str, x: object, ndim: int, finite: bool = True) -> torch.Tensor:
     """``x`` must be a floating tensor with ``ndim`` dimensions and (if ``finite``) finite values.
 
@@ -28,7 +43,9 @@ def tensor(name: str, x: object, ndim: int, finite: bool = True) -> torch.Tensor
         raise TypeError(f"{name} must be float64, float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if finite and not all_finite(x):
+    if finite and compiling():
+        traced(torch.isfinite(x.detach()).all(), f"{name} contains non-finite values (NaN or Inf)")
+    elif finite and not all_finite(x):
         raise ValueError(f"{name} contains non-finite values (NaN or Inf)")
     return x
 
@@ -78,6 +95,12 @@ def finite(named: dict[str, torch.Tensor]) -> None:
     them all finite; a non-finite total (which finite entries can also give, by overflow) is
     settled tensor by tensor, entry by entry, so that the error names the first bad one.
     """
+    if compiling():
+        for name, x in named.items():
+            traced(
+                torch.isfinite(x.detach()).all(), f"{name} contains non-finite values (NaN or Inf)"
+            )
+        return
     total = sum(x.detach().sum() for x in named.values())
     if bool(torch.isfinite(total)):
         return
@@ -178,6 +201,9 @@ def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
     if not values or g.numel() == 0:
         return
     # -inf is accepted: a reset, the decay exp(-inf) = 0 exactly (the state is forgotten there).
+    if compiling():
+        traced((g.detach() <= 0).all(), "g is a log-decay and must be <= 0 (and not NaN)")
+        return
     low, high = (float(t) for t in torch.aminmax(g.detach()))
     if math.isnan(low) or math.isnan(high):
         raise ValueError("g contains NaN")
@@ -194,6 +220,10 @@ def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
     if tuple(b.shape) != sizes:
         raise ValueError(f"beta must have shape {layout} = {sizes}, got {tuple(b.shape)}")
     if not values or b.numel() == 0:
+        return
+    if compiling():
+        b = b.detach()
+        traced(((b >= 0) & (b <= 2)).all(), "beta must lie in [0, 2] (and be finite)")
         return
     low, high = value_range("beta", b)
     if low < 0 or high > 2:

@@ -15,9 +15,10 @@ backward pass recomputes each group's terms from them and runs the state gradien
 
     dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j * dS_{j+1} + Qd_j^T dO_j - W_j^T dU_j
 
-For float32 on the CPU both passes run fused in C++ instead, chunk by chunk with every block in the
-cache (``_native.chunk_forward`` and ``_native.chunk_backward``, every mechanism); this group loop
-serves float64, GPUs and ``LINATTN_NATIVE=0``, and is what the fused code is tested against.
+The public ops reach it through the op ``linattn::chunk_forward`` (``library``), which runs float32
+CPU inputs fused in C++ instead, chunk by chunk with every block in the cache (``_native``, every
+mechanism); this group loop serves float64, GPUs and ``LINATTN_NATIVE=0``, and is what the fused
+code is tested against.
 Neither is recorded by autograd: with ``create_graph=True`` (double backward) the gradients come
 from plain autograd through the all-blocks form ``chunk.chunk_forward`` instead.
 
@@ -125,12 +126,6 @@ class ChunkFunction(torch.autograd.Function):
         # spares a fresh T / C x K x V allocation (its page faults) and keeps the states in cache.
         keep = any(ctx.needs_input_grad)
         ctx.scale, ctx.C, ctx.mech = scale, C, mech
-        if _native.applies(q):
-            # float32 on the CPU: the same steps fused chunk by chunk in C++ (``_native``).
-            o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
-            if keep:
-                ctx.save_for_backward(q, k, v, beta, g, S0, states)
-            return o, S
         if keep:
             states = _native.empty((n_chunks, P, K, V), q)
         else:
@@ -166,14 +161,6 @@ class ChunkFunction(torch.autograd.Function):
         B, H, T, K = k.shape
         V = v.shape[-1]
         P = B * H
-        if _native.applies(q):
-            # float32 on the CPU: fused in C++ (``_native``), each chunk recomputed from the
-            # state the forward pass saved for it.
-            dS_final = q.new_zeros(B, H, K, V) if d_S is None else d_S
-            dq, dk, dv, dbeta, dg, dS0 = _native.chunk_backward(
-                q, k, v, beta, g, states, d_o, dS_final, scale, C
-            )
-            return dq, dk, dv, dbeta, dg, dS0, None, None
         inputs = (q, k, v, beta, g)
         grads = {
             name: _empty_like(x) if x is not None and needed else None

@@ -1,0 +1,81 @@
+// The BLAS wrappers of blas.h: row-major calls of the column-major Fortran BLAS.
+
+#include "blas.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+void strsm_(const char* side, const char* uplo, const char* transa, const char* diag, const int* m,
+            const int* n, const float* alpha, const float* a, const int* lda, float* b,
+            const int* ldb);
+}
+
+namespace linattn_native {
+namespace {
+
+// The BLAS takes 32-bit integers: a size or leading dimension beyond that range is refused (the
+// entry points copy an input whose stride is too large, ``blas_rows``; sizes are checked there).
+int blas_int(int64_t x) {
+  TORCH_CHECK(x >= 0 && x <= INT32_MAX, "linattn_native: ", x,
+              " exceeds the BLAS's 32-bit range");
+  return static_cast<int>(x);
+}
+
+// The leading dimension of a row-major [rows, cols] operand as the BLAS requires it: >= max(1,
+// cols). A single row's stride is never read, and may be anything (a 1-token slice of an
+// expanded tensor has time stride 0, which the BLAS refuses): it is replaced by max(1, cols).
+int blas_ld(int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t least = std::max<int64_t>(1, cols);
+  if (rows <= 1) return blas_int(least);
+  TORCH_CHECK(ld >= least, "linattn_native: a leading dimension ", ld, " < ", least);
+  return blas_int(ld);
+}
+
+// The triangular solve of ``unit_lower_solve`` (trans 'N') or its transpose (trans 'T').
+void unit_upper_trsm(char trans, int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
+                     int64_t ldx) {
+  if (c == 0 || n == 0) return;
+  const char side = 'R', uplo = 'U', diag = 'U';
+  const float one = 1.0f;
+  const int ll = blas_ld(c, c, ldl), lx = blas_ld(c, n, ldx);
+  const int ci = blas_int(c), ni = blas_int(n);
+  strsm_(&side, &uplo, &trans, &diag, &ni, &ci, &one, L, &ll, X, &lx);
+}
+
+}  // namespace
+
+// Row-major C[m, n] = alpha op(A) op(B) + beta C, with op(A) [m, k] and op(B) [k, n]; A is stored
+// [m, k] (or [k, m] when ta), B [k, n] (or [n, k] when tb). The BLAS is column-major, and a
+// row-major matrix is its transpose read column-major: C^T = op(B)^T op(A)^T.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
+  const int la = ta ? blas_ld(k, m, lda) : blas_ld(m, k, lda);
+  const int lb = tb ? blas_ld(n, k, ldb) : blas_ld(k, n, ldb);
+  const int lc = blas_ld(m, n, ldc);
+  const int mi = blas_int(m), ni = blas_int(n), ki = blas_int(k);
+  sgemm_(&opb, &opa, &ni, &mi, &ki, &alpha, B, &lb, A, &la, &beta, C, &lc);
+}
+
+// Solve (I + L) X = X in place for unit-lower-triangular I + L [c, c] (row-major, stride ldl)
+// and X [c, n] (row-major, stride ldx). Column-major this is X^T (I + L)^T = X^T, where the
+// row-major L read column-major is the upper-triangular (I + L)^T.
+void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* X, int64_t ldx) {
+  unit_upper_trsm('N', c, n, L, ldl, X, ldx);
+}
+
+// Solve (I + L)^T X = X in place (the same storage as ``unit_lower_solve``): column-major,
+// X^T (I + L) = X^T, the stored (I + L)^T transposed once more.
+void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
+                                 int64_t ldx) {
+  unit_upper_trsm('T', c, n, L, ldl, X, ldx);
+}
+
+}  // namespace linattn_native

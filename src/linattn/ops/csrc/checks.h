@@ -1,0 +1,82 @@
+// The entry points' checks, before any work, each naming the argument (dtype, device, shape and
+// the sizes the BLAS's 32-bit integers and the per-thread blocks allow), so that no call, from
+// Python or through torch.ops, reads or writes out of bounds. Strides are not refused: an input
+// whose rows the BLAS cannot read in place is copied (``blas_rows``, layout.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "tuning.h"
+
+namespace linattn_native {
+
+// An entry point's checks, before any work, each naming the argument: dtype, device and shape, so
+// that no call, from Python or through torch.ops, reads or writes out of bounds.
+// ``device``: the CPU for the kernels, meta for their fake (shape-only) kernels in ops.cpp.
+struct Checks {
+  const char* op;
+  c10::DeviceType device = c10::kCPU;
+
+  void float32_cpu(const char* name, const at::Tensor& x) const {
+    TORCH_CHECK(x.defined(), op, ": ", name, " is undefined");
+    TORCH_CHECK(x.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+                x.scalar_type());
+    TORCH_CHECK(x.device().type() == device, op, ": ", name, " must be a ",
+                c10::DeviceTypeName(device), " tensor, got ", x.device());
+  }
+
+  void shape(const char* name, const at::Tensor& x, at::IntArrayRef sizes,
+             const char* dims) const {
+    float32_cpu(name, x);
+    TORCH_CHECK(x.sizes() == sizes, op, ": ", name, " must be of shape ", dims, " = ", sizes,
+                ", got ", x.sizes());
+  }
+
+  // g: [B, H, T, 1] (one log-gate per token) or [B, H, T, K] (one per channel); its width.
+  int64_t gate(const at::Tensor& g, int64_t B, int64_t H, int64_t T, int64_t K) const {
+    float32_cpu("g", g);
+    TORCH_CHECK(g.dim() == 4 && (g.size(3) == 1 || g.size(3) == K), op,
+                ": g must be of shape [B, H, T, 1 | K] = [", B, ", ", H, ", ", T, ", 1 | ", K,
+                "], got ", g.sizes());
+    shape("g", g, {B, H, T, g.size(3)}, "[B, H, T, 1 | K]");
+    return g.size(3);
+  }
+};
+
+// The sizes of a chunk-form call: q [B, H, T, K], v [B, H, T, V], N chunks of C tokens, with
+// C = min(C, T) (the same chunks: one chunk holds the whole sequence either way). 64-bit
+// throughout; the BLAS's 32-bit sizes and leading dimensions are checked here, before any work.
+struct Sizes {
+  int64_t B, H, T, K, V, P, N, C;
+  Sizes(const Checks& check, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+        int64_t C64) {
+    check.float32_cpu("q", q);
+    TORCH_CHECK(q.dim() == 4, check.op, ": q must be of shape [B, H, T, K], got ", q.sizes());
+    B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3);
+    check.shape("k", k, q.sizes(), "[B, H, T, K]");
+    check.float32_cpu("v", v);
+    TORCH_CHECK(v.dim() == 4, check.op, ": v must be of shape [B, H, T, V], got ", v.sizes());
+    V = v.size(3);
+    check.shape("v", v, {B, H, T, V}, "[B, H, T, V]");
+    TORCH_CHECK(C64 >= 1, check.op, ": C (the chunk size) must be >= 1, got ", C64);
+    C = std::min(C64, std::max<int64_t>(T, 1));
+    TORCH_CHECK(C <= kMaxChunk, check.op, ": C = min(chunk size, T) = ", C, " exceeds ",
+                kMaxChunk, " (a thread keeps C x C blocks: use a smaller chunk size)");
+    TORCH_CHECK(K + V <= INT32_MAX && H * std::max(K, V) <= INT32_MAX, check.op, ": K = ", K,
+                ", V = ", V, ", H = ", H, " exceed the BLAS's 32-bit sizes");
+    P = B * H;
+    N = (T + C - 1) / C;
+  }
+};
+
+// A scale that multiplies q: finite (a NaN or Inf would make every output NaN without a word).
+inline float checked_scale(const Checks& check, double scale) {
+  TORCH_CHECK(std::isfinite(scale), check.op, ": scale must be finite, got ", scale);
+  return static_cast<float>(scale);
+}
+
+}  // namespace linattn_native

@@ -1,0 +1,82 @@
+// The chunk form fused chunk by chunk on the CPU (spec sections 5.1 and 8; DESIGN.md's table).
+//
+// The same algebra as ``chunk_function`` (its module docstring gives the equations), computed chunk
+// by chunk with every block of a chunk in the cache: for each chunk of c <= C tokens of a head with
+// incoming state S [K, V] and cumulative log-gates G_i = g_1 + ... + g_i,
+//
+//   1. gates:      Qd = scale q * exp(G),  Ke = k * exp(G_c - G),  D = exp(G_c)
+//   2. masked:     A_qk[i, j] = scale sum_k q_ik k_jk exp(G_ik - G_jk)  (j <= i)
+//   3. delta rule: L[i, j] = beta_i sum_k k_ik k_jk exp(G_ik - G_jk)  (j < i),
+//                  (I + L) [W, U0] = diag(beta) [k * exp(G), v]   (the UT transform)
+//                  U = U0 - W S                                  (linear attention: U = v)
+//   4. outputs:    o = Qd S + A_qk U
+//   5. state:      S <- D * S + Ke^T U
+//
+// Only step 5 carries anything from one chunk to the next. The heads of a thread are taken chunk
+// by chunk in the inner loop, so that the rows read and written (the [B, T, H, D] layout keeps the
+// H heads of a token side by side) stream through memory in order. Every product is one call of
+// the BLAS that PyTorch links (MKL or OpenBLAS), on matrices of 64 x 64 or so that stay in the L1
+// and L2 caches; the elementwise work (gates, masks) is in plain loops the compiler vectorises.
+//
+// ``chunk_forward`` (forward.cpp) runs these steps for every mechanism and saves the state
+// entering each chunk; ``chunk_backward`` (backward.cpp) differentiates them for every mechanism,
+// chunk by chunk from the last, each chunk recomputed from its saved state (memory linear in T).
+//
+// Inputs are float32, q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K], each
+// with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
+// public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
+// check), but a log-gate may be -inf (a reset): each is floored at kGateFloor, and the cumulative
+// log-gates are summed exactly as pairs of floats (``Gates``), so that every decay
+// exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
+//
+// The files: blas (the BLAS wrappers), gates (cumulative log-gates as pairs, exp, the floor),
+// products (the masked decayed products A_qk and A_kk), block_cache (the output allocator),
+// checks and layout (entry checks, where a chunk's rows are), tuning.h (the machine-tuned
+// constants, from linattn/ops/tuning.py), forward, backward, step (the generation step) and
+// ops.cpp (the torch.library registration).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+namespace linattn_native {
+
+// o [B, H, T, V] (a view of a [B, T, H, V] tensor), the final state [B, H, K, V], and (keep) the
+// state entering every chunk [N, B H, K, V] for the backward pass (else an empty tensor).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
+    const at::Tensor& S0, double scale_d, int64_t C64, bool keep);
+
+// dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (empty for the additive rule), dg
+// [B, H, T, kg] (empty without decay) and dS0 [B, H, K, V], from the states ``chunk_forward`` kept.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_backward(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
+    const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
+    double scale_d, int64_t C64);
+
+// One generation step, the state updated in place: o [B, H, V], or an empty tensor (the state
+// unchanged) when a value is out of range.
+at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
+                          const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
+                          const std::optional<at::Tensor>& g_opt, double scale_d);
+
+// The fake (meta) kernels: the same checks and the outputs' shapes and strides, no data.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward_meta(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
+    const at::Tensor& S0, double scale, int64_t C, bool keep);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+chunk_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
+                    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final,
+                    double scale, int64_t C);
+at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const std::optional<at::Tensor>& beta,
+                               const std::optional<at::Tensor>& g, double scale);
+
+}  // namespace linattn_native

@@ -1,0 +1,138 @@
+// The generation step (spec section 9): one token of any mechanism, the state updated in place.
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "checks.h"
+#include "kernels.h"
+
+namespace linattn_native {
+
+namespace {
+
+// The checks of a ``recurrent_step`` call (on ``device``), before anything is read or written.
+void step_checks(c10::DeviceType device, const at::Tensor& state, const at::Tensor& q,
+                 const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& beta,
+                 const std::optional<at::Tensor>& g, double scale) {
+  const Checks check{"linattn_native.recurrent_step", device};
+  check.float32_cpu("state", state);
+  TORCH_CHECK(state.dim() == 4 && state.is_contiguous(), check.op,
+              ": state must be a contiguous [B, H, K, V] tensor (updated in place), got shape ",
+              state.sizes(), " and strides ", state.strides());
+  const int64_t B = state.size(0), H = state.size(1), K = state.size(2), V = state.size(3);
+  check.shape("q", q, {B, H, K}, "[B, H, K]");
+  check.shape("k", k, {B, H, K}, "[B, H, K]");
+  check.shape("v", v, {B, H, V}, "[B, H, V]");
+  if (beta.has_value()) check.shape("beta", *beta, {B, H}, "[B, H]");
+  if (g.has_value()) {
+    check.float32_cpu("g", *g);
+    const int64_t width = g->dim() == 3 ? g->size(2) : -1;
+    TORCH_CHECK(width == 1 || width == K, check.op, ": g must be of shape [B, H, 1 | K] = [", B,
+                ", ", H, ", 1 | ", K, "], got ", g->sizes());
+    check.shape("g", *g, {B, H, width}, "[B, H, 1 | K]");
+  }
+  checked_scale(check, scale);
+}
+
+}  // namespace
+
+// One generation step of any mechanism (``linattn.ops.recurrent_step``), the state updated in
+// place, every input checked first in the same call: the step is tens of microseconds of
+// arithmetic, less than the PyTorch calls that would check and compute it one by one.
+//
+//   S <- Diag(exp g) S;  u = v (additive) or beta (v - S^T k) (delta);  S <- S + k u^T;
+//   o = S^T (scale q)
+//
+// state [B, H, K, V] contiguous; q, k [B, H, K]; v [B, H, V]; beta [B, H] or None; g [B, H, 1|K]
+// or None; all float32 (shapes checked first; the inputs other than the state are copied when not
+// contiguous). Returns o [B, H, V]; or, when an input is out of its range (a NaN or Inf anywhere
+// but a g of -inf, beta outside [0, 2], g > 0), an empty tensor, with the state unchanged: the
+// caller then names the input.
+at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
+                          const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
+                          const std::optional<at::Tensor>& g_opt, double scale_d) {
+  step_checks(c10::kCPU, state, q_in, k_in, v_in, beta_opt, g_opt, scale_d);
+  const int64_t B = state.size(0), H = state.size(1), K = state.size(2), V = state.size(3);
+  const int64_t P = B * H;
+  const bool delta = beta_opt.has_value(), gated = g_opt.has_value();
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor beta = delta ? beta_opt->contiguous() : at::Tensor();
+  const at::Tensor g = gated ? g_opt->contiguous() : at::Tensor();
+  const int64_t kg = gated ? g.size(-1) : 0;
+  const float* bp = delta ? beta.data_ptr<float>() : nullptr;
+  const float* gp = gated ? g.data_ptr<float>() : nullptr;
+  float* Sp = state.data_ptr<float>();
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  // 1. Checks, before anything is written.
+  bool ok = true;
+  auto all_finite = [&](const float* x, int64_t n) {
+    float acc = 0.0f;  // x * 0 is 0 for finite x and NaN for NaN or Inf
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; ++i) acc += x[i] * 0.0f;
+    return acc == 0.0f;
+  };
+  ok = all_finite(Sp, P * K * V) && all_finite(qp, P * K) && all_finite(kp, P * K) &&
+       all_finite(vp, P * V);
+  for (int64_t i = 0; ok && delta && i < P; ++i) ok = bp[i] >= 0.0f && bp[i] <= 2.0f;
+  for (int64_t i = 0; ok && gated && i < P * kg; ++i) ok = gp[i] <= 0.0f;  // -inf: a reset
+  if (!ok) return at::empty({0}, state.options());
+  // 2. The step, head by head.
+  at::Tensor o = at::empty({B, H, V}, state.options());
+  float* op = o.data_ptr<float>();
+  const float scale = static_cast<float>(scale_d);
+  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> u(V);
+    for (int64_t p = lo; p < hi; ++p) {
+      float* S = Sp + p * K * V;
+      const float *qh = qp + p * K, *kh = kp + p * K, *vh = vp + p * V;
+      float* oh = op + p * V;
+      // Decay and the read S^T k in one pass over S.
+      std::fill(u.begin(), u.end(), 0.0f);
+      for (int64_t i = 0; i < K; ++i) {
+        float* row = S + i * V;
+        if (gated) {
+          const float a = std::exp(gp[p * kg + (kg == 1 ? 0 : i)]);
+#pragma omp simd
+          for (int64_t j = 0; j < V; ++j) row[j] *= a;
+        }
+        if (delta) {
+          const float ki = kh[i];
+#pragma omp simd
+          for (int64_t j = 0; j < V; ++j) u[j] += ki * row[j];
+        }
+      }
+      if (delta) {
+        const float b = bp[p];
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) u[j] = b * (vh[j] - u[j]);
+      } else {
+        std::copy(vh, vh + V, u.begin());
+      }
+      // The write k u^T and the read S^T (scale q) in one more pass.
+      std::fill(oh, oh + V, 0.0f);
+      for (int64_t i = 0; i < K; ++i) {
+        float* row = S + i * V;
+        const float ki = kh[i], qi = scale * qh[i];
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) {
+          row[j] += ki * u[j];
+          oh[j] += qi * row[j];
+        }
+      }
+    }
+  });
+  return o;
+}
+
+at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const std::optional<at::Tensor>& beta,
+                               const std::optional<at::Tensor>& g, double scale) {
+  step_checks(c10::kMeta, state, q, k, v, beta, g, scale);
+  return at::empty({state.size(0), state.size(1), state.size(3)}, state.options());
+}
+
+}  // namespace linattn_native

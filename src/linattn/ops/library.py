@@ -1,0 +1,285 @@
+"""The chunk form as registered torch.library ops, so that torch.compile and torch.export see it.
+
+Two ops in the namespace ``linattn`` (spec sections 5.1 and 8; the internal layout of
+``chunk_function``: q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K]):
+
+    linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep) -> (o, S, states)
+    linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C)
+        -> (dq, dk, dv, dbeta, dg, dS0)
+
+o [B, H, T, V] is a view of a [B, T, H, V] tensor; S [B, H, K, V] the final state; states
+[ceil(T / C), B H, K, V] the state entering every chunk (``keep``; else an empty tensor), which the
+backward op reads instead of recomputing the recurrence. dbeta and dg are empty tensors where beta
+or g is None. Each op has a fake kernel (the shapes and strides of its outputs, no data) and
+``chunk_forward`` a registered backward, so that ``chunk`` is one traceable op with its gradient
+under ``torch.compile(fullgraph=True)``.
+
+Why ops defined in Python: the C++ extension is compiled lazily, on the first float32 CPU call
+(a minute or two), and may be disabled (``LINATTN_NATIVE=0``) or unbuildable. The schema, the
+fake kernels and the autograd formula must exist at trace time whatever its state, so they are
+defined here at import, and the kernel decides when it runs: the fused C++ loop
+(``torch.ops.linattn_native``, ``_native``) for float32 CPU tensors where it is available, the
+PyTorch group loop (``chunk_function.ChunkFunction``) for everything else (float64, GPUs,
+``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compiled graph serves both.
+
+Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
+write into buffers autograd cannot record: the registered backward then differentiates the
+all-blocks form instead (``chunk_function._differentiable_backward``), as the autograd.Function did.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from linattn.ops import _native, tuning
+from linattn.ops.chunk_function import ChunkFunction, _differentiable_backward
+from linattn.ops.mechanism import Mechanism
+
+FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
+
+
+def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
+    """x must be a tensor of ``shape`` ([dims]) with q's dtype and device."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
+    if x.dtype != q.dtype or x.device != q.device:
+        raise TypeError(f"{name} must be {q.dtype} on {q.device} as q, got {x.dtype} on {x.device}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
+
+
+def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int, int, int]:
+    """The checks both ops share, before any work (the fake kernels run them too): shapes, one
+    dtype and device, a finite scale and the chunk size; (B, H, T, K, V)."""
+    if not isinstance(q, Tensor) or q.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must be a float32 or float64 tensor, got {getattr(q, 'dtype', q)}")
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape [B, H, T, K], got {tuple(q.shape)}")
+    B, H, T, K = q.shape
+    _like("k", k, q, (B, H, T, K), "[B, H, T, K]")
+    if not isinstance(v, Tensor) or v.dim() != 4:
+        raise ValueError("v must be a tensor [B, H, T, V]")
+    V = v.shape[-1]
+    _like("v", v, q, (B, H, T, V), "[B, H, T, V]")
+    if beta is not None:
+        _like("beta", beta, q, (B, H, T), "[B, H, T]")
+    if g is not None:
+        width = g.shape[-1] if isinstance(g, Tensor) and g.dim() == 4 else 1
+        _like("g", g, q, (B, H, T, width if width in (1, K) else 1), "[B, H, T, 1 | K]")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if not 1 <= C <= tuning.MAX_CHUNK:
+        raise ValueError(f"C (the chunk size) must be in [1, {tuning.MAX_CHUNK}], got {C}")
+    return B, H, T, K, V
+
+
+def tracing(x: Tensor) -> bool:
+    """Whether the chunk form is being traced (torch.compile, torch.export, AOT autograd, fake
+    tensors) rather than run: then the graph must hold the ops, not their kernels. Tracing runs
+    under a dispatch mode (fake, functional, proxy) or on tensor subclasses, eager never."""
+    return (
+        torch.compiler.is_compiling()
+        or bool(_get_current_dispatch_mode_stack())
+        or type(x) not in (Tensor, torch.nn.Parameter)
+    )
+
+
+class _LoopContext:
+    """The part of an autograd context that ``ChunkFunction``'s forward and backward use, so that
+    the PyTorch loop runs as a plain function inside the ops' kernels."""
+
+    def __init__(
+        self, needs_input_grad: tuple[bool, ...], scale: float, C: int, mech: Mechanism
+    ) -> None:
+        self.needs_input_grad, self.scale, self.C, self.mech = needs_input_grad, scale, C, mech
+        self.saved_tensors: tuple = ()
+
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
+        self.saved_tensors = tensors
+
+
+def _public(x: Tensor | None) -> Tensor | None:
+    """x [B, H, T, ...] as a view of a [B, T, H, ...] tensor (the layout the fake kernels give):
+    x itself when it is one (or None), else a copy."""
+    if x is None or x.transpose(1, 2).is_contiguous():
+        return x
+    return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2).copy_(x)
+
+
+def _empty(x: Tensor) -> Tensor:
+    return x.new_empty(0)
+
+
+def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tuple:
+    """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
+    tensors where it is available, else the PyTorch group loop."""
+    if _native.applies(q):
+        return _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
+    mech = Mechanism.internal(beta, g)
+    ctx = _LoopContext((keep,) * 6, scale, C, mech)
+    with torch.no_grad():
+        o, S = ChunkFunction.forward(ctx, q, k, v, beta, g, S0, scale, C, mech)
+    states = ctx.saved_tensors[6] if keep else _empty(q)
+    return o, (S.clone() if S.data_ptr() == S0.data_ptr() else S), states
+
+
+def backward_kernel(
+    q, k, v, beta, g, states, d_o, dS, scale: float, C: int, needs: tuple[bool, ...] = (True,) * 6
+) -> tuple:
+    """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``). The PyTorch loop
+    computes only the gradients ``needs`` marks (q, k, v, beta, g, S0), None for the others; the
+    fused loop computes all of them."""
+    if _native.applies(q):
+        dq, dk, dv, dbeta, dg, dS0 = _native.chunk_backward(
+            q, k, v, beta, g, states, d_o, dS, scale, C
+        )
+    else:
+        ctx = _LoopContext(tuple(needs), scale, C, Mechanism.internal(beta, g))
+        ctx.saved_tensors = (q, k, v, beta, g, None, states)
+        with torch.no_grad():
+            dq, dk, dv, dbeta, dg, dS0, *_ = ChunkFunction.backward(ctx, d_o, dS)
+        dq, dk, dv = _public(dq), _public(dk), _public(dv)
+    dbeta = _empty(q) if beta is None else _public(dbeta)
+    dg = _empty(q) if g is None else _public(dg)
+    return dq, dk, dv, dbeta, dg, dS0
+
+
+@torch.library.custom_op("linattn::chunk_forward", mutates_args=())
+def chunk_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    S0: Tensor,
+    scale: float,
+    C: int,
+    keep: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """o, the final state and (keep) the state entering every chunk; see the module docstring."""
+    B, H, _, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    _like("S0", S0, q, (B, H, K, V), "[B, H, K, V]")
+    return forward_kernel(q, k, v, beta, g, S0, scale, C, keep)
+
+
+@chunk_forward.register_fake
+def _(q, k, v, beta, g, S0, scale, C, keep):
+    B, H, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    _like("S0", S0, q, (B, H, K, V), "[B, H, K, V]")
+    n_chunks = -(-T // min(C, max(T, 1)))
+    o = q.new_empty(B, T, H, V).transpose(1, 2)
+    states = q.new_empty(n_chunks, B * H, K, V) if keep else q.new_empty(0)
+    return o, q.new_empty(B, H, K, V), states
+
+
+def _check_backward(q, k, v, beta, g, states, d_o, dS, scale: float, C: int) -> None:
+    B, H, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    n_chunks = -(-T // min(C, max(T, 1)))
+    _like("states", states, q, (n_chunks, B * H, K, V), "[ceil(T / C), B H, K, V]")
+    _like("d_o", d_o, q, (B, H, T, V), "[B, H, T, V]")
+    _like("dS", dS, q, (B, H, K, V), "[B, H, K, V]")
+
+
+@torch.library.custom_op("linattn::chunk_backward", mutates_args=())
+def chunk_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    states: Tensor,
+    d_o: Tensor,
+    dS: Tensor,
+    scale: float,
+    C: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, dbeta (empty without beta), dg (empty without g) and dS0 from the states
+    ``chunk_forward`` kept and the gradients d_o, dS of its outputs."""
+    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
+    return backward_kernel(q, k, v, beta, g, states, d_o, dS, scale, C)
+
+
+@chunk_backward.register_fake
+def _(q, k, v, beta, g, states, d_o, dS, scale, C):
+    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
+
+    def public(x: Tensor) -> Tensor:  # [B, T, H, ...] seen as [B, H, T, ...]
+        return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2)
+
+    dbeta = q.new_empty(0) if beta is None else public(beta)
+    dg = q.new_empty(0) if g is None else public(g)
+    return public(q), public(k), public(v), dbeta, dg, dS.new_empty(dS.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, beta, g, S0, scale, C, _ = inputs
+    # The op's schema gives the mechanism by which of beta and g are passed and g's last axis
+    # (1: a gate per head); the public op resolved the same one (``Mechanism.of``).
+    ctx.scale, ctx.C, ctx.mech = scale, C, Mechanism.internal(beta, g)
+    ctx.save_for_backward(q, k, v, beta, g, S0, output[2])
+    ctx.mark_non_differentiable(output[2])
+
+
+def _backward(ctx, d_o: Tensor, d_S: Tensor, _d_states: Tensor) -> tuple:
+    if torch.is_grad_enabled():
+        # create_graph=True: gradients that can be differentiated again (issue 18).
+        return (*_differentiable_backward(ctx, d_o, d_S), None)
+    q, k, v, beta, g, S0, states = ctx.saved_tensors
+    # Traced: the ops, so that the graph holds them; eager: their kernels, without the
+    # dispatcher's Python layers around a custom op (about 0.1 ms a call).
+    forward, backward = (chunk_forward, chunk_backward) if tracing(d_o) else _KERNELS
+    if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
+        _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True)
+    args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C)
+    if backward is backward_kernel:  # eager: the loop computes only the gradients needed
+        dq, dk, dv, dbeta, dg, dS0 = backward_kernel(*args, ctx.needs_input_grad[:6])
+    else:
+        dq, dk, dv, dbeta, dg, dS0 = backward(*args)
+    dbeta = None if beta is None else dbeta
+    dg = None if g is None else dg
+    return dq, dk, dv, dbeta, dg, dS0, None, None, None
+
+
+chunk_forward.register_autograd(_backward, setup_context=_setup_context)
+_KERNELS = (forward_kernel, backward_kernel)
+
+
+class _EagerChunk(torch.autograd.Function):
+    """``chunk_forward`` with its registered backward, called without the dispatcher's Python
+    layers (eager mode only; the same kernels, context and backward)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = forward_kernel(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward)
+
+
+def chunk(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+    chunk_size: int,
+    scale: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """The chunk form as the op ``linattn::chunk_forward`` with its backward (internal layout; the
+    public ops have checked the inputs); o [B, H, T, V] and the final state. The states of the
+    chunks are kept only where a gradient can flow back. Traced (torch.compile, torch.export):
+    the op itself; eager: its kernel and backward called directly (``_EagerChunk``), which saves
+    the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost."""
+    B, H, T, K = k.shape
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
+    inputs = (q, k, v, beta, g, S0)
+    keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    args = (q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep)
+    o, S, _ = chunk_forward(*args) if tracing(q) else _EagerChunk.apply(*args)
+    return o, S

@@ -1,0 +1,276 @@
+"""The chunk form's torch.library ops (``linattn.ops.library``) and the extension's own ops.
+
+``torch.library.opcheck`` runs each registered op against its schema, its fake kernel (the shapes
+and strides of the real outputs), its registered autograd and torch.compile's AOT dispatch; every
+mechanism, with and without an initial state, on the fused C++ kernels and on the PyTorch loop
+(``LINATTN_NATIVE=0``). Bad arguments passed to the ops directly raise, naming the argument.
+``torch.compile(fullgraph=True)`` of a function and of a small ``linattn.models`` model in chunk
+mode traces without a graph break and matches eager, forward and backward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.models import CausalLM, LMConfig
+from linattn.ops import _native, delta_rule, library, tuning
+
+needs_native = pytest.mark.skipif(
+    not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
+)
+
+# (rule, gate): the six mechanisms of DESIGN.md's table.
+MECHANISMS = [(r, g) for r in ("additive", "delta") for g in (None, "scalar", "channel")]
+BACKENDS = [pytest.param("1", id="fused", marks=needs_native), pytest.param("0", id="loop")]
+# opcheck's checks: schema, fake kernel and autograd registration for every mechanism in every
+# run; AOT dispatch with dynamic shapes (about 5 s a call here) for KDA in every run, for every
+# mechanism under -m slow.
+FAST = ("test_schema", "test_autograd_registration", "test_faketensor")
+UTILS = [
+    pytest.param(rule, gate, utils, id=f"{rule}-{gate}-{name}", marks=marks)
+    for rule, gate in MECHANISMS
+    for name, utils, marks in (
+        ("fast", FAST, ()),
+        (
+            "aot",
+            ("test_aot_dispatch_dynamic",),
+            () if gate == "channel" and rule == "delta" else pytest.mark.slow,
+        ),
+    )
+]
+
+
+def _inputs(rule, gate, *, B=1, H=2, T=10, K=4, V=3, grad=True, seed=0) -> dict:
+    """Internal-layout float32 inputs [B, H, T, ...] (views of [B, T, H, ...]) and a state."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rows(*tail):
+        return torch.randn(B, T, H, *tail, generator=gen).transpose(1, 2)
+
+    x = {"q": rows(K), "k": torch.nn.functional.normalize(rows(K), dim=-1), "v": rows(V)}
+    x["beta"] = torch.rand(B, T, H, generator=gen).transpose(1, 2) if rule == "delta" else None
+    width = {"scalar": 1, "channel": K}.get(gate)
+    x["g"] = None if width is None else -torch.rand(B, T, H, width, generator=gen).transpose(1, 2)
+    x["S0"] = torch.randn(B, H, K, V, generator=gen)
+    for value in x.values():
+        if value is not None:
+            value.requires_grad_(grad)
+    return x
+
+
+def _forward_args(x: dict, C: int = 4, keep: bool = True) -> tuple:
+    return (x["q"], x["k"], x["v"], x["beta"], x["g"], x["S0"], 0.5, C, keep)
+
+
+def _backward_args(x: dict, C: int = 4) -> tuple:
+    detached = {n: None if t is None else t.detach() for n, t in x.items()}
+    _, _, states = library.chunk_forward(*_forward_args(detached, C))
+    B, H, T, _ = x["q"].shape
+    gen = torch.Generator().manual_seed(1)
+    d_o = torch.randn(B, T, H, x["v"].shape[-1], generator=gen).transpose(1, 2)
+    dS = torch.randn(x["S0"].shape, generator=gen)
+    d = detached
+    return (d["q"], d["k"], d["v"], d["beta"], d["g"], states, d_o, dS, 0.5, C)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rule", "gate", "utils"), UTILS)
+def test_opcheck_chunk_forward(rule, gate, utils, backend, monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    x = _inputs(rule, gate)
+    torch.library.opcheck(library.chunk_forward, _forward_args(x), test_utils=utils)
+    without_state = {**x, "S0": torch.zeros_like(x["S0"])}
+    args = _forward_args(without_state, C=3, keep=False)  # keep=False: its backward recomputes
+    torch.library.opcheck(library.chunk_forward, args, test_utils=utils)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rule", "gate", "utils"), UTILS)
+def test_opcheck_chunk_backward(rule, gate, utils, backend, monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    args = _backward_args(_inputs(rule, gate))
+    torch.library.opcheck(library.chunk_backward, args, test_utils=utils)
+
+
+@needs_native
+@pytest.mark.parametrize(("rule", "gate", "utils"), UTILS)
+def test_opcheck_the_extension_ops(rule, gate, utils):
+    ops = torch.ops.linattn_native
+    x = _inputs(rule, gate, grad=False)
+    torch.library.opcheck(ops.chunk_forward, _forward_args(x), test_utils=utils)
+    torch.library.opcheck(ops.chunk_backward, _backward_args(x), test_utils=utils)
+    step = [None if t is None else t[:, :, 0].contiguous() for t in (x["q"], x["k"], x["v"])]
+    beta = None if x["beta"] is None else x["beta"][:, :, 0].contiguous()
+    g = None if x["g"] is None else x["g"][:, :, 0].contiguous()
+    args = (x["S0"].clone(), *step, beta, g, 0.5)
+    torch.library.opcheck(ops.recurrent_step, args, test_utils=utils)
+
+
+def _bad(x: dict, name: str, value) -> dict:
+    return {**{n: None if t is None else t.detach() for n, t in x.items()}, name: value}
+
+
+# (argument, bad value from the good inputs, error type, words of the message)
+BAD = [
+    ("q", lambda x: x["q"][0], ValueError, "q must have shape \\[B, H, T, K\\]"),
+    ("q", lambda x: x["q"].to(torch.bfloat16), TypeError, "q must be a float32 or float64"),
+    ("k", lambda x: x["k"][:, :, :5], ValueError, "k must have shape"),
+    ("k", lambda x: x["k"].double(), TypeError, "k must be torch.float32"),
+    ("v", lambda x: x["v"][:, :1], ValueError, "v must have shape"),
+    ("beta", lambda x: x["beta"][:, :, :3], ValueError, "beta must have shape"),
+    ("g", lambda x: x["g"][..., :2], ValueError, "g must have shape"),
+    ("g", lambda x: x["g"][:, :, :1], ValueError, "g must have shape"),
+    ("S0", lambda x: x["S0"][:, :, :2], ValueError, "S0 must have shape"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("name", "bad", "error", "words"), BAD)
+def test_bad_arguments_to_the_forward_op_raise(name, bad, error, words, backend, monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    x = _inputs("delta", "channel", grad=False)
+    with pytest.raises(error, match=words):
+        library.chunk_forward(*_forward_args(_bad(x, name, bad(x))))
+
+
+@pytest.mark.parametrize("C", [0, -3, tuning.MAX_CHUNK + 1])
+def test_a_chunk_size_out_of_range_is_refused(C):
+    x = _inputs("additive", None, grad=False)
+    with pytest.raises(ValueError, match="C \\(the chunk size\\) must be in"):
+        library.chunk_forward(*_forward_args(x, C=C))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["states", "d_o", "dS"])
+def test_bad_arguments_to_the_backward_op_raise(name, backend, monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    args = list(_backward_args(_inputs("delta", "scalar")))
+    at = {"states": 5, "d_o": 6, "dS": 7}[name]
+    args[at] = args[at][:1, ..., :1]
+    with pytest.raises(ValueError, match=f"{name} must have shape"):
+        library.chunk_backward(*args)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf")])
+@pytest.mark.parametrize("op", ["linattn", pytest.param("linattn_native", marks=needs_native)])
+def test_a_non_finite_scale_is_refused(op, scale):
+    # Before: the extension's ops took it, and every output was NaN without a word.
+    args = list(_forward_args(_inputs("delta", "channel", grad=False)))
+    args[6] = scale
+    error = RuntimeError if op == "linattn_native" else ValueError
+    with pytest.raises(error, match="scale must be finite"):
+        getattr(torch.ops, op).chunk_forward(*args)
+    backward = list(_backward_args(_inputs("delta", "channel", grad=False)))
+    backward[8] = scale
+    with pytest.raises(error, match="scale must be finite"):
+        getattr(torch.ops, op).chunk_backward(*backward)
+
+
+@needs_native
+def test_the_tuning_constants_reach_the_kernels():
+    # kMaxChunk is tuning.MAX_CHUNK, compiled in (-D): the kernel's own refusal names it.
+    x = _inputs("additive", None, T=tuning.MAX_CHUNK + 1, H=1, K=1, V=1, grad=False)
+    with pytest.raises(RuntimeError, match=f"exceeds {tuning.MAX_CHUNK} "):
+        torch.ops.linattn_native.chunk_forward(*_forward_args(x, C=tuning.MAX_CHUNK + 1))
+
+
+def _grads(fn, x: dict) -> tuple:
+    o, S = fn(*(x[n] for n in ("q", "k", "v", "beta", "g", "S0")))
+    (o.square().sum() + S.sum()).backward()
+    grads = tuple(t.grad.clone() for t in x.values() if t is not None)
+    return (o.detach(), S.detach(), *grads)
+
+
+def _delta_rule_chunk(q, k, v, beta, g, S0):
+    return delta_rule(
+        q, k, v, beta, g=g, initial_state=S0, mode="chunk", chunk_size=4, output_final_state=True
+    )
+
+
+def _public(x: dict) -> dict:
+    """The inputs in the public layout [B, T, H, ...], fresh leaves."""
+    out = {n: None if t is None else t.detach().transpose(1, 2) for n, t in x.items()}
+    out["S0"] = x["S0"].detach()
+    return {n: None if t is None else t.clone().requires_grad_() for n, t in out.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_delta_rule_has_no_graph_break_and_matches_eager(backend, monkeypatch):
+    # One graph each way: the forward holds the op chunk_forward (and the value checks as
+    # assertions), the backward the op chunk_backward; outputs and gradients as eager's.
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    torch._dynamo.reset()
+    x = _inputs("delta", "channel", T=11)
+    eager = _grads(_delta_rule_chunk, _public(x))
+    recorder = AotEagerAndRecordGraphs()
+    compiled_fn = torch.compile(_delta_rule_chunk, fullgraph=True, backend=recorder)
+    compiled = _grads(compiled_fn, _public(x))
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+    def targets(graphs) -> set[str]:
+        return {str(node.target) for gm in graphs for node in gm.graph.nodes}
+
+    forward, backward = targets(recorder.fw_graphs), targets(recorder.bw_graphs)
+    assert "linattn.chunk_forward.default" in forward and "aten._assert_async.msg" in forward
+    assert "linattn.chunk_backward.default" in backward
+    assert len(recorder.fw_graphs) == len(recorder.bw_graphs) == 1
+
+
+def _model_loss_and_grads(model: CausalLM, fn, ids: torch.Tensor) -> tuple:
+    model.zero_grad()
+    loss = fn(ids)
+    loss.backward()
+    return (loss.detach(), *(p.grad.clone() for p in model.parameters()))
+
+
+def _compare_model(mixers: tuple[str, ...], backend: str) -> None:
+    torch.manual_seed(0)
+    config = LMConfig(vocab_size=32, d_model=16, n_heads=2, mixers=mixers, chunk_size=4)
+    model = CausalLM(config)
+    ids = torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(0))
+
+    def loss(ids: torch.Tensor) -> torch.Tensor:
+        return model(ids).logsumexp(-1).mean()
+
+    torch._dynamo.reset()
+    eager = _model_loss_and_grads(model, loss, ids)
+    compiled = _model_loss_and_grads(
+        model, torch.compile(loss, fullgraph=True, backend=backend), ids
+    )
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("native", BACKENDS)
+def test_a_compiled_model_matches_eager(native, monkeypatch):
+    # The graph capture, the fake kernels and the registered backward (AOT autograd), with no
+    # graph break; the compiled code itself is eager's ("aot_eager"): fast enough for every run.
+    monkeypatch.setenv("LINATTN_NATIVE", native)
+    _compare_model(("kda",), "aot_eager")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("native", BACKENDS)
+def test_a_model_compiled_by_inductor_matches_eager(native, monkeypatch):
+    monkeypatch.setenv("LINATTN_NATIVE", native)
+    _compare_model(("gated_deltanet", "gla", "linear"), "inductor")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_of_some_inputs_only(backend, monkeypatch):
+    # The PyTorch loop computes only the gradients asked for (eager); the others stay None, and
+    # those asked for are the same as when every gradient is computed.
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    x = _inputs("delta", "channel", T=9)
+    every = _grads(_delta_rule_chunk, _public(x))
+    leaves = _public(x)
+    for name in ("k", "beta", "g", "S0"):
+        leaves[name].requires_grad_(False)
+    o, S = _delta_rule_chunk(*(leaves[n] for n in ("q", "k", "v", "beta", "g", "S0")))
+    (o.square().sum() + S.sum()).backward()
+    assert all(leaves[n].grad is None for n in ("k", "beta", "g", "S0"))
+    assert torch.equal(leaves["q"].grad, every[2]) and torch.equal(leaves["v"].grad, every[4])
