@@ -244,3 +244,17 @@ def test_mechanism_steps_replace_the_preset_steps_for_that_mechanism(tmp_path) -
     assert [e["step"] for e in rows["deltanet"]["evals"]][-1] == 4
     assert sweep.config_hash(preset, "deltanet", 8) != sweep.config_hash(PRESET, "deltanet", 8)
     assert sweep.config_hash(preset, "softmax", 8) == sweep.config_hash(PRESET, "softmax", 8)
+
+
+def test_a_row_of_another_model_is_trained_again(tmp_path) -> None:
+    """A row whose parameter count is not today's model's (a layer's definition changed under the
+    same configuration) is not reused: the pair is trained again and a new row appended."""
+    preset = replace(PRESET, mechanisms=("softmax",), widths=(8,))
+    first = sweep_rows(tmp_path, preset, workers=1)
+    path = tmp_path / "r.jsonl"
+    rows = sweep.read_results(path)
+    rows[0]["params"] += 1  # as if trained on another layer
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = sweep_rows(tmp_path, preset, workers=1)
+    assert [comparable(r) for r in again] == [comparable(r) for r in first]
+    assert len(sweep.read_results(path)) == 2  # the stale row and the new one
