@@ -52,7 +52,7 @@ def test_state_checks_name_the_tensor():
 
 @pytest.mark.parametrize("name", ["deltanet", "kda", "linear"])
 def test_without_output_gate_the_output_is_the_normed_read(name):
-    gated = build_mixer(name, CONFIG)
+    gated = build_mixer(name, LMConfig(**dict(CONFIG.to_dict(), output_gate=True)))
     plain = build_mixer(name, LMConfig(**dict(CONFIG.to_dict(), output_gate=False))).double()
     assert plain.g_proj is None
     n_gate = sum(p.numel() for p in gated.g_proj.parameters())

@@ -71,8 +71,31 @@ def test_dict_round_trip_and_fingerprint():
                                    "softmax_short_conv", "allow_neg_eigval"])  # fmt: skip
 @pytest.mark.parametrize("value", ["no", 1, None])
 def test_yes_no_fields_must_be_bools(field, value):
+    if value is None and field in ("short_conv", "output_gate"):
+        pytest.skip("None is this field's default: each mixer's own (test below)")
     with pytest.raises(TypeError, match=f"LMConfig.{field} must be a bool"):
         LMConfig(vocab_size=8, d_model=8, n_heads=2, mixers=("kda",), **{field: value})
+
+
+def test_the_papers_defaults_reach_the_mixers_of_those_names():
+    """LMConfig leaves short_conv and output_gate to each mixer unless set: "gla" has no short
+    convolution and "deltanet" no output gate (their papers' and fla's layers), the others both;
+    a value set in the config applies to every recurrent mixer."""
+    from linattn.models import CausalLM
+
+    mixers = ("gla", "deltanet", "gated_deltanet", "kda")
+    model = CausalLM(LMConfig(vocab_size=8, d_model=16, n_heads=2, mixers=mixers))
+    layers = dict(zip(mixers, (block.mixer for block in model.blocks), strict=True))
+    assert layers["gla"].conv is None and layers["gla"].g_proj is not None
+    assert layers["deltanet"].conv is not None and layers["deltanet"].g_proj is None
+    for name in ("gated_deltanet", "kda"):
+        assert layers[name].conv is not None and layers[name].g_proj is not None
+    forced = CausalLM(
+        LMConfig(vocab_size=8, d_model=16, n_heads=2, mixers=mixers, short_conv=True,
+                 output_gate=False)
+    )  # fmt: skip
+    for block in forced.blocks:
+        assert block.mixer.conv is not None and block.mixer.g_proj is None
 
 
 def test_numpy_bools_are_stored_as_bools():

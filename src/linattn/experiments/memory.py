@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         head_dim=args.head_dim,
         mixers=MIXERS if args.mixers is None else args.mixers,
         taylor_dim=args.taylor_dim,
-        short_conv=not args.no_short_conv,
+        short_conv=False if args.no_short_conv else None,
         max_seq_len=None,
     )
     contexts = (1024, 16384, 131072) if args.contexts is None else args.contexts
@@ -220,7 +220,7 @@ def _run_preset(args: argparse.Namespace, dtype: torch.dtype) -> int:
     if given:
         flags = ", ".join("--" + f.replace("_", "-") for f in given)
         raise ValueError(f"--preset sets the model's sizes; drop {flags}")
-    config = preset(args.preset, short_conv=not args.no_short_conv, max_seq_len=None)
+    config = preset(args.preset, short_conv=False if args.no_short_conv else None, max_seq_len=None)
     contexts = PRESET_CONTEXTS if args.contexts is None else args.contexts
     comparison = compare_with_counterpart(config, contexts, dtype, args.batch_size)
     if args.json:

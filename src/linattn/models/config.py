@@ -59,9 +59,11 @@ class LMConfig:
         max_seq_len: longest context (prompt plus generated tokens) the model accepts; None for no
             limit (the recurrent mixers need none; rotary embeddings need none either).
         short_conv, conv_size: causal depthwise convolution (kernel 4) + SiLU on q, k, v of the
-            recurrent mixers.
+            recurrent mixers; None (default): each mixer's own, its paper's and fla's (on, but
+            off in ``"gla"``).
         output_gate: the recurrent mixers multiply their normed output by a gate computed from
-            x (default); False keeps the per-head RMSNorm alone (DeltaNet's original layer).
+            x; False keeps the per-head RMSNorm alone; None (default): each mixer's own, its
+            paper's and fla's (on, but off in ``"deltanet"``, DeltaNet's layer).
         gated_conv_size: kernel of the ``"conv"`` blocks (3, as Zoology's BaseConv).
         chunk_size: block length C of the chunk form.
         rope, rope_base: rotary position embeddings in the attention blocks (``"softmax"``,
@@ -104,9 +106,9 @@ class LMConfig:
     mlp_ratio: float = 4.0
     tie_embeddings: bool = True
     max_seq_len: int | None = 2048
-    short_conv: bool = True
+    short_conv: bool | None = None
     conv_size: int = 4
-    output_gate: bool = True
+    output_gate: bool | None = None
     gated_conv_size: int = 3
     chunk_size: int = 64
     rope: bool = True
@@ -130,8 +132,11 @@ class LMConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if f.type in ("bool", bool):  # a truthy string ("no") would switch a feature on
-                setattr(self, f.name, flag(f"LMConfig.{f.name}", getattr(self, f.name)))
+            value = getattr(self, f.name)
+            optional = f.type in ("bool | None", bool | None)  # None: the mixer's own default
+            if f.type in ("bool", bool) or (optional and value is not None):
+                # a truthy string ("no") would switch a feature on
+                setattr(self, f.name, flag(f"LMConfig.{f.name}", value))
         names = ("vocab_size", "d_model", "n_heads", "conv_size", "gated_conv_size", "chunk_size")
         for name in (*names, "taylor_dim"):
             _positive_int(name, getattr(self, name))

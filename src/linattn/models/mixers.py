@@ -21,14 +21,13 @@ from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig
 
 
 def _recurrent_kwargs(c: LMConfig) -> dict:
-    return dict(
-        head_dim=c.head_size,
-        short_conv=c.short_conv,
-        conv_size=c.conv_size,
-        output_gate=c.output_gate,
-        chunk_size=c.chunk_size,
-        norm_eps=c.norm_eps,
-    )
+    kwargs = dict(head_dim=c.head_size, conv_size=c.conv_size, chunk_size=c.chunk_size)
+    kwargs["norm_eps"] = c.norm_eps
+    # None: the layer's own default (its paper's and fla's), not one value for every mixer.
+    for name in ("short_conv", "output_gate"):
+        if getattr(c, name) is not None:
+            kwargs[name] = getattr(c, name)
+    return kwargs
 
 
 def _delta_kwargs(c: LMConfig) -> dict:
