@@ -59,6 +59,37 @@ def state_in(initial_state: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if initial_state is None else initial_state.to(dtype, copy=True)
 
 
+def _delta_chunk(
+    out_dtype: torch.dtype,
+    q: Tensor,
+    k: Tensor,
+    value: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    chunk_size: int,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule's chunk form on q, k already in the compute dtype (and normalised),
+    scale 1 / sqrt(K) as transformers' kernels; o back in the caller's dtype ``out_dtype``."""
+    dtype = q.dtype
+    o, S = delta_rule(
+        q,
+        k,
+        value.to(dtype),
+        beta.to(dtype),
+        g.to(dtype),
+        scale=q.shape[-1] ** -0.5,
+        mode="chunk",
+        chunk_size=chunk_size,
+        initial_state=state_in(initial_state, dtype),
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return o.to(out_dtype), S
+
+
 def chunk_gated_delta_rule(
     query: Tensor,
     key: Tensor,
@@ -85,20 +116,9 @@ def chunk_gated_delta_rule(
     k = expand_heads(key, heads, "key").to(dtype)
     if use_qk_l2norm_in_kernel:
         q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
-    o, S = delta_rule(
-        q,
-        k,
-        value.to(dtype),
-        beta.to(dtype),
-        g.to(dtype),
-        scale=q.shape[-1] ** -0.5,
-        mode="chunk",
-        chunk_size=chunk_size,
-        initial_state=state_in(initial_state, dtype),
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
+    return _delta_chunk(
+        query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
     )
-    return o.to(query.dtype), S
 
 
 def recurrent_gated_delta_rule(
@@ -175,20 +195,9 @@ def chunk_kda(
     q, k = query.to(dtype), key.to(dtype)
     if use_qk_l2norm_in_kernel:
         q, k = sqrt_l2norm(q), sqrt_l2norm(k)
-    o, S = delta_rule(
-        q,
-        k,
-        value.to(dtype),
-        beta.to(dtype),
-        g.to(dtype),
-        scale=q.shape[-1] ** -0.5,
-        mode="chunk",
-        chunk_size=chunk_size,
-        initial_state=state_in(initial_state, dtype),
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
+    return _delta_chunk(
+        query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
     )
-    return o.to(query.dtype), S
 
 
 def recurrent_kda(
