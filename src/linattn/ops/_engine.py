@@ -48,7 +48,7 @@ def forward(
     The chunk form takes q unscaled and the scale (it folds the scale into its per-group copy of
     q, which saves a whole-sequence copy); the other forms take q already scaled.
     """
-    if 0 in k.shape[:3]:
+    if 0 in k.shape[:3] or v.shape[1] == 0:
         return empty_forward(q, k, v, beta, g, initial_state)
     if mode == "chunk":
         # A registered op: its schema carries the mechanism as which of beta and g are given.
@@ -74,27 +74,11 @@ def empty_forward(
     every (empty) input is an exact 0 that keeps them in the graph, so that each gets an empty
     gradient of its shape (not None), and the initial state its gradient dS_0 = dS_T.
     """
-    B, H, T, K = k.shape
-    V = v.shape[-1]
+    B, _, T, K = k.shape
+    HV, V = v.shape[1], v.shape[-1]
     link = sum(x.sum() for x in (q, k, v, beta, g) if x is not None)  # 0: all are empty
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
     return torch.zeros_like(v) + link, S0 + link
-
-
-def expand_heads(q: Tensor, k: Tensor, HV: int) -> tuple[Tensor, Tensor]:
-    """Grouped value heads: q, k [B, T, H, K] -> [B, T, HV, K], head j a copy of head j // G.
-
-    Value head j (of HV = G * H) pairs with q/k head j // G, which ``repeat_interleave`` lays
-    out; the forms then see H = HV plain heads, and autograd sums each copy's gradient back
-    into its q/k head. NOTE: this copies q and k (G times their size). The next step, after
-    issue 20's split of the C++ kernels, is the kernels taking the head map natively (value head
-    j reading q/k head j // G in place, no copies); this is the one place to change then.
-    """
-    H = q.shape[2]
-    if HV == H:
-        return q, k
-    G = HV // H
-    return q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2)  # [B, T, HV, K]
 
 
 def run(
@@ -114,9 +98,9 @@ def run(
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; beta: [B, T, HV] or None; g: None, [B, T, HV] or
     [B, T, HV, K]; initial_state: [N, HV, K, V] or None (N = B, or the number of packed
-    sequences). HV = G * H: grouped value heads, value head j reading q/k head j // G.
+    sequences). HV = G * H: grouped value heads, value head j reading q/k head j // G in place
+    (every form takes q, k with H heads: no copy of them).
     """
-    q, k = expand_heads(q, k, v.shape[2])
     bounds = None if cu_seqlens is None else cu_seqlens.tolist()
     if mode == "chunk":
         lengths = [q.shape[1]] if bounds is None else [e - s for s, e in itertools.pairwise(bounds)]
@@ -146,6 +130,6 @@ def run(
         part = [None if x is None else x[:, :, start:end] for x in (q, k, v, beta, g)]
         S0 = None if initial_state is None else initial_state[n : n + 1]
         o, S = forward(mode, mech, *part, S0, chunk_size, scale)
-        outputs.append(o.transpose(1, 2))  # [B, T_n, H, V]
+        outputs.append(o.transpose(1, 2))  # [B, T_n, HV, V]
         states.append(S)
-    return torch.cat(outputs, dim=1), torch.cat(states, dim=0)  # o contiguous [B, T, H, V]
+    return torch.cat(outputs, dim=1), torch.cat(states, dim=0)  # o contiguous [B, T, HV, V]

@@ -13,8 +13,10 @@ at once with ``buffers=differentiable`` (new tensors, recorded by autograd); onl
 recurrence loops over chunks. This form runs the parallel form (one chunk of T tokens) and the
 gradients of the chunk form that must be differentiable again (``create_graph=True``).
 
-Internal layout: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None (additive rule); g None,
-[B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]; the scale is already folded into q.
+Internal layout: q, k [B, H, T, K]; v [B, HV, T, V]; beta [B, HV, T] or None (additive rule); g
+None, [B, HV, T, 1] or [B, HV, T, K]; states [B, HV, K, V]; the scale is already folded into q.
+Grouped value heads (HV = G H, value head j reading q/k head j // G): q's and k's chunks broadcast
+over each group (``chunks(..., G)``; autograd sums their gradients back).
 """
 
 from __future__ import annotations
@@ -27,19 +29,22 @@ from linattn.ops._chunk_terms import Terms
 from linattn.ops.mechanism import Mechanism
 
 
-def chunks(x: Tensor | None, C: int) -> Tensor | None:
-    """[B, H, T, ...] -> [N, B H, C, ...] (the terms' layout), zero-padded at the end to N C tokens.
+def chunks(x: Tensor | None, C: int, G: int = 1) -> Tensor | None:
+    """[B, H, T, ...] -> [N, B H G, C, ...] (the terms' layout), zero-padded at the end to N C
+    tokens; head h broadcast to the G value heads h G, ..., h G + G - 1 (G = 1: as is).
 
     Padding tokens (k = v = 0, g = 0, beta = 0) leave the state unchanged.
     """
     if x is None:
         return None
+    B, H, tail = x.shape[0], x.shape[1], x.shape[3:]
     pad = -x.shape[2] % C
     if pad:
         x = F.pad(x, [0, 0] * (x.dim() - 3) + [0, pad])  # F.pad lists the last dimension first
-    # [B, H, N C, ...] -> [B H, N, C, ...] -> [N, B H, C, ...]
-    x = x.reshape(x.shape[0] * x.shape[1], -1, C, *x.shape[3:])
-    return x.transpose(0, 1).contiguous()
+    # [B, H, N C, ...] -> [B, H, 1, N, C, ...] -> (G, broadcast) -> [N, B, H, G, C, ...]
+    x = x.unflatten(2, (-1, C)).unsqueeze(2).expand(B, H, G, -1, C, *tail)
+    # one copy into the terms' layout: [N, B H G, C, ...]
+    return x.movedim(3, 0).reshape(-1, B * H * G, C, *tail)
 
 
 def chunk_terms(
@@ -55,7 +60,8 @@ def chunk_terms(
 
     q None: no output terms (Qd, A_qk), as for the affine maps.
     """
-    inputs = (chunks(x, C) for x in (q, k, v, beta, g))
+    G = v.shape[1] // max(k.shape[1], 1)  # grouped value heads: q, k broadcast over G
+    inputs = (chunks(x, C, G if i < 2 else 1) for i, x in enumerate((q, k, v, beta, g)))
     return Terms(*inputs, mech, differentiable)
 
 
@@ -73,15 +79,15 @@ def chunk_forward(
 
     ``mech`` as in ``chunk_function.chunk_function``.
     """
-    B, H, T, K = k.shape
-    V = v.shape[-1]
+    B, _, T, K = k.shape
+    HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H
     C = min(chunk_size, T)
     mech = Mechanism.internal(beta, g) if mech is None else mech
     terms = chunk_terms(q, k, v, beta, g, C, mech)
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, V)
+    S0 = initial_state if initial_state is not None else k.new_zeros(B, HV, K, V)
     # The only loop, over chunks: the state entering each, and the pseudo-values given it.
-    states, U, S = terms.states(S0.reshape(B * H, K, V))
-    o = terms.outputs(U, states)  # [N, B H, C, V]
-    # [N, B H, C, V] -> [B H, N C, V] -> [B, H, T, V]
-    o = o.transpose(0, 1).reshape(B, H, -1, V)[:, :, :T]
-    return o, S.view(B, H, K, V)
+    states, U, S = terms.states(S0.reshape(B * HV, K, V))
+    o = terms.outputs(U, states)  # [N, B HV, C, V]
+    # [N, B HV, C, V] -> [B HV, N C, V] -> [B, HV, T, V]
+    o = o.transpose(0, 1).reshape(B, HV, -1, V)[:, :, :T]
+    return o, S.view(B, HV, K, V)

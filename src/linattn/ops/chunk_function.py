@@ -22,8 +22,11 @@ code is tested against.
 Neither is recorded by autograd: with ``create_graph=True`` (double backward) the gradients come
 from plain autograd through the all-blocks form ``chunk.chunk_forward`` instead.
 
-Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, H, T, V]; beta [B, H, T] or None; g None,
-[B, H, T, 1] or [B, H, T, K]; states [B, H, K, V]. The scale multiplies q inside.
+Internal layout as in ``chunk``: q, k [B, H, T, K]; v [B, HV, T, V]; beta [B, HV, T] or None; g
+None, [B, HV, T, 1] or [B, HV, T, K]; states [B, HV, K, V]. The scale multiplies q inside. Grouped
+value heads (HV = G H; G = 1 the plain case): value head j reads q/k head j // G, in place: each
+group's copy of q and k into its chunk buffers (made for every G) broadcasts a q/k head over its G
+value heads, and the backward sums their gradients of q and k over each group.
 """
 
 from __future__ import annotations
@@ -40,9 +43,17 @@ NAMES = ("q", "k", "v", "beta", "g")
 
 
 def _gather(
-    x: Tensor | None, t0: int, t1: int, n: int, C: int, out: Tensor | None = None, scale=None
+    x: Tensor | None,
+    t0: int,
+    t1: int,
+    n: int,
+    C: int,
+    out: Tensor | None = None,
+    scale=None,
+    G: int = 1,
 ) -> Tensor | None:
-    """Tokens [t0, t1) of x [B, H, T, ...] as chunks [n, B * H, C, ...], zero-padded to n C.
+    """Tokens [t0, t1) of x [B, H, T, ...] as chunks [n, B * H * G, C, ...], zero-padded to n C,
+    head h broadcast to the G heads h G, ..., h G + G - 1 (grouped value heads; G = 1: as is).
 
     One strided copy (times ``scale`` if given) into ``out`` (a reused buffer) when given.
     """
@@ -50,11 +61,12 @@ def _gather(
         return None
     B, H, tail = x.shape[0], x.shape[1], x.shape[3:]
     if out is None:
-        out = x.new_empty(n, B * H, C, *tail)
-    dst = out[:n].view(n, B, H, C, *tail)
+        out = x.new_empty(n, B * H * G, C, *tail)
+    dst = out[:n].view(n, B, H, G, C, *tail)
     full, rem = divmod(t1 - t0, C)
-    # [B, H, full C, ...] -> [B, H, full, C, ...] -> [full, B, H, C, ...]
-    src = x[:, :, t0 : t0 + full * C].unflatten(2, (full, C)).movedim(2, 0)
+    # [B, H, full C, ...] -> [B, H, full, C, ...] -> [full, B, H, 1, C, ...] -> (G, broadcast)
+    src = x[:, :, t0 : t0 + full * C].unflatten(2, (full, C)).movedim(2, 0).unsqueeze(3)
+    src = src.expand(dst[:full].shape)
     if scale is None:
         dst[:full].copy_(src)
     else:
@@ -62,17 +74,19 @@ def _gather(
     if rem:
         last = dst[full]
         last.zero_()
-        last[:, :, :rem] = (
-            x[:, :, t0 + full * C : t1] if scale is None else x[:, :, t0 + full * C : t1] * scale
-        )
+        tail_rows = x[:, :, t0 + full * C : t1].unsqueeze(2)  # [B, H, 1, rem, ...]
+        last[:, :, :, :rem] = tail_rows if scale is None else tail_rows * scale
     return out[:n]
 
 
 def _scatter(dst: Tensor, y: Tensor, t0: int, t1: int) -> None:
-    """Write chunks y [n, B * H, C, ...] into tokens [t0, t1) of dst [B, H, T, ...]."""
+    """Write chunks y [n, B * H * G, C, ...] into tokens [t0, t1) of dst [B, H, T, ...], summing
+    each group of G heads (the gradient of ``_gather``'s broadcast; G = 1: a copy)."""
     B, H, tail = dst.shape[0], dst.shape[1], dst.shape[3:]
     n, C = y.shape[0], y.shape[2]
-    src = y.view(n, B, H, C, *tail)
+    G = y.shape[1] // (B * H)
+    src = y.view(n, B, H, G, C, *tail)
+    src = src[:, :, :, 0] if G == 1 else src.sum(3)  # [n, B, H, C, ...]
     full, rem = divmod(t1 - t0, C)
     # [B, H, full C, ...] -> [full, B, H, C, ...], written in one strided copy
     dst[:, :, t0 : t0 + full * C].unflatten(2, (full, C)).movedim(2, 0).copy_(src[:full])
@@ -95,21 +109,26 @@ def _chunks_per_group(C: int, P: int) -> int:
 
 
 class _Gatherer:
-    """Reused group buffers for q (scaled), k, v, beta, g: one strided copy each per group."""
+    """Reused group buffers for q (scaled), k, v, beta, g (, d_o): one strided copy each per
+    group, every tensor's chunks for the P = B HV value heads (q and k broadcast over groups)."""
 
     def __init__(self, tensors, C: int, scale: float) -> None:
         self.tensors, self.C, self.scale = tensors, C, scale
-        n = _chunks_per_group(C, tensors[0].shape[0] * tensors[0].shape[1])
+        B, HV = tensors[2].shape[:2]  # v: the value heads
+        self.G = HV // max(tensors[0].shape[1], 1)
+        n = _chunks_per_group(C, B * HV)
         self.buffers = [
-            None if x is None else x.new_empty(n, x.shape[0] * x.shape[1], C, *x.shape[3:])
-            for x in tensors
+            None if x is None else x.new_empty(n, B * HV, C, *x.shape[3:]) for x in tensors
         ]
 
     def __call__(self, t0: int, t1: int, n: int):
         return tuple(
-            _gather(x, t0, t1, n, self.C, buf, self.scale if i == 0 else None)
+            _gather(x, t0, t1, n, self.C, buf, self.scale if i == 0 else None, self._G(i))
             for i, (x, buf) in enumerate(zip(self.tensors, self.buffers, strict=True))
         )
+
+    def _G(self, i: int) -> int:
+        return self.G if i < 2 else 1  # q and k: broadcast over their group of value heads
 
 
 class ChunkFunction(torch.autograd.Function):
@@ -117,9 +136,9 @@ class ChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, S0, scale: float, C: int, mech: Mechanism):
-        B, H, T, K = k.shape
-        V = v.shape[-1]
-        P = B * H
+        B, _, T, K = k.shape
+        HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H
+        P = B * HV
         n_chunks = -(-T // C)
         # The state entering every chunk is kept for the backward pass only; without one (no
         # input needs a gradient, e.g. under no_grad) a group-sized buffer is reused, which
@@ -132,7 +151,7 @@ class ChunkFunction(torch.autograd.Function):
             group_states = q.new_empty(_chunks_per_group(C, P), P, K, V)
         # Allocated in the public layout [B, T, H, V] and written through its [B, H, T, V] view,
         # so that the caller gets a contiguous output (a layer's reshape to [B, T, H V] is free).
-        o = _native.empty((B, T, H, V), q).transpose(1, 2)
+        o = _native.empty((B, T, HV, V), q).transpose(1, 2)
         S = S0.reshape(P, K, V)
         gather = _Gatherer((q, k, v, beta, g), C, scale)
         buffers = Buffers()
@@ -144,7 +163,7 @@ class ChunkFunction(torch.autograd.Function):
             _scatter(o, terms.outputs(U, st), t0, t1)
         if keep:
             ctx.save_for_backward(q, k, v, beta, g, S0, states)
-        return o, S.view(B, H, K, V)
+        return o, S.view(B, HV, K, V)
 
     @staticmethod
     def backward(ctx, d_o, d_S):
@@ -158,9 +177,9 @@ class ChunkFunction(torch.autograd.Function):
             return _differentiable_backward(ctx, d_o, d_S)
         q, k, v, beta, g, _, states = ctx.saved_tensors
         scale, C = ctx.scale, ctx.C
-        B, H, T, K = k.shape
-        V = v.shape[-1]
-        P = B * H
+        B, _, T, K = k.shape
+        HV, V = v.shape[1], v.shape[-1]
+        P = B * HV
         inputs = (q, k, v, beta, g)
         grads = {
             name: _empty_like(x) if x is not None and needed else None
@@ -189,7 +208,7 @@ class ChunkFunction(torch.autograd.Function):
             for name, value in zip(NAMES, (dq, dk, dv, dbeta, dg), strict=True):
                 if grads[name] is not None:
                     _scatter(grads[name], value, t0, t1)
-        dS0 = dS.view(B, H, K, V)
+        dS0 = dS.view(B, HV, K, V)
         return grads["q"], grads["k"], grads["v"], grads["beta"], grads["g"], dS0, None, None
 
 
@@ -274,7 +293,8 @@ def chunk_function(
     ``mech``: the mechanism the public op resolved (``Mechanism.of``); None for direct calls with
     internal tensors, whose g [B, H, T, 1] is then taken for a gate per head.
     """
-    B, H, T, K = k.shape
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
+    B, _, T, K = k.shape
+    HV, V = v.shape[1], v.shape[-1]
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
     mech = Mechanism.internal(beta, g) if mech is None else mech
     return ChunkFunction.apply(q, k, v, beta, g, S0, float(scale), min(chunk_size, T), mech)

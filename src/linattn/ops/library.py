@@ -1,14 +1,15 @@
 """The chunk form as registered torch.library ops, so that torch.compile and torch.export see it.
 
 Two ops in the namespace ``linattn`` (spec sections 5.1 and 8; the internal layout of
-``chunk_function``: q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K]):
+``chunk_function``: q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K];
+HV = G H grouped value heads, value head j reading q/k head j // G in place, G = 1 the plain case):
 
     linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep) -> (o, S, states)
     linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C)
         -> (dq, dk, dv, dbeta, dg, dS0)
 
-o [B, H, T, V] is a view of a [B, T, H, V] tensor; S [B, H, K, V] the final state; states
-[ceil(T / C), B H, K, V] the state entering every chunk (``keep``; else an empty tensor), which the
+o [B, HV, T, V] is a view of a [B, T, HV, V] tensor; S [B, HV, K, V] the final state; states
+[ceil(T / C), B HV, K, V] the state entering every chunk (``keep``; else an empty tensor), which the
 backward op reads instead of recomputing the recurrence. dbeta and dg are empty tensors where beta
 or g is None. Each op has a fake kernel (the shapes and strides of its outputs, no data) and
 ``chunk_forward`` a registered backward, so that ``chunk`` is one traceable op with its gradient
@@ -52,9 +53,12 @@ def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) ->
         raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
 
 
-def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int, int, int]:
+def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int, int, int, int]:
     """The checks both ops share, before any work (the fake kernels run them too): shapes, one
-    dtype and device, a finite scale and the chunk size; (B, H, T, K, V)."""
+    dtype and device, a finite scale and the chunk size; (B, H, HV, T, K, V).
+
+    Grouped value heads: v, beta, g (and the states) have HV = G H heads, q and k H; value head
+    j reads q/k head j // G in place (G = 1 the plain case)."""
     if not isinstance(q, Tensor) or q.dtype not in FLOAT_DTYPES:
         raise TypeError(f"q must be a float32 or float64 tensor, got {getattr(q, 'dtype', q)}")
     if q.dim() != 4:
@@ -62,19 +66,24 @@ def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int
     B, H, T, K = q.shape
     _like("k", k, q, (B, H, T, K), "[B, H, T, K]")
     if not isinstance(v, Tensor) or v.dim() != 4:
-        raise ValueError("v must be a tensor [B, H, T, V]")
-    V = v.shape[-1]
-    _like("v", v, q, (B, H, T, V), "[B, H, T, V]")
+        raise ValueError("v must be a tensor [B, HV, T, V]")
+    HV, V = v.shape[1], v.shape[-1]
+    if HV % max(H, 1) or (H == 0 and HV):
+        raise ValueError(
+            f"v must have HV heads, a multiple of q's and k's H = {H} (grouped value heads), "
+            f"got {HV}"
+        )
+    _like("v", v, q, (B, HV, T, V), "[B, HV, T, V]")
     if beta is not None:
-        _like("beta", beta, q, (B, H, T), "[B, H, T]")
+        _like("beta", beta, q, (B, HV, T), "[B, HV, T]")
     if g is not None:
         width = g.shape[-1] if isinstance(g, Tensor) and g.dim() == 4 else 1
-        _like("g", g, q, (B, H, T, width if width in (1, K) else 1), "[B, H, T, 1 | K]")
+        _like("g", g, q, (B, HV, T, width if width in (1, K) else 1), "[B, HV, T, 1 | K]")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     if not 1 <= C <= tuning.MAX_CHUNK:
         raise ValueError(f"C (the chunk size) must be in [1, {tuning.MAX_CHUNK}], got {C}")
-    return B, H, T, K, V
+    return B, H, HV, T, K, V
 
 
 def tracing(x: Tensor) -> bool:
@@ -161,27 +170,27 @@ def chunk_forward(
     keep: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o, the final state and (keep) the state entering every chunk; see the module docstring."""
-    B, H, _, K, V = _check_inputs(q, k, v, beta, g, scale, C)
-    _like("S0", S0, q, (B, H, K, V), "[B, H, K, V]")
+    B, _, HV, _, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
     return forward_kernel(q, k, v, beta, g, S0, scale, C, keep)
 
 
 @chunk_forward.register_fake
 def _(q, k, v, beta, g, S0, scale, C, keep):
-    B, H, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
-    _like("S0", S0, q, (B, H, K, V), "[B, H, K, V]")
+    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
     n_chunks = -(-T // min(C, max(T, 1)))
-    o = q.new_empty(B, T, H, V).transpose(1, 2)
-    states = q.new_empty(n_chunks, B * H, K, V) if keep else q.new_empty(0)
-    return o, q.new_empty(B, H, K, V), states
+    o = q.new_empty(B, T, HV, V).transpose(1, 2)
+    states = q.new_empty(n_chunks, B * HV, K, V) if keep else q.new_empty(0)
+    return o, q.new_empty(B, HV, K, V), states
 
 
 def _check_backward(q, k, v, beta, g, states, d_o, dS, scale: float, C: int) -> None:
-    B, H, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
     n_chunks = -(-T // min(C, max(T, 1)))
-    _like("states", states, q, (n_chunks, B * H, K, V), "[ceil(T / C), B H, K, V]")
-    _like("d_o", d_o, q, (B, H, T, V), "[B, H, T, V]")
-    _like("dS", dS, q, (B, H, K, V), "[B, H, K, V]")
+    _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]")
+    _like("d_o", d_o, q, (B, HV, T, V), "[B, HV, T, V]")
+    _like("dS", dS, q, (B, HV, K, V), "[B, HV, K, V]")
 
 
 @torch.library.custom_op("linattn::chunk_backward", mutates_args=())
@@ -276,8 +285,9 @@ def chunk(
     chunks are kept only where a gradient can flow back. Traced (torch.compile, torch.export):
     the op itself; eager: its kernel and backward called directly (``_EagerChunk``), which saves
     the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost."""
-    B, H, T, K = k.shape
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, H, K, v.shape[-1])
+    B, _, T, K = k.shape
+    HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H
+    S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
     inputs = (q, k, v, beta, g, S0)
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     args = (q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep)

@@ -3,9 +3,11 @@
 Every mechanism is ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T q_t``; ``step`` is the one place
 that knows the transitions and writes, and one call of it is the generation step.
 
-Internal layout (the public wrappers convert): q, k: [B, H, T, K]; v: [B, H, T, V]; beta: [B, H, T]
-or None (None = the additive rule); g: None, [B, H, T, 1] (scalar decay) or [B, H, T, K] (per
-channel); states [B, H, K, V]. The scale is already folded into q.
+Internal layout (the public wrappers convert): q, k: [B, H, T, K]; v: [B, HV, T, V]; beta:
+[B, HV, T] or None (None = the additive rule); g: None, [B, HV, T, 1] (scalar decay) or
+[B, HV, T, K] (per channel); states [B, HV, K, V]. The scale is already folded into q. Grouped
+value heads: HV = G H, value head j reads q/k head j // G (broadcast, no copy); G = 1 the plain
+case.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ def step(
 ) -> tuple[Tensor, Tensor]:
     """One token: decay, then read-correct-write, then read. Returns (o_t, S_t).
 
-    S: [B, H, K, V]; q_t, k_t: [B, H, K]; v_t: [B, H, V]; beta_t: [B, H] or None; g_t: [B, H, 1|K]
-    or None. The decay is applied first and the delta rule's error is read from the decayed state:
+    S: [B, HV, K, V]; q_t, k_t: [B, H, K]; v_t: [B, HV, V]; beta_t: [B, HV] or None; g_t:
+    [B, HV, 1|K] or None; HV = G H (value head j reads q/k head j // G, broadcast). The decay
+    is applied first and the delta rule's error is read from the decayed state:
 
         S <- Diag(exp g_t) S              (alpha_t I or Diag(alpha_t); the identity if g is None)
         u_t = v_t                         (additive rule)
@@ -35,21 +38,29 @@ def step(
 
     ``inplace``: update S in its own memory (the generation step: no new state per token).
     """
+    state = S
+    H = k_t.shape[1]
+    groups = (H, S.shape[1] // max(H, 1))  # (H, G): the value heads of each q/k head
+    # [B, HV, ...] -> [B, H, G, ...] views; q, k [B, H, K] -> [B, H, 1, K], broadcast over G
+    S = S.unflatten(1, groups)
+    q_t, k_t, v_t = q_t.unsqueeze(2), k_t.unsqueeze(2), v_t.unflatten(1, groups)
     if g_t is not None:
-        alpha = torch.exp(g_t).unsqueeze(-1)  # [B, H, 1|K, 1] scales the rows of S
+        alpha = torch.exp(g_t.unflatten(1, groups)).unsqueeze(-1)  # [B, H, G, 1|K, 1]: S's rows
         S = S.mul_(alpha) if inplace else alpha * S
     if beta_t is None:
         u_t = v_t
     else:
-        u_t = beta_t.unsqueeze(-1) * (v_t - read(S, k_t))
+        u_t = beta_t.unflatten(1, groups).unsqueeze(-1) * (v_t - read(S, k_t))
     k_col, u_row = k_t.unsqueeze(-1), u_t.unsqueeze(-2)  # the rank-one write k_t u_t^T
     S = S.addcmul_(k_col, u_row) if inplace else torch.addcmul(S, k_col, u_row)
-    return read(S, q_t), S
+    o_t = read(S, q_t).flatten(1, 2)  # [B, H, G, V] -> [B, HV, V]
+    return o_t, (state if inplace else S.flatten(1, 2))
 
 
 def read(S: Tensor, x: Tensor) -> Tensor:
-    """S^T x for every batch and head: S [B, H, K, V], x [B, H, K] -> [B, H, V]."""
-    return (x.unsqueeze(-2) @ S).squeeze(-2)  # [B, H, 1, K] @ [B, H, K, V]
+    """S^T x for every batch and head: S [..., K, V], x [..., K] -> [..., V] (broadcasting: x
+    [B, H, 1, K] reads the G states [B, H, G, K, V] of its value heads)."""
+    return (x.unsqueeze(-2) @ S).squeeze(-2)  # [..., 1, K] @ [..., K, V]
 
 
 def recurrent_forward(
@@ -60,11 +71,12 @@ def recurrent_forward(
     g: Tensor | None,
     initial_state: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """Loop ``step`` over the T tokens; returns o [B, H, T, V] and the final state [B, H, K, V]."""
-    B, H, T, K = k.shape
+    """Loop ``step`` over the T tokens; returns o [B, HV, T, V] and the final state
+    [B, HV, K, V]."""
+    B, _, T, K = k.shape
     S = initial_state
     if S is None:
-        S = q.new_zeros(B, H, K, v.shape[-1])
+        S = q.new_zeros(B, v.shape[1], K, v.shape[-1])
     outputs = []
     for t in range(T):
         o_t, S = step(

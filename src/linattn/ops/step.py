@@ -21,23 +21,6 @@ from linattn.ops.recurrent import step
 STATE_DTYPES = (torch.float32, torch.float64)
 
 
-def _step_heads(q: object, k: object, B: int, HV: int, K: int) -> tuple[object, object]:
-    """Grouped value heads in a step: q, k [B, H, K] with HV = G * H -> [B, HV, K] copies.
-
-    Value head j reads q/k head j // G (``_engine.expand_heads``; NOTE: a copy until the kernels
-    take the head map natively, after issue 20's C++ split). Anything else is left for the
-    shape checks to name.
-    """
-    out = []
-    for x in (q, k):
-        if isinstance(x, Tensor) and x.dim() == 3 and x.shape[0] == B and x.shape[2] == K:
-            H = x.shape[1]
-            if 0 < H < HV and HV % H == 0:
-                x = x.repeat_interleave(HV // H, dim=1)  # [B, H, K] -> [B, HV, K]
-        out.append(x)
-    return out[0], out[1]
-
-
 def recurrent_step(
     state: Tensor,
     q: Tensor,
@@ -58,7 +41,7 @@ def recurrent_step(
       S <- Diag(exp g_t) S (per-channel decay, GLA and KDA).
 
     Grouped value heads: the state, v, beta and g may have HV = G * H heads while q and k have
-    H ([B, H, K]); value head j reads q/k head j // G.
+    H ([B, H, K]); value head j reads q/k head j // G, in place (no copy of q or k).
 
     Args:
         state: [B, H, K, V] (H: the value heads), float32 or float64; overwritten with S_t. A
@@ -94,13 +77,19 @@ def recurrent_step(
         )
     B, H, K, V = state.shape  # H: the value heads (HV of grouped value heads)
     _checks.head_sizes("state", K, V)
-    q, k = _step_heads(q, k, B, H, K)
-    for name, x, size in (("q", q, K), ("k", k, K), ("v", v, V)):
+    _checks.tensor("q", q, 3, finite=False)
+    Hq = q.shape[1]  # q's and k's heads: H, or H / G with grouped value heads
+    if not (0 < Hq <= H and H % Hq == 0) and not Hq == H == 0:
+        raise ValueError(
+            f"q must have a number of heads dividing the state's H = {H} (grouped value heads: "
+            f"value head j reads q/k head j // G), got q of shape {tuple(q.shape)}"
+        )
+    for name, x, heads, size in (("q", q, Hq, K), ("k", k, Hq, K), ("v", v, H, V)):
         _checks.tensor(name, x, 3, finite=False)
-        if tuple(x.shape) != (B, H, size):
+        if tuple(x.shape) != (B, heads, size):
             raise ValueError(
-                f"{name} must have shape {(B, H, size)} for a state of shape [B, H, K, V] = "
-                f"{tuple(state.shape)}, got {tuple(x.shape)}"
+                f"{name} must have shape {(B, heads, size)} for a state of shape [B, H, K, V] = "
+                f"{tuple(state.shape)} and q of {Hq} heads, got {tuple(x.shape)}"
             )
     inputs = [x for x in (state, q, k, v, beta, g) if x is not None]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)

@@ -68,7 +68,7 @@ struct BackwardTensors {
 // chunk's rows. ``load`` points it at chunk n of head p; ``run`` takes every step in order.
 struct ChunkBackward {
   const BackwardTensors& t;
-  const int64_t K, V, C, P, H, T, kg, kr;
+  const int64_t K, V, C, P, HV, G_, T, kg, kr;
   const bool delta, gated, channel;
   const float scale;
   const int Ki, Vi;
@@ -78,9 +78,10 @@ struct ChunkBackward {
       eEnd, dG, dGe, dG_diag, Dv, dG_end;
   const Gates G;  // [c, kr] each
 
-  // The chunk: c tokens from t0 of head (b, h); the rows of every input and gradient.
+  // The chunk: c tokens from t0 of value head (b, h), which reads q/k head (b, hq); the rows of
+  // every input and gradient (dq, dk per value head: summed over each group at the end).
   int c = 0;
-  int64_t b = 0, h = 0, t0 = 0;
+  int64_t b = 0, h = 0, hq = 0, t0 = 0;
   const float *Q = nullptr, *Kc = nullptr, *Vc = nullptr, *dO = nullptr;
   float *dQ = nullptr, *dK = nullptr, *dV = nullptr;
   int64_t ldq = 0, ldk = 0, ldv = 0, lddo = 0, lddq = 0, lddk = 0, lddv = 0;
@@ -97,7 +98,7 @@ struct ChunkBackward {
   int64_t lddu = 0;
 
   ChunkBackward(const BackwardTensors& tensors, const Sizes& sz, int64_t gates, float s)
-      : t(tensors), K(sz.K), V(sz.V), C(sz.C), P(sz.P), H(sz.H), T(sz.T), kg(gates),
+      : t(tensors), K(sz.K), V(sz.V), C(sz.C), P(sz.P), HV(sz.HV), G_(sz.G), T(sz.T), kg(gates),
         kr(std::max<int64_t>(gates, 1)), delta(tensors.beta.defined()), gated(gates > 0),
         channel(gates > 1), scale(s), Ki(static_cast<int>(K)), Vi(static_cast<int>(V)),
         ldx(K + V), CC(C * C), CK(C * K), CG(C * kr), w(C, K, V), Gam(kg == 1 ? CC : 0),
@@ -110,11 +111,16 @@ struct ChunkBackward {
     return chunk_rows(x, base, b, h, t0);
   }
 
+  template <typename F>
+  F* at_qk_row(const at::Tensor& x, F* base) const {  // q and k: the q/k head, in place
+    return chunk_rows(x, base, b, hq, t0);
+  }
+
   // Point at chunk n of head p.
   void load(int64_t n, int64_t p) {
-    b = p / H, h = p % H, t0 = n * C;
+    b = p / HV, h = p % HV, hq = h / G_, t0 = n * C;
     c = static_cast<int>(std::min<int64_t>(C, T - t0));
-    Q = at_row(t.q, t.q.data_ptr<float>()), Kc = at_row(t.k, t.k.data_ptr<float>());
+    Q = at_qk_row(t.q, t.q.data_ptr<float>()), Kc = at_qk_row(t.k, t.k.data_ptr<float>());
     Vc = at_row(t.v, t.v.data_ptr<float>()), dO = at_row(t.d_o, t.d_o.data_ptr<float>());
     dQ = at_row(t.dq, t.dq.data_ptr<float>()), dK = at_row(t.dk, t.dk.data_ptr<float>());
     dV = at_row(t.dv, t.dv.data_ptr<float>());
@@ -454,6 +460,14 @@ struct ChunkBackward {
 
 }  // namespace
 
+// dq or dk per value head, d [B, HV, T, K] (a view of [B, T, HV, K]), summed over each group
+// of G value heads into its q/k head: [B, H, T, K] (a view of [B, T, H, K]); d itself for G = 1.
+static at::Tensor group_sum(const at::Tensor& d, const Sizes& sz) {
+  if (sz.G == 1) return d;
+  // [B, HV, T, K] -> [B, T, HV, K] -> [B, T, H, G, K], summed over G -> [B, T, H, K]
+  return d.transpose(1, 2).view({sz.B, sz.T, sz.H, sz.G, sz.K}).sum(3).transpose(1, 2);
+}
+
 // The checks of a ``chunk_backward`` call (on ``device``): its sizes and the gate width kg.
 std::pair<Sizes, int64_t> backward_sizes(c10::DeviceType device, const at::Tensor& q,
                                          const at::Tensor& k, const at::Tensor& v,
@@ -463,12 +477,12 @@ std::pair<Sizes, int64_t> backward_sizes(c10::DeviceType device, const at::Tenso
                                          const at::Tensor& dS_final, double scale, int64_t C) {
   const Checks check{"linattn_native.chunk_backward", device};
   const Sizes sz(check, q, k, v, C);
-  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V;
-  if (beta.has_value()) check.shape("beta", *beta, {B, H, T}, "[B, H, T]");
-  const int64_t kg = g.has_value() ? check.gate(*g, B, H, T, K) : 0;
-  check.shape("states", states, {sz.N, sz.P, K, V}, "[ceil(T / C), B H, K, V]");
-  check.shape("d_o", d_o, {B, H, T, V}, "[B, H, T, V]");
-  check.shape("dS_final", dS_final, {B, H, K, V}, "[B, H, K, V]");
+  const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V;
+  if (beta.has_value()) check.shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
+  const int64_t kg = g.has_value() ? check.gate(*g, B, HV, T, K) : 0;
+  check.shape("states", states, {sz.N, sz.P, K, V}, "[ceil(T / C), B HV, K, V]");
+  check.shape("d_o", d_o, {B, HV, T, V}, "[B, HV, T, V]");
+  check.shape("dS_final", dS_final, {B, HV, K, V}, "[B, HV, K, V]");
   checked_scale(check, scale);
   return {sz, kg};
 }
@@ -482,7 +496,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       c10::kCPU, q_in, k_in, v_in, beta_opt, g_opt, states_in, d_o_in, dS_final, scale_d, C64);
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
-  const int64_t B = sz.B, H = sz.H, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
+  const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   const bool delta = beta_opt.has_value();
   const float scale = static_cast<float>(scale_d);
   BackwardTensors t;
@@ -493,7 +507,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   t.dv = fresh_public(sz, V, options);
   if (delta) {
     t.beta = *beta_opt;
-    t.dbeta = at::empty({B, T, H}, options).transpose(1, 2);
+    t.dbeta = at::empty({B, T, HV}, options).transpose(1, 2);
   }
   if (kg > 0) {
     t.g = unit_rows(*g_opt);
@@ -512,8 +526,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     }
   });
   auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
-  return {t.dq, t.dk, t.dv, delta ? t.dbeta : none(), kg > 0 ? t.dg : none(),
-          t.dS.view({B, H, K, V})};
+  return {group_sum(t.dq, sz), group_sum(t.dk, sz), t.dv, delta ? t.dbeta : none(),
+          kg > 0 ? t.dg : none(), t.dS.view({B, HV, K, V})};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -526,16 +540,16 @@ chunk_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
   const at::TensorOptions options = q.options();
-  auto public_layout = [&](int64_t D) {  // [B, T, H, D] seen as [B, H, T, D]
-    return at::empty({sz.B, sz.T, sz.H, D}, options).transpose(1, 2);
+  auto public_layout = [&](int64_t heads, int64_t D) {  // [B, T, H, D] seen as [B, H, T, D]
+    return at::empty({sz.B, sz.T, heads, D}, options).transpose(1, 2);
   };
   auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
-  return {public_layout(sz.K),
-          public_layout(sz.K),
-          public_layout(sz.V),
-          beta.has_value() ? at::empty({sz.B, sz.T, sz.H}, options).transpose(1, 2) : none(),
-          kg > 0 ? public_layout(kg) : none(),
-          at::empty({sz.B, sz.H, sz.K, sz.V}, options)};
+  return {public_layout(sz.H, sz.K),
+          public_layout(sz.H, sz.K),
+          public_layout(sz.HV, sz.V),
+          beta.has_value() ? at::empty({sz.B, sz.T, sz.HV}, options).transpose(1, 2) : none(),
+          kg > 0 ? public_layout(sz.HV, kg) : none(),
+          at::empty({sz.B, sz.HV, sz.K, sz.V}, options)};
 }
 
 }  // namespace linattn_native

@@ -47,11 +47,13 @@ struct Checks {
   }
 };
 
-// The sizes of a chunk-form call: q [B, H, T, K], v [B, H, T, V], N chunks of C tokens, with
-// C = min(C, T) (the same chunks: one chunk holds the whole sequence either way). 64-bit
-// throughout; the BLAS's 32-bit sizes and leading dimensions are checked here, before any work.
+// The sizes of a chunk-form call: q, k [B, H, T, K], v [B, HV, T, V] (grouped value heads:
+// HV = G H, value head j reads q/k head j / G; G = 1 the plain case), N chunks of C tokens, with
+// C = min(C, T) (the same chunks: one chunk holds the whole sequence either way). P = B HV: the
+// value heads, one state each. 64-bit throughout; the BLAS's 32-bit sizes and leading dimensions
+// are checked here, before any work.
 struct Sizes {
-  int64_t B, H, T, K, V, P, N, C;
+  int64_t B, H, HV, G, T, K, V, P, N, C;
   Sizes(const Checks& check, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         int64_t C64) {
     check.float32_cpu("q", q);
@@ -59,18 +61,25 @@ struct Sizes {
     B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3);
     check.shape("k", k, q.sizes(), "[B, H, T, K]");
     check.float32_cpu("v", v);
-    TORCH_CHECK(v.dim() == 4, check.op, ": v must be of shape [B, H, T, V], got ", v.sizes());
-    V = v.size(3);
-    check.shape("v", v, {B, H, T, V}, "[B, H, T, V]");
+    TORCH_CHECK(v.dim() == 4, check.op, ": v must be of shape [B, HV, T, V], got ", v.sizes());
+    HV = v.size(1), V = v.size(3);
+    TORCH_CHECK((H == 0 && HV == 0) || (H > 0 && HV % H == 0), check.op,
+                ": v's heads HV = ", HV, " must be a multiple of q's and k's H = ", H,
+                " (grouped value heads)");
+    G = H > 0 ? HV / H : 1;
+    check.shape("v", v, {B, HV, T, V}, "[B, HV, T, V]");
     TORCH_CHECK(C64 >= 1, check.op, ": C (the chunk size) must be >= 1, got ", C64);
     C = std::min(C64, std::max<int64_t>(T, 1));
     TORCH_CHECK(C <= kMaxChunk, check.op, ": C = min(chunk size, T) = ", C, " exceeds ",
                 kMaxChunk, " (a thread keeps C x C blocks: use a smaller chunk size)");
-    TORCH_CHECK(K + V <= INT32_MAX && H * std::max(K, V) <= INT32_MAX, check.op, ": K = ", K,
-                ", V = ", V, ", H = ", H, " exceed the BLAS's 32-bit sizes");
-    P = B * H;
+    TORCH_CHECK(K + V <= INT32_MAX && HV * std::max(K, V) <= INT32_MAX, check.op, ": K = ", K,
+                ", V = ", V, ", HV = ", HV, " exceed the BLAS's 32-bit sizes");
+    P = B * HV;
     N = (T + C - 1) / C;
   }
+
+  // The q/k head that value head hv reads.
+  int64_t qk_head(int64_t hv) const { return hv / G; }
 };
 
 // A scale that multiplies q: finite (a NaN or Inf would make every output NaN without a word).

@@ -167,12 +167,13 @@ struct ForwardInputs {
         kp(k.data_ptr<float>()), vp(v.data_ptr<float>()),
         bp(delta ? beta.data_ptr<float>() : nullptr), gp(kg > 0 ? g.data_ptr<float>() : nullptr) {}
 
-  // The rows of chunk n (tokens [n C, n C + c)) of head p.
+  // The rows of chunk n (tokens [n C, n C + c)) of value head p; q and k of its q/k head,
+  // read in place (grouped value heads share them).
   ChunkRows rows(int64_t n, int64_t p) const {
-    const int64_t b = p / sz.H, h = p % sz.H, t0 = n * sz.C;
+    const int64_t b = p / sz.HV, h = p % sz.HV, hq = sz.qk_head(h), t0 = n * sz.C;
     const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
-    return {chunk_rows(q, qp, b, h, t0),
-            chunk_rows(k, kp, b, h, t0),
+    return {chunk_rows(q, qp, b, hq, t0),
+            chunk_rows(k, kp, b, hq, t0),
             chunk_rows(v, vp, b, h, t0),
             q.stride(2),
             k.stride(2),
@@ -213,9 +214,9 @@ std::pair<Sizes, int64_t> forward_sizes(c10::DeviceType device, const at::Tensor
                                         double scale, int64_t C) {
   const Checks check{"linattn_native.chunk_forward", device};
   const Sizes sz(check, q, k, v, C);
-  if (beta.has_value()) check.shape("beta", *beta, {sz.B, sz.H, sz.T}, "[B, H, T]");
-  const int64_t kg = g.has_value() ? check.gate(*g, sz.B, sz.H, sz.T, sz.K) : 0;
-  check.shape("S0", S0, {sz.B, sz.H, sz.K, sz.V}, "[B, H, K, V]");
+  if (beta.has_value()) check.shape("beta", *beta, {sz.B, sz.HV, sz.T}, "[B, HV, T]");
+  const int64_t kg = g.has_value() ? check.gate(*g, sz.B, sz.HV, sz.T, sz.K) : 0;
+  check.shape("S0", S0, {sz.B, sz.HV, sz.K, sz.V}, "[B, HV, K, V]");
   checked_scale(check, scale);
   return {sz, kg};
 }
@@ -228,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
       forward_sizes(c10::kCPU, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64);
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
-  const int64_t B = sz.B, H = sz.H, K = sz.K, V = sz.V, P = sz.P, N = sz.N, C = sz.C;
+  const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N, C = sz.C;
   const float scale = static_cast<float>(scale_d);
   const ForwardInputs in(sz, q_in, k_in, v_in, beta_opt, g_opt, kg);
 
@@ -248,12 +249,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
       for (int64_t p = lo; p < hi; ++p) {
         float* Sh = Sp + p * K * V;
         if (keep) std::memcpy(statep + (n * P + p) * K * V, Sh, sizeof(float) * K * V);
-        float* O = chunk_rows(o, op, p / H, p % H, n * C);
+        float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
         forward_chunk(in.rows(n, p), in, scale, Sh, O, o.stride(2), w);
       }
     }
   });
-  return {o, S.view({B, H, K, V}), states};
+  return {o, S.view({B, HV, K, V}), states};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward_meta(
@@ -262,8 +263,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward_meta(
     const at::Tensor& S0, double scale, int64_t C, bool keep) {
   const Sizes sz = forward_sizes(c10::kMeta, q, k, v, beta, g, S0, scale, C).first;
   const at::TensorOptions options = q.options();
-  return {at::empty({sz.B, sz.T, sz.H, sz.V}, options).transpose(1, 2),
-          at::empty({sz.B, sz.H, sz.K, sz.V}, options),
+  return {at::empty({sz.B, sz.T, sz.HV, sz.V}, options).transpose(1, 2),
+          at::empty({sz.B, sz.HV, sz.K, sz.V}, options),
           keep ? at::empty({sz.N, sz.P, sz.K, sz.V}, options) : at::empty({0}, options)};
 }
 

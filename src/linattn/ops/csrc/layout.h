@@ -28,9 +28,10 @@ inline at::Tensor unit_rows(const at::Tensor& x) {
   return x.size(-1) <= 1 || x.stride(-1) == 1 ? x : x.contiguous();
 }
 
-// A fresh [B, T, H, D] tensor seen as [B, H, T, D]: the public layout, written head by head.
+// A fresh [B, T, HV, D] tensor seen as [B, HV, T, D]: the public layout of the value heads,
+// written head by head.
 inline at::Tensor fresh_public(const Sizes& n, int64_t D, const at::TensorOptions& options) {
-  return fresh({n.B, n.T, n.H, D}, options).transpose(1, 2);
+  return fresh({n.B, n.T, n.HV, D}, options).transpose(1, 2);
 }
 
 // The first row of chunk t0 of head (b, h) in a [B, H, T, ...] tensor with any strides.

@@ -23,9 +23,15 @@ void step_checks(c10::DeviceType device, const at::Tensor& state, const at::Tens
   TORCH_CHECK(state.dim() == 4 && state.is_contiguous(), check.op,
               ": state must be a contiguous [B, H, K, V] tensor (updated in place), got shape ",
               state.sizes(), " and strides ", state.strides());
+  // H: the value heads (HV = G Hq of grouped value heads), Hq: q's and k's.
   const int64_t B = state.size(0), H = state.size(1), K = state.size(2), V = state.size(3);
-  check.shape("q", q, {B, H, K}, "[B, H, K]");
-  check.shape("k", k, {B, H, K}, "[B, H, K]");
+  check.float32_cpu("q", q);
+  const int64_t Hq = q.dim() == 3 ? q.size(1) : -1;
+  TORCH_CHECK(Hq > 0 ? H % Hq == 0 : H == 0, check.op,
+              ": q must be of shape [B, Hq, K] with Hq dividing the state's H = ", H,
+              " (grouped value heads), got ", q.sizes());
+  check.shape("q", q, {B, Hq, K}, "[B, Hq, K]");
+  check.shape("k", k, {B, Hq, K}, "[B, Hq, K]");
   check.shape("v", v, {B, H, V}, "[B, H, V]");
   if (beta.has_value()) check.shape("beta", *beta, {B, H}, "[B, H]");
   if (g.has_value()) {
@@ -47,7 +53,8 @@ void step_checks(c10::DeviceType device, const at::Tensor& state, const at::Tens
 //   S <- Diag(exp g) S;  u = v (additive) or beta (v - S^T k) (delta);  S <- S + k u^T;
 //   o = S^T (scale q)
 //
-// state [B, H, K, V] contiguous; q, k [B, H, K]; v [B, H, V]; beta [B, H] or None; g [B, H, 1|K]
+// state [B, H, K, V] contiguous; q, k [B, Hq, K] (value head p of a sequence reads q/k head
+// p / G, G = H / Hq: grouped value heads, read in place); v [B, H, V]; beta [B, H] or None; g [B, H, 1|K]
 // or None; all float32 (shapes checked first; the inputs other than the state are copied when not
 // contiguous). Returns o [B, H, V]; or, when an input is out of its range (a NaN or Inf anywhere
 // but a g of -inf, beta outside [0, 2], g > 0), an empty tensor, with the state unchanged: the
@@ -57,7 +64,7 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
                           const std::optional<at::Tensor>& g_opt, double scale_d) {
   step_checks(c10::kCPU, state, q_in, k_in, v_in, beta_opt, g_opt, scale_d);
   const int64_t B = state.size(0), H = state.size(1), K = state.size(2), V = state.size(3);
-  const int64_t P = B * H;
+  const int64_t P = B * H, Hq = q_in.size(1), G = H / std::max<int64_t>(Hq, 1);
   const bool delta = beta_opt.has_value(), gated = g_opt.has_value();
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
   const at::Tensor beta = delta ? beta_opt->contiguous() : at::Tensor();
@@ -75,7 +82,7 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
     for (int64_t i = 0; i < n; ++i) acc += x[i] * 0.0f;
     return acc == 0.0f;
   };
-  ok = all_finite(Sp, P * K * V) && all_finite(qp, P * K) && all_finite(kp, P * K) &&
+  ok = all_finite(Sp, P * K * V) && all_finite(qp, B * Hq * K) && all_finite(kp, B * Hq * K) &&
        all_finite(vp, P * V);
   for (int64_t i = 0; ok && delta && i < P; ++i) ok = bp[i] >= 0.0f && bp[i] <= 2.0f;
   for (int64_t i = 0; ok && gated && i < P * kg; ++i) ok = gp[i] <= 0.0f;  // -inf: a reset
@@ -88,7 +95,8 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
     std::vector<float> u(V);
     for (int64_t p = lo; p < hi; ++p) {
       float* S = Sp + p * K * V;
-      const float *qh = qp + p * K, *kh = kp + p * K, *vh = vp + p * V;
+      const int64_t pq = (p / H) * Hq + (p % H) / G;  // the q/k head of value head p
+      const float *qh = qp + pq * K, *kh = kp + pq * K, *vh = vp + p * V;
       float* oh = op + p * V;
       // Decay and the read S^T k in one pass over S.
       std::fill(u.begin(), u.end(), 0.0f);
