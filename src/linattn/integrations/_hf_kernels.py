@@ -40,18 +40,14 @@ def sqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def expand_heads(x: Tensor, heads: int, name: str) -> Tensor:
-    """[B, T, H, D] -> [B, T, heads, D]: head h serves the `heads // H` consecutive value heads.
-
-    Value head j pairs with query/key head j // G (G = heads // H), as transformers'
-    ``repeat_interleave(G, dim=2)``.
-    TODO(compat): pass the head mapping to the ops' grouped-value-heads argument (issue 19, item
-    1) instead of copying q and k here.
-    """
+def grouped_heads(x: Tensor, heads: int, name: str) -> Tensor:
+    """x [B, T, H, D] itself, checked to serve `heads` value heads: value head j pairs with
+    query/key head j // G (G = heads // H), as transformers' ``repeat_interleave(G, dim=2)``;
+    linattn's ops read grouped value heads in place (no copy of q and k)."""
     H = x.shape[2]
-    if heads % H != 0:
+    if H == 0 or heads % H != 0:
         raise ValueError(f"{name} has {H} heads, which do not divide the {heads} value heads")
-    return x if heads == H else x.repeat_interleave(heads // H, dim=2)
+    return x
 
 
 def state_in(initial_state: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -112,8 +108,8 @@ def chunk_gated_delta_rule(
     """
     dtype = compute_dtype(query.dtype)
     heads = value.shape[2]
-    q = expand_heads(query, heads, "query").to(dtype)
-    k = expand_heads(key, heads, "key").to(dtype)
+    q = grouped_heads(query, heads, "query").to(dtype)
+    k = grouped_heads(key, heads, "key").to(dtype)
     if use_qk_l2norm_in_kernel:
         q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
     return _delta_chunk(
@@ -152,8 +148,8 @@ def recurrent_gated_delta_rule(
         )
     dtype = compute_dtype(query.dtype)
     heads = value.shape[2]
-    q = expand_heads(query, heads, "query")[:, 0].to(dtype)  # [B, HV, K]
-    k = expand_heads(key, heads, "key")[:, 0].to(dtype)
+    q = grouped_heads(query, heads, "query")[:, 0].to(dtype)  # [B, H, K]
+    k = grouped_heads(key, heads, "key")[:, 0].to(dtype)
     if use_qk_l2norm_in_kernel:
         q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
     S = step_state(initial_state, q, value, dtype)
@@ -168,8 +164,8 @@ def step_state(
     """The state a step updates in place: a copy of the caller's, or zeros [B, HV, K, V]."""
     if initial_state is not None:
         return initial_state.to(dtype, copy=True)
-    B, HV, K = q.shape
-    return torch.zeros(B, HV, K, value.shape[-1], dtype=dtype, device=q.device)
+    B, _, K = q.shape  # q [B, H, K]; value [B, 1, HV, V]
+    return torch.zeros(B, value.shape[2], K, value.shape[-1], dtype=dtype, device=q.device)
 
 
 def chunk_kda(
@@ -275,8 +271,8 @@ def mamba2_chunk_scan(
     dt = mamba2_dt(dt, dt_bias, dt_softplus).clamp(min=dt_limit[0], max=dt_limit[1])
     dtype = compute_dtype(hidden_states.dtype)
     x, dt = hidden_states.to(dtype), dt.to(dtype)
-    q = expand_heads(C, heads, "C").to(dtype)  # [B, T, H, N]
-    k = expand_heads(B, heads, "B").to(dtype)
+    q = grouped_heads(C, heads, "C").to(dtype)  # [B, T, G, N]
+    k = grouped_heads(B, heads, "B").to(dtype)
     S0 = None if initial_states is None else initial_states.to(dtype).transpose(-1, -2)
     y, S = linear_attention(
         q,
@@ -336,8 +332,8 @@ def mamba2_selective_state_update(
     work = state if state.dtype in (torch.float32, torch.float64) else state.float()
     dtype = work.dtype
     x, dt = hidden_states.to(dtype), dt.to(dtype)
-    q = expand_heads(C.unsqueeze(1), heads, "C")[:, 0].to(dtype)  # [B, G, N] -> [B, H, N]
-    k = expand_heads(B.unsqueeze(1), heads, "B")[:, 0].to(dtype)
+    q = grouped_heads(C.unsqueeze(1), heads, "C")[:, 0].to(dtype)  # [B, G, N]
+    k = grouped_heads(B.unsqueeze(1), heads, "B")[:, 0].to(dtype)
     g = per_head(A, 2, "A").to(dtype) * dt  # [B, H]
     y = recurrent_step(work.transpose(-1, -2), q, k, x * dt.unsqueeze(-1), None, g, scale=1.0)
     if work is not state:

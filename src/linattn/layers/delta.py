@@ -74,7 +74,8 @@ class DeltaNet(RecurrentMixer):
         return 2.0 * beta if self.allow_neg_eigval else beta
 
     def recurrence(self, x, q, k, v, mode, S, keep):
-        q, k = self.expand_heads(l2norm(q)), self.expand_heads(l2norm(k))  # [B, T, HV, K]
+        # q, k [B, T, H, K] with v [B, T, HV, V]: the op reads grouped value heads in place
+        q, k = l2norm(q), l2norm(k)
         beta = self.beta(x)  # [B, T, HV]
         g = None if self.decay is None else self.decay(x)  # [B, T, HV] or [B, T, HV, K]
         return ops.delta_rule(

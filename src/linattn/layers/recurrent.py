@@ -114,12 +114,6 @@ class RecurrentMixer(TokenMixer):
 
     # -- shared -------------------------------------------------------------------------------
 
-    def expand_heads(self, x: Tensor) -> Tensor:
-        """Grouped value heads: [B, T, H, D] -> [B, T, HV, D], query/key head h repeated for its
-        value heads h G ... h G + G - 1 (until the ops take grouped heads natively)."""
-        groups = self.num_v_heads // self.n_heads
-        return x if groups == 1 else x.repeat_interleave(groups, dim=2)
-
     def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
         """``S``: [B, HV, rows, cols] in float32 (float64 for float64 models); ``conv``: the last
         ``conv_size - 1`` inputs of the short convolution, [B, 2HK + HV V, conv_size - 1]."""

@@ -81,8 +81,8 @@ def recurrent_step(
     Hq = q.shape[1]  # q's and k's heads: H, or H / G with grouped value heads
     if not (0 < Hq <= H and H % Hq == 0) and not Hq == H == 0:
         raise ValueError(
-            f"q must have a number of heads dividing the state's H = {H} (grouped value heads: "
-            f"value head j reads q/k head j // G), got q of shape {tuple(q.shape)}"
+            f"q must have shape [B, Hq, K] with Hq dividing the state's H = {H} (grouped value "
+            f"heads: value head j reads q/k head j // G), got {tuple(q.shape)}"
         )
     for name, x, heads, size in (("q", q, Hq, K), ("k", k, Hq, K), ("v", v, H, V)):
         _checks.tensor(name, x, 3, finite=False)
