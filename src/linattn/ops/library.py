@@ -70,8 +70,8 @@ def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int
     HV, V = v.shape[1], v.shape[-1]
     if HV % max(H, 1) or (H == 0 and HV):
         raise ValueError(
-            f"v must have HV heads, a multiple of q's and k's H = {H} (grouped value heads), "
-            f"got {HV}"
+            f"v must have shape [B, HV, T, V] with HV a multiple of q's and k's H = {H} "
+            f"(grouped value heads), got {tuple(v.shape)}"
         )
     _like("v", v, q, (B, HV, T, V), "[B, HV, T, V]")
     if beta is not None:
