@@ -41,18 +41,21 @@ UTILS = [
 ]
 
 
-def _inputs(rule, gate, *, B=1, H=2, T=10, K=4, V=3, grad=True, seed=0) -> dict:
-    """Internal-layout float32 inputs [B, H, T, ...] (views of [B, T, H, ...]) and a state."""
+def _inputs(rule, gate, *, B=1, H=2, T=10, K=4, V=3, G=1, grad=True, seed=0) -> dict:
+    """Internal-layout float32 inputs [B, H, T, ...] (views of [B, T, H, ...]) and a state; v,
+    beta, g and the state with HV = G H heads (grouped value heads; G = 1 the plain case)."""
     gen = torch.Generator().manual_seed(seed)
+    HV = G * H
 
-    def rows(*tail):
-        return torch.randn(B, T, H, *tail, generator=gen).transpose(1, 2)
+    def rows(*tail, heads=HV):
+        return torch.randn(B, T, heads, *tail, generator=gen).transpose(1, 2)
 
-    x = {"q": rows(K), "k": torch.nn.functional.normalize(rows(K), dim=-1), "v": rows(V)}
-    x["beta"] = torch.rand(B, T, H, generator=gen).transpose(1, 2) if rule == "delta" else None
+    x = {"q": rows(K, heads=H), "k": torch.nn.functional.normalize(rows(K, heads=H), dim=-1)}
+    x["v"] = rows(V)
+    x["beta"] = torch.rand(B, T, HV, generator=gen).transpose(1, 2) if rule == "delta" else None
     width = {"scalar": 1, "channel": K}.get(gate)
-    x["g"] = None if width is None else -torch.rand(B, T, H, width, generator=gen).transpose(1, 2)
-    x["S0"] = torch.randn(B, H, K, V, generator=gen)
+    x["g"] = None if width is None else -torch.rand(B, T, HV, width, generator=gen).transpose(1, 2)
+    x["S0"] = torch.randn(B, HV, K, V, generator=gen)
     for value in x.values():
         if value is not None:
             value.requires_grad_(grad)
@@ -66,9 +69,9 @@ def _forward_args(x: dict, C: int = 4, keep: bool = True) -> tuple:
 def _backward_args(x: dict, C: int = 4) -> tuple:
     detached = {n: None if t is None else t.detach() for n, t in x.items()}
     _, _, states = library.chunk_forward(*_forward_args(detached, C))
-    B, H, T, _ = x["q"].shape
+    B, HV, T, V = x["v"].shape
     gen = torch.Generator().manual_seed(1)
-    d_o = torch.randn(B, T, H, x["v"].shape[-1], generator=gen).transpose(1, 2)
+    d_o = torch.randn(B, T, HV, V, generator=gen).transpose(1, 2)
     dS = torch.randn(x["S0"].shape, generator=gen)
     d = detached
     return (d["q"], d["k"], d["v"], d["beta"], d["g"], states, d_o, dS, 0.5, C)
@@ -107,6 +110,34 @@ def test_opcheck_the_extension_ops(rule, gate, utils):
     torch.library.opcheck(ops.recurrent_step, args, test_utils=utils)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rule", "gate"), MECHANISMS)
+def test_opcheck_with_grouped_value_heads(rule, gate, backend, monkeypatch):
+    """G = 2: v, beta, g and the states with twice q's heads, q and k read in place."""
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    x = _inputs(rule, gate, G=2)
+    torch.library.opcheck(library.chunk_forward, _forward_args(x), test_utils=FAST)
+    torch.library.opcheck(library.chunk_backward, _backward_args(x), test_utils=FAST)
+    if backend == "1":
+        ops = torch.ops.linattn_native
+        y = _inputs(rule, gate, G=2, grad=False)
+        torch.library.opcheck(ops.chunk_forward, _forward_args(y), test_utils=FAST)
+        torch.library.opcheck(ops.chunk_backward, _backward_args(y), test_utils=FAST)
+        step = [t[:, :, 0].contiguous() for t in (y["q"], y["k"], y["v"])]
+        beta = None if y["beta"] is None else y["beta"][:, :, 0].contiguous()
+        g = None if y["g"] is None else y["g"][:, :, 0].contiguous()
+        args = (y["S0"].clone(), *step, beta, g, 0.5)
+        torch.library.opcheck(ops.recurrent_step, args, test_utils=FAST)
+
+
+@needs_native
+@pytest.mark.parametrize(("rule", "gate"), [("delta", "channel")])
+def test_opcheck_aot_with_grouped_value_heads(rule, gate):
+    x = _inputs(rule, gate, G=2)
+    utils = ("test_aot_dispatch_dynamic",)
+    torch.library.opcheck(library.chunk_forward, _forward_args(x), test_utils=utils)
+
+
 def _bad(x: dict, name: str, value) -> dict:
     return {**{n: None if t is None else t.detach() for n, t in x.items()}, name: value}
 
@@ -118,6 +149,8 @@ BAD = [
     ("k", lambda x: x["k"][:, :, :5], ValueError, "k must have shape"),
     ("k", lambda x: x["k"].double(), TypeError, "k must be torch.float32"),
     ("v", lambda x: x["v"][:, :1], ValueError, "v must have shape"),
+    ("v", lambda x: torch.cat([x["v"]] * 3, 1)[:, :3], ValueError, "HV a multiple of .* H = 2"),
+    ("beta", lambda x: torch.cat([x["beta"]] * 2, 1), ValueError, "beta must have shape"),
     ("beta", lambda x: x["beta"][:, :, :3], ValueError, "beta must have shape"),
     ("g", lambda x: x["g"][..., :2], ValueError, "g must have shape"),
     ("g", lambda x: x["g"][:, :, :1], ValueError, "g must have shape"),
