@@ -80,7 +80,9 @@ class Products:
 
     A_p[i, j] = sum_c a_p,ic b_jc exp(G_ic - G_jc) for j <= i (j < i where ``strict[p]``), else 0:
     A_qk (a = q) and A_kk (a = k, strict) share b = k and the decay. G: None, [..., C, 1] or
-    [..., C, K], as the mechanism's ``gate`` says.
+    [..., C, K], as the mechanism's ``gate`` says. ``groups``: the factors' heads come in groups of
+    G equal ones (q and k broadcast over grouped value heads), so that without a gate per channel
+    the undecayed product a b^T is formed once per group (``shared_product``).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class Products:
         gate: str,
         buffers=fresh,
         floor: float | None = None,
+        groups: int = 1,
     ):
         self.lefts, self.b, self.strict = lefts, b, strict
         self.channel = self.decay = None
@@ -106,7 +109,7 @@ class Products:
             self.decay = scalar_decay(G, out=out, floor=floor, dtype=b.dtype)
         self.As = []
         for p, (a, st) in enumerate(zip(lefts, strict, strict=True)):
-            P = torch.matmul(a, b.transpose(-1, -2), out=buffers(f"A{p}", a, shape))
+            P = shared_product(a, b, groups, buffers(f"A{p}", a, shape))
             if self.decay is not None:
                 P.mul_(self.decay)  # zero above the diagonal
             self.As.append(P.tril_(-1) if st else P if self.decay is not None else P.tril_())
@@ -132,12 +135,28 @@ class Products:
         return das, db
 
 
+def shared_product(a: Tensor, b: Tensor, groups: int, out: Tensor | None) -> Tensor:
+    """a b^T [..., P, C, C] for factors [..., P, C, K] whose heads come in groups of G equal ones
+    (q and k of grouped value heads, broadcast): one product per group, copied to its G heads
+    (into ``out`` where given). G = 1: the plain product."""
+    if groups == 1:
+        return torch.matmul(a, b.transpose(-1, -2), out=out)
+    # [..., P, C, K] -> [..., P / G, G, C, K] -> the first head of each group [..., P / G, C, K]
+    a1, b1 = (x.unflatten(-3, (-1, groups))[..., 0, :, :] for x in (a, b))
+    P1 = (a1 @ b1.transpose(-1, -2)).unsqueeze(-3)  # [..., P / G, 1, C, C]
+    if out is None:  # differentiable: a new tensor, broadcast to [..., P / G, G, C, C]
+        return P1.expand(*P1.shape[:-3], groups, *P1.shape[-2:]).flatten(-4, -3)
+    out.unflatten(-3, (-1, groups)).copy_(P1)  # [..., P / G, G, C, C]
+    return out
+
+
 class Terms:
     """All state-independent terms of a group of chunks [n, P, C, D] (see the module docstring).
 
     ``buffers`` (``Buffers``) holds the terms from one group to the next; by default (``fresh``)
     every group's are new tensors; ``differentiable``: new tensors that autograd records.
-    q None: the terms of the state alone (no Qd, A_qk), for the affine maps.
+    q None: the terms of the state alone (no Qd, A_qk), for the affine maps. ``groups``: q's and
+    k's heads come in groups of G equal ones (grouped value heads broadcast; ``Products``).
     """
 
     def __init__(
@@ -149,6 +168,7 @@ class Terms:
         g: Tensor | None,
         mech: Mechanism,
         buffers=fresh,
+        groups: int = 1,
     ):
         self.q, self.k, self.v, self.beta, self.g = q, k, v, beta, g
         self.mech, self.buffers = mech, buffers
@@ -160,7 +180,7 @@ class Terms:
         strict = ([] if q is None else [False]) + ([True] if mech.delta else [])
         self.products = None
         if lefts:
-            self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor)
+            self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor, groups)
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
         self.W, self.U0 = self.pseudo_value_terms() if mech.delta else (None, v)
 

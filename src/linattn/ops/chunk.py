@@ -62,7 +62,7 @@ def chunk_terms(
     """
     G = v.shape[1] // max(k.shape[1], 1)  # grouped value heads: q, k broadcast over G
     inputs = (chunks(x, C, G if i < 2 else 1) for i, x in enumerate((q, k, v, beta, g)))
-    return Terms(*inputs, mech, differentiable)
+    return Terms(*inputs, mech, differentiable, G)
 
 
 def chunk_forward(

@@ -157,7 +157,7 @@ class ChunkFunction(torch.autograd.Function):
         buffers = Buffers()
         for c0, t0, t1, n in _groups(T, C, P):
             qg, kg, vg, bg, gg = gather(t0, t1, n)
-            terms = Terms(qg, kg, vg, bg, gg, mech, buffers)
+            terms = Terms(qg, kg, vg, bg, gg, mech, buffers, gather.G)
             st = states[c0 : c0 + n] if keep else group_states[:n]  # [n, P, K, V]
             _, U, S = terms.states(S, st)
             _scatter(o, terms.outputs(U, st), t0, t1)
@@ -190,7 +190,7 @@ class ChunkFunction(torch.autograd.Function):
         buffers = Buffers()
         for c0, t0, t1, n in reversed(list(_groups(T, C, P))):
             qg, kg, vg, bg, gg, dO = gather(t0, t1, n)
-            terms = Terms(qg, kg, vg, bg, gg, ctx.mech, buffers)
+            terms = Terms(qg, kg, vg, bg, gg, ctx.mech, buffers, gather.G)
             st = states[c0 : c0 + n]  # [n, P, K, V]
             U = terms.pseudo_values(st)  # [n, P, C, V]
             dS_next = q.new_empty(n, P, K, V)  # gradient of the state leaving each chunk
