@@ -428,3 +428,18 @@ def test_the_extension_refuses_value_heads_that_are_no_multiple():
             None,
             0.5,
         )
+
+
+def test_double_backward_with_grouped_value_heads():
+    """create_graph=True (the all-blocks form's plain autograd) with G = 2: gradgradcheck."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 5, 1, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 5, 2, 2, generator=gen, dtype=torch.float64)
+    beta = torch.rand(1, 5, 2, generator=gen, dtype=torch.float64)
+    g = -torch.rand(1, 5, 2, generator=gen, dtype=torch.float64)
+    args = [t.requires_grad_() for t in (q, k, v, beta, g)]
+
+    def f(*a):
+        return delta_rule(*a, mode="chunk", chunk_size=2, output_final_state=True)
+
+    assert torch.autograd.gradgradcheck(f, args)

@@ -144,8 +144,8 @@ def shared_product(a: Tensor, b: Tensor, groups: int, out: Tensor | None) -> Ten
     # [..., P, C, K] -> [..., P / G, G, C, K] -> the first head of each group [..., P / G, C, K]
     a1, b1 = (x.unflatten(-3, (-1, groups))[..., 0, :, :] for x in (a, b))
     P1 = (a1 @ b1.transpose(-1, -2)).unsqueeze(-3)  # [..., P / G, 1, C, C]
-    if out is None:  # differentiable: a new tensor, broadcast to [..., P / G, G, C, C]
-        return P1.expand(*P1.shape[:-3], groups, *P1.shape[-2:]).flatten(-4, -3)
+    if out is None:  # differentiable: a new tensor [..., P / G, G, C, C] -> [..., P, C, C]
+        return P1.expand(*P1.shape[:-3], groups, *P1.shape[-2:]).contiguous().flatten(-4, -3)
     out.unflatten(-3, (-1, groups)).copy_(P1)  # [..., P / G, G, C, C]
     return out
 
