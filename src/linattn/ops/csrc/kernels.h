@@ -22,7 +22,9 @@
 // entering each chunk; ``chunk_backward`` (backward.cpp) differentiates them for every mechanism,
 // chunk by chunk from the last, each chunk recomputed from its saved state (memory linear in T).
 //
-// Inputs are float32, q, k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T, 1 | K], each
+// Inputs are float32, q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K]
+// (grouped value heads: HV = G H, value head j reads q/k head j / G in place; the backward writes
+// dq, dk per value head and sums each group at the end; G = 1 the plain case), each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
 // public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
 // check), but a log-gate may be -inf (a reset): each is floored at kGateFloor, and the cumulative
@@ -44,23 +46,24 @@
 
 namespace linattn_native {
 
-// o [B, H, T, V] (a view of a [B, T, H, V] tensor), the final state [B, H, K, V], and (keep) the
-// state entering every chunk [N, B H, K, V] for the backward pass (else an empty tensor).
+// o [B, HV, T, V] (a view of a [B, T, HV, V] tensor), the final state [B, HV, K, V], and (keep) the
+// state entering every chunk [N, B HV, K, V] for the backward pass (else an empty tensor).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep);
 
-// dq, dk [B, H, T, K], dv [B, H, T, V], dbeta [B, H, T] (empty for the additive rule), dg
-// [B, H, T, kg] (empty without decay) and dS0 [B, H, K, V], from the states ``chunk_forward`` kept.
+// dq, dk [B, H, T, K], dv [B, HV, T, V], dbeta [B, HV, T] (empty for the additive rule), dg
+// [B, HV, T, kg] (empty without decay) and dS0 [B, HV, K, V], from the states ``chunk_forward``
+// kept.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_backward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
     double scale_d, int64_t C64);
 
-// One generation step, the state updated in place: o [B, H, V], or an empty tensor (the state
-// unchanged) when a value is out of range.
+// One generation step, the state [B, HV, K, V] updated in place (q, k [B, H, K], HV = G H): o
+// [B, HV, V], or an empty tensor (the state unchanged) when a value is out of range.
 at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
                           const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
                           const std::optional<at::Tensor>& g_opt, double scale_d);

@@ -54,8 +54,8 @@ void step_checks(c10::DeviceType device, const at::Tensor& state, const at::Tens
 //   o = S^T (scale q)
 //
 // state [B, H, K, V] contiguous; q, k [B, Hq, K] (value head p of a sequence reads q/k head
-// p / G, G = H / Hq: grouped value heads, read in place); v [B, H, V]; beta [B, H] or None; g [B, H, 1|K]
-// or None; all float32 (shapes checked first; the inputs other than the state are copied when not
+// p / G, G = H / Hq: grouped value heads, read in place); v [B, H, V]; beta [B, H] or None;
+// g [B, H, 1|K] or None; all float32 (shapes checked first; the inputs other than the state are copied when not
 // contiguous). Returns o [B, H, V]; or, when an input is out of its range (a NaN or Inf anywhere
 // but a g of -inf, beta outside [0, 2], g > 0), an empty tensor, with the state unchanged: the
 // caller then names the input.
