@@ -61,35 +61,6 @@ from linattn.compat.simple_gla import (
 from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
 
-COMPUTED = (
-    "chunk_delta_rule",
-    "chunk_gated_delta_rule",
-    "chunk_gdn",
-    "chunk_gla",
-    "chunk_kda",
-    "chunk_lightning_attn",
-    "chunk_linear_attn",
-    "chunk_retention",
-    "chunk_simple_gla",
-    "fused_chunk_linear_attn",
-    "fused_chunk_retention",
-    "fused_chunk_simple_gla",
-    "fused_recurrent_delta_rule",
-    "fused_recurrent_gated_delta_rule",
-    "fused_recurrent_gdn",
-    "fused_recurrent_gla",
-    "fused_recurrent_hgrn",
-    "fused_recurrent_kda",
-    "fused_recurrent_lightning_attn",
-    "fused_recurrent_linear_attn",
-    "fused_recurrent_retention",
-    "fused_recurrent_simple_gla",
-    "parallel_retention",
-    "parallel_simple_gla",
-)
-DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
-FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING)))
-
 __all__ = [
     "chunk_delta_rule",
     "chunk_gated_delta_rule",
@@ -119,4 +90,8 @@ __all__ = [
     "parallel_retention",
     "parallel_simple_gla",
 ]
+DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
+# The entry points linattn computes: the exported names less the deprecated ones and the helper.
+COMPUTED = tuple(name for name in __all__ if name not in (*DEPRECATED, "kda_gate"))
+FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING)))
 __all__ += unsupported.__all__

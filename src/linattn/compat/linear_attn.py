@@ -81,20 +81,9 @@ def chunk_linear_attn(
     )
 
 
-def fused_chunk_linear_attn(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | tuple | None = None,
-    output_final_state: bool = False,
-    normalize: bool = True,
-    cu_seqlens: Tensor | None = None,
-) -> tuple[Tensor, Tensor | tuple | None]:
-    """fla's ``fused_chunk_linear_attn``: the same as ``chunk_linear_attn`` (another kernel)."""
-    return _linear_attn(
-        "chunk", q, k, v, scale, initial_state, output_final_state, normalize, False, cu_seqlens
-    )
+# fla's ``fused_chunk_linear_attn``: the same signature and computation as ``chunk_linear_attn``
+# (another kernel in fla), so the same function here.
+fused_chunk_linear_attn = chunk_linear_attn
 
 
 def fused_recurrent_linear_attn(
