@@ -35,6 +35,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from linattn.dtypes import compute_dtype
+
 EXTRA = 'pip install "linattn[integrations]"'
 
 # (namespace, attribute, what fla had bound): every rebinding enable() made, for disable().
@@ -74,11 +76,6 @@ def _on_cpu(original: Callable, cpu: Callable) -> Callable:
 
     dispatch.linattn_cpu = cpu
     return dispatch
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fla's kernels compute in float32; float64 inputs stay float64 here."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # ---------------------------------------------------------------- short convolution (causal_conv1d)
@@ -135,7 +132,7 @@ def _conv(x, weight, bias, initial_state, activation):
     """One batch of sequences: x [B, T, D] -> y [B, T, D] (x's dtype), final state [B, D, W]."""
     B, T, D = x.shape
     W = weight.shape[1] if weight is not None else initial_state.shape[-1]
-    dtype = _compute_dtype(x.dtype)
+    dtype = compute_dtype(x.dtype)
     if initial_state is None:
         past = x.new_zeros(B, D, W)
     else:
@@ -172,7 +169,7 @@ def causal_conv1d_update(
     """
     shape = x.shape
     D = cache.shape[1]
-    dtype = _compute_dtype(x.dtype)
+    dtype = compute_dtype(x.dtype)
     rows = x.reshape(-1, D)  # [N, D]
     cache.copy_(torch.cat([cache[..., 1:], rows.unsqueeze(-1).to(cache.dtype)], dim=-1))
     w = weight.to(dtype) if weight is not None else cache.new_ones(D, cache.shape[-1], dtype=dtype)
@@ -196,7 +193,7 @@ def _norm(x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, is_rms, 
     ``y * sigmoid(g)``; y in x's dtype. With prenorm also h (residual's dtype, float32 with
     residual_in_fp32, else x's; x itself when neither changes it), as fla returns.
     """
-    dtype = _compute_dtype(x.dtype)
+    dtype = compute_dtype(x.dtype)
     h = x.to(dtype)
     if residual is not None:
         h = h + residual.to(dtype)
@@ -276,7 +273,7 @@ def layer_norm_gated(
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6, output_dtype: torch.dtype | None = None):
     """fla's ``l2norm``: ``x / sqrt(sum(x^2) + eps)`` over the last dimension."""
-    h = x.to(_compute_dtype(x.dtype))
+    h = x.to(compute_dtype(x.dtype))
     y = h * torch.rsqrt(h.square().sum(-1, keepdim=True) + eps)
     return y.to(x.dtype if output_dtype is None else output_dtype)
 
@@ -286,7 +283,7 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6, output_dtype: torch.dtype | None 
 
 def swiglu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """fla's ``swiglu``: ``silu(x) * y`` in x's dtype."""
-    dtype = _compute_dtype(x.dtype)
+    dtype = compute_dtype(x.dtype)
     return (F.silu(x.to(dtype)) * y.to(dtype)).to(x.dtype)
 
 
@@ -313,7 +310,7 @@ def cross_entropy(
     ``loss = lse - (1 - eps) z_target - eps mean(z) + lse_square_scale lse^2``; the z-loss term
     is returned alone too, without gradient.
     """
-    z = logits.to(_compute_dtype(logits.dtype)) * logit_scale
+    z = logits.to(compute_dtype(logits.dtype)) * logit_scale
     if logit_softcapping is not None:
         z = logit_softcapping * torch.tanh(z / logit_softcapping)
     lse = torch.logsumexp(z, dim=-1)
