@@ -26,9 +26,16 @@ wants (tensors stay on the CPU). Checked with fla 0.6.0 / triton 3.9.0 / torch 2
 ``chunk_*`` and ``fused_recurrent_*`` gated delta rule forward and backward; fla's layers
 GatedDeltaNet, DeltaNet, KimiDeltaAttention, GatedLinearAttention and Mamba2 (short convolution,
 fused norms, l2norm and ops) forward and backward. The interpreter is slow (seconds per call at
-T = 64): keep shapes small. Known limits: bfloat16 can give wrong results (seen: fla's
-``chunk_delta_rule`` in bfloat16 returns outputs of 1e10; in float16 it is right; the cause,
-likely the interpreter's bfloat16 emulation, is not pinned down), and
+T = 64): keep shapes small. Known limits: bfloat16 results are wrong, and the cause is
+triton 3.9's interpreter, not fla: it stores bfloat16 as its raw ``np.uint16`` bits and converts
+them only in casts to and from float32 (``cast_impl``), so arithmetic on bfloat16 operands runs
+on the integer bit patterns: ``tl.dot`` (``create_dot`` converts only 8-bit floats; 4e9
+relative error on a 16 x 16 product), ``+``, ``*`` and ``tl.sum`` (inf / nan) alike; float32 to
+bfloat16 casts truncate where compiled triton rounds to nearest even. Hence fla's
+``chunk_delta_rule`` in bfloat16 returns outputs of ~1e10 (4e9 relative), while in float16
+(numpy's own type) it agrees with ``linattn.compat`` to 4e-3 (float16's rounding); patching
+``create_dot`` alone turns that into nan. Checked with single-op kernels (bfloat16 loads, then
+``x + y``, ``x * y``, ``tl.dot``, ``tl.sum``) against torch. And
 fla's chunk kernels refuse q, k in bfloat16 with v in float32 ("Both operands must be same
 dtype"), as compiled triton would. Masked-out lanes are computed too, so numpy may warn "overflow
 encountered in exp" on values the kernels then discard.
@@ -139,3 +146,8 @@ def _patch_interpreter() -> None:
 
 _patch_autotuner()
 _patch_interpreter()
+
+
+def relative(got, want) -> float:
+    """||got - want|| / ||want||: how fla's runs are compared (float32 at 1e-5)."""
+    return ((got - want).norm() / want.norm()).item()

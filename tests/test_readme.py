@@ -44,6 +44,8 @@ def test_readme_python_example_runs(index, tmp_path, monkeypatch):
     example = python_examples()[index]
     if "from transformers import" in example:
         pytest.importorskip("transformers")  # the linattn[integrations] extra
+    if "from fla" in example:
+        pytest.importorskip("fla")  # the linattn[integrations] extra
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     exec(compile(example, f"README.md example {index}", "exec"), {})

@@ -1,0 +1,364 @@
+"""fla 0.6.0's layers and models on the CPU with ``linattn.integrations.fla.enable()``.
+
+Each run with ``enable()`` is compared with the same fla code (same weights, same inputs) run by
+fla's own Triton kernels under Triton's interpreter (``tests.fla_interpreter``, imported before
+fla), float32 within 1e-5 relative: layers forward, input and weight gradients, prefill then
+token-by-token decoding with fla's cache; causal LMs a training step's loss and gradients, and
+greedy ``generate``. fla without ``enable()`` (no interpreter) is run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+interp = pytest.importorskip("tests.fla_interpreter")  # before fla
+pytest.importorskip("fla")
+
+import fla.layers  # noqa: E402
+import fla.models  # noqa: E402
+import fla.modules  # noqa: E402
+from fla.models.utils import Cache  # noqa: E402
+
+from linattn.integrations import fla as linattn_fla  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+relative = interp.relative
+SRC = Path(__file__).resolve().parents[2] / "src"
+TOL = 1e-5
+D = 32
+
+LAYERS = {
+    "gated_deltanet": lambda: fla.layers.GatedDeltaNet(
+        hidden_size=D, head_dim=16, num_heads=2, num_v_heads=4, layer_idx=0
+    ),
+    "deltanet": lambda: fla.layers.DeltaNet(hidden_size=D, num_heads=2, layer_idx=0),
+    "deltanet-gate": lambda: fla.layers.DeltaNet(
+        hidden_size=D, num_heads=2, use_gate=True, layer_idx=0
+    ),
+    "kda": lambda: fla.layers.KimiDeltaAttention(
+        hidden_size=D, head_dim=16, num_heads=2, layer_idx=0
+    ),
+    "gla": lambda: fla.layers.GatedLinearAttention(
+        hidden_size=D, num_heads=2, use_short_conv=True, layer_idx=0
+    ),
+}
+MODELS = {
+    "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", {"head_dim": 16}),
+    "deltanet": ("DeltaNetConfig", "DeltaNetForCausalLM", {}),
+    "kda": ("KDAConfig", "KDAForCausalLM", {"head_dim": 16}),
+    "gla": ("GLAConfig", "GLAForCausalLM", {}),
+}
+
+
+@contextmanager
+def enabled():
+    linattn_fla.enable()
+    try:
+        yield
+    finally:
+        linattn_fla.disable()
+
+
+def randomised(module: torch.nn.Module) -> torch.nn.Module:
+    """Every parameter moved off its initial value (norm weights are ones otherwise)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return module
+
+
+def layer(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return randomised(LAYERS[name]())
+
+
+def forward_and_grads(module, x, w):
+    """The layer's output, the input's gradient and every parameter's (a training step)."""
+    module.zero_grad()
+    x = x.clone().requires_grad_()
+    y = module(x)[0]
+    (y * w).sum().backward()
+    return y.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters()}
+
+
+def decode(module, x, prefill: int):
+    """A prefill of ``prefill`` tokens then one token at a time, with fla's cache."""
+    cache = Cache()
+    with torch.no_grad():
+        ys = [module(x[:, :prefill], past_key_values=cache, use_cache=True)[0]]
+        for t in range(prefill, x.shape[1]):
+            ys.append(module(x[:, t : t + 1], past_key_values=cache, use_cache=True)[0])
+    return torch.cat(ys, 1)
+
+
+# The default run keeps one forward-and-gradients case per layer family (each < 15 s under the
+# interpreter); the variant, decoding of the chunked families and the models are slow.
+LAYER_CASES = [pytest.param(n, marks=pytest.mark.slow) if "-" in n else n for n in LAYERS]
+DECODING_CASES = [
+    n if n in ("deltanet", "gla") else pytest.param(n, marks=pytest.mark.slow) for n in LAYERS
+]
+MODEL_CASES = [n if n == "gla" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS]
+
+
+# Gradients whose float32 value from fla's kernels can itself be further than TOL from the float64
+# value: the in-kernel gate's per-head parameters ``A_log`` and ``dt_bias`` of Gated DeltaNet and
+# KDA (each a sum over every token, and key channel, of terms that cancel): e.g. the kda layer
+# below, A_log: fla 1.9e-5 and ours 1.3e-7 relative from float64; the gated_deltanet model:
+# dt_bias 2.2e-5 between fla and us. These are compared with our float64 run (within TOL;
+# fla's within 10 TOL).
+FLA_FLOAT32_LIMITED = ("A_log", "dt_bias")
+
+
+def assert_gradients_equal(grads: dict, grads_ref: dict, float64_run) -> None:
+    """grads equal fla's within TOL, the FLA_FLOAT32_LIMITED ones float64_run()'s instead."""
+    assert grads.keys() == grads_ref.keys()
+    limited = [key for key in grads if key.endswith(FLA_FLOAT32_LIMITED)]
+    grads64 = float64_run() if limited else {}
+    for key in grads:
+        if key in limited:
+            assert relative(grads[key].double(), grads64[key]) < TOL, key
+            assert relative(grads_ref[key].double(), grads64[key]) < 10 * TOL, key
+        else:
+            assert relative(grads[key], grads_ref[key]) < TOL, key
+
+
+@pytest.mark.parametrize("name", LAYER_CASES)
+def test_layer_forward_and_gradients_equal_fla(name):
+    module = layer(name).train()
+    x, w = torch.randn(2, 40, D), torch.randn(2, 40, D)
+    y_ref, dx_ref, grads_ref = forward_and_grads(module, x, w)
+    with enabled():
+        y, dx, grads = forward_and_grads(module, x, w)
+        assert relative(y, y_ref) < TOL
+        assert relative(dx, dx_ref) < TOL
+        assert_gradients_equal(
+            grads,
+            grads_ref,
+            lambda: forward_and_grads(copy.deepcopy(module).double(), x.double(), w.double())[2],
+        )
+
+
+@pytest.mark.parametrize("name", DECODING_CASES)
+def test_layer_decoding_with_cache_equals_fla(name):
+    module = layer(name).eval()
+    x = torch.randn(2, 12, D)
+    want = decode(module, x, prefill=7)
+    with enabled():
+        got = decode(module, x, prefill=7)
+    assert relative(got, want) < TOL
+
+
+def causal_lm(name: str, **options):
+    config_name, model_name, extra = MODELS[name]
+    config = getattr(fla.models, config_name)(
+        hidden_size=D, num_hidden_layers=2, num_heads=2, vocab_size=64, **extra, **options
+    )
+    torch.manual_seed(0)
+    return randomised(getattr(fla.models, model_name)(config))
+
+
+def training_step(model, ids):
+    model.zero_grad()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", MODEL_CASES)
+def test_causal_lm_training_step_equals_fla(name):
+    """fla's fused cross entropy refuses CPU tensors even under the interpreter: the reference
+    model computes its loss with torch's (``fuse_cross_entropy=False``), ours with the fused
+    module's CPU forward (the configs' default)."""
+    ref = causal_lm(name, fuse_cross_entropy=False).train()
+    model = causal_lm(name).train()
+    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
+    loss_ref, grads_ref = training_step(ref, ids)
+    with enabled():
+        loss, grads = training_step(model, ids)
+        assert relative(loss, loss_ref) < TOL
+        assert_gradients_equal(
+            grads, grads_ref, lambda: training_step(copy.deepcopy(model).double(), ids)[1]
+        )
+
+
+@pytest.mark.parametrize("name", MODEL_CASES)
+def test_causal_lm_generate_equals_fla(name):
+    model = causal_lm(name).eval()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    settings = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False}
+    settings |= {"output_logits": True, "return_dict_in_generate": True}
+    want = model.generate(ids, **settings)
+    with enabled():
+        got = model.generate(ids, **settings)
+    assert torch.equal(got.sequences, want.sequences)
+    assert relative(torch.stack(got.logits), torch.stack(want.logits)) < TOL
+
+
+@pytest.mark.slow
+def test_causal_lm_generate_with_left_padding_equals_fla():
+    """A padded batch: fla unpads to packed sequences (cu_seqlens) for the convolution and ops."""
+    model = causal_lm("gated_deltanet").eval()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    settings = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False}
+    settings |= {"output_logits": True, "return_dict_in_generate": True}
+    want = model.generate(ids, **settings)
+    with enabled():
+        got = model.generate(ids, **settings)
+    assert torch.equal(got.sequences, want.sequences)
+    assert relative(torch.stack(got.logits), torch.stack(want.logits)) < TOL
+
+
+def fla_globals() -> dict[tuple[str, str], object]:
+    """Every global of every loaded fla module, and the loss classes' forwards."""
+    found = {
+        (name, attr): value
+        for name, module in list(sys.modules.items())
+        if module is not None and (name == "fla" or name.startswith("fla."))
+        for attr, value in list(vars(module).items())
+    }
+    for cls in (fla.modules.FusedCrossEntropyLoss, fla.modules.FusedLinearCrossEntropyLoss):
+        found[(cls.__qualname__, "forward")] = cls.forward
+    return found
+
+
+def test_enable_disable_round_trip_restores_flas_objects():
+    from fla.layers import gated_deltanet, kda
+    from fla.modules.causal_conv1d import ops as conv_ops
+
+    before = fla_globals()
+    chunk = gated_deltanet.chunk_gated_delta_rule
+    assert not linattn_fla.is_enabled()
+    linattn_fla.enable()
+    linattn_fla.enable()  # twice is harmless
+    try:
+        assert linattn_fla.is_enabled()
+        assert gated_deltanet.chunk_gated_delta_rule is not chunk
+        assert gated_deltanet.chunk_gated_delta_rule.__wrapped__ is chunk
+        fla_kda = before[("fla.layers.kda", "fused_recurrent_kda")]
+        assert kda.fused_recurrent_kda.__wrapped__ is fla_kda
+        assert conv_ops.causal_conv1d is not before[(conv_ops.__name__, "causal_conv1d")]
+        assert gated_deltanet.causal_conv1d is conv_ops.causal_conv1d
+        changed = {key for key, value in fla_globals().items() if before.get(key) is not value}
+        assert ("FusedCrossEntropyLoss", "forward") in changed
+    finally:
+        linattn_fla.disable()
+    assert not linattn_fla.is_enabled()
+    after = fla_globals()
+    assert all(after[key] is value for key, value in before.items())
+    assert gated_deltanet.chunk_gated_delta_rule is chunk
+
+
+def test_other_devices_keep_flas_kernels():
+    """The dispatch: CPU tensors (or none) go to linattn, any other device to fla's original."""
+    wrapped = linattn_fla._on_cpu(lambda *a, **k: "fla", lambda *a, **k: "linattn")
+    assert wrapped(torch.zeros(2)) == "linattn"
+    assert wrapped(x=torch.zeros(2)) == "linattn"
+    assert wrapped(torch.zeros(2, device="meta")) == "fla"
+    assert wrapped(3, weight=torch.zeros(2, device="meta")) == "fla"
+
+
+def test_fused_cross_entropy_on_the_cpu_equals_torch():
+    """Label smoothing, ignored targets, the z-loss and logit scale against torch's, float64."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(10, 7, dtype=torch.float64, generator=gen)
+    target = torch.randint(0, 7, (10,), generator=gen)
+    target[[2, 5]] = -100
+    fused = fla.modules.FusedCrossEntropyLoss(
+        label_smoothing=0.1, logit_scale=0.5, lse_square_scale=1e-2, return_z_loss=True
+    )
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    with enabled():
+        loss, z_loss = fused(a, target)
+    valid = target != -100
+    lse = torch.logsumexp(0.5 * b[valid], -1)
+    want_z = 1e-2 * lse.square().mean()
+    want = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(0.5 * b, target) + want_z
+    (loss - want).backward()  # equal gradients: the difference's gradient vanishes
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(z_loss, want_z.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(a.grad, -b.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_fused_linear_cross_entropy_on_the_cpu_equals_torch():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(9, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    target = torch.randint(0, 9, (2, 5), generator=gen)
+    target[0, 1] = -100
+    with enabled():
+        loss = fla.modules.FusedLinearCrossEntropyLoss()(x, target, weight)
+    logits = torch.nn.functional.linear(x, weight).reshape(10, 9)
+    want = torch.nn.functional.cross_entropy(logits, target.reshape(-1))
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """code in a fresh interpreter: this tree's linattn, fla WITHOUT Triton's interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_fla_fails_on_the_cpu_without_enable_and_runs_with_it():
+    result = run_python(
+        """
+        import torch
+        from fla.layers import GatedDeltaNet
+        import linattn.integrations.fla as linattn_fla
+
+        layer = GatedDeltaNet(hidden_size=32, head_dim=16, num_heads=2)
+        x = torch.randn(1, 8, 32)
+        try:
+            layer(x)
+        except Exception as error:
+            print("without enable:", type(error).__name__, error)
+        else:
+            print("without enable: ran")
+        linattn_fla.enable()
+        y = layer(x)[0]
+        y.sum().backward()
+        linattn_fla.disable()
+        print("with enable:", tuple(y.shape), bool(torch.isfinite(y).all()))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "without enable: ran" not in result.stdout
+    assert "0 active drivers" in result.stdout  # fla's first Triton launch
+    assert "with enable: (1, 8, 32) True" in result.stdout.splitlines()
+
+
+def test_linattn_never_imports_fla_and_enable_names_the_extra():
+    result = run_python(
+        """
+        import sys
+        import linattn, linattn.integrations, linattn.integrations.fla as linattn_fla
+        print("fla imported:", "fla" in sys.modules)
+        sys.modules["fla"] = None  # as if fla were not installed
+        try:
+            linattn_fla.enable()
+        except ImportError as error:
+            print("ImportError:", error)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fla imported: False" in result.stdout
+    assert "ImportError: linattn.integrations.fla needs" in result.stdout
+    assert 'pip install "linattn[integrations]"' in result.stdout
