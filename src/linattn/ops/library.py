@@ -118,7 +118,7 @@ def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tu
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
     tensors where it is available, else the PyTorch group loop."""
     if _native.applies(q):
-        return _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
+        return _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep)
     mech = Mechanism.internal(beta, g)
     ctx = _LoopContext((keep,) * 6, scale, C, mech)
     with torch.no_grad():
@@ -134,7 +134,9 @@ def backward_kernel(
     dbeta without beta and dg without g. The PyTorch loop computes only the gradients ``needs``
     marks (q, k, v, beta, g, S0), None for the others; the fused loop computes all of them."""
     if _native.applies(q):
-        return _native.chunk_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
+        run = _native.kernel("chunk_backward")
+        dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C)
+        return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
     ctx = _LoopContext(tuple(needs), scale, C, Mechanism.internal(beta, g))
     ctx.saved_tensors = (q, k, v, beta, g, None, states)
     with torch.no_grad():
