@@ -256,4 +256,3 @@ def _state_loop_backward(
     if not terms.mech.delta:
         dU.add_(terms.Ke @ dS_next)
     return dU, dS_in
-
