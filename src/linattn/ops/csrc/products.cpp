@@ -28,25 +28,42 @@ void factor_rows(const float* X, int64_t ldx, const Gates& G, int64_t K, int i0,
   }
 }
 
+// A diagonal block's rows [i0, i0 + n) (the reference row r inside it): their exponents are
+// d = G_i - G_r and -d, formed once: Xf = x * exp(d), Yf = y * exp(-d); kKeep: the decays into
+// Ex and Ey too (for the backward pass).
+template <bool kKeep>
+void factor_diagonal_rows(const float* X, int64_t ldx, const float* Y, int64_t ldy,
+                          const Gates& G, int64_t K, int i0, int n, const float* Gr,
+                          const float* Lr, Scratch& w) {
+  for (int i = 0; i < n; ++i) {
+    const float *x = X + (i0 + i) * ldx, *y = Y + (i0 + i) * ldy;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
+    float *fx = w.Xf.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
+    float* ex = kKeep ? w.Ex.data() + static_cast<int64_t>(i) * K : nullptr;
+    float* ey = kKeep ? w.Ey.data() + static_cast<int64_t>(i) * K : nullptr;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) {
+      const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
+      const float up = exp_flush(d), down = exp_flush(-d);
+      if constexpr (kKeep) {
+        ex[c] = up;
+        ey[c] = down;
+      }
+      fx[c] = x[c] * up;
+      fy[c] = y[c] * down;
+    }
+  }
+}
+
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
 // reference row r for the whole block: x * exp(G - G_r) times (y * exp(G_r - G))^T.
 void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
                     int64_t K, int i0, int n, int j0, int m, int r, float alpha, float* A,
                     int64_t lda, Scratch& w) {
   const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
-  if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
-    for (int i = 0; i < n; ++i) {
-      const float *x = X + (i0 + i) * ldx, *y = Y + (i0 + i) * ldy;
-      const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
-      const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
-      float *fx = w.Xf.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
-#pragma omp simd
-      for (int c = 0; c < K; ++c) {
-        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
-        fx[c] = x[c] * exp_flush(d);
-        fy[c] = y[c] * exp_flush(-d);
-      }
-    }
+  if (i0 == j0 && n == m) {  // a diagonal block
+    factor_diagonal_rows<false>(X, ldx, Y, ldy, G, K, i0, n, Gr, Lr, w);
     gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0,
          lda);
     return;
@@ -85,22 +102,8 @@ void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_
                              float alpha, const float* dA, int64_t lda, float* dX, float* dY,
                              Scratch& w) {
   const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
-  if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
-    for (int i = 0; i < n; ++i) {
-      const float *x = X + (i0 + i) * ldx, *y = Y + (i0 + i) * ldy;
-      const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
-      const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
-      float *e = w.Ex.data() + static_cast<int64_t>(i) * K, *f = w.Xf.data() + i * K;
-      float *ey = w.Ey.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
-#pragma omp simd
-      for (int c = 0; c < K; ++c) {
-        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
-        e[c] = exp_flush(d);
-        f[c] = x[c] * e[c];
-        ey[c] = exp_flush(-d);
-        fy[c] = y[c] * ey[c];
-      }
-    }
+  if (i0 == j0 && n == m) {  // a diagonal block
+    factor_diagonal_rows<true>(X, ldx, Y, ldy, G, K, i0, n, Gr, Lr, w);
   } else {
     factor_rows<false, true>(X, ldx, G, K, i0, n, Gr, Lr, w.Xf.data(), w.Ex.data());
     factor_rows<true, true>(Y, ldy, G, K, j0, m, Gr, Lr, w.Yf.data(), w.Ey.data());
