@@ -11,8 +11,10 @@ working tree's kernels (``linattn_native``), and each pair of calls runs old and
 in alternating order on the same inputs, one thread: two builds of the same source differ by about
 3% this way. It times ``chunk_forward`` (and ``chunk_backward`` with ``--backward``) directly, so
 it needs the two commits' kernel signatures to agree, and it leaves the Python around them out
-(time that separately, e.g. at a tiny T). Reported per mechanism: the minimum of each, and the
-median of the new / old ratios of the pairs.
+(time that separately, e.g. at a tiny T). Reported per mechanism: the minimum of each, the
+median of the new / old ratios of the pairs, and whether the two gave the same bits (every output,
+and every gradient with ``--backward``; ``--gate-scale 400`` steepens the gates so that the
+per-channel products halve).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def load_old(rev: str) -> object:
     return torch.ops.linattn_ab_old
 
 
-def inputs(T: int, H: int = 8, K: int = 64) -> dict[str, torch.Tensor]:
-    """The bench's inputs in the kernels' layout [B, H, T, ...] (views of [B, T, H, ...])."""
+def inputs(T: int, H: int = 8, K: int = 64, gate_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """The bench's inputs in the kernels' layout [B, H, T, ...] (views of [B, T, H, ...]), the
+    log-gates times ``gate_scale``."""
     gen = torch.Generator().manual_seed(0)
 
     def rows(*tail: int) -> torch.Tensor:
@@ -67,7 +70,7 @@ def inputs(T: int, H: int = 8, K: int = 64) -> dict[str, torch.Tensor]:
 
     x = {"q": rows(K), "k": F.normalize(rows(K), dim=-1), "v": rows(K)}
     x["beta"] = torch.sigmoid(torch.randn(1, T, H, generator=gen))
-    x["g channel"] = F.logsigmoid(rows(K) + 4.0)
+    x["g channel"] = gate_scale * F.logsigmoid(rows(K) + 4.0)
     x["g scalar"] = x["g channel"][..., :1].contiguous()
     return {name: t.transpose(1, 2) for name, t in x.items()}
 
@@ -78,12 +81,13 @@ def main() -> None:
     parser.add_argument("--T", type=int, default=16384)
     parser.add_argument("--pairs", type=int, default=9)
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
+    parser.add_argument("--gate-scale", type=float, default=1.0, help="multiplies the log-gates")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not native.available():
         raise SystemExit(f"the working tree's kernels are not available: {native.reason()}")
     old, new = load_old(args.old), torch.ops.linattn_native
-    x = inputs(args.T)
+    x = inputs(args.T, gate_scale=args.gate_scale)
     H, K, scale, C = x["q"].shape[1], x["q"].shape[-1], x["q"].shape[-1] ** -0.5, 64
     S0 = torch.zeros(1, H, K, K)
     mechanisms = {  # name: (beta, g)
@@ -96,25 +100,32 @@ def main() -> None:
     }
     row = "fwd+bwd" if args.backward else "fwd"
     print(f"T = {args.T}, one thread, {args.pairs} pairs; old {args.old}, new: the working tree")
-    print(f"| {row} | old min ms | new min ms | min / min | median of pair ratios |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"| {row} | old min ms | new min ms | min / min | median of pair ratios | same bits |")
+    print("|---|---:|---:|---:|---:|---|")
     for name, (beta, g) in mechanisms.items():
         call = (x["q"], x["k"], x["v"], beta, g, S0, scale, C)
         times: dict[str, list[float]] = {"old": [], "new": []}
+        results: dict[str, list[torch.Tensor]] = {}
         for pair in range(args.pairs + 1):  # the first pair warms up
             for label in ("old", "new") if pair % 2 else ("new", "old"):
                 lib = old if label == "old" else new
                 start = time.perf_counter()
                 o, S, states = lib.chunk_forward(*call, args.backward)
+                grads = []
                 if args.backward:
-                    lib.chunk_backward(
+                    grads = lib.chunk_backward(
                         *call[:5], states, torch.ones_like(o), torch.zeros_like(S), scale, C
                     )
                 if pair:
                     times[label].append(time.perf_counter() - start)
+                results[label] = [o, S, states, *grads]
         o_min, n_min = min(times["old"]) * 1e3, min(times["new"]) * 1e3
         ratio = statistics.median(n / o for o, n in zip(times["old"], times["new"], strict=True))
-        print(f"| {name} | {o_min:.1f} | {n_min:.1f} | {n_min / o_min:.3f} | {ratio:.3f} |")
+        same = all(map(torch.equal, results["old"], results["new"]))
+        print(
+            f"| {name} | {o_min:.1f} | {n_min:.1f} | {n_min / o_min:.3f} | {ratio:.3f} "
+            f"| {'yes' if same else 'NO'} |"
+        )
     sys.stdout.flush()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -18,10 +19,10 @@ from linattn.integrations import transformers as hf
 VOCAB = 61
 
 
-def qwen3_next(**sizes: int):
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    config = Qwen3NextConfig(
+def _qwen_linear(**sizes: int) -> dict:
+    """The sizes Qwen3-Next and Qwen3.5 share: one gated-delta layer (grouped value heads,
+    G = 2), then one full-attention layer."""
+    return dict(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=48,
@@ -34,36 +35,27 @@ def qwen3_next(**sizes: int):
         linear_num_value_heads=4,  # grouped value heads: G = 2
         linear_key_head_dim=8,
         linear_value_head_dim=8,
+        experts_implementation="eager",  # grouped_mm has no float64
+        **sizes,
+    )
+
+
+def qwen3_next(**sizes: int):
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    experts = dict(
         num_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=16,
         shared_expert_intermediate_size=16,
-        experts_implementation="eager",  # grouped_mm has no float64
-        **sizes,
     )
-    return Qwen3NextForCausalLM(config)
+    return Qwen3NextForCausalLM(Qwen3NextConfig(**_qwen_linear(**experts, **sizes)))
 
 
 def qwen3_5(**sizes: int):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    config = Qwen3_5TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"],
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
-        experts_implementation="eager",  # grouped_mm has no float64
-        **sizes,
-    )
-    return Qwen3_5ForCausalLM(config)
+    return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**_qwen_linear(**sizes)))
 
 
 def kimi_linear(**sizes: int):
@@ -135,6 +127,13 @@ def build(family: str, dtype: torch.dtype = torch.float32, seed: int = 0):
             if name.endswith(("A_log", "dt_bias")):
                 p.uniform_(-1.0, 1.0)
     return model.to(dtype).eval()
+
+
+def fla_bound() -> bool:
+    """Whether transformers bound fla's kernels in Qwen3-Next's modeling module."""
+    module = importlib.import_module(hf.module_name("qwen3_next"))
+    wrapper = module.torch_chunk_gated_delta_rule
+    return inspect.getclosurevars(wrapper).nonlocals.get("is_new_implementation", False)
 
 
 @contextlib.contextmanager

@@ -283,17 +283,11 @@ def test_conv_kernels_equal_transformers_fallbacks():
         kernels.causal_conv1d_fn(x, w, cu_seqlens=torch.tensor([0, 11]))
 
 
-def fla_bound() -> bool:
-    module = importlib.import_module(hf.module_name("qwen3_next"))
-    wrapper = module.torch_chunk_gated_delta_rule
-    return inspect.getclosurevars(wrapper).nonlocals.get("is_new_implementation", False)
-
-
 WITH_FLA = """
 import torch
 from linattn.integrations import transformers as hf
-from tests.integrations import hf_models, test_transformers as t
-assert t.fla_bound(), "transformers did not bind fla"
+from tests.integrations import hf_models
+assert hf_models.fla_bound(), "transformers did not bind fla"
 model = hf_models.build("qwen3_next")
 ids = torch.randint(3, hf_models.VOCAB, (1, 8))
 try:
@@ -330,8 +324,8 @@ WITHOUT_FLA = """
 import json, sys
 sys.modules["fla"] = None  # fla hidden: importing it fails, as where it is not installed
 import torch
-from tests.integrations import hf_models, test_transformers as t
-assert not t.fla_bound(), "transformers bound fla"
+from tests.integrations import hf_models
+assert not hf_models.fla_bound(), "transformers bound fla"
 errors = {f"{family} {dtype}": hf_models.compare(family, dtype)
           for family in ("qwen3_next", "kimi_linear") for dtype in (torch.float32, torch.float64)}
 print(json.dumps(errors))

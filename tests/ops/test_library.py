@@ -307,3 +307,50 @@ def test_gradients_of_some_inputs_only(backend, monkeypatch):
     (o.square().sum() + S.sum()).backward()
     assert all(leaves[n].grad is None for n in ("k", "beta", "g", "S0"))
     assert torch.equal(leaves["q"].grad, every[2]) and torch.equal(leaves["v"].grad, every[4])
+
+
+def _zero_fills(fn) -> list[tuple[str, list]]:
+    """The zero-filling aten ops ``fn()`` runs, with their input shapes (torch.profiler)."""
+    with torch.profiler.profile(record_shapes=True) as prof:
+        fn()
+    fills = ("aten::zeros", "aten::zeros_like", "aten::new_zeros", "aten::zero_", "aten::fill_")
+    return [(e.name, e.input_shapes) for e in prof.events() if e.name in fills]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("route", ["eager", "op"])
+def test_the_backward_fills_no_tensor_of_the_states_size(route, backend, monkeypatch):
+    # The chunk states are a non-differentiable output; autograd used to pass a zero tensor of
+    # their size [ceil(T / C), B H, K, V] as their gradient (32 MiB at T = 16,384), unread.
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    x = _inputs("delta", "channel", B=1, H=2, T=10, K=4, V=3)
+    if route == "eager":
+        o, S = library.chunk(*(x[n] for n in ("q", "k", "v", "beta", "g", "S0")), 4, 0.5)
+    else:
+        o, S, _ = library.chunk_forward(*_forward_args(x, C=4))
+    loss = o.square().sum() + S.sum()
+    states_shape = [3, 2, 4, 3]
+    fills = _zero_fills(loss.backward)
+    assert x["q"].grad is not None
+    assert not [f for f in fills if states_shape in f[1]], fills
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("unused", ["o", "S"])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_an_unused_output_has_a_zero_gradient(unused, create_graph, backend, monkeypatch):
+    # d_o or dS is None when that output is unused (the gradients are not materialised): the
+    # gradients are those of an explicit zero seed for it.
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    names = ("q", "k", "v", "beta", "g", "S0")
+
+    def grads(zero_seed: bool) -> tuple:
+        x = _inputs("delta", "scalar", T=9)
+        o, S = library.chunk(*(x[n] for n in names), 4, 0.5)
+        loss = S.square().sum() if unused == "o" else o.square().sum()
+        if zero_seed:
+            loss = loss + (o if unused == "o" else S).sum() * 0
+        return torch.autograd.grad(loss, [x[n] for n in names], create_graph=create_graph)
+
+    for alone, seeded in zip(grads(False), grads(True), strict=True):
+        torch.testing.assert_close(alone, seeded, rtol=0, atol=0)

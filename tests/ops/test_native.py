@@ -80,7 +80,7 @@ def test_equals_the_float64_engine(rule, gate, C):
     scale = 0.7
     q, k, v, beta, g = _internal(x, torch.float32)
     S0 = x["S0"].float()
-    o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, scale, min(C, 45), True)
+    o, S, states = _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, min(C, 45), True)
     q64, k64, v64, beta64, g64 = _internal(x, torch.float64)
     o64, S64 = chunk_forward(q64 * scale, k64, v64, beta64, g64, x["S0"], C)
     assert rel_rms(o, o64) < 2e-6

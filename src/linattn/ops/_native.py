@@ -1,12 +1,12 @@
 """The fused CPU chunk form (``csrc/``), compiled on first use.
 
-``chunk_forward`` runs the chunk form's forward pass chunk by chunk in C++, every block of a chunk
-in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group loop
-spends most of its time moving group-sized tensors through memory, not multiplying). It is the
-same algebra as ``chunk_function`` and is checked against it and against float64 in
-``tests/ops/test_native.py``. ``chunk_backward`` fuses the backward pass of every mechanism of
-DESIGN.md's table the same way, from the chunk states this forward saves. ``recurrent_step`` is the
-generation step with its checks in one call.
+The op ``chunk_forward`` runs the chunk form's forward pass chunk by chunk in C++, every block of
+a chunk in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group
+loop spends most of its time moving group-sized tensors through memory, not multiplying). It is
+the same algebra as ``chunk_function`` and is checked against it and against float64 in
+``tests/ops/test_native.py``. The op ``chunk_backward`` fuses the backward pass of every mechanism
+of DESIGN.md's table the same way, from the chunk states this forward saves (``library`` calls
+both through ``kernel``). ``recurrent_step`` is the generation step with its checks in one call.
 
 The sources (``csrc/*.cpp`` and their headers; ``csrc/kernels.h`` says which file holds what) are
 compiled together with ``torch.utils.cpp_extension`` the first time they are needed, with the
@@ -230,8 +230,11 @@ def applies(q: Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype == torch.float32 and available()
 
 
-def _op(name: str):
-    """The compiled op ``name``; a clear error where the fused code is unavailable."""
+def kernel(name: str):
+    """The compiled op ``torch.ops.linattn_native.<name>`` (its schema in ``csrc/ops.cpp``); a
+    clear error where the fused code is unavailable. ``library``'s kernels call
+    ``chunk_forward`` and ``chunk_backward`` (internal layout as in ``chunk_function``, any
+    strides: the kernels check every shape and copy a layout their BLAS cannot read in place)."""
     if not available():
         raise RuntimeError(f"linattn: the fused CPU chunk form is unavailable ({reason()})")
     return getattr(torch.ops.linattn_native, name)
@@ -245,7 +248,7 @@ def empty(sizes: tuple[int, ...], like: Tensor) -> Tensor:
     ``cache_release``)."""
     nbytes = math.prod(sizes) * like.element_size()
     if like.device.type == "cpu" and nbytes >= tuning.HUGE_MIN_BYTES and available():
-        return _op("empty_huge")(list(sizes), like.dtype)
+        return kernel("empty_huge")(list(sizes), like.dtype)
     return like.new_empty(sizes)
 
 
@@ -267,45 +270,6 @@ def ready() -> bool:
     return _enabled() and bool(_state.get("ok"))
 
 
-def chunk_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor | None,
-    g: Tensor | None,
-    S0: Tensor,
-    scale: float,
-    C: int,
-    keep: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """o [B, H, T, V] (a view of [B, T, H, V]), the final state [B, H, K, V], and (keep) the state
-    entering every chunk [T / C, B H, K, V]. Internal layout as in ``chunk_function``; any strides
-    (the kernel checks every shape and copies a layout its BLAS cannot read in place)."""
-    return _op("chunk_forward")(q, k, v, beta, g, S0, float(scale), int(C), bool(keep))
-
-
-def chunk_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor | None,
-    g: Tensor | None,
-    states: Tensor,
-    d_o: Tensor,
-    dS_final: Tensor,
-    scale: float,
-    C: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, Tensor]:
-    """dq, dk [B, H, T, K], dv [B, H, T, V] (views of [B, T, H, D]), dbeta [B, H, T] (None for
-    the additive rule), dg (g's shape; None without decay) and the initial state's gradient
-    [B, H, K, V], for any mechanism, from the chunk states [T / C, B H, K, V] that
-    ``chunk_forward`` saved and the gradients d_o, dS_final of its outputs."""
-    dq, dk, dv, dbeta, dg, dS0 = _op("chunk_backward")(
-        q, k, v, beta, g, states, d_o, dS_final, float(scale), int(C)
-    )
-    return dq, dk, dv, (None if beta is None else dbeta), (None if g is None else dg), dS0
-
-
 def recurrent_step(
     state: Tensor,
     q: Tensor,
@@ -321,7 +285,7 @@ def recurrent_step(
     B, H = state.shape[:2]
     g = None if g is None else g.reshape(B, H, -1).contiguous()
     beta = None if beta is None else beta.contiguous()
-    o = _op("recurrent_step")(
+    o = kernel("recurrent_step")(
         state, q.contiguous(), k.contiguous(), v.contiguous(), beta, g, float(scale)
     )
     return None if o.dim() == 1 else o  # the kernel's empty 1-D answer: a value out of range

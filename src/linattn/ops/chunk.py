@@ -77,7 +77,8 @@ def chunk_forward(
 ) -> tuple[Tensor, Tensor]:
     """The chunk form for any chunk_size >= 1; returns o [B, H, T, V] and the final state.
 
-    ``mech`` as in ``chunk_function.chunk_function``.
+    ``mech``: the mechanism the public op resolved (``Mechanism.of``); None for direct calls with
+    internal tensors, whose g [B, H, T, 1] is then taken for a gate per head.
     """
     B, _, T, K = k.shape
     HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H

@@ -275,26 +275,3 @@ def _state_loop_backward(
     if not terms.mech.delta:
         dU.add_(terms.Ke @ dS_next)
     return dU, dS_in
-
-
-def chunk_function(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor | None,
-    g: Tensor | None,
-    initial_state: Tensor | None,
-    chunk_size: int,
-    scale: float = 1.0,
-    mech: Mechanism | None = None,
-) -> tuple[Tensor, Tensor]:
-    """The chunk form (internal layout, see the module docstring); o [B, H, T, V], final state.
-
-    ``mech``: the mechanism the public op resolved (``Mechanism.of``); None for direct calls with
-    internal tensors, whose g [B, H, T, 1] is then taken for a gate per head.
-    """
-    B, _, T, K = k.shape
-    HV, V = v.shape[1], v.shape[-1]
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
-    mech = Mechanism.internal(beta, g) if mech is None else mech
-    return ChunkFunction.apply(q, k, v, beta, g, S0, float(scale), min(chunk_size, T), mech)

@@ -127,7 +127,7 @@ def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tu
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
     tensors where it is available, else the PyTorch group loop."""
     if _native.applies(q):
-        return _native.chunk_forward(q, k, v, beta, g, S0, scale, C, keep)
+        return _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep)
     mech = Mechanism.internal(beta, g)
     ctx = _LoopContext((keep,) * 6, scale, C, mech)
     with torch.no_grad():
@@ -139,22 +139,18 @@ def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tu
 def backward_kernel(
     q, k, v, beta, g, states, d_o, dS, scale: float, C: int, needs: tuple[bool, ...] = (True,) * 6
 ) -> tuple:
-    """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``). The PyTorch loop
-    computes only the gradients ``needs`` marks (q, k, v, beta, g, S0), None for the others; the
-    fused loop computes all of them."""
+    """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``), with None for
+    dbeta without beta and dg without g. The PyTorch loop computes only the gradients ``needs``
+    marks (q, k, v, beta, g, S0), None for the others; the fused loop computes all of them."""
     if _native.applies(q):
-        dq, dk, dv, dbeta, dg, dS0 = _native.chunk_backward(
-            q, k, v, beta, g, states, d_o, dS, scale, C
-        )
-    else:
-        ctx = _LoopContext(tuple(needs), scale, C, Mechanism.internal(beta, g))
-        ctx.saved_tensors = (q, k, v, beta, g, None, states)
-        with torch.no_grad():
-            dq, dk, dv, dbeta, dg, dS0, *_ = ChunkFunction.backward(ctx, d_o, dS)
-        dq, dk, dv = _public(dq), _public(dk), _public(dv)
-    dbeta = _empty(q) if beta is None else _public(dbeta)
-    dg = _empty(q) if g is None else _public(dg)
-    return dq, dk, dv, dbeta, dg, dS0
+        run = _native.kernel("chunk_backward")
+        dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C)
+        return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
+    ctx = _LoopContext(tuple(needs), scale, C, Mechanism.internal(beta, g))
+    ctx.saved_tensors = (q, k, v, beta, g, None, states)
+    with torch.no_grad():
+        *grads, dS0 = ChunkFunction.gradients(ctx, d_o, dS)[:6]
+    return (*(_public(x) for x in grads), dS0)
 
 
 @torch.library.custom_op("linattn::chunk_forward", mutates_args=())
@@ -209,7 +205,10 @@ def chunk_backward(
     """dq, dk, dv, dbeta (empty without beta), dg (empty without g) and dS0 from the states
     ``chunk_forward`` kept and the gradients d_o, dS of its outputs."""
     _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
-    return backward_kernel(q, k, v, beta, g, states, d_o, dS, scale, C)
+    dq, dk, dv, dbeta, dg, dS0 = backward_kernel(q, k, v, beta, g, states, d_o, dS, scale, C)
+    dbeta = _empty(q) if dbeta is None else _public(dbeta)  # the fake kernel's layouts
+    dg = _empty(q) if dg is None else _public(dg)
+    return _public(dq), _public(dk), _public(dv), dbeta, dg, dS0
 
 
 @chunk_backward.register_fake
@@ -231,30 +230,37 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.scale, ctx.C, ctx.mech = scale, C, Mechanism.internal(beta, g)
     ctx.save_for_backward(q, k, v, beta, g, S0, output[2])
     ctx.mark_non_differentiable(output[2])
+    # Not materialised: autograd would pass a zero tensor of the states' size for their (never
+    # used) gradient, 32 MiB filled with zeros on every backward at T = 16,384; ``_backward``
+    # makes zeros only for an unused o or S, as autograd did before.
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, d_o: Tensor, d_S: Tensor, _d_states: Tensor) -> tuple:
+def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> tuple:
+    q, k, v, beta, g, S0, states = ctx.saved_tensors
+    if d_o is None:  # o unused: zeros in its layout, a view of [B, T, H, V]
+        d_o = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
+    if d_S is None:  # the final state unused: zeros, as autograd materialised them
+        d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
     if torch.is_grad_enabled():
         # create_graph=True: gradients that can be differentiated again (issue 18).
         return (*_differentiable_backward(ctx, d_o, d_S), None)
-    q, k, v, beta, g, S0, states = ctx.saved_tensors
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
-    forward, backward = (chunk_forward, chunk_backward) if tracing(d_o) else _KERNELS
+    traced = tracing(d_o)
     if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
+        forward = chunk_forward if traced else forward_kernel
         _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True)
     args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C)
-    if backward is backward_kernel:  # eager: the loop computes only the gradients needed
-        dq, dk, dv, dbeta, dg, dS0 = backward_kernel(*args, ctx.needs_input_grad[:6])
-    else:
-        dq, dk, dv, dbeta, dg, dS0 = backward(*args)
+    if not traced:  # the loop computes only the gradients needed
+        return (*backward_kernel(*args, ctx.needs_input_grad[:6]), None, None, None)
+    dq, dk, dv, dbeta, dg, dS0 = chunk_backward(*args)
     dbeta = None if beta is None else dbeta
     dg = None if g is None else dg
     return dq, dk, dv, dbeta, dg, dS0, None, None, None
 
 
 chunk_forward.register_autograd(_backward, setup_context=_setup_context)
-_KERNELS = (forward_kernel, backward_kernel)
 
 
 class _EagerChunk(torch.autograd.Function):

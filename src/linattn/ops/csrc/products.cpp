@@ -7,45 +7,69 @@
 namespace linattn_native {
 namespace {
 
+// Rows [i0, i0 + n) of X times their decays about the reference row r (Gr, Lr), into F [n, K]:
+// x_i * exp(G_i - G_r) (toward r) or, kFromRef, x_i * exp(G_r - G_i); kKeep: the decays into E too.
+template <bool kFromRef, bool kKeep>
+void factor_rows(const float* X, int64_t ldx, const Gates& G, int64_t K, int i0, int n,
+                 const float* Gr, const float* Lr, float* F, float* E) {
+  for (int i = 0; i < n; ++i) {
+    const float* x = X + (i0 + i) * ldx;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
+    float* f = F + static_cast<int64_t>(i) * K;
+    float* e = kKeep ? E + static_cast<int64_t>(i) * K : nullptr;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) {
+      const float d = kFromRef ? decay(Gr[c], Lr[c], Gi[c], Li[c])
+                               : decay(Gi[c], Li[c], Gr[c], Lr[c]);
+      if constexpr (kKeep) e[c] = d;
+      f[c] = x[c] * d;
+    }
+  }
+}
+
+// A diagonal block's rows [i0, i0 + n) (the reference row r inside it): their exponents are
+// d = G_i - G_r and -d, formed once: Xf = x * exp(d), Yf = y * exp(-d); kKeep: the decays into
+// Ex and Ey too (for the backward pass).
+template <bool kKeep>
+void factor_diagonal_rows(const float* X, int64_t ldx, const float* Y, int64_t ldy,
+                          const Gates& G, int64_t K, int i0, int n, const float* Gr,
+                          const float* Lr, Scratch& w) {
+  for (int i = 0; i < n; ++i) {
+    const float *x = X + (i0 + i) * ldx, *y = Y + (i0 + i) * ldy;
+    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
+    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
+    float *fx = w.Xf.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
+    float* ex = kKeep ? w.Ex.data() + static_cast<int64_t>(i) * K : nullptr;
+    float* ey = kKeep ? w.Ey.data() + static_cast<int64_t>(i) * K : nullptr;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) {
+      const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
+      const float up = exp_flush(d), down = exp_flush(-d);
+      if constexpr (kKeep) {
+        ex[c] = up;
+        ey[c] = down;
+      }
+      fx[c] = x[c] * up;
+      fy[c] = y[c] * down;
+    }
+  }
+}
+
 // Rows [i0, i0 + n) x [j0, j0 + m) of the decayed product sum_k x_ik y_jk exp(G_ik - G_jk) with one
 // reference row r for the whole block: x * exp(G - G_r) times (y * exp(G_r - G))^T.
 void factored_block(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
                     int64_t K, int i0, int n, int j0, int m, int r, float alpha, float* A,
                     int64_t lda, Scratch& w) {
   const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
-  if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
-    for (int i = 0; i < n; ++i) {
-      const float *x = X + (i0 + i) * ldx, *y = Y + (i0 + i) * ldy;
-      const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
-      const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
-      float *fx = w.Xf.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
-#pragma omp simd
-      for (int c = 0; c < K; ++c) {
-        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
-        fx[c] = x[c] * exp_flush(d);
-        fy[c] = y[c] * exp_flush(-d);
-      }
-    }
+  if (i0 == j0 && n == m) {  // a diagonal block
+    factor_diagonal_rows<false>(X, ldx, Y, ldy, G, K, i0, n, Gr, Lr, w);
     gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0,
          lda);
     return;
   }
-  for (int i = 0; i < n; ++i) {
-    const float* x = X + (i0 + i) * ldx;
-    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
-    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
-    float* out = w.Xf.data() + static_cast<int64_t>(i) * K;
-#pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = x[c] * decay(Gi[c], Li[c], Gr[c], Lr[c]);
-  }
-  for (int j = 0; j < m; ++j) {
-    const float* y = Y + (j0 + j) * ldy;
-    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
-    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
-    float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
-#pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
-  }
+  factor_rows<false, false>(X, ldx, G, K, i0, n, Gr, Lr, w.Xf.data(), nullptr);
+  factor_rows<true, false>(Y, ldy, G, K, j0, m, Gr, Lr, w.Yf.data(), nullptr);
   gemm(false, true, n, m, K, alpha, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A + i0 * lda + j0, lda);
 }
 
@@ -78,40 +102,11 @@ void factored_block_backward(const float* X, int64_t ldx, const float* Y, int64_
                              float alpha, const float* dA, int64_t lda, float* dX, float* dY,
                              Scratch& w) {
   const float *Gr = G.hi + static_cast<int64_t>(r) * K, *Lr = G.lo + static_cast<int64_t>(r) * K;
-  for (int i = 0; i < n; ++i) {
-    const float* x = X + (i0 + i) * ldx;
-    const float* Gi = G.hi + static_cast<int64_t>(i0 + i) * K;
-    const float* Li = G.lo + static_cast<int64_t>(i0 + i) * K;
-    float *e = w.Ex.data() + static_cast<int64_t>(i) * K, *f = w.Xf.data() + i * K;
-    if (i0 == j0 && n == m) {  // a diagonal block: the rows' exponents are d and -d, formed once
-      const float* y = Y + (i0 + i) * ldy;
-      float *ey = w.Ey.data() + static_cast<int64_t>(i) * K, *fy = w.Yf.data() + i * K;
-#pragma omp simd
-      for (int c = 0; c < K; ++c) {
-        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]);
-        e[c] = exp_flush(d);
-        f[c] = x[c] * e[c];
-        ey[c] = exp_flush(-d);
-        fy[c] = y[c] * ey[c];
-      }
-      continue;
-    }
-#pragma omp simd
-    for (int c = 0; c < K; ++c) {
-      e[c] = decay(Gi[c], Li[c], Gr[c], Lr[c]);
-      f[c] = x[c] * e[c];
-    }
-  }
-  for (int j = 0; !(i0 == j0 && n == m) && j < m; ++j) {
-    const float* y = Y + (j0 + j) * ldy;
-    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
-    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
-    float *e = w.Ey.data() + static_cast<int64_t>(j) * K, *f = w.Yf.data() + j * K;
-#pragma omp simd
-    for (int c = 0; c < K; ++c) {
-      e[c] = decay(Gr[c], Lr[c], Gj[c], Lj[c]);
-      f[c] = y[c] * e[c];
-    }
+  if (i0 == j0 && n == m) {  // a diagonal block
+    factor_diagonal_rows<true>(X, ldx, Y, ldy, G, K, i0, n, Gr, Lr, w);
+  } else {
+    factor_rows<false, true>(X, ldx, G, K, i0, n, Gr, Lr, w.Xf.data(), w.Ex.data());
+    factor_rows<true, true>(Y, ldy, G, K, j0, m, Gr, Lr, w.Yf.data(), w.Ey.data());
   }
   const float* dAb = dA + i0 * lda + j0;
   gemm(false, false, n, K, m, alpha, dAb, lda, w.Yf.data(), K, 0.0f, w.dXf.data(), K);
@@ -213,14 +208,7 @@ void factored_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2, c
       }
     }
   }
-  for (int j = 0; !diagonal && j < m; ++j) {
-    const float* y = Y + (j0 + j) * ldy;
-    const float* Gj = G.hi + static_cast<int64_t>(j0 + j) * K;
-    const float* Lj = G.lo + static_cast<int64_t>(j0 + j) * K;
-    float* out = w.Yf.data() + static_cast<int64_t>(j) * K;
-#pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] = y[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
-  }
+  if (!diagonal) factor_rows<true, false>(Y, ldy, G, K, j0, m, Gr, Lr, w.Yf.data(), nullptr);
   const int64_t at = i0 * lda + j0;
   gemm(false, true, n, m, K, alpha1, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A1 + at, lda);
   gemm(false, true, n, m, K, 1.0f, w.dXf.data(), K, w.Yf.data(), K, 0.0f, A2 + at, lda);
