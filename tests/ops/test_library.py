@@ -338,14 +338,15 @@ def test_the_backward_fills_no_tensor_of_the_states_size(route, backend, monkeyp
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("unused", ["o", "S"])
 @pytest.mark.parametrize("create_graph", [False, True])
-def test_an_unused_output_has_a_zero_gradient(unused, create_graph, backend, monkeypatch):
+@pytest.mark.parametrize("G", [1, 2], ids=["heads", "grouped"])
+def test_an_unused_output_has_a_zero_gradient(unused, create_graph, backend, G, monkeypatch):
     # d_o or dS is None when that output is unused (the gradients are not materialised): the
     # gradients are those of an explicit zero seed for it.
     monkeypatch.setenv("LINATTN_NATIVE", backend)
     names = ("q", "k", "v", "beta", "g", "S0")
 
     def grads(zero_seed: bool) -> tuple:
-        x = _inputs("delta", "scalar", T=9)
+        x = _inputs("delta", "scalar", T=9, G=G)
         o, S = library.chunk(*(x[n] for n in names), 4, 0.5)
         loss = S.square().sum() if unused == "o" else o.square().sum()
         if zero_seed:

@@ -238,8 +238,8 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> tuple:
     q, k, v, beta, g, S0, states = ctx.saved_tensors
-    if d_o is None:  # o unused: zeros in its layout, a view of [B, T, H, V]
-        d_o = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
+    if d_o is None:  # o unused: zeros in its layout, a view of [B, T, HV, V] (v's heads)
+        d_o = v.new_zeros(v.shape[0], v.shape[2], v.shape[1], v.shape[-1]).transpose(1, 2)
     if d_S is None:  # the final state unused: zeros, as autograd materialised them
         d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
     if torch.is_grad_enabled():
