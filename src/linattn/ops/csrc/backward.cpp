@@ -1,9 +1,10 @@
 // The backward pass of the chunk form (spec section 8 differentiated), one member function of
 // ``ChunkBackward`` per step, in the order they run for each chunk:
 //
-//   gates                 G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma (one gate per token)
-//   scores                A_qk and the delta rule's A_kk, as the forward pass forms them
-//   pseudo_values         L, the UT transform's [W | U0], U = U0 - W S (else U = v)
+//   gates                 G, exp(G), exp(G_c - G), D; Qd, Ke, Kd (terms.h); Gamma (one gate
+//                         per token)
+//   scores                A_qk and the delta rule's A_kk (terms.h, as in the forward pass)
+//   pseudo_values         L, the UT transform's [W | U0], U = U0 - W S (terms.h; else U = v)
 //   output_gradients      dU, dA, dQd, dKe from dO and dS'
 //   read_gate_gradients   dG from Qd, G_c's share from D, Ke's share (dGe)
 //   qk_score_gradients    A_qk's two factors: dQ, dK and the gates' share
@@ -54,6 +55,8 @@
 #include "kernels.h"
 #include "layout.h"
 #include "products.h"
+#include "schedule.h"
+#include "terms.h"
 
 namespace linattn_native {
 namespace {
@@ -130,11 +133,6 @@ struct ChunkBackward {
       gc = at_row(t.g, t.g.data_ptr<float>()), sg = t.g.stride(2);
       dGt = at_row(t.dg, t.dg.data_ptr<float>()), lddg = t.dg.stride(2);
     }
-    Qr = gated ? Qd.data() : Q;
-    qr_alpha = gated ? 1.0f : scale;
-    Ker = gated ? Ke.data() : Kc;
-    Kdr = gated ? Kd.data() : Kc;
-    ldqr = gated ? K : ldq, ldke = gated ? K : ldk, ldkd = gated ? K : ldk;
     Uc = Vc, ldu = ldv;
     dUp = delta ? dU.data() : dV;
     lddu = delta ? V : lddv;
@@ -155,78 +153,40 @@ struct ChunkBackward {
     gate_gradients();
   }
 
-  // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
-  //    Without decay these rows are the inputs themselves (the scale folded into products).
+  // The chunk's rows and where its terms (terms.h) are written.
+  ChunkRows rows() const { return {Q, Kc, Vc, ldq, ldk, ldv, bc, sb, gc, sg, c}; }
+  Terms terms() {
+    return {G,         Qd.data(),  Ke.data(),  delta ? Kd.data() : nullptr,
+            eG.data(), eEnd.data(), Dv.data(), Aqk.data(),
+            Akk.data(), L.data(),  X.data()};
+  }
+
+  // 1. Gates (terms.h's ``chunk_gates``): G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; and Gamma
+  //    for one gate per token. Without decay these rows are the inputs themselves.
   void gates() {
-    if (gated) {
-      cumulative_gates(gc, sg, c, kg, w.zeros.data(), G);
-      const float *Gc = G.hi + (c - 1) * kg, *Lc = G.lo + (c - 1) * kg;
-      for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch] + Lc[ch]);
-      for (int i = 0; i < c; ++i) {
-        const float *Gi = G.hi + i * kg, *Li = G.lo + i * kg;
-        const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
-        float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
+    const GatedRows r = chunk_gates(rows(), kg, K, scale, w.zeros.data(), terms());
+    Qr = r.Qread, ldqr = r.ldqr, qr_alpha = r.q_alpha;
+    Ker = r.Kend, ldke = r.ldke, Kdr = r.Kdec, ldkd = r.ldkd;
+    if (!gated || channel) return;
+    for (int i = 0; i < c; ++i) {
+      float* row = Gam.data() + static_cast<int64_t>(i) * C;
+      const float G_i = G.hi[i], L_i = G.lo[i];
 #pragma omp simd
-        for (int ch = 0; ch < kg; ++ch) {
-          eg[ch] = exp_flush(Gi[ch] + Li[ch]);
-          ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
-        }
-        float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
-        if (!channel) {
-          const float a = scale * eg[0], e = ee[0], d = eg[0];
-#pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            qd[ch] = a * qi[ch];
-            ke[ch] = e * ki[ch];
-            kd[ch] = d * ki[ch];
-          }
-          float* row = Gam.data() + static_cast<int64_t>(i) * C;
-          const float G_i = Gi[0], L_i = Li[0];
-#pragma omp simd
-          for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
-          for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
-        } else {
-#pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            qd[ch] = scale * qi[ch] * eg[ch];
-            ke[ch] = ki[ch] * ee[ch];
-            kd[ch] = ki[ch] * eg[ch];
-          }
-        }
-      }
+      for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
+      for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
     }
   }
 
-  // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
-  void scores() {
-    if (delta) {
-      decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, Aqk.data(),
-                           Akk.data(), C, w);
-    } else {
-      decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
-    }
-  }
+  // 2. The decayed products A_qk (j <= i) and A_kk (j < i): terms.h's ``chunk_scores``.
+  void scores() { chunk_scores(rows(), delta, kg, K, scale, G, C, Aqk.data(), Akk.data(), w); }
 
-  // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
+  // 3. Pseudo-values: U = V, or terms.h's UT transform and U = U0 - W S.
   void pseudo_values() {
-    if (delta) {
-      for (int i = 0; i < c; ++i) {
-        const float bi = bc[i * sb];
-        const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-        float* Li = L.data() + static_cast<int64_t>(i) * C;
-        for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
-        const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv;
-        float* xi = X.data() + i * ldx;
-        for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
-        for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
-      }
-      unit_lower_solve(c, K + V, L.data(), C, X.data(), ldx);  // [W | U0]
-      for (int i = 0; i < c; ++i) {
-        std::memcpy(U.data() + i * V, X.data() + i * ldx + K, sizeof(float) * V);
-      }
-      gemm(false, false, c, Vi, Ki, -1.0f, X.data(), ldx, S, V, 1.0f, U.data(), V);
-      Uc = U.data(), ldu = V;
-    }
+    if (!delta) return;
+    const GatedRows r{Qr, ldqr, qr_alpha, Ker, ldke, Kdr, ldkd};
+    ut_transform(rows(), r, K, V, C, Akk.data(), L.data(), X.data());
+    linattn_native::pseudo_values(c, K, V, X.data(), S, U.data(), V);
+    Uc = U.data(), ldu = V;
   }
 
   // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T. For the
@@ -501,8 +461,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   }
   t.dS = dS_final.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
 
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    FlushSubnormals flush;
+  parallel_tasks(P, [&](int64_t lo, int64_t hi) {
     ChunkBackward chunk(t, sz, kg, scale);
     for (int64_t n = N - 1; n >= 0; --n) {
       for (int64_t p = lo; p < hi; ++p) {

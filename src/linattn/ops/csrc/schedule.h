@@ -1,0 +1,54 @@
+// How the chunk form's work is spread over the threads (the forward and backward passes alike).
+//
+// fused: each thread takes whole heads, every step of a chunk in turn, chunk after chunk: one
+//        pass over memory, the fastest where the P = B H heads divide evenly over the threads.
+// split: the steps that do not read the state (terms.h) run for every (chunk, head) pair at once,
+//        into a buffer of every chunk's terms (memory linear in T); then the state pass, per head;
+//        then what reads the saved states, again for every (chunk, head) pair. More memory
+//        traffic, but every thread busy when the heads are fewer than the threads or divide
+//        unevenly over them (B = 1 inference on many cores).
+//
+// ``LINATTN_SCHEDULE=fused|split`` in the environment forces one (the tests run both); by default
+// the split is taken where the fused schedule would leave more than a quarter of the threads'
+// time idle: ceil(P / threads) threads > kSplitImbalance P.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "blas.h"
+#include "gates.h"
+
+namespace linattn_native {
+
+// The fused schedule's threads x ceil(P / threads) may exceed P by this factor before the split
+// schedule is taken (its extra memory traffic costs 10-20% on one thread: an idle quarter of
+// the threads costs more).
+constexpr double kSplitImbalance = 1.25;
+
+// Whether the split schedule runs for P heads on the current number of threads.
+inline bool split_schedule(int64_t P) {
+  const char* forced = std::getenv("LINATTN_SCHEDULE");
+  if (forced && std::strcmp(forced, "split") == 0) return true;
+  if (forced && std::strcmp(forced, "fused") == 0) return false;
+  const int64_t threads = at::get_num_threads();
+  if (threads <= 1 || P <= 0) return false;
+  const int64_t rounds = (P + threads - 1) / threads;
+  return static_cast<double>(rounds * threads) > kSplitImbalance * static_cast<double>(P);
+}
+
+// at::parallel_for over [0, n) with each task's thread set up for the kernels: subnormals
+// flushed and the BLAS sequential (``SequentialBlas``): the threads are ours.
+template <typename F>
+void parallel_tasks(int64_t n, const F& body) {
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    FlushSubnormals flush;
+    SequentialBlas blas;
+    body(lo, hi);
+  });
+}
+
+}  // namespace linattn_native
