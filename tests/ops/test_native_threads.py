@@ -1,0 +1,89 @@
+"""The fused C++ chunk form on several threads (issue 21): the same outputs and gradients at 1, 2
+and 3 threads, with the heads P = B H a multiple of the thread count or not, on both schedules of
+``csrc/schedule.h`` (fused per head; split into (chunk, head) pairs), and the split schedule
+against the float64 engine.
+
+Each head is computed by the same sequence of operations on any number of threads and either
+schedule, so the results are equal bitwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from linattn.ops import _native
+from linattn.ops.chunk import chunk_forward
+
+from .cases import make_inputs, rel_rms
+
+pytestmark = pytest.mark.skipif(
+    not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
+)
+
+MECHANISMS = list(itertools.product(["additive", "delta"], [None, "scalar", "channel"]))
+
+
+def _internal(x, dtype=torch.float32):
+    """Public [B, T, H, ...] inputs -> internal [B, H, T, ...] views in ``dtype``."""
+    out = []
+    for name in ("q", "k", "v", "beta", "g"):
+        t = x[name]
+        if t is not None:
+            t = t.to(dtype).transpose(1, 2)
+            if name == "g" and t.dim() == 3:
+                t = t.unsqueeze(-1)
+        out.append(t)
+    return out
+
+
+def _forward_backward(x, C):
+    """The op's forward outputs and backward gradients, float32."""
+    q, k, v, beta, g = _internal(x)
+    S0 = x["S0"].float()
+    o, S, states = _native.chunk_forward(q, k, v, beta, g, S0, 0.7, C, True)
+    gen = torch.Generator().manual_seed(1)
+    d_o = torch.randn(o.shape, generator=gen)
+    dS = torch.randn(S.shape, generator=gen)
+    grads = _native.chunk_backward(q, k, v, beta, g, states, d_o, dS, 0.7, C)
+    return [o, S, states, *(t for t in grads if t is not None)]
+
+
+@pytest.fixture
+def threads():
+    """Set torch's thread count inside a test; restored after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("rule", "gate"), MECHANISMS)
+@pytest.mark.parametrize(("B", "H"), [(1, 3), (2, 2)])
+def test_equal_on_every_thread_count_and_schedule(rule, gate, B, H, threads, monkeypatch):
+    # P = 3 and 4 heads on 1, 2, 3 threads: a multiple of the thread count or not; T = 45 in
+    # chunks of 8 leaves a partial last chunk.
+    x = make_inputs(B=B, T=45, H=H, K=8, V=5, gate=gate, rule=rule, state=True)
+    threads(1)
+    monkeypatch.setenv("LINATTN_SCHEDULE", "fused")
+    want = _forward_backward(x, 8)
+    for n, schedule in [(1, "split"), (2, "fused"), (2, "split"), (3, "fused"), (3, "auto")]:
+        threads(n)
+        monkeypatch.setenv("LINATTN_SCHEDULE", schedule)
+        got = _forward_backward(x, 8)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), (n, schedule)
+
+
+@pytest.mark.parametrize(("rule", "gate"), MECHANISMS)
+def test_split_schedule_equals_the_float64_engine(rule, gate, threads, monkeypatch):
+    x = make_inputs(B=1, T=45, H=3, K=8, V=5, gate=gate, rule=rule, state=True)
+    threads(2)
+    monkeypatch.setenv("LINATTN_SCHEDULE", "split")
+    q, k, v, beta, g = _internal(x)
+    o, S, _ = _native.chunk_forward(q, k, v, beta, g, x["S0"].float(), 0.7, 16, False)
+    q64, k64, v64, beta64, g64 = _internal(x, torch.float64)
+    o64, S64 = chunk_forward(q64 * 0.7, k64, v64, beta64, g64, x["S0"], 16)
+    assert rel_rms(o, o64) < 2e-6
+    assert rel_rms(S, S64) < 2e-6
