@@ -61,6 +61,30 @@
 namespace linattn_native {
 namespace {
 
+// Step 4's dU = A_qk^T dO + Ke dS' (dU [c, V], row stride lddu; for the additive rule, dv).
+void value_gradient(int c, int64_t K, int64_t V, const float* Aqk, int64_t C, const float* dO,
+                    int64_t lddo, const float* Ke, int64_t ldke, const float* dS, float* dU,
+                    int64_t lddu) {
+  gemm(true, false, c, V, c, 1.0f, Aqk, C, dO, lddo, 0.0f, dU, lddu);
+  gemm(false, false, c, V, K, 1.0f, Ke, ldke, dS, V, 1.0f, dU, lddu);
+}
+
+// Step 7: dS = D dS' + Qd^T dO - W^T dU in place of dS' [K, V] (D nullptr: no decay; W nullptr:
+// the additive rule; Qd = q_alpha Qr; W [c, K] with row stride ldx).
+void state_gradient_step(int c, int64_t kg, int64_t K, int64_t V, const float* D,
+                         float q_alpha, const float* Qr, int64_t ldqr, const float* dO,
+                         int64_t lddo, const float* W, int64_t ldx, const float* dU, float* dS) {
+  const int Vi = static_cast<int>(V);
+  for (int64_t ch = 0; D && ch < K; ++ch) {
+    float* row = dS + ch * V;
+    const float d = D[kg == 1 ? 0 : ch];
+#pragma omp simd
+    for (int j = 0; j < Vi; ++j) row[j] *= d;
+  }
+  gemm(true, false, K, V, c, q_alpha, Qr, ldqr, dO, lddo, 1.0f, dS, V);
+  if (W) gemm(true, false, K, V, c, -1.0f, W, ldx, dU, V, 1.0f, dS, V);
+}
+
 // The tensors of a backward call, checked, their rows where the BLAS reads them, and the
 // gradients it writes.
 struct BackwardTensors {
@@ -192,8 +216,7 @@ struct ChunkBackward {
   // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T. For the
   //    additive rule dU is dV; without decay dQd and dKe go straight into dQ (scaled), dK.
   void output_gradients() {
-    gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dUp, lddu);
-    gemm(false, false, c, Vi, Ki, 1.0f, Ker, ldke, dSh, V, 1.0f, dUp, lddu);
+    value_gradient(c, K, V, Aqk.data(), C, dO, lddo, Ker, ldke, dSh, dUp, lddu);
     gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Uc, ldu, 0.0f, dA.data(), C);
     if (gated) {
       gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
@@ -296,14 +319,8 @@ struct ChunkBackward {
 
   // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
   void state_gradient() {
-    for (int ch = 0; gated && ch < Ki; ++ch) {
-      float* row = dSh + ch * V;
-      const float d = Dv[channel ? ch : 0];
-#pragma omp simd
-      for (int j = 0; j < Vi; ++j) row[j] *= d;
-    }
-    gemm(true, false, Ki, Vi, c, qr_alpha, Qr, ldqr, dO, lddo, 1.0f, dSh, V);
-    if (delta) gemm(true, false, Ki, Vi, c, -1.0f, X.data(), ldx, dU.data(), V, 1.0f, dSh, V);
+    state_gradient_step(c, kg, K, V, gated ? Dv.data() : nullptr, qr_alpha, Qr, ldqr, dO, lddo,
+                        delta ? X.data() : nullptr, ldx, dU.data(), dSh);
   }
 
   // 8. The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T, dT (in dA); dv, dbeta and
@@ -412,6 +429,72 @@ struct ChunkBackward {
   }
 };
 
+// The split schedule (schedule.h) of the backward pass: 1. for every (chunk, head) pair, the
+// terms the state-gradient chain reads (Qd, Ke, D, A_qk, W: steps 1-3) into a slot of ``slots``;
+// 2. per head, from the last chunk, the chain dU = A_qk^T dO + Ke dS', dS = D dS' + Qd^T dO -
+// W^T dU, saving each chunk's dS'; 3. every step of every pair from its saved dS' (steps 1-3
+// computed again: the chain's slots hold only what it reads).
+void backward_split(const BackwardTensors& t, const Sizes& sz, int64_t kg, float scale) {
+  const int64_t K = sz.K, V = sz.V, C = sz.C, P = sz.P, N = sz.N, KV = K * V;
+  const bool delta = t.beta.defined(), gated = kg > 0;
+  // Slot n P + p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W [C, K] (delta rule).
+  const int64_t gate_size = gated ? 2 * C * K + kg : 0;
+  const int64_t size = gate_size + C * C + (delta ? C * K : 0);
+  const at::Tensor slots = at::empty({N * P, size}, t.q.options());
+  const at::Tensor dS_in = at::empty({N, P, K, V}, t.q.options());  // dS' of every chunk
+  float *slotp = slots.data_ptr<float>(), *dSp = dS_in.data_ptr<float>();
+  parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
+    ChunkBackward chunk(t, sz, kg, scale);
+    for (int64_t s = lo; s < hi; ++s) {
+      chunk.load(s / P, s % P);
+      chunk.gates();
+      chunk.scores();
+      chunk.pseudo_values();
+      const int64_t c = chunk.c;
+      float* slot = slotp + s * size;
+      if (gated) {
+        std::memcpy(slot, chunk.Qd.data(), sizeof(float) * c * K);
+        std::memcpy(slot + C * K, chunk.Ke.data(), sizeof(float) * c * K);
+        std::memcpy(slot + 2 * C * K, chunk.Dv.data(), sizeof(float) * kg);
+      }
+      std::memcpy(slot + gate_size, chunk.Aqk.data(), sizeof(float) * c * C);
+      for (int64_t i = 0; delta && i < c; ++i) {
+        std::memcpy(slot + gate_size + C * C + i * K, chunk.X.data() + i * chunk.ldx,
+                    sizeof(float) * K);
+      }
+    }
+  });
+  parallel_tasks(P, [&](int64_t lo, int64_t hi) {
+    ChunkBackward chunk(t, sz, kg, scale);
+    for (int64_t p = lo; p < hi; ++p) {
+      for (int64_t n = N - 1; n >= 0; --n) {
+        chunk.load(n, p);
+        const int64_t s = n * P + p;
+        std::memcpy(dSp + s * KV, chunk.dSh, sizeof(float) * KV);
+        const float* slot = slotp + s * size;
+        const float* Qr = gated ? slot : chunk.Q;
+        const float* Ke = gated ? slot + C * K : chunk.Kc;
+        const float* W = delta ? slot + gate_size + C * C : nullptr;
+        if (delta) {
+          value_gradient(chunk.c, K, V, slot + gate_size, C, chunk.dO, chunk.lddo, Ke,
+                         gated ? K : chunk.ldk, chunk.dSh, chunk.dU.data(), V);
+        }
+        state_gradient_step(chunk.c, kg, K, V, gated ? slot + 2 * C * K : nullptr,
+                            gated ? 1.0f : scale, Qr, gated ? K : chunk.ldq, chunk.dO,
+                            chunk.lddo, W, K, chunk.dU.data(), chunk.dSh);
+      }
+    }
+  });
+  parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
+    ChunkBackward chunk(t, sz, kg, scale);
+    for (int64_t s = lo; s < hi; ++s) {
+      chunk.load(s / P, s % P);
+      chunk.dSh = dSp + s * KV;  // its own copy of dS', which run() turns into dS
+      chunk.run();
+    }
+  });
+}
+
 }  // namespace
 
 // The checks of a ``chunk_backward`` call (on ``device``): its sizes and the gate width kg.
@@ -461,15 +544,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   }
   t.dS = dS_final.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
 
-  parallel_tasks(P, [&](int64_t lo, int64_t hi) {
-    ChunkBackward chunk(t, sz, kg, scale);
-    for (int64_t n = N - 1; n >= 0; --n) {
-      for (int64_t p = lo; p < hi; ++p) {
-        chunk.load(n, p);
-        chunk.run();
+  if (split_schedule(P)) {
+    backward_split(t, sz, kg, scale);
+  } else {
+    parallel_tasks(P, [&](int64_t lo, int64_t hi) {
+      ChunkBackward chunk(t, sz, kg, scale);
+      for (int64_t n = N - 1; n >= 0; --n) {
+        for (int64_t p = lo; p < hi; ++p) {
+          chunk.load(n, p);
+          chunk.run();
+        }
       }
-    }
-  });
+    });
+  }
   auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
   return {t.dq, t.dk, t.dv, delta ? t.dbeta : none(), kg > 0 ? t.dg : none(),
           t.dS.view({B, H, K, V})};
