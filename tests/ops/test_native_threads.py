@@ -87,3 +87,44 @@ def test_split_schedule_equals_the_float64_engine(rule, gate, threads, monkeypat
     o64, S64 = chunk_forward(q64 * 0.7, k64, v64, beta64, g64, x["S0"], 16)
     assert rel_rms(o, o64) < 2e-6
     assert rel_rms(S, S64) < 2e-6
+
+
+@pytest.mark.parametrize(("beta", "gate"), [(False, None), (True, 1), (True, "K")])
+def test_step_at_a_large_batch_equal_on_every_thread_count(beta, gate, threads):
+    # 64 sequences of 4 heads, K = V = 32: tasks of 16 heads (tuning.STEP_GRAIN), on 1-3 threads.
+    B, H, K, V = 64, 4, 32, 32
+    gen = torch.Generator().manual_seed(0)
+    state = torch.randn(B, H, K, V, generator=gen)
+    q, k = torch.randn(B, H, K, generator=gen), torch.randn(B, H, K, generator=gen) / K**0.5
+    v = torch.randn(B, H, V, generator=gen)
+    b = torch.rand(B, H, generator=gen) if beta else None
+    width = {None: None, 1: 1, "K": K}[gate]
+    g = None if width is None else -torch.rand(B, H, width, generator=gen)
+    results = []
+    for n in (1, 2, 3):
+        threads(n)
+        S = state.clone()
+        o = _native.recurrent_step(S, q, k, v, b, g, 0.5)
+        results.append((o, S))
+    for o, S in results[1:]:
+        assert torch.equal(o, results[0][0]) and torch.equal(S, results[0][1])
+    # The step itself, against the plain formula of one head.
+    p = (B - 1, H - 1)
+    S = state[p].double() * (1.0 if g is None else g[p].double().exp().reshape(-1, 1))
+    u = v[p].double() if b is None else b[p].double() * (v[p].double() - S.T @ k[p].double())
+    S = S + torch.outer(k[p].double(), u)
+    assert torch.allclose(results[0][1][p].double(), S, atol=1e-5)
+    assert torch.allclose(results[0][0][p].double(), S.T @ (0.5 * q[p].double()), atol=1e-4)
+
+
+def test_step_checks_every_block_of_a_large_state(threads):
+    # A NaN in the last of the check's parallel blocks is found, and nothing is written.
+    threads(2)
+    B, H, K, V = 64, 4, 32, 32
+    state = torch.zeros(B, H, K, V)
+    state[-1, -1, -1, -1] = float("nan")
+    before = state.clone()
+    q = k = torch.zeros(B, H, K)
+    out = _native.recurrent_step(state, q, k, torch.ones(B, H, V), None, None, 1.0)
+    assert out is None
+    assert torch.equal(state.nan_to_num(), before.nan_to_num())

@@ -52,6 +52,7 @@ DEFINES = {
     "LINATTN_MAX_CHUNK": tuning.MAX_CHUNK,
     "LINATTN_HUGE_MIN_BYTES": tuning.HUGE_MIN_BYTES,
     "LINATTN_CACHE_MIB": tuning.CACHE_MIB,
+    "LINATTN_STEP_GRAIN": tuning.STEP_GRAIN,
 }
 # The C++ standard: cpp_extension's.
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", *(f"-D{k}={v}" for k, v in DEFINES.items())]

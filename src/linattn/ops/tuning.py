@@ -37,3 +37,11 @@ HUGE_MIN_BYTES = 4 * 2**20
 # otherwise (0 keeps nothing): a training step's outputs and gradients at T = 16,384, H = 8,
 # K = V = 64 fit, so each step reuses the previous step's blocks.
 CACHE_MIB = 1024
+
+# The least work of one thread's task in the fused generation step (``csrc/step.cpp``), in numbers
+# of the state (64 KiB of float32): its heads are spread over the threads in tasks of at least
+# this many, and its input check in blocks of this many, so that a small batch runs on the calling
+# thread and a large one (many sequences served at once) on all. Chosen, not tuned: two passes
+# over 64 KiB in the L2 cache take a few microseconds, about what waking a thread costs.
+STEP_GRAIN = 16384
+
