@@ -53,6 +53,7 @@ DEFINES = {
     "LINATTN_HUGE_MIN_BYTES": tuning.HUGE_MIN_BYTES,
     "LINATTN_CACHE_MIB": tuning.CACHE_MIB,
     "LINATTN_STEP_GRAIN": tuning.STEP_GRAIN,
+    "LINATTN_SPLIT_IMBALANCE": tuning.SPLIT_IMBALANCE,
 }
 # The C++ standard: cpp_extension's.
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", *(f"-D{k}={v}" for k, v in DEFINES.items())]

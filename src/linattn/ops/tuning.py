@@ -45,3 +45,14 @@ CACHE_MIB = 1024
 # over 64 KiB in the L2 cache take a few microseconds, about what waking a thread costs.
 STEP_GRAIN = 16384
 
+# The C++ chunk form's split schedule (``csrc/schedule.h``: every chunk's terms for all (chunk,
+# head) pairs at once, then the state pass per head, then the outputs) is taken where the fused
+# schedule (whole heads per thread) would leave more than half of the threads idle, i.e. where
+# threads * ceil(P / threads) > SPLIT_IMBALANCE * P heads: never on 2 threads, P < 8 heads on 16.
+# Measured on the shared 2-core machine, under load (T = 16,384, H = 8, K = V = 64, linear
+# attention, the delta rule, GLA; medians of 3-5 interleaved): its extra memory traffic (every
+# chunk's terms written and read again) costs 1.3-1.7x on one thread, forward and forward +
+# backward, and at P = 1 on 2 threads it was 1.2-1.5x slower than the fused schedule on one; its
+# state pass stays one thread per head. Not measured on more cores (none was at hand).
+SPLIT_IMBALANCE = 2.0
+

@@ -440,8 +440,8 @@ void backward_split(const BackwardTensors& t, const Sizes& sz, int64_t kg, float
   // Slot n P + p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W [C, K] (delta rule).
   const int64_t gate_size = gated ? 2 * C * K + kg : 0;
   const int64_t size = gate_size + C * C + (delta ? C * K : 0);
-  const at::Tensor slots = at::empty({N * P, size}, t.q.options());
-  const at::Tensor dS_in = at::empty({N, P, K, V}, t.q.options());  // dS' of every chunk
+  const at::Tensor slots = fresh({N * P, size}, t.q.options());
+  const at::Tensor dS_in = fresh({N, P, K, V}, t.q.options());  // dS' of every chunk
   float *slotp = slots.data_ptr<float>(), *dSp = dS_in.data_ptr<float>();
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
     ChunkBackward chunk(t, sz, kg, scale);

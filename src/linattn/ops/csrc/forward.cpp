@@ -158,7 +158,7 @@ struct TermSlots {
   TermSlots(const ForwardInputs& in)
       : C(in.sz.C), K(in.sz.K), V(in.sz.V), kg(in.kg),
         size((kg > 0 ? 2 * C * K + kg : 0) + C * C + (in.delta ? C * (K + V) : 0)),
-        delta(in.delta), buffer(at::empty({in.sz.N * in.sz.P, size}, in.q.options())) {}
+        delta(in.delta), buffer(fresh({in.sz.N * in.sz.P, size}, in.q.options())) {}
 
   // Slot s's terms; the rest (G, Kd, the gates' exponentials, A_kk and L) in ``blocks``.
   Terms at(int64_t s, ForwardBlocks& blocks) const {

@@ -9,8 +9,8 @@
 //        unevenly over them (B = 1 inference on many cores).
 //
 // ``LINATTN_SCHEDULE=fused|split`` in the environment forces one (the tests run both); by default
-// the split is taken where the fused schedule would leave more than a quarter of the threads'
-// time idle: ceil(P / threads) threads > kSplitImbalance P.
+// the split is taken where the fused schedule would leave more than half of the threads' time
+// idle: ceil(P / threads) threads > kSplitImbalance P (never on 2 threads; P < 8 on 16).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -21,13 +21,14 @@
 
 #include "blas.h"
 #include "gates.h"
+#include "tuning.h"
 
 namespace linattn_native {
 
-// The fused schedule's threads x ceil(P / threads) may exceed P by this factor before the split
-// schedule is taken (its extra memory traffic costs 10-20% on one thread: an idle quarter of
-// the threads costs more).
-constexpr double kSplitImbalance = 1.25;
+// The split schedule is taken where the fused schedule's threads x ceil(P / threads) exceeds this
+// factor times P (tuning.SPLIT_IMBALANCE says how it was chosen).
+constexpr double kSplitImbalance = LINATTN_SPLIT_IMBALANCE;
+static_assert(kSplitImbalance >= 1.0, "LINATTN_SPLIT_IMBALANCE must be >= 1");
 
 // Whether the split schedule runs for P heads on the current number of threads.
 inline bool split_schedule(int64_t P) {

@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #if !defined(LINATTN_MAX_CHUNK) || !defined(LINATTN_HUGE_MIN_BYTES) || \
-    !defined(LINATTN_CACHE_MIB) || !defined(LINATTN_STEP_GRAIN)
-#error "compile with -DLINATTN_MAX_CHUNK= -DLINATTN_HUGE_MIN_BYTES= -DLINATTN_CACHE_MIB= -DLINATTN_STEP_GRAIN="
+    !defined(LINATTN_CACHE_MIB) || !defined(LINATTN_STEP_GRAIN) || !defined(LINATTN_SPLIT_IMBALANCE)
+#error "compile with the -D defines of linattn/ops/_native.py's DEFINES (from tuning.py)"
 #endif
 
 namespace linattn_native {
