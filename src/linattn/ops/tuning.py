@@ -55,4 +55,3 @@ STEP_GRAIN = 16384
 # backward, and at P = 1 on 2 threads it was 1.2-1.5x slower than the fused schedule on one; its
 # state pass stays one thread per head. Not measured on more cores (none was at hand).
 SPLIT_IMBALANCE = 2.0
-
