@@ -63,7 +63,7 @@ def threads():
 @pytest.mark.parametrize(("B", "H"), [(1, 1), (1, 3), (2, 2)])
 def test_equal_on_every_thread_count_and_schedule(rule, gate, B, H, threads, monkeypatch):
     # P = 1, 3 and 4 heads on 1, 2, 3 threads: a multiple of the thread count or not (the
-    # default schedule splits P = 1 on 3 threads); T = 45 in chunks of 8 leaves a partial
+    # default schedule splits P = 1 on 2 and 3 threads); T = 45 in chunks of 8 leaves a partial
     # last chunk.
     x = make_inputs(B=B, T=45, H=H, K=8, V=5, gate=gate, rule=rule, state=True)
     threads(1)

@@ -9,8 +9,8 @@
 //        unevenly over them (B = 1 inference on many cores).
 //
 // ``LINATTN_SCHEDULE=fused|split`` in the environment forces one (the tests run both); by default
-// the split is taken where the fused schedule would leave more than half of the threads' time
-// idle: ceil(P / threads) threads > kSplitImbalance P (never on 2 threads; P < 8 on 16).
+// the split is taken where the fused schedule would leave at least half of the threads' time
+// idle: ceil(P / threads) threads >= kSplitImbalance P (P = 1 on 2 threads; P <= 8 on 16).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -25,7 +25,7 @@
 
 namespace linattn_native {
 
-// The split schedule is taken where the fused schedule's threads x ceil(P / threads) exceeds this
+// The split schedule is taken where the fused schedule's threads x ceil(P / threads) reaches this
 // factor times P (tuning.SPLIT_IMBALANCE says how it was chosen).
 constexpr double kSplitImbalance = LINATTN_SPLIT_IMBALANCE;
 static_assert(kSplitImbalance >= 1.0, "LINATTN_SPLIT_IMBALANCE must be >= 1");
@@ -38,7 +38,7 @@ inline bool split_schedule(int64_t P) {
   const int64_t threads = at::get_num_threads();
   if (threads <= 1 || P <= 0) return false;
   const int64_t rounds = (P + threads - 1) / threads;
-  return static_cast<double>(rounds * threads) > kSplitImbalance * static_cast<double>(P);
+  return static_cast<double>(rounds * threads) >= kSplitImbalance * static_cast<double>(P);
 }
 
 // at::parallel_for over [0, n) with each task's thread set up for the kernels: subnormals
