@@ -58,8 +58,9 @@ DEFINES = {
 # The C++ standard: cpp_extension's. -fopenmp: at::parallel_for is a header template whose
 # ``#pragma omp parallel`` is compiled into the extension (PyTorch's OpenMP backend): without the
 # flag the pragma is ignored and every "parallel" loop runs on the calling thread alone (issue
-# 21: two threads gained 1.0-1.17x, the matrix product 1.7x). Linked with -fopenmp, the
-# extension uses the libgomp.so.1 that torch has loaded (one OpenMP runtime in the process).
+# 21: two threads gained 1.0-1.17x, the matrix product 1.7x). No -fopenmp at the link (with it,
+# a second load of the same build in one process aborted on a duplicate TORCH_LIBRARY): the
+# extension's libgomp.so.1 is the one torch has loaded (one OpenMP runtime in the process).
 FLAGS = [
     "-O3",
     "-march=native",
@@ -67,7 +68,7 @@ FLAGS = [
     "-fopenmp-simd",
     *(f"-D{k}={v}" for k, v in DEFINES.items()),
 ]
-LDFLAGS = ["-fopenmp"]
+LDFLAGS: list[str] = []
 
 LOCK_NAME = "linattn.lock"  # our lock in the build directory (torch's own is ``lock``)
 BUILD_TIMEOUT_S = 300.0  # the longest wait for another process's compile (LINATTN_BUILD_TIMEOUT)
