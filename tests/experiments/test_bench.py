@@ -157,3 +157,83 @@ def test_fla_and_ours_are_timed_in_turns(monkeypatch):
     assert calls == ["fla", "ours"] + ["ours", "fla"] * 3  # the check, then three turns
     assert fla["fla_speedup"] == fla["fla_forward_s"] / fla["fla_ours_forward_s"]
     assert fla["fla_max_abs_diff"] == 0.5
+
+
+def test_threads_takes_one_count_or_several(capsys):
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    assert parser.parse_args(["--threads", "2"]).threads == [2]
+    assert parser.parse_args(["--threads", "1,2,4"]).threads == [1, 2, 4]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--threads", "0,2"])
+    assert "integer >= 1" in capsys.readouterr().err
+
+
+def test_several_thread_counts_need_the_wall_clock(tiny_bench_args, tmp_path, capsys):
+    # CPU time adds the threads' times: a speed-up cannot be measured with it.
+    args = [*tiny_bench_args, "--threads", "1,2", "--out", str(tmp_path)]
+    assert cli.main(["bench", *args]) == 2
+    assert "needs --clock wall" in capsys.readouterr().err
+    assert not (tmp_path / "scaling.json").exists()
+
+
+def test_scaling_table_per_thread_count(tiny_bench_args, tmp_path, monkeypatch, capsys):
+    # The timings are stand-ins (seconds that fall with the thread count, and a roof per
+    # count) so that the efficiency and speed-up columns can be checked as computations.
+    roof = {1: 100e9, 3: 250e9}
+    monkeypatch.setattr(bench, "matmul_rate", lambda: roof[torch.get_num_threads()])
+    calls = []
+
+    def fake_time(n, mech, inputs, C, backward, repeats, d_o=None):
+        calls.append((mech.name, inputs["q"].shape[1], n, backward))
+        return (2.0 if backward else 1.0) * inputs["q"].shape[1] / n**0.5
+
+    monkeypatch.setattr(bench, "_time_at", fake_time)
+    before = torch.get_num_threads()
+    args = [*tiny_bench_args, "--clock", "wall", "--threads", "3,1", "--mechanisms",
+            "linear,delta", "--out", str(tmp_path)]  # fmt: skip
+    assert cli.main(["bench", *args]) == 0
+    assert torch.get_num_threads() == before  # restored
+    out = capsys.readouterr().out
+    assert "| mechanism | T | threads |" in out
+    result = json.loads((tmp_path / "scaling.json").read_text())
+    assert result["threads"] == [1, 3]
+    assert result["roof_ops_per_s"] == {"1": 100e9, "3": 250e9}
+    # In turns: the counts in order, then reversed, forward and forward + backward each.
+    assert calls[:4] == [("linear", 32, 1, False), ("linear", 32, 1, True),
+                         ("linear", 32, 3, False), ("linear", 32, 3, True)]  # fmt: skip
+    assert calls[4:8] == [("linear", 32, 3, False), ("linear", 32, 3, True),
+                          ("linear", 32, 1, False), ("linear", 32, 1, True)]  # fmt: skip
+    rows = {(r["mechanism"], r["T"], r["threads"]): r for r in result["rows"]}
+    assert len(rows) == 2 * 2 * 2
+    for (name, T, n), r in rows.items():
+        one = rows[(name, T, 1)]
+        assert r["forward_s"] == pytest.approx(T / n**0.5)
+        assert r["forward_speedup"] == pytest.approx(one["forward_s"] / r["forward_s"])
+        assert r["forward_backward_speedup"] == pytest.approx(n**0.5)
+        assert r["forward_efficiency"] == pytest.approx(r["forward_ops"] / r["forward_s"] / roof[n])
+        both = cases.BACKWARD_FACTOR * r["forward_ops"] / r["forward_backward_s"] / roof[n]
+        assert r["forward_backward_efficiency"] == pytest.approx(both)
+    assert (tmp_path / "scaling.md").read_text().strip() == out.strip()
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_scaling_times_the_chunk_form_at_each_count(tiny_bench_args, monkeypatch):
+    # The real timer: each count is set before its call (seen by the op), and restored.
+    seen = []
+    real = bench._time_call
+
+    def spy(mech, inputs, mode, C, backward, repeats, d_o=None):
+        seen.append((mode, torch.get_num_threads()))
+        return real(mech, inputs, mode, C, backward, repeats, d_o)
+
+    monkeypatch.setattr(bench, "_time_call", spy)
+    monkeypatch.setattr(bench, "matmul_rate", lambda: 1e9)
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    args = parser.parse_args([*tiny_bench_args, "--clock", "wall", "--threads", "1,2",
+                              "--mechanisms", "gla", "--T", "32", "--no-backward"])  # fmt: skip
+    result = bench.compute_scaling(args)
+    assert seen == [("chunk", 1), ("chunk", 2), ("chunk", 2), ("chunk", 1)]
+    assert [r["threads"] for r in result["rows"]] == [1, 2]
+    assert all(r["forward_s"] > 0 for r in result["rows"])

@@ -172,6 +172,8 @@ def test_the_tuning_constants_are_compiled_in_and_name_the_build(monkeypatch):
         "LINATTN_MAX_CHUNK": tuning.MAX_CHUNK,
         "LINATTN_HUGE_MIN_BYTES": tuning.HUGE_MIN_BYTES,
         "LINATTN_CACHE_MIB": tuning.CACHE_MIB,
+        "LINATTN_STEP_GRAIN": tuning.STEP_GRAIN,
+        "LINATTN_SPLIT_IMBALANCE": tuning.SPLIT_IMBALANCE,
     }
     for name, value in _native.DEFINES.items():
         assert f"-D{name}={value}" in _native.FLAGS

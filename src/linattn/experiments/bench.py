@@ -7,6 +7,12 @@ pass and of forward plus backward, the section-9 operation count, the achieved r
 the peak extra memory (measured in a child process). Then the generation step against a softmax
 decoding step over a KV cache, and, when fla-core is importable, our chunk forms against its
 pure-PyTorch chunked references. Writes bench.json, bench.md and bench.png (log-log time vs T).
+
+With several thread counts (``--threads 1,2,4``) it times the scaling instead: every chunk-form
+row at each thread count, the counts in turns (the first one first, then the last one first), the
+forward pass and forward plus backward; each thread count's efficiency against the matrix-product
+rate measured at that same count, and the speed-up over the fewest threads. Writes scaling.json,
+scaling.md and scaling.png (speed-up and efficiency against threads).
 """
 
 from __future__ import annotations
@@ -215,6 +221,109 @@ def compute_bench(args: argparse.Namespace) -> dict:
     }
 
 
+def _time_at(n: int, mech, inputs, C, backward, repeats, d_o=None) -> float:
+    """``_time_call`` of the chunk form on n torch threads."""
+    torch.set_num_threads(n)
+    return _time_call(mech, inputs, "chunk", C, backward, repeats, d_o)
+
+
+def _scaling_rows(args, mech, T, counts) -> list[dict]:
+    """The rows of one mechanism and T, one per thread count, the counts timed in turns."""
+    B, H, K, V, C = args.B, args.H, args.K, args.V, args.chunk_size
+    inputs = cases.make_inputs(mech, B, T, H, K, V, seed=args.seed)
+    d_o = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(args.seed + 1))
+    ops = cases.forward_ops(mech, B, T, H, K, V, C)
+    rows = {n: {"mechanism": mech.name, "T": T, "threads": n, "forward_ops": ops} for n in counts}
+    for order in (counts, counts[::-1]):
+        for n in order:
+            rows[n].setdefault("forward_runs_s", []).append(
+                _time_at(n, mech, inputs, C, False, args.repeats)
+            )
+            if not args.no_backward:
+                rows[n].setdefault("forward_backward_runs_s", []).append(
+                    _time_at(n, mech, inputs, C, True, args.repeats, d_o)
+                )
+    for r in rows.values():
+        for key in ("forward", "forward_backward"):
+            if f"{key}_runs_s" in r:
+                r[f"{key}_s"] = min(r[f"{key}_runs_s"])  # the better of the two turns
+    return [rows[n] for n in counts]
+
+
+def compute_scaling(args: argparse.Namespace) -> dict:
+    """The scaling table (module docstring): rows per (mechanism, T, threads), with each thread
+    count's efficiency against the highest matrix-product rate measured at that count, and the
+    speed-up over the fewest threads."""
+    counts = sorted(set(args.threads))
+    before = torch.get_num_threads()
+    roofs: dict[int, list[float]] = {n: [] for n in counts}
+    rows: list[dict] = []
+    try:
+        for name in args.mechanisms:
+            mech = cases.BY_NAME[name]
+            for n in counts:  # measured again before each mechanism, as in ``compute_bench``
+                torch.set_num_threads(n)
+                roofs[n].append(matmul_rate())
+            for T in args.T:
+                if T <= _max_T(args, mech, "chunk"):
+                    rows += _scaling_rows(args, mech, T, counts)
+                    _progress(rows[-1] | {"mode": f"chunk, {counts} threads"})
+    finally:
+        torch.set_num_threads(before)
+    roof = {n: max(samples) for n, samples in roofs.items()}
+    first = {(r["mechanism"], r["T"]): r for r in rows if r["threads"] == counts[0]}
+    for r in rows:
+        r["roof_ops_per_s"] = roof[r["threads"]]
+        base = first[(r["mechanism"], r["T"])]
+        for key, ops in (("forward", 1), ("forward_backward", cases.BACKWARD_FACTOR)):
+            if f"{key}_s" in r:
+                r[f"{key}_efficiency"] = ops * r["forward_ops"] / r[f"{key}_s"] / roof[r["threads"]]
+                r[f"{key}_speedup"] = base[f"{key}_s"] / r[f"{key}_s"]
+    return {
+        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "cores": os.cpu_count(),
+            "chunk_loop": chunk_loop(),
+        },
+        "threads": counts,
+        "roof_ops_per_s": {str(n): roof[n] for n in counts},
+        "rows": rows,
+    }
+
+
+def _cell(r: dict, key: str, fmt: str) -> str:
+    return "" if key not in r else format(r[key], fmt)
+
+
+def scaling_markdown(result: dict) -> str:
+    """The scaling table as Markdown."""
+    cfg, counts = result["config"], result["threads"]
+    roofs = ", ".join(f"{n}: {result['roof_ops_per_s'][str(n)] / 1e9:,.0f}" for n in counts)
+    lines = [
+        f"**linattn bench --threads {','.join(map(str, counts))}** (chunk form, float32, "
+        f"B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, V = {cfg['V']}, chunk size "
+        f"{cfg['chunk_size']}; {result['machine']['cores']} cores; the better of two turns of "
+        f"medians of {cfg['repeats']}; efficiency against the matrix-product rate at the same "
+        f"thread count (GFLOP/s by threads: {roofs}); speed-up over {counts[0]} thread"
+        f"{'s' if counts[0] > 1 else ''}; chunk form: {result['machine']['chunk_loop']})",
+        "",
+        "| mechanism | T | threads | fwd ms | fwd eff. | fwd speed-up | fwd+bwd ms | "
+        "fwd+bwd eff. | fwd+bwd speed-up |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['mechanism']} | {r['T']:,} | {r['threads']} | {_ms(r['forward_s'])} | "
+            f"{_cell(r, 'forward_efficiency', '.2f')} | {_cell(r, 'forward_speedup', '.2f')}x | "
+            f"{_ms(r.get('forward_backward_s'))} | {_cell(r, 'forward_backward_efficiency', '.2f')}"
+            f" | {_cell(r, 'forward_backward_speedup', '.2f')}"
+            + ("x |" if "forward_backward_speedup" in r else " |")
+        )
+    return "\n".join(lines)
+
+
 def chunk_loop() -> str:
     """Which loop runs the float32 chunk forms here: the fused C++ one or PyTorch's."""
     if native.available():
@@ -352,7 +461,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add("--generation-K", type=positive_int, default=128, help="head dimension of the step")
     add("--generation-repeats", type=positive_int, default=50, help="timed steps (median)")
-    add("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    add(
+        "--threads",
+        type=int_list,
+        default=None,
+        help="torch threads (default: torch's); several (1,2,4): the scaling table instead",
+    )
     add(
         "--tune-malloc",
         action="store_true",
@@ -395,8 +509,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"bench: --merge: {error}", file=sys.stderr)
             return 2
         return _write(merged, args)
+    if args.threads and len(set(args.threads)) > 1:
+        return _scaling(args)
     if args.threads:
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads[0])
     malloc = "malloc defaults"
     if args.tune_malloc:
         if tune_malloc():
@@ -410,6 +526,28 @@ def run(args: argparse.Namespace) -> int:
     result["machine"]["chunk_loop"] = chunk_loop()
     result["config"]["out"] = str(args.out)
     return _write(result, args)
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    """``--threads`` with several counts: the scaling table, scaling.json/md/png under --out."""
+    if args.clock != "wall":  # CPU time adds the threads' times: it cannot show a speed-up
+        print("bench: --threads with several counts needs --clock wall", file=sys.stderr)
+        return 2
+    _timing.use_clock(args.clock)
+    result = compute_scaling(args)
+    result["config"]["out"] = str(args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = scaling_markdown(result)
+    (args.out / "scaling.json").write_text(json.dumps(result, indent=2))
+    (args.out / "scaling.md").write_text(text + "\n")
+    from linattn.figures import plots, style
+
+    try:
+        style.save_png(plots.scaling_figure(result), args.out / "scaling.png")
+    except ImportError:  # no matplotlib: the table all the same
+        pass
+    print(json.dumps(result, indent=2) if args.json else text)
+    return 0
 
 
 def _read_run(path: Path) -> dict:

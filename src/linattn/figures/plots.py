@@ -183,6 +183,44 @@ def bench_figure(data: dict) -> Any:
     return fig
 
 
+def scaling_figure(result: dict) -> Any:
+    """``linattn bench --threads 1,2,...``'s scaling (its scaling.json): the speed-up over the
+    fewest threads (left; the dotted line is linear scaling) and the efficiency against the
+    matrix-product rate at the same thread count (right), against threads, one colour per
+    mechanism, solid the forward pass and dashed forward + backward, at the longest T timed."""
+    plt = style.pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), layout="constrained")
+    rows = result["rows"]
+    T = max(r["T"] for r in rows)
+    mechanisms = list(dict.fromkeys(r["mechanism"] for r in rows))
+    for i, mechanism in enumerate(mechanisms):
+        mine = sorted((r for r in rows if r["mechanism"] == mechanism and r["T"] == T),
+                      key=lambda r: r["threads"])  # fmt: skip
+        threads = [r["threads"] for r in mine]
+        for key, line in (("forward", "-"), ("forward_backward", "--")):
+            if all(f"{key}_speedup" in r for r in mine):
+                colour = PALETTE[i % len(PALETTE)]
+                label = mechanism if key == "forward" else None
+                left.plot(threads, [r[f"{key}_speedup"] for r in mine], line, marker="o",
+                          color=colour, label=label)  # fmt: skip
+                right.plot(threads, [r[f"{key}_efficiency"] for r in mine], line, marker="o",
+                           color=colour)  # fmt: skip
+    counts = result["threads"]
+    left.plot(counts, [n / counts[0] for n in counts], ":", color=style.INK, label="linear")
+    for ax, label in ((left, f"speed-up over {counts[0]} thread(s)"),
+                      (right, "efficiency (rate / matrix-product rate)")):  # fmt: skip
+        ax.set_xticks(counts)
+        ax.set_xlabel("threads")
+        ax.set_ylabel(label)
+        ax.grid(True, color="#dddddd", lw=0.6)
+    right.set_ylim(bottom=0)
+    fig.suptitle(
+        f"Scaling with threads, chunk form, T = {T:,} (solid: forward; dashed: + backward)"
+    )
+    fig.legend(frameon=False, loc="outside right upper")
+    return fig
+
+
 def load_mqar(path: Path | str) -> list[dict] | None:
     """The recall results, one JSON object a line (format in the module docstring), or None."""
     path = Path(path)

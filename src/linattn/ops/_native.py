@@ -52,9 +52,23 @@ DEFINES = {
     "LINATTN_MAX_CHUNK": tuning.MAX_CHUNK,
     "LINATTN_HUGE_MIN_BYTES": tuning.HUGE_MIN_BYTES,
     "LINATTN_CACHE_MIB": tuning.CACHE_MIB,
+    "LINATTN_STEP_GRAIN": tuning.STEP_GRAIN,
+    "LINATTN_SPLIT_IMBALANCE": tuning.SPLIT_IMBALANCE,
 }
-# The C++ standard: cpp_extension's.
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", *(f"-D{k}={v}" for k, v in DEFINES.items())]
+# The C++ standard: cpp_extension's. -fopenmp: at::parallel_for is a header template whose
+# ``#pragma omp parallel`` is compiled into the extension (PyTorch's OpenMP backend): without the
+# flag the pragma is ignored and every "parallel" loop runs on the calling thread alone (issue
+# 21: two threads gained 1.0-1.17x, the matrix product 1.7x). No -fopenmp at the link (with it,
+# a second load of the same build in one process aborted on a duplicate TORCH_LIBRARY): the
+# extension's libgomp.so.1 is the one torch has loaded (one OpenMP runtime in the process).
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fopenmp-simd",
+    *(f"-D{k}={v}" for k, v in DEFINES.items()),
+]
+LDFLAGS: list[str] = []
 
 LOCK_NAME = "linattn.lock"  # our lock in the build directory (torch's own is ``lock``)
 BUILD_TIMEOUT_S = 300.0  # the longest wait for another process's compile (LINATTN_BUILD_TIMEOUT)
@@ -168,6 +182,7 @@ def _compile_and_load(timeout: float) -> str:
             name=name,
             sources=[str(path) for path in SOURCES],
             extra_cflags=FLAGS,
+            extra_ldflags=LDFLAGS,
             build_directory=str(directory),
             is_python_module=False,
             verbose=False,

@@ -37,3 +37,22 @@ HUGE_MIN_BYTES = 4 * 2**20
 # otherwise (0 keeps nothing): a training step's outputs and gradients at T = 16,384, H = 8,
 # K = V = 64 fit, so each step reuses the previous step's blocks.
 CACHE_MIB = 1024
+
+# The least work of one thread's task in the fused generation step (``csrc/step.cpp``), in numbers
+# of the state (64 KiB of float32): its heads are spread over the threads in tasks of at least
+# this many, and its input check in blocks of this many, so that a small batch runs on the calling
+# thread and a large one (many sequences served at once) on all. Chosen, not tuned: two passes
+# over 64 KiB in the L2 cache take a few microseconds, about what waking a thread costs.
+STEP_GRAIN = 16384
+
+# The C++ chunk form's split schedule (``csrc/schedule.h``: every chunk's terms for all (chunk,
+# head) pairs at once, then the state pass per head, then the outputs) is taken where the fused
+# schedule (whole heads per thread) would leave at least half of the threads idle, i.e. where
+# threads * ceil(P / threads) >= SPLIT_IMBALANCE * P heads: P = 1 on 2 threads, P <= 8 on 16.
+# Measured on the 2-core machine (T = 16,384, K = V = 64, linear attention, the delta rule, GLA,
+# forward; medians of 3-5 interleaved): its extra memory traffic (every chunk's terms written and
+# read again) costs 1.3-1.7x on one thread (H = 8, forward and forward + backward, under load);
+# at P = 1 on 2 threads, quiet, it is 1.2-1.3x faster than the fused schedule (which runs the one
+# head on one thread): 6.1 / 7.8, 11.2 / 13.3, 8.6 / 11.0 ms. Its state pass stays one thread per
+# head. Not measured on more cores (none was at hand).
+SPLIT_IMBALANCE = 2.0

@@ -1,9 +1,10 @@
 // The backward pass of the chunk form (spec section 8 differentiated), one member function of
 // ``ChunkBackward`` per step, in the order they run for each chunk:
 //
-//   gates                 G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma (one gate per token)
-//   scores                A_qk and the delta rule's A_kk, as the forward pass forms them
-//   pseudo_values         L, the UT transform's [W | U0], U = U0 - W S (else U = v)
+//   gates                 G, exp(G), exp(G_c - G), D; Qd, Ke, Kd (terms.h); Gamma (one gate
+//                         per token)
+//   scores                A_qk and the delta rule's A_kk (terms.h, as in the forward pass)
+//   pseudo_values         L, the UT transform's [W | U0], U = U0 - W S (terms.h; else U = v)
 //   output_gradients      dU, dA, dQd, dKe from dO and dS'
 //   read_gate_gradients   dG from Qd, G_c's share from D, Ke's share (dGe)
 //   qk_score_gradients    A_qk's two factors: dQ, dK and the gates' share
@@ -54,9 +55,35 @@
 #include "kernels.h"
 #include "layout.h"
 #include "products.h"
+#include "schedule.h"
+#include "terms.h"
 
 namespace linattn_native {
 namespace {
+
+// Step 4's dU = A_qk^T dO + Ke dS' (dU [c, V], row stride lddu; for the additive rule, dv).
+void value_gradient(int c, int64_t K, int64_t V, const float* Aqk, int64_t C, const float* dO,
+                    int64_t lddo, const float* Ke, int64_t ldke, const float* dS, float* dU,
+                    int64_t lddu) {
+  gemm(true, false, c, V, c, 1.0f, Aqk, C, dO, lddo, 0.0f, dU, lddu);
+  gemm(false, false, c, V, K, 1.0f, Ke, ldke, dS, V, 1.0f, dU, lddu);
+}
+
+// Step 7: dS = D dS' + Qd^T dO - W^T dU in place of dS' [K, V] (D nullptr: no decay; W nullptr:
+// the additive rule; Qd = q_alpha Qr; W [c, K] with row stride ldx).
+void state_gradient_step(int c, int64_t kg, int64_t K, int64_t V, const float* D,
+                         float q_alpha, const float* Qr, int64_t ldqr, const float* dO,
+                         int64_t lddo, const float* W, int64_t ldx, const float* dU, float* dS) {
+  const int Vi = static_cast<int>(V);
+  for (int64_t ch = 0; D && ch < K; ++ch) {
+    float* row = dS + ch * V;
+    const float d = D[kg == 1 ? 0 : ch];
+#pragma omp simd
+    for (int j = 0; j < Vi; ++j) row[j] *= d;
+  }
+  gemm(true, false, K, V, c, q_alpha, Qr, ldqr, dO, lddo, 1.0f, dS, V);
+  if (W) gemm(true, false, K, V, c, -1.0f, W, ldx, dU, V, 1.0f, dS, V);
+}
 
 // The tensors of a backward call, checked, their rows where the BLAS reads them, and the
 // gradients it writes.
@@ -136,11 +163,6 @@ struct ChunkBackward {
       gc = at_row(t.g, t.g.data_ptr<float>()), sg = t.g.stride(2);
       dGt = at_row(t.dg, t.dg.data_ptr<float>()), lddg = t.dg.stride(2);
     }
-    Qr = gated ? Qd.data() : Q;
-    qr_alpha = gated ? 1.0f : scale;
-    Ker = gated ? Ke.data() : Kc;
-    Kdr = gated ? Kd.data() : Kc;
-    ldqr = gated ? K : ldq, ldke = gated ? K : ldk, ldkd = gated ? K : ldk;
     Uc = Vc, ldu = ldv;
     dUp = delta ? dU.data() : dV;
     lddu = delta ? V : lddv;
@@ -161,85 +183,46 @@ struct ChunkBackward {
     gate_gradients();
   }
 
-  // 1. Gates: G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; Gamma for one gate per token.
-  //    Without decay these rows are the inputs themselves (the scale folded into products).
+  // The chunk's rows and where its terms (terms.h) are written.
+  ChunkRows rows() const { return {Q, Kc, Vc, ldq, ldk, ldv, bc, sb, gc, sg, c}; }
+  Terms terms() {
+    return {G,         Qd.data(),  Ke.data(),  delta ? Kd.data() : nullptr,
+            eG.data(), eEnd.data(), Dv.data(), Aqk.data(),
+            Akk.data(), L.data(),  X.data()};
+  }
+
+  // 1. Gates (terms.h's ``chunk_gates``): G, exp(G), exp(G_c - G), D; Qd, Ke, Kd; and Gamma
+  //    for one gate per token. Without decay these rows are the inputs themselves.
   void gates() {
-    if (gated) {
-      cumulative_gates(gc, sg, c, kg, w.zeros.data(), G);
-      const float *Gc = G.hi + (c - 1) * kg, *Lc = G.lo + (c - 1) * kg;
-      for (int ch = 0; ch < kg; ++ch) Dv[ch] = exp_flush(Gc[ch] + Lc[ch]);
-      for (int i = 0; i < c; ++i) {
-        const float *Gi = G.hi + i * kg, *Li = G.lo + i * kg;
-        const float *qi = Q + i * ldq, *ki = Kc + i * ldk;
-        float *eg = eG.data() + i * kg, *ee = eEnd.data() + i * kg;
+    const GatedRows r = chunk_gates(rows(), kg, K, scale, w.zeros.data(), terms());
+    Qr = r.Qread, ldqr = r.ldqr, qr_alpha = r.q_alpha;
+    Ker = r.Kend, ldke = r.ldke, Kdr = r.Kdec, ldkd = r.ldkd;
+    if (!gated || channel) return;
+    for (int i = 0; i < c; ++i) {
+      float* row = Gam.data() + static_cast<int64_t>(i) * C;
+      const float G_i = G.hi[i], L_i = G.lo[i];
 #pragma omp simd
-        for (int ch = 0; ch < kg; ++ch) {
-          eg[ch] = exp_flush(Gi[ch] + Li[ch]);
-          ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
-        }
-        float *qd = Qd.data() + i * K, *ke = Ke.data() + i * K, *kd = Kd.data() + i * K;
-        if (!channel) {
-          const float a = scale * eg[0], e = ee[0], d = eg[0];
-#pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            qd[ch] = a * qi[ch];
-            ke[ch] = e * ki[ch];
-            kd[ch] = d * ki[ch];
-          }
-          float* row = Gam.data() + static_cast<int64_t>(i) * C;
-          const float G_i = Gi[0], L_i = Li[0];
-#pragma omp simd
-          for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
-          for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
-        } else {
-#pragma omp simd
-          for (int ch = 0; ch < Ki; ++ch) {
-            qd[ch] = scale * qi[ch] * eg[ch];
-            ke[ch] = ki[ch] * ee[ch];
-            kd[ch] = ki[ch] * eg[ch];
-          }
-        }
-      }
+      for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
+      for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
     }
   }
 
-  // 2. The decayed products A_qk (j <= i) and A_kk (j < i), as the forward pass forms them.
-  void scores() {
-    if (delta) {
-      decayed_product_pair(Q, ldq, Kc, ldk, Kc, ldk, G, kg, c, Ki, scale, Aqk.data(),
-                           Akk.data(), C, w);
-    } else {
-      decayed_products(Q, ldq, Kc, ldk, G, kg, c, Ki, false, scale, Aqk.data(), C, w);
-    }
-  }
+  // 2. The decayed products A_qk (j <= i) and A_kk (j < i): terms.h's ``chunk_scores``.
+  void scores() { chunk_scores(rows(), delta, kg, K, scale, G, C, Aqk.data(), Akk.data(), w); }
 
-  // 3. Pseudo-values: U = V, or the UT transform and U = U0 - W S.
+  // 3. Pseudo-values: U = V, or terms.h's UT transform and U = U0 - W S.
   void pseudo_values() {
-    if (delta) {
-      for (int i = 0; i < c; ++i) {
-        const float bi = bc[i * sb];
-        const float* Ai = Akk.data() + static_cast<int64_t>(i) * C;
-        float* Li = L.data() + static_cast<int64_t>(i) * C;
-        for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
-        const float *kd = Kdr + i * ldkd, *vi = Vc + i * ldv;
-        float* xi = X.data() + i * ldx;
-        for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
-        for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
-      }
-      unit_lower_solve(c, K + V, L.data(), C, X.data(), ldx);  // [W | U0]
-      for (int i = 0; i < c; ++i) {
-        std::memcpy(U.data() + i * V, X.data() + i * ldx + K, sizeof(float) * V);
-      }
-      gemm(false, false, c, Vi, Ki, -1.0f, X.data(), ldx, S, V, 1.0f, U.data(), V);
-      Uc = U.data(), ldu = V;
-    }
+    if (!delta) return;
+    const GatedRows r{Qr, ldqr, qr_alpha, Ker, ldke, Kdr, ldkd};
+    ut_transform(rows(), r, K, V, C, Akk.data(), L.data(), X.data());
+    linattn_native::pseudo_values(c, K, V, X.data(), S, U.data(), V);
+    Uc = U.data(), ldu = V;
   }
 
   // 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T. For the
   //    additive rule dU is dV; without decay dQd and dKe go straight into dQ (scaled), dK.
   void output_gradients() {
-    gemm(true, false, c, Vi, c, 1.0f, Aqk.data(), C, dO, lddo, 0.0f, dUp, lddu);
-    gemm(false, false, c, Vi, Ki, 1.0f, Ker, ldke, dSh, V, 1.0f, dUp, lddu);
+    value_gradient(c, K, V, Aqk.data(), C, dO, lddo, Ker, ldke, dSh, dUp, lddu);
     gemm(false, true, c, c, Vi, 1.0f, dO, lddo, Uc, ldu, 0.0f, dA.data(), C);
     if (gated) {
       gemm(false, true, c, Ki, Vi, 1.0f, dO, lddo, S, V, 0.0f, dQd.data(), K);
@@ -342,14 +325,8 @@ struct ChunkBackward {
 
   // 7. dS = D dS' + Qd^T dO - W^T dU (dS' is no longer needed after this).
   void state_gradient() {
-    for (int ch = 0; gated && ch < Ki; ++ch) {
-      float* row = dSh + ch * V;
-      const float d = Dv[channel ? ch : 0];
-#pragma omp simd
-      for (int j = 0; j < Vi; ++j) row[j] *= d;
-    }
-    gemm(true, false, Ki, Vi, c, qr_alpha, Qr, ldqr, dO, lddo, 1.0f, dSh, V);
-    if (delta) gemm(true, false, Ki, Vi, c, -1.0f, X.data(), ldx, dU.data(), V, 1.0f, dSh, V);
+    state_gradient_step(c, kg, K, V, gated ? Dv.data() : nullptr, qr_alpha, Qr, ldqr, dO, lddo,
+                        delta ? X.data() : nullptr, ldx, dU.data(), dSh);
   }
 
   // 8. The UT transform: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T, dT (in dA); dv, dbeta and
@@ -458,6 +435,72 @@ struct ChunkBackward {
   }
 };
 
+// The split schedule (schedule.h) of the backward pass: 1. for every (chunk, head) pair, the
+// terms the state-gradient chain reads (Qd, Ke, D, A_qk, W: steps 1-3) into a slot of ``slots``;
+// 2. per head, from the last chunk, the chain dU = A_qk^T dO + Ke dS', dS = D dS' + Qd^T dO -
+// W^T dU, saving each chunk's dS'; 3. every step of every pair from its saved dS' (steps 1-3
+// computed again: the chain's slots hold only what it reads).
+void backward_split(const BackwardTensors& t, const Sizes& sz, int64_t kg, float scale) {
+  const int64_t K = sz.K, V = sz.V, C = sz.C, P = sz.P, N = sz.N, KV = K * V;
+  const bool delta = t.beta.defined(), gated = kg > 0;
+  // Slot n P + p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W [C, K] (delta rule).
+  const int64_t gate_size = gated ? 2 * C * K + kg : 0;
+  const int64_t size = gate_size + C * C + (delta ? C * K : 0);
+  const at::Tensor slots = fresh({N * P, size}, t.q.options());
+  const at::Tensor dS_in = fresh({N, P, K, V}, t.q.options());  // dS' of every chunk
+  float *slotp = slots.data_ptr<float>(), *dSp = dS_in.data_ptr<float>();
+  parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
+    ChunkBackward chunk(t, sz, kg, scale);
+    for (int64_t s = lo; s < hi; ++s) {
+      chunk.load(s / P, s % P);
+      chunk.gates();
+      chunk.scores();
+      chunk.pseudo_values();
+      const int64_t c = chunk.c;
+      float* slot = slotp + s * size;
+      if (gated) {
+        std::memcpy(slot, chunk.Qd.data(), sizeof(float) * c * K);
+        std::memcpy(slot + C * K, chunk.Ke.data(), sizeof(float) * c * K);
+        std::memcpy(slot + 2 * C * K, chunk.Dv.data(), sizeof(float) * kg);
+      }
+      std::memcpy(slot + gate_size, chunk.Aqk.data(), sizeof(float) * c * C);
+      for (int64_t i = 0; delta && i < c; ++i) {
+        std::memcpy(slot + gate_size + C * C + i * K, chunk.X.data() + i * chunk.ldx,
+                    sizeof(float) * K);
+      }
+    }
+  });
+  parallel_tasks(P, [&](int64_t lo, int64_t hi) {
+    ChunkBackward chunk(t, sz, kg, scale);
+    for (int64_t p = lo; p < hi; ++p) {
+      for (int64_t n = N - 1; n >= 0; --n) {
+        chunk.load(n, p);
+        const int64_t s = n * P + p;
+        std::memcpy(dSp + s * KV, chunk.dSh, sizeof(float) * KV);
+        const float* slot = slotp + s * size;
+        const float* Qr = gated ? slot : chunk.Q;
+        const float* Ke = gated ? slot + C * K : chunk.Kc;
+        const float* W = delta ? slot + gate_size + C * C : nullptr;
+        if (delta) {
+          value_gradient(chunk.c, K, V, slot + gate_size, C, chunk.dO, chunk.lddo, Ke,
+                         gated ? K : chunk.ldk, chunk.dSh, chunk.dU.data(), V);
+        }
+        state_gradient_step(chunk.c, kg, K, V, gated ? slot + 2 * C * K : nullptr,
+                            gated ? 1.0f : scale, Qr, gated ? K : chunk.ldq, chunk.dO,
+                            chunk.lddo, W, K, chunk.dU.data(), chunk.dSh);
+      }
+    }
+  });
+  parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
+    ChunkBackward chunk(t, sz, kg, scale);
+    for (int64_t s = lo; s < hi; ++s) {
+      chunk.load(s / P, s % P);
+      chunk.dSh = dSp + s * KV;  // its own copy of dS', which run() turns into dS
+      chunk.run();
+    }
+  });
+}
+
 }  // namespace
 
 // dq or dk per value head, d [B, HV, T, K] (a view of [B, T, HV, K]), summed over each group
@@ -515,16 +558,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   }
   t.dS = dS_final.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
 
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    FlushSubnormals flush;
-    ChunkBackward chunk(t, sz, kg, scale);
-    for (int64_t n = N - 1; n >= 0; --n) {
-      for (int64_t p = lo; p < hi; ++p) {
-        chunk.load(n, p);
-        chunk.run();
+  if (split_schedule(P)) {
+    backward_split(t, sz, kg, scale);
+  } else {
+    parallel_tasks(P, [&](int64_t lo, int64_t hi) {
+      ChunkBackward chunk(t, sz, kg, scale);
+      for (int64_t n = N - 1; n >= 0; --n) {
+        for (int64_t p = lo; p < hi; ++p) {
+          chunk.load(n, p);
+          chunk.run();
+        }
       }
-    }
-  });
+    });
+  }
   auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
   return {group_sum(t.dq, sz), group_sum(t.dk, sz), t.dv, delta ? t.dbeta : none(),
           kg > 0 ? t.dg : none(), t.dS.view({B, HV, K, V})};

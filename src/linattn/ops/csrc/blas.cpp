@@ -14,6 +14,10 @@ void sgemm_(const char* transa, const char* transb, const int* m, const int* n, 
 void strsm_(const char* side, const char* uplo, const char* transa, const char* diag, const int* m,
             const int* n, const float* alpha, const float* a, const int* lda, float* b,
             const int* ldb);
+// MKL's thread-local thread count (0: the global one again), the previous value returned: the C
+// entry point (``mkl_set_num_threads_local`` is its Fortran twin, taking a pointer). Weak, so
+// that the extension loads with any BLAS (nullptr without MKL).
+int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
 }
 
 namespace linattn_native {
@@ -76,6 +80,13 @@ void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* 
 void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
                                  int64_t ldx) {
   unit_upper_trsm('T', c, n, L, ldl, X, ldx);
+}
+
+SequentialBlas::SequentialBlas()
+    : saved(MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(1) : 0) {}
+
+SequentialBlas::~SequentialBlas() {
+  if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(saved);
 }
 
 }  // namespace linattn_native

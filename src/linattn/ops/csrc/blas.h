@@ -23,4 +23,13 @@ void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* 
 void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
                                  int64_t ldx);
 
+// One BLAS thread on this thread while alive (MKL's thread-local setting; a no-op with another
+// BLAS): the kernels call the BLAS from their own threads (at::parallel_for), and a BLAS that ran
+// threads of its own under them would oversubscribe the cores.
+struct SequentialBlas {
+  int saved;
+  SequentialBlas();
+  ~SequentialBlas();
+};
+
 }  // namespace linattn_native

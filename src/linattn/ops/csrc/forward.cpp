@@ -1,7 +1,8 @@
-// The forward pass of the chunk form (kernels.h gives the steps; spec section 8), one function
-// per step: ``chunk_gates`` (G, Qd, Ke), ``chunk_scores`` (A_qk and the delta rule's A_kk),
-// ``ut_transform`` (L, W, U0), ``pseudo_values`` (U = U0 - W S), ``chunk_outputs``
-// (o = Qd S + A_qk U) and ``state_pass`` (S <- D S + Ke^T U).
+// The forward pass of the chunk form (kernels.h gives the steps; spec section 8): the terms of
+// each chunk from terms.h (``chunk_gates``: G, D, Qd, Ke; ``chunk_scores``: A_qk and the delta
+// rule's A_kk; ``ut_transform``: L, W, U0; ``pseudo_values``: U = U0 - W S), then the two steps
+// only the forward pass takes, ``chunk_outputs`` (o = Qd S + A_qk U) and ``state_pass``
+// (S <- D S + Ke^T U), on one of the two schedules of schedule.h.
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "blas.h"
 #include "checks.h"
@@ -16,132 +18,28 @@
 #include "kernels.h"
 #include "layout.h"
 #include "products.h"
+#include "schedule.h"
+#include "terms.h"
 
 namespace linattn_native {
 namespace {
 
-// One chunk of c <= C tokens of one head: its rows in the inputs (row strides ld*), beta [c]
-// (stride sb) and the log-gates g [c, kg] (row stride sg), nullptr where the mechanism has none.
-struct ChunkRows {
-  const float *q, *k, *v;
-  int64_t ldq, ldk, ldv;
-  const float* beta;
-  int64_t sb;
-  const float* g;
-  int64_t sg;
-  int c;
-};
-
-// The rows that read the incoming state (q_alpha Qread = Qd) and write the next one (Kend = Ke).
-struct StateRows {
-  const float* Qread;
-  int64_t ldqr;
-  float q_alpha;
-  const float* Kend;
-  int64_t ldke;
-};
-
-// Step G, Qd, Ke: the cumulative log-gates G (into ``G``), Qd = scale q exp(G) and
-// Ke = k exp(G_c - G). Without decay, the inputs themselves (the scale folded into a product).
-StateRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Gates& G,
-                      Scratch& w) {
-  if (kg == 0) return {x.q, x.ldq, scale, x.k, x.ldk};
-  const int c = x.c, Ki = static_cast<int>(K);
-  cumulative_gates(x.g, x.sg, c, kg, w.zeros.data(), G);
-  const float* Gc = G.hi + static_cast<int64_t>(c - 1) * kg;
-  const float* Lc = G.lo + static_cast<int64_t>(c - 1) * kg;
-  for (int i = 0; i < c; ++i) {
-    const float* Gi = G.hi + static_cast<int64_t>(i) * kg;
-    const float* Li = G.lo + static_cast<int64_t>(i) * kg;
-    const float* qi = x.q + i * x.ldq;
-    const float* ki = x.k + i * x.ldk;
-    float* qd = w.Qd.data() + static_cast<int64_t>(i) * K;
-    float* ke = w.Ke.data() + static_cast<int64_t>(i) * K;
-    if (kg == 1) {
-      const float a = scale * exp_flush(Gi[0] + Li[0]), e = decay(Gc[0], Lc[0], Gi[0], Li[0]);
-#pragma omp simd
-      for (int ch = 0; ch < Ki; ++ch) {
-        qd[ch] = a * qi[ch];
-        ke[ch] = e * ki[ch];
-      }
-    } else {
-#pragma omp simd
-      for (int ch = 0; ch < Ki; ++ch) {
-        qd[ch] = scale * qi[ch] * exp_flush(Gi[ch] + Li[ch]);
-        ke[ch] = ki[ch] * decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
-      }
-    }
-  }
-  return {w.Qd.data(), K, 1.0f, w.Ke.data(), K};
-}
-
-// Step A_qk (and A_kk): the masked, decayed scores inside the chunk, A [c, C] (j <= i); with the
-// delta rule also A_kk into L (j < i), sharing its decays.
-void chunk_scores(const ChunkRows& x, bool delta, int64_t kg, int64_t K, float scale,
-                  const Gates& G, int64_t C, float* A, float* L, Scratch& w) {
-  const int Ki = static_cast<int>(K);
-  if (delta) {
-    decayed_product_pair(x.q, x.ldq, x.k, x.ldk, x.k, x.ldk, G, kg, x.c, Ki, scale, A, L, C, w);
-  } else {
-    decayed_products(x.q, x.ldq, x.k, x.ldk, G, kg, x.c, Ki, false, scale, A, C, w);
-  }
-}
-
-// Step L, W, U0 (the UT transform): L = diag(beta) A_kk (in place), then
-// (I + L) [W | U0] = diag(beta) [k exp(G) | v], solved into X [c, K + V] (row stride ldx).
-void ut_transform(const ChunkRows& x, int64_t kg, int64_t K, int64_t V, const Gates& G,
-                  int64_t C, float* L, float* X, int64_t ldx) {
-  const int c = x.c, Ki = static_cast<int>(K), Vi = static_cast<int>(V);
-  for (int i = 0; i < c; ++i) {
-    const float bi = x.beta[i * x.sb];
-    float* Li = L + static_cast<int64_t>(i) * C;
-#pragma omp simd
-    for (int j = 0; j < i; ++j) Li[j] *= bi;
-    const float* ki = x.k + i * x.ldk;
-    const float* vi = x.v + i * x.ldv;
-    float* xi = X + i * ldx;
-    // k exp(G) = Qd / (scale q) * k: recomputed from G (exact for no gate)
-    if (kg == 0) {
-#pragma omp simd
-      for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch];
-    } else if (kg == 1) {
-      const float a = bi * exp_flush(G.hi[i] + G.lo[i]);
-#pragma omp simd
-      for (int ch = 0; ch < Ki; ++ch) xi[ch] = a * ki[ch];
-    } else {
-      const float *Gi = G.hi + static_cast<int64_t>(i) * K, *Li = G.lo + i * K;
-#pragma omp simd
-      for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * ki[ch] * exp_flush(Gi[ch] + Li[ch]);
-    }
-#pragma omp simd
-    for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
-  }
-  unit_lower_solve(c, K + V, L, C, X, ldx);  // X = [W | U0]
-}
-
-// Step U: the pseudo-values U = U0 - W S in place of U0 (X = [W | U0]; S [K, V] entering).
-void pseudo_values(int c, int64_t K, int64_t V, float* X, int64_t ldx, const float* S) {
-  gemm(false, false, c, V, K, -1.0f, X, ldx, S, V, 1.0f, X + K, ldx);
-}
-
 // Step o: the read of the incoming state plus the masked product inside the chunk,
 // o = Qd S + A_qk U (O [c, V], row stride ldo).
-void chunk_outputs(int c, int64_t K, int64_t V, const StateRows& r, const float* S,
+void chunk_outputs(int c, int64_t K, int64_t V, const GatedRows& r, const float* S,
                    const float* A, int64_t C, const float* U, int64_t ldu, float* O, int64_t ldo) {
   gemm(false, false, c, V, K, r.q_alpha, r.Qread, r.ldqr, S, V, 0.0f, O, ldo);
   gemm(false, false, c, V, c, 1.0f, A, C, U, ldu, 1.0f, O, ldo);
 }
 
 // Step D and the state pass: the state leaving the chunk, S <- D * S + Ke^T U, with
-// D = exp(G_c) on S's rows (one per channel, or one for all).
-void state_pass(int c, int64_t kg, int64_t K, int64_t V, const Gates& G, const StateRows& r,
+// D = exp(G_c) on S's rows (one per channel, or one for all; nullptr without decay).
+void state_pass(int c, int64_t kg, int64_t K, int64_t V, const float* D, const GatedRows& r,
                 const float* U, int64_t ldu, float* S) {
   const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
   if (kg > 0) {
-    const float* Gc = G.hi + static_cast<int64_t>(c - 1) * kg;
-    const float* Lc = G.lo + static_cast<int64_t>(c - 1) * kg;
     for (int ch = 0; ch < Ki; ++ch) {
-      const float d = exp_flush(Gc[kg == 1 ? 0 : ch] + Lc[kg == 1 ? 0 : ch]);
+      const float d = D[kg == 1 ? 0 : ch];
       float* row = S + ch * V;
 #pragma omp simd
       for (int j = 0; j < Vi; ++j) row[j] *= d;
@@ -186,22 +84,144 @@ struct ForwardInputs {
   }
 };
 
-// One chunk of one head, every step in order; S [K, V] the running state, updated.
-void forward_chunk(const ChunkRows& x, const ForwardInputs& in, float scale, float* S, float* O,
-                   int64_t ldo, Scratch& w) {
-  const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C, ldx = K + V;  // X = [W | U] after the solve
-  const Gates G{w.G.data(), w.G.data() + C * K};
-  const StateRows r = chunk_gates(x, in.kg, K, scale, G, w);
-  chunk_scores(x, in.delta, in.kg, K, scale, G, C, w.A.data(), w.L.data(), w);
-  const float* U = x.v;  // the additive rule's pseudo-values: v
-  int64_t ldu = x.ldv;
-  if (in.delta) {
-    ut_transform(x, in.kg, K, V, G, C, w.L.data(), w.X.data(), ldx);
-    pseudo_values(x.c, K, V, w.X.data(), ldx, S);
-    U = w.X.data() + K, ldu = ldx;
+// One thread's blocks for the terms of one chunk (terms.h): products.h's scratch and the gates'.
+struct ForwardBlocks {
+  Scratch w;
+  std::vector<float> Kd, eG, eEnd, D;
+  ForwardBlocks(const Sizes& sz, int64_t kg, bool delta)
+      : w(sz.C, sz.K, sz.V), Kd(delta && kg > 0 ? sz.C * sz.K : 0), eG(sz.C * kg),
+        eEnd(sz.C * kg), D(kg) {}
+
+  // The terms of a chunk, all in these blocks (A_kk scaled into L in place).
+  Terms local() {
+    return {{w.G.data(), w.G.data() + w.Qd.size()},
+            w.Qd.data(),
+            w.Ke.data(),
+            Kd.empty() ? nullptr : Kd.data(),
+            eG.data(),
+            eEnd.data(),
+            D.data(),
+            w.A.data(),
+            w.L.data(),
+            w.L.data(),
+            w.X.data()};
   }
-  chunk_outputs(x.c, K, V, r, S, w.A.data(), C, U, ldu, O, ldo);
-  state_pass(x.c, in.kg, K, V, G, r, U, ldu, S);
+};
+
+// Steps G to U0 of one chunk (terms.h), into ``t``; the rows the later steps read.
+GatedRows chunk_terms(const ChunkRows& x, const ForwardInputs& in, float scale, const Terms& t,
+                      Scratch& w) {
+  const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C;
+  const GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t);
+  chunk_scores(x, in.delta, in.kg, K, scale, t.G, C, t.A, t.Akk, w);
+  if (in.delta) ut_transform(x, r, K, V, C, t.Akk, t.L, t.X);
+  return r;
+}
+
+// The pseudo-values of a chunk whose terms are ``t``: v, or U = U0 - W S in place of U0.
+std::pair<const float*, int64_t> chunk_values(const ChunkRows& x, const ForwardInputs& in,
+                                              const Terms& t, const float* S) {
+  if (!in.delta) return {x.v, x.ldv};
+  const int64_t K = in.sz.K, V = in.sz.V;
+  pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
+  return {t.X + K, K + V};
+}
+
+// The fused schedule (schedule.h): heads [lo, hi) chunk by chunk, every step of a chunk in turn.
+// The heads of a thread are taken chunk by chunk in the inner loop, so that the rows read and
+// written stream through memory in order ([B, T, H, D] keeps a token's heads side by side).
+void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi, float* Sp,
+                   float* statep, at::Tensor& o) {
+  const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C, HV = in.sz.HV, P = in.sz.P, KV = K * V;
+  ForwardBlocks blocks(in.sz, in.kg, in.delta);
+  const Terms t = blocks.local();
+  float* op = o.data_ptr<float>();
+  for (int64_t n = 0; n < in.sz.N; ++n) {
+    for (int64_t p = lo; p < hi; ++p) {
+      float* S = Sp + p * KV;
+      if (statep) std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
+      const ChunkRows x = in.rows(n, p);
+      const GatedRows r = chunk_terms(x, in, scale, t, blocks.w);
+      const auto [U, ldu] = chunk_values(x, in, t, S);
+      float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
+      chunk_outputs(x.c, K, V, r, S, t.A, C, U, ldu, O, o.stride(2));
+      state_pass(x.c, in.kg, K, V, t.D, r, U, ldu, S);
+    }
+  }
+}
+
+// The split schedule's buffer of every chunk's terms: slot n P + p holds chunk n of head p's
+// Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C] and [W | U] [C, K + V] (delta rule).
+struct TermSlots {
+  int64_t C, K, V, kg, size;
+  bool delta;
+  at::Tensor buffer;  // [N P, size]
+  TermSlots(const ForwardInputs& in)
+      : C(in.sz.C), K(in.sz.K), V(in.sz.V), kg(in.kg),
+        size((kg > 0 ? 2 * C * K + kg : 0) + C * C + (in.delta ? C * (K + V) : 0)),
+        delta(in.delta), buffer(fresh({in.sz.N * in.sz.P, size}, in.q.options())) {}
+
+  // Slot s's terms; the rest (G, Kd, the gates' exponentials, A_kk and L) in ``blocks``.
+  Terms at(int64_t s, ForwardBlocks& blocks) const {
+    float* slot = buffer.data_ptr<float>() + s * size;
+    Terms t = blocks.local();
+    if (kg > 0) {
+      t.Qd = slot, t.Ke = slot + C * K, t.D = slot + 2 * C * K;
+      slot += 2 * C * K + kg;
+    }
+    t.A = slot;
+    if (delta) t.X = slot + C * C;
+    return t;
+  }
+};
+
+// The rows the later steps read from a slot's terms (``chunk_gates``'s answer, without Kd).
+GatedRows slot_rows(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t) {
+  if (kg == 0) return {x.q, x.ldq, scale, x.k, x.ldk, x.k, x.ldk};
+  return {t.Qd, K, 1.0f, t.Ke, K, nullptr, 0};
+}
+
+// The split schedule (schedule.h): 1. every chunk's terms, parallel over (chunk, head) pairs;
+// 2. the state pass (U, S) per head, saving the state entering each chunk; 3. the outputs from
+// the saved states, parallel over (chunk, head) pairs again.
+void forward_split(const ForwardInputs& in, float scale, float* Sp, float* statep,
+                   at::Tensor& o) {
+  const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C, HV = in.sz.HV, P = in.sz.P, N = in.sz.N;
+  const int64_t KV = K * V;
+  const TermSlots slots(in);
+  parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
+    ForwardBlocks blocks(in.sz, in.kg, in.delta);
+    for (int64_t s = lo; s < hi; ++s) {
+      chunk_terms(in.rows(s / P, s % P), in, scale, slots.at(s, blocks), blocks.w);
+    }
+  });
+  parallel_tasks(P, [&](int64_t lo, int64_t hi) {
+    ForwardBlocks blocks(in.sz, 0, false);
+    for (int64_t p = lo; p < hi; ++p) {
+      float* S = Sp + p * KV;
+      for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
+        const ChunkRows x = in.rows(n, p);
+        const Terms t = slots.at(n * P + p, blocks);
+        const auto [U, ldu] = chunk_values(x, in, t, S);
+        state_pass(x.c, in.kg, K, V, t.D, slot_rows(x, in.kg, K, scale, t), U, ldu, S);
+      }
+    }
+  });
+  float* op = o.data_ptr<float>();
+  parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
+    ForwardBlocks blocks(in.sz, 0, false);
+    for (int64_t s = lo; s < hi; ++s) {
+      const int64_t n = s / P, p = s % P;
+      const ChunkRows x = in.rows(n, p);
+      const Terms t = slots.at(s, blocks);
+      const float* U = in.delta ? t.X + K : x.v;
+      const int64_t ldu = in.delta ? K + V : x.ldv;
+      float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
+      chunk_outputs(x.c, K, V, slot_rows(x, in.kg, K, scale, t), statep + s * KV, t.A, C, U, ldu,
+                    O, o.stride(2));
+    }
+  });
 }
 
 }  // namespace
@@ -236,24 +256,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   at::Tensor o = fresh_public(sz, V, in.q.options());
   // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).
   at::Tensor S = S0.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
-  at::Tensor states = keep ? fresh({N, P, K, V}, in.q.options()) : at::empty({0}, in.q.options());
-  float *op = o.data_ptr<float>(), *Sp = S.data_ptr<float>();
-  float* statep = keep ? states.data_ptr<float>() : nullptr;
-
-  // The heads of a thread are taken chunk by chunk in the inner loop, so that the rows read and
-  // written stream through memory in order ([B, T, H, D] keeps a token's heads side by side).
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    FlushSubnormals flush;
-    Scratch w(C, K, V);
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t p = lo; p < hi; ++p) {
-        float* Sh = Sp + p * K * V;
-        if (keep) std::memcpy(statep + (n * P + p) * K * V, Sh, sizeof(float) * K * V);
-        float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
-        forward_chunk(in.rows(n, p), in, scale, Sh, O, o.stride(2), w);
-      }
-    }
-  });
+  const bool split = split_schedule(P);  // the split schedule reads the saved states
+  at::Tensor states = keep || split ? fresh({N, P, K, V}, in.q.options())
+                                    : at::empty({0}, in.q.options());
+  float* Sp = S.data_ptr<float>();
+  float* statep = keep || split ? states.data_ptr<float>() : nullptr;
+  if (split) {
+    forward_split(in, scale, Sp, statep, o);
+  } else {
+    parallel_tasks(P, [&](int64_t lo, int64_t hi) {
+      forward_fused(in, scale, lo, hi, Sp, statep, o);
+    });
+  }
+  if (!keep) states = at::empty({0}, in.q.options());
   return {o, S.view({B, HV, K, V}), states};
 }
 

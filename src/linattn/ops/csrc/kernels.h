@@ -12,9 +12,10 @@
 //   4. outputs:    o = Qd S + A_qk U
 //   5. state:      S <- D * S + Ke^T U
 //
-// Only step 5 carries anything from one chunk to the next. The heads of a thread are taken chunk
-// by chunk in the inner loop, so that the rows read and written (the [B, T, H, D] layout keeps the
-// H heads of a token side by side) stream through memory in order. Every product is one call of
+// Only step 5 carries anything from one chunk to the next: steps 1-3 are parallel across chunks
+// too (schedule.h). In the fused schedule the heads of a thread are taken chunk by chunk in the
+// inner loop, so that the rows read and written (the [B, T, H, D] layout keeps the H heads of a
+// token side by side) stream through memory in order. Every product is one call of
 // the BLAS that PyTorch links (MKL or OpenBLAS), on matrices of 64 x 64 or so that stay in the L1
 // and L2 caches; the elementwise work (gates, masks) is in plain loops the compiler vectorises.
 //
@@ -32,7 +33,9 @@
 // exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 //
 // The files: blas (the BLAS wrappers), gates (cumulative log-gates as pairs, exp, the floor),
-// products (the masked decayed products A_qk and A_kk), block_cache (the output allocator),
+// products (the masked decayed products A_qk and A_kk), terms (steps 1-3 and U = U0 - W S, the
+// one place the forward and backward passes compute them), schedule (how the work is spread over
+// the threads: fused per head, or split into (chunk, head) pairs), block_cache (the output allocator),
 // checks and layout (entry checks, where a chunk's rows are), tuning.h (the machine-tuned
 // constants, from linattn/ops/tuning.py), forward, backward, step (the generation step) and
 // ops.cpp (the torch.library registration).

@@ -8,6 +8,7 @@
 
 #include "block_cache.h"
 #include "kernels.h"
+#include "schedule.h"
 
 namespace linattn_native {
 
@@ -25,6 +26,7 @@ TORCH_LIBRARY(linattn_native, m) {
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);
+  m.def("threads_used(int n) -> int", &threads_used);
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {

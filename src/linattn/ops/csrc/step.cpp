@@ -9,6 +9,7 @@
 
 #include "checks.h"
 #include "kernels.h"
+#include "tuning.h"
 
 namespace linattn_native {
 
@@ -76,11 +77,18 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   // 1. Checks, before anything is written.
   bool ok = true;
+  // In parallel, in blocks of kStepGrain numbers: at a large batch the check of the state is a
+  // pass over as many numbers as the step itself.
   auto all_finite = [&](const float* x, int64_t n) {
-    float acc = 0.0f;  // x * 0 is 0 for finite x and NaN for NaN or Inf
+    return at::parallel_reduce(
+        0, n, kStepGrain, true,
+        [&](int64_t lo, int64_t hi, bool ok) {
+          float acc = 0.0f;  // x * 0 is 0 for finite x and NaN for NaN or Inf
 #pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < n; ++i) acc += x[i] * 0.0f;
-    return acc == 0.0f;
+          for (int64_t i = lo; i < hi; ++i) acc += x[i] * 0.0f;
+          return ok && acc == 0.0f;
+        },
+        [](bool a, bool b) { return a && b; });
   };
   ok = all_finite(Sp, P * K * V) && all_finite(qp, B * Hq * K) && all_finite(kp, B * Hq * K) &&
        all_finite(vp, P * V);
@@ -91,7 +99,10 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
   at::Tensor o = at::empty({B, H, V}, state.options());
   float* op = o.data_ptr<float>();
   const float scale = static_cast<float>(scale_d);
-  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+  // Heads in tasks of at least kStepGrain state numbers: a small batch runs on the calling
+  // thread (waking the others would cost more than its microseconds of work), a large one on all.
+  const int64_t grain = std::max<int64_t>(1, kStepGrain / std::max<int64_t>(1, K * V));
+  at::parallel_for(0, P, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> u(V);
     for (int64_t p = lo; p < hi; ++p) {
       float* S = Sp + p * K * V;

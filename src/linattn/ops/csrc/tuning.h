@@ -7,8 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#if !defined(LINATTN_MAX_CHUNK) || !defined(LINATTN_HUGE_MIN_BYTES) || !defined(LINATTN_CACHE_MIB)
-#error "compile with -DLINATTN_MAX_CHUNK= -DLINATTN_HUGE_MIN_BYTES= -DLINATTN_CACHE_MIB="
+#if !defined(LINATTN_MAX_CHUNK) || !defined(LINATTN_HUGE_MIN_BYTES) || \
+    !defined(LINATTN_CACHE_MIB) || !defined(LINATTN_STEP_GRAIN) || !defined(LINATTN_SPLIT_IMBALANCE)
+#error "compile with the -D defines of linattn/ops/_native.py's DEFINES (from tuning.py)"
 #endif
 
 namespace linattn_native {
@@ -22,6 +23,11 @@ constexpr size_t kHugeMinBytes = LINATTN_HUGE_MIN_BYTES;
 // The most the block cache keeps, in MiB, without LINATTN_CACHE_MIB set (tuning.CACHE_MIB).
 constexpr long long kCacheMib = LINATTN_CACHE_MIB;
 
+// The least work of one thread's task in the generation step, in state numbers
+// (tuning.STEP_GRAIN).
+constexpr int64_t kStepGrain = LINATTN_STEP_GRAIN;
+
+static_assert(kStepGrain >= 1, "LINATTN_STEP_GRAIN must be >= 1");
 static_assert(kMaxChunk >= 1, "LINATTN_MAX_CHUNK must be >= 1");
 static_assert(kCacheMib >= 0, "LINATTN_CACHE_MIB must be >= 0");
 

@@ -1,0 +1,78 @@
+// The state-independent terms of a chunk (spec section 8), each computed in exactly one place,
+// for the forward pass (forward.cpp) and the backward pass (backward.cpp) alike:
+//
+//   chunk_gates    G (cumulative log-gates), exp(G), exp(G_c - G), D = exp(G_c);
+//                  Qd = scale q exp(G), Ke = k exp(G_c - G), Kd = k exp(G)
+//   chunk_scores   A_qk = scale decayed(q k^T) (j <= i), the delta rule's A_kk (j < i)
+//   ut_transform   L = diag(beta) A_kk, (I + L) [W | U0] = diag(beta) [Kd | v]
+//
+// and the first step that reads the state entering the chunk, which both passes take:
+//
+//   pseudo_values  U = U0 - W S
+//
+// None of the first three reads the state: they are computed for every (chunk, head) pair at
+// once when heads alone cannot fill the threads (forward.cpp's split schedule).
+#pragma once
+
+#include <cstdint>
+
+#include "gates.h"
+#include "products.h"
+
+namespace linattn_native {
+
+// One chunk of c <= C tokens of one head: its rows in the inputs (row strides ld*), beta [c]
+// (stride sb) and the log-gates g [c, kg] (row stride sg), nullptr where the mechanism has none.
+struct ChunkRows {
+  const float *q, *k, *v;
+  int64_t ldq, ldk, ldv;
+  const float* beta;
+  int64_t sb;
+  const float* g;
+  int64_t sg;
+  int c;
+};
+
+// Where one chunk's terms are written (each block row-major): G [c, kg] as pairs; Qd, Ke, Kd
+// [c, K] (Kd nullptr: not formed, no delta rule); eG = exp(G), eEnd = exp(G_c - G) [c, kg];
+// D = exp(G_c) [kg]; A (A_qk), Akk and L [c, C] with row stride C (L may be Akk: then the UT
+// transform scales A_kk into L in place); X [c, K + V], [W | U0] after the UT transform.
+struct Terms {
+  Gates G;
+  float *Qd, *Ke, *Kd, *eG, *eEnd, *D;
+  float *A, *Akk, *L, *X;
+};
+
+// The rows the products read: Qd = q_alpha Qread, Ke and Kd, which are the inputs themselves
+// (and q_alpha the scale) without decay.
+struct GatedRows {
+  const float* Qread;
+  int64_t ldqr;
+  float q_alpha;
+  const float* Kend;
+  int64_t ldke;
+  const float* Kdec;
+  int64_t ldkd;
+};
+
+// Step G, D, Qd, Ke, Kd into ``t`` (kg = 0: nothing is formed; the rows are the inputs).
+// ``zeros``: kg zeros.
+GatedRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* zeros,
+                      const Terms& t);
+
+// Step A_qk (and A_kk): the masked, decayed scores inside the chunk, A [c, C] (j <= i); with the
+// delta rule also A_kk (j < i), sharing its decays.
+void chunk_scores(const ChunkRows& x, bool delta, int64_t kg, int64_t K, float scale,
+                  const Gates& G, int64_t C, float* A, float* Akk, Scratch& w);
+
+// Step L, W, U0 (the UT transform): L = diag(beta) A_kk, then
+// (I + L) [W | U0] = diag(beta) [Kd | v], solved into X [c, K + V].
+void ut_transform(const ChunkRows& x, const GatedRows& r, int64_t K, int64_t V, int64_t C,
+                  const float* Akk, float* L, float* X);
+
+// Step U: the pseudo-values U = U0 - W S (X = [W | U0]; S [K, V] the state entering the chunk)
+// into U [c, V] (row stride ldu), which may be X's U0 block itself (in place).
+void pseudo_values(int c, int64_t K, int64_t V, const float* X, const float* S, float* U,
+                   int64_t ldu);
+
+}  // namespace linattn_native
