@@ -81,3 +81,17 @@ def oracle(q, k, v, beta=None, g=None, S0=None, *, rule="additive", scale=1.0):
                 initial_state=None if S0 is None else S0[b, h],
             )
     return torch.from_numpy(o), torch.from_numpy(S)
+
+
+def internal(x, dtype=torch.float32):
+    """Public [B, T, H, ...] inputs -> internal [B, H, T, ...] views in ``dtype`` (q, k, v, beta,
+    g; a gate per head as one shared channel [B, H, T, 1])."""
+    out = []
+    for name in ("q", "k", "v", "beta", "g"):
+        t = x[name]
+        if t is not None:
+            t = t.to(dtype).transpose(1, 2)
+            if name == "g" and t.dim() == 3:
+                t = t.unsqueeze(-1)
+        out.append(t)
+    return out

@@ -22,18 +22,8 @@ GATES = [None, "scalar", "channel"]
 
 
 def inputs(gate, delta, seed=0, dtype=torch.float64):
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    k = randn(B, T, H, K)
-    x = {"q": randn(B, T, H, K), "k": k / k.norm(dim=-1, keepdim=True), "v": randn(B, T, HV, V)}
-    x["beta"] = 2 * torch.rand(B, T, HV, generator=gen, dtype=torch.float64) if delta else None
-    shape = {None: None, "scalar": (B, T, HV), "channel": (B, T, HV, K)}[gate]
-    x["g"] = None if shape is None else torch.nn.functional.logsigmoid(randn(*shape) + 2.0)
-    x["S0"] = randn(B, HV, K, V)
-    return {n: None if t is None else t.to(dtype) for n, t in x.items()}
+    """The module's case: ``grouped_inputs`` with G value heads per q/k head."""
+    return grouped_inputs(G, gate, delta, H=H, T=T, dtype=dtype, seed=seed)
 
 
 def paired(x):

@@ -21,7 +21,7 @@ from linattn.ops import _native, delta_rule, linear_attention, recurrent_step
 from linattn.ops.chunk import chunk_forward
 from linattn.ops.library import chunk
 
-from .cases import make_inputs, rel_rms
+from .cases import internal, make_inputs, rel_rms
 from .step_cases import B, H, K, V
 from .step_cases import inputs as step_inputs
 
@@ -49,19 +49,6 @@ def test_disabled_by_the_environment(monkeypatch):
     assert not _native.applies(q.double())  # float32 only
 
 
-def _internal(x, dtype):
-    """Public [B, T, H, ...] inputs -> internal [B, H, T, ...] views in ``dtype``."""
-    out = []
-    for name in ("q", "k", "v", "beta", "g"):
-        t = x[name]
-        if t is not None:
-            t = t.to(dtype).transpose(1, 2)
-            if name == "g" and t.dim() == 3:
-                t = t.unsqueeze(-1)
-        out.append(t)
-    return out
-
-
 CASES = list(
     itertools.product(["additive", "delta"], [None, "scalar", "channel", "steep"], [1, 7, 16, 64])
 )
@@ -78,10 +65,10 @@ def test_equals_the_float64_engine(rule, gate, C):
     if steep:  # log-decays down to about -1,600 per token: the products halve (budget)
         x["g"] = 400 * x["g"]
     scale = 0.7
-    q, k, v, beta, g = _internal(x, torch.float32)
+    q, k, v, beta, g = internal(x, torch.float32)
     S0 = x["S0"].float()
     o, S, states = _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, min(C, 45), True)
-    q64, k64, v64, beta64, g64 = _internal(x, torch.float64)
+    q64, k64, v64, beta64, g64 = internal(x, torch.float64)
     o64, S64 = chunk_forward(q64 * scale, k64, v64, beta64, g64, x["S0"], C)
     assert rel_rms(o, o64) < 2e-6
     assert rel_rms(S, S64) < 2e-6
@@ -109,7 +96,7 @@ def test_equals_the_float64_engine(rule, gate, C):
 )
 def test_equals_the_pytorch_loop_in_float32(rule, gate, monkeypatch):
     x = make_inputs(B=1, T=300, H=4, K=16, V=16, gate=gate, rule=rule, state=True)
-    args = (*_internal(x, torch.float32), x["S0"].float(), 64, 0.25)
+    args = (*internal(x, torch.float32), x["S0"].float(), 64, 0.25)
     o1, S1 = chunk(*args)
     monkeypatch.setenv("LINATTN_NATIVE", "0")
     o2, S2 = chunk(*args)

@@ -17,7 +17,7 @@ import torch
 from linattn.ops import _native
 from linattn.ops.chunk import chunk_forward
 
-from .cases import make_inputs, rel_rms
+from .cases import internal, make_inputs, rel_rms
 
 pytestmark = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
@@ -26,22 +26,9 @@ pytestmark = pytest.mark.skipif(
 MECHANISMS = list(itertools.product(["additive", "delta"], [None, "scalar", "channel"]))
 
 
-def _internal(x, dtype=torch.float32):
-    """Public [B, T, H, ...] inputs -> internal [B, H, T, ...] views in ``dtype``."""
-    out = []
-    for name in ("q", "k", "v", "beta", "g"):
-        t = x[name]
-        if t is not None:
-            t = t.to(dtype).transpose(1, 2)
-            if name == "g" and t.dim() == 3:
-                t = t.unsqueeze(-1)
-        out.append(t)
-    return out
-
-
 def _forward_backward(x, C):
     """The op's forward outputs and backward gradients, float32."""
-    q, k, v, beta, g = _internal(x)
+    q, k, v, beta, g = internal(x)
     S0 = x["S0"].float()
     o, S, states = _native.kernel("chunk_forward")(q, k, v, beta, g, S0, 0.7, C, True)
     gen = torch.Generator().manual_seed(1)
@@ -85,9 +72,9 @@ def test_split_schedule_equals_the_float64_engine(rule, gate, threads, monkeypat
     x = make_inputs(B=1, T=45, H=3, K=8, V=5, gate=gate, rule=rule, state=True)
     threads(2)
     monkeypatch.setenv("LINATTN_SCHEDULE", "split")
-    q, k, v, beta, g = _internal(x)
+    q, k, v, beta, g = internal(x)
     o, S, _ = _native.kernel("chunk_forward")(q, k, v, beta, g, x["S0"].float(), 0.7, 16, False)
-    q64, k64, v64, beta64, g64 = _internal(x, torch.float64)
+    q64, k64, v64, beta64, g64 = internal(x, torch.float64)
     o64, S64 = chunk_forward(q64 * 0.7, k64, v64, beta64, g64, x["S0"], 16)
     assert rel_rms(o, o64) < 2e-6
     assert rel_rms(S, S64) < 2e-6
