@@ -164,14 +164,21 @@ def timed_pair(fns: list[Callable], repeats: int) -> list[float]:
     return medians_in_turns(fns, repeats)
 
 
+def too_big(family: str, T: int, max_gib: float) -> str | None:
+    """Why transformers' own path is not run at this T (None where it fits in ``max_gib``)."""
+    if KERNELS[family][0] == "kda" and kda_fallback_gib(T) > max_gib:
+        return f"transformers' KDA fallback needs ~{kda_fallback_gib(T):.0f} GiB"
+    return None
+
+
 def bench_ops(family: str, lengths: list[int], repeats: int, max_gib: float) -> list[dict]:
     """The chunk kernel at each T and the step, transformers' against linattn's."""
     mechanism, chunk, step = KERNELS[family]
     pairs = theirs_and_ours(family)
     rows = []
     for T in lengths:
-        if mechanism == "kda" and kda_fallback_gib(T) > max_gib:
-            why = f"transformers' fallback needs ~{kda_fallback_gib(T):.0f} GiB"
+        why = too_big(family, T, max_gib)
+        if why:
             rows.append(skipped(f"op {mechanism}", T, why))
             continue
         args, _ = op_inputs(mechanism, T)
@@ -194,8 +201,9 @@ def linear_layer(model: torch.nn.Module) -> torch.nn.Module:
     raise ValueError(f"{type(model).__name__} has no linear-attention layer")
 
 
-def bench_layer(family: str, model, lengths: list[int], repeats: int) -> list[dict]:
-    """The linear-attention module's forward (projections included), with and without apply."""
+def bench_layer(family: str, model, lengths: list[int], repeats: int, max_gib: float) -> list[dict]:
+    """The linear-attention module's forward (projections included), with and without apply;
+    linattn's alone where transformers' path would need more than ``max_gib``."""
     theirs = linear_layer(model)
     ours = hf.apply(copy.deepcopy(theirs))
     rows = []
@@ -206,6 +214,11 @@ def bench_layer(family: str, model, lengths: list[int], repeats: int) -> list[di
             with own_path(family):
                 return theirs(x)
 
+        why = too_big(family, T, max_gib)
+        if why:
+            (alone,) = timed_pair([lambda x=x: ours(x)], repeats)
+            rows.append(ours_alone(f"layer {family}", T, alone, why))
+            continue
         times = timed_pair([run_theirs, lambda x=x: ours(x)], repeats)
         rows.append(row(f"layer {family}", T, times))
     return rows
@@ -266,12 +279,17 @@ def variant(family: str, model: torch.nn.Module, name: str) -> Iterator[None]:
         hf.disable()
 
 
-def bench_model(family: str, model, lengths: list[int], tokens: int, memory: bool) -> list[dict]:
-    """Whole-model prefill and decoding, twice each in turns, with and without apply."""
+def bench_model(
+    family: str, model, lengths: list[int], tokens: int, memory: bool, max_gib: float
+) -> list[dict]:
+    """Whole-model prefill and decoding, twice each in turns, with and without apply (linattn's
+    alone where transformers' path would need more than ``max_gib``)."""
     rows = []
     for T in lengths:
         ids = torch.randint(3, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
-        runs: dict[str, list] = {"transformers": [], "linattn": []}
+        why = too_big(family, T, max_gib)
+        names = ["linattn"] if why else ["transformers", "linattn"]
+        runs: dict[str, list] = {name: [] for name in names}
         for name in [*runs, *runs]:  # theirs, ours, theirs, ours
             with variant(family, model, name):
                 runs[name].append(prefill_and_decode(model, ids, tokens))
@@ -284,9 +302,13 @@ def bench_model(family: str, model, lengths: list[int], tokens: int, memory: boo
                 with variant(family, model, name):
                     peak = peak_extra_bytes(lambda ids=ids: model(ids, logits_to_keep=1))
                 entry[name]["peak_mib"] = peak / 2**20
-        theirs, ours = entry["transformers"], entry["linattn"]
-        entry["prefill_ratio"] = theirs["prefill_s"] / ours["prefill_s"]
-        entry["decode_ratio"] = ours["decode_tok_s"] / theirs["decode_tok_s"]
+        if why:
+            entry["transformers"] = {"skipped": why}
+            progress(f"model {family} T={T} transformers: skipped, {why}")
+        else:
+            theirs, ours = entry["transformers"], entry["linattn"]
+            entry["prefill_ratio"] = theirs["prefill_s"] / ours["prefill_s"]
+            entry["decode_ratio"] = ours["decode_tok_s"] / theirs["decode_tok_s"]
         rows.append(entry)
     return rows
 
@@ -301,6 +323,12 @@ def row(name: str, T: int, times: list[float]) -> dict:
         "linattn_s": ours,
         "ratio": theirs / ours,
     }
+
+
+def ours_alone(name: str, T: int, ours: float, why: str) -> dict:
+    """A row where only linattn ran: transformers' path was skipped, and says why."""
+    progress(f"{name} T={T}: transformers skipped ({why}) / {ours * 1e3:.1f} ms")
+    return {"name": name, "T": T, "transformers_skipped": why, "linattn_s": ours}
 
 
 def skipped(name: str, T: int, why: str) -> dict:
@@ -326,6 +354,18 @@ def report_row(r: dict) -> list[str]:
     label = f"{r['threads']}t {r['name']}"
     if "skipped" in r:
         return [f"{label:<26}{r['T']:>7}  skipped: {r['skipped']}"]
+    if "transformers_skipped" in r:
+        ours = f"{'skipped':>14}{r['linattn_s'] * 1e3:>9.1f} ms"
+        return [f"{label:<26}{r['T']:>7}{ours}  ({r['transformers_skipped']})"]
+    if r["name"].startswith("model") and "skipped" in r["transformers"]:
+        b = r["linattn"]
+        peak = f"; peak MiB {b['peak_mib']:.0f}" if "peak_mib" in b else ""
+        return [
+            f"{label:<26}{r['T']:>7}{'skipped':>14}{b['prefill_s']:>10.2f} s  prefill "
+            f"(full-attention layers {b['split_s']['full_attention']:.2f} s); "
+            f"{r['transformers']['skipped']}",
+            f"{'':<26}{'decode tok/s':>7}{'':>14}{b['decode_tok_s']:>12.1f}{peak}",
+        ]
     if r["name"].startswith("model"):
         a, b = r["transformers"], r["linattn"]
         full_a, full_b = a["split_s"]["full_attention"], b["split_s"]["full_attention"]
@@ -367,7 +407,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.set_defaults(repeats=3)
     args = parser.parse_args(argv)
     for name in ("threads", "op_lengths", "layer_lengths", "model_lengths", "models"):
-        parts = getattr(args, name).split(",")
+        parts = [p for p in getattr(args, name).split(",") if p]  # "" measures none
         setattr(args, name, parts if name == "models" else [int(p) for p in parts])
     unknown = set(args.models) - set(MODELS)
     if unknown:
@@ -398,8 +438,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(threads)
             with torch.no_grad():
                 new = bench_ops(family, args.op_lengths, args.repeats, args.max_gib)
-                new += bench_layer(family, model, args.layer_lengths, args.repeats)
-                new += bench_model(family, model, args.model_lengths, args.decode_tokens, memory)
+                new += bench_layer(family, model, args.layer_lengths, args.repeats, args.max_gib)
+                new += bench_model(
+                    family, model, args.model_lengths, args.decode_tokens, memory, args.max_gib
+                )
             for r in new:
                 r["threads"] = threads
             rows += new

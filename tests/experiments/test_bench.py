@@ -191,7 +191,7 @@ def test_scaling_table_per_thread_count(tiny_bench_args, tmp_path, monkeypatch, 
     monkeypatch.setattr(bench, "_time_at", fake_time)
     before = torch.get_num_threads()
     args = [*tiny_bench_args, "--clock", "wall", "--threads", "3,1", "--mechanisms",
-            "linear,delta", "--out", str(tmp_path)]  # fmt: skip
+            "linear,delta", "--repeats", "3", "--out", str(tmp_path)]  # fmt: skip
     assert cli.main(["bench", *args]) == 0
     assert torch.get_num_threads() == before  # restored
     out = capsys.readouterr().out
@@ -199,11 +199,13 @@ def test_scaling_table_per_thread_count(tiny_bench_args, tmp_path, monkeypatch, 
     result = json.loads((tmp_path / "scaling.json").read_text())
     assert result["threads"] == [1, 3]
     assert result["roof_ops_per_s"] == {"1": 100e9, "3": 250e9}
-    # In turns: the counts in order, then reversed, forward and forward + backward each.
-    assert calls[:4] == [("linear", 32, 1, False), ("linear", 32, 1, True),
-                         ("linear", 32, 3, False), ("linear", 32, 3, True)]  # fmt: skip
-    assert calls[4:8] == [("linear", 32, 3, False), ("linear", 32, 3, True),
-                          ("linear", 32, 1, False), ("linear", 32, 1, True)]  # fmt: skip
+    # Interleaved call by call: the counts in order in even rounds, reversed in odd ones, all the
+    # forward rounds, then all the forward + backward rounds.
+    repeats = result["config"]["repeats"]
+    order = [(1, 3) if i % 2 == 0 else (3, 1) for i in range(repeats)]
+    forward = [("linear", 32, n, False) for pair in order for n in pair]
+    both = [("linear", 32, n, True) for pair in order for n in pair]
+    assert calls[: 4 * repeats] == forward + both
     rows = {(r["mechanism"], r["T"], r["threads"]): r for r in result["rows"]}
     assert len(rows) == 2 * 2 * 2
     for (name, T, n), r in rows.items():
@@ -232,8 +234,32 @@ def test_scaling_times_the_chunk_form_at_each_count(tiny_bench_args, monkeypatch
     parser = argparse.ArgumentParser()
     bench.configure(parser)
     args = parser.parse_args([*tiny_bench_args, "--clock", "wall", "--threads", "1,2",
-                              "--mechanisms", "gla", "--T", "32", "--no-backward"])  # fmt: skip
+                              "--mechanisms", "gla", "--T", "32", "--no-backward",
+                              "--repeats", "2"])  # fmt: skip
     result = bench.compute_scaling(args)
+    # Each timed call after a warm-up call at its count: (1, 2) in the first round, (2, 1) next.
     assert seen == [("chunk", 1), ("chunk", 2), ("chunk", 2), ("chunk", 1)]
     assert [r["threads"] for r in result["rows"]] == [1, 2]
     assert all(r["forward_s"] > 0 for r in result["rows"])
+
+
+def test_scaling_speedup_is_the_median_of_paired_ratios(tiny_bench_args, monkeypatch):
+    # A load that changes from call to call: the rounds' ratios are 2, 5 and 1 (median 2), while
+    # the medians' ratio is 3 / 2 = 1.5.
+    monkeypatch.setattr(bench, "matmul_rate", lambda: 1e9)
+    load = iter([1, 1, 4, 10, 3, 6])  # rounds: (1, 2), (2, 1), (1, 2) threads
+
+    def fake_time(n, mech, inputs, C, backward, repeats, d_o=None):
+        return next(load) / n
+
+    monkeypatch.setattr(bench, "_time_at", fake_time)
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    args = parser.parse_args([*tiny_bench_args, "--clock", "wall", "--threads", "1,2",
+                              "--mechanisms", "linear", "--T", "32", "--no-backward",
+                              "--repeats", "3"])  # fmt: skip
+    one, two = bench.compute_scaling(args)["rows"]
+    assert one["forward_runs_s"] == [1, 10, 3] and two["forward_runs_s"] == [0.5, 2, 3]
+    assert one["forward_s"] == 3 and two["forward_s"] == 2
+    assert two["forward_speedup"] == 2.0
+    assert one["forward_speedup"] == 1.0

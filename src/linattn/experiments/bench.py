@@ -9,9 +9,10 @@ decoding step over a KV cache, and, when fla-core is importable, our chunk forms
 pure-PyTorch chunked references. Writes bench.json, bench.md and bench.png (log-log time vs T).
 
 With several thread counts (``--threads 1,2,4``) it times the scaling instead: every chunk-form
-row at each thread count, the counts in turns (the first one first, then the last one first), the
-forward pass and forward plus backward; each thread count's efficiency against the matrix-product
-rate measured at that same count, and the speed-up over the fewest threads. Writes scaling.json,
+row at each thread count, the counts interleaved call by call (``_scaling_rows``), the forward
+pass and forward plus backward; each thread count's efficiency against the matrix-product rate
+measured at that same count, and the speed-up over the fewest threads (the median of the paired
+calls' ratios). Writes scaling.json,
 scaling.md and scaling.png (speed-up and efficiency against threads).
 """
 
@@ -35,6 +36,7 @@ from linattn.experiments._bench_merge import merge_runs
 from linattn.experiments._timing import (
     matmul_rate,
     measure_memory_in_child,
+    median,
     median_time,
     medians_in_turns,
     memory_supported,
@@ -228,25 +230,30 @@ def _time_at(n: int, mech, inputs, C, backward, repeats, d_o=None) -> float:
 
 
 def _scaling_rows(args, mech, T, counts) -> list[dict]:
-    """The rows of one mechanism and T, one per thread count, the counts timed in turns."""
+    """The rows of one mechanism and T, one per thread count, the counts interleaved call by call.
+
+    ``--repeats`` rounds; each round times one call at every count (after a warm-up call at that
+    count: the pool of threads has just been resized), the counts in order in even rounds and
+    reversed in odd ones. A row's time is the median of its calls; its speed-up the median of the
+    rounds' ratios (the fewest threads' call over this count's, taken minutes apart at most), so
+    that a load that drifts during the run moves both sides of each ratio alike.
+    """
     B, H, K, V, C = args.B, args.H, args.K, args.V, args.chunk_size
     inputs = cases.make_inputs(mech, B, T, H, K, V, seed=args.seed)
     d_o = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(args.seed + 1))
     ops = cases.forward_ops(mech, B, T, H, K, V, C)
     rows = {n: {"mechanism": mech.name, "T": T, "threads": n, "forward_ops": ops} for n in counts}
-    for order in (counts, counts[::-1]):
-        for n in order:
-            rows[n].setdefault("forward_runs_s", []).append(
-                _time_at(n, mech, inputs, C, False, args.repeats)
-            )
-            if not args.no_backward:
-                rows[n].setdefault("forward_backward_runs_s", []).append(
-                    _time_at(n, mech, inputs, C, True, args.repeats, d_o)
-                )
-    for r in rows.values():
-        for key in ("forward", "forward_backward"):
-            if f"{key}_runs_s" in r:
-                r[f"{key}_s"] = min(r[f"{key}_runs_s"])  # the better of the two turns
+    passes = [("forward", False)] + ([] if args.no_backward else [("forward_backward", True)])
+    for key, backward in passes:
+        runs: dict[int, list[float]] = {n: [] for n in counts}
+        for i in range(args.repeats):
+            for n in counts if i % 2 == 0 else counts[::-1]:
+                runs[n].append(_time_at(n, mech, inputs, C, backward, 1, d_o))
+        for n in counts:
+            ratios = [one / this for one, this in zip(runs[counts[0]], runs[n], strict=True)]
+            rows[n][f"{key}_runs_s"] = runs[n]
+            rows[n][f"{key}_s"] = median(runs[n])
+            rows[n][f"{key}_speedup"] = median(ratios)
     return [rows[n] for n in counts]
 
 
@@ -271,14 +278,11 @@ def compute_scaling(args: argparse.Namespace) -> dict:
     finally:
         torch.set_num_threads(before)
     roof = {n: max(samples) for n, samples in roofs.items()}
-    first = {(r["mechanism"], r["T"]): r for r in rows if r["threads"] == counts[0]}
     for r in rows:
         r["roof_ops_per_s"] = roof[r["threads"]]
-        base = first[(r["mechanism"], r["T"])]
         for key, ops in (("forward", 1), ("forward_backward", cases.BACKWARD_FACTOR)):
             if f"{key}_s" in r:
                 r[f"{key}_efficiency"] = ops * r["forward_ops"] / r[f"{key}_s"] / roof[r["threads"]]
-                r[f"{key}_speedup"] = base[f"{key}_s"] / r[f"{key}_s"]
     return {
         "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
         "machine": {
@@ -304,10 +308,11 @@ def scaling_markdown(result: dict) -> str:
     lines = [
         f"**linattn bench --threads {','.join(map(str, counts))}** (chunk form, float32, "
         f"B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, V = {cfg['V']}, chunk size "
-        f"{cfg['chunk_size']}; {result['machine']['cores']} cores; the better of two turns of "
-        f"medians of {cfg['repeats']}; efficiency against the matrix-product rate at the same "
-        f"thread count (GFLOP/s by threads: {roofs}); speed-up over {counts[0]} thread"
-        f"{'s' if counts[0] > 1 else ''}; chunk form: {result['machine']['chunk_loop']})",
+        f"{cfg['chunk_size']}; {result['machine']['cores']} cores; the thread counts interleaved "
+        f"call by call, {cfg['repeats']} rounds: medians of the times and of the rounds' "
+        f"speed-ups over {counts[0]} thread{'s' if counts[0] > 1 else ''}; efficiency against the "
+        f"matrix-product rate at the same thread count (GFLOP/s by threads: {roofs}); chunk form: "
+        f"{result['machine']['chunk_loop']})",
         "",
         "| mechanism | T | threads | fwd ms | fwd eff. | fwd speed-up | fwd+bwd ms | "
         "fwd+bwd eff. | fwd+bwd speed-up |",
