@@ -282,35 +282,48 @@ def variant(family: str, model: torch.nn.Module, name: str) -> Iterator[None]:
 def bench_model(
     family: str, model, lengths: list[int], tokens: int, memory: bool, max_gib: float
 ) -> list[dict]:
-    """Whole-model prefill and decoding, twice each in turns, with and without apply (linattn's
-    alone where transformers' path would need more than ``max_gib``)."""
+    """Whole-model prefill and decoding at each T (``model_rows``); a T whose run fails (out of
+    memory in code neither side replaces, say) is a row that says so, and the others still run."""
     rows = []
     for T in lengths:
-        ids = torch.randint(3, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
-        why = too_big(family, T, max_gib)
-        names = ["linattn"] if why else ["transformers", "linattn"]
-        runs: dict[str, list] = {name: [] for name in names}
-        for name in [*runs, *runs]:  # theirs, ours, theirs, ours
-            with variant(family, model, name):
-                runs[name].append(prefill_and_decode(model, ids, tokens))
-            progress(f"model {family} T={T} {name}: prefill {runs[name][-1][0]:.2f} s")
-        entry = {"name": f"model {family}", "T": T}
-        for name, results in runs.items():
-            prefill, decode, split = min(results, key=lambda r: r[0])
-            entry[name] = {"prefill_s": prefill, "decode_tok_s": decode, "split_s": split}
-            if memory:
-                with variant(family, model, name):
-                    peak = peak_extra_bytes(lambda ids=ids: model(ids, logits_to_keep=1))
-                entry[name]["peak_mib"] = peak / 2**20
-        if why:
-            entry["transformers"] = {"skipped": why}
-            progress(f"model {family} T={T} transformers: skipped, {why}")
-        else:
-            theirs, ours = entry["transformers"], entry["linattn"]
-            entry["prefill_ratio"] = theirs["prefill_s"] / ours["prefill_s"]
-            entry["decode_ratio"] = ours["decode_tok_s"] / theirs["decode_tok_s"]
-        rows.append(entry)
+        try:
+            rows.append(model_rows(family, model, T, tokens, memory, max_gib))
+        except RuntimeError as error:
+            why = str(error).strip().splitlines()[-1][:300]
+            progress(f"model {family} T={T}: failed, {why}")
+            rows.append({"name": f"model {family}", "T": T, "failed": why})
     return rows
+
+
+def model_rows(family: str, model, T: int, tokens: int, memory: bool, max_gib: float) -> dict:
+    """Prefill and decoding, twice each in turns, with and without apply (linattn's alone where
+    transformers' path would need more than ``max_gib``); the peak memory of each prefill."""
+    ids = torch.randint(3, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    why = too_big(family, T, max_gib)
+    names = ["linattn"] if why else ["transformers", "linattn"]
+    runs: dict[str, list] = {name: [] for name in names}
+    for name in [*runs, *runs]:  # theirs, ours, theirs, ours
+        with variant(family, model, name):
+            runs[name].append(prefill_and_decode(model, ids, tokens))
+        prefill, decode, _ = runs[name][-1]
+        progress(f"model {family} T={T} {name}: prefill {prefill:.2f} s, {decode:.2f} tok/s")
+    entry = {"name": f"model {family}", "T": T}
+    for name, results in runs.items():
+        prefill, decode, split = min(results, key=lambda r: r[0])
+        entry[name] = {"prefill_s": prefill, "decode_tok_s": decode, "split_s": split}
+        if memory:
+            with variant(family, model, name):
+                peak = peak_extra_bytes(lambda ids=ids: model(ids, logits_to_keep=1))
+            entry[name]["peak_mib"] = peak / 2**20
+            progress(f"model {family} T={T} {name}: peak {entry[name]['peak_mib']:.0f} MiB")
+    if why:
+        entry["transformers"] = {"skipped": why}
+        progress(f"model {family} T={T} transformers: skipped, {why}")
+    else:
+        theirs, ours = entry["transformers"], entry["linattn"]
+        entry["prefill_ratio"] = theirs["prefill_s"] / ours["prefill_s"]
+        entry["decode_ratio"] = ours["decode_tok_s"] / theirs["decode_tok_s"]
+    return entry
 
 
 def row(name: str, T: int, times: list[float]) -> dict:
@@ -354,6 +367,8 @@ def report_row(r: dict) -> list[str]:
     label = f"{r['threads']}t {r['name']}"
     if "skipped" in r:
         return [f"{label:<26}{r['T']:>7}  skipped: {r['skipped']}"]
+    if "failed" in r:
+        return [f"{label:<26}{r['T']:>7}  failed: {r['failed']}"]
     if "transformers_skipped" in r:
         ours = f"{'skipped':>14}{r['linattn_s'] * 1e3:>9.1f} ms"
         return [f"{label:<26}{r['T']:>7}{ours}  ({r['transformers_skipped']})"]
