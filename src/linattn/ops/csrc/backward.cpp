@@ -57,6 +57,7 @@
 #include "products.h"
 #include "schedule.h"
 #include "terms.h"
+#include "triangular.h"
 
 namespace linattn_native {
 namespace {
@@ -443,9 +444,11 @@ struct ChunkBackward {
 void backward_split(const BackwardTensors& t, const Sizes& sz, int64_t kg, float scale) {
   const int64_t K = sz.K, V = sz.V, C = sz.C, P = sz.P, N = sz.N, KV = K * V;
   const bool delta = t.beta.defined(), gated = kg > 0;
-  // Slot n P + p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W [C, K] (delta rule).
-  const int64_t gate_size = gated ? 2 * C * K + kg : 0;
-  const int64_t size = gate_size + C * C + (delta ? C * K : 0);
+  // Slot n P + p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W [C, K] (delta rule),
+  // each at a 64-byte boundary (``padded``, layout.h).
+  const int64_t CKp = padded(C * K), CCp = padded(C * C);
+  const int64_t gate_size = gated ? 2 * CKp + padded(kg) : 0;
+  const int64_t size = gate_size + CCp + (delta ? CKp : 0);
   const at::Tensor slots = fresh({N * P, size}, t.q.options());
   const at::Tensor dS_in = fresh({N, P, K, V}, t.q.options());  // dS' of every chunk
   float *slotp = slots.data_ptr<float>(), *dSp = dS_in.data_ptr<float>();
@@ -460,12 +463,12 @@ void backward_split(const BackwardTensors& t, const Sizes& sz, int64_t kg, float
       float* slot = slotp + s * size;
       if (gated) {
         std::memcpy(slot, chunk.Qd.data(), sizeof(float) * c * K);
-        std::memcpy(slot + C * K, chunk.Ke.data(), sizeof(float) * c * K);
-        std::memcpy(slot + 2 * C * K, chunk.Dv.data(), sizeof(float) * kg);
+        std::memcpy(slot + CKp, chunk.Ke.data(), sizeof(float) * c * K);
+        std::memcpy(slot + 2 * CKp, chunk.Dv.data(), sizeof(float) * kg);
       }
       std::memcpy(slot + gate_size, chunk.Aqk.data(), sizeof(float) * c * C);
       for (int64_t i = 0; delta && i < c; ++i) {
-        std::memcpy(slot + gate_size + C * C + i * K, chunk.X.data() + i * chunk.ldx,
+        std::memcpy(slot + gate_size + CCp + i * K, chunk.X.data() + i * chunk.ldx,
                     sizeof(float) * K);
       }
     }
@@ -479,13 +482,13 @@ void backward_split(const BackwardTensors& t, const Sizes& sz, int64_t kg, float
         std::memcpy(dSp + s * KV, chunk.dSh, sizeof(float) * KV);
         const float* slot = slotp + s * size;
         const float* Qr = gated ? slot : chunk.Q;
-        const float* Ke = gated ? slot + C * K : chunk.Kc;
-        const float* W = delta ? slot + gate_size + C * C : nullptr;
+        const float* Ke = gated ? slot + CKp : chunk.Kc;
+        const float* W = delta ? slot + gate_size + CCp : nullptr;
         if (delta) {
           value_gradient(chunk.c, K, V, slot + gate_size, C, chunk.dO, chunk.lddo, Ke,
                          gated ? K : chunk.ldk, chunk.dSh, chunk.dU.data(), V);
         }
-        state_gradient_step(chunk.c, kg, K, V, gated ? slot + 2 * C * K : nullptr,
+        state_gradient_step(chunk.c, kg, K, V, gated ? slot + 2 * CKp : nullptr,
                             gated ? 1.0f : scale, Qr, gated ? K : chunk.ldq, chunk.dO,
                             chunk.lddo, W, K, chunk.dU.data(), chunk.dSh);
       }

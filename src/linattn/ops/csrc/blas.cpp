@@ -11,9 +11,6 @@ extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
             const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
             const float* beta, float* c, const int* ldc);
-void strsm_(const char* side, const char* uplo, const char* transa, const char* diag, const int* m,
-            const int* n, const float* alpha, const float* a, const int* lda, float* b,
-            const int* ldb);
 // MKL's thread-local thread count (0: the global one again), the previous value returned: the C
 // entry point (``mkl_set_num_threads_local`` is its Fortran twin, taking a pointer). Weak, so
 // that the extension loads with any BLAS (nullptr without MKL).
@@ -41,17 +38,6 @@ int blas_ld(int64_t rows, int64_t cols, int64_t ld) {
   return blas_int(ld);
 }
 
-// The triangular solve of ``unit_lower_solve`` (trans 'N') or its transpose (trans 'T').
-void unit_upper_trsm(char trans, int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
-                     int64_t ldx) {
-  if (c == 0 || n == 0) return;
-  const char side = 'R', uplo = 'U', diag = 'U';
-  const float one = 1.0f;
-  const int ll = blas_ld(c, c, ldl), lx = blas_ld(c, n, ldx);
-  const int ci = blas_int(c), ni = blas_int(n);
-  strsm_(&side, &uplo, &trans, &diag, &ni, &ci, &one, L, &ll, X, &lx);
-}
-
 }  // namespace
 
 // Row-major C[m, n] = alpha op(A) op(B) + beta C, with op(A) [m, k] and op(B) [k, n]; A is stored
@@ -66,20 +52,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   const int lc = blas_ld(m, n, ldc);
   const int mi = blas_int(m), ni = blas_int(n), ki = blas_int(k);
   sgemm_(&opb, &opa, &ni, &mi, &ki, &alpha, B, &lb, A, &la, &beta, C, &lc);
-}
-
-// Solve (I + L) X = X in place for unit-lower-triangular I + L [c, c] (row-major, stride ldl)
-// and X [c, n] (row-major, stride ldx). Column-major this is X^T (I + L)^T = X^T, where the
-// row-major L read column-major is the upper-triangular (I + L)^T.
-void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* X, int64_t ldx) {
-  unit_upper_trsm('N', c, n, L, ldl, X, ldx);
-}
-
-// Solve (I + L)^T X = X in place (the same storage as ``unit_lower_solve``): column-major,
-// X^T (I + L) = X^T, the stored (I + L)^T transposed once more.
-void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
-                                 int64_t ldx) {
-  unit_upper_trsm('T', c, n, L, ldl, X, ldx);
 }
 
 SequentialBlas::SequentialBlas()

@@ -1,6 +1,6 @@
 // The BLAS that PyTorch links (MKL or OpenBLAS), row-major, with its 32-bit sizes checked.
 //
-// Every product of the kernels is one call of ``gemm`` (or a triangular solve) on matrices of
+// Every product of the kernels is one call of ``gemm`` on matrices of
 // 64 x 64 or so that stay in the L1 and L2 caches. The BLAS takes 32-bit integers: a size or a
 // leading dimension beyond that range is refused here, and the entry points copy an input whose
 // stride is too large first (``blas_rows``, layout.h).
@@ -14,14 +14,6 @@ namespace linattn_native {
 // [m, k] (or [k, m] when ta), B [k, n] (or [n, k] when tb).
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-
-// Solve (I + L) X = X in place for unit-lower-triangular I + L [c, c] (row-major, stride ldl)
-// and X [c, n] (row-major, stride ldx): the UT transform's solve (spec section 8).
-void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* X, int64_t ldx);
-
-// Solve (I + L)^T X = X in place (the same storage as ``unit_lower_solve``): its gradient.
-void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
-                                 int64_t ldx);
 
 // One BLAS thread on this thread while alive (MKL's thread-local setting; a no-op with another
 // BLAS): the kernels call the BLAS from their own threads (at::parallel_for), and a BLAS that ran

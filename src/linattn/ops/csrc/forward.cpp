@@ -151,14 +151,16 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
 }
 
 // The split schedule's buffer of every chunk's terms: slot n P + p holds chunk n of head p's
-// Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C] and [W | U] [C, K + V] (delta rule).
+// Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C] and [W | U] [C, K + V] (delta rule), each
+// term at a 64-byte boundary (``padded``).
 struct TermSlots {
-  int64_t C, K, V, kg, size;
+  int64_t C, K, V, kg, gate_size, size;
   bool delta;
   at::Tensor buffer;  // [N P, size]
   TermSlots(const ForwardInputs& in)
       : C(in.sz.C), K(in.sz.K), V(in.sz.V), kg(in.kg),
-        size((kg > 0 ? 2 * C * K + kg : 0) + C * C + (in.delta ? C * (K + V) : 0)),
+        gate_size(kg > 0 ? 2 * padded(C * K) + padded(kg) : 0),
+        size(gate_size + padded(C * C) + (in.delta ? padded(C * (K + V)) : 0)),
         delta(in.delta), buffer(fresh({in.sz.N * in.sz.P, size}, in.q.options())) {}
 
   // Slot s's terms; the rest (G, Kd, the gates' exponentials, A_kk and L) in ``blocks``.
@@ -166,11 +168,11 @@ struct TermSlots {
     float* slot = buffer.data_ptr<float>() + s * size;
     Terms t = blocks.local();
     if (kg > 0) {
-      t.Qd = slot, t.Ke = slot + C * K, t.D = slot + 2 * C * K;
-      slot += 2 * C * K + kg;
+      t.Qd = slot, t.Ke = slot + padded(C * K), t.D = slot + 2 * padded(C * K);
+      slot += gate_size;
     }
     t.A = slot;
-    if (delta) t.X = slot + C * C;
+    if (delta) t.X = slot + padded(C * C);
     return t;
   }
 };

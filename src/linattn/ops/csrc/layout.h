@@ -34,6 +34,13 @@ inline at::Tensor fresh_public(const Sizes& n, int64_t D, const at::TensorOption
   return fresh({n.B, n.T, n.HV, D}, options).transpose(1, 2);
 }
 
+// n floats rounded up to a whole number of 64-byte cache lines (16 floats): the offset of each
+// term in the split schedules' slots, so that every term starts 64-byte aligned as the fused
+// schedule's blocks start at least 16-byte aligned. The BLAS's small-matrix kernels may round
+// differently on operands that are not 16-byte aligned (MKL does on this project's AMD machine:
+// an odd offset made the split schedule's Gated DeltaNet differ in the last bit from the fused).
+inline int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
+
 // The first row of chunk t0 of head (b, h) in a [B, H, T, ...] tensor with any strides.
 template <typename T>
 inline T* chunk_rows(const at::Tensor& x, T* base, int64_t b, int64_t h, int64_t t0) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "blas.h"
+#include "triangular.h"
 
 namespace linattn_native {
 

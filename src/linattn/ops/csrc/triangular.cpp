@@ -1,0 +1,66 @@
+// The triangular solves of triangular.h, by substitution, a block of columns at a time.
+
+#include "triangular.h"
+
+#include <cmath>
+
+namespace linattn_native {
+namespace {
+
+// Columns [c0, c0 + W) of row i: x_i <- x_i - sum_j l_j x_j over the rows j in [j0, j1) (the
+// rows above i for the solve, below it for the transposed solve), with l_j = l[j * sl]. The W
+// columns stay in registers while the rows are subtracted. Every column takes the same fused
+// multiply-adds in the same order, whether the compiler vectorises it or not (the tail), so the
+// result does not depend on where X lies in memory: the schedules give the same bits.
+template <int W>
+inline void subtract_rows(float* xi, const float* X, int64_t ldx, int64_t j0, int64_t j1,
+                          const float* l, int64_t sl) {
+  float acc[W];
+#pragma omp simd
+  for (int col = 0; col < W; ++col) acc[col] = xi[col];
+  for (int64_t j = j0; j < j1; ++j) {
+    const float lj = l[j * sl];
+    const float* xj = X + j * ldx;
+#pragma omp simd
+    for (int col = 0; col < W; ++col) acc[col] = std::fma(-lj, xj[col], acc[col]);
+  }
+#pragma omp simd
+  for (int col = 0; col < W; ++col) xi[col] = acc[col];
+}
+
+// The same for the last w < 64 columns, 16 at a time, then one at a time.
+inline void subtract_rows_tail(float* xi, int w, const float* X, int64_t ldx, int64_t j0,
+                               int64_t j1, const float* l, int64_t sl) {
+  int col = 0;
+  for (; col + 16 <= w; col += 16) subtract_rows<16>(xi + col, X + col, ldx, j0, j1, l, sl);
+  for (; col < w; ++col) {
+    float acc = xi[col];
+    for (int64_t j = j0; j < j1; ++j) acc = std::fma(-l[j * sl], X[j * ldx + col], acc);
+    xi[col] = acc;
+  }
+}
+
+// Row i of either solve, every column: blocks of 64, then the tail.
+inline void solve_row(float* xi, int64_t n, const float* X, int64_t ldx, int64_t j0, int64_t j1,
+                      const float* l, int64_t sl) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= n; c0 += 64) subtract_rows<64>(xi + c0, X + c0, ldx, j0, j1, l, sl);
+  if (c0 < n) subtract_rows_tail(xi + c0, static_cast<int>(n - c0), X + c0, ldx, j0, j1, l, sl);
+}
+
+}  // namespace
+
+void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* X, int64_t ldx) {
+  for (int64_t i = 1; i < c; ++i) {  // row i reads L[i, j] for j < i: stride 1
+    solve_row(X + i * ldx, n, X, ldx, 0, i, L + i * ldl, 1);
+  }
+}
+
+void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
+                                 int64_t ldx) {
+  for (int64_t i = c - 2; i >= 0; --i) {  // row i reads L[j, i] for j > i: stride ldl
+    solve_row(X + i * ldx, n, X, ldx, i + 1, c, L + i, ldl);
+  }
+}
+
+}  // namespace linattn_native
