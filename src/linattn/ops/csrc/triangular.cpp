@@ -7,6 +7,13 @@
 namespace linattn_native {
 namespace {
 
+// One row of a solve: row i subtracts rows [j0, j1) with the weights l[j * sl].
+struct RowTerms {
+  int64_t i, j0, j1;
+  const float* l;
+  int64_t sl;
+};
+
 // Columns [c0, c0 + W) of row i: x_i <- x_i - sum_j l_j x_j over the rows j in [j0, j1) (the
 // rows above i for the solve, below it for the transposed solve), with l_j = l[j * sl]. The W
 // columns stay in registers while the rows are subtracted. Every column takes the same fused
@@ -40,27 +47,46 @@ inline void subtract_rows_tail(float* xi, int w, const float* X, int64_t ldx, in
   }
 }
 
-// Row i of either solve, every column: blocks of 64, then the tail.
-inline void solve_row(float* xi, int64_t n, const float* X, int64_t ldx, int64_t j0, int64_t j1,
-                      const float* l, int64_t sl) {
+// Columns [c0, c0 + W) of every row, in the solve's order: ``rows(step)`` is the step-th row to
+// solve and what it subtracts (``RowTerms``). A block of W columns of all c rows (c x W floats:
+// 32 KB for 64 x 128) stays in the L1 cache while it is solved.
+template <int W, typename Rows>
+inline void solve_block(float* X, int64_t ldx, int64_t c0, const Rows& rows, int64_t c) {
+  for (int64_t step = 0; step < c; ++step) {
+    const auto [i, j0, j1, l, sl] = rows(step);
+    subtract_rows<W>(X + i * ldx + c0, X + c0, ldx, j0, j1, l, sl);
+  }
+}
+
+// Every column, in blocks of 128 (8 AVX-512 registers: 8 chains of fused multiply-adds in
+// flight, enough to hide their latency; [W | U0] at K = V = 64 is one block), then 64, then the
+// tail of fewer than 64.
+template <typename Rows>
+inline void solve_columns(int64_t c, int64_t n, float* X, int64_t ldx, const Rows& rows) {
   int64_t c0 = 0;
-  for (; c0 + 64 <= n; c0 += 64) subtract_rows<64>(xi + c0, X + c0, ldx, j0, j1, l, sl);
-  if (c0 < n) subtract_rows_tail(xi + c0, static_cast<int>(n - c0), X + c0, ldx, j0, j1, l, sl);
+  for (; c0 + 128 <= n; c0 += 128) solve_block<128>(X, ldx, c0, rows, c);
+  for (; c0 + 64 <= n; c0 += 64) solve_block<64>(X, ldx, c0, rows, c);
+  if (c0 == n) return;
+  for (int64_t step = 0; step < c; ++step) {
+    const auto [i, j0, j1, l, sl] = rows(step);
+    subtract_rows_tail(X + i * ldx + c0, static_cast<int>(n - c0), X + c0, ldx, j0, j1, l, sl);
+  }
 }
 
 }  // namespace
 
 void unit_lower_solve(int64_t c, int64_t n, const float* L, int64_t ldl, float* X, int64_t ldx) {
-  for (int64_t i = 1; i < c; ++i) {  // row i reads L[i, j] for j < i: stride 1
-    solve_row(X + i * ldx, n, X, ldx, 0, i, L + i * ldl, 1);
-  }
+  // Row i = 0, ..., c - 1 reads L[i, j] for j < i: stride 1.
+  solve_columns(c, n, X, ldx, [&](int64_t i) { return RowTerms{i, 0, i, L + i * ldl, 1}; });
 }
 
 void unit_lower_solve_transposed(int64_t c, int64_t n, const float* L, int64_t ldl, float* X,
                                  int64_t ldx) {
-  for (int64_t i = c - 2; i >= 0; --i) {  // row i reads L[j, i] for j > i: stride ldl
-    solve_row(X + i * ldx, n, X, ldx, i + 1, c, L + i, ldl);
-  }
+  // Row i = c - 1, ..., 0 reads L[j, i] for j > i: stride ldl.
+  solve_columns(c, n, X, ldx, [&](int64_t step) {
+    const int64_t i = c - 1 - step;
+    return RowTerms{i, i + 1, c, L + i, ldl};
+  });
 }
 
 }  // namespace linattn_native
