@@ -199,13 +199,18 @@ def test_scaling_table_per_thread_count(tiny_bench_args, tmp_path, monkeypatch, 
     result = json.loads((tmp_path / "scaling.json").read_text())
     assert result["threads"] == [1, 3]
     assert result["roof_ops_per_s"] == {"1": 100e9, "3": 250e9}
-    # Interleaved call by call: the counts in order in even rounds, reversed in odd ones, all the
-    # forward rounds, then all the forward + backward rounds.
+    # Rounds over the whole table: in each, every (mechanism, T) forward then forward + backward,
+    # the counts interleaved call by call, in order in even rounds and reversed in odd ones.
     repeats = result["config"]["repeats"]
-    order = [(1, 3) if i % 2 == 0 else (3, 1) for i in range(repeats)]
-    forward = [("linear", 32, n, False) for pair in order for n in pair]
-    both = [("linear", 32, n, True) for pair in order for n in pair]
-    assert calls[: 4 * repeats] == forward + both
+    want = [
+        (name, T, n, backward)
+        for i in range(repeats)
+        for name in ("linear", "delta")
+        for T in (32, 64)
+        for backward in (False, True)
+        for n in ((1, 3) if i % 2 == 0 else (3, 1))
+    ]
+    assert calls == want
     rows = {(r["mechanism"], r["T"], r["threads"]): r for r in result["rows"]}
     assert len(rows) == 2 * 2 * 2
     for (name, T, n), r in rows.items():

@@ -9,10 +9,10 @@ decoding step over a KV cache, and, when fla-core is importable, our chunk forms
 pure-PyTorch chunked references. Writes bench.json, bench.md and bench.png (log-log time vs T).
 
 With several thread counts (``--threads 1,2,4``) it times the scaling instead: every chunk-form
-row at each thread count, the counts interleaved call by call (``_scaling_rows``), the forward
-pass and forward plus backward; each thread count's efficiency against the matrix-product rate
-measured at that same count, and the speed-up over the fewest threads (the median of the paired
-calls' ratios). Writes scaling.json,
+row at each thread count, the counts interleaved call by call and the rows in rounds over the
+whole table (``compute_scaling``), the forward pass and forward plus backward; each thread
+count's efficiency against the matrix-product rate measured at that same count, and the speed-up
+over the fewest threads (the median of the paired calls' ratios). Writes scaling.json,
 scaling.md and scaling.png (speed-up and efficiency against threads).
 """
 
@@ -229,54 +229,77 @@ def _time_at(n: int, mech, inputs, C, backward, repeats, d_o=None) -> float:
     return _time_call(mech, inputs, "chunk", C, backward, repeats, d_o)
 
 
-def _scaling_rows(args, mech, T, counts) -> list[dict]:
-    """The rows of one mechanism and T, one per thread count, the counts interleaved call by call.
+class _ScalingCase:
+    """One (mechanism, T) of the scaling table: its inputs and every timed call, per pass
+    ("forward", "forward_backward") and thread count."""
 
-    ``--repeats`` rounds; each round times one call at every count (after a warm-up call at that
-    count: the pool of threads has just been resized), the counts in order in even rounds and
-    reversed in odd ones. A row's time is the median of its calls; its speed-up the median of the
-    rounds' ratios (the fewest threads' call over this count's, taken minutes apart at most), so
-    that a load that drifts during the run moves both sides of each ratio alike.
-    """
-    B, H, K, V, C = args.B, args.H, args.K, args.V, args.chunk_size
-    inputs = cases.make_inputs(mech, B, T, H, K, V, seed=args.seed)
-    d_o = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(args.seed + 1))
-    ops = cases.forward_ops(mech, B, T, H, K, V, C)
-    rows = {n: {"mechanism": mech.name, "T": T, "threads": n, "forward_ops": ops} for n in counts}
-    passes = [("forward", False)] + ([] if args.no_backward else [("forward_backward", True)])
-    for key, backward in passes:
-        runs: dict[int, list[float]] = {n: [] for n in counts}
-        for i in range(args.repeats):
-            for n in counts if i % 2 == 0 else counts[::-1]:
-                runs[n].append(_time_at(n, mech, inputs, C, backward, 1, d_o))
-        for n in counts:
-            ratios = [one / this for one, this in zip(runs[counts[0]], runs[n], strict=True)]
-            rows[n][f"{key}_runs_s"] = runs[n]
-            rows[n][f"{key}_s"] = median(runs[n])
-            rows[n][f"{key}_speedup"] = median(ratios)
-    return [rows[n] for n in counts]
+    def __init__(self, args, mech, T: int, counts: list[int]) -> None:
+        B, H, K, V = args.B, args.H, args.K, args.V
+        self.mech, self.T, self.counts, self.C = mech, T, counts, args.chunk_size
+        self.inputs = cases.make_inputs(mech, B, T, H, K, V, seed=args.seed)
+        self.d_o = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(args.seed + 1))
+        self.ops = cases.forward_ops(mech, B, T, H, K, V, self.C)
+        self.passes = [("forward", False)]
+        if not args.no_backward:
+            self.passes.append(("forward_backward", True))
+        self.runs = {key: {n: [] for n in counts} for key, _ in self.passes}
+
+    def time_round(self, i: int) -> None:
+        """One call at every thread count, each after a warm-up call at that count (the pool of
+        threads has just been resized): the counts in order in even rounds, reversed in odd."""
+        for key, backward in self.passes:
+            for n in self.counts if i % 2 == 0 else self.counts[::-1]:
+                seconds = _time_at(n, self.mech, self.inputs, self.C, backward, 1, self.d_o)
+                self.runs[key][n].append(seconds)
+
+    def rows(self) -> list[dict]:
+        """One row per thread count: each pass's calls, their median, and the median of the
+        rounds' speed-ups (the fewest threads' call over this count's, in the same round)."""
+        first = self.counts[0]
+        rows = []
+        for n in self.counts:
+            row = {"mechanism": self.mech.name, "T": self.T, "threads": n}
+            row["forward_ops"] = self.ops
+            for key, runs in self.runs.items():
+                ratios = [one / this for one, this in zip(runs[first], runs[n], strict=True)]
+                row[f"{key}_runs_s"] = runs[n]
+                row[f"{key}_s"] = median(runs[n])
+                row[f"{key}_speedup"] = median(ratios)
+            rows.append(row)
+        return rows
 
 
 def compute_scaling(args: argparse.Namespace) -> dict:
     """The scaling table (module docstring): rows per (mechanism, T, threads), with each thread
     count's efficiency against the highest matrix-product rate measured at that count, and the
-    speed-up over the fewest threads."""
+    speed-up over the fewest threads.
+
+    ``--repeats`` rounds over the whole table: each round times one call of every case at every
+    thread count (``_ScalingCase.time_round``), so that each row's calls are spread over the whole
+    run. On a shared machine the two-thread rate changes in spells of seconds to a minute (another
+    tenant's work on the same host), which hit every call of a row timed in one block and none
+    of the next; spread out, a row's median sees the machine as the other rows do.
+    """
     counts = sorted(set(args.threads))
     before = torch.get_num_threads()
     roofs: dict[int, list[float]] = {n: [] for n in counts}
-    rows: list[dict] = []
+    table = [
+        _ScalingCase(args, cases.BY_NAME[name], T, counts)
+        for name in args.mechanisms
+        for T in args.T
+        if T <= _max_T(args, cases.BY_NAME[name], "chunk")
+    ]
     try:
-        for name in args.mechanisms:
-            mech = cases.BY_NAME[name]
-            for n in counts:  # measured again before each mechanism, as in ``compute_bench``
+        for i in range(args.repeats):
+            for n in counts:  # the roof measured again every round; the run's is the highest
                 torch.set_num_threads(n)
                 roofs[n].append(matmul_rate())
-            for T in args.T:
-                if T <= _max_T(args, mech, "chunk"):
-                    rows += _scaling_rows(args, mech, T, counts)
-                    _progress(rows[-1] | {"mode": f"chunk, {counts} threads"})
+            for case in table:
+                case.time_round(i)
+            print(f"bench: scaling round {i + 1} of {args.repeats}", file=sys.stderr, flush=True)
     finally:
         torch.set_num_threads(before)
+    rows = [row for case in table for row in case.rows()]
     roof = {n: max(samples) for n, samples in roofs.items()}
     for r in rows:
         r["roof_ops_per_s"] = roof[r["threads"]]
@@ -309,7 +332,8 @@ def scaling_markdown(result: dict) -> str:
         f"**linattn bench --threads {','.join(map(str, counts))}** (chunk form, float32, "
         f"B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, V = {cfg['V']}, chunk size "
         f"{cfg['chunk_size']}; {result['machine']['cores']} cores; the thread counts interleaved "
-        f"call by call, {cfg['repeats']} rounds: medians of the times and of the rounds' "
+        f"call by call, {cfg['repeats']} rounds over the whole table: medians of the times and "
+        f"of the rounds' "
         f"speed-ups over {counts[0]} thread{'s' if counts[0] > 1 else ''}; efficiency against the "
         f"matrix-product rate at the same thread count (GFLOP/s by threads: {roofs}); chunk form: "
         f"{result['machine']['chunk_loop']})",
