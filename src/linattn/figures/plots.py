@@ -185,7 +185,7 @@ def bench_figure(data: dict) -> Any:
 
 def scaling_figure(result: dict) -> Any:
     """``linattn bench --threads 1,2,...``'s scaling (its scaling.json): the speed-up over the
-    fewest threads (left; the dotted line is linear scaling) and the efficiency against the
+    fewest threads (left; the dotted line is ideal scaling) and the efficiency against the
     matrix-product rate at the same thread count (right), against threads, one colour per
     mechanism, solid the forward pass and dashed forward + backward, at the longest T timed."""
     plt = style.pyplot()
@@ -206,7 +206,8 @@ def scaling_figure(result: dict) -> Any:
                 right.plot(threads, [r[f"{key}_efficiency"] for r in mine], line, marker="o",
                            color=colour)  # fmt: skip
     counts = result["threads"]
-    left.plot(counts, [n / counts[0] for n in counts], ":", color=style.INK, label="linear")
+    ideal = [n / counts[0] for n in counts]
+    left.plot(counts, ideal, ":", color=style.INK, label="ideal: speed-up = threads")
     for ax, label in ((left, f"speed-up over {counts[0]} thread(s)"),
                       (right, "efficiency (rate / matrix-product rate)")):  # fmt: skip
         ax.set_xticks(counts)
@@ -217,7 +218,7 @@ def scaling_figure(result: dict) -> Any:
     fig.suptitle(
         f"Scaling with threads, chunk form, T = {T:,} (solid: forward; dashed: + backward)"
     )
-    fig.legend(frameon=False, loc="outside right upper")
+    fig.legend(frameon=False, loc="outside right center")
     return fig
 
 
