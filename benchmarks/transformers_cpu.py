@@ -317,7 +317,7 @@ def model_rows(family: str, model, T: int, tokens: int, memory: bool, max_gib: f
             entry[name]["peak_mib"] = peak / 2**20
             progress(f"model {family} T={T} {name}: peak {entry[name]['peak_mib']:.0f} MiB")
     if why:
-        entry["transformers"] = {"skipped": why}
+        entry["transformers_skipped"] = why
         progress(f"model {family} T={T} transformers: skipped, {why}")
     else:
         theirs, ours = entry["transformers"], entry["linattn"]
@@ -369,16 +369,16 @@ def report_row(r: dict) -> list[str]:
         return [f"{label:<26}{r['T']:>7}  skipped: {r['skipped']}"]
     if "failed" in r:
         return [f"{label:<26}{r['T']:>7}  failed: {r['failed']}"]
-    if "transformers_skipped" in r:
+    if "transformers_skipped" in r and not r["name"].startswith("model"):
         ours = f"{'skipped':>14}{r['linattn_s'] * 1e3:>9.1f} ms"
         return [f"{label:<26}{r['T']:>7}{ours}  ({r['transformers_skipped']})"]
-    if r["name"].startswith("model") and "skipped" in r["transformers"]:
+    if "transformers_skipped" in r:
         b = r["linattn"]
         peak = f"; peak MiB {b['peak_mib']:.0f}" if "peak_mib" in b else ""
         return [
             f"{label:<26}{r['T']:>7}{'skipped':>14}{b['prefill_s']:>10.2f} s  prefill "
             f"(full-attention layers {b['split_s']['full_attention']:.2f} s); "
-            f"{r['transformers']['skipped']}",
+            f"{r['transformers_skipped']}",
             f"{'':<26}{'decode tok/s':>7}{'':>14}{b['decode_tok_s']:>12.1f}{peak}",
         ]
     if r["name"].startswith("model"):

@@ -333,8 +333,8 @@ def scaling_markdown(result: dict) -> str:
         f"B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, V = {cfg['V']}, chunk size "
         f"{cfg['chunk_size']}; {result['machine']['cores']} cores; the thread counts interleaved "
         f"call by call, {cfg['repeats']} rounds over the whole table: medians of the times and "
-        f"of the rounds' "
-        f"speed-ups over {counts[0]} thread{'s' if counts[0] > 1 else ''}; efficiency against the "
+        f"of the rounds' speed-ups over {counts[0]} thread{'s' if counts[0] > 1 else ''}; "
+        f"efficiency against the "
         f"matrix-product rate at the same thread count (GFLOP/s by threads: {roofs}); chunk form: "
         f"{result['machine']['chunk_loop']})",
         "",

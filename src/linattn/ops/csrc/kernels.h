@@ -34,12 +34,12 @@
 //
 // The files: blas (the BLAS wrappers), triangular (the UT transform's solves, by substitution),
 // gates (cumulative log-gates as pairs, exp, the floor), products (the masked decayed products
-// A_qk and A_kk), terms (steps 1-3 and U = U0 - W S, the
-// one place the forward and backward passes compute them), schedule (how the work is spread over
-// the threads: fused per head, or split into (chunk, head) pairs), block_cache (the output allocator),
-// checks and layout (entry checks, where a chunk's rows are), tuning.h (the machine-tuned
-// constants, from linattn/ops/tuning.py), forward, backward, step (the generation step) and
-// ops.cpp (the torch.library registration).
+// A_qk and A_kk), terms (steps 1-3 and U = U0 - W S, the one place the forward and backward
+// passes compute them), schedule (how the work is spread over the threads: fused per head, or
+// split into (chunk, head) pairs), block_cache (the output allocator), checks and layout (entry
+// checks, where a chunk's rows are), tuning.h (the machine-tuned constants, from
+// linattn/ops/tuning.py), forward, backward, step (the generation step) and ops.cpp (the
+// torch.library registration).
 #pragma once
 
 #include <ATen/core/Tensor.h>

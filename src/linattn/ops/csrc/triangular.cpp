@@ -26,7 +26,7 @@ constexpr int64_t kSumBlock = 16;
 // rows above i for the solve, below it for the transposed solve), with l_j = l[j * sl], in
 // blocks of ``kSumBlock`` rows. The W columns stay in registers while the rows are subtracted.
 // Every column takes the same fused multiply-adds in the same order, whether the compiler
-// vectorises it or not (the tail), so the result does not depend on where X lies in memory: the
+// vectorises it or not (W = 1), so the result does not depend on where X lies in memory: the
 // schedules give the same bits.
 template <int W>
 inline void subtract_rows(float* xi, const float* X, int64_t ldx, int64_t j0, int64_t j1,
@@ -52,23 +52,6 @@ inline void subtract_rows(float* xi, const float* X, int64_t ldx, int64_t j0, in
   for (int col = 0; col < W; ++col) xi[col] = acc[col];
 }
 
-// The same for the last w < 64 columns, 16 at a time, then one at a time.
-inline void subtract_rows_tail(float* xi, int w, const float* X, int64_t ldx, int64_t j0,
-                               int64_t j1, const float* l, int64_t sl) {
-  int col = 0;
-  for (; col + 16 <= w; col += 16) subtract_rows<16>(xi + col, X + col, ldx, j0, j1, l, sl);
-  for (; col < w; ++col) {
-    float acc = xi[col];
-    for (int64_t jb = j0; jb < j1; jb += kSumBlock) {
-      const int64_t je = std::min(jb + kSumBlock, j1);
-      float part = 0.0f;
-      for (int64_t j = jb; j < je; ++j) part = std::fma(l[j * sl], X[j * ldx + col], part);
-      acc -= part;
-    }
-    xi[col] = acc;
-  }
-}
-
 // Columns [c0, c0 + W) of every row, in the solve's order: ``rows(step)`` is the step-th row to
 // solve and what it subtracts (``RowTerms``). A block of W columns of all c rows (c x W floats:
 // 32 KB for 64 x 128) stays in the L1 cache while it is solved.
@@ -81,18 +64,15 @@ inline void solve_block(float* X, int64_t ldx, int64_t c0, const Rows& rows, int
 }
 
 // Every column, in blocks of 128 (8 AVX-512 registers: 8 chains of fused multiply-adds in
-// flight, enough to hide their latency; [W | U0] at K = V = 64 is one block), then 64, then the
-// tail of fewer than 64.
+// flight, enough to hide their latency; [W | U0] at K = V = 64 is one block), then of 64 and 16,
+// then one column at a time.
 template <typename Rows>
 inline void solve_columns(int64_t c, int64_t n, float* X, int64_t ldx, const Rows& rows) {
   int64_t c0 = 0;
   for (; c0 + 128 <= n; c0 += 128) solve_block<128>(X, ldx, c0, rows, c);
   for (; c0 + 64 <= n; c0 += 64) solve_block<64>(X, ldx, c0, rows, c);
-  if (c0 == n) return;
-  for (int64_t step = 0; step < c; ++step) {
-    const auto [i, j0, j1, l, sl] = rows(step);
-    subtract_rows_tail(X + i * ldx + c0, static_cast<int>(n - c0), X + c0, ldx, j0, j1, l, sl);
-  }
+  for (; c0 + 16 <= n; c0 += 16) solve_block<16>(X, ldx, c0, rows, c);
+  for (; c0 < n; ++c0) solve_block<1>(X, ldx, c0, rows, c);
 }
 
 }  // namespace
