@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from linattn.ops.mechanism import Mechanism
 from linattn.reference.gated import recurrence
 
 
@@ -95,3 +96,8 @@ def internal(x, dtype=torch.float32):
                 t = t.unsqueeze(-1)
         out.append(t)
     return out
+
+
+def mechanism(x):
+    """The mechanism of public inputs (``Mechanism.of``), for calls of the internal forms."""
+    return Mechanism.of(x.get("beta"), x.get("g"))

@@ -21,7 +21,7 @@ from linattn.ops import _native, delta_rule, linear_attention, recurrent_step
 from linattn.ops.chunk import chunk_forward
 from linattn.ops.library import chunk
 
-from .cases import internal, make_inputs, rel_rms
+from .cases import internal, make_inputs, mechanism, rel_rms
 from .step_cases import B, H, K, V
 from .step_cases import inputs as step_inputs
 
@@ -69,7 +69,7 @@ def test_equals_the_float64_engine(rule, gate, C):
     S0 = x["S0"].float()
     o, S, states = _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, min(C, 45), True)
     q64, k64, v64, beta64, g64 = internal(x, torch.float64)
-    o64, S64 = chunk_forward(q64 * scale, k64, v64, beta64, g64, x["S0"], C)
+    o64, S64 = chunk_forward(q64 * scale, k64, v64, beta64, g64, x["S0"], C, mechanism(x))
     assert rel_rms(o, o64) < 2e-6
     assert rel_rms(S, S64) < 2e-6
     # The saved states: the state entering chunk n is the final state of the first n C tokens.
@@ -86,6 +86,7 @@ def test_equals_the_float64_engine(rule, gate, C):
         None if g64 is None else g64[:, :, :t],
         x["S0"],
         C,
+        mechanism(x),
     )
     assert rel_rms(states[n].view_as(S_n), S_n) < 2e-6
 

@@ -17,7 +17,7 @@ import torch
 from linattn.ops import _native
 from linattn.ops.chunk import chunk_forward
 
-from .cases import internal, make_inputs, rel_rms
+from .cases import internal, make_inputs, mechanism, rel_rms
 
 pytestmark = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
@@ -75,7 +75,7 @@ def test_split_schedule_equals_the_float64_engine(rule, gate, threads, monkeypat
     q, k, v, beta, g = internal(x)
     o, S, _ = _native.kernel("chunk_forward")(q, k, v, beta, g, x["S0"].float(), 0.7, 16, False)
     q64, k64, v64, beta64, g64 = internal(x, torch.float64)
-    o64, S64 = chunk_forward(q64 * 0.7, k64, v64, beta64, g64, x["S0"], 16)
+    o64, S64 = chunk_forward(q64 * 0.7, k64, v64, beta64, g64, x["S0"], 16, mechanism(x))
     assert rel_rms(o, o64) < 2e-6
     assert rel_rms(S, S64) < 2e-6
 

@@ -51,4 +51,4 @@ def slice_map(
     """
     if use_qk_l2norm:
         k = l2norm(k)
-    return affine.affine_map(*affine.to_internal(k, v, beta, g), mech, chunk_size)
+    return affine.affine_map(*affine.to_internal(k, v, beta=beta, g=g), mech, chunk_size)

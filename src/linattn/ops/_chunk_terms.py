@@ -51,7 +51,6 @@ from linattn.ops._blockmath import (
     gate_floor,
     scalar_decay,
     subnormal_floor,
-    unit_lower_inverse,
 )
 from linattn.ops.mechanism import Mechanism
 
@@ -156,7 +155,8 @@ class Terms:
     ``buffers`` (``Buffers``) holds the terms from one group to the next; by default (``fresh``)
     every group's are new tensors; ``differentiable``: new tensors that autograd records.
     q None: the terms of the state alone (no Qd, A_qk), for the affine maps. ``groups``: q's and
-    k's heads come in groups of G equal ones (grouped value heads broadcast; ``Products``).
+    k's heads come in groups of that many equal ones (grouped value heads broadcast; ``Products``).
+    The rule (``mech.rule``) adds its own products and its pseudo-value terms (W, U0).
     """
 
     def __init__(
@@ -171,22 +171,26 @@ class Terms:
         groups: int = 1,
     ):
         self.q, self.k, self.v, self.beta, self.g = q, k, v, beta, g
-        self.mech, self.buffers = mech, buffers
+        self.mech, self.rule, self.buffers = mech, mech.rule, buffers
         self.G = self.eG = self.eEnd = self.D = None
-        self.Qd, self.Kd, self.Ke = q, k, k
+        self.Qd, self.Ke = q, k
+        self.Kd = k if self.rule.DECAYED_KEYS else None
         floor = self._gates() if mech.decays else None
-        # The products with k on the right: A_qk (the outputs; none without q) and A_kk (delta).
-        lefts = ([] if q is None else [q]) + ([k] if mech.delta else [])
-        strict = ([] if q is None else [False]) + ([True] if mech.delta else [])
+        # The decayed causal products with k on the right: A_qk (the outputs; none without q),
+        # then the rule's own (the delta rule's A_kk).
+        self.lefts = ((("q", False),) if q is not None else ()) + self.rule.PRODUCTS
         self.products = None
-        if lefts:
+        if self.lefts:
+            lefts = [getattr(self, name) for name, _ in self.lefts]
+            strict = [st for _, st in self.lefts]
             self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor, groups)
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
-        self.W, self.U0 = self.pseudo_value_terms() if mech.delta else (None, v)
+        self.rule.pseudo_value_terms(self)  # W, U0 (U = U0 - W S)
 
     def _gates(self) -> float | None:
-        """G, exp(G), exp(G_C - G), D = exp(G_C) and Qd, Ke, Kd; returns the subnormal floor of
-        the group's exponentials, or None where no decay of it reaches it."""
+        """G, exp(G), exp(G_C - G), D = exp(G_C) and Qd, Ke (and Kd where the rule reads it);
+        returns the subnormal floor of the group's exponentials, or None where no decay of it
+        reaches it."""
         q, k, g, buffers = self.q, self.k, self.g, self.buffers
         # The floored gates summed in float64 (the module docstring): [n, P, C, 1|K].
         self.G = torch.cumsum(g.clamp(min=gate_floor(g.dtype)), dim=-2, dtype=torch.float64)
@@ -200,98 +204,9 @@ class Terms:
         self.D = decay_exp(G_end.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
         self.Qd = None if q is None else torch.mul(q, self.eG, out=buffers("Qd", q))
         self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
-        # Kd serves only the delta rule's right-hand side (linear attention skips the pass).
-        self.Kd = torch.mul(k, self.eG, out=buffers("Kd", k)) if self.mech.delta else None
+        if self.rule.DECAYED_KEYS:  # the rule's right-hand side (the additive rule skips the pass)
+            self.Kd = torch.mul(k, self.eG, out=buffers("Kd", k))
         return floor
-
-    def pseudo_value_terms(self) -> tuple[Tensor, Tensor]:
-        """W = T Kd and U0 = T v with T = (I + L)^{-1} diag(beta) (the UT transform, section 8),
-        so that the pseudo-values of a chunk entering with state S are U = U0 - W S."""
-        k, v, buffers = self.k, self.v, self.buffers
-        self.A_kk = self.products.As[-1]  # [n, P, C, C], strictly lower
-        b = self.beta.unsqueeze(-1)  # [n, P, C, 1]
-        A = torch.mul(self.A_kk, b, out=buffers("A", self.A_kk))  # L = diag(beta) A_kk
-        A.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-        self.I_plus_L = A  # [n, P, C, C], unit lower triangular
-        K = k.shape[-1]
-        R = buffers("R", k, (*k.shape[:-1], K + v.shape[-1]))
-        if R is None:
-            # Differentiable: one solve for both right-hand sides, X = (I + L)^{-1} R (no explicit
-            # inverse: only the hand-written backward needs it; for long chunks, as the parallel
-            # form's one chunk of T tokens, it would cost C^3 against C^2 (K + V)).
-            R = torch.cat([self.Kd, v], dim=-1) * b  # [n, P, C, K + V]
-            self.Ainv = None
-            self.X = torch.linalg.solve_triangular(A, R, upper=False, unitriangular=True)
-        else:
-            self.Ainv = unit_lower_inverse(A, out=buffers("Ainv", A))  # [n, P, C, C]
-            # One product for both right-hand sides: X = Ainv [beta Kd, beta v] = [W, U0].
-            torch.mul(self.Kd, b, out=R[..., :K])
-            torch.mul(v, b, out=R[..., K:])
-            self.X = torch.matmul(self.Ainv, R, out=buffers("X", R))  # [n, P, C, K + V]
-        return self.X[..., :K], self.X[..., K:]
-
-    def states(self, S: Tensor, states: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """The state recurrence through the group's chunks, from S [P, K, V] (section 8):
-
-            U_j = U0_j - W_j S_j,   S_{j+1} = D_j * S_j + Ke_j^T U_j.
-
-        The only sequential step: two small batched products per chunk (the affine form
-        S_{j+1} = M_j S_j + N_j would need one, but M = D - Ke^T W costs one more product per
-        chunk: measured, no faster on one thread). Linear attention: U = v, and N = Ke^T v is one
-        batched product, so the loop is a row scaling and a sum. The states entering the chunks go
-        into ``states`` [n, P, K, V] (a buffer) or, without one, into a new (differentiable)
-        stack. Returns them, U [n, P, C, V] and the state leaving the group.
-        """
-        n = self.U0.shape[0]
-        kept = [S] if states is None else None
-        if states is not None:
-            states[0] = S
-        outs = [None] * n if states is None else [*states[1:].unbind(0), torch.empty_like(S)]
-        KeT = self.Ke.transpose(-1, -2)  # [n, P, K, C]
-        if self.mech.delta:
-            U, N = self.buffers("U", self.U0), None
-            Us = [None] * n if U is None else list(U.unbind(0))
-        else:
-            U, N, Us = self.v, KeT @ self.v, None  # N: [n, P, K, V]
-        for j in range(n):
-            S = self._step(j, S, KeT, N, Us, outs[j])
-            if kept is not None:
-                kept.append(S)
-        if kept is not None:  # differentiable: the states and U as new stacks
-            states = torch.stack(kept[:-1])  # [n, P, K, V]
-            U = torch.stack(Us) if self.mech.delta else U
-        return states, U, S
-
-    def _step(self, j: int, S: Tensor, KeT: Tensor, N: Tensor | None, Us: list | None, out):
-        """S_{j+1} = D_j S_j + Ke_j^T U_j (into ``out``); the delta rule's U_j into ``Us[j]``.
-
-        Linear attention: S_{j+1} = D_j S_j + N_j, N_j = Ke_j^T v_j computed for all chunks.
-        """
-        if not self.mech.delta:
-            if not self.mech.decays:
-                return torch.add(N[j], S, out=out)
-            return torch.addcmul(N[j], self.D[j], S, out=out)
-        Us[j] = self.pseudo_values(S, j, out=Us[j])
-        if not self.mech.decays:
-            return torch.baddbmm(S, KeT[j], Us[j], out=out)
-        return torch.mul(S, self.D[j], out=out).baddbmm_(KeT[j], Us[j])
-
-    def pseudo_values(self, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
-        """U = U0 - W S (section 8) of chunk j entering with S [P, K, V], or of every chunk
-        (j None, S [n, P, K, V]): [P, C, V] or [n, P, C, V]. Linear attention: U = v."""
-        if not self.mech.delta:
-            return self.v if j is None else self.v[j]
-        if j is not None:
-            return torch.baddbmm(self.U0[j], self.W[j], S, alpha=-1, out=out)
-        # [n, P, C, .] -> [n P, C, .]: one batched product for every chunk
-        U = torch.baddbmm(self.U0.flatten(0, 1), self.W.flatten(0, 1), S.flatten(0, 1), alpha=-1)
-        return U.view(self.U0.shape)
-
-    def outputs(self, U: Tensor, states: Tensor) -> Tensor:
-        """o = Qd S + A_qk U for every chunk at once: [n, P, C, V]."""
-        o = torch.matmul(self.A_qk, U, out=self.buffers("o", U))  # [n, P, C, V]
-        o.flatten(0, 1).baddbmm_(self.Qd.flatten(0, 1), states.flatten(0, 1))
-        return o
 
     def gradients(
         self, dQd: Tensor, dA_qk: Tensor, dKe: Tensor, dD: Tensor | None, dU: Tensor, S: Tensor
@@ -299,39 +214,25 @@ class Terms:
         """(dq, dk, dv, dbeta, dg) from the gradients of Qd, A_qk, Ke, D (rows) and U.
 
         dA_qk: a fresh tensor (masked in place). dD: [n, P, 1|K, 1] or None. S: the states
-        entering the chunks [n, P, K, V]; for linear attention U = v and S is not used.
+        entering the chunks [n, P, K, V] (the rule's backward reads them).
         """
-        dbeta = dKd = diag = None
+        diag = None
         if self.mech.decays:
             # A_qk's diagonal (no decay) is kept out of the products' backward and added to dq
             # and dk alone: its shares of q dq and k dk cancel, and their rounding would swamp the
             # small dg of steep gates.
             diag = dA_qk.diagonal(dim1=-2, dim2=-1)
             diag, _ = diag.unsqueeze(-1).clone(), diag.zero_()  # [n, P, C, 1]
-        if not self.mech.delta:
-            (dq,), dk = self.products.backward([dA_qk])
-            dv = dU
-        else:
-            # U = U0 - W S: dU0 = dU, dW = -dU S^T. X = [W, U0] = Ainv R with R = beta [Kd, v]:
-            # dR = Ainv^T [dW, dU0], so dR_v = Ainv^T dU and dR_k = -dR_v S^T (one C x C product
-            # less than Ainv^T [dW, dU0], and no concatenation); dA = -dR X^T (strictly lower).
-            dR_v = self.Ainv.transpose(-1, -2) @ dU  # [n, P, C, V]
-            dR_k = (dR_v @ S.transpose(-1, -2)).neg_()  # [n, P, C, K]
-            dA = dR_k @ self.W.transpose(-1, -2)  # [n, P, C, C]
-            dA.flatten(0, 1).baddbmm_(dR_v.flatten(0, 1), self.U0.transpose(-1, -2).flatten(0, 1))
-            dA.neg_()
-            b = self.beta.unsqueeze(-1)
-            dKd = b * dR_k
-            dv = b * dR_v
-            # A = I + diag(beta) A_kk: dbeta from both the rows of L and the right-hand side.
-            dbeta = (dA * self.A_kk).sum(-1) + (dR_k * self.Kd).sum(-1) + (dR_v * self.v).sum(-1)
-            (dq, dk_left), dk = self.products.backward([dA_qk, dA.mul_(b)])
+        dv, dbeta, dKd, dAs = self.rule.pseudo_value_backward(self, dU, S)
+        (dq, *das), dk = self.products.backward([dA_qk, *dAs])
         # The decay inside the products: dG = sum_p a_p * da_p - b * db (see ``Products``).
         dG = None if not self.mech.decays else self.q * dq - self.k * dk
-        if self.mech.delta:
+        grads = {"q": dq, "k": dk}
+        for (name, _), da in zip(self.rule.PRODUCTS, das, strict=True):
             if dG is not None:
-                dG.add_(self.k * dk_left)
-            dk = dk + dk_left
+                dG.add_(getattr(self, name) * da)
+            grads[name] = grads[name] + da
+        dq, dk = grads["q"], grads["k"]
         if not self.mech.decays:
             # dq and dk are fresh products here: accumulate in place (no new tensors).
             dq.add_(dQd)
@@ -339,7 +240,11 @@ class Terms:
             if dKd is not None:
                 dk.add_(dKd)
             return dq, dk, dv, dbeta, None
-        # The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C).
+        dq, dk, dg = self._gate_gradients(dq, dk, dG, diag, dQd, dKe, dKd, dD)
+        return dq, dk, dv, dbeta, dg
+
+    def _gate_gradients(self, dq, dk, dG, diag, dQd, dKe, dKd, dD) -> tuple[Tensor, Tensor, Tensor]:
+        """The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C); (dq, dk, dg)."""
         dq = dq + diag * self.k + dQd * self.eG
         dk = dk + diag * self.q + dKe * self.eEnd
         dG = dG + dQd * self.Qd
@@ -357,4 +262,4 @@ class Terms:
         # plus Ke's share sum_{l < i}; a floored gate has the floor's gradient, 0 (``gate_floor``).
         dg = torch.flip(torch.cumsum(torch.flip(dG, dims=(-2,)), dim=-2), dims=(-2,))
         dg[..., 1:, :] += torch.cumsum(dG_ke[..., :-1, :], dim=-2)
-        return dq, dk, dv, dbeta, dg.masked_fill_(self.g <= gate_floor(self.g.dtype), 0.0)
+        return dq, dk, dg.masked_fill_(self.g <= gate_floor(self.g.dtype), 0.0)

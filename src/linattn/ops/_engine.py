@@ -1,7 +1,8 @@
 """The dispatch shared by the public ops: dtype, layout, scale, mode and packed sequences.
 
 Public layout [B, T, H, D] -> internal [B, H, T, D] in the compute dtype (float64 for float64
-inputs, float32 otherwise), so that states and cumulative gates accumulate in float32 at least.
+inputs, float32 otherwise; ``_layout.to_internal``), so that states and cumulative gates accumulate
+in float32 at least. The mechanism is resolved here, once (``Mechanism.of``), and passed down.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.dtypes import compute_dtype
+from linattn.dtypes import compute_dtype  # noqa: F401 (``_engine.compute_dtype``, for the ops)
+from linattn.ops._layout import to_internal
 from linattn.ops.library import chunk
 from linattn.ops.mechanism import Mechanism
 from linattn.ops.parallel import parallel_forward
@@ -55,7 +57,7 @@ def forward(
         return chunk(q, k, v, beta, g, initial_state, chunk_size, scale)
     q = q * scale
     if mode == "recurrent":
-        return recurrent_forward(q, k, v, beta, g, initial_state)
+        return recurrent_forward(q, k, v, beta, g, initial_state, mech)
     return parallel_forward(q, k, v, beta, g, initial_state, mech)
 
 
@@ -108,19 +110,10 @@ def run(
     # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     mech = Mechanism.of(beta, g)  # the row of the table, resolved once (``mechanism``)
-    dtype = compute_dtype(q.dtype)
     # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
-    q = q.to(dtype).transpose(1, 2)
-    k = k.to(dtype).transpose(1, 2)
-    v = v.to(dtype).transpose(1, 2)
-    if beta is not None:
-        beta = beta.to(dtype).transpose(1, 2)  # [B, H, T]
-    if g is not None:
-        g = g.to(dtype).transpose(1, 2)  # [B, H, T] or [B, H, T, K]
-        if g.dim() == 3:
-            g = g.unsqueeze(-1)  # scalar decay as one shared channel: [B, H, T, 1]
+    q, k, v, beta, g = to_internal(q, k, v, beta=beta, g=g)
     if initial_state is not None:
-        initial_state = initial_state.to(dtype)
+        initial_state = initial_state.to(q.dtype)
     if cu_seqlens is None:
         o, S = forward(mode, mech, q, k, v, beta, g, initial_state, chunk_size, scale)
         return o.transpose(1, 2), S

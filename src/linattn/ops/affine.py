@@ -1,9 +1,9 @@
 """The affine map of a block of tokens: S_out = M S_in + N (spec section 8, the WY form).
 
 Every mechanism of the table is affine in its state, so a block of tokens acts on the incoming
-state as one affine map. It comes from the chunk terms (``_chunk_terms.Terms``, without the output
-terms) and the chunk form's own state recurrence, chunk by chunk, so its cost is linear in the
-number of tokens and nothing of size T x T is formed:
+state as one affine map. It comes from the chunk form's own loop (``chunk.forward_chunks``, on the
+terms without the output terms), chunk by chunk, so its cost is linear in the number of tokens and
+nothing of size T x T is formed:
 
 - additive rule: N is the state the block writes from S = 0, and M = Diag(exp G_T), the product
   of the chunks' D = exp(G_C);
@@ -21,26 +21,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
-from linattn.ops.chunk import chunk_terms
+from linattn.ops._layout import to_internal
+from linattn.ops.chunk import chunk_terms, forward_chunks
 from linattn.ops.mechanism import Mechanism
 
 # The chunk the maps are computed in when the caller names none (the ops' default).
 CHUNK = 64
-
-
-def to_internal(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None):
-    """Public [B, T, H, ...] tensors -> internal [B, H, T, ...] in the compute dtype (a gate per
-    head as [B, H, T, 1])."""
-    dtype = compute_dtype(k.dtype)
-    k, v = k.to(dtype).transpose(1, 2), v.to(dtype).transpose(1, 2)
-    if beta is not None:
-        beta = beta.to(dtype).transpose(1, 2)  # [B, H, T]
-    if g is not None:
-        g = g.to(dtype).transpose(1, 2)
-        g = g.unsqueeze(-1) if g.dim() == 3 else g  # [B, H, T, 1 | K]
-    return k, v, beta, g
 
 
 def affine_map(
@@ -69,7 +56,7 @@ def affine_map(
         eye = torch.eye(K, dtype=k.dtype, device=k.device).expand(P, K, K)
         start = torch.cat([start, eye], dim=-1)  # [P, K, V + K]
     terms = chunk_terms(None, k, v, beta, g, min(chunk_size, T), mech)
-    _, _, S = terms.states(start)
+    _, _, S = forward_chunks(terms, start)  # the chunk loop without outputs
     S = S.view(B, H, K, -1)
     if mech.delta:
         return S[..., V:], S[..., :V]
@@ -131,5 +118,5 @@ def chunk_affine_map(
         _checks.beta(beta, B, T, H)
     _checks.gate(g, B, T, H, K)
     mech = Mechanism.of(beta, g)
-    M, N = affine_map(*to_internal(k, v, beta, g), mech)
+    M, N = affine_map(*to_internal(k, v, beta=beta, g=g), mech)
     return full_matrix(M, N, mech), N

@@ -1,7 +1,7 @@
 """The chunk form as registered torch.library ops, so that torch.compile and torch.export see it.
 
 Two ops in the namespace ``linattn`` (spec sections 5.1 and 8; the internal layout of
-``chunk_function``: q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K];
+``chunk``: q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K];
 HV = G H grouped value heads, value head j reading q/k head j // G in place, G = 1 the plain case):
 
     linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep) -> (o, S, states)
@@ -20,12 +20,13 @@ Why ops defined in Python: the C++ extension is compiled lazily, on the first fl
 fake kernels and the autograd formula must exist at trace time whatever its state, so they are
 defined here at import, and the kernel decides when it runs: the fused C++ loop
 (``torch.ops.linattn_native``, ``_native``) for float32 CPU tensors where it is available, the
-PyTorch group loop (``chunk_function.ChunkFunction``) for everything else (float64, GPUs,
-``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compiled graph serves both.
+PyTorch group loop (``chunk.loop_forward``, ``chunk.loop_backward``) for everything else (float64,
+GPUs, ``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compiled graph serves
+both.
 
 Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
 write into buffers autograd cannot record: the registered backward then differentiates the
-all-blocks form instead (``chunk_function._differentiable_backward``), as the autograd.Function did.
+all-blocks form instead (``chunk.differentiable_backward``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from linattn.ops import _native, tuning
-from linattn.ops.chunk_function import ChunkFunction, _differentiable_backward
+from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forward
 from linattn.ops.mechanism import Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
@@ -97,20 +98,6 @@ def tracing(x: Tensor) -> bool:
     )
 
 
-class _LoopContext:
-    """The part of an autograd context that ``ChunkFunction``'s forward and backward use, so that
-    the PyTorch loop runs as a plain function inside the ops' kernels."""
-
-    def __init__(
-        self, needs_input_grad: tuple[bool, ...], scale: float, C: int, mech: Mechanism
-    ) -> None:
-        self.needs_input_grad, self.scale, self.C, self.mech = needs_input_grad, scale, C, mech
-        self.saved_tensors: tuple = ()
-
-    def save_for_backward(self, *tensors: Tensor | None) -> None:
-        self.saved_tensors = tensors
-
-
 def _public(x: Tensor | None) -> Tensor | None:
     """x [B, H, T, ...] as a view of a [B, T, H, ...] tensor (the layout the fake kernels give):
     x itself when it is one (or None), else a copy."""
@@ -128,12 +115,7 @@ def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tu
     tensors where it is available, else the PyTorch group loop."""
     if _native.applies(q):
         return _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep)
-    mech = Mechanism.internal(beta, g)
-    ctx = _LoopContext((keep,) * 6, scale, C, mech)
-    with torch.no_grad():
-        o, S = ChunkFunction.forward(ctx, q, k, v, beta, g, S0, scale, C, mech)
-    states = ctx.saved_tensors[6] if keep else _empty(q)
-    return o, (S.clone() if S.data_ptr() == S0.data_ptr() else S), states
+    return loop_forward(q, k, v, beta, g, S0, scale, C, Mechanism.internal(beta, g), keep)
 
 
 def backward_kernel(
@@ -146,10 +128,8 @@ def backward_kernel(
         run = _native.kernel("chunk_backward")
         dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C)
         return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
-    ctx = _LoopContext(tuple(needs), scale, C, Mechanism.internal(beta, g))
-    ctx.saved_tensors = (q, k, v, beta, g, None, states)
-    with torch.no_grad():
-        *grads, dS0 = ChunkFunction.gradients(ctx, d_o, dS)[:6]
+    mech = Mechanism.internal(beta, g)
+    *grads, dS0 = loop_backward(q, k, v, beta, g, states, d_o, dS, scale, C, mech, tuple(needs))
     return (*(_public(x) for x in grads), dS0)
 
 
@@ -244,7 +224,8 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
         d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
     if torch.is_grad_enabled():
         # create_graph=True: gradients that can be differentiated again (issue 18).
-        return (*_differentiable_backward(ctx, d_o, d_S), None)
+        args = (q, k, v, beta, g, S0, d_o, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
+        return (*differentiable_backward(*args), None, None, None)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
     traced = tracing(d_o)

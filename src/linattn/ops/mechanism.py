@@ -5,7 +5,8 @@ the delta rule (``beta`` given), and no gate, one log-decay per head (``g`` [B, 
 key channel (``g`` [B, T, H, K]). It resolves them here once, from the public shapes (internally a
 per-head gate is [B, H, T, 1], which a per-channel gate of K = 1 would look like), and passes the
 ``Mechanism`` down: the chunk terms, the state loop, the affine maps and context parallelism read
-it instead of testing tensors for None or their last dimension for 1.
+it instead of testing tensors for None or their last dimension for 1; ``rule`` is the rule's
+module (``linattn.ops.rules``).
 
 | rule     | gate    | mechanism                     |
 |----------|---------|-------------------------------|
@@ -20,8 +21,11 @@ it instead of testing tensors for None or their last dimension for 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 from torch import Tensor
+
+from linattn.ops import rules
 
 GATES = ("none", "head", "channel")
 
@@ -41,11 +45,16 @@ class Mechanism:
 
     @classmethod
     def internal(cls, beta: Tensor | None, g: Tensor | None) -> Mechanism:
-        """From internal tensors (g None, [..., T, 1] or [..., T, K]), for calls below the public
-        ops that pass none: a [..., T, 1] gate is taken for a gate per head, which a per-channel
-        gate with K = 1 equals (one key channel, one decay)."""
+        """From internal tensors (g None, [..., T, 1] or [..., T, K]), for the op layer
+        (``library``) until its schema carries the mechanism: a [..., T, 1] gate is taken for a
+        gate per head, which a per-channel gate with K = 1 equals (one key channel, one decay)."""
         gate = "none" if g is None else "head" if g.shape[-1] == 1 else "channel"
         return cls(beta is not None, gate)
+
+    @property
+    def rule(self) -> ModuleType:
+        """The rule's module (``linattn.ops.rules``): its step, pseudo-values and their backward."""
+        return rules.of(self.delta)
 
     @property
     def decays(self) -> bool:

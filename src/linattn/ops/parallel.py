@@ -22,7 +22,7 @@ def parallel_forward(
     beta: Tensor | None,
     g: Tensor | None,
     initial_state: Tensor | None,
-    mech: Mechanism | None = None,
+    mech: Mechanism,
 ) -> tuple[Tensor, Tensor]:
     """The masked n x n product; returns o [B, H, T, V] and the final state [B, H, K, V]."""
     return chunk_forward(q, k, v, beta, g, initial_state, k.shape[2], mech)

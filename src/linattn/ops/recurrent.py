@@ -1,7 +1,8 @@
 """The recurrent form: one token at a time (spec sections 5 and 7; DESIGN.md's table).
 
-Every mechanism is ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T q_t``; ``step`` is the one place
-that knows the transitions and writes, and one call of it is the generation step.
+Every mechanism is ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T q_t``; ``step`` applies the gate
+and the rule's write (``rules``: the one place of each rule's step), and one call of it is the
+generation step.
 
 Internal layout (the public wrappers convert): q, k: [B, H, T, K]; v: [B, HV, T, V]; beta:
 [B, HV, T] or None (None = the additive rule); g: None, [B, HV, T, 1] (scalar decay) or
@@ -12,8 +13,16 @@ case.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 from torch import Tensor
+
+from linattn.ops import rules
+from linattn.ops.mechanism import Mechanism
+from linattn.ops.rules import read
+
+__all__ = ["read", "recurrent_forward", "step"]
 
 
 def step(
@@ -24,20 +33,23 @@ def step(
     beta_t: Tensor | None,
     g_t: Tensor | None,
     inplace: bool = False,
+    rule: ModuleType | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """One token: decay, then read-correct-write, then read. Returns (o_t, S_t).
+    """One token: decay, then the rule's write (read, correct), then read. Returns (o_t, S_t).
 
     S: [B, HV, K, V]; q_t, k_t: [B, H, K]; v_t: [B, HV, V]; beta_t: [B, HV] or None; g_t:
     [B, HV, 1|K] or None; HV = G H (value head j reads q/k head j // G, broadcast). The decay
     is applied first and the delta rule's error is read from the decayed state:
 
         S <- Diag(exp g_t) S              (alpha_t I or Diag(alpha_t); the identity if g is None)
-        u_t = v_t                         (additive rule)
-        u_t = beta_t (v_t - S^T k_t)      (delta rule: the pseudo-value, section 7)
+        u_t = rule.write(S, k_t, v_t, beta_t)    (additive: v_t; delta: beta_t (v_t - S^T k_t))
         S <- S + k_t u_t^T;   o_t = S^T q_t
 
-    ``inplace``: update S in its own memory (the generation step: no new state per token).
+    ``rule``: the rule's module (``Mechanism.rule``, resolved by the caller); None for direct
+    calls: the delta rule where beta_t is given. ``inplace``: update S in its own memory (the
+    generation step: no new state per token).
     """
+    rule = rules.of(beta_t is not None) if rule is None else rule
     state = S
     H = k_t.shape[1]
     groups = (H, S.shape[1] // max(H, 1))  # (H, G): the value heads of each q/k head
@@ -47,20 +59,13 @@ def step(
     if g_t is not None:
         alpha = torch.exp(g_t.unflatten(1, groups)).unsqueeze(-1)  # [B, H, G, 1|K, 1]: S's rows
         S = S.mul_(alpha) if inplace else alpha * S
-    if beta_t is None:
-        u_t = v_t
-    else:
-        u_t = beta_t.unflatten(1, groups).unsqueeze(-1) * (v_t - read(S, k_t))
+    if beta_t is not None:
+        beta_t = beta_t.unflatten(1, groups).unsqueeze(-1)  # [B, H, G, 1]: over V
+    u_t = rule.write(S, k_t, v_t, beta_t)
     k_col, u_row = k_t.unsqueeze(-1), u_t.unsqueeze(-2)  # the rank-one write k_t u_t^T
     S = S.addcmul_(k_col, u_row) if inplace else torch.addcmul(S, k_col, u_row)
     o_t = read(S, q_t).flatten(1, 2)  # [B, H, G, V] -> [B, HV, V]
     return o_t, (state if inplace else S.flatten(1, 2))
-
-
-def read(S: Tensor, x: Tensor) -> Tensor:
-    """S^T x for every batch and head: S [..., K, V], x [..., K] -> [..., V] (broadcasting: x
-    [B, H, 1, K] reads the G states [B, H, G, K, V] of its value heads)."""
-    return (x.unsqueeze(-2) @ S).squeeze(-2)  # [..., 1, K] @ [..., K, V]
 
 
 def recurrent_forward(
@@ -70,6 +75,7 @@ def recurrent_forward(
     beta: Tensor | None,
     g: Tensor | None,
     initial_state: Tensor | None,
+    mech: Mechanism,
 ) -> tuple[Tensor, Tensor]:
     """Loop ``step`` over the T tokens; returns o [B, HV, T, V] and the final state
     [B, HV, K, V]."""
@@ -86,6 +92,7 @@ def recurrent_forward(
             v[:, :, t],
             None if beta is None else beta[:, :, t],
             None if g is None else g[:, :, t],
+            rule=mech.rule,
         )
         outputs.append(o_t)
     return torch.stack(outputs, dim=2), S

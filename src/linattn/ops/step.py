@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops import _native
+from linattn.ops import _native, rules
 from linattn.ops import checks as _checks
 from linattn.ops.recurrent import step
 
@@ -110,16 +110,17 @@ def recurrent_step(
             _checks.beta(beta, B, H, layout="[B, H]")
         _checks.gate(g, B, H, K, layout="[B, H]")
     _checks.finite({"state": state, "q": q, "k": k, "v": v})
+    rule = rules.of(beta is not None)  # the rule, resolved once here (``linattn.ops.rules``)
     dtype = state.dtype
     q_t = q.to(dtype) * scale
     k_t, v_t = k.to(dtype), v.to(dtype)
     beta_t = None if beta is None else beta.to(dtype)
     g_t = None if g is None else g.to(dtype).reshape(B, H, K if g.dim() == 3 else 1)  # [B, H, 1|K]
     if not graph:
-        o_t, _ = step(state, q_t, k_t, v_t, beta_t, g_t, inplace=True)
+        o_t, _ = step(state, q_t, k_t, v_t, beta_t, g_t, inplace=True, rule=rule)
         return o_t.to(v.dtype)
     # Differentiable: the step reads a copy (autograd saves it; an in-place update would
     # invalidate what it saved), then the new state is copied into the caller's memory, recorded.
-    o_t, S_t = step(state.clone(), q_t, k_t, v_t, beta_t, g_t)
+    o_t, S_t = step(state.clone(), q_t, k_t, v_t, beta_t, g_t, rule=rule)
     state.copy_(S_t)
     return o_t.to(v.dtype)

@@ -1,10 +1,10 @@
-"""The chunk form's autograd function: groups of chunks, saved states, recomputed backward.
+"""The chunk loop's group form: groups of chunks, saved states, recomputed backward.
 
-It runs through the chunk op's eager path (``library.chunk``), which takes the group loop for these
-float64 inputs. Its outputs and gradients must equal those of plain autograd through the
-block-by-block engine (``chunk.chunk_forward``, itself tested against the float64 oracle) for every
-gate, rule, chunk size and group size, including chunks that do not divide T and groups of one
-chunk.
+It runs through the chunk op's eager path (``library.chunk``), which takes the group loop
+(``chunk.loop_forward``, ``chunk.loop_backward``) for these float64 inputs. Its outputs and
+gradients must equal those of plain autograd through the all-blocks form (``chunk.chunk_forward``,
+itself tested against the float64 oracle) for every gate, rule, chunk size and group size,
+including chunks that do not divide T and groups of one chunk.
 """
 
 import itertools
@@ -12,8 +12,9 @@ import itertools
 import pytest
 import torch
 
-from linattn.ops import _blockmath, _chunk_terms, chunk_function, library, tuning
+from linattn.ops import _blockmath, _chunk_terms, chunk, library, tuning
 from linattn.ops.chunk import chunk_forward
+from linattn.ops.mechanism import Mechanism
 
 from .cases import make_inputs
 
@@ -57,7 +58,7 @@ def test_matches_autograd_through_the_block_engine(rule, gate, C, rows, monkeypa
     ref_in, new_in = _internal(x, names), _internal(x, names)
     ref_in[-1] = x["S0"].clone().requires_grad_(True)
     new_in[-1] = x["S0"].clone().requires_grad_(True)
-    o1, S1 = chunk_forward(*ref_in, C)
+    o1, S1 = chunk_forward(*ref_in, C, Mechanism.of(x.get("beta"), x.get("g")))
     o2, S2 = library.chunk(*new_in, C)
     torch.testing.assert_close(o2, o1, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(S2, S1, rtol=1e-12, atol=1e-12)
@@ -110,9 +111,9 @@ def test_groups_grow_with_the_torch_threads(monkeypatch):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = chunk_function._chunks_per_group(64, 8)
+        one = chunk._chunks_per_group(64, 8)
         torch.set_num_threads(2)
-        two = chunk_function._chunks_per_group(64, 8)
+        two = chunk._chunks_per_group(64, 8)
     finally:
         torch.set_num_threads(threads)
     assert (one, two) == (4, 8)  # 2,048 token-heads per thread: 4 chunks of 64 tokens x 8 heads
@@ -142,7 +143,7 @@ def test_reused_buffers_change_no_bit(rule, gate, monkeypatch):
     names = ("q", "k", "v", "beta", "g", "S0")
     results = []
     for buffers in (_chunk_terms.Buffers, lambda: _blockmath.fresh):
-        monkeypatch.setattr(chunk_function, "Buffers", buffers)
+        monkeypatch.setattr(chunk, "Buffers", buffers)
         inputs = _internal(x, names)
         inputs[-1] = x["S0"].clone().requires_grad_(True)
         o, S = library.chunk(*inputs, 8)

@@ -1,0 +1,44 @@
+"""Update rules, one module each: what a mechanism's memory writes (DESIGN.md, "Rules are modules").
+
+Every mechanism of DESIGN.md's table is ``S_t = A_t S_{t-1} + k_t w_t^T``, read as
+``o_t = S_t^T q_t``. Its gate (none, one log-decay per head, one per key channel) is the diagonal
+part of A_t and is handled alike for every rule (the cumulative log-gates of ``_chunk_terms``);
+the rule is the rest: how a token's write reads the state, and so how a chunk's pseudo-values U
+(what the chunk writes, ``S <- D S + Ke^T U``) come from its values. A rule module defines, in the
+spec's names:
+
+    write(S, k_t, v_t, beta_t) -> u_t         the step: one token's write, read from the decayed
+                                              state S (``recurrent.step`` adds k_t u_t^T)
+    READS_STATE                               whether a chunk's U depends on the state entering it
+    PRODUCTS                                  the decayed causal products the rule needs besides
+                                              A_qk: (left factor's name, strictly causal) pairs,
+                                              each times k on the right (``_chunk_terms.Products``)
+    DECAYED_KEYS                              whether it reads Kd = K exp(G) (``terms.Kd``)
+    pseudo_value_terms(terms)                 the state-independent terms W, U0 of every chunk
+                                              (U = U0 - W S), set on ``terms``
+    pseudo_values(terms, S, j=None, out=None) U of chunk j entering with S (or of every chunk)
+    state_gradient_(terms, j, dU_j, dS_j)     dS_j += (dU_j / dS_j)^T dU_j, in place
+    pseudo_value_backward(terms, dU, S)       (dv, dbeta, dKd, [dA of each of PRODUCTS])
+
+The chunk loop (``chunk``) and the terms (``_chunk_terms``) call these and nothing else of a rule:
+a new rule (the diagonal-plus-low-rank transition of issue 30) is a new module here.
+
+| rule     | write u_t                 | pseudo-values U of a chunk (section 8)              |
+|----------|---------------------------|-----------------------------------------------------|
+| additive | v_t                       | V                                                   |
+| delta    | beta_t (v_t - S^T k_t)    | (I + L)^{-1} diag(beta) (V - Kd S) = U0 - W S       |
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from linattn.ops.rules import additive, delta
+from linattn.ops.rules.base import read
+
+__all__ = ["additive", "delta", "of", "read"]
+
+
+def of(is_delta: bool) -> ModuleType:
+    """The rule module: ``delta`` for the delta rule, else ``additive``."""
+    return delta if is_delta else additive
