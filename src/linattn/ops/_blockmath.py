@@ -226,11 +226,11 @@ class ChannelProducts:
                 for A, a in zip(As, a_s, strict=True):
                     _diagonal_blocks(A, self.F).copy_(_blocks(a, self.F) @ _blocks(b_s, self.F).mT)
             else:
-                for A, a, st in zip(As, self.lefts, strict, strict=True):
-                    if not st:
+                for A, a, strictly in zip(As, self.lefts, strict, strict=True):
+                    if not strictly:
                         A.diagonal(dim1=-2, dim2=-1).copy_((a * self.b).sum(-1))
-        for A, st in zip(As, strict, strict=True):
-            A.tril_(-1 if st else 0)
+        for A, strictly in zip(As, strict, strict=True):
+            A.tril_(-1 if strictly else 0)
         self.As = [A[..., : self.C, : self.C] for A in As]
 
     def _sizes(self) -> list[int]:
@@ -295,14 +295,14 @@ class ChannelProducts:
             e_a, e_b = self._direct_exponentials()
             b_s = _blocks(self.b * e_b, F)  # [..., C / F, F, K]
             db_s = 0
-            for dA, da, a, st in zip(dAs, das, self.lefts, self.strict, strict=True):
-                dQ = _diagonal_blocks(dA, F).tril(-1 if st else 0)  # [..., C / F, F, F]
+            for dA, da, a, strictly in zip(dAs, das, self.lefts, self.strict, strict=True):
+                dQ = _diagonal_blocks(dA, F).tril(-1 if strictly else 0)  # [..., C / F, F, F]
                 da.add_((dQ @ b_s).flatten(-3, -2).mul_(e_a))
                 db_s = db_s + dQ.mT @ _blocks(a * e_a, F)
             db.add_(db_s.flatten(-3, -2).mul_(e_b))
         else:
-            for dA, da, a, st in zip(dAs, das, self.lefts, self.strict, strict=True):
-                if not st:
+            for dA, da, a, strictly in zip(dAs, das, self.lefts, self.strict, strict=True):
+                if not strictly:
                     diag = dA.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)
                     da.add_(diag * self.b)
                     db.add_(diag * a)

@@ -1,35 +1,24 @@
-"""The state-independent terms of a group of chunks, and their gradients (spec sections 5.1, 8).
+"""The state-independent terms of a batch of chunks, and their gradients (spec sections 5.1, 8).
 
-A group is n chunks of C tokens of all P = B H heads, laid out ``[n, P, C, D]`` (so that chunk j of
-every head, ``x[j]``, is one contiguous batch for the state loop). With G the cumulative log-gate
-inside each chunk (``[n, P, C, 1|K]``, or None without decay), for a chunk with incoming state S:
+A batch is n chunks of C tokens of all P = B HV heads, laid out ``[n, P, C, D]`` (``_layout``).
+With G the cumulative log-gate inside each chunk (``[n, P, C, 1|K]``, or None without decay):
 
     Qd = q * exp(G)            Kd = k * exp(G)            Ke = k * exp(G_C - G)     D = exp(G_C)
-    A_qk = decayed tril(q k^T) (j <= i)      A_kk = decayed tril(k k^T) (j < i)
-    delta rule:  I + L = I + diag(beta) A_kk,  Ainv = (I + L)^{-1},
-                 W = Ainv (beta * Kd),  U0 = Ainv (beta * v)
-                 (T = Ainv diag(beta) is the UT transform: W = T Kd, U0 = T v)
-    linear attention:  W = 0, U0 = v
-    U = U0 - W S;   o = Qd S + A_qk U;   S_next = D * S + Ke^T U
+    A_qk = decayed tril(q k^T) (j <= i), and the rule's own products (the delta rule's A_kk)
+    W, U0: the rule's pseudo-value terms (U = U0 - W S; ``rules``)
 
-These are the one set of chunk terms of the PyTorch backends: the group loop (``chunk_function``,
-terms in reused buffers, a hand-written backward ``Terms.gradients``), the all-blocks form
-(``chunk``: every chunk at once, ``buffers=differentiable`` so that autograd records them, for
-``mode="parallel"`` and double backward) and the affine maps (``affine``). Which terms exist is
-decided by the ``Mechanism`` (rule and gate), resolved once at the public op.
-
-Where each step is computed (the one Python place of each):
+The loop that uses them (U, then S_next = D S + Ke^T U, then O = Qd S + A_qk U) is ``chunk``'s;
+the terms are the same for the group loop (reused ``Buffers``), the all-blocks form
+(``differentiable``: new tensors that autograd records) and the affine maps (no q: no output
+terms). Which terms exist is decided by the ``Mechanism`` (rule and gate), resolved once at the
+public op. Where each is computed:
 
     G, exp(G), exp(G_C - G), D, Qd, Kd, Ke        Terms._gates
-    A_qk, A_kk (decayed causal products)          Products: _blockmath.scalar_decay (gate per
+    A_qk and the rule's products                  Products: _blockmath.scalar_decay (gate per
                                                   head), _blockmath.ChannelProducts (per channel)
-    I + L, (I + L)^{-1}, W, U0 (UT transform)     Terms.pseudo_value_terms
-    U = U0 - W S                                  Terms.pseudo_values
-    S_{j+1} = D_j S_j + Ke_j^T U_j                Terms.states (Terms._step)
-    o = Qd S + A_qk U                             Terms.outputs
-    (M, N) of a block                             affine.affine_map (Terms.states from [0 | I])
-    their gradients                               Terms.gradients, Products.backward,
-                                                  chunk_function._state_loop_backward
+    I + L, (I + L)^{-1}, W, U0 (UT transform)     rules.delta.pseudo_value_terms
+    their gradients                               Terms.gradients (the gates, the products), the
+                                                  rule's pseudo_value_backward
 
 The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0); the per-channel
 products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
@@ -79,8 +68,9 @@ class Products:
 
     A_p[i, j] = sum_c a_p,ic b_jc exp(G_ic - G_jc) for j <= i (j < i where ``strict[p]``), else 0:
     A_qk (a = q) and A_kk (a = k, strict) share b = k and the decay. G: None, [..., C, 1] or
-    [..., C, K], as the mechanism's ``gate`` says. ``groups``: the factors' heads come in groups of
-    G equal ones (q and k broadcast over grouped value heads), so that without a gate per channel
+    [..., C, K], as the mechanism's ``gate`` says. ``groups``: the factors' heads come in runs of
+    ``groups`` equal ones (q and k broadcast over grouped value heads), so that without a gate per
+    channel
     the undecayed product a b^T is formed once per group (``shared_product``).
     """
 
@@ -107,11 +97,11 @@ class Products:
             out = buffers("decay", b, shape)
             self.decay = scalar_decay(G, out=out, floor=floor, dtype=b.dtype)
         self.As = []
-        for p, (a, st) in enumerate(zip(lefts, strict, strict=True)):
+        for p, (a, strictly) in enumerate(zip(lefts, strict, strict=True)):
             P = shared_product(a, b, groups, buffers(f"A{p}", a, shape))
             if self.decay is not None:
                 P.mul_(self.decay)  # zero above the diagonal
-            self.As.append(P.tril_(-1) if st else P if self.decay is not None else P.tril_())
+            self.As.append(P.tril_(-1) if strictly else P if self.decay is not None else P.tril_())
 
     def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """([da_p], db) for the upstream gradients dA_p (only their causal parts are used).
@@ -121,9 +111,9 @@ class Products:
         if self.channel is not None:
             return self.channel.backward(dAs)
         das, db = [], None
-        for dA, a, st in zip(dAs, self.lefts, self.strict, strict=True):
-            dP = dA.tril_(-1 if st else 0) if self.decay is None else dA.mul_(self.decay)
-            if st and self.decay is not None:
+        for dA, a, strictly in zip(dAs, self.lefts, self.strict, strict=True):
+            dP = dA.tril_(-1 if strictly else 0) if self.decay is None else dA.mul_(self.decay)
+            if strictly and self.decay is not None:
                 dP.tril_(-1)
             das.append(dP @ self.b)
             # The first product starts db (no pass adding it to a zero); later ones add in place.
@@ -135,17 +125,17 @@ class Products:
 
 
 def shared_product(a: Tensor, b: Tensor, groups: int, out: Tensor | None) -> Tensor:
-    """a b^T [..., P, C, C] for factors [..., P, C, K] whose heads come in groups of G equal ones
-    (q and k of grouped value heads, broadcast): one product per group, copied to its G heads
-    (into ``out`` where given). G = 1: the plain product."""
+    """a b^T [..., P, C, C] for factors [..., P, C, K] whose heads come in runs of ``groups``
+    equal ones (q and k of grouped value heads, broadcast): one product per run, copied to its
+    heads (into ``out`` where given). groups = 1: the plain product."""
     if groups == 1:
         return torch.matmul(a, b.transpose(-1, -2), out=out)
-    # [..., P, C, K] -> [..., P / G, G, C, K] -> the first head of each group [..., P / G, C, K]
+    # [..., P, C, K] -> [..., P / groups, groups, C, K] -> each run's first [..., P / groups, C, K]
     a1, b1 = (x.unflatten(-3, (-1, groups))[..., 0, :, :] for x in (a, b))
-    P1 = (a1 @ b1.transpose(-1, -2)).unsqueeze(-3)  # [..., P / G, 1, C, C]
-    if out is None:  # differentiable: a new tensor [..., P / G, G, C, C] -> [..., P, C, C]
+    P1 = (a1 @ b1.transpose(-1, -2)).unsqueeze(-3)  # [..., P / groups, 1, C, C]
+    if out is None:  # differentiable: a new [..., P / groups, groups, C, C] -> [..., P, C, C]
         return P1.expand(*P1.shape[:-3], groups, *P1.shape[-2:]).contiguous().flatten(-4, -3)
-    out.unflatten(-3, (-1, groups)).copy_(P1)  # [..., P / G, G, C, C]
+    out.unflatten(-3, (-1, groups)).copy_(P1)  # [..., P / groups, groups, C, C]
     return out
 
 
@@ -182,7 +172,7 @@ class Terms:
         self.products = None
         if self.lefts:
             lefts = [getattr(self, name) for name, _ in self.lefts]
-            strict = [st for _, st in self.lefts]
+            strict = [strictly for _, strictly in self.lefts]
             self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor, groups)
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
         self.rule.pseudo_value_terms(self)  # W, U0 (U = U0 - W S)

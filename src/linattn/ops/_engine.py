@@ -100,8 +100,8 @@ def run(
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; beta: [B, T, HV] or None; g: None, [B, T, HV] or
     [B, T, HV, K]; initial_state: [N, HV, K, V] or None (N = B, or the number of packed
-    sequences). HV = G * H: grouped value heads, value head j reading q/k head j // G in place
-    (every form takes q, k with H heads: no copy of them).
+    sequences). HV = groups * H: grouped value heads, value head j reading q/k head j // groups
+    in place (every form takes q, k with H heads: no copy of them).
     """
     bounds = None if cu_seqlens is None else cu_seqlens.tolist()
     if mode == "chunk":

@@ -67,30 +67,7 @@ def recurrent_step(
     # k and v together and one range pass each for beta and g (which also rejects NaN and Inf
     # there): a step is ~50 us of arithmetic, and a check per tensor, each a reduction and a
     # synchronisation, would cost more than the step.
-    _checks.tensor("state", state, 4, finite=False)
-    if state.dtype not in STATE_DTYPES:
-        raise TypeError(f"state must be float32 or float64 (the compute dtype), got {state.dtype}")
-    if state.requires_grad and state.is_leaf:
-        raise ValueError(
-            "state requires grad and is a leaf, which recurrent_step cannot update in place; "
-            "pass a copy (state.clone()) to differentiate with respect to the initial state"
-        )
-    B, H, K, V = state.shape  # H: the value heads (HV of grouped value heads)
-    _checks.head_sizes("state", K, V)
-    _checks.tensor("q", q, 3, finite=False)
-    Hq = q.shape[1]  # q's and k's heads: H, or H / G with grouped value heads
-    if not (0 < Hq <= H and H % Hq == 0) and not Hq == H == 0:
-        raise ValueError(
-            f"q must have shape [B, Hq, K] with Hq dividing the state's H = {H} (grouped value "
-            f"heads: value head j reads q/k head j // G), got {tuple(q.shape)}"
-        )
-    for name, x, heads, size in (("q", q, Hq, K), ("k", k, Hq, K), ("v", v, H, V)):
-        _checks.tensor(name, x, 3, finite=False)
-        if tuple(x.shape) != (B, heads, size):
-            raise ValueError(
-                f"{name} must have shape {(B, heads, size)} for a state of shape [B, H, K, V] = "
-                f"{tuple(state.shape)} and q of {Hq} heads, got {tuple(x.shape)}"
-            )
+    B, H, K, V = _check_shapes(state, q, k, v)
     inputs = [x for x in (state, q, k, v, beta, g) if x is not None]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
     fused = all(x.dtype == torch.float32 for x in inputs) and _native.applies(state)
@@ -110,6 +87,41 @@ def recurrent_step(
             _checks.beta(beta, B, H, layout="[B, H]")
         _checks.gate(g, B, H, K, layout="[B, H]")
     _checks.finite({"state": state, "q": q, "k": k, "v": v})
+    return _pytorch_step(state, q, k, v, beta, g, scale, graph)
+
+
+def _check_shapes(state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int]:
+    """The types and shapes of state, q, k, v (no tensor work); (B, H, K, V) of the state."""
+    _checks.tensor("state", state, 4, finite=False)
+    if state.dtype not in STATE_DTYPES:
+        raise TypeError(f"state must be float32 or float64 (the compute dtype), got {state.dtype}")
+    if state.requires_grad and state.is_leaf:
+        raise ValueError(
+            "state requires grad and is a leaf, which recurrent_step cannot update in place; "
+            "pass a copy (state.clone()) to differentiate with respect to the initial state"
+        )
+    B, H, K, V = state.shape  # H: the value heads (HV of grouped value heads)
+    _checks.head_sizes("state", K, V)
+    _checks.tensor("q", q, 3, finite=False)
+    Hq = q.shape[1]  # q's and k's heads: H, or H / groups with grouped value heads
+    if not (0 < Hq <= H and H % Hq == 0) and not Hq == H == 0:
+        raise ValueError(
+            f"q must have shape [B, Hq, K] with Hq dividing the state's H = {H} (grouped value "
+            f"heads: value head j reads q/k head j // G), got {tuple(q.shape)}"
+        )
+    for name, x, heads, size in (("q", q, Hq, K), ("k", k, Hq, K), ("v", v, H, V)):
+        _checks.tensor(name, x, 3, finite=False)
+        if tuple(x.shape) != (B, heads, size):
+            raise ValueError(
+                f"{name} must have shape {(B, heads, size)} for a state of shape [B, H, K, V] = "
+                f"{tuple(state.shape)} and q of {Hq} heads, got {tuple(x.shape)}"
+            )
+    return B, H, K, V
+
+
+def _pytorch_step(state, q, k, v, beta, g, scale: float, graph: bool) -> Tensor:
+    """The step in PyTorch, in place (``graph`` False) or recorded on a copy of the state."""
+    B, H, K, _ = state.shape
     rule = rules.of(beta is not None)  # the rule, resolved once here (``linattn.ops.rules``)
     dtype = state.dtype
     q_t = q.to(dtype) * scale
