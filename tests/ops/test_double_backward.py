@@ -1,8 +1,8 @@
 """Second derivatives (``create_graph=True``) through every op form (issue 18, defect 3).
 
-The chunk form's autograd function writes its first-order gradients into buffers (and, for float32
-on the CPU, in C++); with grad mode on its backward pass recomputes them through plain autograd
-(``chunk_function._differentiable_backward``). Checked here: ``gradgradcheck`` in float64 for every
+The chunk op's backward writes its first-order gradients into buffers (the group loop, and for
+float32 on the CPU, C++); with grad mode on it recomputes them through plain autograd instead
+(``chunk.differentiable_backward``). Checked here: ``gradgradcheck`` in float64 for every
 mechanism of DESIGN.md's table and every form, with an initial state, packed sequences and the
 normaliser, and float32 double backward (fused C++ forward and PyTorch loop) against float64.
 """
