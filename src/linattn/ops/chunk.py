@@ -23,7 +23,10 @@ product A_qk = Q K^T * L_C, and the rule's pseudo-values U, ``rules``):
 
 The gradient, chunk by chunk backwards (``_state_gradients``), then every term at once:
 
-    dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j dS_{j+1} + Qd_j^T dO_j + (dU_j/dS_j)^T dU_j
+    dU_j = A_qk_j^T dO_j + Ke_j dS_{j+1};   dS_j = D_j dS_{j+1} + Qd_j^T dO_j + [U_j's share]
+
+where U_j's share is the rule's (``state_gradient_``: -W_j^T dU_j for the delta rule, none for
+the additive rule, whose U does not read the state).
 
 Internal layout (``_layout``): q, k [B, H, T, K]; v [B, HV, T, V]; beta [B, HV, T] or None; g
 None, [B, HV, T, 1 | K]; states [B, HV, K, V]; HV = groups H grouped value heads.

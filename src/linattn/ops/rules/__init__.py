@@ -21,7 +21,11 @@ spec's names:
     pseudo_value_backward(terms, dU, S)       (dv, dbeta, dKd, [dA of each of PRODUCTS])
 
 The chunk loop (``chunk``) and the terms (``_chunk_terms``) call these and nothing else of a rule:
-a new rule (the diagonal-plus-low-rank transition of issue 30) is a new module here.
+a new rule is a new module here, ``Mechanism.rule`` naming it. A rule whose chunk writes along more
+vectors than its keys (the diagonal-plus-low-rank transition of issue 30, whose chunk writes
+Ke^T V + Be^T U_b) stacks them along the chunk's token axis in its ``pseudo_value_terms``
+(Ke = [Ke; Be], U = [V; U_b], A_qk = [A_qk, A_qb]), so that the loop's three steps, and their
+gradient, stay as they are; its own inputs (a, b) travel where beta does.
 
 | rule     | write u_t                 | pseudo-values U of a chunk (section 8)              |
 |----------|---------------------------|-----------------------------------------------------|
