@@ -168,11 +168,11 @@ class Terms:
         floor = self._gates() if mech.decays else None
         # The decayed causal products with k on the right: A_qk (the outputs; none without q),
         # then the rule's own (the delta rule's A_kk).
-        self.lefts = ((("q", False),) if q is not None else ()) + self.rule.PRODUCTS
+        named = ((("q", False),) if q is not None else ()) + self.rule.PRODUCTS
         self.products = None
-        if self.lefts:
-            lefts = [getattr(self, name) for name, _ in self.lefts]
-            strict = [strictly for _, strictly in self.lefts]
+        if named:
+            lefts = [getattr(self, name) for name, _ in named]
+            strict = [strictly for _, strictly in named]
             self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor, groups)
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
         self.rule.pseudo_value_terms(self)  # W, U0 (U = U0 - W S)
