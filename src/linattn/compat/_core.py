@@ -26,11 +26,11 @@ from __future__ import annotations
 import itertools
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention
+from linattn.ops.functional import decay_gate
 
 CHUNK = 64  # fla's default chunk size
 
@@ -117,9 +117,8 @@ def gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Tensor | None) -> Tensor:
     """Gated DeltaNet's in-kernel gate: ``-exp(A_log) * softplus(g + dt_bias)``, A_log, dt_bias
     [HV], computed in float32 (float64 stays); g [B, T, HV] is the raw gate input."""
     x = g.to(compute_dtype(g.dtype))
-    if dt_bias is not None:
-        x = x + dt_bias.to(x.dtype)
-    return -torch.exp(A_log.to(x.dtype)) * F.softplus(x)
+    bias = None if dt_bias is None else dt_bias.to(x.dtype)
+    return decay_gate(x, A_log.to(x.dtype), bias)
 
 
 def time_order(T: int, cu_seqlens: Tensor | None, device: torch.device) -> Tensor:

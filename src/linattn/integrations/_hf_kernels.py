@@ -28,16 +28,7 @@ from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention, recurrent_step
-
-
-def rsqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """x * rsqrt(|x|^2 + eps): the l2norm of transformers' gated-delta fallbacks."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def sqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(|x|^2 + eps): the l2norm of transformers' KDA fallbacks (fla's rounding)."""
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+from linattn.ops.functional import causal_conv1d, l2norm, step_size
 
 
 def grouped_heads(x: Tensor, heads: int, name: str) -> Tensor:
@@ -111,7 +102,7 @@ def chunk_gated_delta_rule(
     q = grouped_heads(query, heads, "query").to(dtype)
     k = grouped_heads(key, heads, "key").to(dtype)
     if use_qk_l2norm_in_kernel:
-        q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
+        q, k = l2norm(q), l2norm(k)  # x * rsqrt(|x|^2 + eps), as transformers' fallback
     return _delta_chunk(
         query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
     )
@@ -151,7 +142,7 @@ def recurrent_gated_delta_rule(
     q = grouped_heads(query, heads, "query")[:, 0].to(dtype)  # [B, H, K]
     k = grouped_heads(key, heads, "key")[:, 0].to(dtype)
     if use_qk_l2norm_in_kernel:
-        q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
+        q, k = l2norm(q), l2norm(k)  # x * rsqrt(|x|^2 + eps), as transformers' fallback
     S = step_state(initial_state, q, value, dtype)
     v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
     o = recurrent_step(S, q, k, v, beta_t, g_t)
@@ -190,7 +181,7 @@ def chunk_kda(
     dtype = compute_dtype(query.dtype)
     q, k = query.to(dtype), key.to(dtype)
     if use_qk_l2norm_in_kernel:
-        q, k = sqrt_l2norm(q), sqrt_l2norm(k)
+        q, k = l2norm(q, divide=True), l2norm(k, divide=True)  # x / sqrt(|x|^2 + eps)
     return _delta_chunk(
         query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
     )
@@ -228,7 +219,7 @@ def recurrent_kda(
     dtype = compute_dtype(query.dtype)
     q, k = query[:, 0].to(dtype), key[:, 0].to(dtype)  # [B, H, K]
     if use_qk_l2norm_in_kernel:
-        q, k = sqrt_l2norm(q), sqrt_l2norm(k)
+        q, k = l2norm(q, divide=True), l2norm(k, divide=True)  # x / sqrt(|x|^2 + eps)
     S = step_state(initial_state, q, value, dtype)
     v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
     o = recurrent_step(S, q, k, v, beta_t, g_t)
@@ -237,9 +228,8 @@ def recurrent_kda(
 
 def mamba2_dt(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool) -> Tensor:
     """Mamba-2's step sizes, as transformers computes them: dt + dt_bias, then softplus."""
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dt.dtype)
-    return F.softplus(dt) if dt_softplus else dt
+    bias = None if dt_bias is None else dt_bias.to(dt.dtype)
+    return step_size(dt, bias, softplus=dt_softplus)
 
 
 def mamba2_chunk_scan(
@@ -386,14 +376,7 @@ def causal_conv1d_fn(
     the result comes back in hidden_states' dtype, as transformers' fallback.
     """
     refuse_packed(kwargs)
-    D, T = hidden_states.shape[1], hidden_states.shape[-1]
-    out = F.conv1d(
-        hidden_states.to(weight.dtype),
-        weight.unsqueeze(1),  # [D, W] -> [D, 1, W]: one filter per channel
-        bias,
-        padding=weight.shape[-1] - 1,
-        groups=D,
-    )[..., :T]
+    out, _ = causal_conv1d(hidden_states.to(weight.dtype), weight, bias)  # zeros before t = 0
     return conv_activation(out, activation).to(hidden_states.dtype)
 
 
@@ -409,8 +392,7 @@ def causal_conv1d_update(
 
     hidden_states [B, D, T] (T new tokens, usually 1); conv_state is updated in place.
     """
-    D, T = hidden_states.shape[1], hidden_states.shape[-1]
-    window = torch.cat([conv_state, hidden_states], dim=-1).to(weight.dtype)  # [B, D, S + T]
-    conv_state.copy_(window[..., -conv_state.shape[-1] :])
-    out = F.conv1d(window, weight.unsqueeze(1), bias, groups=D)[..., -T:]
+    x, state = hidden_states.to(weight.dtype), conv_state.to(weight.dtype)
+    out, new_state = causal_conv1d(x, weight, bias, state)
+    conv_state.copy_(new_state)
     return conv_activation(out, activation).to(hidden_states.dtype)

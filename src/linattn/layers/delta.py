@@ -24,9 +24,10 @@ from torch import Tensor, nn
 from linattn import ops
 from linattn.layers._reference import check_type, fla_short_conv, load, require
 from linattn.layers.mixer import resolve_head_dim
-from linattn.layers.modules import DecayGate, l2norm
+from linattn.layers.modules import DecayGate
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops.checks import flag
+from linattn.ops.functional import l2norm
 
 
 class DeltaNet(RecurrentMixer):

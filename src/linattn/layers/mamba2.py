@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from linattn import ops
 from linattn.layers.mixer import State, StateSpec, TokenMixer, check_positive, state_dtype
 from linattn.layers.modules import ShortConvolution
+from linattn.ops import functional
 from linattn.ops.checks import flag
 
 
@@ -191,9 +192,8 @@ class Mamba2(TokenMixer):
 
     def step_size(self, dt: Tensor) -> Tensor:
         """dt [B, T, H] -> clamp(softplus(dt + dt_bias), dt_limit), in the state dtype."""
-        dt = F.softplus((dt + self.dt_bias).to(state_dtype(dt.dtype)))
-        low, high = self.dt_limit
-        return dt if (low, high) == (0.0, math.inf) else dt.clamp(low, high)
+        dtype = state_dtype(dt.dtype)
+        return functional.step_size(dt, self.dt_bias, dtype=dtype, limit=self.dt_limit)
 
     # -- weights of the reference implementations --------------------------------------------
 
