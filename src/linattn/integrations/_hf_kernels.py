@@ -46,27 +46,46 @@ def state_in(initial_state: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if initial_state is None else initial_state.to(dtype, copy=True)
 
 
-def _delta_chunk(
-    out_dtype: torch.dtype,
-    q: Tensor,
-    k: Tensor,
+def _gated_delta(
+    query: Tensor,
+    key: Tensor,
     value: Tensor,
-    beta: Tensor,
     g: Tensor,
+    beta: Tensor,
     chunk_size: int,
     initial_state: Tensor | None,
     output_final_state: bool,
+    use_qk_l2norm_in_kernel: bool,
     cu_seqlens: Tensor | None,
+    *,
+    divide: bool,
+    step: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """The gated delta rule's chunk form on q, k already in the compute dtype (and normalised),
-    scale 1 / sqrt(K) as transformers' kernels; o back in the caller's dtype ``out_dtype``."""
-    dtype = q.dtype
+    """Gated DeltaNet (g [B, T, HV]) or KDA (g [B, T, HV, K]) as transformers' kernels compute
+    them: in the compute dtype, scale 1 / sqrt(K), o back in query's dtype.
+
+    q, k are normalised first with use_qk_l2norm_in_kernel (``divide``: ``x / sqrt``, the KDA
+    fallbacks' rounding; else ``x * rsqrt``). ``step``: one token (T = 1, no cu_seqlens) is one
+    ``linattn.ops.recurrent_step`` on a copy of the state; anything else takes the chunk form.
+    """
+    dtype = compute_dtype(query.dtype)
+    heads = value.shape[2]
+    q = grouped_heads(query, heads, "query").to(dtype)
+    k = grouped_heads(key, heads, "key").to(dtype)
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q, divide=divide), l2norm(k, divide=divide)
+    v, beta, g = value.to(dtype), beta.to(dtype), g.to(dtype)
+    if step and query.shape[1] == 1 and cu_seqlens is None:
+        q, k, v, beta, g = (x[:, 0] for x in (q, k, v, beta, g))  # the one token: [B, H, ...]
+        S = step_state(initial_state, q, value, dtype)
+        o = recurrent_step(S, q, k, v, beta, g)
+        return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
     o, S = delta_rule(
         q,
         k,
-        value.to(dtype),
-        beta.to(dtype),
-        g.to(dtype),
+        v,
+        beta,
+        g,
         scale=q.shape[-1] ** -0.5,
         mode="chunk",
         chunk_size=chunk_size,
@@ -74,7 +93,7 @@ def _delta_chunk(
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
     )
-    return o.to(out_dtype), S
+    return o.to(query.dtype), S
 
 
 def chunk_gated_delta_rule(
@@ -97,15 +116,10 @@ def chunk_gated_delta_rule(
     (HV a multiple of H: grouped value heads); state [B, HV, K, V]. Keywords transformers adds
     (``use_cache``, ...) are ignored, as its kernel wrapper drops them.
     """
-    dtype = compute_dtype(query.dtype)
-    heads = value.shape[2]
-    q = grouped_heads(query, heads, "query").to(dtype)
-    k = grouped_heads(key, heads, "key").to(dtype)
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)  # x * rsqrt(|x|^2 + eps), as transformers' fallback
-    return _delta_chunk(
-        query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
-    )
+    return _gated_delta(
+        query, key, value, g, beta, chunk_size, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=False, step=False,
+    )  # fmt: skip
 
 
 def recurrent_gated_delta_rule(
@@ -125,28 +139,10 @@ def recurrent_gated_delta_rule(
     The same recurrence as ``chunk_gated_delta_rule``; one token (T = 1, no cu_seqlens) is one
     ``linattn.ops.recurrent_step`` on a copy of the state, longer inputs take the chunk form.
     """
-    if query.shape[1] != 1 or cu_seqlens is not None:
-        return chunk_gated_delta_rule(
-            query,
-            key,
-            value,
-            g,
-            beta,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            cu_seqlens=cu_seqlens,
-        )
-    dtype = compute_dtype(query.dtype)
-    heads = value.shape[2]
-    q = grouped_heads(query, heads, "query")[:, 0].to(dtype)  # [B, H, K]
-    k = grouped_heads(key, heads, "key")[:, 0].to(dtype)
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)  # x * rsqrt(|x|^2 + eps), as transformers' fallback
-    S = step_state(initial_state, q, value, dtype)
-    v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
-    o = recurrent_step(S, q, k, v, beta_t, g_t)
-    return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
+    return _gated_delta(
+        query, key, value, g, beta, 64, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=False, step=True,
+    )  # fmt: skip
 
 
 def step_state(
@@ -178,13 +174,10 @@ def chunk_kda(
     sqrt(K) (sections 7, 8, 10). query, key, value, g [B, T, H, K]; beta [B, T, H]; state
     [B, H, K, V].
     """
-    dtype = compute_dtype(query.dtype)
-    q, k = query.to(dtype), key.to(dtype)
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q, divide=True), l2norm(k, divide=True)  # x / sqrt(|x|^2 + eps)
-    return _delta_chunk(
-        query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
-    )
+    return _gated_delta(
+        query, key, value, g, beta, chunk_size, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=True, step=False,
+    )  # fmt: skip
 
 
 def recurrent_kda(
@@ -204,26 +197,10 @@ def recurrent_kda(
     One token is one ``recurrent_step`` (g [B, H, K]: the per-channel decay) on a copy of the
     state; longer inputs take the chunk form.
     """
-    if query.shape[1] != 1 or cu_seqlens is not None:
-        return chunk_kda(
-            query,
-            key,
-            value,
-            g,
-            beta,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            cu_seqlens=cu_seqlens,
-        )
-    dtype = compute_dtype(query.dtype)
-    q, k = query[:, 0].to(dtype), key[:, 0].to(dtype)  # [B, H, K]
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q, divide=True), l2norm(k, divide=True)  # x / sqrt(|x|^2 + eps)
-    S = step_state(initial_state, q, value, dtype)
-    v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
-    o = recurrent_step(S, q, k, v, beta_t, g_t)
-    return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
+    return _gated_delta(
+        query, key, value, g, beta, 64, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=True, step=True,
+    )  # fmt: skip
 
 
 def mamba2_dt(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool) -> Tensor:
