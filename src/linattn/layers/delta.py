@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from linattn import ops
-from linattn.layers._reference import check_type, fla_short_conv, load, require
+from linattn.layers._reference import check_type, load_fla, require
 from linattn.layers.mixer import resolve_head_dim
 from linattn.layers.modules import DecayGate
 from linattn.layers.recurrent import RecurrentMixer
@@ -111,20 +111,8 @@ class DeltaNet(RecurrentMixer):
             output_gate=module.use_gate,
             norm_eps=module.o_norm.eps,
         )
-        weights = {
-            "q_proj.weight": module.q_proj.weight,
-            "k_proj.weight": module.k_proj.weight,
-            "v_proj.weight": module.v_proj.weight,
-            "b_proj.weight": module.b_proj.weight,
-            "o_norm.weight": module.o_norm.weight,
-            "o_proj.weight": module.o_proj.weight,
-        }
-        if module.use_gate:
-            weights["g_proj.weight"] = module.g_proj.weight
-        conv = fla_short_conv(module)
-        if conv is not None:
-            weights["conv.weight"] = conv
-        return load(layer, weights, module.q_proj.weight)
+        weights = {"b_proj.weight": module.b_proj.weight, "o_norm.weight": module.o_norm.weight}
+        return load_fla(layer, module, weights, gate=module.use_gate)
 
 
 def _value_dim(head_dim: int, expand_v: float) -> int:
