@@ -10,7 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linattn.ops.functional import causal_conv1d, decay_gate, l2norm, step_size
+from linattn.ops.functional import (
+    causal_conv1d,
+    conv_activation,
+    decay_gate,
+    l2norm,
+    step_size,
+)
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
@@ -214,3 +220,13 @@ def test_causal_conv1d_gradients():
         randn(2, 3, 4, seed=30)  # fmt: skip
     inputs = [t.clone().requires_grad_() for t in (x, weight, bias, state)]
     assert torch.autograd.gradcheck(lambda *a: causal_conv1d(*a), inputs)
+
+
+def test_conv_activation_is_none_or_silu():
+    y = randn(2, 3, 5, seed=31)
+    assert conv_activation(y, None) is y
+    for name in ("silu", "swish"):
+        torch.testing.assert_close(conv_activation(y, name), y / (1 + torch.exp(-y)), rtol=1e-15,
+                                   atol=1e-15)  # fmt: skip
+    with pytest.raises(ValueError, match="activation must be None, 'silu' or 'swish', got 'relu'"):
+        conv_activation(y, "relu")

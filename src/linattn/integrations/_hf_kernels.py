@@ -28,7 +28,7 @@ from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention, recurrent_step
-from linattn.ops.functional import causal_conv1d, l2norm, step_size
+from linattn.ops.functional import causal_conv1d, conv_activation, l2norm, step_size
 
 
 def grouped_heads(x: Tensor, heads: int, name: str) -> Tensor:
@@ -319,15 +319,6 @@ def mamba2_split_conv1d_scan_combined(*args: object, **kwargs: object) -> None:
     ``mamba2_chunk_scan`` above.
     """
     return None
-
-
-def conv_activation(x: Tensor, activation: str | None) -> Tensor:
-    """The short convolution's activation: none or SiLU (what these models use)."""
-    if activation is None:
-        return x
-    if activation in ("silu", "swish"):
-        return F.silu(x)
-    raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
 
 
 def refuse_packed(kwargs: dict) -> None:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
 from linattn.ops.functional import causal_conv1d as shared_conv1d
+from linattn.ops.functional import conv_activation
 from linattn.ops.functional import l2norm as shared_l2norm
 
 EXTRA = 'pip install "linattn[integrations]"'
@@ -141,16 +142,8 @@ def _conv(x, weight, bias, initial_state, activation):
     w = (weight if weight is not None else x.new_ones(D, W)).to(dtype)
     b = None if bias is None else bias.to(dtype)
     y, _ = shared_conv1d(xt.to(dtype), w, b, past[..., 1:].to(dtype))  # the oldest slot unread
-    y = _activate(y.transpose(1, 2), activation)  # [B, D, T] -> [B, T, D]
+    y = conv_activation(y.transpose(1, 2), activation)  # [B, D, T] -> [B, T, D]
     return y.to(x.dtype), final
-
-
-def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
-    if activation in ("swish", "silu"):
-        return F.silu(y)
-    if activation is None:
-        return y
-    raise ValueError(f"activation must be 'swish', 'silu' or None, got {activation!r}")
 
 
 def causal_conv1d_update(
@@ -177,7 +170,7 @@ def causal_conv1d_update(
     y = (cache.to(dtype) * w).sum(-1)  # [N, D]
     if bias is not None:
         y = y + bias.to(dtype)
-    y = _activate(y, activation)
+    y = conv_activation(y, activation)
     if residual is not None:
         y = y + residual.reshape(y.shape).to(dtype)
     return y.to(x.dtype).view(shape), cache

@@ -5,7 +5,8 @@
   ``g = log(alpha) = -exp(A_log) * softplus(x + dt_bias)`` of Mamba-2, Gated DeltaNet and KDA
   (spec section 10);
 - ``causal_conv1d``: the short causal depthwise convolution in front of those mixers, with its
-  generation state (the last inputs), so that prefill and decoding are one function.
+  generation state (the last inputs), so that prefill and decoding are one function, and
+  ``conv_activation``, what follows it.
 
 Each computes in the dtype of what it is given: the callers keep their own rules for casting
 (the compute dtype, the weight's dtype) before and after.
@@ -92,3 +93,13 @@ def causal_conv1d(
         xs = F.pad(xs, (W - xs.shape[-1], 0))
     y = F.conv1d(xs, weight.unsqueeze(1), bias, groups=D)  # weight [D, 1, W]: one per channel
     return y[..., y.shape[-1] - x.shape[-1] :], new_state  # the last T outputs
+
+
+def conv_activation(y: Tensor, activation: str | None) -> Tensor:
+    """The short convolution's activation: none, or SiLU (``"silu"``, or ``"swish"`` as fla and
+    mamba-ssm also call it)."""
+    if activation is None:
+        return y
+    if activation in ("silu", "swish"):
+        return F.silu(y)
+    raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
