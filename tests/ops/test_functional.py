@@ -16,6 +16,7 @@ from linattn.ops.functional import (
     decay_gate,
     l2norm,
     step_size,
+    write_strength,
 )
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -129,6 +130,16 @@ def test_decay_gate_gradients():
     x, A_log, bias = randn(2, 3, 4, seed=12), randn(4, seed=13), randn(4, seed=14)
     inputs = [t.clone().requires_grad_() for t in (x, A_log, bias)]
     assert torch.autograd.gradcheck(decay_gate, inputs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_strength_is_the_sigmoid_doubled_with_negative_eigenvalues(dtype):
+    x = randn(2, 7, 4, dtype=dtype, seed=15, scale=6)
+    beta = 1 / (1 + torch.exp(-x.double()))
+    torch.testing.assert_close(write_strength(x).double(), beta, rtol=tol(dtype), atol=tol(dtype))
+    both = write_strength(x, allow_neg_eigval=True)
+    assert both.dtype == dtype and (both >= 0).all() and (both <= 2).all()  # rounded to 2
+    torch.testing.assert_close(both.double(), 2 * beta, rtol=tol(dtype), atol=2 * tol(dtype))
 
 
 # ------------------------------------------------------------------ causal depthwise convolution

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention
-from linattn.ops.functional import decay_gate
+from linattn.ops.functional import decay_gate, write_strength
 
 CHUNK = 64  # fla's default chunk size
 
@@ -109,8 +109,7 @@ def no_head_first(kwargs: dict) -> None:
 
 def sigmoid_beta(beta: Tensor, allow_neg_eigval: bool) -> Tensor:
     """``use_beta_sigmoid_in_kernel``: beta = sigmoid(logits), times 2 with allow_neg_eigval."""
-    b = torch.sigmoid(beta.to(compute_dtype(beta.dtype)))
-    return 2.0 * b if allow_neg_eigval else b
+    return write_strength(beta.to(compute_dtype(beta.dtype)), allow_neg_eigval)
 
 
 def gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Tensor | None) -> Tensor:

@@ -18,7 +18,6 @@ heads; beta, the decays and the memory are per value head.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from linattn import ops
@@ -27,7 +26,7 @@ from linattn.layers.mixer import resolve_head_dim
 from linattn.layers.modules import DecayGate
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops.checks import flag
-from linattn.ops.functional import l2norm
+from linattn.ops.functional import l2norm, write_strength
 
 
 class DeltaNet(RecurrentMixer):
@@ -71,8 +70,7 @@ class DeltaNet(RecurrentMixer):
     def beta(self, x: Tensor) -> Tensor:
         """The write strength: x [B, T, d_model] -> sigmoid(b_proj x) [B, T, HV], times 2 with
         ``allow_neg_eigval``."""
-        beta = torch.sigmoid(self.b_proj(x))
-        return 2.0 * beta if self.allow_neg_eigval else beta
+        return write_strength(self.b_proj(x), self.allow_neg_eigval)
 
     def recurrence(self, x, q, k, v, mode, S, keep):
         # q, k [B, T, H, K] with v [B, T, HV, V]: the op reads grouped value heads in place

@@ -3,7 +3,7 @@
 - ``l2norm``: the query/key normalisation of DeltaNet-style layers (``use_qk_l2norm``);
 - ``step_size`` and ``decay_gate``: Mamba-2's step size ``softplus(x + dt_bias)`` and the log-decay
   ``g = log(alpha) = -exp(A_log) * softplus(x + dt_bias)`` of Mamba-2, Gated DeltaNet and KDA
-  (spec section 10);
+  (spec section 10); ``write_strength``: the delta rule's ``beta = sigmoid(x)``;
 - ``causal_conv1d``: the short causal depthwise convolution in front of those mixers, with its
   generation state (the last inputs), so that prefill and decoding are one function, and
   ``conv_activation``, what follows it.
@@ -67,6 +67,14 @@ def decay_gate(x: Tensor, A_log: Tensor, dt_bias: Tensor | None = None) -> Tenso
     x: A_log [H] for x [B, T, H], A_log [H, 1] and dt_bias [H, K] for x [B, T, H, K].
     """
     return -torch.exp(A_log) * step_size(x, dt_bias)
+
+
+def write_strength(x: Tensor, allow_neg_eigval: bool = False) -> Tensor:
+    """The delta rule's ``beta = sigmoid(x)`` in (0, 1), or ``2 sigmoid(x)`` in (0, 2) with
+    ``allow_neg_eigval``: the transition ``I - beta k k^T`` (unit k) then has the eigenvalue
+    ``1 - beta`` in (-1, 1) (Grazzi et al., 2025), not only in (0, 1) (spec section 7)."""
+    beta = torch.sigmoid(x)
+    return 2.0 * beta if allow_neg_eigval else beta
 
 
 def causal_conv1d(
