@@ -155,7 +155,7 @@ class Mamba2(TokenMixer):
         H, N, P = self.n_heads, self.d_state, self.head_dim
         return {
             "S": ((batch_size, H, N, P), state_dtype(dtype)),
-            "conv": ((batch_size, self.conv_dim, self.d_conv - 1), dtype),
+            "conv": (self.conv.state_shape(batch_size), dtype),
         }
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:

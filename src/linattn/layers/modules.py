@@ -39,6 +39,10 @@ class ShortConvolution(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
+    def state_shape(self, batch_size: int) -> tuple[int, int, int]:
+        """The generation state's shape, [B, channels, kernel - 1]: the last kernel - 1 inputs."""
+        return batch_size, self.channels, self.kernel_size - 1
+
     def forward(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x: [B, T, C], state: [B, C, kernel - 1] or None (zeros) -> (y: [B, T, C], new state)."""
         x = x.transpose(1, 2)  # [B, T, C] -> [B, C, T]
