@@ -25,6 +25,7 @@ def test_short_convolution_is_the_causal_formula():
     torch.testing.assert_close(y, F.silu(expected), rtol=0, atol=1e-14)
     # The state is the last kernel - 1 inputs, channels first.
     torch.testing.assert_close(state, x[:, -3:].transpose(1, 2))
+    assert conv.state_shape(2) == state.shape == (2, 3, 3)
 
 
 @pytest.mark.parametrize("pieces", [(1, 1, 1, 1, 1, 1, 1, 1, 1), (2, 5, 1, 1), (4, 5), (9,)])

@@ -26,11 +26,11 @@ from __future__ import annotations
 import itertools
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention
+from linattn.ops.functional import decay_gate, write_strength
 
 CHUNK = 64  # fla's default chunk size
 
@@ -109,17 +109,15 @@ def no_head_first(kwargs: dict) -> None:
 
 def sigmoid_beta(beta: Tensor, allow_neg_eigval: bool) -> Tensor:
     """``use_beta_sigmoid_in_kernel``: beta = sigmoid(logits), times 2 with allow_neg_eigval."""
-    b = torch.sigmoid(beta.to(compute_dtype(beta.dtype)))
-    return 2.0 * b if allow_neg_eigval else b
+    return write_strength(beta.to(compute_dtype(beta.dtype)), allow_neg_eigval)
 
 
 def gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Tensor | None) -> Tensor:
     """Gated DeltaNet's in-kernel gate: ``-exp(A_log) * softplus(g + dt_bias)``, A_log, dt_bias
     [HV], computed in float32 (float64 stays); g [B, T, HV] is the raw gate input."""
     x = g.to(compute_dtype(g.dtype))
-    if dt_bias is not None:
-        x = x + dt_bias.to(x.dtype)
-    return -torch.exp(A_log.to(x.dtype)) * F.softplus(x)
+    bias = None if dt_bias is None else dt_bias.to(x.dtype)
+    return decay_gate(x, A_log.to(x.dtype), bias)
 
 
 def time_order(T: int, cu_seqlens: Tensor | None, device: torch.device) -> Tensor:

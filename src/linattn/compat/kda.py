@@ -11,11 +11,11 @@ chunk, h [B, NT, HV, K, V] in k's dtype.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.compat import _core
 from linattn.dtypes import compute_dtype
+from linattn.ops.functional import decay_gate
 
 
 def kda_gate(
@@ -29,14 +29,14 @@ def kda_gate(
     """
     H, K = g.shape[2], g.shape[3]
     x = g.to(compute_dtype(g.dtype))
-    if dt_bias is not None:
-        x = x + dt_bias.to(x.dtype).reshape(H, K)
-    rate = None if A_log is None else torch.exp(A_log.to(x.dtype)).reshape(H, 1)
-    if lower_bound is not None:
-        return lower_bound * torch.sigmoid(x if rate is None else rate * x)
-    if rate is None:
-        raise ValueError("use_gate_in_kernel=True needs A_log (or lower_bound)")
-    return -rate * F.softplus(x)
+    bias = None if dt_bias is None else dt_bias.to(x.dtype).reshape(H, K)
+    A_log = None if A_log is None else A_log.to(x.dtype).reshape(H, 1)  # per head
+    if lower_bound is None:
+        if A_log is None:
+            raise ValueError("use_gate_in_kernel=True needs A_log (or lower_bound)")
+        return decay_gate(x, A_log, bias)
+    x = x if bias is None else x + bias
+    return lower_bound * torch.sigmoid(x if A_log is None else torch.exp(A_log) * x)
 
 
 def _prepare(g, beta, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,

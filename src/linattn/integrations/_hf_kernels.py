@@ -28,16 +28,7 @@ from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops import delta_rule, linear_attention, recurrent_step
-
-
-def rsqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """x * rsqrt(|x|^2 + eps): the l2norm of transformers' gated-delta fallbacks."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def sqrt_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(|x|^2 + eps): the l2norm of transformers' KDA fallbacks (fla's rounding)."""
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+from linattn.ops.functional import causal_conv1d, conv_activation, l2norm, step_size
 
 
 def grouped_heads(x: Tensor, heads: int, name: str) -> Tensor:
@@ -55,27 +46,46 @@ def state_in(initial_state: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if initial_state is None else initial_state.to(dtype, copy=True)
 
 
-def _delta_chunk(
-    out_dtype: torch.dtype,
-    q: Tensor,
-    k: Tensor,
+def _gated_delta(
+    query: Tensor,
+    key: Tensor,
     value: Tensor,
-    beta: Tensor,
     g: Tensor,
+    beta: Tensor,
     chunk_size: int,
     initial_state: Tensor | None,
     output_final_state: bool,
+    use_qk_l2norm_in_kernel: bool,
     cu_seqlens: Tensor | None,
+    *,
+    divide: bool,
+    step: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """The gated delta rule's chunk form on q, k already in the compute dtype (and normalised),
-    scale 1 / sqrt(K) as transformers' kernels; o back in the caller's dtype ``out_dtype``."""
-    dtype = q.dtype
+    """Gated DeltaNet (g [B, T, HV]) or KDA (g [B, T, HV, K]) as transformers' kernels compute
+    them: in the compute dtype, scale 1 / sqrt(K), o back in query's dtype.
+
+    q, k are normalised first with use_qk_l2norm_in_kernel (``divide``: ``x / sqrt``, the KDA
+    fallbacks' rounding; else ``x * rsqrt``). ``step``: one token (T = 1, no cu_seqlens) is one
+    ``linattn.ops.recurrent_step`` on a copy of the state; anything else takes the chunk form.
+    """
+    dtype = compute_dtype(query.dtype)
+    heads = value.shape[2]
+    q = grouped_heads(query, heads, "query").to(dtype)
+    k = grouped_heads(key, heads, "key").to(dtype)
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q, divide=divide), l2norm(k, divide=divide)
+    v, beta, g = value.to(dtype), beta.to(dtype), g.to(dtype)
+    if step and query.shape[1] == 1 and cu_seqlens is None:
+        q, k, v, beta, g = (x[:, 0] for x in (q, k, v, beta, g))  # the one token: [B, H, ...]
+        S = step_state(initial_state, q, value, dtype)
+        o = recurrent_step(S, q, k, v, beta, g)
+        return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
     o, S = delta_rule(
         q,
         k,
-        value.to(dtype),
-        beta.to(dtype),
-        g.to(dtype),
+        v,
+        beta,
+        g,
         scale=q.shape[-1] ** -0.5,
         mode="chunk",
         chunk_size=chunk_size,
@@ -83,7 +93,7 @@ def _delta_chunk(
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
     )
-    return o.to(out_dtype), S
+    return o.to(query.dtype), S
 
 
 def chunk_gated_delta_rule(
@@ -106,15 +116,10 @@ def chunk_gated_delta_rule(
     (HV a multiple of H: grouped value heads); state [B, HV, K, V]. Keywords transformers adds
     (``use_cache``, ...) are ignored, as its kernel wrapper drops them.
     """
-    dtype = compute_dtype(query.dtype)
-    heads = value.shape[2]
-    q = grouped_heads(query, heads, "query").to(dtype)
-    k = grouped_heads(key, heads, "key").to(dtype)
-    if use_qk_l2norm_in_kernel:
-        q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
-    return _delta_chunk(
-        query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
-    )
+    return _gated_delta(
+        query, key, value, g, beta, chunk_size, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=False, step=False,
+    )  # fmt: skip
 
 
 def recurrent_gated_delta_rule(
@@ -134,28 +139,10 @@ def recurrent_gated_delta_rule(
     The same recurrence as ``chunk_gated_delta_rule``; one token (T = 1, no cu_seqlens) is one
     ``linattn.ops.recurrent_step`` on a copy of the state, longer inputs take the chunk form.
     """
-    if query.shape[1] != 1 or cu_seqlens is not None:
-        return chunk_gated_delta_rule(
-            query,
-            key,
-            value,
-            g,
-            beta,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            cu_seqlens=cu_seqlens,
-        )
-    dtype = compute_dtype(query.dtype)
-    heads = value.shape[2]
-    q = grouped_heads(query, heads, "query")[:, 0].to(dtype)  # [B, H, K]
-    k = grouped_heads(key, heads, "key")[:, 0].to(dtype)
-    if use_qk_l2norm_in_kernel:
-        q, k = rsqrt_l2norm(q), rsqrt_l2norm(k)
-    S = step_state(initial_state, q, value, dtype)
-    v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
-    o = recurrent_step(S, q, k, v, beta_t, g_t)
-    return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
+    return _gated_delta(
+        query, key, value, g, beta, 64, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=False, step=True,
+    )  # fmt: skip
 
 
 def step_state(
@@ -187,13 +174,10 @@ def chunk_kda(
     sqrt(K) (sections 7, 8, 10). query, key, value, g [B, T, H, K]; beta [B, T, H]; state
     [B, H, K, V].
     """
-    dtype = compute_dtype(query.dtype)
-    q, k = query.to(dtype), key.to(dtype)
-    if use_qk_l2norm_in_kernel:
-        q, k = sqrt_l2norm(q), sqrt_l2norm(k)
-    return _delta_chunk(
-        query.dtype, q, k, value, beta, g, chunk_size, initial_state, output_final_state, cu_seqlens
-    )
+    return _gated_delta(
+        query, key, value, g, beta, chunk_size, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=True, step=False,
+    )  # fmt: skip
 
 
 def recurrent_kda(
@@ -213,33 +197,16 @@ def recurrent_kda(
     One token is one ``recurrent_step`` (g [B, H, K]: the per-channel decay) on a copy of the
     state; longer inputs take the chunk form.
     """
-    if query.shape[1] != 1 or cu_seqlens is not None:
-        return chunk_kda(
-            query,
-            key,
-            value,
-            g,
-            beta,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            cu_seqlens=cu_seqlens,
-        )
-    dtype = compute_dtype(query.dtype)
-    q, k = query[:, 0].to(dtype), key[:, 0].to(dtype)  # [B, H, K]
-    if use_qk_l2norm_in_kernel:
-        q, k = sqrt_l2norm(q), sqrt_l2norm(k)
-    S = step_state(initial_state, q, value, dtype)
-    v, beta_t, g_t = value[:, 0].to(dtype), beta[:, 0].to(dtype), g[:, 0].to(dtype)
-    o = recurrent_step(S, q, k, v, beta_t, g_t)
-    return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
+    return _gated_delta(
+        query, key, value, g, beta, 64, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, divide=True, step=True,
+    )  # fmt: skip
 
 
 def mamba2_dt(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool) -> Tensor:
     """Mamba-2's step sizes, as transformers computes them: dt + dt_bias, then softplus."""
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dt.dtype)
-    return F.softplus(dt) if dt_softplus else dt
+    bias = None if dt_bias is None else dt_bias.to(dt.dtype)
+    return step_size(dt, bias, softplus=dt_softplus)
 
 
 def mamba2_chunk_scan(
@@ -354,15 +321,6 @@ def mamba2_split_conv1d_scan_combined(*args: object, **kwargs: object) -> None:
     return None
 
 
-def conv_activation(x: Tensor, activation: str | None) -> Tensor:
-    """The short convolution's activation: none or SiLU (what these models use)."""
-    if activation is None:
-        return x
-    if activation in ("silu", "swish"):
-        return F.silu(x)
-    raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
-
-
 def refuse_packed(kwargs: dict) -> None:
     """A depthwise conv over packed sequences would mix them: refused, as transformers does."""
     for name in ("cu_seqlens", "seq_idx"):
@@ -386,14 +344,7 @@ def causal_conv1d_fn(
     the result comes back in hidden_states' dtype, as transformers' fallback.
     """
     refuse_packed(kwargs)
-    D, T = hidden_states.shape[1], hidden_states.shape[-1]
-    out = F.conv1d(
-        hidden_states.to(weight.dtype),
-        weight.unsqueeze(1),  # [D, W] -> [D, 1, W]: one filter per channel
-        bias,
-        padding=weight.shape[-1] - 1,
-        groups=D,
-    )[..., :T]
+    out, _ = causal_conv1d(hidden_states.to(weight.dtype), weight, bias)  # zeros before t = 0
     return conv_activation(out, activation).to(hidden_states.dtype)
 
 
@@ -409,8 +360,7 @@ def causal_conv1d_update(
 
     hidden_states [B, D, T] (T new tokens, usually 1); conv_state is updated in place.
     """
-    D, T = hidden_states.shape[1], hidden_states.shape[-1]
-    window = torch.cat([conv_state, hidden_states], dim=-1).to(weight.dtype)  # [B, D, S + T]
-    conv_state.copy_(window[..., -conv_state.shape[-1] :])
-    out = F.conv1d(window, weight.unsqueeze(1), bias, groups=D)[..., -T:]
+    x, state = hidden_states.to(weight.dtype), conv_state.to(weight.dtype)
+    out, new_state = causal_conv1d(x, weight, bias, state)
+    conv_state.copy_(new_state)
     return conv_activation(out, activation).to(hidden_states.dtype)

@@ -36,6 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
+from linattn.ops.functional import causal_conv1d as shared_conv1d
+from linattn.ops.functional import conv_activation
+from linattn.ops.functional import l2norm as shared_l2norm
 
 EXTRA = 'pip install "linattn[integrations]"'
 
@@ -133,25 +136,14 @@ def _conv(x, weight, bias, initial_state, activation):
     B, T, D = x.shape
     W = weight.shape[1] if weight is not None else initial_state.shape[-1]
     dtype = compute_dtype(x.dtype)
-    if initial_state is None:
-        past = x.new_zeros(B, D, W)
-    else:
-        past = initial_state.to(x.dtype)
-    xs = torch.cat([past.transpose(1, 2), x], dim=1)  # [B, W + T, D]: the past, then x
-    final = xs[:, -W:].transpose(1, 2).contiguous()  # [B, D, W]
-    window = xs[:, 1:].to(dtype).transpose(1, 2)  # [B, D, W - 1 + T]
+    past = x.new_zeros(B, D, W) if initial_state is None else initial_state.to(x.dtype)
+    xt = x.transpose(1, 2)  # [B, T, D] -> [B, D, T]
+    final = torch.cat([past, xt], dim=-1)[..., -W:].contiguous()  # [B, D, W], in x's dtype
     w = (weight if weight is not None else x.new_ones(D, W)).to(dtype)
-    y = F.conv1d(window, w.unsqueeze(1), None if bias is None else bias.to(dtype), groups=D)
-    y = _activate(y.transpose(1, 2), activation)  # [B, T, D]
+    b = None if bias is None else bias.to(dtype)
+    y, _ = shared_conv1d(xt.to(dtype), w, b, past[..., 1:].to(dtype))  # the oldest slot unread
+    y = conv_activation(y.transpose(1, 2), activation)  # [B, D, T] -> [B, T, D]
     return y.to(x.dtype), final
-
-
-def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
-    if activation in ("swish", "silu"):
-        return F.silu(y)
-    if activation is None:
-        return y
-    raise ValueError(f"activation must be 'swish', 'silu' or None, got {activation!r}")
 
 
 def causal_conv1d_update(
@@ -165,7 +157,9 @@ def causal_conv1d_update(
     """One decoding step of ``causal_conv1d``; updates ``cache`` [N, D, W] in place, as fla's.
 
     The cache shifts one slot left and takes x in its last; ``y = act(sum_j w_j cache_j + b)``
-    (+ residual). x is [N, D], [1, N, D] or [N, 1, D] (one token per sequence).
+    (+ residual). x is [N, D], [1, N, D] or [N, 1, D] (one token per sequence). The sum of
+    products, then the bias, as fla's kernel (``linattn.ops.functional.causal_conv1d``'s
+    conv1d rounds differently in float32).
     """
     shape = x.shape
     D = cache.shape[1]
@@ -176,7 +170,7 @@ def causal_conv1d_update(
     y = (cache.to(dtype) * w).sum(-1)  # [N, D]
     if bias is not None:
         y = y + bias.to(dtype)
-    y = _activate(y, activation)
+    y = conv_activation(y, activation)
     if residual is not None:
         y = y + residual.reshape(y.shape).to(dtype)
     return y.to(x.dtype).view(shape), cache
@@ -272,9 +266,9 @@ def layer_norm_gated(
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6, output_dtype: torch.dtype | None = None):
-    """fla's ``l2norm``: ``x / sqrt(sum(x^2) + eps)`` over the last dimension."""
-    h = x.to(compute_dtype(x.dtype))
-    y = h * torch.rsqrt(h.square().sum(-1, keepdim=True) + eps)
+    """fla's ``l2norm``: ``x / sqrt(sum(x^2) + eps)`` over the last dimension, computed in
+    float32 (float64 stays), returned in x's dtype or ``output_dtype``."""
+    y = shared_l2norm(x.to(compute_dtype(x.dtype)), eps)
     return y.to(x.dtype if output_dtype is None else output_dtype)
 
 

@@ -25,13 +25,35 @@ def require(module: nn.Module, **expected: object) -> None:
 
 def fla_short_conv(module: nn.Module) -> Tensor | None:
     """fla's three short convolutions (``q_conv1d``, ``k_conv1d``, ``v_conv1d``, weights
-    [C, 1, kernel] each, no bias) as our one convolution over [q | k | v]; None without them."""
+    [C, 1, kernel] each, no bias, SiLU) as our one convolution over [q | k | v]; None without
+    them."""
     if not module.use_short_conv:
         return None
     convs = (module.q_conv1d, module.k_conv1d, module.v_conv1d)
-    if any(conv.bias is not None for conv in convs):
-        raise ValueError(f"{type(module).__name__} with conv_bias=True is not supported")
+    if any(c.bias is not None or c.activation not in ("silu", "swish") for c in convs):
+        raise ValueError(
+            f"{type(module).__name__}: only fla's short convolutions without bias, with SiLU, "
+            "are supported"
+        )
     return torch.cat([conv.weight for conv in convs], dim=0)  # [C_q + C_k + C_v, 1, kernel]
+
+
+def load_fla(layer: nn.Module, module: nn.Module, weights: dict[str, Tensor], gate: bool):
+    """``load`` fla's q, k, v and output projections, its output gate's ``g_proj`` (``gate``)
+    and its three short convolutions into ``layer``, with ``weights``: the layer's others."""
+    weights = {
+        "q_proj.weight": module.q_proj.weight,
+        "k_proj.weight": module.k_proj.weight,
+        "v_proj.weight": module.v_proj.weight,
+        "o_proj.weight": module.o_proj.weight,
+        **weights,
+    }
+    if gate:
+        weights["g_proj.weight"] = module.g_proj.weight
+    conv = fla_short_conv(module)
+    if conv is not None:
+        weights["conv.weight"] = conv
+    return load(layer, weights, module.q_proj.weight)
 
 
 def load(layer: nn.Module, weights: dict[str, Tensor], like: Tensor) -> nn.Module:

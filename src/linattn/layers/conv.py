@@ -35,7 +35,7 @@ class GatedConvolution(TokenMixer):
 
     def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
         """``conv``: the last ``kernel_size - 1`` inputs, [B, d_model, kernel_size - 1]."""
-        return {"conv": ((batch_size, self.d_model, self.conv.kernel_size - 1), dtype)}
+        return {"conv": (self.conv.state_shape(batch_size), dtype)}
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
         filtered, conv_state = self.conv(x, None if state is None else state["conv"])  # [B, T, d]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from linattn.layers._reference import fla_short_conv
+
 
 def _copy(target: Tensor, source: Tensor, name: str) -> None:
     """target <- source, which must have the same number of elements (reshaped to target's)."""
@@ -22,6 +24,12 @@ def _copy(target: Tensor, source: Tensor, name: str) -> None:
         )
     with torch.no_grad():
         target.copy_(source.detach().reshape(target.shape))
+
+
+def _copy_all(pairs: list[tuple[Tensor, Tensor, str]]) -> None:
+    """``_copy`` each (ours, theirs, their name)."""
+    for target, source, name in pairs:
+        _copy(target, source, name)
 
 
 def _check_type(module: nn.Module, name: str, library: str = "transformers") -> None:
@@ -85,8 +93,7 @@ def gated_deltanet_from_qwen3_next(cls: type, module: nn.Module, **kwargs) -> nn
         (layer.o_norm.weight, module.norm.weight, "norm.weight"),
         (layer.o_proj.weight, module.out_proj.weight, "out_proj.weight"),
     ]
-    for target, source, name in pairs:
-        _copy(target, source, name)
+    _copy_all(pairs)
     if module.conv1d.bias is not None:
         raise ValueError("a short convolution with a bias is not supported")
     return layer
@@ -126,8 +133,7 @@ def kda_from_kimi_linear(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     ]
     if module.g_b_proj.bias is not None:
         pairs.append((layer.g_proj[1].bias, module.g_b_proj.bias, "g_b_proj.bias"))
-    for target, source, name in pairs:
-        _copy(target, source, name)
+    _copy_all(pairs)
     return layer
 
 
@@ -200,8 +206,7 @@ def gated_attention_from_qwen3_next(cls: type, module: nn.Module, **kwargs) -> n
     if module.q_proj.bias is not None:
         q_bias, z_bias = module.q_proj.bias.view(H, 2 * D).split([D, D], dim=1)
         pairs += [(layer.q_proj.bias, q_bias, "q_proj.bias"), (layer.g_proj.bias, z_bias, "bias")]
-    for target, source, name in pairs:
-        _copy(target, source, name)
+    _copy_all(pairs)
     for name in ("k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
         _copy_module(getattr(layer, name), getattr(module, name), name)
     return layer
@@ -216,17 +221,23 @@ def _copy_module(ours: nn.Module, theirs: nn.Module, name: str) -> None:
         _copy(p, theirs_params[n], f"{name}.{n}")
 
 
-def _conv_from_fla(module: nn.Module) -> Tensor | None:
-    """fla's three short convolutions (q, k, v) as our one depthwise convolution over [q | k | v]
-    (None without them)."""
-    if not module.use_short_conv:
-        return None
-    convs = (module.q_conv1d, module.k_conv1d, module.v_conv1d)
-    if any(c.bias is not None for c in convs) or any(
-        c.activation not in ("silu", "swish") for c in convs
-    ):
-        raise ValueError("only fla's short convolutions without bias, with SiLU, are supported")
-    return torch.cat([c.weight for c in convs], dim=0)  # [2HK + HV V, 1, kernel]
+def _fla_pairs(layer: nn.Module, module: nn.Module) -> list[tuple[Tensor, Tensor, str]]:
+    """What fla's delta-rule layers and ours share by name: the q, k, v, beta and output
+    projections, the decay's A_log and dt_bias, the output norm, and fla's three short
+    convolutions as our one."""
+    pairs = [
+        (getattr(layer, name).weight, getattr(module, name).weight, name)
+        for name in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj")
+    ]
+    pairs += [
+        (layer.decay.A_log, module.A_log, "A_log"),
+        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
+        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
+    ]
+    conv = fla_short_conv(module)
+    if conv is not None:
+        pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
+    return pairs
 
 
 def _fla_common(module: nn.Module) -> dict:
@@ -257,23 +268,12 @@ def gated_deltanet_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module
     )
     layer = _like(layer, module)
     pairs = [
-        (layer.q_proj.weight, module.q_proj.weight, "q_proj"),
-        (layer.k_proj.weight, module.k_proj.weight, "k_proj"),
-        (layer.v_proj.weight, module.v_proj.weight, "v_proj"),
-        (layer.b_proj.weight, module.b_proj.weight, "b_proj"),
+        *_fla_pairs(layer, module),
         (layer.decay.a_proj.weight, module.a_proj.weight, "a_proj"),
-        (layer.decay.A_log, module.A_log, "A_log"),
-        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
-        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
-        (layer.o_proj.weight, module.o_proj.weight, "o_proj"),
     ]
     if module.use_gate:
         pairs.append((layer.g_proj.weight, module.g_proj.weight, "g_proj"))
-    conv = _conv_from_fla(module)
-    if conv is not None:
-        pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
-    for target, source, name in pairs:
-        _copy(target, source, name)
+    _copy_all(pairs)
     return layer
 
 
@@ -289,24 +289,13 @@ def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     )
     layer = _like(layer, module)
     pairs = [
-        (layer.q_proj.weight, module.q_proj.weight, "q_proj"),
-        (layer.k_proj.weight, module.k_proj.weight, "k_proj"),
-        (layer.v_proj.weight, module.v_proj.weight, "v_proj"),
-        (layer.b_proj.weight, module.b_proj.weight, "b_proj"),
+        *_fla_pairs(layer, module),
         (layer.decay.a_proj[0].weight, module.f_proj[0].weight, "f_proj.0"),
         (layer.decay.a_proj[1].weight, module.f_proj[1].weight, "f_proj.1"),
-        (layer.decay.A_log, module.A_log, "A_log"),
-        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
         (layer.g_proj[0].weight, module.g_proj[0].weight, "g_proj.0"),
         (layer.g_proj[1].weight, module.g_proj[1].weight, "g_proj.1"),
-        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
-        (layer.o_proj.weight, module.o_proj.weight, "o_proj"),
     ]
     if module.g_proj[1].bias is not None:
         pairs.append((layer.g_proj[1].bias, module.g_proj[1].bias, "g_proj.1.bias"))
-    conv = _conv_from_fla(module)
-    if conv is not None:
-        pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
-    for target, source, name in pairs:
-        _copy(target, source, name)
+    _copy_all(pairs)
     return layer

@@ -18,15 +18,15 @@ heads; beta, the decays and the memory are per value head.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from linattn import ops
-from linattn.layers._reference import check_type, fla_short_conv, load, require
+from linattn.layers._reference import check_type, load_fla, require
 from linattn.layers.mixer import resolve_head_dim
-from linattn.layers.modules import DecayGate, l2norm
+from linattn.layers.modules import DecayGate
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops.checks import flag
+from linattn.ops.functional import l2norm, write_strength
 
 
 class DeltaNet(RecurrentMixer):
@@ -70,8 +70,7 @@ class DeltaNet(RecurrentMixer):
     def beta(self, x: Tensor) -> Tensor:
         """The write strength: x [B, T, d_model] -> sigmoid(b_proj x) [B, T, HV], times 2 with
         ``allow_neg_eigval``."""
-        beta = torch.sigmoid(self.b_proj(x))
-        return 2.0 * beta if self.allow_neg_eigval else beta
+        return write_strength(self.b_proj(x), self.allow_neg_eigval)
 
     def recurrence(self, x, q, k, v, mode, S, keep):
         # q, k [B, T, H, K] with v [B, T, HV, V]: the op reads grouped value heads in place
@@ -110,20 +109,8 @@ class DeltaNet(RecurrentMixer):
             output_gate=module.use_gate,
             norm_eps=module.o_norm.eps,
         )
-        weights = {
-            "q_proj.weight": module.q_proj.weight,
-            "k_proj.weight": module.k_proj.weight,
-            "v_proj.weight": module.v_proj.weight,
-            "b_proj.weight": module.b_proj.weight,
-            "o_norm.weight": module.o_norm.weight,
-            "o_proj.weight": module.o_proj.weight,
-        }
-        if module.use_gate:
-            weights["g_proj.weight"] = module.g_proj.weight
-        conv = fla_short_conv(module)
-        if conv is not None:
-            weights["conv.weight"] = conv
-        return load(layer, weights, module.q_proj.weight)
+        weights = {"b_proj.weight": module.b_proj.weight, "o_norm.weight": module.o_norm.weight}
+        return load_fla(layer, module, weights, gate=module.use_gate)
 
 
 def _value_dim(head_dim: int, expand_v: float) -> int:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from linattn import features, ops
-from linattn.layers._reference import check_type, fla_short_conv, load, require
+from linattn.layers._reference import check_type, load_fla, require
 from linattn.layers.modules import DecayGate
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops.checks import flag
@@ -205,21 +205,12 @@ class GatedLinearAttention(LinearAttention):
             norm_eps=norm.eps,
         )
         weights = {
-            "q_proj.weight": module.q_proj.weight,
-            "k_proj.weight": module.k_proj.weight,
-            "v_proj.weight": module.v_proj.weight,
             "decay.a_proj.0.weight": module.gk_proj[0].weight,
             "decay.a_proj.1.weight": module.gk_proj[1].weight,
             "decay.a_proj.1.bias": module.gk_proj[1].bias,
             "o_norm.weight": norm.weight,
-            "o_proj.weight": module.o_proj.weight,
         }
-        if module.use_output_gate:
-            weights["g_proj.weight"] = module.g_proj.weight
-        conv = fla_short_conv(module)
-        if conv is not None:
-            weights["conv.weight"] = conv
-        return load(layer, weights, module.q_proj.weight)
+        return load_fla(layer, module, weights, gate=module.use_output_gate)
 
 
 def _per_head(name: str, d_model: int, n_heads: int, expand: float) -> int:

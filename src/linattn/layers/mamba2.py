@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from linattn import ops
 from linattn.layers.mixer import State, StateSpec, TokenMixer, check_positive, state_dtype
 from linattn.layers.modules import ShortConvolution
+from linattn.ops import functional
 from linattn.ops.checks import flag
 
 
@@ -154,7 +155,7 @@ class Mamba2(TokenMixer):
         H, N, P = self.n_heads, self.d_state, self.head_dim
         return {
             "S": ((batch_size, H, N, P), state_dtype(dtype)),
-            "conv": ((batch_size, self.conv_dim, self.d_conv - 1), dtype),
+            "conv": (self.conv.state_shape(batch_size), dtype),
         }
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
@@ -191,9 +192,8 @@ class Mamba2(TokenMixer):
 
     def step_size(self, dt: Tensor) -> Tensor:
         """dt [B, T, H] -> clamp(softplus(dt + dt_bias), dt_limit), in the state dtype."""
-        dt = F.softplus((dt + self.dt_bias).to(state_dtype(dt.dtype)))
-        low, high = self.dt_limit
-        return dt if (low, high) == (0.0, math.inf) else dt.clamp(low, high)
+        dtype = state_dtype(dt.dtype)
+        return functional.step_size(dt, self.dt_bias, dtype=dtype, limit=self.dt_limit)
 
     # -- weights of the reference implementations --------------------------------------------
 
@@ -203,28 +203,28 @@ class Mamba2(TokenMixer):
         if type(module).__name__ != "Mamba2Mixer":
             name = type(module).__name__
             raise TypeError(f"module must be a transformers Mamba2Mixer, got {name}")
-        if module.activation not in ("silu", "swish"):
-            raise ValueError(f"only the SiLU activation is supported, got {module.activation!r}")
-        layer = cls(
-            module.hidden_size,
-            module.ssm_state_size,
-            module.conv_kernel_size,
-            module.intermediate_size // module.hidden_size,
-            module.head_dim,
-            module.n_groups,
-            dt_limit=tuple(module.time_step_limit),
-            conv_bias=module.use_conv_bias,
-            bias=module.use_bias,
-            norm_eps=module.layer_norm_epsilon,
-            chunk_size=module.chunk_size,
+        return cls._from_reference(
+            module, dt_limit=tuple(module.time_step_limit), norm_eps=module.layer_norm_epsilon
         )
-        return layer._load_reference(module)
 
     @classmethod
     def from_fla(cls, module: nn.Module) -> Mamba2:
         """A ``Mamba2`` with the options and weights of fla's ``Mamba2`` layer."""
         if type(module).__name__ != "Mamba2" or not hasattr(module, "ssm_state_size"):
             raise TypeError(f"module must be fla's Mamba2 layer, got {type(module).__name__}")
+        return cls._from_reference(
+            module,
+            D_has_hdim=module.D_has_hdim,
+            rmsnorm=module.rmsnorm,
+            norm_before_gate=module.norm_before_gate,
+            dt_limit=tuple(module.dt_limit),
+            norm_eps=module.norm_eps,
+        )
+
+    @classmethod
+    def _from_reference(cls, module: nn.Module, **options) -> Mamba2:
+        """A ``Mamba2`` with the sizes of a reference mixer (transformers' and fla's share these
+        attribute names), its other ``options``, and its weights."""
         if module.activation not in ("silu", "swish"):
             raise ValueError(f"only the SiLU activation is supported, got {module.activation!r}")
         layer = cls(
@@ -234,14 +234,10 @@ class Mamba2(TokenMixer):
             module.intermediate_size // module.hidden_size,
             module.head_dim,
             module.n_groups,
-            D_has_hdim=module.D_has_hdim,
-            rmsnorm=module.rmsnorm,
-            norm_before_gate=module.norm_before_gate,
-            dt_limit=tuple(module.dt_limit),
             conv_bias=module.use_conv_bias,
             bias=module.use_bias,
-            norm_eps=module.norm_eps,
             chunk_size=module.chunk_size,
+            **options,
         )
         return layer._load_reference(module)
 

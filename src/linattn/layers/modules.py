@@ -10,6 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn.layers.mixer import check_positive
+from linattn.ops.functional import causal_conv1d, decay_gate, l2norm
+
+__all__ = ["DecayGate", "GatedRMSNorm", "ShortConvolution", "l2norm", "low_rank"]
 
 
 class ShortConvolution(nn.Module):
@@ -36,15 +39,16 @@ class ShortConvolution(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
+    def state_shape(self, batch_size: int) -> tuple[int, int, int]:
+        """The generation state's shape, [B, channels, kernel - 1]: the last kernel - 1 inputs."""
+        return batch_size, self.channels, self.kernel_size - 1
+
     def forward(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x: [B, T, C], state: [B, C, kernel - 1] or None (zeros) -> (y: [B, T, C], new state)."""
-        B, T, C = x.shape
-        x = x.transpose(1, 2)  # [B, C, T]
-        if state is None:
-            state = x.new_zeros(B, C, self.kernel_size - 1)
-        padded = torch.cat([state.to(x.dtype), x], dim=2)  # [B, C, kernel - 1 + T]
-        y = F.conv1d(padded, self.weight.to(x.dtype), groups=C)  # [B, C, T]
-        new_state = padded[:, :, padded.shape[2] - (self.kernel_size - 1) :]
+        x = x.transpose(1, 2)  # [B, T, C] -> [B, C, T]
+        state = None if state is None else state.to(x.dtype)
+        weight = self.weight.to(x.dtype)[:, 0]  # [C, 1, kernel] -> [C, kernel]
+        y, new_state = causal_conv1d(x, weight, state=state)  # [B, C, T], [B, C, kernel - 1]
         y = F.silu(y) if self.activation == "silu" else y
         return y.transpose(1, 2), new_state
 
@@ -72,12 +76,6 @@ class GatedRMSNorm(nn.Module):
             return o
         act = F.silu(gate) if self.activation == "silu" else torch.sigmoid(gate)
         return o * act
-
-
-def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """``x / sqrt(||x||^2 + eps)`` over the last axis: the query/key normalisation of fla's and
-    transformers' delta-rule layers (``use_qk_l2norm_in_kernel``), eps 1e-6 inside the root."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 def low_rank(d_in: int, rank: int, d_out: int, bias: bool = False) -> nn.Sequential:
@@ -132,8 +130,8 @@ class DecayGate(nn.Module):
         a = self.a_proj(x)  # [B, T, H] or [B, T, H*K]
         if self.kind == "gla":
             return (F.logsigmoid(a) / 16.0).view(B, T, self.n_heads, self.key_dim)
-        g = F.softplus(a + self.dt_bias)
         if self.kind == "scalar":
-            return -torch.exp(self.A_log) * g  # [B, T, H]
-        g = g.view(B, T, self.n_heads, self.key_dim)  # [B, T, H, K]
-        return -torch.exp(self.A_log)[:, None] * g
+            return decay_gate(a, self.A_log, self.dt_bias)  # [B, T, H]
+        H, K = self.n_heads, self.key_dim
+        # [B, T, H*K] -> [B, T, H, K]; A_log per head, dt_bias per channel
+        return decay_gate(a.view(B, T, H, K), self.A_log[:, None], self.dt_bias.view(H, K))

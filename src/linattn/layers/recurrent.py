@@ -121,7 +121,7 @@ class RecurrentMixer(TokenMixer):
             "S": ((batch_size, self.num_v_heads, *self.memory_shape()), state_dtype(dtype))
         }
         if self.conv is not None:
-            spec["conv"] = ((batch_size, self.conv.channels, self.conv.kernel_size - 1), dtype)
+            spec["conv"] = (self.conv.state_shape(batch_size), dtype)
         return spec
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:

@@ -78,7 +78,7 @@ class SoftmaxAttention(TokenMixer):
         shape = (batch_size, 0, self.n_heads, self.head_dim)
         spec: StateSpec = {"k": (shape, dtype), "v": (shape, dtype)}
         if self.conv is not None:
-            spec["conv"] = ((batch_size, self.conv.channels, self.conv.kernel_size - 1), dtype)
+            spec["conv"] = (self.conv.state_shape(batch_size), dtype)
         return spec
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
-
-
-def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(|x|^2 + eps) along the last dimension (the keys and queries of DeltaNet)."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+from linattn.ops.functional import l2norm
 
 
 def delta_rule(
