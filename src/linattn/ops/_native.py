@@ -8,7 +8,7 @@ the same algebra as ``chunk_function`` and is checked against it and against flo
 of DESIGN.md's table the same way, from the chunk states this forward saves (``library`` calls
 both through ``kernel``). ``recurrent_step`` is the generation step with its checks in one call.
 
-The sources (``csrc/*.cpp`` and their headers; ``csrc/kernels.h`` says which file holds what) are
+The sources (``csrc/**/*.cpp`` and their headers; ``csrc/kernels.h`` says which file holds what) are
 compiled together with ``torch.utils.cpp_extension`` the first time they are needed, with the
 machine-tuned constants of ``tuning`` passed as ``-D`` defines (``DEFINES``; part of the build's
 name, so a changed value builds anew). It takes a minute or so, said on stderr when it starts;
@@ -45,8 +45,9 @@ from torch import Tensor
 from linattn.ops import tuning
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = sorted(CSRC.glob("*.cpp"))  # compiled together into one extension
-FILES = sorted([*SOURCES, *CSRC.glob("*.h")])  # everything a build depends on
+# Compiled together into one extension: csrc/ and its subfolders (csrc/rules/: a file per rule).
+SOURCES = sorted(CSRC.rglob("*.cpp"))
+FILES = sorted([*SOURCES, *CSRC.rglob("*.h")])  # everything a build depends on
 # The machine-tuned constants of the kernels (``csrc/tuning.h`` checks that each is defined).
 DEFINES = {
     "LINATTN_MAX_CHUNK": tuning.MAX_CHUNK,
@@ -248,8 +249,9 @@ def applies(q: Tensor) -> bool:
 def kernel(name: str):
     """The compiled op ``torch.ops.linattn_native.<name>`` (its schema in ``csrc/ops.cpp``); a
     clear error where the fused code is unavailable. ``library``'s kernels call
-    ``chunk_forward`` and ``chunk_backward`` (internal layout as in ``chunk_function``, any
-    strides: the kernels check every shape and copy a layout their BLAS cannot read in place)."""
+    ``chunk_forward`` and ``chunk_backward`` (internal layout as in ``chunk_function``, the
+    mechanism as ``rule`` and ``gate``, any strides: the kernels check every shape and copy a
+    layout their BLAS cannot read in place)."""
     if not available():
         raise RuntimeError(f"linattn: the fused CPU chunk form is unavailable ({reason()})")
     return getattr(torch.ops.linattn_native, name)

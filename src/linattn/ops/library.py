@@ -4,9 +4,14 @@ Two ops in the namespace ``linattn`` (spec sections 5.1 and 8; the internal layo
 ``chunk_function``: q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K];
 HV = G H grouped value heads, value head j reading q/k head j // G in place, G = 1 the plain case):
 
-    linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep) -> (o, S, states)
-    linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C)
+    linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep, rule, gate) -> (o, S, states)
+    linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C, rule, gate)
         -> (dq, dk, dv, dbeta, dg, dS0)
+
+rule ("additive" | "delta") and gate ("none" | "head" | "channel") are the mechanism the public
+op resolved (``Mechanism.of``), passed down in the schema: nothing below reads it from the
+tensors, whose presence and widths are checked against it (beta given for the delta rule alone,
+g [..., 1] for a gate per head, [..., K] per channel).
 
 o [B, HV, T, V] is a view of a [B, T, HV, V] tensor; S [B, HV, K, V] the final state; states
 [ceil(T / C), B HV, K, V] the state entering every chunk (``keep``; else an empty tensor), which the
@@ -38,9 +43,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from linattn.ops import _native, tuning
 from linattn.ops.chunk_function import ChunkFunction, _differentiable_backward
-from linattn.ops.mechanism import Mechanism
+from linattn.ops.mechanism import GATES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
+RULES = ("additive", "delta")  # the ops' ``rule`` argument; index: ``Mechanism.delta``
 
 
 def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
@@ -53,9 +59,26 @@ def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) ->
         raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
 
 
-def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int, int, int, int]:
+def mechanism(rule: str, gate: str) -> Mechanism:
+    """The ``Mechanism`` that the ops' ``rule`` and ``gate`` arguments name."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    return Mechanism(rule == "delta", gate)
+
+
+def schema_args(mech: Mechanism) -> tuple[str, str]:
+    """The ops' ``rule`` and ``gate`` arguments for ``mech``."""
+    return RULES[mech.delta], mech.gate
+
+
+def _check_inputs(
+    q, k, v, beta, g, scale: float, C: int, rule: str, gate: str
+) -> tuple[int, int, int, int, int, int]:
     """The checks both ops share, before any work (the fake kernels run them too): shapes, one
-    dtype and device, a finite scale and the chunk size; (B, H, HV, T, K, V).
+    dtype and device, the mechanism's beta and g, a finite scale and the chunk size;
+    (B, H, HV, T, K, V).
 
     Grouped value heads: v, beta, g (and the states) have HV = G H heads, q and k H; value head
     j reads q/k head j // G in place (G = 1 the plain case)."""
@@ -74,11 +97,16 @@ def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int
             f"(grouped value heads), got {tuple(v.shape)}"
         )
     _like("v", v, q, (B, HV, T, V), "[B, HV, T, V]")
+    mech = mechanism(rule, gate)
+    if (beta is not None) != mech.delta:
+        raise ValueError(f"beta must be {'given' if mech.delta else 'None'} for the {rule} rule")
     if beta is not None:
         _like("beta", beta, q, (B, HV, T), "[B, HV, T]")
+    if (g is not None) != mech.decays:
+        raise ValueError(f"g must be {'given' if mech.decays else 'None'} for the gate {gate!r}")
     if g is not None:
-        width = g.shape[-1] if isinstance(g, Tensor) and g.dim() == 4 else 1
-        _like("g", g, q, (B, HV, T, width if width in (1, K) else 1), "[B, HV, T, 1 | K]")
+        width, dims = (1, "[B, HV, T, 1]") if gate == "head" else (K, "[B, HV, T, K]")
+        _like("g", g, q, (B, HV, T, width), dims)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     if not 1 <= C <= tuning.MAX_CHUNK:
@@ -123,12 +151,14 @@ def _empty(x: Tensor) -> Tensor:
     return x.new_empty(0)
 
 
-def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tuple:
+def forward_kernel(
+    q, k, v, beta, g, S0, scale: float, C: int, keep: bool, rule: str, gate: str
+) -> tuple:
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
     tensors where it is available, else the PyTorch group loop."""
     if _native.applies(q):
-        return _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep)
-    mech = Mechanism.internal(beta, g)
+        return _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
+    mech = mechanism(rule, gate)
     ctx = _LoopContext((keep,) * 6, scale, C, mech)
     with torch.no_grad():
         o, S = ChunkFunction.forward(ctx, q, k, v, beta, g, S0, scale, C, mech)
@@ -137,16 +167,28 @@ def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tu
 
 
 def backward_kernel(
-    q, k, v, beta, g, states, d_o, dS, scale: float, C: int, needs: tuple[bool, ...] = (True,) * 6
+    q,
+    k,
+    v,
+    beta,
+    g,
+    states,
+    d_o,
+    dS,
+    scale: float,
+    C: int,
+    rule: str,
+    gate: str,
+    needs: tuple[bool, ...] = (True,) * 6,
 ) -> tuple:
     """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``), with None for
     dbeta without beta and dg without g. The PyTorch loop computes only the gradients ``needs``
     marks (q, k, v, beta, g, S0), None for the others; the fused loop computes all of them."""
     if _native.applies(q):
         run = _native.kernel("chunk_backward")
-        dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C)
+        dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
         return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
-    ctx = _LoopContext(tuple(needs), scale, C, Mechanism.internal(beta, g))
+    ctx = _LoopContext(tuple(needs), scale, C, mechanism(rule, gate))
     ctx.saved_tensors = (q, k, v, beta, g, None, states)
     with torch.no_grad():
         *grads, dS0 = ChunkFunction.gradients(ctx, d_o, dS)[:6]
@@ -164,16 +206,18 @@ def chunk_forward(
     scale: float,
     C: int,
     keep: bool,
+    rule: str,
+    gate: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o, the final state and (keep) the state entering every chunk; see the module docstring."""
-    B, _, HV, _, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    B, _, HV, _, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
-    return forward_kernel(q, k, v, beta, g, S0, scale, C, keep)
+    return forward_kernel(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
 
 
 @chunk_forward.register_fake
-def _(q, k, v, beta, g, S0, scale, C, keep):
-    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+def _(q, k, v, beta, g, S0, scale, C, keep, rule, gate):
+    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
     n_chunks = -(-T // min(C, max(T, 1)))
     o = q.new_empty(B, T, HV, V).transpose(1, 2)
@@ -181,8 +225,10 @@ def _(q, k, v, beta, g, S0, scale, C, keep):
     return o, q.new_empty(B, HV, K, V), states
 
 
-def _check_backward(q, k, v, beta, g, states, d_o, dS, scale: float, C: int) -> None:
-    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+def _check_backward(
+    q, k, v, beta, g, states, d_o, dS, scale: float, C: int, rule: str, gate: str
+) -> None:
+    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     n_chunks = -(-T // min(C, max(T, 1)))
     _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]")
     _like("d_o", d_o, q, (B, HV, T, V), "[B, HV, T, V]")
@@ -201,19 +247,22 @@ def chunk_backward(
     dS: Tensor,
     scale: float,
     C: int,
+    rule: str,
+    gate: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, dbeta (empty without beta), dg (empty without g) and dS0 from the states
     ``chunk_forward`` kept and the gradients d_o, dS of its outputs."""
-    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
-    dq, dk, dv, dbeta, dg, dS0 = backward_kernel(q, k, v, beta, g, states, d_o, dS, scale, C)
+    args = (q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
+    _check_backward(*args)
+    dq, dk, dv, dbeta, dg, dS0 = backward_kernel(*args)
     dbeta = _empty(q) if dbeta is None else _public(dbeta)  # the fake kernel's layouts
     dg = _empty(q) if dg is None else _public(dg)
     return _public(dq), _public(dk), _public(dv), dbeta, dg, dS0
 
 
 @chunk_backward.register_fake
-def _(q, k, v, beta, g, states, d_o, dS, scale, C):
-    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
+def _(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate):
+    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
 
     def public(x: Tensor) -> Tensor:  # [B, T, H, ...] seen as [B, H, T, ...]
         return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2)
@@ -224,10 +273,9 @@ def _(q, k, v, beta, g, states, d_o, dS, scale, C):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, beta, g, S0, scale, C, _ = inputs
-    # The op's schema gives the mechanism by which of beta and g are passed and g's last axis
-    # (1: a gate per head); the public op resolved the same one (``Mechanism.of``).
-    ctx.scale, ctx.C, ctx.mech = scale, C, Mechanism.internal(beta, g)
+    q, k, v, beta, g, S0, scale, C, _, rule, gate = inputs
+    # The mechanism the public op resolved (``Mechanism.of``), as the op's schema passes it.
+    ctx.scale, ctx.C, ctx.mech = scale, C, mechanism(rule, gate)
     ctx.save_for_backward(q, k, v, beta, g, S0, output[2])
     ctx.mark_non_differentiable(output[2])
     # Not materialised: autograd would pass a zero tensor of the states' size for their (never
@@ -244,20 +292,21 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
         d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
     if torch.is_grad_enabled():
         # create_graph=True: gradients that can be differentiated again (issue 18).
-        return (*_differentiable_backward(ctx, d_o, d_S), None)
+        return (*_differentiable_backward(ctx, d_o, d_S), None, None, None)
+    mech = schema_args(ctx.mech)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
     traced = tracing(d_o)
     if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
         forward = chunk_forward if traced else forward_kernel
-        _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True)
-    args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C)
+        _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True, *mech)
+    args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C, *mech)
     if not traced:  # the loop computes only the gradients needed
-        return (*backward_kernel(*args, ctx.needs_input_grad[:6]), None, None, None)
+        return (*backward_kernel(*args, ctx.needs_input_grad[:6]), None, None, None, None, None)
     dq, dk, dv, dbeta, dg, dS0 = chunk_backward(*args)
     dbeta = None if beta is None else dbeta
     dg = None if g is None else dg
-    return dq, dk, dv, dbeta, dg, dS0, None, None, None
+    return dq, dk, dv, dbeta, dg, dS0, None, None, None, None, None
 
 
 chunk_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -284,10 +333,12 @@ def chunk(
     g: Tensor | None,
     initial_state: Tensor | None,
     chunk_size: int,
-    scale: float = 1.0,
+    scale: float,
+    mech: Mechanism,
 ) -> tuple[Tensor, Tensor]:
-    """The chunk form as the op ``linattn::chunk_forward`` with its backward (internal layout; the
-    public ops have checked the inputs); o [B, H, T, V] and the final state. The states of the
+    """The chunk form of the mechanism ``mech`` as the op ``linattn::chunk_forward`` with its
+    backward (internal layout; the public ops have checked the inputs and resolved ``mech``); o
+    [B, H, T, V] and the final state. The states of the
     chunks are kept only where a gradient can flow back. Traced (torch.compile, torch.export):
     the op itself; eager: its kernel and backward called directly (``_EagerChunk``), which saves
     the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost."""
@@ -296,6 +347,6 @@ def chunk(
     S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
     inputs = (q, k, v, beta, g, S0)
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
-    args = (q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep)
+    args = (q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep, *schema_args(mech))
     o, S, _ = chunk_forward(*args) if tracing(q) else _EagerChunk.apply(*args)
     return o, S

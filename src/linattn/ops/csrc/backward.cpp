@@ -62,6 +62,8 @@
 namespace linattn_native {
 namespace {
 
+constexpr const char* kBackwardOp = "linattn_native.chunk_backward";
+
 // Step 4's dU = A_qk^T dO + Ke dS' (dU [c, V], row stride lddu; for the additive rule, dv).
 void value_gradient(int c, int64_t K, int64_t V, const float* Aqk, int64_t C, const float* dO,
                     int64_t lddo, const float* Ke, int64_t ldke, const float* dS, float* dU,
@@ -89,6 +91,7 @@ void state_gradient_step(int c, int64_t kg, int64_t K, int64_t V, const float* D
 // The tensors of a backward call, checked, their rows where the BLAS reads them, and the
 // gradients it writes.
 struct BackwardTensors {
+  bool delta;  // the rule (the mechanism's; beta and dbeta are defined for the delta rule only)
   at::Tensor q, k, v, beta, g, d_o, states, dq, dk, dv, dg, dbeta, dS;
 };
 
@@ -127,7 +130,7 @@ struct ChunkBackward {
 
   ChunkBackward(const BackwardTensors& tensors, const Sizes& sz, int64_t gates, float s)
       : t(tensors), K(sz.K), V(sz.V), C(sz.C), P(sz.P), HV(sz.HV), G_(sz.G), T(sz.T), kg(gates),
-        kr(std::max<int64_t>(gates, 1)), delta(tensors.beta.defined()), gated(gates > 0),
+        kr(std::max<int64_t>(gates, 1)), delta(tensors.delta), gated(gates > 0),
         channel(gates > 1), scale(s), Ki(static_cast<int>(K)), Vi(static_cast<int>(V)),
         ldx(K + V), CC(C * C), CK(C * K), CG(C * kr), w(C, K, V), Gam(kg == 1 ? CC : 0),
         Aqk(CC), Akk(CC), L(CC), dA(CC), X(C * ldx), U(C * V), dU(C * V), dRk(CK), Qd(CK),
@@ -443,7 +446,7 @@ struct ChunkBackward {
 // computed again: the chain's slots hold only what it reads).
 void backward_split(const BackwardTensors& t, const Sizes& sz, int64_t kg, float scale) {
   const int64_t K = sz.K, V = sz.V, C = sz.C, P = sz.P, N = sz.N, KV = K * V;
-  const bool delta = t.beta.defined(), gated = kg > 0;
+  const bool delta = t.delta, gated = kg > 0;
   // Slot n P + p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W [C, K] (delta rule),
   // each at a 64-byte boundary (``padded``, layout.h).
   const int64_t CKp = padded(C * K), CCp = padded(C * C);
@@ -514,18 +517,17 @@ static at::Tensor group_sum(const at::Tensor& d, const Sizes& sz) {
   return d.transpose(1, 2).view({sz.B, sz.T, sz.H, sz.G, sz.K}).sum(3).transpose(1, 2);
 }
 
-// The checks of a ``chunk_backward`` call (on ``device``): its sizes and the gate width kg.
-std::pair<Sizes, int64_t> backward_sizes(c10::DeviceType device, const at::Tensor& q,
+// The checks of a ``chunk_backward`` call: its sizes and the gate width kg.
+std::pair<Sizes, int64_t> backward_sizes(const Mechanism& mech, const at::Tensor& q,
                                          const at::Tensor& k, const at::Tensor& v,
                                          const std::optional<at::Tensor>& beta,
                                          const std::optional<at::Tensor>& g,
                                          const at::Tensor& states, const at::Tensor& d_o,
                                          const at::Tensor& dS_final, double scale, int64_t C) {
-  const Checks check{"linattn_native.chunk_backward", device};
+  const Checks check{kBackwardOp};
   const Sizes sz(check, q, k, v, C);
   const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V;
-  if (beta.has_value()) check.shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
-  const int64_t kg = g.has_value() ? check.gate(*g, B, HV, T, K) : 0;
+  const int64_t kg = check.mechanism_inputs(mech, beta, g, B, HV, T, K);
   check.shape("states", states, {sz.N, sz.P, K, V}, "[ceil(T / C), B HV, K, V]");
   check.shape("d_o", d_o, {B, HV, T, V}, "[B, HV, T, V]");
   check.shape("dS_final", dS_final, {B, HV, K, V}, "[B, HV, K, V]");
@@ -537,15 +539,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
-    double scale_d, int64_t C64) {
+    double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate) {
+  const Mechanism mech = parse_mechanism(kBackwardOp, rule, gate);
   const std::pair<Sizes, int64_t> checked = backward_sizes(
-      c10::kCPU, q_in, k_in, v_in, beta_opt, g_opt, states_in, d_o_in, dS_final, scale_d, C64);
+      mech, q_in, k_in, v_in, beta_opt, g_opt, states_in, d_o_in, dS_final, scale_d, C64);
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
   const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
-  const bool delta = beta_opt.has_value();
+  const bool delta = mech.delta();
   const float scale = static_cast<float>(scale_d);
   BackwardTensors t;
+  t.delta = delta;
   t.q = blas_rows(q_in), t.k = blas_rows(k_in), t.v = blas_rows(v_in);
   t.d_o = blas_rows(d_o_in), t.states = states_in.contiguous();
   const at::TensorOptions options = t.q.options();
@@ -577,28 +581,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
   return {group_sum(t.dq, sz), group_sum(t.dk, sz), t.dv, delta ? t.dbeta : none(),
           kg > 0 ? t.dg : none(), t.dS.view({B, HV, K, V})};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-chunk_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
-                    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final,
-                    double scale, int64_t C) {
-  const std::pair<Sizes, int64_t> checked =
-      backward_sizes(c10::kMeta, q, k, v, beta, g, states, d_o, dS_final, scale, C);
-  const Sizes& sz = checked.first;
-  const int64_t kg = checked.second;
-  const at::TensorOptions options = q.options();
-  auto public_layout = [&](int64_t heads, int64_t D) {  // [B, T, H, D] seen as [B, H, T, D]
-    return at::empty({sz.B, sz.T, heads, D}, options).transpose(1, 2);
-  };
-  auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
-  return {public_layout(sz.H, sz.K),
-          public_layout(sz.H, sz.K),
-          public_layout(sz.HV, sz.V),
-          beta.has_value() ? at::empty({sz.B, sz.T, sz.HV}, options).transpose(1, 2) : none(),
-          kg > 0 ? public_layout(sz.HV, kg) : none(),
-          at::empty({sz.B, sz.HV, sz.K, sz.V}, options)};
 }
 
 }  // namespace linattn_native

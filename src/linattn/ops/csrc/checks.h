@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
+#include "mechanism.h"
 #include "tuning.h"
 
 namespace linattn_native {
@@ -36,14 +38,21 @@ struct Checks {
                 ", got ", x.sizes());
   }
 
-  // g: [B, H, T, 1] (one log-gate per token) or [B, H, T, K] (one per channel); its width.
-  int64_t gate(const at::Tensor& g, int64_t B, int64_t H, int64_t T, int64_t K) const {
-    float32_cpu("g", g);
-    TORCH_CHECK(g.dim() == 4 && (g.size(3) == 1 || g.size(3) == K), op,
-                ": g must be of shape [B, H, T, 1 | K] = [", B, ", ", H, ", ", T, ", 1 | ", K,
-                "], got ", g.sizes());
-    shape("g", g, {B, H, T, g.size(3)}, "[B, H, T, 1 | K]");
-    return g.size(3);
+  // beta and g as the mechanism has them: beta [B, HV, T] for the delta rule (None for the
+  // additive rule), g [B, HV, T, kg] with kg the gate's width (None without a gate); kg.
+  int64_t mechanism_inputs(const Mechanism& m, const std::optional<at::Tensor>& beta,
+                           const std::optional<at::Tensor>& g, int64_t B, int64_t HV, int64_t T,
+                           int64_t K) const {
+    TORCH_CHECK(beta.has_value() == m.delta(), op, ": beta must be ",
+                m.delta() ? "given for the delta rule" : "None for the additive rule");
+    if (beta.has_value()) shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
+    TORCH_CHECK(g.has_value() == m.gated(), op, ": g must be ",
+                m.gated() ? "given for a gate" : "None without a gate");
+    const int64_t kg = m.gate_width(K);
+    if (g.has_value()) {
+      shape("g", *g, {B, HV, T, kg}, m.gate == Gate::kHead ? "[B, HV, T, 1]" : "[B, HV, T, K]");
+    }
+    return kg;
   }
 };
 

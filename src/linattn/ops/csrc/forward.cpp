@@ -24,6 +24,8 @@
 namespace linattn_native {
 namespace {
 
+constexpr const char* kForwardOp = "linattn_native.chunk_forward";
+
 // Step o: the read of the incoming state plus the masked product inside the chunk,
 // o = Qd S + A_qk U (O [c, V], row stride ldo).
 void chunk_outputs(int c, int64_t K, int64_t V, const GatedRows& r, const float* S,
@@ -56,10 +58,11 @@ struct ForwardInputs {
   at::Tensor q, k, v, beta, g;
   const float *qp, *kp, *vp, *bp, *gp;
 
-  ForwardInputs(const Sizes& sizes, const at::Tensor& q_in, const at::Tensor& k_in,
-                const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
-                const std::optional<at::Tensor>& g_opt, int64_t gates)
-      : sz(sizes), delta(beta_opt.has_value()), kg(gates), q(blas_rows(q_in)),
+  ForwardInputs(const Sizes& sizes, bool delta_rule, const at::Tensor& q_in,
+                const at::Tensor& k_in, const at::Tensor& v_in,
+                const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
+                int64_t gates)
+      : sz(sizes), delta(delta_rule), kg(gates), q(blas_rows(q_in)),
         k(blas_rows(k_in)), v(blas_rows(v_in)), beta(delta ? *beta_opt : at::Tensor()),
         g(kg > 0 ? unit_rows(*g_opt) : at::Tensor()), qp(q.data_ptr<float>()),
         kp(k.data_ptr<float>()), vp(v.data_ptr<float>()),
@@ -228,16 +231,15 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
 
 }  // namespace
 
-// The checks of a ``chunk_forward`` call (on ``device``): its sizes and the gate width kg.
-std::pair<Sizes, int64_t> forward_sizes(c10::DeviceType device, const at::Tensor& q,
+// The checks of a ``chunk_forward`` call: its sizes and the gate width kg.
+std::pair<Sizes, int64_t> forward_sizes(const Mechanism& mech, const at::Tensor& q,
                                         const at::Tensor& k, const at::Tensor& v,
                                         const std::optional<at::Tensor>& beta,
                                         const std::optional<at::Tensor>& g, const at::Tensor& S0,
                                         double scale, int64_t C) {
-  const Checks check{"linattn_native.chunk_forward", device};
+  const Checks check{kForwardOp};
   const Sizes sz(check, q, k, v, C);
-  if (beta.has_value()) check.shape("beta", *beta, {sz.B, sz.HV, sz.T}, "[B, HV, T]");
-  const int64_t kg = g.has_value() ? check.gate(*g, sz.B, sz.HV, sz.T, sz.K) : 0;
+  const int64_t kg = check.mechanism_inputs(mech, beta, g, sz.B, sz.HV, sz.T, sz.K);
   check.shape("S0", S0, {sz.B, sz.HV, sz.K, sz.V}, "[B, HV, K, V]");
   checked_scale(check, scale);
   return {sz, kg};
@@ -246,14 +248,16 @@ std::pair<Sizes, int64_t> forward_sizes(c10::DeviceType device, const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
-    const at::Tensor& S0, double scale_d, int64_t C64, bool keep) {
+    const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
+    c10::string_view gate) {
+  const Mechanism mech = parse_mechanism(kForwardOp, rule, gate);
   const std::pair<Sizes, int64_t> checked =
-      forward_sizes(c10::kCPU, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64);
+      forward_sizes(mech, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64);
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
-  const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N, C = sz.C;
+  const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   const float scale = static_cast<float>(scale_d);
-  const ForwardInputs in(sz, q_in, k_in, v_in, beta_opt, g_opt, kg);
+  const ForwardInputs in(sz, mech.delta(), q_in, k_in, v_in, beta_opt, g_opt, kg);
 
   at::Tensor o = fresh_public(sz, V, in.q.options());
   // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).
@@ -272,17 +276,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   }
   if (!keep) states = at::empty({0}, in.q.options());
   return {o, S.view({B, HV, K, V}), states};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward_meta(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
-    const at::Tensor& S0, double scale, int64_t C, bool keep) {
-  const Sizes sz = forward_sizes(c10::kMeta, q, k, v, beta, g, S0, scale, C).first;
-  const at::TensorOptions options = q.options();
-  return {at::empty({sz.B, sz.T, sz.HV, sz.V}, options).transpose(1, 2),
-          at::empty({sz.B, sz.HV, sz.K, sz.V}, options),
-          keep ? at::empty({sz.N, sz.P, sz.K, sz.V}, options) : at::empty({0}, options)};
 }
 
 }  // namespace linattn_native

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <cstdint>
 #include <optional>
@@ -55,7 +56,8 @@ namespace linattn_native {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
-    const at::Tensor& S0, double scale_d, int64_t C64, bool keep);
+    const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
+    c10::string_view gate);
 
 // dq, dk [B, H, T, K], dv [B, HV, T, V], dbeta [B, HV, T] (empty for the additive rule), dg
 // [B, HV, T, kg] (empty without decay) and dS0 [B, HV, K, V], from the states ``chunk_forward``
@@ -64,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
-    double scale_d, int64_t C64);
+    double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate);
 
 // One generation step, the state [B, HV, K, V] updated in place (q, k [B, H, K], HV = G H): o
 // [B, HV, V], or an empty tensor (the state unchanged) when a value is out of range.
@@ -72,16 +74,8 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
                           const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
                           const std::optional<at::Tensor>& g_opt, double scale_d);
 
-// The fake (meta) kernels: the same checks and the outputs' shapes and strides, no data.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward_meta(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
-    const at::Tensor& S0, double scale, int64_t C, bool keep);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-chunk_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
-                    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final,
-                    double scale, int64_t C);
+// The fake (meta) kernel of the step: the same checks and the output's shape, no data (the
+// chunk ops' fake kernels are ``linattn.ops.library``'s, registered on the op that is traced).
 at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::optional<at::Tensor>& beta,
                                const std::optional<at::Tensor>& g, double scale);
