@@ -19,6 +19,7 @@
 #include "layout.h"
 #include "products.h"
 #include "schedule.h"
+#include "rules/rules.h"
 #include "terms.h"
 
 namespace linattn_native {
@@ -111,23 +112,40 @@ struct ForwardBlocks {
   }
 };
 
-// Steps G to U0 of one chunk (terms.h), into ``t``; the rows the later steps read.
+// The terms of one chunk that do not read the state, into ``t``: the gates (terms.h) and the
+// rule's own (rules/: the scores; the delta rule's UT transform); the rows the later steps read.
 GatedRows chunk_terms(const ChunkRows& x, const ForwardInputs& in, float scale, const Terms& t,
                       Scratch& w) {
   const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C;
   const GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t);
-  chunk_scores(x, in.delta, in.kg, K, scale, t.G, C, t.A, t.Akk, w);
-  if (in.delta) ut_transform(x, r, K, V, C, t.Akk, t.L, t.X);
+  if (in.delta) {
+    delta::scores(x, in.kg, K, scale, t, C, w);
+    delta::ut_transform(x, r, K, V, C, t.Akk, t.L, t.X);
+  } else {
+    additive::scores(x, in.kg, K, scale, t, C, w);
+  }
   return r;
 }
 
-// The pseudo-values of a chunk whose terms are ``t``: v, or U = U0 - W S in place of U0.
-std::pair<const float*, int64_t> chunk_values(const ChunkRows& x, const ForwardInputs& in,
-                                              const Terms& t, const float* S) {
-  if (!in.delta) return {x.v, x.ldv};
+// Where a chunk's pseudo-values are (rows, row stride): the values (additive rule), or the U0
+// block of [W | U0], which ``advance`` turns into U in place (delta rule).
+std::pair<const float*, int64_t> values_at(const ChunkRows& x, const ForwardInputs& in,
+                                           const Terms& t) {
+  if (!in.delta) return additive::pseudo_values(x);
+  return {t.X + in.sz.K, in.sz.K + in.sz.V};
+}
+
+// Section 8's step of one chunk, written once for both schedules: U, then O, then S. The
+// pseudo-values U from the state S entering the chunk (the rule's), the outputs o = Qd S + A_qk U
+// into O (nullptr: not now; the split schedule forms them in a pass of their own), and the state
+// leaving the chunk, S <- D S + Ke^T U, in place of S.
+void advance(const ChunkRows& x, const ForwardInputs& in, const Terms& t, const GatedRows& r,
+             float* S, float* O, int64_t ldo) {
   const int64_t K = in.sz.K, V = in.sz.V;
-  pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
-  return {t.X + K, K + V};
+  if (in.delta) delta::pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
+  const auto [U, ldu] = values_at(x, in, t);
+  if (O) chunk_outputs(x.c, K, V, r, S, t.A, in.sz.C, U, ldu, O, ldo);
+  state_pass(x.c, in.kg, K, V, t.D, r, U, ldu, S);
 }
 
 // The fused schedule (schedule.h): heads [lo, hi) chunk by chunk, every step of a chunk in turn.
@@ -145,10 +163,7 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
       if (statep) std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
       const ChunkRows x = in.rows(n, p);
       const GatedRows r = chunk_terms(x, in, scale, t, blocks.w);
-      const auto [U, ldu] = chunk_values(x, in, t, S);
-      float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
-      chunk_outputs(x.c, K, V, r, S, t.A, C, U, ldu, O, o.stride(2));
-      state_pass(x.c, in.kg, K, V, t.D, r, U, ldu, S);
+      advance(x, in, t, r, S, chunk_rows(o, op, p / HV, p % HV, n * C), o.stride(2));
     }
   }
 }
@@ -208,8 +223,7 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
         std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
         const ChunkRows x = in.rows(n, p);
         const Terms t = slots.at(n * P + p, blocks);
-        const auto [U, ldu] = chunk_values(x, in, t, S);
-        state_pass(x.c, in.kg, K, V, t.D, slot_rows(x, in.kg, K, scale, t), U, ldu, S);
+        advance(x, in, t, slot_rows(x, in.kg, K, scale, t), S, nullptr, 0);
       }
     }
   });
@@ -220,8 +234,7 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
       const int64_t n = s / P, p = s % P;
       const ChunkRows x = in.rows(n, p);
       const Terms t = slots.at(s, blocks);
-      const float* U = in.delta ? t.X + K : x.v;
-      const int64_t ldu = in.delta ? K + V : x.ldv;
+      const auto [U, ldu] = values_at(x, in, t);  // U, as the state pass left it
       float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
       chunk_outputs(x.c, K, V, slot_rows(x, in.kg, K, scale, t), statep + s * KV, t.A, C, U, ldu,
                     O, o.stride(2));
