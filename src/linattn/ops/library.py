@@ -47,6 +47,7 @@ from linattn.ops.mechanism import GATES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
 RULES = ("additive", "delta")  # the ops' ``rule`` argument; index: ``Mechanism.delta``
+_MECHANISMS = {(rule, gate): Mechanism(rule == "delta", gate) for rule in RULES for gate in GATES}
 
 
 def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
@@ -60,12 +61,14 @@ def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) ->
 
 
 def mechanism(rule: str, gate: str) -> Mechanism:
-    """The ``Mechanism`` that the ops' ``rule`` and ``gate`` arguments name."""
+    """The ``Mechanism`` that the ops' ``rule`` and ``gate`` arguments name (one of six, made once:
+    this runs on every call)."""
+    found = _MECHANISMS.get((rule, gate))
+    if found is not None:
+        return found
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
-    return Mechanism(rule == "delta", gate)
+    raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
 
 
 def schema_args(mech: Mechanism) -> tuple[str, str]:

@@ -474,11 +474,12 @@ void backward_fused(const BackwardTensors& t, int64_t lo, int64_t hi) {
 }
 
 // dq or dk per value head, d [B, HV, T, K] (a view of [B, T, HV, K]), summed over each group
-// of G value heads into its q/k head: [B, H, T, K] (a view of [B, T, H, K]); d itself for G = 1.
+// of value heads into its q/k head: [B, H, T, K] (a view of [B, T, H, K]); d itself for
+// group = 1.
 at::Tensor group_sum(const at::Tensor& d, const Sizes& sz) {
-  if (sz.G == 1) return d;
-  // [B, HV, T, K] -> [B, T, HV, K] -> [B, T, H, G, K], summed over G -> [B, T, H, K]
-  return d.transpose(1, 2).view({sz.B, sz.T, sz.H, sz.G, sz.K}).sum(3).transpose(1, 2);
+  if (sz.group == 1) return d;
+  // [B, HV, T, K] -> [B, T, HV, K] -> [B, T, H, group, K], summed over group -> [B, T, H, K]
+  return d.transpose(1, 2).view({sz.B, sz.T, sz.H, sz.group, sz.K}).sum(3).transpose(1, 2);
 }
 
 // The checks of a ``chunk_backward`` call: its sizes and the gate width kg.

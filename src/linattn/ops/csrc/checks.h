@@ -57,12 +57,13 @@ struct Checks {
 };
 
 // The sizes of a chunk-form call: q, k [B, H, T, K], v [B, HV, T, V] (grouped value heads:
-// HV = G H, value head j reads q/k head j / G; G = 1 the plain case), N chunks of C tokens, with
+// HV = group H, value head j reads q/k head j / group; group = 1 the plain case), N chunks of C
+// tokens, with
 // C = min(C, T) (the same chunks: one chunk holds the whole sequence either way). P = B HV: the
 // value heads, one state each. 64-bit throughout; the BLAS's 32-bit sizes and leading dimensions
 // are checked here, before any work.
 struct Sizes {
-  int64_t B, H, HV, G, T, K, V, P, N, C;
+  int64_t B, H, HV, group, T, K, V, P, N, C;  // group: value heads per q/k head
   Sizes(const Checks& check, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         int64_t C64) {
     check.float32_cpu("q", q);
@@ -75,7 +76,7 @@ struct Sizes {
     TORCH_CHECK((H == 0 && HV == 0) || (H > 0 && HV % H == 0), check.op,
                 ": v's heads HV = ", HV, " must be a multiple of q's and k's H = ", H,
                 " (grouped value heads)");
-    G = H > 0 ? HV / H : 1;
+    group = H > 0 ? HV / H : 1;
     check.shape("v", v, {B, HV, T, V}, "[B, HV, T, V]");
     TORCH_CHECK(C64 >= 1, check.op, ": C (the chunk size) must be >= 1, got ", C64);
     C = std::min(C64, std::max<int64_t>(T, 1));
@@ -88,7 +89,7 @@ struct Sizes {
   }
 
   // The q/k head that value head hv reads.
-  int64_t qk_head(int64_t hv) const { return hv / G; }
+  int64_t qk_head(int64_t hv) const { return hv / group; }
 };
 
 // A scale that multiplies q: finite (a NaN or Inf would make every output NaN without a word).

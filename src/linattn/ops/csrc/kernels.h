@@ -24,22 +24,29 @@
 // chunk by chunk from the last, each chunk recomputed from its saved state (memory linear in T).
 //
 // Inputs are float32, q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K]
-// (grouped value heads: HV = G H, value head j reads q/k head j / G in place; the backward writes
-// dq, dk per value head and sums each group at the end; G = 1 the plain case), each
+// (grouped value heads: HV = group H, value head j reads q/k head j / group in place; the backward
+// writes dq, dk per value head and sums each group at the end; group = 1 the plain case), each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
 // public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
 // check), but a log-gate may be -inf (a reset): each is floored at kGateFloor, and the cumulative
 // log-gates are summed exactly as pairs of floats (``Gates``), so that every decay
 // exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 //
-// The files: blas (the BLAS wrappers), triangular (the UT transform's solves, by substitution),
-// gates (cumulative log-gates as pairs, exp, the floor), products (the masked decayed products
-// A_qk and A_kk), terms (steps 1-3 and U = U0 - W S, the one place the forward and backward
-// passes compute them), schedule (how the work is spread over the threads: fused per head, or
-// split into (chunk, head) pairs), block_cache (the output allocator), checks and layout (entry
+// The mechanism (the rule and the gate) is passed in the ops' schema and parsed once
+// (mechanism.h); nothing reads it from the tensors' shapes.
+//
+// The files: forward (the chunk loop: steps 1-5, U then O then S written once for both
+// schedules), backward (its gradient, a free function per step; backward.h its terms), rules/ (a
+// file per update rule: additive.cpp, delta.cpp, their scores, UT transform, pseudo-values and the
+// backward of those; rules.h says what a new rule adds), terms (step 1, the gates, the one place
+// both passes form them), products (the masked decayed products A_qk and A_kk, one halving
+// recursion for the per-channel blocks), gates (cumulative log-gates as pairs, exp, the floor),
+// triangular (the UT transform's solves, by substitution), blas (the BLAS wrappers), schedule
+// (how the work is spread over the threads: fused per head, or split into (chunk, head) pairs),
+// block_cache (the output allocator), mechanism, checks and layout (the entry's mechanism and
 // checks, where a chunk's rows are), tuning.h (the machine-tuned constants, from
-// linattn/ops/tuning.py), forward, backward, step (the generation step) and ops.cpp (the
-// torch.library registration).
+// linattn/ops/tuning.py), step (the generation step) and ops.cpp (the torch.library
+// registration).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -35,12 +35,13 @@ void factored_blocks(const Gates& G, int64_t K, int i0, int n, const F& block) {
 }
 
 // Block b's factored rows: Xf = x exp(G_i - G_r) (rows i0..) and Yf = y exp(G_r - G_j) (rows
-// j0..); kPair: X2f = x2 exp(G_i - G_r) too (in w.dXf); kKeep: the decays into Ex and Ey (for the
-// gradient). A diagonal block's exponents are d = G_i - G_r and -d, each formed once.
-template <bool kPair, bool kKeep>
+// j0..); kPair: X2f = x2 exp(G_i - G_r) too (in w.dXf); kDecays: the decays into Ex and Ey (for
+// the gradient). A diagonal block's exponents are d = G_i - G_r and -d, each formed once.
+template <bool kPair, bool kDecays>
 void factor_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Block& b,
                   Scratch& w) {
-  const float *Gr = G.hi + static_cast<int64_t>(b.r) * K, *Lr = G.lo + static_cast<int64_t>(b.r) * K;
+  const int64_t ref = static_cast<int64_t>(b.r) * K;
+  const float *Gr = G.hi + ref, *Lr = G.lo + ref;
   const bool diagonal = b.diagonal();
   for (int i = 0; i < b.n; ++i) {
     const int64_t row = b.i0 + i, at = static_cast<int64_t>(i) * K;
@@ -51,12 +52,12 @@ void factor_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Blo
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
       const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]), up = exp_flush(d);
-      if constexpr (kKeep) ex[c] = up;
+      if constexpr (kDecays) ex[c] = up;
       fx[c] = x[c] * up;
       if constexpr (kPair) f2[c] = x_2[c] * up;
       if (diagonal) {
         const float down = exp_flush(-d);
-        if constexpr (kKeep) ey[c] = down;
+        if constexpr (kDecays) ey[c] = down;
         fy[c] = yi[c] * down;
       }
     }
@@ -68,7 +69,7 @@ void factor_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Blo
 #pragma omp simd
     for (int c = 0; c < K; ++c) {
       const float e = decay(Gr[c], Lr[c], Gj[c], Lj[c]);
-      if constexpr (kKeep) ey[c] = e;
+      if constexpr (kDecays) ey[c] = e;
       fy[c] = yj[c] * e;
     }
   }
