@@ -379,10 +379,11 @@ void chunk_step(const ChunkRows& x, const ChunkGrads& g, const Dims& d, bool del
 // the chain reads of chunk n of head p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W
 // [C, K] (delta rule), each at a 64-byte boundary (``padded``, layout.h).
 struct ChainSlots {
+  bool delta;
   int64_t CK, CC, gate_size, size;
   at::Tensor buffer;  // [N P, size]
   ChainSlots(const BackwardTensors& t)
-      : CK(padded(t.sz.C * t.sz.K)), CC(padded(t.sz.C * t.sz.C)),
+      : delta(t.delta), CK(padded(t.sz.C * t.sz.K)), CC(padded(t.sz.C * t.sz.C)),
         gate_size(t.kg > 0 ? 2 * CK + padded(t.kg) : 0),
         size(gate_size + CC + (t.delta ? CK : 0)),
         buffer(fresh({t.sz.N * t.sz.P, size}, t.q.options())) {}
@@ -398,7 +399,7 @@ struct ChainSlots {
       std::memcpy(slot + 2 * CK, rc.t.D, sizeof(float) * d.kg);
     }
     std::memcpy(slot + gate_size, rc.t.A, sizeof(float) * c * d.C);
-    for (int64_t i = 0; size > gate_size + CC && i < c; ++i) {
+    for (int64_t i = 0; delta && i < c; ++i) {  // W, the first K columns of X = [W | U0]
       std::memcpy(slot + gate_size + CC + i * K, rc.t.X + i * ldx, sizeof(float) * K);
     }
   }
