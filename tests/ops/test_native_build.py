@@ -189,6 +189,8 @@ def test_every_source_and_header_is_compiled_or_tracked():
     assert set(_native.SOURCES) == set(csrc.rglob("*.cpp")) and len(_native.SOURCES) > 1
     assert {csrc / "rules" / "additive.cpp", csrc / "rules" / "delta.cpp"} <= set(_native.SOURCES)
     assert set(_native.FILES) == set(csrc.rglob("*.cpp")) | set(csrc.rglob("*.h"))
+    # torch's build names each object file after its source's name alone: no two may share one.
+    assert len({path.name for path in _native.SOURCES}) == len(_native.SOURCES)
 
 
 def test_every_source_and_header_is_packaged():

@@ -46,19 +46,30 @@ void factor_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Blo
   for (int i = 0; i < b.n; ++i) {
     const int64_t row = b.i0 + i, at = static_cast<int64_t>(i) * K;
     const float *x = x1.p + row * x1.ld, *x_2 = kPair ? x2.p + row * x2.ld : nullptr;
-    const float *Gi = G.hi + row * K, *Li = G.lo + row * K, *yi = y.p + row * y.ld;
-    float *fx = w.Xf.data() + at, *f2 = w.dXf.data() + at, *fy = w.Yf.data() + at;
-    float *ex = w.Ex.data() + at, *ey = w.Ey.data() + at;
+    const float *Gi = G.hi + row * K, *Li = G.lo + row * K;
+    float *fx = w.Xf.data() + at, *f2 = w.dXf.data() + at, *ex = w.Ex.data() + at;
+    if (diagonal) {  // the rows of y too, with the exponents' negatives
+      const float* yi = y.p + row * y.ld;
+      float *fy = w.Yf.data() + at, *ey = w.Ey.data() + at;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) {
-      const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]), up = exp_flush(d);
-      if constexpr (kDecays) ex[c] = up;
-      fx[c] = x[c] * up;
-      if constexpr (kPair) f2[c] = x_2[c] * up;
-      if (diagonal) {
+      for (int c = 0; c < K; ++c) {
+        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]), up = exp_flush(d);
         const float down = exp_flush(-d);
-        if constexpr (kDecays) ey[c] = down;
+        if constexpr (kDecays) {
+          ex[c] = up;
+          ey[c] = down;
+        }
+        fx[c] = x[c] * up;
+        if constexpr (kPair) f2[c] = x_2[c] * up;
         fy[c] = yi[c] * down;
+      }
+    } else {
+#pragma omp simd
+      for (int c = 0; c < K; ++c) {
+        const float up = decay(Gi[c], Li[c], Gr[c], Lr[c]);
+        if constexpr (kDecays) ex[c] = up;
+        fx[c] = x[c] * up;
+        if constexpr (kPair) f2[c] = x_2[c] * up;
       }
     }
   }

@@ -9,7 +9,8 @@
 //
 // The gate (none, one per head, one per key channel) is a parameter of every term (kg), not a rule.
 // A new rule is a new file here, its functions declared below, and a case where the loop calls
-// them (``Rule`` in mechanism.h; the calls in forward.cpp and backward.cpp).
+// them (``Rule`` in mechanism.h; the calls in forward.cpp and backward.cpp). Its file name must
+// differ from every other source's: the build names each object file after its source's name.
 #pragma once
 
 #include <cstdint>
