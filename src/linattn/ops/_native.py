@@ -257,6 +257,12 @@ def kernel(name: str):
     return getattr(torch.ops.linattn_native, name)
 
 
+def fused(name: str):
+    """``kernel(name)``'s default overload, for a caller that has just seen ``applies`` hold (the
+    chunk ops' kernels, on every call): no second availability check, no overload resolution."""
+    return getattr(torch.ops.linattn_native, name).default
+
+
 def empty(sizes: tuple[int, ...], like: Tensor) -> Tensor:
     """An uninitialised tensor like ``like.new_empty(sizes)``; on the CPU, from 4 MiB up and with
     the extension loaded, in a block of the extension's cache (``BlockCache``,

@@ -160,7 +160,7 @@ def forward_kernel(
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
     tensors where it is available, else the PyTorch group loop."""
     if _native.applies(q):
-        return _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
+        return _native.fused("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
     mech = mechanism(rule, gate)
     ctx = _LoopContext((keep,) * 6, scale, C, mech)
     with torch.no_grad():
@@ -188,7 +188,7 @@ def backward_kernel(
     dbeta without beta and dg without g. The PyTorch loop computes only the gradients ``needs``
     marks (q, k, v, beta, g, S0), None for the others; the fused loop computes all of them."""
     if _native.applies(q):
-        run = _native.kernel("chunk_backward")
+        run = _native.fused("chunk_backward")
         dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
         return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
     ctx = _LoopContext(tuple(needs), scale, C, mechanism(rule, gate))
