@@ -5,12 +5,14 @@
 Separate processes of the same code differ by up to 1.5x on this shared machine (linear
 attention's forward at T = 16,384: 48 ms in one process, 71 ms in the next), so ``ab.py``'s
 process-level medians resolve only large changes. Here the old commit's ``csrc/`` sources
-(``git show OLD_REV:...``; one ``chunk.cpp`` up to 26bdc42, a file per concern since) are
-compiled under another op namespace (``linattn_ab_old``) beside the
+(``git show OLD_REV:...``; one ``chunk.cpp`` up to 26bdc42, a file per concern since, with
+subfolders such as ``csrc/rules/`` from issue 29 on) are compiled under another op namespace
+(``linattn_ab_old``) beside the
 working tree's kernels (``linattn_native``), and each pair of calls runs old and new back to back
 in alternating order on the same inputs, one thread: two builds of the same source differ by about
-3% this way. It times ``chunk_forward`` (and ``chunk_backward`` with ``--backward``) directly, so
-it needs the two commits' kernel signatures to agree, and it leaves the Python around them out
+3% this way. It times ``chunk_forward`` (and ``chunk_backward`` with ``--backward``) directly,
+each with its own commit's signature (from issue 29 on, the mechanism follows as ``rule`` and
+``gate``; before, the kernels read it from beta and g), and it leaves the Python around them out
 (time that separately, e.g. at a tiny T). Reported per mechanism: the minimum of each, the
 median of the new / old ratios of the pairs, and whether the two gave the same bits (every output,
 and every gradient with ``--backward``; ``--gate-scale 400`` steepens the gates so that the
@@ -45,19 +47,29 @@ def load_old(rev: str) -> object:
         return done.stdout.decode()
 
     folder = Path(tempfile.mkdtemp(prefix="linattn-ab-"))
-    for path in git("ls-tree", "--name-only", f"{rev}:{CSRC}").split():
+    for path in git("ls-tree", "-r", "--name-only", f"{rev}:{CSRC}").split():
         text = git("show", f"{rev}:{CSRC}/{path}")
         for macro in ("TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"):
             text = text.replace(f"{macro}(linattn_native", f"{macro}(linattn_ab_old")
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
         (folder / path).write_text(text)
     cpp_extension.load(
         name="linattn_ab_old",
-        sources=[str(path) for path in sorted(folder.glob("*.cpp"))],
+        sources=[str(path) for path in sorted(folder.rglob("*.cpp"))],
         extra_cflags=native.FLAGS,
         build_directory=str(folder),
         is_python_module=False,
     )
     return torch.ops.linattn_ab_old
+
+
+def mechanism_args(op: object, beta: torch.Tensor | None, gate: str) -> tuple[str, ...]:
+    """The trailing ``rule, gate`` arguments where ``op``'s schema has them (issue 29 on), else
+    none (its kernels read the mechanism from beta and g)."""
+    names = [a.name for a in op.default._schema.arguments]
+    if "rule" not in names:
+        return ()
+    return ("additive" if beta is None else "delta", gate)
 
 
 def inputs(T: int, H: int = 8, K: int = 64, gate_scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -90,31 +102,32 @@ def main() -> None:
     x = inputs(args.T, gate_scale=args.gate_scale)
     H, K, scale, C = x["q"].shape[1], x["q"].shape[-1], x["q"].shape[-1] ** -0.5, 64
     S0 = torch.zeros(1, H, K, K)
-    mechanisms = {  # name: (beta, g)
-        "linear": (None, None),
-        "scalar_decay": (None, x["g scalar"]),
-        "gla": (None, x["g channel"]),
-        "delta": (x["beta"], None),
-        "gated_delta": (x["beta"], x["g scalar"]),
-        "kda": (x["beta"], x["g channel"]),
+    mechanisms = {  # name: (beta, g, gate)
+        "linear": (None, None, "none"),
+        "scalar_decay": (None, x["g scalar"], "head"),
+        "gla": (None, x["g channel"], "channel"),
+        "delta": (x["beta"], None, "none"),
+        "gated_delta": (x["beta"], x["g scalar"], "head"),
+        "kda": (x["beta"], x["g channel"], "channel"),
     }
     row = "fwd+bwd" if args.backward else "fwd"
     print(f"T = {args.T}, one thread, {args.pairs} pairs; old {args.old}, new: the working tree")
     print(f"| {row} | old min ms | new min ms | min / min | median of pair ratios | same bits |")
     print("|---|---:|---:|---:|---:|---|")
-    for name, (beta, g) in mechanisms.items():
+    for name, (beta, g, gate) in mechanisms.items():
         call = (x["q"], x["k"], x["v"], beta, g, S0, scale, C)
         times: dict[str, list[float]] = {"old": [], "new": []}
         results: dict[str, list[torch.Tensor]] = {}
         for pair in range(args.pairs + 1):  # the first pair warms up
             for label in ("old", "new") if pair % 2 else ("new", "old"):
                 lib = old if label == "old" else new
+                mech = mechanism_args(lib.chunk_forward, beta, gate)
                 start = time.perf_counter()
-                o, S, states = lib.chunk_forward(*call, args.backward)
+                o, S, states = lib.chunk_forward(*call, args.backward, *mech)
                 grads = []
                 if args.backward:
                     grads = lib.chunk_backward(
-                        *call[:5], states, torch.ones_like(o), torch.zeros_like(S), scale, C
+                        *call[:5], states, torch.ones_like(o), torch.zeros_like(S), scale, C, *mech
                     )
                 if pair:
                     times[label].append(time.perf_counter() - start)

@@ -84,6 +84,13 @@ def oracle(q, k, v, beta=None, g=None, S0=None, *, rule="additive", scale=1.0):
     return torch.from_numpy(o), torch.from_numpy(S)
 
 
+def schema_mechanism(beta, g) -> tuple[str, str]:
+    """The chunk ops' ``rule`` and ``gate`` arguments for internal beta and g (``internal``'s: a
+    gate of width 1 is one per head, wider one per key channel)."""
+    rule = "additive" if beta is None else "delta"
+    return rule, "none" if g is None else "head" if g.shape[-1] == 1 else "channel"
+
+
 def internal(x, dtype=torch.float32):
     """Public [B, T, H, ...] inputs -> internal [B, H, T, ...] views in ``dtype`` (q, k, v, beta,
     g; a gate per head as one shared channel [B, H, T, 1])."""

@@ -59,7 +59,7 @@ def test_matches_autograd_through_the_block_engine(rule, gate, C, rows, monkeypa
     ref_in[-1] = x["S0"].clone().requires_grad_(True)
     new_in[-1] = x["S0"].clone().requires_grad_(True)
     o1, S1 = chunk_forward(*ref_in, C, Mechanism.of(x.get("beta"), x.get("g")))
-    o2, S2 = library.chunk(*new_in, C)
+    o2, S2 = library.chunk(*new_in, C, 1.0, Mechanism.of(x.get("beta"), x.get("g")))
     torch.testing.assert_close(o2, o1, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(S2, S1, rtol=1e-12, atol=1e-12)
     gen = torch.Generator().manual_seed(1)
@@ -89,7 +89,7 @@ def test_gradcheck_across_groups(gate, monkeypatch):
     def f(*tensors):
         it = iter(tensors)
         args = [None if t is None else next(it) for t in inputs]
-        o, S = library.chunk(*args, 4, 0.7)
+        o, S = library.chunk(*args, 4, 0.7, Mechanism.of(x["beta"], x.get("g")))
         return o, S
 
     assert torch.autograd.gradcheck(f, used, eps=1e-6, atol=1e-7)
@@ -100,7 +100,7 @@ def test_only_needed_gradients_are_computed():
     q, k, v, beta, g = _internal(x, ("q", "k", "v", "beta", "g"))
     k.requires_grad_(False)
     g.requires_grad_(False)
-    o, _ = library.chunk(q, k, v, beta, g, None, 8)
+    o, _ = library.chunk(q, k, v, beta, g, None, 8, 1.0, Mechanism(True, "head"))
     o.sum().backward()
     assert k.grad is None and g.grad is None
     assert q.grad is not None and v.grad is not None and beta.grad is not None
@@ -146,7 +146,7 @@ def test_reused_buffers_change_no_bit(rule, gate, monkeypatch):
         monkeypatch.setattr(chunk, "Buffers", buffers)
         inputs = _internal(x, names)
         inputs[-1] = x["S0"].clone().requires_grad_(True)
-        o, S = library.chunk(*inputs, 8)
+        o, S = library.chunk(*inputs, 8, 1.0, Mechanism.of(x.get("beta"), x.get("g")))
         (o.square().sum() + S.sum()).backward()
         results.append([o, S] + [t.grad for t in inputs if t is not None])
     for a, b in zip(*results, strict=True):

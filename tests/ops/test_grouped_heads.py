@@ -407,7 +407,9 @@ def test_the_extension_refuses_value_heads_that_are_no_multiple():
     v, beta = x["v"].transpose(1, 2)[:, :1], x["beta"].transpose(1, 2)[:, :1]
     S0 = x["S0"][:, :1].contiguous()
     with pytest.raises(RuntimeError, match="must be a multiple of q's and k's H = 2"):
-        torch.ops.linattn_native.chunk_forward(q, k, v, beta, None, S0, 0.5, 4, False)
+        torch.ops.linattn_native.chunk_forward(
+            q, k, v, beta, None, S0, 0.5, 4, False, "delta", "none"
+        )
     with pytest.raises(RuntimeError, match="Hq dividing the state's H = 3"):
         torch.ops.linattn_native.recurrent_step(
             torch.zeros(B, 3, K, V),

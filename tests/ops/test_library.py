@@ -27,6 +27,7 @@ BACKENDS = [pytest.param("1", id="fused", marks=needs_native), pytest.param("0",
 # run; AOT dispatch with dynamic shapes (about 5 s a call here) for KDA in every run, for every
 # mechanism under -m slow.
 FAST = ("test_schema", "test_autograd_registration", "test_faketensor")
+PLAIN = FAST[:2]  # the checks of a kernel without a fake kernel (the extension's chunk ops)
 UTILS = [
     pytest.param(rule, gate, utils, id=f"{rule}-{gate}-{name}", marks=marks)
     for rule, gate in MECHANISMS
@@ -62,8 +63,15 @@ def _inputs(rule, gate, *, B=1, H=2, T=10, K=4, V=3, G=1, grad=True, seed=0) -> 
     return x
 
 
+def _mechanism(x: dict) -> tuple[str, str]:
+    """The ops' rule and gate for the inputs x (a gate of width 1: one per head)."""
+    rule = "additive" if x["beta"] is None else "delta"
+    g = x["g"]
+    return rule, "none" if g is None else "head" if g.shape[-1] == 1 else "channel"
+
+
 def _forward_args(x: dict, C: int = 4, keep: bool = True) -> tuple:
-    return (x["q"], x["k"], x["v"], x["beta"], x["g"], x["S0"], 0.5, C, keep)
+    return (x["q"], x["k"], x["v"], x["beta"], x["g"], x["S0"], 0.5, C, keep, *_mechanism(x))
 
 
 def _backward_args(x: dict, C: int = 4) -> tuple:
@@ -74,7 +82,7 @@ def _backward_args(x: dict, C: int = 4) -> tuple:
     d_o = torch.randn(B, T, HV, V, generator=gen).transpose(1, 2)
     dS = torch.randn(x["S0"].shape, generator=gen)
     d = detached
-    return (d["q"], d["k"], d["v"], d["beta"], d["g"], states, d_o, dS, 0.5, C)
+    return (d["q"], d["k"], d["v"], d["beta"], d["g"], states, d_o, dS, 0.5, C, *_mechanism(x))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -99,10 +107,15 @@ def test_opcheck_chunk_backward(rule, gate, utils, backend, monkeypatch):
 @needs_native
 @pytest.mark.parametrize(("rule", "gate", "utils"), UTILS)
 def test_opcheck_the_extension_ops(rule, gate, utils):
+    # The extension's chunk kernels are plain kernels of the traced ops above, with no fake
+    # kernel of their own: their schema is checked. The step has no Python op around it: its
+    # Meta kernel is its fake kernel, checked as well.
     ops = torch.ops.linattn_native
     x = _inputs(rule, gate, grad=False)
-    torch.library.opcheck(ops.chunk_forward, _forward_args(x), test_utils=utils)
-    torch.library.opcheck(ops.chunk_backward, _backward_args(x), test_utils=utils)
+    plain = tuple(u for u in utils if u in PLAIN)
+    if plain:
+        torch.library.opcheck(ops.chunk_forward, _forward_args(x), test_utils=plain)
+        torch.library.opcheck(ops.chunk_backward, _backward_args(x), test_utils=plain)
     step = [None if t is None else t[:, :, 0].contiguous() for t in (x["q"], x["k"], x["v"])]
     beta = None if x["beta"] is None else x["beta"][:, :, 0].contiguous()
     g = None if x["g"] is None else x["g"][:, :, 0].contiguous()
@@ -121,8 +134,8 @@ def test_opcheck_with_grouped_value_heads(rule, gate, backend, monkeypatch):
     if backend == "1":
         ops = torch.ops.linattn_native
         y = _inputs(rule, gate, G=2, grad=False)
-        torch.library.opcheck(ops.chunk_forward, _forward_args(y), test_utils=FAST)
-        torch.library.opcheck(ops.chunk_backward, _backward_args(y), test_utils=FAST)
+        torch.library.opcheck(ops.chunk_forward, _forward_args(y), test_utils=PLAIN)
+        torch.library.opcheck(ops.chunk_backward, _backward_args(y), test_utils=PLAIN)
         step = [t[:, :, 0].contiguous() for t in (y["q"], y["k"], y["v"])]
         beta = None if y["beta"] is None else y["beta"][:, :, 0].contiguous()
         g = None if y["g"] is None else y["g"][:, :, 0].contiguous()
@@ -165,6 +178,40 @@ def test_bad_arguments_to_the_forward_op_raise(name, bad, error, words, backend,
     x = _inputs("delta", "channel", grad=False)
     with pytest.raises(error, match=words):
         library.chunk_forward(*_forward_args(_bad(x, name, bad(x))))
+
+
+# (rule, gate, beta given, g's width, words): a mechanism the inputs do not have, or none at all.
+BAD_MECHANISMS = [
+    ("delta", "channel", False, 4, "beta must be given for the delta rule"),
+    ("additive", "channel", True, 4, "beta must be None for the additive rule"),
+    ("delta", "none", True, 4, "g must be None"),
+    ("delta", "head", True, None, "g must be given"),
+    ("delta", "head", True, 4, "g must have shape \\[B, HV, T, 1\\]"),
+    ("delta", "channel", True, 1, "g must have shape \\[B, HV, T, K\\]"),
+    ("gated", "channel", True, 4, "rule must be one of"),
+    ("delta", "scalar", True, 4, "gate must be one of"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rule", "gate", "beta", "width", "words"), BAD_MECHANISMS)
+def test_the_mechanism_is_checked_against_the_inputs(
+    rule, gate, beta, width, words, backend, monkeypatch
+):
+    # The mechanism is the schema's rule and gate, never read from the inputs: inputs that do
+    # not match it are refused, by the op and by the extension's kernel called directly.
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    x = _inputs("delta", "channel", grad=False)
+    x["beta"] = x["beta"] if beta else None
+    x["g"] = None if width is None else x["g"][..., :width]
+    args = (*_forward_args(x)[:9], rule, gate)
+    with pytest.raises(ValueError, match=words):
+        library.chunk_forward(*args)
+    if backend == "1":
+        native = words.replace("have shape", "be of shape").replace("one of", "")
+        native = native.replace("\\[B, HV, T, 1\\]", "").replace("\\[B, HV, T, K\\]", "")
+        with pytest.raises(RuntimeError, match=f"linattn_native.chunk_forward: {native}"):
+            torch.ops.linattn_native.chunk_forward(*args)
 
 
 @pytest.mark.parametrize("C", [0, -3, tuning.MAX_CHUNK + 1])
@@ -325,7 +372,8 @@ def test_the_backward_fills_no_tensor_of_the_states_size(route, backend, monkeyp
     monkeypatch.setenv("LINATTN_NATIVE", backend)
     x = _inputs("delta", "channel", B=1, H=2, T=10, K=4, V=3)
     if route == "eager":
-        o, S = library.chunk(*(x[n] for n in ("q", "k", "v", "beta", "g", "S0")), 4, 0.5)
+        mech = library.mechanism(*_mechanism(x))
+        o, S = library.chunk(*(x[n] for n in ("q", "k", "v", "beta", "g", "S0")), 4, 0.5, mech)
     else:
         o, S, _ = library.chunk_forward(*_forward_args(x, C=4))
     loss = o.square().sum() + S.sum()
@@ -347,7 +395,7 @@ def test_an_unused_output_has_a_zero_gradient(unused, create_graph, backend, G, 
 
     def grads(zero_seed: bool) -> tuple:
         x = _inputs("delta", "scalar", T=9, G=G)
-        o, S = library.chunk(*(x[n] for n in names), 4, 0.5)
+        o, S = library.chunk(*(x[n] for n in names), 4, 0.5, library.mechanism("delta", "head"))
         loss = S.square().sum() if unused == "o" else o.square().sum()
         if zero_seed:
             loss = loss + (o if unused == "o" else S).sum() * 0

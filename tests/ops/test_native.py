@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from linattn.ops import _native, delta_rule, linear_attention, recurrent_step
+from linattn.ops import _native, delta_rule, library, linear_attention, recurrent_step
 from linattn.ops.chunk import chunk_forward
 from linattn.ops.library import chunk
 
-from .cases import internal, make_inputs, mechanism, rel_rms
+from .cases import internal, make_inputs, mechanism, rel_rms, schema_mechanism
 from .step_cases import B, H, K, V
 from .step_cases import inputs as step_inputs
 
@@ -67,7 +67,9 @@ def test_equals_the_float64_engine(rule, gate, C):
     scale = 0.7
     q, k, v, beta, g = internal(x, torch.float32)
     S0 = x["S0"].float()
-    o, S, states = _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, min(C, 45), True)
+    mech = schema_mechanism(beta, g)
+    run = _native.kernel("chunk_forward")
+    o, S, states = run(q, k, v, beta, g, S0, scale, min(C, 45), True, *mech)
     q64, k64, v64, beta64, g64 = internal(x, torch.float64)
     o64, S64 = chunk_forward(q64 * scale, k64, v64, beta64, g64, x["S0"], C, mechanism(x))
     assert rel_rms(o, o64) < 2e-6
@@ -97,7 +99,9 @@ def test_equals_the_float64_engine(rule, gate, C):
 )
 def test_equals_the_pytorch_loop_in_float32(rule, gate, monkeypatch):
     x = make_inputs(B=1, T=300, H=4, K=16, V=16, gate=gate, rule=rule, state=True)
-    args = (*internal(x, torch.float32), x["S0"].float(), 64, 0.25)
+    q, k, v, beta, g = internal(x, torch.float32)
+    mech = library.mechanism(*schema_mechanism(beta, g))
+    args = (q, k, v, beta, g, x["S0"].float(), 64, 0.25, mech)
     o1, S1 = chunk(*args)
     monkeypatch.setenv("LINATTN_NATIVE", "0")
     o2, S2 = chunk(*args)

@@ -184,9 +184,29 @@ def test_the_tuning_constants_are_compiled_in_and_name_the_build(monkeypatch):
 
 
 def test_every_source_and_header_is_compiled_or_tracked():
+    # csrc/ and its subfolders (csrc/rules/: a file per update rule).
     csrc = Path(_native.__file__).with_name("csrc")
-    assert set(_native.SOURCES) == set(csrc.glob("*.cpp")) and len(_native.SOURCES) > 1
-    assert set(_native.FILES) == set(csrc.glob("*.cpp")) | set(csrc.glob("*.h"))
+    assert set(_native.SOURCES) == set(csrc.rglob("*.cpp")) and len(_native.SOURCES) > 1
+    assert {csrc / "rules" / "additive.cpp", csrc / "rules" / "delta.cpp"} <= set(_native.SOURCES)
+    assert set(_native.FILES) == set(csrc.rglob("*.cpp")) | set(csrc.rglob("*.h"))
+    # torch's build names each object file after its source's name alone: no two may share one.
+    assert len({path.name for path in _native.SOURCES}) == len(_native.SOURCES)
+
+
+def test_every_source_and_header_is_packaged():
+    # pyproject's package-data ships what the lazy build compiles: every source and header.
+    import ast
+    import fnmatch
+
+    package = Path(_native.__file__).parents[1]
+    pyproject = package.parents[1] / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("not a source checkout")
+    text = pyproject.read_text().split("[tool.setuptools.package-data]", 1)[1]
+    patterns = ast.literal_eval(text.split("linattn = ", 1)[1].splitlines()[0])
+    for path in _native.FILES:
+        name = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(name, p) and name.count("/") == p.count("/") for p in patterns)
 
 
 def test_a_header_newer_than_the_build_compiles_again(tmp_path, monkeypatch):

@@ -257,6 +257,9 @@ def test_many_random_layouts_match_the_oracle(shape, mechanism, chunk_size, data
     _random_layout_case(shape, mechanism, chunk_size, data)
 
 
+KDA = ("delta", "channel")  # the direct calls' mechanism: the ops' rule and gate arguments
+
+
 def _internal(x: dict) -> list:
     """The public [B, T, H, ...] tensors as the kernel takes them: [B, H, T, ...] views."""
     out = [x[n].transpose(1, 2) for n in ("q", "k", "v")]
@@ -279,14 +282,14 @@ def test_a_direct_call_reads_every_layout(layout, B, T, H):
     x = _inputs(T, "delta", "channel", LAYOUTS[layout], seed=3, B=B, H=H)
     y = {n: None if t is None else t.contiguous() for n, t in x.items()}
     op = torch.ops.linattn_native
-    out = op.chunk_forward(*_internal(x), x["S0"], 0.5, 4, True)
-    ref = op.chunk_forward(*_internal(y), y["S0"], 0.5, 4, True)
+    out = op.chunk_forward(*_internal(x), x["S0"], 0.5, 4, True, *KDA)
+    ref = op.chunk_forward(*_internal(y), y["S0"], 0.5, 4, True, *KDA)
     for a, b in zip(out, ref, strict=True):
         assert rel_rms(a, b) < 1e-6
     d_o = LAYOUTS[layout](torch.randn_like(y["v"])).transpose(1, 2)
     dS = LAYOUTS[layout](torch.randn_like(y["S0"]))
-    grads = op.chunk_backward(*_internal(x), out[2], d_o, dS, 0.5, 4)
-    ref = op.chunk_backward(*_internal(y), ref[2], d_o.contiguous(), dS.contiguous(), 0.5, 4)
+    grads = op.chunk_backward(*_internal(x), out[2], d_o, dS, 0.5, 4, *KDA)
+    ref = op.chunk_backward(*_internal(y), ref[2], d_o.contiguous(), dS.contiguous(), 0.5, 4, *KDA)
     for a, b in zip(grads, ref, strict=True):
         assert rel_rms(a, b) < 1e-6
 
@@ -300,7 +303,7 @@ def _good_call() -> dict:
 
 def _forward(a: dict, C: int = 4):
     return torch.ops.linattn_native.chunk_forward(
-        a["q"], a["k"], a["v"], a["beta"], a["g"], a["S0"], 0.5, C, True
+        a["q"], a["k"], a["v"], a["beta"], a["g"], a["S0"], 0.5, C, True, *KDA
     )
 
 
@@ -329,11 +332,13 @@ def test_a_direct_forward_call_checks_its_arguments(name, bad, words):
 
 @needs_native
 def test_a_direct_call_off_the_cpu_is_refused():
-    # A CPU kernel and a meta (fake) kernel are registered: a meta tensor among CPU ones goes to
-    # the meta kernel, whose checks refuse the CPU ones before any work; other devices have none.
+    # A CPU kernel alone is registered (the fake kernel is the traced op's, linattn::chunk_forward):
+    # a meta tensor among CPU ones is refused by the dispatcher before any work.
     a = _good_call()
     a["k"] = a["k"].to("meta")
-    with pytest.raises(RuntimeError, match="chunk_forward: q must be a META tensor, got cpu"):
+    with pytest.raises(
+        NotImplementedError, match="linattn_native::chunk_forward: .* no fake impl or Meta kernel"
+    ):
         _forward(a)
 
 
@@ -358,7 +363,7 @@ def test_a_direct_backward_call_checks_its_arguments(name, words):
     with pytest.raises(RuntimeError, match=f"chunk_backward: {words}"):
         torch.ops.linattn_native.chunk_backward(
             a["q"], a["k"], a["v"], a["beta"], a["g"], grads["states"], grads["d_o"],
-            grads["dS_final"], 0.5, 4,
+            grads["dS_final"], 0.5, 4, *KDA,
         )  # fmt: skip
 
 
@@ -442,7 +447,9 @@ def test_the_longest_packed_sequence_decides():
 def test_a_direct_call_refuses_a_chunk_longer_than_the_limit(C):
     q = torch.zeros(1, 1, C, 1)
     with pytest.raises(RuntimeError, match=f"= {C} exceeds 8192"):
-        torch.ops.linattn_native.chunk_forward(q, q, q, None, None, q[0, :, :1], 1.0, C, False)
+        torch.ops.linattn_native.chunk_forward(
+            q, q, q, None, None, q[0, :, :1], 1.0, C, False, "additive", "none"
+        )
 
 
 @needs_native
@@ -496,13 +503,19 @@ for _ in range(int(sys.argv[2])):
     beta = tensor([B, H, T]).abs().clamp(max=2) if rng.random() < 0.5 else None
     g = -tensor([B, H, T, rng.choice([1, K, 2])]).abs() if rng.random() < 0.5 else None
     C = rng.choice([-1, 0, 1, 2, 3, 100])
+    rule = "additive" if beta is None else "delta"
+    gate = "none" if g is None else rng.choice(["head", "channel"])
+    if rng.random() < 0.1:  # a mechanism the inputs may not have
+        rule, gate = rng.choice(["additive", "delta"]), rng.choice(["none", "head", "channel"])
     try:
-        o, S, states = op.chunk_forward(q, k, v, beta, g, tensor([B, H, K, V]), 0.5, C, True)
+        o, S, states = op.chunk_forward(
+            q, k, v, beta, g, tensor([B, H, K, V]), 0.5, C, True, rule, gate
+        )
         ran += 1
         if rng.random() < 0.2:
             states = tensor([*states.shape[:-1], states.shape[-1] + 1])
         op.chunk_backward(q, k, v, beta, g, states, tensor([B, H, T, V]), tensor([B, H, K, V]),
-                          0.5, C)
+                          0.5, C, rule, gate)
     except RuntimeError as error:
         assert "linattn_native." in str(error), error
         refused += 1

@@ -17,7 +17,7 @@ import torch
 from linattn.ops import _native
 from linattn.ops.chunk import chunk_forward
 
-from .cases import internal, make_inputs, mechanism, rel_rms
+from .cases import internal, make_inputs, mechanism, rel_rms, schema_mechanism
 
 pytestmark = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
@@ -30,11 +30,12 @@ def _forward_backward(x, C):
     """The op's forward outputs and backward gradients, float32."""
     q, k, v, beta, g = internal(x)
     S0 = x["S0"].float()
-    o, S, states = _native.kernel("chunk_forward")(q, k, v, beta, g, S0, 0.7, C, True)
+    mech = schema_mechanism(beta, g)
+    o, S, states = _native.kernel("chunk_forward")(q, k, v, beta, g, S0, 0.7, C, True, *mech)
     gen = torch.Generator().manual_seed(1)
     d_o = torch.randn(o.shape, generator=gen)
     dS = torch.randn(S.shape, generator=gen)
-    grads = _native.kernel("chunk_backward")(q, k, v, beta, g, states, d_o, dS, 0.7, C)
+    grads = _native.kernel("chunk_backward")(q, k, v, beta, g, states, d_o, dS, 0.7, C, *mech)
     return [o, S, states, *(t for t in grads if t is not None)]
 
 
@@ -73,7 +74,9 @@ def test_split_schedule_equals_the_float64_engine(rule, gate, threads, monkeypat
     threads(2)
     monkeypatch.setenv("LINATTN_SCHEDULE", "split")
     q, k, v, beta, g = internal(x)
-    o, S, _ = _native.kernel("chunk_forward")(q, k, v, beta, g, x["S0"].float(), 0.7, 16, False)
+    mech = schema_mechanism(beta, g)
+    run = _native.kernel("chunk_forward")
+    o, S, _ = run(q, k, v, beta, g, x["S0"].float(), 0.7, 16, False, *mech)
     q64, k64, v64, beta64, g64 = internal(x, torch.float64)
     o64, S64 = chunk_forward(q64 * 0.7, k64, v64, beta64, g64, x["S0"], 16, mechanism(x))
     assert rel_rms(o, o64) < 2e-6

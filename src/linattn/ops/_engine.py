@@ -53,8 +53,8 @@ def forward(
     if 0 in k.shape[:3] or v.shape[1] == 0:
         return empty_forward(q, k, v, beta, g, initial_state)
     if mode == "chunk":
-        # A registered op: its schema carries the mechanism as which of beta and g are given.
-        return chunk(q, k, v, beta, g, initial_state, chunk_size, scale)
+        # A registered op: its schema carries the mechanism (rule and gate).
+        return chunk(q, k, v, beta, g, initial_state, chunk_size, scale, mech)
     q = q * scale
     if mode == "recurrent":
         return recurrent_forward(q, k, v, beta, g, initial_state, mech)

@@ -1,14 +1,14 @@
 """The fused CPU chunk form (``csrc/``), compiled on first use.
 
-The op ``chunk_forward`` runs the chunk form's forward pass chunk by chunk in C++, every block of
-a chunk in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group
-loop spends most of its time moving group-sized tensors through memory, not multiplying). It is
-the same algebra as ``chunk_function`` and is checked against it and against float64 in
+The op ``chunk_forward`` runs the chunk form's forward pass chunk by chunk in C++, every block of a
+chunk in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group
+loop spends most of its time moving group-sized tensors through memory, not multiplying). It is the
+same algebra as the PyTorch chunk loop (``chunk``) and is checked against it and against float64 in
 ``tests/ops/test_native.py``. The op ``chunk_backward`` fuses the backward pass of every mechanism
-of DESIGN.md's table the same way, from the chunk states this forward saves (``library`` calls
-both through ``kernel``). ``recurrent_step`` is the generation step with its checks in one call.
+of DESIGN.md's table the same way, from the chunk states this forward saves (``library`` calls both
+through ``kernel``). ``recurrent_step`` is the generation step with its checks in one call.
 
-The sources (``csrc/*.cpp`` and their headers; ``csrc/kernels.h`` says which file holds what) are
+The sources (``csrc/**/*.cpp`` and their headers; ``csrc/kernels.h`` says which file holds what) are
 compiled together with ``torch.utils.cpp_extension`` the first time they are needed, with the
 machine-tuned constants of ``tuning`` passed as ``-D`` defines (``DEFINES``; part of the build's
 name, so a changed value builds anew). It takes a minute or so, said on stderr when it starts;
@@ -45,8 +45,9 @@ from torch import Tensor
 from linattn.ops import tuning
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = sorted(CSRC.glob("*.cpp"))  # compiled together into one extension
-FILES = sorted([*SOURCES, *CSRC.glob("*.h")])  # everything a build depends on
+# Compiled together into one extension: csrc/ and its subfolders (csrc/rules/: a file per rule).
+SOURCES = sorted(CSRC.rglob("*.cpp"))
+FILES = sorted([*SOURCES, *CSRC.rglob("*.h")])  # everything a build depends on
 # The machine-tuned constants of the kernels (``csrc/tuning.h`` checks that each is defined).
 DEFINES = {
     "LINATTN_MAX_CHUNK": tuning.MAX_CHUNK,
@@ -248,11 +249,18 @@ def applies(q: Tensor) -> bool:
 def kernel(name: str):
     """The compiled op ``torch.ops.linattn_native.<name>`` (its schema in ``csrc/ops.cpp``); a
     clear error where the fused code is unavailable. ``library``'s kernels call
-    ``chunk_forward`` and ``chunk_backward`` (internal layout as in ``chunk_function``, any
-    strides: the kernels check every shape and copy a layout their BLAS cannot read in place)."""
+    ``chunk_forward`` and ``chunk_backward`` (internal layout as in ``chunk``, the
+    mechanism as ``rule`` and ``gate``, any strides: the kernels check every shape and copy a
+    layout their BLAS cannot read in place)."""
     if not available():
         raise RuntimeError(f"linattn: the fused CPU chunk form is unavailable ({reason()})")
     return getattr(torch.ops.linattn_native, name)
+
+
+def fused(name: str):
+    """``kernel(name)``'s default overload, for a caller that has just seen ``applies`` hold (the
+    chunk ops' kernels, on every call): no second availability check, no overload resolution."""
+    return getattr(torch.ops.linattn_native, name).default
 
 
 def empty(sizes: tuple[int, ...], like: Tensor) -> Tensor:

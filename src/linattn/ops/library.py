@@ -4,9 +4,14 @@ Two ops in the namespace ``linattn`` (spec sections 5.1 and 8; the internal layo
 ``chunk``: q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K];
 HV = G H grouped value heads, value head j reading q/k head j // G in place, G = 1 the plain case):
 
-    linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep) -> (o, S, states)
-    linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C)
+    linattn::chunk_forward(q, k, v, beta?, g?, S0, scale, C, keep, rule, gate) -> (o, S, states)
+    linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C, rule, gate)
         -> (dq, dk, dv, dbeta, dg, dS0)
+
+rule ("additive" | "delta") and gate ("none" | "head" | "channel") are the mechanism the public
+op resolved (``Mechanism.of``), passed down in the schema: nothing below reads it from the
+tensors, whose presence and widths are checked against it (beta given for the delta rule alone,
+g [..., 1] for a gate per head, [..., K] per channel).
 
 o [B, HV, T, V] is a view of a [B, T, HV, V] tensor; S [B, HV, K, V] the final state; states
 [ceil(T / C), B HV, K, V] the state entering every chunk (``keep``; else an empty tensor), which the
@@ -39,9 +44,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from linattn.ops import _native, tuning
 from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forward
-from linattn.ops.mechanism import Mechanism
+from linattn.ops.mechanism import GATES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
+RULES = ("additive", "delta")  # the ops' ``rule`` argument; index: ``Mechanism.delta``
+_MECHANISMS = {(rule, gate): Mechanism(rule == "delta", gate) for rule in RULES for gate in GATES}
 
 
 def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
@@ -54,9 +61,28 @@ def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) ->
         raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
 
 
-def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int, int, int, int]:
+def mechanism(rule: str, gate: str) -> Mechanism:
+    """The ``Mechanism`` that the ops' ``rule`` and ``gate`` arguments name (one of six, made once:
+    this runs on every call)."""
+    found = _MECHANISMS.get((rule, gate))
+    if found is not None:
+        return found
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+
+
+def schema_args(mech: Mechanism) -> tuple[str, str]:
+    """The ops' ``rule`` and ``gate`` arguments for ``mech``."""
+    return RULES[mech.delta], mech.gate
+
+
+def _check_inputs(
+    q, k, v, beta, g, scale: float, C: int, rule: str, gate: str
+) -> tuple[int, int, int, int, int, int]:
     """The checks both ops share, before any work (the fake kernels run them too): shapes, one
-    dtype and device, a finite scale and the chunk size; (B, H, HV, T, K, V).
+    dtype and device, the mechanism's beta and g, a finite scale and the chunk size;
+    (B, H, HV, T, K, V).
 
     Grouped value heads: v, beta, g (and the states) have HV = G H heads, q and k H; value head
     j reads q/k head j // G in place (G = 1 the plain case)."""
@@ -75,11 +101,16 @@ def _check_inputs(q, k, v, beta, g, scale: float, C: int) -> tuple[int, int, int
             f"(grouped value heads), got {tuple(v.shape)}"
         )
     _like("v", v, q, (B, HV, T, V), "[B, HV, T, V]")
+    mech = mechanism(rule, gate)
+    if (beta is not None) != mech.delta:
+        raise ValueError(f"beta must be {'given' if mech.delta else 'None'} for the {rule} rule")
     if beta is not None:
         _like("beta", beta, q, (B, HV, T), "[B, HV, T]")
+    if (g is not None) != mech.decays:
+        raise ValueError(f"g must be {'given' if mech.decays else 'None'} for the gate {gate!r}")
     if g is not None:
-        width = g.shape[-1] if isinstance(g, Tensor) and g.dim() == 4 else 1
-        _like("g", g, q, (B, HV, T, width if width in (1, K) else 1), "[B, HV, T, 1 | K]")
+        width, dims = (1, "[B, HV, T, 1]") if gate == "head" else (K, "[B, HV, T, K]")
+        _like("g", g, q, (B, HV, T, width), dims)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     if not 1 <= C <= tuning.MAX_CHUNK:
@@ -110,25 +141,39 @@ def _empty(x: Tensor) -> Tensor:
     return x.new_empty(0)
 
 
-def forward_kernel(q, k, v, beta, g, S0, scale: float, C: int, keep: bool) -> tuple:
+def forward_kernel(
+    q, k, v, beta, g, S0, scale: float, C: int, keep: bool, rule: str, gate: str
+) -> tuple:
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
     tensors where it is available, else the PyTorch group loop."""
     if _native.applies(q):
-        return _native.kernel("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep)
-    return loop_forward(q, k, v, beta, g, S0, scale, C, Mechanism.internal(beta, g), keep)
+        return _native.fused("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
+    return loop_forward(q, k, v, beta, g, S0, scale, C, mechanism(rule, gate), keep)
 
 
 def backward_kernel(
-    q, k, v, beta, g, states, d_o, dS, scale: float, C: int, needs: tuple[bool, ...] = (True,) * 6
+    q,
+    k,
+    v,
+    beta,
+    g,
+    states,
+    d_o,
+    dS,
+    scale: float,
+    C: int,
+    rule: str,
+    gate: str,
+    needs: tuple[bool, ...] = (True,) * 6,
 ) -> tuple:
     """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``), with None for
     dbeta without beta and dg without g. The PyTorch loop computes only the gradients ``needs``
     marks (q, k, v, beta, g, S0), None for the others; the fused loop computes all of them."""
     if _native.applies(q):
-        run = _native.kernel("chunk_backward")
-        dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C)
+        run = _native.fused("chunk_backward")
+        dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
         return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
-    mech = Mechanism.internal(beta, g)
+    mech = mechanism(rule, gate)
     *grads, dS0 = loop_backward(q, k, v, beta, g, states, d_o, dS, scale, C, mech, tuple(needs))
     return (*(_public(x) for x in grads), dS0)
 
@@ -144,16 +189,18 @@ def chunk_forward(
     scale: float,
     C: int,
     keep: bool,
+    rule: str,
+    gate: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o, the final state and (keep) the state entering every chunk; see the module docstring."""
-    B, _, HV, _, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+    B, _, HV, _, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
-    return forward_kernel(q, k, v, beta, g, S0, scale, C, keep)
+    return forward_kernel(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
 
 
 @chunk_forward.register_fake
-def _(q, k, v, beta, g, S0, scale, C, keep):
-    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+def _(q, k, v, beta, g, S0, scale, C, keep, rule, gate):
+    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
     n_chunks = -(-T // min(C, max(T, 1)))
     o = q.new_empty(B, T, HV, V).transpose(1, 2)
@@ -161,8 +208,10 @@ def _(q, k, v, beta, g, S0, scale, C, keep):
     return o, q.new_empty(B, HV, K, V), states
 
 
-def _check_backward(q, k, v, beta, g, states, d_o, dS, scale: float, C: int) -> None:
-    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C)
+def _check_backward(
+    q, k, v, beta, g, states, d_o, dS, scale: float, C: int, rule: str, gate: str
+) -> None:
+    B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     n_chunks = -(-T // min(C, max(T, 1)))
     _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]")
     _like("d_o", d_o, q, (B, HV, T, V), "[B, HV, T, V]")
@@ -181,19 +230,22 @@ def chunk_backward(
     dS: Tensor,
     scale: float,
     C: int,
+    rule: str,
+    gate: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, dbeta (empty without beta), dg (empty without g) and dS0 from the states
     ``chunk_forward`` kept and the gradients d_o, dS of its outputs."""
-    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
-    dq, dk, dv, dbeta, dg, dS0 = backward_kernel(q, k, v, beta, g, states, d_o, dS, scale, C)
+    args = (q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
+    _check_backward(*args)
+    dq, dk, dv, dbeta, dg, dS0 = backward_kernel(*args)
     dbeta = _empty(q) if dbeta is None else _public(dbeta)  # the fake kernel's layouts
     dg = _empty(q) if dg is None else _public(dg)
     return _public(dq), _public(dk), _public(dv), dbeta, dg, dS0
 
 
 @chunk_backward.register_fake
-def _(q, k, v, beta, g, states, d_o, dS, scale, C):
-    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C)
+def _(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate):
+    _check_backward(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
 
     def public(x: Tensor) -> Tensor:  # [B, T, H, ...] seen as [B, H, T, ...]
         return x.new_empty(x.transpose(1, 2).shape).transpose(1, 2)
@@ -204,10 +256,9 @@ def _(q, k, v, beta, g, states, d_o, dS, scale, C):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, beta, g, S0, scale, C, _ = inputs
-    # The op's schema gives the mechanism by which of beta and g are passed and g's last axis
-    # (1: a gate per head); the public op resolved the same one (``Mechanism.of``).
-    ctx.scale, ctx.C, ctx.mech = scale, C, Mechanism.internal(beta, g)
+    q, k, v, beta, g, S0, scale, C, _, rule, gate = inputs
+    # The mechanism the public op resolved (``Mechanism.of``), as the op's schema passes it.
+    ctx.scale, ctx.C, ctx.mech = scale, C, mechanism(rule, gate)
     ctx.save_for_backward(q, k, v, beta, g, S0, output[2])
     ctx.mark_non_differentiable(output[2])
     # Not materialised: autograd would pass a zero tensor of the states' size for their (never
@@ -226,19 +277,20 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
         # create_graph=True: gradients that can be differentiated again (issue 18).
         args = (q, k, v, beta, g, S0, d_o, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
         return (*differentiable_backward(*args), None, None, None)
+    mech = schema_args(ctx.mech)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
     traced = tracing(d_o)
     if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
         forward = chunk_forward if traced else forward_kernel
-        _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True)
-    args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C)
+        _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True, *mech)
+    args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C, *mech)
     if not traced:  # the loop computes only the gradients needed
-        return (*backward_kernel(*args, ctx.needs_input_grad[:6]), None, None, None)
+        return (*backward_kernel(*args, ctx.needs_input_grad[:6]), None, None, None, None, None)
     dq, dk, dv, dbeta, dg, dS0 = chunk_backward(*args)
     dbeta = None if beta is None else dbeta
     dg = None if g is None else dg
-    return dq, dk, dv, dbeta, dg, dS0, None, None, None
+    return dq, dk, dv, dbeta, dg, dS0, None, None, None, None, None
 
 
 chunk_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -265,10 +317,12 @@ def chunk(
     g: Tensor | None,
     initial_state: Tensor | None,
     chunk_size: int,
-    scale: float = 1.0,
+    scale: float,
+    mech: Mechanism,
 ) -> tuple[Tensor, Tensor]:
-    """The chunk form as the op ``linattn::chunk_forward`` with its backward (internal layout; the
-    public ops have checked the inputs); o [B, H, T, V] and the final state. The states of the
+    """The chunk form of the mechanism ``mech`` as the op ``linattn::chunk_forward`` with its
+    backward (internal layout; the public ops have checked the inputs and resolved ``mech``); o
+    [B, H, T, V] and the final state. The states of the
     chunks are kept only where a gradient can flow back. Traced (torch.compile, torch.export):
     the op itself; eager: its kernel and backward called directly (``_EagerChunk``), which saves
     the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost."""
@@ -277,6 +331,6 @@ def chunk(
     S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
     inputs = (q, k, v, beta, g, S0)
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
-    args = (q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep)
+    args = (q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep, *schema_args(mech))
     o, S, _ = chunk_forward(*args) if tracing(q) else _EagerChunk.apply(*args)
     return o, S

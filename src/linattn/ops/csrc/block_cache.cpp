@@ -49,57 +49,13 @@ class BlockCache {
   }
 
   // A block of at least ``nbytes`` (rounded up to 2 MiB), or nullptr if the mapping fails.
-  Block* take(size_t nbytes) {
-    const size_t bytes = (nbytes + kHuge - 1) / kHuge * kHuge;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (size_t i = 0; i < kept_.size(); ++i) {
-        if (kept_[i]->bytes == bytes) {
-          Block* block = kept_[i];
-          kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
-          kept_bytes_ -= bytes;
-          return block;
-        }
-      }
-    }
-    release();  // no block of this size: the others go back before new memory is mapped
-    const size_t mapped = bytes + kHuge;
-    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return nullptr;
-    const uintptr_t first = (reinterpret_cast<uintptr_t>(base) + kHuge - 1) & ~(kHuge - 1);
-    void* data = reinterpret_cast<void*>(first);
-    madvise(data, bytes, MADV_HUGEPAGE);
-    return new Block{base, mapped, data, bytes};
-  }
+  Block* take(size_t nbytes);
 
   // Keep a block freed by its tensor (within the limit), or return it to the system.
-  void give(Block* block) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (kept_bytes_ + block->bytes <= limit()) {
-        kept_.push_back(block);
-        kept_bytes_ += block->bytes;
-        return;
-      }
-    }
-    unmap(block);
-  }
+  void give(Block* block);
 
   // Return every kept block to the system; the bytes returned.
-  int64_t release() {
-    std::vector<Block*> blocks;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      blocks.swap(kept_);
-      kept_bytes_ = 0;
-    }
-    int64_t bytes = 0;
-    for (Block* block : blocks) {
-      bytes += static_cast<int64_t>(block->bytes);
-      unmap(block);
-    }
-    return bytes;
-  }
+  int64_t release();
 
   int64_t kept_bytes() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -122,6 +78,59 @@ class BlockCache {
   std::vector<Block*> kept_;
   size_t kept_bytes_ = 0;
 };
+
+// A block of at least ``nbytes`` (rounded up to 2 MiB), or nullptr if the mapping fails.
+BlockCache::Block* BlockCache::take(size_t nbytes) {
+  const size_t bytes = (nbytes + kHuge - 1) / kHuge * kHuge;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < kept_.size(); ++i) {
+      if (kept_[i]->bytes == bytes) {
+        Block* block = kept_[i];
+        kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+        kept_bytes_ -= bytes;
+        return block;
+      }
+    }
+  }
+  release();  // no block of this size: the others go back before new memory is mapped
+  const size_t mapped = bytes + kHuge;
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(base) + kHuge - 1) & ~(kHuge - 1);
+  void* data = reinterpret_cast<void*>(first);
+  madvise(data, bytes, MADV_HUGEPAGE);
+  return new Block{base, mapped, data, bytes};
+}
+
+// Keep a block freed by its tensor (within the limit), or return it to the system.
+void BlockCache::give(Block* block) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kept_bytes_ + block->bytes <= limit()) {
+      kept_.push_back(block);
+      kept_bytes_ += block->bytes;
+      return;
+    }
+  }
+  unmap(block);
+}
+
+// Return every kept block to the system; the bytes returned.
+int64_t BlockCache::release() {
+  std::vector<Block*> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks.swap(kept_);
+    kept_bytes_ = 0;
+  }
+  int64_t bytes = 0;
+  for (Block* block : blocks) {
+    bytes += static_cast<int64_t>(block->bytes);
+    unmap(block);
+  }
+  return bytes;
+}
 
 void give_back(void* block) {
   BlockCache::instance().give(static_cast<BlockCache::Block*>(block));

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
+#include "mechanism.h"
 #include "tuning.h"
 
 namespace linattn_native {
@@ -36,24 +38,32 @@ struct Checks {
                 ", got ", x.sizes());
   }
 
-  // g: [B, H, T, 1] (one log-gate per token) or [B, H, T, K] (one per channel); its width.
-  int64_t gate(const at::Tensor& g, int64_t B, int64_t H, int64_t T, int64_t K) const {
-    float32_cpu("g", g);
-    TORCH_CHECK(g.dim() == 4 && (g.size(3) == 1 || g.size(3) == K), op,
-                ": g must be of shape [B, H, T, 1 | K] = [", B, ", ", H, ", ", T, ", 1 | ", K,
-                "], got ", g.sizes());
-    shape("g", g, {B, H, T, g.size(3)}, "[B, H, T, 1 | K]");
-    return g.size(3);
+  // beta and g as the mechanism has them: beta [B, HV, T] for the delta rule (None for the
+  // additive rule), g [B, HV, T, kg] with kg the gate's width (None without a gate); kg.
+  int64_t mechanism_inputs(const Mechanism& m, const std::optional<at::Tensor>& beta,
+                           const std::optional<at::Tensor>& g, int64_t B, int64_t HV, int64_t T,
+                           int64_t K) const {
+    TORCH_CHECK(beta.has_value() == m.delta(), op, ": beta must be ",
+                m.delta() ? "given for the delta rule" : "None for the additive rule");
+    if (beta.has_value()) shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
+    TORCH_CHECK(g.has_value() == m.gated(), op, ": g must be ",
+                m.gated() ? "given for a gate" : "None without a gate");
+    const int64_t kg = m.gate_width(K);
+    if (g.has_value()) {
+      shape("g", *g, {B, HV, T, kg}, m.gate == Gate::kHead ? "[B, HV, T, 1]" : "[B, HV, T, K]");
+    }
+    return kg;
   }
 };
 
 // The sizes of a chunk-form call: q, k [B, H, T, K], v [B, HV, T, V] (grouped value heads:
-// HV = G H, value head j reads q/k head j / G; G = 1 the plain case), N chunks of C tokens, with
+// HV = group H, value head j reads q/k head j / group; group = 1 the plain case), N chunks of C
+// tokens, with
 // C = min(C, T) (the same chunks: one chunk holds the whole sequence either way). P = B HV: the
 // value heads, one state each. 64-bit throughout; the BLAS's 32-bit sizes and leading dimensions
 // are checked here, before any work.
 struct Sizes {
-  int64_t B, H, HV, G, T, K, V, P, N, C;
+  int64_t B, H, HV, group, T, K, V, P, N, C;  // group: value heads per q/k head
   Sizes(const Checks& check, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         int64_t C64) {
     check.float32_cpu("q", q);
@@ -66,7 +76,7 @@ struct Sizes {
     TORCH_CHECK((H == 0 && HV == 0) || (H > 0 && HV % H == 0), check.op,
                 ": v's heads HV = ", HV, " must be a multiple of q's and k's H = ", H,
                 " (grouped value heads)");
-    G = H > 0 ? HV / H : 1;
+    group = H > 0 ? HV / H : 1;
     check.shape("v", v, {B, HV, T, V}, "[B, HV, T, V]");
     TORCH_CHECK(C64 >= 1, check.op, ": C (the chunk size) must be >= 1, got ", C64);
     C = std::min(C64, std::max<int64_t>(T, 1));
@@ -79,7 +89,7 @@ struct Sizes {
   }
 
   // The q/k head that value head hv reads.
-  int64_t qk_head(int64_t hv) const { return hv / G; }
+  int64_t qk_head(int64_t hv) const { return hv / group; }
 };
 
 // A scale that multiplies q: finite (a NaN or Inf would make every output NaN without a word).

@@ -19,10 +19,13 @@
 #include "layout.h"
 #include "products.h"
 #include "schedule.h"
+#include "rules/rules.h"
 #include "terms.h"
 
 namespace linattn_native {
 namespace {
+
+constexpr const char* kForwardOp = "linattn_native.chunk_forward";
 
 // Step o: the read of the incoming state plus the masked product inside the chunk,
 // o = Qd S + A_qk U (O [c, V], row stride ldo).
@@ -56,10 +59,11 @@ struct ForwardInputs {
   at::Tensor q, k, v, beta, g;
   const float *qp, *kp, *vp, *bp, *gp;
 
-  ForwardInputs(const Sizes& sizes, const at::Tensor& q_in, const at::Tensor& k_in,
-                const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
-                const std::optional<at::Tensor>& g_opt, int64_t gates)
-      : sz(sizes), delta(beta_opt.has_value()), kg(gates), q(blas_rows(q_in)),
+  ForwardInputs(const Sizes& sizes, bool delta_rule, const at::Tensor& q_in,
+                const at::Tensor& k_in, const at::Tensor& v_in,
+                const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
+                int64_t gates)
+      : sz(sizes), delta(delta_rule), kg(gates), q(blas_rows(q_in)),
         k(blas_rows(k_in)), v(blas_rows(v_in)), beta(delta ? *beta_opt : at::Tensor()),
         g(kg > 0 ? unit_rows(*g_opt) : at::Tensor()), qp(q.data_ptr<float>()),
         kp(k.data_ptr<float>()), vp(v.data_ptr<float>()),
@@ -108,23 +112,40 @@ struct ForwardBlocks {
   }
 };
 
-// Steps G to U0 of one chunk (terms.h), into ``t``; the rows the later steps read.
+// The terms of one chunk that do not read the state, into ``t``: the gates (terms.h) and the
+// rule's own (rules/: the scores; the delta rule's UT transform); the rows the later steps read.
 GatedRows chunk_terms(const ChunkRows& x, const ForwardInputs& in, float scale, const Terms& t,
                       Scratch& w) {
   const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C;
   const GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t);
-  chunk_scores(x, in.delta, in.kg, K, scale, t.G, C, t.A, t.Akk, w);
-  if (in.delta) ut_transform(x, r, K, V, C, t.Akk, t.L, t.X);
+  if (in.delta) {
+    delta::scores(x, in.kg, K, scale, t, C, w);
+    delta::ut_transform(x, r, K, V, C, t.Akk, t.L, t.X);
+  } else {
+    additive::scores(x, in.kg, K, scale, t, C, w);
+  }
   return r;
 }
 
-// The pseudo-values of a chunk whose terms are ``t``: v, or U = U0 - W S in place of U0.
-std::pair<const float*, int64_t> chunk_values(const ChunkRows& x, const ForwardInputs& in,
-                                              const Terms& t, const float* S) {
-  if (!in.delta) return {x.v, x.ldv};
+// Where a chunk's pseudo-values are (rows, row stride): the values (additive rule), or the U0
+// block of [W | U0], which ``advance`` turns into U in place (delta rule).
+std::pair<const float*, int64_t> values_at(const ChunkRows& x, const ForwardInputs& in,
+                                           const Terms& t) {
+  if (!in.delta) return additive::pseudo_values(x);
+  return {t.X + in.sz.K, in.sz.K + in.sz.V};
+}
+
+// Section 8's step of one chunk, written once for both schedules: U, then O, then S. The
+// pseudo-values U from the state S entering the chunk (the rule's), the outputs o = Qd S + A_qk U
+// into O (nullptr: not now; the split schedule forms them in a pass of their own), and the state
+// leaving the chunk, S <- D S + Ke^T U, in place of S.
+void advance(const ChunkRows& x, const ForwardInputs& in, const Terms& t, const GatedRows& r,
+             float* S, float* O, int64_t ldo) {
   const int64_t K = in.sz.K, V = in.sz.V;
-  pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
-  return {t.X + K, K + V};
+  if (in.delta) delta::pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
+  const auto [U, ldu] = values_at(x, in, t);
+  if (O) chunk_outputs(x.c, K, V, r, S, t.A, in.sz.C, U, ldu, O, ldo);
+  state_pass(x.c, in.kg, K, V, t.D, r, U, ldu, S);
 }
 
 // The fused schedule (schedule.h): heads [lo, hi) chunk by chunk, every step of a chunk in turn.
@@ -142,10 +163,7 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
       if (statep) std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
       const ChunkRows x = in.rows(n, p);
       const GatedRows r = chunk_terms(x, in, scale, t, blocks.w);
-      const auto [U, ldu] = chunk_values(x, in, t, S);
-      float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
-      chunk_outputs(x.c, K, V, r, S, t.A, C, U, ldu, O, o.stride(2));
-      state_pass(x.c, in.kg, K, V, t.D, r, U, ldu, S);
+      advance(x, in, t, r, S, chunk_rows(o, op, p / HV, p % HV, n * C), o.stride(2));
     }
   }
 }
@@ -205,8 +223,7 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
         std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
         const ChunkRows x = in.rows(n, p);
         const Terms t = slots.at(n * P + p, blocks);
-        const auto [U, ldu] = chunk_values(x, in, t, S);
-        state_pass(x.c, in.kg, K, V, t.D, slot_rows(x, in.kg, K, scale, t), U, ldu, S);
+        advance(x, in, t, slot_rows(x, in.kg, K, scale, t), S, nullptr, 0);
       }
     }
   });
@@ -217,8 +234,7 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
       const int64_t n = s / P, p = s % P;
       const ChunkRows x = in.rows(n, p);
       const Terms t = slots.at(s, blocks);
-      const float* U = in.delta ? t.X + K : x.v;
-      const int64_t ldu = in.delta ? K + V : x.ldv;
+      const auto [U, ldu] = values_at(x, in, t);  // U, as the state pass left it
       float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
       chunk_outputs(x.c, K, V, slot_rows(x, in.kg, K, scale, t), statep + s * KV, t.A, C, U, ldu,
                     O, o.stride(2));
@@ -228,16 +244,15 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
 
 }  // namespace
 
-// The checks of a ``chunk_forward`` call (on ``device``): its sizes and the gate width kg.
-std::pair<Sizes, int64_t> forward_sizes(c10::DeviceType device, const at::Tensor& q,
+// The checks of a ``chunk_forward`` call: its sizes and the gate width kg.
+std::pair<Sizes, int64_t> forward_sizes(const Mechanism& mech, const at::Tensor& q,
                                         const at::Tensor& k, const at::Tensor& v,
                                         const std::optional<at::Tensor>& beta,
                                         const std::optional<at::Tensor>& g, const at::Tensor& S0,
                                         double scale, int64_t C) {
-  const Checks check{"linattn_native.chunk_forward", device};
+  const Checks check{kForwardOp};
   const Sizes sz(check, q, k, v, C);
-  if (beta.has_value()) check.shape("beta", *beta, {sz.B, sz.HV, sz.T}, "[B, HV, T]");
-  const int64_t kg = g.has_value() ? check.gate(*g, sz.B, sz.HV, sz.T, sz.K) : 0;
+  const int64_t kg = check.mechanism_inputs(mech, beta, g, sz.B, sz.HV, sz.T, sz.K);
   check.shape("S0", S0, {sz.B, sz.HV, sz.K, sz.V}, "[B, HV, K, V]");
   checked_scale(check, scale);
   return {sz, kg};
@@ -246,14 +261,16 @@ std::pair<Sizes, int64_t> forward_sizes(c10::DeviceType device, const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
-    const at::Tensor& S0, double scale_d, int64_t C64, bool keep) {
+    const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
+    c10::string_view gate) {
+  const Mechanism mech = parse_mechanism(kForwardOp, rule, gate);
   const std::pair<Sizes, int64_t> checked =
-      forward_sizes(c10::kCPU, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64);
+      forward_sizes(mech, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64);
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
-  const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N, C = sz.C;
+  const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   const float scale = static_cast<float>(scale_d);
-  const ForwardInputs in(sz, q_in, k_in, v_in, beta_opt, g_opt, kg);
+  const ForwardInputs in(sz, mech.delta(), q_in, k_in, v_in, beta_opt, g_opt, kg);
 
   at::Tensor o = fresh_public(sz, V, in.q.options());
   // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).
@@ -272,17 +289,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   }
   if (!keep) states = at::empty({0}, in.q.options());
   return {o, S.view({B, HV, K, V}), states};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward_meta(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
-    const at::Tensor& S0, double scale, int64_t C, bool keep) {
-  const Sizes sz = forward_sizes(c10::kMeta, q, k, v, beta, g, S0, scale, C).first;
-  const at::TensorOptions options = q.options();
-  return {at::empty({sz.B, sz.T, sz.HV, sz.V}, options).transpose(1, 2),
-          at::empty({sz.B, sz.HV, sz.K, sz.V}, options),
-          keep ? at::empty({sz.N, sz.P, sz.K, sz.V}, options) : at::empty({0}, options)};
 }
 
 }  // namespace linattn_native

@@ -1,8 +1,8 @@
 // The chunk form fused chunk by chunk on the CPU (spec sections 5.1 and 8; DESIGN.md's table).
 //
-// The same algebra as ``chunk_function`` (its module docstring gives the equations), computed chunk
-// by chunk with every block of a chunk in the cache: for each chunk of c <= C tokens of a head with
-// incoming state S [K, V] and cumulative log-gates G_i = g_1 + ... + g_i,
+// The same algebra as the PyTorch chunk loop ``chunk`` (its module docstring gives the equations),
+// computed chunk by chunk with every block of a chunk in the cache: for each chunk of c <= C tokens
+// of a head with incoming state S [K, V] and cumulative log-gates G_i = g_1 + ... + g_i,
 //
 //   1. gates:      Qd = scale q * exp(G),  Ke = k * exp(G_c - G),  D = exp(G_c)
 //   2. masked:     A_qk[i, j] = scale sum_k q_ik k_jk exp(G_ik - G_jk)  (j <= i)
@@ -24,25 +24,33 @@
 // chunk by chunk from the last, each chunk recomputed from its saved state (memory linear in T).
 //
 // Inputs are float32, q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K]
-// (grouped value heads: HV = G H, value head j reads q/k head j / G in place; the backward writes
-// dq, dk per value head and sums each group at the end; G = 1 the plain case), each
+// (grouped value heads: HV = group H, value head j reads q/k head j / group in place; the backward
+// writes dq, dk per value head and sums each group at the end; group = 1 the plain case), each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
 // public ops are read in place). Every log-gate is <= 0 and every input finite (the public ops
 // check), but a log-gate may be -inf (a reset): each is floored at kGateFloor, and the cumulative
 // log-gates are summed exactly as pairs of floats (``Gates``), so that every decay
 // exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 //
-// The files: blas (the BLAS wrappers), triangular (the UT transform's solves, by substitution),
-// gates (cumulative log-gates as pairs, exp, the floor), products (the masked decayed products
-// A_qk and A_kk), terms (steps 1-3 and U = U0 - W S, the one place the forward and backward
-// passes compute them), schedule (how the work is spread over the threads: fused per head, or
-// split into (chunk, head) pairs), block_cache (the output allocator), checks and layout (entry
+// The mechanism (the rule and the gate) is passed in the ops' schema and parsed once
+// (mechanism.h); nothing reads it from the tensors' shapes.
+//
+// The files: forward (the chunk loop: steps 1-5, U then O then S written once for both
+// schedules), backward (its gradient, a free function per step; backward.h its terms), rules/ (a
+// file per update rule: additive.cpp, delta.cpp, their scores, UT transform, pseudo-values and the
+// backward of those; rules.h says what a new rule adds), terms (step 1, the gates, the one place
+// both passes form them), products (the masked decayed products A_qk and A_kk, one halving
+// recursion for the per-channel blocks), gates (cumulative log-gates as pairs, exp, the floor),
+// triangular (the UT transform's solves, by substitution), blas (the BLAS wrappers), schedule
+// (how the work is spread over the threads: fused per head, or split into (chunk, head) pairs),
+// block_cache (the output allocator), mechanism, checks and layout (the entry's mechanism and
 // checks, where a chunk's rows are), tuning.h (the machine-tuned constants, from
-// linattn/ops/tuning.py), forward, backward, step (the generation step) and ops.cpp (the
-// torch.library registration).
+// linattn/ops/tuning.py), step (the generation step) and ops.cpp (the torch.library
+// registration).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <cstdint>
 #include <optional>
@@ -55,7 +63,8 @@ namespace linattn_native {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
-    const at::Tensor& S0, double scale_d, int64_t C64, bool keep);
+    const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
+    c10::string_view gate);
 
 // dq, dk [B, H, T, K], dv [B, HV, T, V], dbeta [B, HV, T] (empty for the additive rule), dg
 // [B, HV, T, kg] (empty without decay) and dS0 [B, HV, K, V], from the states ``chunk_forward``
@@ -64,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
-    double scale_d, int64_t C64);
+    double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate);
 
 // One generation step, the state [B, HV, K, V] updated in place (q, k [B, H, K], HV = G H): o
 // [B, HV, V], or an empty tensor (the state unchanged) when a value is out of range.
@@ -72,16 +81,8 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
                           const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
                           const std::optional<at::Tensor>& g_opt, double scale_d);
 
-// The fake (meta) kernels: the same checks and the outputs' shapes and strides, no data.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward_meta(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
-    const at::Tensor& S0, double scale, int64_t C, bool keep);
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-chunk_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
-                    const at::Tensor& states, const at::Tensor& d_o, const at::Tensor& dS_final,
-                    double scale, int64_t C);
+// The fake (meta) kernel of the step: the same checks and the output's shape, no data (the
+// chunk ops' fake kernels are ``linattn.ops.library``'s, registered on the op that is traced).
 at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::optional<at::Tensor>& beta,
                                const std::optional<at::Tensor>& g, double scale);

@@ -1,8 +1,10 @@
 // The kernels registered with torch.library as the ops ``torch.ops.linattn_native.*``: a schema
-// each, the CPU kernel, and a Meta kernel (the same checks, the outputs' shapes and strides), so
-// that fake tensors (torch.compile, torch.export, opcheck) can run them without data. Their
-// autograd is registered in Python (``linattn.ops.library``), which wraps the chunk form's two
-// kernels in one op with its backward.
+// each and the CPU kernel. The chunk form's two kernels are plain kernels of the one op that is
+// traced, ``linattn::chunk_forward`` / ``chunk_backward`` (``linattn.ops.library``: its schema,
+// fake kernels and autograd exist at import, whether or not this extension is built), which
+// calls them on eager float32 CPU tensors; they keep their own checks, which guard memory (a
+// direct call through torch.ops can pass anything), but no fake kernel of their own. The
+// generation step has no Python op around it: its Meta kernel is its fake kernel.
 
 #include <torch/library.h>
 
@@ -15,10 +17,10 @@ namespace linattn_native {
 TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "chunk_forward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor S0, float scale,"
-      " int C, bool keep) -> (Tensor, Tensor, Tensor)");
+      " int C, bool keep, str rule, str gate) -> (Tensor, Tensor, Tensor)");
   m.def(
       "chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor states,"
-      " Tensor d_o, Tensor dS_final, float scale, int C)"
+      " Tensor d_o, Tensor dS_final, float scale, int C, str rule, str gate)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "recurrent_step(Tensor(a!) state, Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g,"
@@ -36,8 +38,6 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
-  m.impl("chunk_forward", &chunk_forward_meta);
-  m.impl("chunk_backward", &chunk_backward_meta);
   m.impl("recurrent_step", &recurrent_step_meta);
 }
 

@@ -1,12 +1,13 @@
-// The masked, decayed products inside a chunk (spec section 8: A_qk and the delta rule's L;
+// The masked, decayed products inside a chunk (spec section 8: A_qk and the delta rule's A_kk;
 // section 10 for the per-channel decay), and their gradients.
 //
-//   A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk)   for j <= i (j < i when strict)
+//   A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk)   for j <= i (j < i for A_kk)
 //
 // No gate: one product and the causal mask. One gate per token: the product times the matrix of
 // decays exp(G_i - G_j). One gate per channel: the decay differs per channel and cannot leave the
 // sum; it is factored, exp(G_i - G_r) exp(G_r - G_j) about a reference row r, on blocks halved
-// until the gates' spread fits float32 (``kFactorBudget``, gates.h).
+// until the gates' spread fits float32 (``kFactorBudget``, gates.h; ``factored_blocks``, the one
+// halving recursion, which the products and their gradients share).
 #pragma once
 
 #include <cstdint>
@@ -26,23 +27,22 @@ struct Scratch {
         Xf(C * K), Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
 };
 
-// A[i, j] = alpha sum_k x_ik y_jk exp(G_ik - G_jk) for j <= i (j < i when strict), zero above,
-// for c rows; kg = 0 (no gate), 1 (one log-gate per token) or K (one per channel); G [c, kg].
-void decayed_products(const float* X, int64_t ldx, const float* Y, int64_t ldy, const Gates& G,
-                      int64_t kg, int c, int64_t K, bool strict, float alpha, float* A,
-                      int64_t lda, Scratch& w);
+// The rows of an operand [c, K] of a product: row i at p + i ld.
+struct Rows {
+  const float* p;
+  int64_t ld;
+};
 
-// The delta rule's two decayed products at once: A1 = alpha1 decayed(X1 Y^T) (j <= i) and
-// A2 = decayed(X2 Y^T) (j < i), every decay formed once (A_qk and A_kk).
-void decayed_product_pair(const float* X1, int64_t ld1, const float* X2, int64_t ld2,
-                          const float* Y, int64_t ldy, const Gates& G, int kg, int c, int K,
-                          float alpha1, float* A1, float* A2, int64_t lda, Scratch& w);
+// A1 = alpha1 decayed(X1 Y^T) (j <= i), zero above, for c rows; and, when A2 is not nullptr, the
+// delta rule's second product A2 = decayed(X2 Y^T) (j < i) with every decay formed once for both
+// (A_qk and A_kk). kg = 0 (no gate), 1 (one log-gate per token) or K (one per channel); G [c, kg].
+void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int c, int64_t K,
+                      float alpha1, float* A1, float* A2, int64_t lda, Scratch& w);
 
-// The gradient of a per-channel decayed product's diagonal block [i0, i0 + n) (kg = K), for dA
-// masked as the product was: adds to dX and dY ([c, K]).
-void channel_diagonal_backward(const float* X, int64_t ldx, const float* Y, int64_t ldy,
-                               const Gates& G, int64_t K, int i0, int n, float alpha,
-                               const float* dA, int64_t lda, float* dX, float* dY, Scratch& w);
+// The gradient of a per-channel decayed product of c rows (kg = K), for dA masked as the product
+// was (the same blocks, the same halving): adds to dX and dY ([c, K]).
+void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
+                              const float* dA, int64_t lda, float* dX, float* dY, Scratch& w);
 
 // The gates' share of a one-gate-per-token decayed product's gradient (adds to dG [c]).
 void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG);

@@ -1,17 +1,13 @@
-// The state-independent terms of a chunk (spec section 8), each computed in exactly one place,
-// for the forward pass (forward.cpp) and the backward pass (backward.cpp) alike:
+// A chunk's rows and terms, and the one term every rule shares (spec section 8), computed in one
+// place for the forward pass (forward.cpp) and the backward pass (backward.cpp) alike:
 //
 //   chunk_gates    G (cumulative log-gates), exp(G), exp(G_c - G), D = exp(G_c);
 //                  Qd = scale q exp(G), Ke = k exp(G_c - G), Kd = k exp(G)
-//   chunk_scores   A_qk = scale decayed(q k^T) (j <= i), the delta rule's A_kk (j < i)
-//   ut_transform   L = diag(beta) A_kk, (I + L) [W | U0] = diag(beta) [Kd | v]
 //
-// and the first step that reads the state entering the chunk, which both passes take:
-//
-//   pseudo_values  U = U0 - W S
-//
-// None of the first three reads the state: they are computed for every (chunk, head) pair at
-// once when heads alone cannot fill the threads (forward.cpp's split schedule).
+// The rules' own terms (the scores A_qk and A_kk, the UT transform, the pseudo-values) are in
+// rules/, a file per rule. None of the state-independent terms reads the state: they are computed
+// for every (chunk, head) pair at once when heads alone cannot fill the threads (the split
+// schedules).
 #pragma once
 
 #include <cstdint>
@@ -59,20 +55,5 @@ struct GatedRows {
 // ``zeros``: kg zeros.
 GatedRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* zeros,
                       const Terms& t);
-
-// Step A_qk (and A_kk): the masked, decayed scores inside the chunk, A [c, C] (j <= i); with the
-// delta rule also A_kk (j < i), sharing its decays.
-void chunk_scores(const ChunkRows& x, bool delta, int64_t kg, int64_t K, float scale,
-                  const Gates& G, int64_t C, float* A, float* Akk, Scratch& w);
-
-// Step L, W, U0 (the UT transform): L = diag(beta) A_kk, then
-// (I + L) [W | U0] = diag(beta) [Kd | v], solved into X [c, K + V].
-void ut_transform(const ChunkRows& x, const GatedRows& r, int64_t K, int64_t V, int64_t C,
-                  const float* Akk, float* L, float* X);
-
-// Step U: the pseudo-values U = U0 - W S (X = [W | U0]; S [K, V] the state entering the chunk)
-// into U [c, V] (row stride ldu), which may be X's U0 block itself (in place).
-void pseudo_values(int c, int64_t K, int64_t V, const float* X, const float* S, float* U,
-                   int64_t ldu);
 
 }  // namespace linattn_native

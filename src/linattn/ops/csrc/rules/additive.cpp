@@ -1,0 +1,16 @@
+// The additive rule (spec sections 5 and 8): S <- D S + k v^T, read o = S^T q. Its chunk form
+// needs the scores A_qk alone; its pseudo-values are the values (rules.h).
+
+#include "rules.h"
+
+namespace linattn_native {
+namespace additive {
+
+void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t, int64_t C,
+            Scratch& w) {
+  const Rows q{x.q, x.ldq}, k{x.k, x.ldk};
+  decayed_products(q, q, k, t.G, kg, x.c, K, scale, t.A, nullptr, C, w);
+}
+
+}  // namespace additive
+}  // namespace linattn_native

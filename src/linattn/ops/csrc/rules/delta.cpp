@@ -1,0 +1,144 @@
+// The delta rule (spec section 8): S <- D (I - beta k k^T) S + beta k v^T, read o = S^T q. In a
+// chunk its writes are the pseudo-values U of the UT transform (rules.h):
+//
+//   L = diag(beta) A_kk (j < i),  (I + L) [W | U0] = diag(beta) [Kd | V],  U = U0 - W S.
+
+#include "rules.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../blas.h"
+#include "../triangular.h"
+
+namespace linattn_native {
+namespace delta {
+
+void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t, int64_t C,
+            Scratch& w) {
+  const Rows q{x.q, x.ldq}, k{x.k, x.ldk};
+  decayed_products(q, k, k, t.G, kg, x.c, K, scale, t.A, t.Akk, C, w);
+}
+
+// L = diag(beta) A_kk (j < i), X = diag(beta) [Kd | v], then the solve (I + L) X = X.
+void ut_transform(const ChunkRows& x, const GatedRows& r, int64_t K, int64_t V, int64_t C,
+                  const float* Akk, float* L, float* X) {
+  const int c = x.c, Ki = static_cast<int>(K), Vi = static_cast<int>(V);
+  const int64_t ldx = K + V;
+  for (int i = 0; i < c; ++i) {
+    const float bi = x.beta[i * x.sb];
+    const float* Ai = Akk + static_cast<int64_t>(i) * C;
+    float* Li = L + static_cast<int64_t>(i) * C;
+#pragma omp simd
+    for (int j = 0; j < i; ++j) Li[j] = bi * Ai[j];
+    const float *kd = r.Kdec + i * r.ldkd, *vi = x.v + i * x.ldv;
+    float* xi = X + i * ldx;
+#pragma omp simd
+    for (int ch = 0; ch < Ki; ++ch) xi[ch] = bi * kd[ch];
+#pragma omp simd
+    for (int ch = 0; ch < Vi; ++ch) xi[K + ch] = bi * vi[ch];
+  }
+  unit_lower_solve(c, K + V, L, C, X, ldx);  // X = [W | U0]
+}
+
+// U = U0 - W S, U0 copied first where U is not X's own U0 block.
+void pseudo_values(int c, int64_t K, int64_t V, const float* X, const float* S, float* U,
+                   int64_t ldu) {
+  const int64_t ldx = K + V;
+  if (U != X + K) {
+    for (int i = 0; i < c; ++i) std::memcpy(U + i * ldu, X + i * ldx + K, sizeof(float) * V);
+  }
+  gemm(false, false, c, V, K, -1.0f, X, ldx, S, V, 1.0f, U, ldu);
+}
+
+namespace {
+
+// Row i of the UT transform's backward: dbeta_i, dv_i = beta_i dR_v,i, beta's share of dk_i (and
+// of dG_i with a gate), and dL_i = beta_i dT_i (j < i; zero from i on).
+void ut_transform_row(int i, const ChunkRows& x, const ChunkGrads& g, const Dims& d,
+                      const Recomputed& rc, const TermGrads& tg) {
+  const int c = d.c, Ki = static_cast<int>(d.K), Vi = static_cast<int>(d.V);
+  const int64_t K = d.K, C = d.C, kr = std::max<int64_t>(d.kg, 1);
+  const float bi = x.beta[i * x.sb];
+  float* dTi = tg.dA + static_cast<int64_t>(i) * C;
+  const float* Ai = rc.t.Akk + static_cast<int64_t>(i) * C;
+  const float *kd = rc.r.Kdec + i * rc.r.ldkd, *vi = x.v + i * x.ldv, *eg = rc.t.eG + i * kr;
+  const float *rk = tg.dRk + i * K, *rv = tg.dU + i * tg.lddu;
+  float *dk_i = g.dK + i * g.lddk, *dv_i = g.dV + i * g.lddv, *dGi = tg.dG + i * kr;
+  float db = 0.0f, sk = 0.0f;
+#pragma omp simd reduction(+ : db)
+  for (int j = 0; j < i; ++j) db += dTi[j] * Ai[j];
+  if (!d.channel()) {
+    const float a = d.gated() ? bi * eg[0] : bi;
+#pragma omp simd reduction(+ : sk)
+    for (int ch = 0; ch < Ki; ++ch) {
+      sk += rk[ch] * kd[ch];
+      dk_i[ch] += a * rk[ch];
+    }
+    if (d.gated()) dGi[0] += bi * sk;
+  } else {
+#pragma omp simd reduction(+ : sk)
+    for (int ch = 0; ch < Ki; ++ch) {
+      const float r = rk[ch] * kd[ch];
+      sk += r;
+      dGi[ch] += bi * r;
+      dk_i[ch] += bi * eg[ch] * rk[ch];
+    }
+  }
+#pragma omp simd reduction(+ : db)
+  for (int ch = 0; ch < Vi; ++ch) {
+    db += rv[ch] * vi[ch];
+    dv_i[ch] = bi * rv[ch];
+  }
+  g.dB[i * g.sdb] = db + sk;
+#pragma omp simd
+  for (int j = 0; j < i; ++j) dTi[j] *= bi;  // dL = diag(beta) dT
+  for (int j = i; j < c; ++j) dTi[j] = 0.0f;
+}
+
+}  // namespace
+
+void ut_transform_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
+                           const Recomputed& rc, const float* S, const TermGrads& tg) {
+  const int c = d.c, Ki = static_cast<int>(d.K), Vi = static_cast<int>(d.V);
+  const int64_t K = d.K, V = d.V, C = d.C, ldx = K + V;
+  const float *W = rc.t.X, *U0 = rc.t.X + K;
+  unit_lower_solve_transposed(c, Vi, rc.t.L, C, tg.dU, tg.lddu);
+  const float* dRv = tg.dU;
+  gemm(false, true, c, Ki, Vi, -1.0f, dRv, tg.lddu, S, V, 0.0f, tg.dRk, K);
+  gemm(false, true, c, c, Ki, -1.0f, tg.dRk, K, W, ldx, 0.0f, tg.dA, C);
+  gemm(false, true, c, c, Vi, -1.0f, dRv, tg.lddu, U0, ldx, 1.0f, tg.dA, C);
+  for (int i = 0; i < c; ++i) ut_transform_row(i, x, g, d, rc, tg);
+}
+
+void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
+                        const Recomputed& rc, const TermGrads& tg, Scratch& w) {
+  const int c = d.c, Ki = static_cast<int>(d.K);
+  const int64_t K = d.K, C = d.C;
+  if (!d.channel()) {
+    if (d.gated()) {
+      product_gate_gradient(tg.dA, rc.t.Akk, C, c, tg.dG);
+      for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) tg.dA[e] *= rc.Gam[e];
+    }
+    gemm(false, false, c, Ki, c, 1.0f, tg.dA, C, x.k, x.ldk, 1.0f, g.dK, g.lddk);
+    gemm(true, false, c, Ki, c, 1.0f, tg.dA, C, x.k, x.ldk, 1.0f, g.dK, g.lddk);
+    return;
+  }
+  std::fill(tg.dX, tg.dX + c * K, 0.0f);
+  std::fill(tg.dY, tg.dY + c * K, 0.0f);
+  const Rows k{x.k, x.ldk};
+  channel_product_backward(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dX, tg.dY, w);
+  for (int i = 0; i < c; ++i) {
+    const float* ki = x.k + i * x.ldk;
+    const float *dx = tg.dX + i * K, *dy = tg.dY + i * K;
+    float *dk_i = g.dK + i * g.lddk, *dGi = tg.dG + i * K;
+#pragma omp simd
+    for (int ch = 0; ch < Ki; ++ch) {
+      dk_i[ch] += dx[ch] + dy[ch];
+      dGi[ch] += ki[ch] * (dx[ch] - dy[ch]);
+    }
+  }
+}
+
+}  // namespace delta
+}  // namespace linattn_native
