@@ -1,23 +1,21 @@
 """A/B timing of the fused C++ chunk kernels of two commits in ONE process, calls interleaved.
 
-    python benchmarks/ab_kernels.py OLD_REV [--T 16384] [--pairs 9] [--backward]
+    python benchmarks/ab_kernels.py OLD_REV [--T 16384] [--pairs 9] [--backward] [--threads 1]
 
-Separate processes of the same code differ by up to 1.5x on this shared machine (linear
-attention's forward at T = 16,384: 48 ms in one process, 71 ms in the next), so ``ab.py``'s
-process-level medians resolve only large changes. Here the old commit's ``csrc/`` sources
-(``git show OLD_REV:...``; one ``chunk.cpp`` up to 26bdc42, a file per concern since, with
-subfolders such as ``csrc/rules/`` from issue 29 on) are compiled under another op namespace
-(``linattn_ab_old``) beside the
-working tree's kernels (``linattn_native``), and each pair of calls runs old and new back to back
-in alternating order on the same inputs, one thread: two builds of the same source differ by about
-3% this way. It times ``chunk_forward`` (and ``chunk_backward`` with ``--backward``) directly,
-each with its own commit's signature (from issue 29 on, the mechanism follows as ``rule`` and
-``gate``; before, the kernels read it from beta and g), and it leaves the Python around them out
-(time that separately, e.g. at a tiny T). Reported per mechanism: the minimum of each, the
-median of the new / old ratios of the pairs, and whether the two gave the same bits (every output,
-and every gradient with ``--backward``; ``--gate-scale 400`` steepens the gates so that the
-per-channel products halve).
-"""
+Separate processes of the same code differ by up to 1.5x on this shared machine (linear attention's
+forward at T = 16,384: 48 ms in one process, 71 ms in the next), so ``ab.py``'s process-level
+medians resolve only large changes. Here the old commit's ``csrc/`` sources (``git show
+OLD_REV:...``; one ``chunk.cpp`` up to 26bdc42, a file per concern since, with subfolders such as
+``csrc/rules/`` from issue 29 on) are compiled under another op namespace (``linattn_ab_old``)
+beside the working tree's kernels (``linattn_native``), and each pair of calls runs old and new
+back to back in alternating order on the same inputs, one thread (``--threads``: more): two builds
+of the same source differ by about 3% this way. It times ``chunk_forward`` (and ``chunk_backward``
+with ``--backward``) directly, each with its own commit's signature (from issue 29 on, the
+mechanism follows as ``rule`` and ``gate``; before, the kernels read it from beta and g), and it
+leaves the Python around them out (time that separately, e.g. at a tiny T). Reported per mechanism:
+the minimum of each, the median of the new / old ratios of the pairs, and whether the two gave the
+same bits (every output, and every gradient with ``--backward``; ``--gate-scale 400`` steepens the
+gates so that the per-channel products halve)."""
 
 from __future__ import annotations
 
@@ -94,8 +92,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=9)
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
     parser.add_argument("--gate-scale", type=float, default=1.0, help="multiplies the log-gates")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch's intra-op threads")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if not native.available():
         raise SystemExit(f"the working tree's kernels are not available: {native.reason()}")
     old, new = load_old(args.old), torch.ops.linattn_native
@@ -111,7 +110,8 @@ def main() -> None:
         "kda": (x["beta"], x["g channel"], "channel"),
     }
     row = "fwd+bwd" if args.backward else "fwd"
-    print(f"T = {args.T}, one thread, {args.pairs} pairs; old {args.old}, new: the working tree")
+    threads = f"{args.threads} thread{'s' * (args.threads > 1)}"
+    print(f"T = {args.T}, {threads}, {args.pairs} pairs; old {args.old}, new: the working tree")
     print(f"| {row} | old min ms | new min ms | min / min | median of pair ratios | same bits |")
     print("|---|---:|---:|---:|---:|---|")
     for name, (beta, g, gate) in mechanisms.items():
