@@ -267,6 +267,9 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
+_NUMBERS = (None,) * 5  # no gradient for scale, C, keep, rule, gate
+
+
 def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> tuple:
     q, k, v, beta, g, S0, states = ctx.saved_tensors
     if d_o is None:  # o unused: zeros in its layout, a view of [B, T, HV, V] (v's heads)
@@ -276,7 +279,7 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
     if torch.is_grad_enabled():
         # create_graph=True: gradients that can be differentiated again (issue 18).
         args = (q, k, v, beta, g, S0, d_o, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
-        return (*differentiable_backward(*args), None, None, None)
+        return (*differentiable_backward(*args), *_NUMBERS)
     mech = schema_args(ctx.mech)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
@@ -286,11 +289,11 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
         _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True, *mech)
     args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C, *mech)
     if not traced:  # the loop computes only the gradients needed
-        return (*backward_kernel(*args, ctx.needs_input_grad[:6]), None, None, None, None, None)
+        return (*backward_kernel(*args, ctx.needs_input_grad[:6]), *_NUMBERS)
     dq, dk, dv, dbeta, dg, dS0 = chunk_backward(*args)
     dbeta = None if beta is None else dbeta
     dg = None if g is None else dg
-    return dq, dk, dv, dbeta, dg, dS0, None, None, None, None, None
+    return dq, dk, dv, dbeta, dg, dS0, *_NUMBERS
 
 
 chunk_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -43,14 +43,6 @@ class Mechanism:
         gate = "none" if g is None else "head" if g.dim() == 3 else "channel"
         return cls(beta is not None, gate)
 
-    @classmethod
-    def internal(cls, beta: Tensor | None, g: Tensor | None) -> Mechanism:
-        """From internal tensors (g None, [..., T, 1] or [..., T, K]), for the op layer
-        (``library``) until its schema carries the mechanism: a [..., T, 1] gate is taken for a
-        gate per head, which a per-channel gate with K = 1 equals (one key channel, one decay)."""
-        gate = "none" if g is None else "head" if g.shape[-1] == 1 else "channel"
-        return cls(beta is not None, gate)
-
     @property
     def rule(self) -> ModuleType:
         """The rule's module (``linattn.ops.rules``): its step, pseudo-values and their backward."""
