@@ -9,9 +9,9 @@
 //   read_gate_gradients   dG from Qd, G_c's share from D, Ke's share (dGe)
 //   qk_score_gradients    A_qk's two factors: dQ, dK and the gates' share
 //   state_gradient        dS = D dS' + Qd^T dO - W^T dU
-//   delta rule (rules/delta.cpp):
-//   ut_transform_backward dR_v, dR_k, dT; dv, dbeta, beta's share of dk
-//   kk_score_gradients    A_kk's two factors: dK and the gates' share
+//   the rule's backward   (``Rule::backward``, rules.h) the delta rule's (rules/delta.cpp): the
+//                         UT transform's (dR_v, dR_k, dT; dv, dbeta, beta's share of dk), then
+//                         A_kk's two factors (dK and the gates' share)
 //   gate_gradients        dg: the reversed cumulative sum of dG, Ke's prefix sum
 //
 // Every mechanism of DESIGN.md's table, chunk by chunk from
@@ -69,9 +69,9 @@ namespace {
 constexpr const char* kBackwardOp = "linattn_native.chunk_backward";
 
 // The tensors of a backward call, checked, their rows where the BLAS reads them, and the
-// gradients it writes; the mechanism's rule (``delta``) and gate width kg.
+// gradients it writes; the mechanism's rule and gate width kg.
 struct BackwardTensors {
-  bool delta;
+  const Rule& rule;
   int64_t kg;
   float scale;
   Sizes sz;
@@ -87,8 +87,8 @@ struct BackwardTensors {
             q.stride(2),
             k.stride(2),
             v.stride(2),
-            delta ? chunk_rows(beta, beta.data_ptr<float>(), b, h, t0) : nullptr,
-            delta ? beta.stride(2) : 0,
+            rule.reads_beta ? chunk_rows(beta, beta.data_ptr<float>(), b, h, t0) : nullptr,
+            rule.reads_beta ? beta.stride(2) : 0,
             kg > 0 ? chunk_rows(g, g.data_ptr<float>(), b, h, t0) : nullptr,
             kg > 0 ? g.stride(2) : 0,
             c};
@@ -103,12 +103,12 @@ struct BackwardTensors {
             row(dq),
             row(dk),
             row(dv),
-            delta ? row(dbeta) : nullptr,
+            rule.reads_beta ? row(dbeta) : nullptr,
             kg > 0 ? row(dg) : nullptr,
             dq.stride(2),
             dk.stride(2),
             dv.stride(2),
-            delta ? dbeta.stride(2) : 0,
+            rule.reads_beta ? dbeta.stride(2) : 0,
             kg > 0 ? dg.stride(2) : 0};
   }
 
@@ -134,16 +134,17 @@ struct BackwardBlocks {
         dRk(sz.C * sz.K), dQd(sz.C * sz.K), dKe(sz.C * sz.K), dX(sz.C * sz.K), dY(sz.C * sz.K),
         dG(eG.size()), dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()) {}
 
-  // Where the terms are written (terms.h; Kd formed for the delta rule only).
-  Terms terms(bool delta) {
+  // Where the terms are written (terms.h; Kd formed for a rule that needs it only).
+  Terms terms(const Rule& rule) {
     return {{w.G.data(), w.G.data() + w.Qd.size()}, Qd.data(), Ke.data(),
-            delta ? Kd.data() : nullptr, eG.data(), eEnd.data(), D.data(), Aqk.data(),
+            rule.needs_Kd ? Kd.data() : nullptr, eG.data(), eEnd.data(), D.data(), Aqk.data(),
             Akk.data(), L.data(), X.data()};
   }
 
-  // The term gradients' blocks; dU the delta rule's own, else dv's rows (``g``).
-  TermGrads grads(bool delta, const ChunkGrads& g, int64_t V) {
-    return {dA.data(),  delta ? dU.data() : g.dV, delta ? V : g.lddv, dRk.data(), dQd.data(),
+  // The term gradients' blocks; dU its own where U reads the state, else dv's rows (``g``).
+  TermGrads grads(const Rule& rule, const ChunkGrads& g, int64_t V) {
+    const bool own = rule.reads_state();
+    return {dA.data(),  own ? dU.data() : g.dV, own ? V : g.lddv, dRk.data(), dQd.data(),
             dKe.data(), dX.data(), dY.data(), dG.data(), dGe.data(), dG_diag.data(),
             dG_end.data()};
   }
@@ -162,22 +163,19 @@ void token_decays(const Gates& G, int c, int64_t C, float* Gam) {
 
 // 1-3. The forward terms of the chunk, recomputed as the forward pass formed them: the gates
 //      (terms.h; without decay the rows are the inputs), Gamma, the rule's scores and
-//      pseudo-values (rules/: U = v, or the UT transform and U = U0 - W S).
-Recomputed recompute(const ChunkRows& x, const Dims& d, bool delta, const float* S,
+//      pseudo-values (rules.h: U = v, or X = [W | U0] (the UT transform) and U = U0 - W S).
+Recomputed recompute(const ChunkRows& x, const Dims& d, const Rule& rule, const float* S,
                      BackwardBlocks& b) {
-  const Terms t = b.terms(delta);
+  const Terms t = b.terms(rule);
   const GatedRows r = chunk_gates(x, d.kg, d.K, d.scale, b.w.zeros.data(), t);
   if (d.kg == 1) token_decays(t.G, d.c, d.C, b.Gam.data());
   Recomputed rc{t, r, b.Gam.data(), x.v, x.ldv};
-  if (!delta) {
-    additive::scores(x, d.kg, d.K, d.scale, t, d.C, b.w);
-    std::tie(rc.U, rc.ldu) = additive::pseudo_values(x);
-    return rc;
+  rule.scores(x, d.kg, d.K, d.scale, t, d.C, b.w);
+  if (rule.pseudo_value_terms) rule.pseudo_value_terms(x, r, d.K, d.V, d.C, t);
+  if (rule.reads_state()) {
+    rule.pseudo_values(d.c, d.K, d.V, t.X, S, b.U.data(), d.V);
+    rc.U = b.U.data(), rc.ldu = d.V;
   }
-  delta::scores(x, d.kg, d.K, d.scale, t, d.C, b.w);
-  delta::ut_transform(x, r, d.K, d.V, d.C, t.Akk, t.L, t.X);
-  delta::pseudo_values(d.c, d.K, d.V, t.X, S, b.U.data(), d.V);
-  rc.U = b.U.data(), rc.ldu = d.V;
   return rc;
 }
 
@@ -190,7 +188,7 @@ void value_gradient(int c, int64_t K, int64_t V, const float* Aqk, int64_t C, co
 }
 
 // dS = D dS' + Qd^T dO - W^T dU in place of dS' [K, V] (D nullptr: no decay; W nullptr: the
-// additive rule; Qd = q_alpha Qr; W [c, K] with row stride ldw; dU row stride lddu).
+// rule whose U is V; Qd = q_alpha Qr; W [c, K] with row stride ldw; dU row stride lddu).
 void state_gradient(int c, int64_t kg, int64_t K, int64_t V, const float* D, float q_alpha,
                     const float* Qr, int64_t ldqr, const float* dO, int64_t lddo, const float* W,
                     int64_t ldw, const float* dU, int64_t lddu, float* dS) {
@@ -354,10 +352,10 @@ void gate_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d, cons
 
 // Every step of one chunk's backward, in order, from the state S entering it and dS' (dSn), the
 // gradient of the state leaving it, which becomes dS, the gradient of the state entering it.
-void chunk_step(const ChunkRows& x, const ChunkGrads& g, const Dims& d, bool delta,
+void chunk_step(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Rule& rule,
                 const float* S, float* dSn, BackwardBlocks& b) {
-  const Recomputed rc = recompute(x, d, delta, S, b);
-  const TermGrads tg = b.grads(delta, g, d.V);
+  const Recomputed rc = recompute(x, d, rule, S, b);
+  const TermGrads tg = b.grads(rule, g, d.V);
   output_gradients(g, d, rc, S, dSn, tg);
   if (d.gated()) read_gate_gradients(d, rc, S, dSn, tg);
   if (d.channel()) {
@@ -366,26 +364,24 @@ void chunk_step(const ChunkRows& x, const ChunkGrads& g, const Dims& d, bool del
     qk_score_gradients(x, g, d, rc, tg);
   }
   state_gradient(d.c, d.kg, d.K, d.V, d.gated() ? rc.t.D : nullptr, rc.r.q_alpha, rc.r.Qread,
-                 rc.r.ldqr, g.dO, g.lddo, delta ? rc.t.X : nullptr, d.K + d.V, tg.dU, tg.lddu,
-                 dSn);
-  if (delta) {
-    delta::ut_transform_backward(x, g, d, rc, S, tg);
-    delta::kk_score_gradients(x, g, d, rc, tg, b.w);
-  }
+                 rc.r.ldqr, g.dO, g.lddo, rule.reads_state() ? rc.t.X : nullptr, d.K + d.V, tg.dU,
+                 tg.lddu, dSn);
+  if (rule.backward) rule.backward(x, g, d, rc, S, tg, b.w);
   if (d.gated()) gate_gradients(x, g, d, tg);
 }
 
 // The split schedule's slots of the state-gradient chain (schedule.h): slot n P + p holds what
 // the chain reads of chunk n of head p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W
-// [C, K] (delta rule), each at a 64-byte boundary (``padded``, layout.h).
+// [C, K] (a rule whose U reads the state, as the delta rule's), each at a 64-byte boundary
+// (``padded``, layout.h).
 struct ChainSlots {
-  bool delta;
+  bool has_W;
   int64_t CK, CC, gate_size, size;
   at::Tensor buffer;  // [N P, size]
   ChainSlots(const BackwardTensors& t)
-      : delta(t.delta), CK(padded(t.sz.C * t.sz.K)), CC(padded(t.sz.C * t.sz.C)),
+      : has_W(t.rule.reads_state()), CK(padded(t.sz.C * t.sz.K)), CC(padded(t.sz.C * t.sz.C)),
         gate_size(t.kg > 0 ? 2 * CK + padded(t.kg) : 0),
-        size(gate_size + CC + (t.delta ? CK : 0)),
+        size(gate_size + CC + (has_W ? CK : 0)),
         buffer(fresh({t.sz.N * t.sz.P, size}, t.q.options())) {}
   float* slot(int64_t s) const { return buffer.data_ptr<float>() + s * size; }
 
@@ -399,7 +395,7 @@ struct ChainSlots {
       std::memcpy(slot + 2 * CK, rc.t.D, sizeof(float) * d.kg);
     }
     std::memcpy(slot + gate_size, rc.t.A, sizeof(float) * c * d.C);
-    for (int64_t i = 0; delta && i < c; ++i) {  // W, the first K columns of X = [W | U0]
+    for (int64_t i = 0; has_W && i < c; ++i) {  // W, the first K columns of X = [W | U0]
       std::memcpy(slot + gate_size + CC + i * K, rc.t.X + i * ldx, sizeof(float) * K);
     }
   }
@@ -420,8 +416,8 @@ void gradient_chain(const BackwardTensors& t, const ChainSlots& slots, int64_t p
     const float* slot = slots.slot(s);
     const float* Qr = gated ? slot : x.q;
     const float* Ke = gated ? slot + slots.CK : x.k;
-    const float* W = t.delta ? slot + slots.gate_size + slots.CC : nullptr;
-    if (t.delta) {
+    const float* W = slots.has_W ? slot + slots.gate_size + slots.CC : nullptr;
+    if (W) {
       value_gradient(x.c, K, V, slot + slots.gate_size, t.sz.C, g.dO, g.lddo, Ke,
                      gated ? K : x.ldk, dS, b.dU.data(), V);
     }
@@ -445,7 +441,7 @@ void backward_split(const BackwardTensors& t) {
     for (int64_t s = lo; s < hi; ++s) {
       const ChunkRows x = t.rows(s / P, s % P);
       const Dims d = t.dims(x.c);
-      slots.store(s, recompute(x, d, t.delta, t.state(s / P, s % P), b), d);
+      slots.store(s, recompute(x, d, t.rule, t.state(s / P, s % P), b), d);
     }
   });
   parallel_tasks(P, [&](int64_t lo, int64_t hi) {
@@ -458,7 +454,7 @@ void backward_split(const BackwardTensors& t) {
       const int64_t n = s / P, p = s % P;
       const ChunkRows x = t.rows(n, p);
       // its own copy of dS', which the steps turn into dS
-      chunk_step(x, t.grads(n, p), t.dims(x.c), t.delta, t.state(n, p), dSp + s * KV, b);
+      chunk_step(x, t.grads(n, p), t.dims(x.c), t.rule, t.state(n, p), dSp + s * KV, b);
     }
   });
 }
@@ -469,7 +465,7 @@ void backward_fused(const BackwardTensors& t, int64_t lo, int64_t hi) {
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
     for (int64_t p = lo; p < hi; ++p) {
       const ChunkRows x = t.rows(n, p);
-      chunk_step(x, t.grads(n, p), t.dims(x.c), t.delta, t.state(n, p), t.dstate(p), b);
+      chunk_step(x, t.grads(n, p), t.dims(x.c), t.rule, t.state(n, p), t.dstate(p), b);
     }
   }
 }
@@ -512,13 +508,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const auto [sz, kg] = backward_sizes(mech, q_in, k_in, v_in, beta_opt, g_opt, states_in,
                                        d_o_in, dS_final, scale_d, C64);
   const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V, P = sz.P;
-  BackwardTensors t{mech.delta(), kg, static_cast<float>(scale_d), sz};
+  BackwardTensors t{*mech.rule, kg, static_cast<float>(scale_d), sz};
   t.q = blas_rows(q_in), t.k = blas_rows(k_in), t.v = blas_rows(v_in);
   t.d_o = blas_rows(d_o_in), t.states = states_in.contiguous();
   const at::TensorOptions options = t.q.options();
   t.dq = fresh_public(sz, K, options), t.dk = fresh_public(sz, K, options);
   t.dv = fresh_public(sz, V, options);
-  if (t.delta) {
+  if (t.rule.reads_beta) {
     t.beta = *beta_opt;
     t.dbeta = at::empty({B, T, HV}, options).transpose(1, 2);
   }
@@ -533,7 +529,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     parallel_tasks(P, [&](int64_t lo, int64_t hi) { backward_fused(t, lo, hi); });
   }
   auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
-  return {group_sum(t.dq, sz), group_sum(t.dk, sz), t.dv, t.delta ? t.dbeta : none(),
+  return {group_sum(t.dq, sz), group_sum(t.dk, sz), t.dv, t.rule.reads_beta ? t.dbeta : none(),
           kg > 0 ? t.dg : none(), t.dS.view({B, HV, K, V})};
 }
 

@@ -38,13 +38,14 @@ struct Checks {
                 ", got ", x.sizes());
   }
 
-  // beta and g as the mechanism has them: beta [B, HV, T] for the delta rule (None for the
-  // additive rule), g [B, HV, T, kg] with kg the gate's width (None without a gate); kg.
+  // beta and g as the mechanism has them: beta [B, HV, T] for a rule that reads it (the delta
+  // rule; None for the additive rule), g [B, HV, T, kg] with kg the gate's width (None without a
+  // gate); kg.
   int64_t mechanism_inputs(const Mechanism& m, const std::optional<at::Tensor>& beta,
                            const std::optional<at::Tensor>& g, int64_t B, int64_t HV, int64_t T,
                            int64_t K) const {
-    TORCH_CHECK(beta.has_value() == m.delta(), op, ": beta must be ",
-                m.delta() ? "given for the delta rule" : "None for the additive rule");
+    TORCH_CHECK(beta.has_value() == m.rule->reads_beta, op, ": beta must be ",
+                m.rule->reads_beta ? "given" : "None", " for the ", m.rule->name, " rule");
     if (beta.has_value()) shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
     TORCH_CHECK(g.has_value() == m.gated(), op, ": g must be ",
                 m.gated() ? "given for a gate" : "None without a gate");

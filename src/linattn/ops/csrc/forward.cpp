@@ -1,6 +1,7 @@
 // The forward pass of the chunk form (kernels.h gives the steps; spec section 8): the terms of
-// each chunk from terms.h (``chunk_gates``: G, D, Qd, Ke; ``chunk_scores``: A_qk and the delta
-// rule's A_kk; ``ut_transform``: L, W, U0; ``pseudo_values``: U = U0 - W S), then the two steps
+// each chunk from terms.h (``chunk_gates``: G, D, Qd, Ke) and from the rule's ``Rule`` (rules.h:
+// ``scores``, A_qk and the delta rule's A_kk; ``pseudo_value_terms``, the delta rule's UT
+// transform, L, W, U0; ``pseudo_values``, U = U0 - W S), then the two steps
 // only the forward pass takes, ``chunk_outputs`` (o = Qd S + A_qk U) and ``state_pass``
 // (S <- D S + Ke^T U), on one of the two schedules of schedule.h.
 
@@ -54,20 +55,22 @@ void state_pass(int c, int64_t kg, int64_t K, int64_t V, const float* D, const G
 // The inputs of a chunk-form call, checked, their rows where the BLAS reads them.
 struct ForwardInputs {
   Sizes sz;
-  bool delta;
+  const Rule& rule;
   int64_t kg;
   at::Tensor q, k, v, beta, g;
   const float *qp, *kp, *vp, *bp, *gp;
 
-  ForwardInputs(const Sizes& sizes, bool delta_rule, const at::Tensor& q_in,
+  ForwardInputs(const Sizes& sizes, const Rule& update_rule, const at::Tensor& q_in,
                 const at::Tensor& k_in, const at::Tensor& v_in,
                 const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
                 int64_t gates)
-      : sz(sizes), delta(delta_rule), kg(gates), q(blas_rows(q_in)),
-        k(blas_rows(k_in)), v(blas_rows(v_in)), beta(delta ? *beta_opt : at::Tensor()),
+      : sz(sizes), rule(update_rule), kg(gates), q(blas_rows(q_in)),
+        k(blas_rows(k_in)), v(blas_rows(v_in)),
+        beta(rule.reads_beta ? *beta_opt : at::Tensor()),
         g(kg > 0 ? unit_rows(*g_opt) : at::Tensor()), qp(q.data_ptr<float>()),
         kp(k.data_ptr<float>()), vp(v.data_ptr<float>()),
-        bp(delta ? beta.data_ptr<float>() : nullptr), gp(kg > 0 ? g.data_ptr<float>() : nullptr) {}
+        bp(rule.reads_beta ? beta.data_ptr<float>() : nullptr),
+        gp(kg > 0 ? g.data_ptr<float>() : nullptr) {}
 
   // The rows of chunk n (tokens [n C, n C + c)) of value head p; q and k of its q/k head,
   // read in place (grouped value heads share them).
@@ -80,8 +83,8 @@ struct ForwardInputs {
             q.stride(2),
             k.stride(2),
             v.stride(2),
-            delta ? chunk_rows(beta, bp, b, h, t0) : nullptr,
-            delta ? beta.stride(2) : 0,
+            bp ? chunk_rows(beta, bp, b, h, t0) : nullptr,
+            bp ? beta.stride(2) : 0,
             kg > 0 ? chunk_rows(g, gp, b, h, t0) : nullptr,
             kg > 0 ? g.stride(2) : 0,
             c};
@@ -92,8 +95,8 @@ struct ForwardInputs {
 struct ForwardBlocks {
   Scratch w;
   std::vector<float> Kd, eG, eEnd, D;
-  ForwardBlocks(const Sizes& sz, int64_t kg, bool delta)
-      : w(sz.C, sz.K, sz.V), Kd(delta && kg > 0 ? sz.C * sz.K : 0), eG(sz.C * kg),
+  ForwardBlocks(const Sizes& sz, int64_t kg, bool needs_Kd)
+      : w(sz.C, sz.K, sz.V), Kd(needs_Kd && kg > 0 ? sz.C * sz.K : 0), eG(sz.C * kg),
         eEnd(sz.C * kg), D(kg) {}
 
   // The terms of a chunk, all in these blocks (A_kk scaled into L in place).
@@ -113,25 +116,23 @@ struct ForwardBlocks {
 };
 
 // The terms of one chunk that do not read the state, into ``t``: the gates (terms.h) and the
-// rule's own (rules/: the scores; the delta rule's UT transform); the rows the later steps read.
+// rule's own (rules.h: the scores; the pseudo-values' terms, as the delta rule's UT transform);
+// the rows the later steps read.
 GatedRows chunk_terms(const ChunkRows& x, const ForwardInputs& in, float scale, const Terms& t,
                       Scratch& w) {
   const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C;
   const GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t);
-  if (in.delta) {
-    delta::scores(x, in.kg, K, scale, t, C, w);
-    delta::ut_transform(x, r, K, V, C, t.Akk, t.L, t.X);
-  } else {
-    additive::scores(x, in.kg, K, scale, t, C, w);
-  }
+  in.rule.scores(x, in.kg, K, scale, t, C, w);
+  if (in.rule.pseudo_value_terms) in.rule.pseudo_value_terms(x, r, K, V, C, t);
   return r;
 }
 
-// Where a chunk's pseudo-values are (rows, row stride): the values (additive rule), or the U0
-// block of [W | U0], which ``advance`` turns into U in place (delta rule).
+// Where a chunk's pseudo-values are (rows, row stride): the values (U = V, as the additive
+// rule's), or the U0 block of [W | U0], which ``advance`` turns into U in place (a rule whose U
+// reads the state, as the delta rule's).
 std::pair<const float*, int64_t> values_at(const ChunkRows& x, const ForwardInputs& in,
                                            const Terms& t) {
-  if (!in.delta) return additive::pseudo_values(x);
+  if (!in.rule.reads_state()) return {x.v, x.ldv};
   return {t.X + in.sz.K, in.sz.K + in.sz.V};
 }
 
@@ -142,7 +143,7 @@ std::pair<const float*, int64_t> values_at(const ChunkRows& x, const ForwardInpu
 void advance(const ChunkRows& x, const ForwardInputs& in, const Terms& t, const GatedRows& r,
              float* S, float* O, int64_t ldo) {
   const int64_t K = in.sz.K, V = in.sz.V;
-  if (in.delta) delta::pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
+  if (in.rule.reads_state()) in.rule.pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
   const auto [U, ldu] = values_at(x, in, t);
   if (O) chunk_outputs(x.c, K, V, r, S, t.A, in.sz.C, U, ldu, O, ldo);
   state_pass(x.c, in.kg, K, V, t.D, r, U, ldu, S);
@@ -154,7 +155,7 @@ void advance(const ChunkRows& x, const ForwardInputs& in, const Terms& t, const 
 void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi, float* Sp,
                    float* statep, at::Tensor& o) {
   const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C, HV = in.sz.HV, P = in.sz.P, KV = K * V;
-  ForwardBlocks blocks(in.sz, in.kg, in.delta);
+  ForwardBlocks blocks(in.sz, in.kg, in.rule.needs_Kd);
   const Terms t = blocks.local();
   float* op = o.data_ptr<float>();
   for (int64_t n = 0; n < in.sz.N; ++n) {
@@ -169,17 +170,17 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
 }
 
 // The split schedule's buffer of every chunk's terms: slot n P + p holds chunk n of head p's
-// Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C] and [W | U] [C, K + V] (delta rule), each
-// term at a 64-byte boundary (``padded``).
+// Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C] and [W | U] [C, K + V] (a rule whose U
+// reads the state, as the delta rule's: ``Rule::x_cols``), each term at a 64-byte boundary
+// (``padded``).
 struct TermSlots {
-  int64_t C, K, V, kg, gate_size, size;
-  bool delta;
+  int64_t C, K, V, kg, gate_size, x_size, size;
   at::Tensor buffer;  // [N P, size]
   TermSlots(const ForwardInputs& in)
       : C(in.sz.C), K(in.sz.K), V(in.sz.V), kg(in.kg),
         gate_size(kg > 0 ? 2 * padded(C * K) + padded(kg) : 0),
-        size(gate_size + padded(C * C) + (in.delta ? padded(C * (K + V)) : 0)),
-        delta(in.delta), buffer(fresh({in.sz.N * in.sz.P, size}, in.q.options())) {}
+        x_size(padded(C * in.rule.x_cols(K, V))), size(gate_size + padded(C * C) + x_size),
+        buffer(fresh({in.sz.N * in.sz.P, size}, in.q.options())) {}
 
   // Slot s's terms; the rest (G, Kd, the gates' exponentials, A_kk and L) in ``blocks``.
   Terms at(int64_t s, ForwardBlocks& blocks) const {
@@ -190,7 +191,7 @@ struct TermSlots {
       slot += gate_size;
     }
     t.A = slot;
-    if (delta) t.X = slot + padded(C * C);
+    if (x_size > 0) t.X = slot + padded(C * C);
     return t;
   }
 };
@@ -210,7 +211,7 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
   const int64_t KV = K * V;
   const TermSlots slots(in);
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
-    ForwardBlocks blocks(in.sz, in.kg, in.delta);
+    ForwardBlocks blocks(in.sz, in.kg, in.rule.needs_Kd);
     for (int64_t s = lo; s < hi; ++s) {
       chunk_terms(in.rows(s / P, s % P), in, scale, slots.at(s, blocks), blocks.w);
     }
@@ -270,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   const int64_t kg = checked.second;
   const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   const float scale = static_cast<float>(scale_d);
-  const ForwardInputs in(sz, mech.delta(), q_in, k_in, v_in, beta_opt, g_opt, kg);
+  const ForwardInputs in(sz, *mech.rule, q_in, k_in, v_in, beta_opt, g_opt, kg);
 
   at::Tensor o = fresh_public(sz, V, in.q.options());
   // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).

@@ -33,12 +33,15 @@
 // exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 //
 // The mechanism (the rule and the gate) is passed in the ops' schema and parsed once
-// (mechanism.h); nothing reads it from the tensors' shapes.
+// (mechanism.h: the rule's name looked up in rules.h's table); nothing reads it from the tensors'
+// shapes. The loop calls the rule through its table entry (``Rule``), once per chunk, and names
+// no rule.
 //
 // The files: forward (the chunk loop: steps 1-5, U then O then S written once for both
 // schedules), backward (its gradient, a free function per step; backward.h its terms), rules/ (a
 // file per update rule: additive.cpp, delta.cpp, their scores, UT transform, pseudo-values and the
-// backward of those; rules.h says what a new rule adds), terms (step 1, the gates, the one place
+// backward of those, each file defining its ``Rule``; rules.h the table of them and what a new
+// rule adds), terms (step 1, the gates, the one place
 // both passes form them), products (the masked decayed products A_qk and A_kk, one halving
 // recursion for the per-channel blocks), gates (cumulative log-gates as pairs, exp, the floor),
 // triangular (the UT transform's solves, by substitution), blas (the BLAS wrappers), schedule

@@ -4,27 +4,27 @@
 // tensors: whether beta and g are given, and g's width, are checked against it instead.
 //
 // Strings rather than integers: a traced graph and an error message then read as the table does
-// ("delta", "channel"), and a new rule is a new name here, not a renumbering.
+// ("delta", "channel"), and a new rule is a new name in rules.h's table, not a renumbering.
 #pragma once
 
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>
 
 #include <cstdint>
+#include <string>
+
+#include "rules/rules.h"
 
 namespace linattn_native {
-
-// The update rule: S <- S + k v^T (additive) or S <- S + k beta (v - S^T k)^T (delta).
-enum class Rule { kAdditive, kDelta };
 
 // The gate on the state: none, one log-decay per head, or one per key channel.
 enum class Gate { kNone, kHead, kChannel };
 
+// The update rule (one of rules.h's ``kRules``) and the gate.
 struct Mechanism {
-  Rule rule;
+  const Rule* rule;
   Gate gate;
 
-  bool delta() const { return rule == Rule::kDelta; }
   bool gated() const { return gate != Gate::kNone; }
 
   // The log-gates per token the kernels read: 0 (no gate), 1 (one per head) or K (one per key
@@ -36,12 +36,13 @@ struct Mechanism {
 
 // The mechanism named by an op's ``rule`` and ``gate`` arguments; ``op`` names the op in errors.
 inline Mechanism parse_mechanism(const char* op, c10::string_view rule, c10::string_view gate) {
-  Mechanism m{Rule::kAdditive, Gate::kNone};
-  if (rule == "delta") {
-    m.rule = Rule::kDelta;
-  } else {
-    TORCH_CHECK(rule == "additive", op, ": rule must be \"additive\" or \"delta\", got \"", rule,
-                "\"");
+  Mechanism m{find_rule(rule), Gate::kNone};
+  if (!m.rule) {
+    std::string names;  // the table's: "additive", "delta"
+    for (const Rule* r : kRules) {
+      names += std::string(names.empty() ? "\"" : ", \"") + r->name + "\"";
+    }
+    TORCH_CHECK(false, op, ": rule must be one of ", names, ", got \"", rule, "\"");
   }
   if (gate == "head") {
     m.gate = Gate::kHead;

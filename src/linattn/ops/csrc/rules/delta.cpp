@@ -12,17 +12,22 @@
 #include "../triangular.h"
 
 namespace linattn_native {
-namespace delta {
+namespace {
 
+// A_qk = scale decayed(q k^T) (j <= i) into t.A and A_kk = decayed(k k^T) (j < i) into t.Akk,
+// every decay formed once for both.
 void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t, int64_t C,
             Scratch& w) {
   const Rows q{x.q, x.ldq}, k{x.k, x.ldk};
   decayed_products(q, k, k, t.G, kg, x.c, K, scale, t.A, t.Akk, C, w);
 }
 
-// L = diag(beta) A_kk (j < i), X = diag(beta) [Kd | v], then the solve (I + L) X = X.
+// The UT transform: L = diag(beta) A_kk (j < i) into t.L, X = diag(beta) [Kd | v] into t.X [c,
+// K + V] (r: the rows Kd), then the solve (I + L) X = X: X = [W | U0].
 void ut_transform(const ChunkRows& x, const GatedRows& r, int64_t K, int64_t V, int64_t C,
-                  const float* Akk, float* L, float* X) {
+                  const Terms& t) {
+  const float* Akk = t.Akk;
+  float *L = t.L, *X = t.X;
   const int c = x.c, Ki = static_cast<int>(K), Vi = static_cast<int>(V);
   const int64_t ldx = K + V;
   for (int i = 0; i < c; ++i) {
@@ -41,7 +46,8 @@ void ut_transform(const ChunkRows& x, const GatedRows& r, int64_t K, int64_t V, 
   unit_lower_solve(c, K + V, L, C, X, ldx);  // X = [W | U0]
 }
 
-// U = U0 - W S, U0 copied first where U is not X's own U0 block.
+// The pseudo-values U = U0 - W S (X = [W | U0]; S [K, V] the state entering the chunk) into U
+// [c, V] (row stride ldu), U0 copied first where U is not X's own U0 block.
 void pseudo_values(int c, int64_t K, int64_t V, const float* X, const float* S, float* U,
                    int64_t ldu) {
   const int64_t ldx = K + V;
@@ -50,8 +56,6 @@ void pseudo_values(int c, int64_t K, int64_t V, const float* X, const float* S, 
   }
   gemm(false, false, c, V, K, -1.0f, X, ldx, S, V, 1.0f, U, ldu);
 }
-
-namespace {
 
 // Row i of the UT transform's backward: dbeta_i, dv_i = beta_i dR_v,i, beta's share of dk_i (and
 // of dG_i with a gate), and dL_i = beta_i dT_i (j < i; zero from i on).
@@ -96,8 +100,8 @@ void ut_transform_row(int i, const ChunkRows& x, const ChunkGrads& g, const Dims
   for (int j = i; j < c; ++j) dTi[j] = 0.0f;
 }
 
-}  // namespace
-
+// The UT transform's backward: dR_v = T^{-T} dU (in dU), dR_k = -dR_v S^T, dT (in dA, then
+// dL = diag(beta) dT); dv, dbeta, and beta's share of dk and of the gates.
 void ut_transform_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
                            const Recomputed& rc, const float* S, const TermGrads& tg) {
   const int c = d.c, Ki = static_cast<int>(d.K), Vi = static_cast<int>(d.V);
@@ -111,6 +115,7 @@ void ut_transform_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& 
   for (int i = 0; i < c; ++i) ut_transform_row(i, x, g, d, rc, tg);
 }
 
+// A_kk's two factors (both k): dk += dK_L from dL (in dA), and the gates' share.
 void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
                         const Recomputed& rc, const TermGrads& tg, Scratch& w) {
   const int c = d.c, Ki = static_cast<int>(d.K);
@@ -140,5 +145,15 @@ void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   }
 }
 
-}  // namespace delta
+// Step 8 of backward.cpp: the UT transform's backward, then A_kk's.
+void backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Recomputed& rc,
+              const float* S, const TermGrads& tg, Scratch& w) {
+  ut_transform_backward(x, g, d, rc, S, tg);
+  kk_score_gradients(x, g, d, rc, tg, w);
+}
+
+}  // namespace
+
+extern const Rule kDeltaRule{"delta", true, true, scores, ut_transform, pseudo_values, backward};
+
 }  // namespace linattn_native
