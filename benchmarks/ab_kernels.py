@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
     parser.add_argument("--gate-scale", type=float, default=1.0, help="multiplies the log-gates")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch's intra-op threads")
+    parser.add_argument("--mechanisms", nargs="*", help="the rows to time (default: all six)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not native.available():
@@ -109,6 +110,11 @@ def main() -> None:
         "gated_delta": (x["beta"], x["g scalar"], "head"),
         "kda": (x["beta"], x["g channel"], "channel"),
     }
+    if args.mechanisms:
+        unknown = set(args.mechanisms) - set(mechanisms)
+        if unknown:
+            parser.error(f"--mechanisms: unknown {sorted(unknown)}; choose from {list(mechanisms)}")
+        mechanisms = {name: mechanisms[name] for name in args.mechanisms}
     row = "fwd+bwd" if args.backward else "fwd"
     threads = f"{args.threads} thread{'s' * (args.threads > 1)}"
     print(f"T = {args.T}, {threads}, {args.pairs} pairs; old {args.old}, new: the working tree")
