@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from linattn.ops import delta_rule, generalized_delta_rule
+from linattn.ops import delta_rule, generalized_delta_rule, tuning
 from linattn.reference.dplr import recurrence
 
 from .cases import make_inputs
@@ -90,3 +90,62 @@ def test_the_delta_rule_is_a_row_of_the_table(gate):
     )  # fmt: skip
     close(o, o_ref)
     close(S, S_ref)
+
+
+NAMES = ("q", "k", "v", "a", "b", "g", "S0")
+
+
+def small(gate, seed=0, **kw):
+    """Small float64 leaves for gradcheck: a gate strictly below 0 (numerical steps stay <= 0)."""
+    x = dplr_inputs(B=1, T=9, H=1, K=3, V=2, gate=gate, state=True, seed=seed, **kw)
+    if x["g"] is not None:
+        x["g"] = x["g"].clamp(max=-0.05)
+    return [x[n].clone().requires_grad_() for n in NAMES if x[n] is not None]
+
+
+def op(mode, C, gate):
+    """The op as a function of its differentiable inputs (q, k, v, a, b, [g], S0)."""
+
+    def f(q, k, v, a, b, *rest):
+        g, S0 = (rest[0], rest[1]) if gate else (None, rest[0])
+        return generalized_delta_rule(
+            q, k, v, a, b, g, mode=mode, chunk_size=C, initial_state=S0, output_final_state=True
+        )
+
+    return f
+
+
+@pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 4)])
+@pytest.mark.parametrize("gate", GATES)
+def test_gradcheck(mode, C, gate):
+    assert torch.autograd.gradcheck(op(mode, C, gate), small(gate))
+
+
+@pytest.mark.parametrize("mode,C", [("parallel", 1), ("chunk", 4)])
+@pytest.mark.parametrize("gate", GATES)
+def test_gradgradcheck(mode, C, gate):
+    assert torch.autograd.gradgradcheck(op(mode, C, gate), small(gate), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("gate", [*GATES, "steep"])
+@pytest.mark.parametrize("rows", [1, 4096])  # one chunk per group, and one group (per thread)
+def test_the_loops_gradients_are_the_token_loops(gate, rows, monkeypatch):
+    # The group loop (its backward: autograd through each group's terms, from the saved states)
+    # against autograd through the recurrent form, float64 to 1e-10 relative. "steep": channel
+    # gates 400 times steeper, so that the per-channel products halve (``_blockmath``).
+    monkeypatch.setattr(tuning, "GROUP_ROWS_PER_THREAD", rows)
+    steep = gate == "steep"
+    x = dplr_inputs(T=37, gate="channel" if steep else gate, state=True)
+    if steep:
+        x["g"] = 400 * x["g"]
+    gen = torch.Generator().manual_seed(1)
+    d_o = torch.randn(2, 37, 2, 3, generator=gen, dtype=torch.float64)
+    d_S = torch.randn(2, 2, 4, 3, generator=gen, dtype=torch.float64)
+    grads = []
+    for mode, C in (("recurrent", 1), ("chunk", 16)):
+        leaves = {n: (None if t is None else t.clone().requires_grad_()) for n, t in x.items()}
+        o, S = run(leaves, mode, C)
+        used = [t for t in leaves.values() if t is not None]
+        grads.append(torch.autograd.grad((o * d_o).sum() + (S * d_S).sum(), used))
+    for new, ref in zip(*grads, strict=True):
+        close(new, ref, rtol=1e-10)
