@@ -79,21 +79,97 @@ def test_float64_matches_the_token_loop(mode, C, gate, state):
     close(S, S_ref)
 
 
+def decayed(g, x):
+    """exp(g) * x for a gate per head [B, T, H] or per channel [B, T, H, K] (x itself: None)."""
+    if g is None:
+        return x
+    return torch.exp(g if g.dim() == 4 else g.unsqueeze(-1)) * x
+
+
+@pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 5)])
 @pytest.mark.parametrize("gate", GATES)
-def test_the_delta_rule_is_a_row_of_the_table(gate):
-    # a = -beta k, b = exp(g) k (b = k without a gate; the decay first), v' = beta v.
+def test_the_delta_rule_is_a_row_of_the_table(mode, C, gate):
+    # The delta rule, Gated DeltaNet (head) and KDA (channel): a = -beta k, b = exp(g) k (b = k
+    # without a gate: the decay first), v' = beta v.
     x = make_inputs(T=21, gate=gate, rule="delta", state=True)
-    beta = x["beta"].unsqueeze(-1)
-    g = x["g"]
-    decay = 1.0 if g is None else torch.exp(g if g.dim() == 4 else g.unsqueeze(-1))
+    beta, g = x["beta"].unsqueeze(-1), x["g"]
+    kw = dict(mode=mode, chunk_size=C, initial_state=x["S0"], output_final_state=True)
     o, S = generalized_delta_rule(
-        x["q"], x["k"], beta * x["v"], -beta * x["k"], decay * x["k"], g, mode="recurrent",
-        initial_state=x["S0"], output_final_state=True,
+        x["q"], x["k"], beta * x["v"], -beta * x["k"], decayed(g, x["k"]), g, **kw
+    )
+    o_ref, S_ref = delta_rule(x["q"], x["k"], x["v"], x["beta"], g, **kw)
+    close(o, o_ref)
+    close(S, S_ref)
+
+
+def comba_loop(q, k, v, p, beta, g, S0, scale):
+    """Comba, token by token in float64 (issue 30's formula): S <- alpha S; u = beta (v - S^T p);
+    S <- S + k u^T; o = S^T (scale q). Per head: [T, D] inputs, beta and g [T]."""
+    S, out = S0.clone(), []
+    for t in range(q.shape[0]):
+        S = torch.exp(g[t]) * S
+        u = beta[t] * (v[t] - S.T @ p[t])
+        S = S + torch.outer(k[t], u)
+        out.append(S.T @ (scale * q[t]))
+    return torch.stack(out), S
+
+
+def gdn2_loop(q, k, v, bb, w, g, S0, scale):
+    """GDN-2, token by token in float64 (issue 30's design note): S <- Diag(exp g) S;
+    S <- S - k ((bb * k)^T S) + k (w * v)^T. Per head: [T, D] inputs, g [T, K]."""
+    S, out = S0.clone(), []
+    for t in range(q.shape[0]):
+        S = torch.exp(g[t])[:, None] * S
+        S = S - torch.outer(k[t], (bb[t] * k[t]) @ S) + torch.outer(k[t], w[t] * v[t])
+        out.append(S.T @ (scale * q[t]))
+    return torch.stack(out), S
+
+
+def per_head(loop, tensors, S0, scale):
+    """``loop`` over every batch and head of [B, T, H, ...] tensors: o [B, T, H, V], S."""
+    B, _, H = tensors[0].shape[:3]
+    o, S = [], []
+    for i in range(B):
+        for h in range(H):
+            o_h, S_h = loop(*(t[i, :, h] for t in tensors), S0[i, h], scale)
+            o.append(o_h)
+            S.append(S_h)
+    V = o[0].shape[-1]
+    o = torch.stack(o).view(B, H, -1, V).transpose(1, 2)
+    return o, torch.stack(S).view(B, H, *S[0].shape)
+
+
+@pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 5)])
+def test_comba_is_a_row_of_the_table(mode, C):
+    # a = -beta k, b = exp(g) p (p: Comba's read key), v' = beta v, g per head.
+    x = make_inputs(T=21, gate="scalar", rule="delta", state=True)
+    gen = torch.Generator().manual_seed(5)
+    p = torch.nn.functional.normalize(
+        torch.randn(x["k"].shape, generator=gen, dtype=torch.float64), dim=-1
+    )
+    beta, g = x["beta"].unsqueeze(-1), x["g"]
+    o, S = generalized_delta_rule(
+        x["q"], x["k"], beta * x["v"], -beta * x["k"], decayed(g, p), g, mode=mode,
+        chunk_size=C, initial_state=x["S0"], output_final_state=True, scale=0.5,
     )  # fmt: skip
-    o_ref, S_ref = delta_rule(
-        x["q"], x["k"], x["v"], x["beta"], g, mode="recurrent", initial_state=x["S0"],
-        output_final_state=True,
+    o_ref, S_ref = per_head(comba_loop, (x["q"], x["k"], x["v"], p, x["beta"], g), x["S0"], 0.5)
+    close(o, o_ref)
+    close(S, S_ref)
+
+
+@pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 5)])
+def test_gdn2_is_a_row_of_the_table(mode, C):
+    # a = -k, b = exp(g) * bb * k, v' = w * v, g per channel.
+    x = make_inputs(T=21, gate="channel", rule="delta", state=True)
+    gen = torch.Generator().manual_seed(6)
+    bb = torch.rand(x["k"].shape, generator=gen, dtype=torch.float64)  # per-channel, in [0, 1]
+    w = torch.rand(x["v"].shape, generator=gen, dtype=torch.float64)
+    g = x["g"]
+    o, S = generalized_delta_rule(
+        x["q"], x["k"], w * x["v"], -x["k"], decayed(g, bb * x["k"]), g, mode=mode,
+        chunk_size=C, initial_state=x["S0"], output_final_state=True, scale=0.5,
     )  # fmt: skip
+    o_ref, S_ref = per_head(gdn2_loop, (x["q"], x["k"], x["v"], bb, w, g), x["S0"], 0.5)
     close(o, o_ref)
     close(S, S_ref)
 
