@@ -86,11 +86,17 @@ def _decayed_product(x, y, Gx, Gy, strict: bool) -> np.ndarray:
     return np.einsum("tc,sc,tsc->ts", x, y, np.exp(diff))
 
 
+def exclusive(G: np.ndarray) -> np.ndarray:
+    """G_{t-1} for each row t of the inclusive cumulative log-gate G [C, K] (0 on the first):
+    the decay of the state a token's b reads."""
+    return np.vstack([np.zeros((1, G.shape[1])), G[:-1]])
+
+
 def _chunk_terms(a, b, k, G):
     """(Bd, A_ba, A_bk, T) of one chunk (the module docstring of ``linattn.ops.rules.dplr``):
     Bd = b exp(G_{t-1}), the strictly lower products with the exclusive left gate, and
     T = (I - A_ba)^{-1}."""
-    Gx = np.vstack([np.zeros((1, G.shape[1])), G[:-1]])  # G_{t-1}: the exclusive gate
+    Gx = exclusive(G)
     Bd = b * np.exp(Gx)
     A_ba = _decayed_product(b, a, Gx, G, strict=True)
     A_bk = _decayed_product(b, k, Gx, G, strict=True)
