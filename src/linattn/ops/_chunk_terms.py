@@ -17,8 +17,11 @@ public op. Where each is computed:
     A_qk and the rule's products                  Products: _blockmath.scalar_decay (gate per
                                                   head), _blockmath.ChannelProducts (per channel)
     I + L, (I + L)^{-1}, W, U0 (UT transform)     rules.delta.pseudo_value_terms
+    dplr's A_bk, A_ba, A_qa, W, U0, stacked       rules.dplr.pseudo_value_terms (its products:
+    Ke = [Ke; Ae], A_q = [A_qk | A_qa]            Terms.decayed_products)
     their gradients                               Terms.gradients (the gates, the products), the
-                                                  rule's pseudo_value_backward
+                                                  rule's pseudo_value_backward (a STACKED rule's
+                                                  gradients, with Terms.gate_gradients)
 
 The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0); the per-channel
 products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
