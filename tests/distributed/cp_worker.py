@@ -21,6 +21,9 @@ CASES = [
     ("delta", "delta_rule", "delta", None, False),
     ("gated_deltanet", "delta_rule", "delta", "scalar", False),
     ("kda", "delta_rule", "delta", "channel", False),
+    ("iplr", "generalized_delta_rule", "dplr", None, False),
+    ("dplr_head", "generalized_delta_rule", "dplr", "scalar", False),
+    ("dplr", "generalized_delta_rule", "dplr", "channel", False),
 ]
 DTYPES = (torch.float64, torch.float32)
 B, H, K, V = 2, 2, 4, 3
@@ -42,6 +45,10 @@ def make_case(name: str, T: int, dtype: torch.dtype, seed: int = 0) -> dict:
     x = {"q": q, "k": k, "v": v, "beta": None, "g": None}
     if rule == "delta":
         x["beta"] = 2 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    if rule == "dplr":  # near the delta rule's a = -beta k, b = k, not on it
+        beta = torch.rand(B, T, H, 1, generator=gen, dtype=torch.float64)
+        x["a"] = -beta * k + 0.05 * randn(B, T, H, K)
+        x["b"] = k + 0.05 * randn(B, T, H, K)
     if gate == "scalar":
         x["g"] = torch.nn.functional.logsigmoid(randn(B, T, H) + 2.0)
     elif gate == "channel":
@@ -56,6 +63,19 @@ def make_case(name: str, T: int, dtype: torch.dtype, seed: int = 0) -> dict:
 def call(name: str, fn, x: dict, initial_state, **kwargs):
     """Run ``fn`` (an op or its context-parallel version) on the case's inputs."""
     _, _, rule, _, normalize = next(c for c in CASES if c[0] == name)
+    if rule == "dplr":
+        return fn(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["a"],
+            x["b"],
+            x["g"],
+            chunk_size=CHUNK,
+            initial_state=initial_state,
+            output_final_state=True,
+            **kwargs,
+        )
     if rule == "delta":
         return fn(
             x["q"],
@@ -94,6 +114,7 @@ EXTRAS = [
     ("linear_normalize", {"mode": "parallel"}),
     ("gated_deltanet", {"mode": "parallel"}),
     ("delta", {"use_qk_l2norm": True}),
+    ("dplr", {"mode": "recurrent"}),
 ]
 
 

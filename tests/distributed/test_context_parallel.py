@@ -1,7 +1,8 @@
 """Context-parallel ops on 2 and 4 gloo processes over loopback equal the single-process op.
 
 Every case of ``cp_worker.CASES`` (linear attention with and without decay and normaliser, the
-delta rule, Gated DeltaNet, KDA), in float64 and float32, with slices of unequal length: outputs,
+delta rule, Gated DeltaNet, KDA, the generalized delta rule with each gate), in float64 and
+float32, with slices of unequal length: outputs,
 the state after every slice, and the gradients of every input (and of the replicated initial
 state, summed over ranks) against one process running the whole sequence.
 """
@@ -123,7 +124,11 @@ def expected_bytes(name: str, world: int) -> dict[str, int]:
     Vs = cp_worker.V + int(normalize)
     N = cp_worker.B * cp_worker.H * cp_worker.K * Vs
     per_head = {"scalar": 1, "channel": cp_worker.K, None: 0}[gate]
-    M = cp_worker.B * cp_worker.H * (cp_worker.K * cp_worker.K if rule == "delta" else per_head)
+    M = (
+        cp_worker.B
+        * cp_worker.H
+        * (cp_worker.K * cp_worker.K if rule in ("delta", "dplr") else per_head)
+    )
     L = M + N
     return {"descriptor": 12 * 8, "maps": 4 * L, "map_grads": 4 * (world * L + N)}
 

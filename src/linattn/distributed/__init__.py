@@ -18,13 +18,18 @@ from linattn.distributed.collectives import (
     count_bytes,
     init_process_group,
 )
-from linattn.distributed.context_parallel import delta_rule, linear_attention
+from linattn.distributed.context_parallel import (
+    delta_rule,
+    generalized_delta_rule,
+    linear_attention,
+)
 
 __all__ = [
     "ByteCount",
     "PeerFailureError",
     "count_bytes",
     "delta_rule",
+    "generalized_delta_rule",
     "init_process_group",
     "linear_attention",
 ]

@@ -200,6 +200,43 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
     )
 
 
+def _incoming_rule_state(
+    inputs: tuple, own: tuple, rule: str, check_own, options: tuple, *, mode, chunk_size, scale,
+    initial_state, output_final_state, group, use_qk_l2norm: bool = False,
+) -> Tensor:
+    """Steps 1-3 for a state-reading rule (the delta rule, the generalized delta rule): check this
+    rank's inputs (``check_own(B, T, H, K)``: the rule's own, ``own``), agree with the other
+    ranks, compute this slice's map (M_p in WY form, [B, H, K, K]) and fold the maps before it.
+
+    ``inputs``: (q, k, v, g) as the public op takes them; ``own``: (beta,) for the delta rule,
+    (a, b) for the generalized one (the ops' beta slot: beta or [a | b]).
+    """
+    q, k, v, g = inputs
+    error = None
+    try:
+        _, _, _, K, V = _checks.qkv(q, k, v)
+        B, T, H = q.shape[:3]
+        check_own(B, T, H, K)
+        _checks.gate(g, B, T, H, K)
+        chunk_size = _checks.options(mode, chunk_size)
+        _checks.scale(scale)
+        _checks.flag("output_final_state", output_final_state)
+        _checks.state(initial_state, B, H, K, V)
+    except (ValueError, TypeError) as e:
+        error = f"{type(e).__name__}: {e}"
+    needs_grad = _needs_grad(k, v, *own, g, initial_state)
+    mech = None if error else Mechanism.of(own[0], g, rule)
+    local = _descriptor(q, 0 if error else V, mech, initial_state, options, needs_grad, error)
+    _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
+    dtype = compute_dtype(q.dtype)
+    own = own[0] if len(own) == 1 else torch.cat([x.to(dtype) for x in own], dim=-1)
+    M, N = maps.slice_map(
+        k.to(dtype), v, own, g, mech, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm
+    )
+    S0 = None if initial_state is None else initial_state.to(dtype)
+    return _incoming_state(M, N, S0, group)
+
+
 def linear_attention(
     q: Tensor,
     k: Tensor,
@@ -309,30 +346,17 @@ def delta_rule(
     Returns:
         o [B, T_p, H, V] for this slice, and the state after it (or None).
     """
-    error = None
-    try:
-        _, _, _, K, V = _checks.qkv(q, k, v)
-        B, T, H = q.shape[:3]
+
+    def check_beta(B: int, T: int, H: int, K: int) -> None:
         _checks.beta(beta, B, T, H)
-        _checks.gate(g, B, T, H, K)
-        chunk_size = _checks.options(mode, chunk_size)
-        _checks.scale(scale)
-        use_qk_l2norm = _checks.flag("use_qk_l2norm", use_qk_l2norm)
-        _checks.flag("output_final_state", output_final_state)
-        _checks.state(initial_state, B, H, K, V)
-    except (ValueError, TypeError) as e:
-        error = f"{type(e).__name__}: {e}"
-    needs_grad = _needs_grad(k, v, beta, g, initial_state)
-    options = (scale, "use_qk_l2norm", use_qk_l2norm)
-    mech = None if error else Mechanism.of(beta, g)
-    local = _descriptor(q, 0 if error else V, mech, initial_state, options, needs_grad, error)
-    _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
-    dtype = compute_dtype(q.dtype)
-    M, N = maps.slice_map(
-        k.to(dtype), v, beta, g, mech, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm
-    )
-    S0 = None if initial_state is None else initial_state.to(dtype)
-    S_in = _incoming_state(M, N, S0, group)
+        _checks.flag("use_qk_l2norm", use_qk_l2norm)
+
+    S_in = _incoming_rule_state(
+        (q, k, v, g), (beta,), "delta", check_beta,
+        (scale, "use_qk_l2norm", bool(use_qk_l2norm)), mode=mode, chunk_size=chunk_size,
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        group=group, use_qk_l2norm=bool(use_qk_l2norm),
+    )  # fmt: skip
     return ops.delta_rule(
         q,
         k,
@@ -345,4 +369,63 @@ def delta_rule(
         initial_state=S_in,
         output_final_state=output_final_state,
         use_qk_l2norm=use_qk_l2norm,
+    )
+
+
+def generalized_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Context-parallel ``linattn.ops.generalized_delta_rule`` (IPLR, DPLR, RWKV-7's transition).
+
+    S_t = (Diag(exp g_t) + a_t b_t^T) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t) (issue 30's
+    rule; b reads the state entering the token). Each slice's map M_p = prod_t A_t has the WY form
+    Diag(exp G) + Ae^T (I - A_ba)^{-1} Bd (``linattn.ops.rules.dplr``), [B, H, K, K], exchanged
+    between ranks.
+
+    Args:
+        q, k: [B, T_p, H, K]; v: [B, T_p, H, V]; a, b: [B, T_p, H, K]; g: None, [B, T_p, H] or
+            [B, T_p, H, K] (<= 0), the same kind on every rank. T_p may differ between ranks.
+        scale, mode, chunk_size: as in ``linattn.ops.generalized_delta_rule``.
+        initial_state: S_0 [B, H, K, V] or None, the same on every rank (gradient summed over
+            ranks).
+        output_final_state: return the state after this rank's slice.
+        group: the process group (None: the default group).
+
+    Returns:
+        o [B, T_p, H, V] for this slice, and the state after it (or None).
+    """
+
+    def check_ab(B: int, T: int, H: int, K: int) -> None:
+        _checks.vectors("a", a, B, T, H, K)
+        _checks.vectors("b", b, B, T, H, K)
+
+    S_in = _incoming_rule_state(
+        (q, k, v, g), (a, b), "dplr", check_ab, (scale,), mode=mode,
+        chunk_size=chunk_size, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, group=group,
+    )  # fmt: skip
+    return ops.generalized_delta_rule(
+        q,
+        k,
+        v,
+        a,
+        b,
+        g,
+        scale=scale,
+        mode=mode,
+        chunk_size=chunk_size,
+        initial_state=S_in,
+        output_final_state=output_final_state,
     )
