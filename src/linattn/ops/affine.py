@@ -7,11 +7,13 @@ nothing of size T x T is formed:
 
 - additive rule: N is the state the block writes from S = 0, and M = Diag(exp G_T), the product
   of the chunks' D = exp(G_C);
-- delta rule: the recurrence acts on each column of the state independently, so running it from
-  [0 | I] on the values [V | 0] ends in [N | M] (the zero-value columns carry I to M I = M, the
-  value columns carry 0 to N). Per chunk this is M_c = Diag(exp G_C) - Ke^T W, N_c = Ke^T U0,
-  with W = T (K * exp G), U0 = T V, T = (I + L)^{-1} diag(beta) the UT transform; without decay
-  M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T).
+- delta and generalized delta rules (whose writes read the state): the recurrence acts on each
+  column of the state independently, so running it from [0 | I] on the values [V | 0] ends in
+  [N | M] (the zero-value columns carry I to M I = M, the value columns carry 0 to N). Per chunk
+  this is M_c = Diag(exp G_C) - Ke^T W, N_c = Ke^T U0, with W = T (K * exp G), U0 = T V,
+  T = (I + L)^{-1} diag(beta) the UT transform; without decay M = I - K^T T K, the compact WY
+  form of prod_t (I - beta_t k_t k_t^T). The generalized rule (``rules.dplr``) likewise: its
+  M_c = Diag(exp G_C) + Ae^T T Bd is its chunk's WY form.
 
 Context parallelism (``linattn.distributed.maps``) exchanges these maps between ranks.
 """
@@ -41,9 +43,10 @@ def affine_map(
     """(M, N) of a block of tokens in the internal layout (checked inputs, compute dtype).
 
     k: [B, H, T, K]; v: [B, H, T, V]; beta: [B, H, T] or None; g: None, [B, H, T, 1] or
-    [B, H, T, K]. M in the cheapest form the mechanism allows: None (I: no gate, additive rule),
-    [B, H, 1|K, 1] (the diagonal Diag(exp G_T): additive rule with a gate) or [B, H, K, K]
-    (delta rule); N: [B, H, K, V].
+    [B, H, T, K] (beta [B, H, T, 2K] = [a | b] for the generalized rule). M in the cheapest form
+    the mechanism allows: None (I: no gate, additive rule), [B, H, 1|K, 1] (the diagonal
+    Diag(exp G_T): additive rule with a gate) or [B, H, K, K] (the rules whose writes read the
+    state: delta, dplr); N: [B, H, K, V].
     """
     B, H, T, K = k.shape
     V = v.shape[-1]
@@ -51,14 +54,15 @@ def affine_map(
         return _empty_map(k, v, beta, g, mech)
     P = B * H
     start = k.new_zeros(P, K, V)
-    if mech.delta:  # run from [0 | I] on [V | 0]: the final state is [N | M]
+    full = mech.rule.READS_STATE  # M is a full K x K matrix
+    if full:  # run from [0 | I] on [V | 0]: the final state is [N | M]
         v = torch.cat([v, v.new_zeros(B, H, T, K)], dim=-1)  # [B, H, T, V + K]
         eye = torch.eye(K, dtype=k.dtype, device=k.device).expand(P, K, K)
         start = torch.cat([start, eye], dim=-1)  # [P, K, V + K]
     terms = chunk_terms(None, k, v, beta, g, min(chunk_size, T), mech)
     _, _, S = forward_chunks(terms, start)  # the chunk loop without outputs
     S = S.view(B, H, K, -1)
-    if mech.delta:
+    if full:
         return S[..., V:], S[..., :V]
     M = terms.D.prod(dim=0).view(B, H, -1, 1) if mech.decays else None  # [B, H, 1|K, 1]
     return M, S
@@ -74,7 +78,7 @@ def _empty_map(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, mech
     B, H, _, K = k.shape
     link = sum(x.sum() for x in (k, v, beta, g) if x is not None)  # 0: all are empty
     N = k.new_zeros(B, H, K, v.shape[-1]) + link
-    if mech.delta:
+    if mech.rule.READS_STATE:
         return torch.eye(K, dtype=k.dtype, device=k.device).expand(B, H, K, K) + link, N
     if not mech.decays:
         return None, N
@@ -84,7 +88,7 @@ def _empty_map(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, mech
 def full_matrix(M: Tensor | None, N: Tensor, mech: Mechanism) -> Tensor:
     """M in ``affine_map``'s stored form as the [B, H, K, K] matrix."""
     B, H, K, _ = N.shape
-    if mech.delta:
+    if mech.rule.READS_STATE:
         return M
     if not mech.decays:
         return torch.eye(K, dtype=N.dtype, device=N.device).expand(B, H, K, K)

@@ -122,7 +122,8 @@ def _check_shapes(state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[int, 
 def _pytorch_step(state, q, k, v, beta, g, scale: float, graph: bool) -> Tensor:
     """The step in PyTorch, in place (``graph`` False) or recorded on a copy of the state."""
     B, H, K, _ = state.shape
-    rule = rules.of(beta is not None)  # the rule, resolved once here (``linattn.ops.rules``)
+    # the rule, resolved once here (``linattn.ops.rules``)
+    rule = rules.named("additive" if beta is None else "delta")
     dtype = state.dtype
     q_t = q.to(dtype) * scale
     k_t, v_t = k.to(dtype), v.to(dtype)
