@@ -194,5 +194,10 @@ def test_checks_name_the_argument():
         comba(x["q"], x["k"], x["v"], x["p"], x["beta"][:, :, :2], x["g"])
     with pytest.raises(ValueError, match=r"w must have shape \[B, T, HV, V\]"):
         gated_deltanet2(x["q"], x["k"], x["v"], x["gk"], x["erase"], x["write"][..., :2])
+    r, w, k, v, a, b = _rwkv7_inputs(x)
+    with pytest.raises(ValueError, match=r"b must have shape \[B, T, H, K\]"):
+        rwkv7(r, w, k, v, a, b[..., :2])
+    with pytest.raises(ValueError, match=r"w must have shape \[B, T, H, K\]"):
+        rwkv7(r, w[..., 0], k, v, a, b)
     with pytest.raises(ValueError, match="g is a log-decay"):
         gated_deltanet2(x["q"], x["k"], x["v"], -x["gk"], x["erase"], x["write"])

@@ -18,9 +18,23 @@ import math
 from torch import Tensor
 
 from linattn.compat import _core
+from linattn.ops import checks as _checks
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
 
 RCP_LN2 = 1 / math.log(2)  # fla's gate_bound_is_safe works in log2 units
+
+
+def check_vectors(k: Tensor, v: Tensor, **named: Tensor | None) -> None:
+    """a, b (and gk) [B, T, HV, K], checked under fla's names before a and b are swapped."""
+    for name, x in named.items():
+        if x is None or not isinstance(k, Tensor) or not isinstance(v, Tensor):
+            continue
+        _checks.tensor(name, x, 4, finite=name != "gk")
+        if x.shape != (*v.shape[:3], k.shape[-1]):
+            raise ValueError(
+                f"{name} must have shape [B, T, H, K] = {(*v.shape[:3], k.shape[-1])}, got "
+                f"{tuple(x.shape)}"
+            )
 
 
 def dplr_chunk_size(chunk_size: int | None, lower_bound: float | None) -> int:
@@ -60,6 +74,7 @@ def chunk_dplr_delta_rule(
             f"`lower_bound` must be negative (gk is a log-decay < 0), got {lower_bound}."
         )
     _core.check_cp(cp_context)
+    check_vectors(k, v, a=a, b=b, gk=gk)
     return _core.run_op(
         generalized_delta_rule, q, k, v, {"a": b, "b": a, "g": gk}, mode="chunk", scale=scale,
         initial_state=initial_state, output_final_state=output_final_state,
@@ -82,6 +97,7 @@ def fused_recurrent_dplr_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """fla's ``fused_recurrent_dplr_delta_rule``: the token loop (decoding); ``reverse`` runs
     each sequence from its last token to its first."""
+    check_vectors(k, v, a=a, b=b, gk=gk)
     return _core.run_op(
         generalized_delta_rule, q, k, v, {"a": b, "b": a, "g": gk}, mode="recurrent",
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -106,6 +122,7 @@ def chunk_iplr_delta_rule(
     ``chunk_size`` by keyword (a power of 2, 64 by default); other keywords are swallowed."""
     _core.no_head_first(kwargs)
     C = _core.check_chunk_size(kwargs.pop("chunk_size", None), None, "IPLR")
+    check_vectors(k, v, a=a, b=b)
     return _core.run_op(
         generalized_delta_rule, q, k, v, {"a": b, "b": a, "g": None}, mode="chunk",
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -127,6 +144,7 @@ def fused_recurrent_iplr_delta_rule(
     """fla's ``fused_recurrent_iplr_delta_rule``: the token loop; ``scale`` must be positive."""
     if scale is not None and not scale > 0:
         raise ValueError("scale must be positive")
+    check_vectors(k, v, a=a, b=b)
     return _core.run_op(
         generalized_delta_rule, q, k, v, {"a": b, "b": a, "g": None}, mode="recurrent",
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,

@@ -118,6 +118,12 @@ def rwkv7(
     Returns:
         (o [B, T, H, V], final state [N, H, K, V] or None), as ``generalized_delta_rule``.
     """
+    B, T, H, HV, K, V = _checks.grouped_qkv(r, k, v)  # r is the op's q
+    for name, x in (("a", a), ("b", b)):  # checked under RWKV-7's names (swapped below)
+        _checks.vectors(name, x, B, T, HV, K, layout="[B, T, H, K]")
+    _checks.gate(w, B, T, HV, K, values=False)  # its values (<= 0, -inf a reset): the op's g
+    if w.dim() != 4:
+        raise ValueError(f"w must have shape [B, T, H, K] = {(B, T, HV, K)}, got {tuple(w.shape)}")
     return generalized_delta_rule(
         r, k, v, b, a, w,
         scale=scale, mode=mode, chunk_size=chunk_size, initial_state=initial_state,
