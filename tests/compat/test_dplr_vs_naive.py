@@ -125,6 +125,12 @@ def test_rwkv7(dtype, references):
     ]
     for ours in entry_points:
         _compare(ours, theirs, leaves, references)
+    leaves = {**leaves, "kk": x["kk"], "a": x["a_scale"]}  # the decoding loop's inputs
+    del leaves["b"]
+    _compare(
+        lambda **t: compat.fused_mul_recurrent_rwkv7(**t, scale=None, output_final_state=True),
+        lambda kk, a, **t: theirs(**t, a=-kk, b=kk * a), leaves, references,
+    )  # fmt: skip
 
 
 @DTYPES

@@ -276,6 +276,15 @@ def rwkv7_recurrent():
     return _case("fused_recurrent_rwkv7", _rwkv7_leaves(dplr_recipe(T=40)), grads=False)
 
 
+def rwkv7_fused_mul_reverse():
+    """RWKV7's decoding loop (fla.ops.rwkv7 only): kk and the learning rate a, not a, b."""
+    x = dplr_recipe(T=40)
+    leaves = {"r": x["q"], "w": x["w"], "k": x["k"], "v": x["v"], "kk": x["kk"],
+              "a": x["a_scale"], "initial_state": x["h0"]}  # fmt: skip
+    return _case("fused_mul_recurrent_rwkv7", leaves, grads=False, output_final_state=True,
+                 reverse=True)  # fmt: skip
+
+
 def comba_chunk_grouped_l2norm():
     x = dplr_recipe(T=40, H=2, HV=4)
     leaves = _dplr_leaves(x, "p", "g", "beta", initial_state=x["h0"])
@@ -337,8 +346,8 @@ def gdn2_recurrent_grouped_in_kernel():
 
 
 FAST = [
-    dplr_chunk, iplr_recurrent, rwkv7_recurrent, comba_chunk_grouped_l2norm,
-    gdn2_recurrent_grouped_in_kernel,
+    dplr_chunk, iplr_recurrent, rwkv7_recurrent, rwkv7_fused_mul_reverse,
+    comba_chunk_grouped_l2norm, gdn2_recurrent_grouped_in_kernel,
     gdn_chunk_in_kernel, gdn_recurrent_every_gate, kda_chunk_in_kernel, kda_recurrent_in_kernel,
     gla_recurrent_gv_reverse, simple_gla_recurrent_g_and_gamma, delta_rule_recurrent_channel_beta,
 ]  # fmt: skip

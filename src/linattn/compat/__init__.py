@@ -18,8 +18,9 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 - fla's deprecated ``fused_chunk_delta_rule`` / ``fused_chunk_gla`` raise as fla's do;
 - the others raise NotImplementedError naming the missing mechanism (``unsupported``).
 
-``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) are computed too;
-fla exports them from ``fla.ops.gdn2`` only, not ``fla.ops`` (``FLA_SUBMODULE_ENTRY_POINTS``).
+``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
+``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) are computed too; fla exports them from
+``fla.ops.gdn2`` and ``fla.ops.rwkv7`` only, not ``fla.ops`` (``FLA_SUBMODULE_ENTRY_POINTS``).
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
@@ -59,7 +60,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
-from linattn.compat.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
+from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
     chunk_lightning_attn,
     chunk_retention,
@@ -106,6 +107,7 @@ __all__ = [
     "fused_recurrent_iplr_delta_rule",
     "fused_recurrent_kda",
     "fused_recurrent_lightning_attn",
+    "fused_mul_recurrent_rwkv7",
     "fused_recurrent_linear_attn",
     "fused_recurrent_retention",
     "fused_recurrent_rwkv7",
@@ -119,6 +121,7 @@ DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0
 FLA_SUBMODULE_ENTRY_POINTS = {
     "chunk_gdn2": "fla.ops.gdn2",
     "fused_recurrent_gdn2": "fla.ops.gdn2",
+    "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

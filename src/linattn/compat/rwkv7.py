@@ -5,7 +5,10 @@
 As in fla, they are the DPLR delta rule under RWKV-7's names (q = r, gk = w; a reads the state,
 b is the direction: RWKV-7 passes a = -kappa_hat, b = kappa_hat * a_gate), with their own
 defaults: ``chunk_rwkv7`` scales r by 1.0, ``fused_recurrent_rwkv7`` by 1 / sqrt(K) and returns
-the final state unless told not to. ``linattn.ops.rwkv7`` is the same mechanism as a linattn op.
+the final state unless told not to. ``fused_mul_recurrent_rwkv7(r, w, k, v, kk, a)`` (the decoding
+call of fla's RWKV7 layer; exported by ``fla.ops.rwkv7`` only) takes RWKV-7's kk and in-context
+learning rate a and forms the DPLR vectors itself: a_dplr = -kk, b_dplr = kk * a.
+``linattn.ops.rwkv7`` is the same mechanism as a linattn op.
 """
 
 from __future__ import annotations
@@ -61,4 +64,25 @@ def fused_recurrent_rwkv7(
     return fused_recurrent_dplr_delta_rule(
         q=r, k=k, v=v, a=a, b=b, gk=w, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+
+
+def fused_mul_recurrent_rwkv7(
+    r: Tensor,
+    w: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kk: Tensor,
+    a: Tensor,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """fla's ``fused_mul_recurrent_rwkv7``: the DPLR token loop with a = -kk (it reads) and
+    b = kk * a (the direction); scale 1.0 by default, None meaning 1 / sqrt(K)."""
+    return fused_recurrent_dplr_delta_rule(
+        q=r, k=k, v=v, a=-kk, b=kk * a, gk=w, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, reverse=reverse, cu_seqlens=cu_seqlens,
     )  # fmt: skip
