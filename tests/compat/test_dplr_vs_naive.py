@@ -182,7 +182,12 @@ def test_gdn2(dtype, reference, references):
 def _varlen_cases():
     """(compat function, its per-token inputs, the reference on one sequence)."""
     dplr = _head_first(dplr_naive.dplr_recurrence)
+    iplr = _head_first(iplr_naive.iplr_recurrence)
     return {
+        "fused_recurrent_iplr_delta_rule": (
+            ("a", "b"),
+            lambda q, k, v, a, b, S: iplr(q, k, v, a, b, initial_state=S),
+        ),
         "chunk_dplr_delta_rule": (
             ("a", "b", "gk"),
             lambda q, k, v, a, b, gk, S: dplr(q, k, v, a, b, gk, initial_state=S),
@@ -203,7 +208,10 @@ def _varlen_cases():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64], ids=["float64"])
-@pytest.mark.parametrize("name", ["chunk_dplr_delta_rule", "chunk_comba", "chunk_gdn2"])
+@pytest.mark.parametrize(
+    "name",
+    ["chunk_dplr_delta_rule", "fused_recurrent_iplr_delta_rule", "chunk_comba", "chunk_gdn2"],
+)
 def test_varlen(name, dtype, references):
     """Packed sequences with one initial state each: each sequence as the reference alone."""
     names, reference = _varlen_cases()[name]
