@@ -96,7 +96,13 @@ def full_matrix(M: Tensor | None, N: Tensor, mech: Mechanism) -> Tensor:
 
 
 def chunk_affine_map(
-    k: Tensor, v: Tensor, beta: Tensor | None = None, g: Tensor | None = None
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None = None,
+    g: Tensor | None = None,
+    *,
+    a: Tensor | None = None,
+    b: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The pair (M, N) with S_out = M S_in + N for one block of tokens.
 
@@ -106,21 +112,32 @@ def chunk_affine_map(
     - additive rule (beta None): M = Diag(exp G_T), N = (K * exp(G_T - G))^T V;
     - delta rule: the product of the chunks' M_c = Diag(exp G_C) - (K * exp(G_C - G))^T W,
       N composed likewise from N_c = (K * exp(G_C - G))^T U0 (the module docstring); without decay
-      M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T).
+      M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T);
+    - generalized delta rule (a, b given): the product of the chunks' WY forms
+      M_c = Diag(exp G_C) + Ae^T T Bd (``rules.dplr``), N likewise.
 
     Computed in chunks of 64 tokens: linear in T.
 
     Args:
         k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] in [0, 2] or None (additive rule);
         g: None, [B, T, H] or [B, T, H, K], log-decay <= 0 (-inf: a reset). Keys are used as given.
+        a, b: None, or both [B, T, H, K] (beta then None): the generalized rule's transitions
+            Diag(exp g_t) + a_t b_t^T (``generalized_delta_rule``).
 
     Returns:
         M: [B, H, K, K] and N: [B, H, K, V], in float32 (float64 for float64 inputs).
     """
     B, T, H, K, V = _checks.kv(k, v)
-    if beta is not None:
+    rule = None
+    if a is not None or b is not None:
+        if a is None or b is None or beta is not None:
+            raise ValueError("a and b come together, and without beta (the generalized rule)")
+        _checks.vectors("a", a, B, T, H, K, layout="[B, T, H, K]")
+        _checks.vectors("b", b, B, T, H, K, layout="[B, T, H, K]")
+        beta, rule = torch.cat([a, b.to(a.dtype)], dim=-1), "dplr"  # [B, T, H, 2K]
+    elif beta is not None:
         _checks.beta(beta, B, T, H)
     _checks.gate(g, B, T, H, K)
-    mech = Mechanism.of(beta, g)
+    mech = Mechanism.of(beta, g, rule)
     M, N = affine_map(*to_internal(k, v, beta=beta, g=g), mech)
     return full_matrix(M, N, mech), N
