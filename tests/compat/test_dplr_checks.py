@@ -98,3 +98,26 @@ def test_output_dtypes_are_flas():
         o, S = getattr(compat, name)(*args, output_final_state=True)
         assert o.dtype == dtype, name
         assert S.dtype == torch.float32, name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["chunk_dplr_delta_rule", "fused_recurrent_iplr_delta_rule", "chunk_comba", "chunk_gdn2"],
+)
+def test_malformed_q_k_v_are_refused_naming_them(name):
+    """A list, an integer tensor (which promotion would cast silently) or a rank-3 v (chunk_gdn2
+    names w first, as fla's asserts do)."""
+    x = _x()
+    rest = {
+        "chunk_dplr_delta_rule": (x["a"], x["b"], x["gk"]),
+        "fused_recurrent_iplr_delta_rule": (x["a"], x["b"]),
+        "chunk_comba": (x["p"], x["g"], x["beta"]),
+        "chunk_gdn2": _gdn2(x)[3:],
+    }[name]
+    fn = getattr(compat, name)
+    with pytest.raises(TypeError, match="^q must be a torch.Tensor, got list"):
+        fn(x["q"].tolist(), x["k"], x["v"], *rest)
+    with pytest.raises(TypeError, match="^k must be a floating-point tensor, got torch.int64"):
+        fn(x["q"], x["k"].long(), x["v"], *rest)
+    with pytest.raises(ValueError, match=r"v must|matching v"):  # chunk_gdn2: fla's order
+        fn(x["q"], x["k"], x["v"][..., 0], *rest)

@@ -278,6 +278,8 @@ def run_op(
     initial_state=, output_final_state=, cu_seqlens=) -> (o, S)`` with fla's conventions (the
     module docstring): ``inputs`` are the op's per-token tensors [B, T, ...] (or None), promoted
     with q, k, v to one dtype; ``out`` is "q" or "v", whose dtype o takes, or that dtype."""
+    for name, x in (("q", q), ("k", k), ("v", v), *inputs.items()):
+        floating_tensor(name, x)  # before promote, which would cast an integer tensor silently
     check_varlen(q, initial_state, cu_seqlens)
     dtype = promote(q, k, v, *inputs.values())
     out_dtype = out if isinstance(out, torch.dtype) else q.dtype if out == "q" else v.dtype
@@ -296,6 +298,24 @@ def run_op(
     if order is not None:
         o = o.index_select(1, order)  # the reversal is its own inverse
     return o.to(out_dtype), state_out(S, dtype, state_v_first)
+
+
+def floating_tensor(name: str, x: object) -> None:
+    """None, or a floating-point tensor (fla's kernels take no integer inputs)."""
+    if x is None:
+        return
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
+def floating_qkv(q: object, k: object, v: object) -> None:
+    """q, k, v floating-point tensors, before an entry point reads their shapes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x is None:
+            raise TypeError(f"{name} must be a torch.Tensor, got None")
+        floating_tensor(name, x)
 
 
 def check_state_dtype(q: Tensor, initial_state: Tensor | None) -> None:

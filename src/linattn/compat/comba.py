@@ -56,6 +56,7 @@ def chunk_comba(
     cu_seqlens_cpu: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``chunk_comba`` (the module docstring): the chunk form."""
+    _core.floating_qkv(q, k, v)
     p = k if p is None else p
     if q.shape[2] != k.shape[2] or q.shape[2] != p.shape[2]:
         raise ValueError(
@@ -91,6 +92,7 @@ def fused_recurrent_comba(
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """fla's ``fused_recurrent_comba``: the token loop (decoding); beta may be [B, T, HV, V]."""
+    _core.floating_qkv(q, k, v)
     out = q.dtype
     q, k, p, beta = _prepare(q, k, v, p, beta, use_qk_l2norm_in_kernel)
     return _core.run_op(

@@ -108,6 +108,7 @@ def chunk_gdn2(
     """fla's ``chunk_gdn2`` (the module docstring); A_log, dt_bias and chunk_size (64) by
     keyword. ``return_intermediate_states`` (inference only) also returns the state entering
     each chunk, h [B, NT, H, K, V] in k's dtype."""
+    _core.floating_qkv(q, k, v)
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
     _core.check_cp(cp_context)
     _core.check_varlen(q, initial_state, cu_seqlens)
@@ -158,6 +159,7 @@ def fused_recurrent_gdn2(
     **kwargs: object,
 ) -> tuple[Tensor, Tensor]:
     """fla's ``fused_recurrent_gdn2``: the token loop (decoding), grouped value heads."""
+    _core.floating_qkv(q, k, v)
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
     _core.check_varlen(q, initial_state, cu_seqlens)
     if b.shape != (*v.shape[:3], k.shape[-1]):

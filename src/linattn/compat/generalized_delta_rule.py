@@ -26,8 +26,10 @@ RCP_LN2 = 1 / math.log(2)  # fla's gate_bound_is_safe works in log2 units
 
 def check_vectors(k: Tensor, v: Tensor, **named: Tensor | None) -> None:
     """a, b (and gk) [B, T, HV, K], checked under fla's names before a and b are swapped."""
+    if not all(isinstance(x, Tensor) and x.dim() == 4 for x in (k, v)):
+        return  # the op names k or v
     for name, x in named.items():
-        if x is None or not isinstance(k, Tensor) or not isinstance(v, Tensor):
+        if x is None:
             continue
         _checks.tensor(name, x, 4, finite=name != "gk")
         if x.shape != (*v.shape[:3], k.shape[-1]):
