@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,33 @@ def recipe(B=1, T=40, H=2, HV=None, K=16, V=8, dtype=torch.float32, seed=0):
         "beta": torch.rand(B, T, HV, generator=gen, dtype=torch.float64).sigmoid(),
         "h0": randn(B, HV, K, V),
     }
+    return {n: t.to(dtype) for n, t in x.items()}
+
+
+def dplr_recipe(B=1, T=40, H=2, HV=None, K=16, V=8, dtype=torch.float32, seed=0, mask_p=0.0):
+    """``recipe`` plus the generalized delta rule's inputs on fla's recipes (tests/ops/
+    test_dplr_delta.py, test_rwkv7.py, test_comba.py, test_gdn2.py): fla's DPLR a =
+    normalize(U(0, 1)) (it reads) and b = -a; gk = logsigmoid(N(0, 1)), a fraction ``mask_p``
+    of it 0; RWKV-7's kk = normalize(U(-1, 1)), a_scale ~ U(0, 0.1) (its a = -kk, b = kk *
+    a_scale) and w = -exp(-0.5) sigmoid(N(0, 1)); Comba's p = normalize(N(0, 1)) [B, T, H, K];
+    GDN-2's erase and write gates ~ U(0, 1), [B, T, HV, K] and [B, T, HV, V]."""
+    x = recipe(B, T, H, HV, K, V, torch.float64, seed)
+    HV = H if HV is None else HV
+    gen = torch.Generator().manual_seed(seed + 100)
+
+    def rand(*shape, low=0.0, high=1.0):
+        return low + (high - low) * torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+    a = F.normalize(rand(B, T, HV, K), dim=-1)
+    gk = F.logsigmoid(torch.randn(B, T, HV, K, generator=gen, dtype=torch.float64))
+    kk = F.normalize(rand(B, T, HV, K, low=-1.0), dim=-1)
+    x.update(
+        a=a, b=-a, gk=gk * (rand(B, T, HV, K) >= mask_p), kk=kk,
+        a_scale=rand(B, T, HV, K, high=0.1),
+        w=-math.exp(-0.5) * torch.randn(B, T, HV, K, generator=gen, dtype=torch.float64).sigmoid(),
+        p=F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1),
+        erase=rand(B, T, HV, K), write=rand(B, T, HV, V),
+    )  # fmt: skip
     return {n: t.to(dtype) for n, t in x.items()}
 
 

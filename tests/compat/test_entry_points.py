@@ -41,6 +41,18 @@ def test_signature_is_fla_s(name):
         assert ours[p].default == theirs[p].default, p
 
 
+@pytest.mark.parametrize("name", sorted(compat.FLA_SUBMODULE_ENTRY_POINTS))
+def test_submodule_entry_points_have_fla_s_signature(name):
+    """chunk_gdn2 / fused_recurrent_gdn2: fla exports them from fla.ops.gdn2 only."""
+    module = pytest.importorskip(compat.FLA_SUBMODULE_ENTRY_POINTS[name])
+    ours = inspect.signature(getattr(compat, name)).parameters
+    theirs = inspect.signature(getattr(module, name)).parameters
+    assert list(ours) == list(theirs)
+    for p in theirs:
+        assert ours[p].kind == theirs[p].kind, p
+        assert ours[p].default == theirs[p].default, p
+
+
 @pytest.mark.parametrize("name", sorted(compat.MISSING))
 def test_missing_mechanisms_raise_naming_what_is_missing(name):
     with pytest.raises(NotImplementedError, match=rf"linattn.compat.{name}: linattn does not"):

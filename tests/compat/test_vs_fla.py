@@ -8,6 +8,8 @@ heavier cases are marked slow.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ ops = pytest.importorskip("fla.ops")
 
 from linattn import compat  # noqa: E402
 
-from .helpers import assert_same, flatten, outputs_and_grads, recipe  # noqa: E402
+from .helpers import assert_same, dplr_recipe, flatten, outputs_and_grads, recipe  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 TOL = 5e-5
@@ -218,14 +220,150 @@ def hgrn_recurrent():
     return _case("fused_recurrent_hgrn", leaves, output_final_state=True)
 
 
+def _dplr_leaves(x, *names, **extra):
+    return {**{n: x[n] for n in ("q", "k", "v", *names)}, **extra}
+
+
+def dplr_chunk():
+    """fla's test_dplr_delta recipe: a = normalize(U(0, 1)) reads, b = -a, gk partly 0."""
+    x = dplr_recipe(T=40, mask_p=0.3)
+    leaves = _dplr_leaves(x, "a", "b", "gk", initial_state=x["h0"])
+    return _case("chunk_dplr_delta_rule", leaves, output_final_state=True)
+
+
+def dplr_chunk_varlen():
+    x = dplr_recipe(T=45)
+    leaves = _dplr_leaves(x, "a", "b", "gk", initial_state=torch.cat([x["h0"], -x["h0"]]))
+    return _case("chunk_dplr_delta_rule", leaves, output_final_state=True,
+                 cu_seqlens=torch.tensor([0, 19, 45]), chunk_size=32)  # fmt: skip
+
+
+def dplr_recurrent_reverse_varlen():
+    x = dplr_recipe(T=45)
+    leaves = _dplr_leaves(x, "a", "b", "gk", initial_state=torch.cat([x["h0"], -x["h0"]]))
+    return _case("fused_recurrent_dplr_delta_rule", leaves, grads=False, reverse=True,
+                 output_final_state=True, cu_seqlens=torch.tensor([0, 19, 45]))  # fmt: skip
+
+
+def iplr_chunk():
+    """fla's IPLR chunk kernel has no backward: forward only."""
+    x = dplr_recipe(T=40)
+    leaves = _dplr_leaves(x, "a", "b", initial_state=x["h0"])
+    return _case("chunk_iplr_delta_rule", leaves, grads=False, output_final_state=True,
+                 chunk_size=16)  # fmt: skip
+
+
+def iplr_recurrent():
+    x = dplr_recipe(T=40)
+    leaves = _dplr_leaves(x, "a", "b", initial_state=x["h0"])
+    return _case("fused_recurrent_iplr_delta_rule", leaves, output_final_state=True, scale=0.3)
+
+
+def _rwkv7_leaves(x):
+    """fla's test_rwkv7 recipe: a = -kk reads, b = kk * a_scale, w the log-decay."""
+    return {"r": x["q"], "w": x["w"], "k": x["k"], "v": x["v"], "a": -x["kk"],
+            "b": x["kk"] * x["a_scale"], "initial_state": x["h0"]}  # fmt: skip
+
+
+def rwkv7_chunk():
+    """As fla's RWKV7 layer calls it (chunk_size=64, scale 1.0 by default)."""
+    return _case("chunk_rwkv7", _rwkv7_leaves(dplr_recipe(T=40)), output_final_state=True,
+                 chunk_size=64)  # fmt: skip
+
+
+def rwkv7_recurrent():
+    """fused_recurrent_rwkv7 returns the final state by default (and scales by 1 / sqrt(K))."""
+    return _case("fused_recurrent_rwkv7", _rwkv7_leaves(dplr_recipe(T=40)), grads=False)
+
+
+def rwkv7_fused_mul_reverse():
+    """RWKV7's decoding loop (fla.ops.rwkv7 only): kk and the learning rate a, not a, b."""
+    x = dplr_recipe(T=40)
+    leaves = {"r": x["q"], "w": x["w"], "k": x["k"], "v": x["v"], "kk": x["kk"],
+              "a": x["a_scale"], "initial_state": x["h0"]}  # fmt: skip
+    return _case("fused_mul_recurrent_rwkv7", leaves, grads=False, output_final_state=True,
+                 reverse=True)  # fmt: skip
+
+
+def comba_chunk_grouped_l2norm():
+    x = dplr_recipe(T=40, H=2, HV=4)
+    leaves = _dplr_leaves(x, "p", "g", "beta", initial_state=x["h0"])
+    return _case("chunk_comba", leaves, output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+
+def comba_chunk_varlen():
+    x = dplr_recipe(T=70)
+    leaves = _dplr_leaves(x, "p", "g", "beta", initial_state=torch.cat([x["h0"], -x["h0"]]))
+    return _case("chunk_comba", leaves, output_final_state=True,
+                 cu_seqlens=torch.tensor([0, 30, 70]))  # fmt: skip
+
+
+def comba_recurrent_channel_beta():
+    """A beta per value channel [B, T, HV, V] (fla's IS_BETA_HEADWISE); grouped heads."""
+    x = dplr_recipe(T=40, H=2, HV=4)
+    beta = torch.rand(1, 40, 4, 8, generator=torch.Generator().manual_seed(9))
+    leaves = _dplr_leaves(x, "p", "g", beta=beta, initial_state=x["h0"])
+    return _case("fused_recurrent_comba", leaves, grads=False, output_final_state=True,
+                 use_qk_l2norm_in_kernel=True)  # fmt: skip
+
+
+def _gdn2_leaves(x, **extra):
+    return {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["gk"], "b": x["erase"],
+            "w": x["write"], **extra}  # fmt: skip
+
+
+def gdn2_chunk_in_kernel_v_first():
+    x = dplr_recipe(T=40)
+    gen = torch.Generator().manual_seed(10)
+    leaves = _gdn2_leaves(
+        x, g=torch.randn(1, 40, 2, 16, generator=gen), A_log=torch.randn(2, generator=gen),
+        dt_bias=torch.randn(2 * 16, generator=gen),
+        initial_state=x["h0"].transpose(-1, -2).contiguous(),
+    )  # fmt: skip
+    return _case("chunk_gdn2", leaves, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                 use_gate_in_kernel=True, state_v_first=True)  # fmt: skip
+
+
+def gdn2_chunk_safe_gate_intermediate_varlen():
+    x = dplr_recipe(T=70)
+    gen = torch.Generator().manual_seed(11)
+    leaves = _gdn2_leaves(x, g=torch.randn(1, 70, 2, 16, generator=gen),
+                          initial_state=torch.cat([x["h0"], -x["h0"]]))  # fmt: skip
+    return _case("chunk_gdn2", leaves, grads=False, output_final_state=True,
+                 use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+                 return_intermediate_states=True, cu_seqlens=torch.tensor([0, 30, 70]))  # fmt: skip
+
+
+def gdn2_recurrent_grouped_in_kernel():
+    x = dplr_recipe(T=40, H=2, HV=4)
+    gen = torch.Generator().manual_seed(12)
+    leaves = _gdn2_leaves(
+        x, g=torch.randn(1, 40, 4, 16, generator=gen), A_log=torch.randn(4, generator=gen),
+        dt_bias=torch.randn(4 * 16, generator=gen), initial_state=x["h0"],
+    )  # fmt: skip
+    return _case("fused_recurrent_gdn2", leaves, grads=False, output_final_state=True,
+                 use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+
+
 FAST = [
+    dplr_chunk, iplr_recurrent, rwkv7_recurrent, rwkv7_fused_mul_reverse,
+    comba_chunk_grouped_l2norm, gdn2_recurrent_grouped_in_kernel,
     gdn_chunk_in_kernel, gdn_recurrent_every_gate, kda_chunk_in_kernel, kda_recurrent_in_kernel,
     gla_recurrent_gv_reverse, simple_gla_recurrent_g_and_gamma, delta_rule_recurrent_channel_beta,
 ]  # fmt: skip
 SLOW = [gdn_chunk_varlen, gla_chunk_v_first, simple_gla_chunk_gamma_v_first, simple_gla_parallel,
         simple_gla_parallel_attentions, retention_recurrent_reverse, lightning_chunk,
         kda_intermediate_states_varlen, linear_attn_varlen, gdn_recurrent_varlen_in_kernel_gate,
-        gdn_recurrent_mixed_dtypes, delta_rule_chunk_float16, hgrn_recurrent]  # fmt: skip
+        gdn_recurrent_mixed_dtypes, delta_rule_chunk_float16, hgrn_recurrent,
+        dplr_chunk_varlen, dplr_recurrent_reverse_varlen, iplr_chunk, rwkv7_chunk,
+        comba_chunk_varlen, comba_recurrent_channel_beta, gdn2_chunk_in_kernel_v_first,
+        gdn2_chunk_safe_gate_intermediate_varlen]  # fmt: skip
+
+
+def _fla(name):
+    """fla's function: from ``fla.ops``, or the op module that alone exports it."""
+    module = compat.FLA_SUBMODULE_ENTRY_POINTS.get(name)
+    return getattr(ops if module is None else importlib.import_module(module), name)
 
 
 def _compare(case):
@@ -233,11 +371,11 @@ def _compare(case):
     if not grads:  # fla has no backward here (or intermediate states: inference only)
         with torch.inference_mode():
             a = flatten(getattr(compat, name)(**leaves, **kwargs))
-            b = flatten(getattr(ops, name)(**leaves, **kwargs))
+            b = flatten(_fla(name)(**leaves, **kwargs))
         assert_same(a, b, tol, name)
         return
     a, da = outputs_and_grads(lambda **t: getattr(compat, name)(**t, **kwargs), leaves)
-    b, db = outputs_and_grads(lambda **t: getattr(ops, name)(**t, **kwargs), leaves)
+    b, db = outputs_and_grads(lambda **t: _fla(name)(**t, **kwargs), leaves)
     assert_same(a, b, tol, name)
     for n in leaves:
         assert_same([da[n]], [db[n]], tol, f"{name} d{n}")

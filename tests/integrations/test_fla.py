@@ -50,6 +50,10 @@ LAYERS = {
     "gla": lambda: fla.layers.GatedLinearAttention(
         hidden_size=D, num_heads=2, use_short_conv=True, layer_idx=0
     ),
+    "comba": lambda: fla.layers.Comba(
+        hidden_size=D, head_dim=16, num_heads=2, num_v_heads=4, layer_idx=0
+    ),
+    "gdn2": lambda: fla.layers.GatedDeltaNet2(hidden_size=D, head_dim=16, num_heads=2, layer_idx=0),
 }
 MODELS = {
     "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", {"head_dim": 16}),
@@ -101,8 +105,12 @@ def decode(module, x, prefill: int):
 
 
 # The default run keeps one forward-and-gradients case per layer family (each < 15 s under the
-# interpreter); the variant, decoding of the chunked families and the models are slow.
-LAYER_CASES = [pytest.param(n, marks=pytest.mark.slow) if "-" in n else n for n in LAYERS]
+# interpreter); the variant, the families over 15 s (Comba, GDN-2: 20 to 40 s), decoding of the
+# chunked families and the models are slow.
+SLOW_LAYERS = ("comba", "gdn2")
+LAYER_CASES = [
+    pytest.param(n, marks=pytest.mark.slow) if "-" in n or n in SLOW_LAYERS else n for n in LAYERS
+]
 DECODING_CASES = [
     n if n in ("deltanet", "gla") else pytest.param(n, marks=pytest.mark.slow) for n in LAYERS
 ]

@@ -8,13 +8,19 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 
 - computed by linattn: linear attention (``*_linear_attn``, normalised with fla's ``(kv, z)``
   state), simple GLA, retention and lightning attention (a constant decay per head), GLA, the
-  delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA and
-  HGRN (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``,
-  ``gated_delta_rule``, ``kda``, ``hgrn``); ``chunk_*`` run linattn's chunk form,
+  delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA, HGRN,
+  the generalized delta rule (``*_dplr_delta_rule``, ``*_iplr_delta_rule``), RWKV-7 and Comba
+  (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
+  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv7``, ``comba``); ``chunk_*`` run
+  linattn's chunk form,
   ``fused_recurrent_*`` its recurrent form,
   ``parallel_*`` its parallel form;
 - fla's deprecated ``fused_chunk_delta_rule`` / ``fused_chunk_gla`` raise as fla's do;
 - the others raise NotImplementedError naming the missing mechanism (``unsupported``).
+
+``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
+``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) are computed too; fla exports them from
+``fla.ops.gdn2`` and ``fla.ops.rwkv7`` only, not ``fla.ops`` (``FLA_SUBMODULE_ENTRY_POINTS``).
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
@@ -27,6 +33,7 @@ head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) ar
 """
 
 from linattn.compat import unsupported
+from linattn.compat.comba import chunk_comba, fused_recurrent_comba
 from linattn.compat.delta_rule import (
     chunk_delta_rule,
     fused_chunk_delta_rule,
@@ -38,6 +45,13 @@ from linattn.compat.gated_delta_rule import (
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gdn,
 )
+from linattn.compat.gdn2 import chunk_gdn2, fused_recurrent_gdn2
+from linattn.compat.generalized_delta_rule import (
+    chunk_dplr_delta_rule,
+    chunk_iplr_delta_rule,
+    fused_recurrent_dplr_delta_rule,
+    fused_recurrent_iplr_delta_rule,
+)
 from linattn.compat.gla import chunk_gla, fused_chunk_gla, fused_recurrent_gla
 from linattn.compat.hgrn import fused_recurrent_hgrn
 from linattn.compat.kda import chunk_kda, fused_recurrent_kda, kda_gate
@@ -46,6 +60,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
     chunk_lightning_attn,
     chunk_retention,
@@ -62,36 +77,56 @@ from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
 
 __all__ = [
+    "chunk_comba",
     "chunk_delta_rule",
+    "chunk_dplr_delta_rule",
     "chunk_gated_delta_rule",
     "chunk_gdn",
+    "chunk_gdn2",
     "chunk_gla",
+    "chunk_iplr_delta_rule",
     "chunk_kda",
     "chunk_lightning_attn",
     "chunk_linear_attn",
     "chunk_retention",
+    "chunk_rwkv7",
     "chunk_simple_gla",
     "fused_chunk_delta_rule",
     "fused_chunk_gla",
     "fused_chunk_linear_attn",
     "fused_chunk_retention",
     "fused_chunk_simple_gla",
+    "fused_recurrent_comba",
     "fused_recurrent_delta_rule",
+    "fused_recurrent_dplr_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gdn",
+    "fused_recurrent_gdn2",
     "fused_recurrent_gla",
     "fused_recurrent_hgrn",
+    "fused_recurrent_iplr_delta_rule",
     "fused_recurrent_kda",
     "fused_recurrent_lightning_attn",
+    "fused_mul_recurrent_rwkv7",
     "fused_recurrent_linear_attn",
     "fused_recurrent_retention",
+    "fused_recurrent_rwkv7",
     "fused_recurrent_simple_gla",
     "kda_gate",
     "parallel_retention",
     "parallel_simple_gla",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
-# The entry points linattn computes: the exported names less the deprecated ones and the helper.
-COMPUTED = tuple(name for name in __all__ if name not in (*DEPRECATED, "kda_gate"))
+# Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.
+FLA_SUBMODULE_ENTRY_POINTS = {
+    "chunk_gdn2": "fla.ops.gdn2",
+    "fused_recurrent_gdn2": "fla.ops.gdn2",
+    "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
+}
+# The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
+# the helper and the submodule-only ones.
+COMPUTED = tuple(
+    name for name in __all__ if name not in (*DEPRECATED, "kda_gate", *FLA_SUBMODULE_ENTRY_POINTS)
+)
 FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING)))
 __all__ += unsupported.__all__

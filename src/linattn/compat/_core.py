@@ -24,6 +24,7 @@ One call of ``run`` is one of linattn's ops (``linear_attention`` for the additi
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -179,6 +180,23 @@ def join_columns(o: Tensor, S: Tensor | None, HV: int, V: int):
     return o, S
 
 
+def state_in(S0: Tensor | None, dtype: torch.dtype, state_v_first: bool) -> Tensor | None:
+    """fla's initial state as linattn's: [N, HV, K, V] (from [N, HV, V, K] with
+    ``state_v_first``) in the compute dtype (a float32 state stays float32 with bfloat16 inputs)."""
+    if S0 is None:
+        return None
+    S0 = S0.to(compute_dtype(dtype))
+    return S0.transpose(-1, -2) if state_v_first else S0  # [N, HV, V, K] -> [N, HV, K, V]
+
+
+def state_out(S: Tensor | None, dtype: torch.dtype, state_v_first: bool) -> Tensor | None:
+    """linattn's final state [N, HV, K, V] as fla's (the inverse of ``state_in``)."""
+    if S is None:
+        return None
+    S = S.transpose(-1, -2) if state_v_first else S
+    return S.to(compute_dtype(dtype))
+
+
 def run(
     q: Tensor,
     k: Tensor,
@@ -214,10 +232,7 @@ def run(
         beta = beta.to(dtype)
     g, gk, gv = (None if x is None else x.to(dtype) for x in (g, gk, gv))
     HV, V = v.shape[2], v.shape[3]
-    S0 = initial_state
-    if S0 is not None:
-        S0 = S0.to(compute_dtype(dtype))  # a float32 state stays float32 with bfloat16 inputs
-        S0 = S0.transpose(-1, -2) if state_v_first else S0  # [N, HV, V, K] -> [N, HV, K, V]
+    S0 = state_in(initial_state, dtype, state_v_first)
     gate, split = total_gate(g, gk, gv, V)
     split = split or (beta is not None and beta.dim() == 4)
     if split:
@@ -239,7 +254,95 @@ def run(
         o = o.index_select(1, order)  # the reversal is its own inverse
     if split:
         o, S = join_columns(o, S, HV, V)
-    if S is not None:
-        S = S.transpose(-1, -2) if state_v_first else S
-        S = S.to(compute_dtype(dtype))
-    return o.to(out_dtype), S
+    return o.to(out_dtype), state_out(S, dtype, state_v_first)
+
+
+def run_op(
+    op: Callable[..., tuple[Tensor, Tensor | None]],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    inputs: dict[str, Tensor | None],
+    *,
+    mode: str,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = CHUNK,
+    reverse: bool = False,
+    state_v_first: bool = False,
+    out: str | torch.dtype = "v",
+) -> tuple[Tensor, Tensor | None]:
+    """One call of a linattn op ``op(q, k, v, **inputs, scale=, mode=, chunk_size=,
+    initial_state=, output_final_state=, cu_seqlens=) -> (o, S)`` with fla's conventions (the
+    module docstring): ``inputs`` are the op's per-token tensors [B, T, ...] (or None), promoted
+    with q, k, v to one dtype; ``out`` is "q" or "v", whose dtype o takes, or that dtype."""
+    for name, x in (("q", q), ("k", k), ("v", v), *inputs.items()):
+        floating_tensor(name, x)  # before promote, which would cast an integer tensor silently
+    check_varlen(q, initial_state, cu_seqlens)
+    dtype = promote(q, k, v, *inputs.values())
+    out_dtype = out if isinstance(out, torch.dtype) else q.dtype if out == "q" else v.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    inputs = {n: None if x is None else x.to(dtype) for n, x in inputs.items()}
+    order = None
+    if reverse:
+        order = time_order(q.shape[1], cu_seqlens, q.device)
+        q, k, v = (x.index_select(1, order) for x in (q, k, v))
+        inputs = {n: None if x is None else x.index_select(1, order) for n, x in inputs.items()}
+    o, S = op(
+        q, k, v, **inputs, scale=scale, mode=mode, chunk_size=chunk_size,
+        initial_state=state_in(initial_state, dtype, state_v_first),
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+    if order is not None:
+        o = o.index_select(1, order)  # the reversal is its own inverse
+    return o.to(out_dtype), state_out(S, dtype, state_v_first)
+
+
+def floating_tensor(name: str, x: object) -> None:
+    """None, or a floating-point tensor (fla's kernels take no integer inputs)."""
+    if x is None:
+        return
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
+def floating_qkv(q: object, k: object, v: object) -> None:
+    """q, k, v floating-point tensors, before an entry point reads their shapes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x is None:
+            raise TypeError(f"{name} must be a torch.Tensor, got None")
+        floating_tensor(name, x)
+
+
+def check_state_dtype(q: Tensor, initial_state: Tensor | None) -> None:
+    """fla asserts a float32 initial state (float64 inputs may keep float64, linattn's own)."""
+    if initial_state is None or initial_state.dtype == torch.float32:
+        return
+    if q.dtype == torch.float64 and initial_state.dtype == torch.float64:
+        return
+    raise ValueError(f"initial_state must be in float32, got {initial_state.dtype}.")
+
+
+def chunk_states(run, q, k, v, per_token, S0, cu_seqlens, C, state_v_first):
+    """o, the final state and h (the state entering each chunk of each sequence), chunk by
+    chunk (fla's ``return_intermediate_states``): ``run(q, k, v, *per_token, S)`` on one chunk
+    of one sequence; h [B, NT, HV, K, V] (V-first with state_v_first) in k's dtype."""
+    bounds = [0, q.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
+    outs, finals, h = [], [], []
+    for n in range(len(bounds) - 1):
+        S = None if S0 is None else (S0 if cu_seqlens is None else S0[n : n + 1])
+        for s in range(bounds[n], bounds[n + 1], C):
+            e = min(s + C, bounds[n + 1])
+            B, HV, K, V = q.shape[0], v.shape[2], k.shape[3], v.shape[3]
+            shape = (B, HV, V, K) if state_v_first else (B, HV, K, V)
+            h.append(q.new_zeros(shape, dtype=torch.float32) if S is None else S)
+            part = [x[:, s:e] for x in (q, k, v, *per_token)]
+            o, S = run(*part, S)
+            outs.append(o)
+        finals.append(S)
+    h = torch.stack(h, dim=1).to(k.dtype)  # [B, NT, HV, K, V]
+    return torch.cat(outs, dim=1), torch.cat(finals, dim=0), h

@@ -48,35 +48,6 @@ def _prepare(g, beta, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_
     return g, beta
 
 
-def _check_state_dtype(q: Tensor, initial_state: Tensor | None) -> None:
-    """fla asserts a float32 initial state (float64 inputs may keep float64, linattn's own)."""
-    if initial_state is None or initial_state.dtype == torch.float32:
-        return
-    if q.dtype == torch.float64 and initial_state.dtype == torch.float64:
-        return
-    raise ValueError(f"initial_state must be in float32, got {initial_state.dtype}.")
-
-
-def _chunk_states(run, q, k, v, g, beta, S0, cu_seqlens, C, state_v_first):
-    """o, the final state and h (the state entering each chunk of each sequence), chunk by
-    chunk: h [B, NT, HV, K, V] (V-first with state_v_first) in k's dtype."""
-    bounds = [0, q.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
-    outs, finals, h = [], [], []
-    for n in range(len(bounds) - 1):
-        S = None if S0 is None else (S0 if cu_seqlens is None else S0[n : n + 1])
-        for s in range(bounds[n], bounds[n + 1], C):
-            e = min(s + C, bounds[n + 1])
-            B, HV, K, V = q.shape[0], v.shape[2], k.shape[3], v.shape[3]
-            shape = (B, HV, V, K) if state_v_first else (B, HV, K, V)
-            h.append(q.new_zeros(shape, dtype=torch.float32) if S is None else S)
-            part = [x[:, s:e] for x in (q, k, v, g, beta)]
-            o, S = run(*part, S)
-            outs.append(o)
-        finals.append(S)
-    h = torch.stack(h, dim=1).to(k.dtype)  # [B, NT, HV, K, V]
-    return torch.cat(outs, dim=1), torch.cat(finals, dim=0), h
-
-
 def chunk_kda(
     q: Tensor,
     k: Tensor,
@@ -108,7 +79,7 @@ def chunk_kda(
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
     _core.check_cp(cp_context)
     _core.check_varlen(q, initial_state, cu_seqlens)
-    _check_state_dtype(q, initial_state)
+    _core.check_state_dtype(q, initial_state)
     A_log = dt_bias = None
     if use_gate_in_kernel:
         A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
@@ -156,8 +127,8 @@ def chunk_kda(
         raise ValueError("return_intermediate_states is only allowed in inference mode")
     if disable_recompute:
         raise ValueError("return_intermediate_states must be used with disable_recompute=False")
-    o, S, h = _chunk_states(
-        lambda *a: run(*a, final=True, varlen=None), q, k, v, g, beta, initial_state,
+    o, S, h = _core.chunk_states(
+        lambda *a: run(*a, final=True, varlen=None), q, k, v, (g, beta), initial_state,
         cu_seqlens, C, state_v_first,
     )  # fmt: skip
     return o, S if output_final_state else None, h

@@ -9,18 +9,8 @@ MISSING = {
     "chunk_abc": "ABC (attention with bounded-memory control: a softmax over memory slots)",
     "chunk_gsa": "gated slot attention (a softmax over gated memory slots)",
     "fused_recurrent_gsa": "gated slot attention (a softmax over gated memory slots)",
-    "chunk_comba": "Comba (the delta rule with a separate output correction p)",
-    "fused_recurrent_comba": "Comba (the delta rule with a separate output correction p)",
     "chunk_cyfa": "CyFA (its state and readout)",
     "fused_recurrent_cyfa": "CyFA (its state and readout)",
-    "chunk_dplr_delta_rule": "the DPLR delta rule (transition Diag(exp gk) + a b^T, a general "
-    "rank-1 correction; linattn's delta rule has a = -beta k, b = k)",
-    "fused_recurrent_dplr_delta_rule": "the DPLR delta rule (transition Diag(exp gk) + a b^T)",
-    "chunk_iplr_delta_rule": "the IPLR delta rule (transition I + a b^T, a general rank-1 "
-    "correction; linattn's delta rule has a = -beta k, b = k)",
-    "fused_recurrent_iplr_delta_rule": "the IPLR delta rule (transition I + a b^T)",
-    "chunk_rwkv7": "RWKV-7 (a DPLR transition Diag(w) + a b^T)",
-    "fused_recurrent_rwkv7": "RWKV-7 (a DPLR transition Diag(w) + a b^T)",
     "chunk_rwkv6": "RWKV-6 (GLA read from the previous state plus a bonus u on the current "
     "token; linattn's GLA is linear_attention with g [B, T, H, K])",
     "fused_recurrent_rwkv6": "RWKV-6 (GLA read from the previous state plus a bonus u)",

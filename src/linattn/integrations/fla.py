@@ -421,6 +421,8 @@ def _replacements() -> dict[int, tuple[object, Callable]]:
         for name in compat.FLA_ENTRY_POINTS
         if name not in compat.DEPRECATED and hasattr(ops, name)
     ]
+    for name, module_name in compat.FLA_SUBMODULE_ENTRY_POINTS.items():  # fla.ops.gdn2's
+        pairs.append((getattr(importlib.import_module(module_name), name), getattr(compat, name)))
     for module_name, functions in MODULE_FUNCTIONS.items():
         module = importlib.import_module(module_name)
         pairs += [(getattr(module, name), cpu) for name, cpu in functions.items()]
