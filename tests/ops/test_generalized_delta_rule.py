@@ -142,7 +142,9 @@ def per_head(loop, tensors, S0, scale):
 
 @pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 5)])
 def test_comba_is_a_row_of_the_table(mode, C):
-    # a = -beta k, b = exp(g) p (p: Comba's read key), v' = beta v, g per head.
+    # The read of the decayed state (issue 30's formula, fla's naive_recurrent_comba): a = -beta k,
+    # b = exp(g) p (p: Comba's read key), v' = beta v, g per head; fla's kernels' b = p is
+    # linattn.ops.comba's (tests/ops/test_dplr_family.py).
     x = make_inputs(T=21, gate="scalar", rule="delta", state=True)
     gen = torch.Generator().manual_seed(5)
     p = torch.nn.functional.normalize(

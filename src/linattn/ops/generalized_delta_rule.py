@@ -36,9 +36,13 @@ def generalized_delta_rule(
     | delta rule       | None     | -beta k    | k                 | beta v  |
     | Gated DeltaNet   | [B,T,HV] | -beta k    | exp(g) k          | beta v  |
     | KDA              | channel  | -beta k    | exp(g) * k        | beta v  |
-    | Comba            | [B,T,HV] | -beta k    | exp(g) p          | beta v  |
+    | Comba            | [B,T,HV] | -beta k    | p                 | beta v  |
     | GDN-2            | channel  | -k         | exp(g) * bb * k   | w * v   |
     | IPLR, DPLR, RWKV-7 | any    | a          | b                 | v       |
+
+    (Comba as fla's kernels and ``naive_chunk_comba`` compute it, ``linattn.ops.comba``: p reads
+    the state before its decay. Reading the decayed state, S <- alpha S; u = beta (v - S^T p), as
+    fla's ``naive_recurrent_comba`` does, is b = exp(g) p.)
 
     The chunk form solves one unit-lower-triangular system per chunk for the reads b^T S of its
     tokens (the WY form of section 8, generalized: ``linattn.ops.rules.dplr``), every exponent of
