@@ -201,8 +201,19 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
 
 
 def _incoming_rule_state(
-    inputs: tuple, own: tuple, rule: str, check_own, options: tuple, *, mode, chunk_size, scale,
-    initial_state, output_final_state, group, use_qk_l2norm: bool = False,
+    inputs: tuple,
+    own: tuple,
+    rule: str,
+    check_own,
+    options: tuple,
+    *,
+    mode,
+    chunk_size,
+    scale,
+    initial_state,
+    output_final_state,
+    group,
+    use_qk_l2norm: bool = False,
 ) -> Tensor:
     """Steps 1-3 for a state-reading rule (the delta rule, the generalized delta rule): check this
     rank's inputs (``check_own(B, T, H, K)``: the rule's own, ``own``), agree with the other
