@@ -59,9 +59,11 @@ def attention_maps(
     )  # fmt: skip
     ax = fig.add_subplot(grid[0, 4])  # column 3 is a spacer for the colour bar's label
     zeros = []
-    for name, M, color, marker in (
-        ("softmax", P, style.KEY, "o"),
-        ("linear", A, style.STATE, "s"),
+    # The two first singular values lie close together: the linear squares are hollow and drawn
+    # under the softmax dots, so that neither marker hides the other.
+    for name, M, color, marker, fill, z in (
+        ("softmax", P, style.KEY, "o", "full", 3),
+        ("linear", A, style.STATE, "s", "none", 2),
     ):
         sv = np.linalg.svd(M, compute_uv=False)
         nonzero = sv[sv > ZERO]
@@ -70,6 +72,10 @@ def attention_maps(
             nonzero,
             marker=marker,
             color=color,
+            fillstyle=fill,
+            markersize=8 if fill == "none" else 6,
+            markeredgewidth=1.6,
+            zorder=z,
             label=f"{name}: {len(nonzero)} nonzero",
         )
         zeros.append((name, len(sv) - len(nonzero), color))
