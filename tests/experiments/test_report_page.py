@@ -53,8 +53,32 @@ def committed_report(**changes):
 
 def test_the_clone_is_found_from_the_package():
     assert report.CLONE == ROOT
-    assert report.BENCH_FILES[-1] == RESULTS / "bench.json"
-    assert report.MQAR_FILES[-1] == RESULTS / "mqar-cpu.jsonl"
+    assert report.BENCH_FILES[-2:] == (RESULTS / "bench.json", report.PACKAGED / "bench.json")
+    assert report.MQAR_FILES[-2:] == (
+        RESULTS / "mqar-cpu.jsonl",
+        report.PACKAGED / "mqar-cpu.jsonl",
+    )
+
+
+@pytest.mark.parametrize("name", ["bench.json", "mqar-cpu.jsonl"])
+def test_the_packages_copy_is_the_committed_one_and_is_package_data(name):
+    # An installed wheel has no clone: it carries a copy, which must stay the committed file.
+    assert (report.PACKAGED / name).read_bytes() == (RESULTS / name).read_bytes()
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["linattn.experiments"]
+    assert f"results/{name}" in patterns
+
+
+def test_the_packages_copy_is_used_without_a_clone(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "PACKAGED", tmp_path / "package")
+    (tmp_path / "package").mkdir()
+    packaged = tmp_path / "package" / "bench.json"
+    packaged.write_text("{}")
+    run, here = tmp_path / "runs.json", tmp_path / "here.json"
+    path, note = report.results_file(None, (run, here, packaged))
+    assert path == packaged
+    assert note == f"(the results committed with the code, the package's copy: no run at {run})"
 
 
 def test_the_clones_copy_is_used_when_the_folder_has_none(tmp_path):

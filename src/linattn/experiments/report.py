@@ -39,15 +39,18 @@ from linattn.figures.legibility import legible_width, png_css_width
 TABLE1_NS = (8, 16, 32, 64, 128)
 TABLE1_R = 32
 # The clone this package was imported from (src/linattn/experiments/report.py, four levels up):
-# an editable install or PYTHONPATH=src. An installed wheel has no clone: CLONE is None.
+# an editable install or PYTHONPATH=src. An installed wheel has no clone: CLONE is None, and the
+# package's own copy of the committed results (PACKAGED, package data) is used.
 _ROOT = Path(__file__).resolve().parents[3]
 CLONE = _ROOT if (_ROOT / "benchmarks" / "results").is_dir() else None
+PACKAGED = Path(__file__).resolve().parent / "results"
 
 
 def _committed(name: str) -> tuple[Path, ...]:
-    """A committed results file: in the current folder (a clone's root) and in the clone."""
-    here = Path("benchmarks/results") / name
-    return (here,) if CLONE is None else (here, CLONE / "benchmarks" / "results" / name)
+    """A committed results file: in the current folder (a clone's root), in the clone, and the
+    copy installed with the package, in that order."""
+    clone = () if CLONE is None else (CLONE / "benchmarks" / "results" / name,)
+    return (Path("benchmarks/results") / name, *clone, PACKAGED / name)
 
 
 # (your latest run, the committed results where they are found): the page shows the newer.
@@ -189,7 +192,9 @@ def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str
         return run, f"(your latest run; {where})"
     if committed is not None:
         why = f"newer than your run at {run}" if run.exists() else f"no run at {run}"
-        whose = "" if committed == copies[0] else ", the clone's copy"
+        whose = {copies[0]: "", PACKAGED / committed.name: ", the package's copy"}.get(
+            committed, ", the clone's copy"
+        )
         return committed, f"(the results committed with the code{whose}: {why})"
     return run, ""
 
