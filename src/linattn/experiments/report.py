@@ -153,22 +153,9 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
         plots.table1_plot(rows, figures_dir, TABLE1_R)
         report.numbers_files = [p.name for p in numbers.write_numbers(out / "numbers")]
         bar.update()
-        begin("benchmark")
-        source, report.bench_note = results_file(args.bench, BENCH_FILES)
-        report.bench, report.bench_source = plots.load_bench(source), str(source)
-        if report.bench is None:
-            report.bench_note = missing_note(BENCH_FILES, "bench", "--bench")
-        if report.bench is not None:
-            plots.bench_plot(report.bench, figures_dir)
-        bar.update()
-        begin("recall")
-        source, report.mqar_note = results_file(args.mqar, MQAR_FILES)
-        report.mqar, report.mqar_source = plots.load_mqar(source), str(source)
-        if report.mqar is None:
-            report.mqar_note = missing_note(MQAR_FILES, "mqar", "--mqar")
-        if report.mqar is not None:
-            plots.mqar_plot(report.mqar, figures_dir)
-        bar.update()
+        begin("benchmark, recall")
+        gather_results(args, report, figures_dir)
+        bar.update(2)
         report.widths = {p.stem: png_css_width(p) for p in figures_dir.glob("*.png")}
         # Every figure and plot keeps its legible width on a narrow screen (figures.legibility).
         report.legible = {name: legible_width(width) for name, width in report.widths.items()}
@@ -177,6 +164,25 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
         write_files(report, out)
         bar.update()
     return report
+
+
+def gather_results(args: argparse.Namespace, report: Report, figures_dir: Path) -> None:
+    """The benchmark and recall results into ``report``, with the note saying which file (or
+    where none was found), and their plots."""
+    from linattn.figures import plots
+
+    source, report.bench_note = results_file(args.bench, BENCH_FILES)
+    report.bench, report.bench_source = plots.load_bench(source), str(source)
+    if report.bench is None:
+        report.bench_note = missing_note(BENCH_FILES, "bench", "--bench")
+    else:
+        plots.bench_plot(report.bench, figures_dir)
+    source, report.mqar_note = results_file(args.mqar, MQAR_FILES)
+    report.mqar, report.mqar_source = plots.load_mqar(source), str(source)
+    if report.mqar is None:
+        report.mqar_note = missing_note(MQAR_FILES, "mqar", "--mqar")
+    else:
+        plots.mqar_plot(report.mqar, figures_dir)
 
 
 def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str]:

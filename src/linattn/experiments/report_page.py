@@ -44,6 +44,13 @@ pre {{ background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
 nav ul {{ padding: 0; margin: 0; }}
 nav li {{ display: inline-block; white-space: nowrap; margin: 0 1em .3em 0; }}
 """
+NAV = (
+    '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
+    '<li><a href="#costs">Costs</a></li><li><a href="#figures">Figures</a></li>'
+    '<li><a href="#bench">Benchmark</a></li><li><a href="#recall">Recall</a></li>'
+    '<li><a href="#numbers">Numbers files</a></li>'
+    '<li><a href="#environment">Machine</a></li></ul></nav>'
+)
 
 
 def _e(text: object) -> str:
@@ -212,11 +219,7 @@ def render_html(report: Report) -> str:
         f"<p>Made by <code>{_e(report.command)}</code> on {_e(report.date)}, in "
         f"{report.seconds:.0f} s, with linattn {_e(report.environment.get('linattn', ''))}.</p>",
         f'<p class="summary{" failed" if failed else ""}">{_e(summary)}</p>',
-        '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
-        '<li><a href="#costs">Costs</a></li><li><a href="#figures">Figures</a></li>'
-        '<li><a href="#bench">Benchmark</a></li><li><a href="#recall">Recall</a></li>'
-        '<li><a href="#numbers">Numbers files</a></li>'
-        '<li><a href="#environment">Machine</a></li></ul></nav>',
+        NAV,
         '<h2 id="checks">Checks</h2>',
         "<p>Every numerical check the spec prints, with the spec's seeds, and every claim it "
         "proves or states, computed by the float64 reference (<code>linattn verify</code>).</p>",
@@ -250,25 +253,7 @@ def render_html(report: Report) -> str:
         *_bench_section(report),
         '<h2 id="recall">Recall</h2>',
         *_recall_section(report),
-        '<h2 id="numbers">Numbers files</h2>',
-        "<p>The TeX macros that the spec's appendix writes for its TikZ figures: "
-        + ", ".join(
-            f'<a href="numbers/{_e(n)}"><code>{_e(n)}</code></a>' for n in report.numbers_files
-        )
-        + ". The computed data: "
-        + ", ".join(
-            f'<a href="data/{n}"><code>{n}</code></a>'
-            for n in ("verify.json", "table1.json", "costs.json")
-        )
-        + ".</p>",
-        '<h2 id="environment">This report\'s machine</h2>',
-        "<p>The machine and the versions this report was built on; the benchmark and recall "
-        "results above were measured where their setup says.</p>",
-        _simple_table(
-            None,
-            [(k, v) for k, v in report.environment.items()] + [("date", report.date)],
-            numbers=False,
-        ),
+        *_numbers_and_machine(report),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -330,6 +315,31 @@ def _recall_section(report: Report) -> list[str]:
     ]
 
 
+def _numbers_and_machine(report: Report) -> list[str]:
+    """The numbers files and data, and the machine and versions this report was built on."""
+    return [
+        '<h2 id="numbers">Numbers files</h2>',
+        "<p>The TeX macros that the spec's appendix writes for its TikZ figures: "
+        + ", ".join(
+            f'<a href="numbers/{_e(n)}"><code>{_e(n)}</code></a>' for n in report.numbers_files
+        )
+        + ". The computed data: "
+        + ", ".join(
+            f'<a href="data/{n}"><code>{n}</code></a>'
+            for n in ("verify.json", "table1.json", "costs.json")
+        )
+        + ".</p>",
+        '<h2 id="environment">This report\'s machine</h2>',
+        "<p>The machine and the versions this report was built on; the benchmark and recall "
+        "results above were measured where their setup says.</p>",
+        _simple_table(
+            None,
+            [(k, v) for k, v in report.environment.items()] + [("date", report.date)],
+            numbers=False,
+        ),
+    ]
+
+
 def render_markdown(report: Report) -> str:
     """The same content as Markdown, the printed outputs verbatim."""
     passed, total = _passed(report)
@@ -362,6 +372,15 @@ def render_markdown(report: Report) -> str:
     ]
     for f in report.figures:
         lines += [f"![{f['caption']}](figures/{f['name']}.png)", "", f["caption"], ""]
+    lines += _results_markdown(report)
+    lines += ["", "## This report's machine", ""]
+    lines += [f"- {k}: {v}" for k, v in report.environment.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _results_markdown(report: Report) -> list[str]:
+    """The Benchmark and Recall sections of report.md."""
+    lines: list[str] = []
     lines += ["## Benchmark", ""]
     if report.bench is not None:
         lines += [
@@ -392,6 +411,4 @@ def render_markdown(report: Report) -> str:
         lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _mqar_rows(report)]
     else:
         lines.append(f"No recall results at `{report.mqar_source}`: {report.mqar_note}.")
-    lines += ["", "## This report's machine", ""]
-    lines += [f"- {k}: {v}" for k, v in report.environment.items()]
-    return "\n".join(lines) + "\n"
+    return lines

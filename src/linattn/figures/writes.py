@@ -239,7 +239,14 @@ def householder(
         ax.set_xlim(-1.7, 2.8)
         ax.set_ylim(-0.8, 2.8)
         ax.grid(True, color="#eeeeee")
-    ax = axes[2]
+    _spectrum(axes[2])
+    fig.tight_layout()
+    return style.save(fig, out_dir, "householder")
+
+
+def _spectrum(ax) -> None:
+    """The eigenvalues and the spectral norm of I - beta k k^T in R^8 for beta in [0, 2]
+    (``reference.householder_spectrum``)."""
     betas = np.linspace(0.0, 2.0, 81)
     direction = np.ones(8) / np.sqrt(8)  # any unit key in R^8 gives the same spectrum
     spectra = np.array([reference.householder_spectrum(direction, float(b)) for b in betas])
@@ -257,8 +264,6 @@ def householder(
     ax.set_ylim(-1.1, 1.25)
     ax.set_xticks([0, 0.5, 1, 1.5, 2])
     ax.legend(frameon=False, loc="lower left")
-    fig.tight_layout()
-    return style.save(fig, out_dir, "householder")
 
 
 def _two_moves(ax, s: np.ndarray, moved: np.ndarray, new: np.ndarray, normal: np.ndarray) -> None:
