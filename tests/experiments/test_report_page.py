@@ -95,7 +95,10 @@ def test_the_clones_copy_is_used_when_the_folder_has_none(tmp_path):
 
 
 def test_a_missing_result_names_where_it_looked_and_the_flag():
-    note = report.missing_note(report.BENCH_FILES, "bench", "--bench")
+    assert report.missing_note(Path("x.json"), (), "bench", "--bench") == (
+        "no such file (given with --bench)"
+    )
+    note = report.missing_note(None, report.BENCH_FILES, "bench", "--bench")
     assert note.startswith("none at runs/bench/bench.json (run linattn bench) or at ")
     assert str(RESULTS / "bench.json") in note and note.endswith("pass --bench FILE to include one")
     page = render_html(small_report(bench_note=note, mqar_note="pass --mqar FILE"))

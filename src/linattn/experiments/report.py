@@ -5,9 +5,10 @@ the same text), draws the spec's nine figures and the Table 1 plot, writes the a
 files, gathers the benchmark (``runs/bench/bench.json``, from ``linattn bench``) and the recall
 sweep (``runs/mqar.jsonl``, from ``linattn mqar``), or the results committed under
 ``benchmarks/results`` (the current folder's copy, else the clone's that linattn was imported
-from) when they are newer or the runs are missing, says which file it used and the setup and
-machine it records, and writes ``DIR/index.html`` (one self-contained page, the figures beside it,
-nothing fetched from the network) and ``DIR/report.md``.
+from, else the copy installed with the package) when they are newer or the runs are missing, says
+which file it used and the setup and machine it records, and writes ``DIR/index.html`` (one
+self-contained page, the figures beside it, nothing fetched from the network) and
+``DIR/report.md``.
 
 An existing, non-empty DIR is not overwritten without ``--force``. The last line printed is the path
 of ``DIR/index.html``; the exit status is 1 if a check fails (the report is written all the same).
@@ -174,13 +175,13 @@ def gather_results(args: argparse.Namespace, report: Report, figures_dir: Path) 
     source, report.bench_note = results_file(args.bench, BENCH_FILES)
     report.bench, report.bench_source = plots.load_bench(source), str(source)
     if report.bench is None:
-        report.bench_note = missing_note(BENCH_FILES, "bench", "--bench")
+        report.bench_note = missing_note(args.bench, BENCH_FILES, "bench", "--bench")
     else:
         plots.bench_plot(report.bench, figures_dir)
     source, report.mqar_note = results_file(args.mqar, MQAR_FILES)
     report.mqar, report.mqar_source = plots.load_mqar(source), str(source)
     if report.mqar is None:
-        report.mqar_note = missing_note(MQAR_FILES, "mqar", "--mqar")
+        report.mqar_note = missing_note(args.mqar, MQAR_FILES, "mqar", "--mqar")
     else:
         plots.mqar_plot(report.mqar, figures_dir)
 
@@ -188,7 +189,7 @@ def gather_results(args: argparse.Namespace, report: Report, figures_dir: Path) 
 def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str]:
     """The results file to show and a note saying which it is: ``given`` when passed; otherwise
     the newer of your latest run (``files[0]``) and the first of the committed copies
-    (``files[1:]``: the current folder's, then the clone's) that exists."""
+    (``files[1:]``: the current folder's, the clone's, the package's) that exists."""
     if given is not None:
         return given, "(given with the command)"
     run, *copies = files
@@ -205,8 +206,10 @@ def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str
     return run, ""
 
 
-def missing_note(files: tuple[Path, ...], command: str, flag: str) -> str:
+def missing_note(given: Path | None, files: tuple[Path, ...], command: str, flag: str) -> str:
     """Where the report looked for a results file, and how to give one."""
+    if given is not None:
+        return f"no such file (given with {flag})"
     run, *copies = files
     return (
         f"none at {run} (run linattn {command}) or at "
