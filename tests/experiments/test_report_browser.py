@@ -1,5 +1,7 @@
 """The report page in headless Chromium at 1,280 and 390 px: no horizontal overflow, every image
-loaded, every link resolves, no console error; full-page screenshots kept under runs/browser/.
+loaded, every figure and plot legible as shown, every table legible (no broken word, no small
+text, the checks' verdict on screen beside a readable name), every link resolves, no console
+error; full-page screenshots kept under runs/browser/.
 
 Skipped when no Chromium is installed, except in CI (the environment variable CI set, as
 ``.ci/run`` does), where a missing browser is a failure: ``.ci/run`` installs Debian's chromium.
@@ -14,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from linattn import cli
-from linattn.experiments import report_browser
-from linattn.figures import SPEC_FIGURES, legibility, render_spec_figures, style
+from linattn.experiments import report, report_browser, table1
+from linattn.figures import SPEC_FIGURES, legibility, plots, render_spec_figures, style
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "runs" / "browser"
 WIDTHS = (1280, 390)
+TABLE1_R = report.TABLE1_R
 CHROMIUM = report_browser.find_chromium()
 
 if CHROMIUM is None and os.environ.get("CI"):
@@ -82,6 +85,54 @@ def test_every_figure_is_legible_as_shown(seen, text_kept):
         px = legibility.text_px_at(svg, shown[figure.name])
         print(f"{figure.name} at {width} px: shown {shown[figure.name]:.0f} px, text {px:.1f} px")
         assert px >= legibility.MINIMUM_PX - 0.05, (figure.name, width, px)
+
+
+@pytest.fixture(scope="module")
+def plots_kept(tmp_path_factory):
+    """The page's three data plots drawn again from the same files, their SVG text kept."""
+    out = tmp_path_factory.mktemp("plots-kept")
+    results = ROOT / "benchmarks" / "results"
+    rows = table1.compute_table1(TABLE1_R, report.TABLE1_NS, 2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(style, "SVG_FONTTYPE", "none")
+        plots.table1_plot(rows, out, TABLE1_R)
+        plots.bench_plot(plots.load_bench(results / "bench.json"), out)
+        plots.mqar_plot(plots.load_mqar(results / "mqar-cpu.jsonl"), out)
+    return out
+
+
+def test_every_plot_is_legible_as_shown(seen, plots_kept):
+    # The Table 1, benchmark and recall plots follow the nine figures' rule: at 390 px they keep
+    # their legible width and scroll sideways instead of shrinking to a quarter.
+    width, result = seen
+    shown = {Path(image["src"]).stem: image["shown"] for image in result["images"]}
+    for name in ("table1", "bench", "mqar"):
+        px = legibility.text_px_at(plots_kept / f"{name}.svg", shown[name])
+        print(f"{name} at {width} px: shown {shown[name]:.0f} px, text {px:.1f} px")
+        assert px >= legibility.MINIMUM_PX - 0.05, (name, width, px)
+
+
+def test_every_table_is_legible(seen):
+    # Every table: no word broken across lines, no text under 11 px, no empty header cell.
+    width, result = seen
+    sections = [table["section"] for table in result["tables"]]
+    assert sections == ["checks", "table1", "costs", "bench", "recall", "environment"]
+    for table in result["tables"]:
+        assert table["broken_words"] == [], (width, table["section"], table["broken_words"][:5])
+        assert table["smallest_text"] >= legibility.MINIMUM_PX, (width, table["section"])
+        assert all(cell.strip() for cell in table["header"]), (width, table["section"])
+
+
+def test_the_checks_table_reads_on_a_phone(seen):
+    # The verdict beside the name, inside the screen (not "PA" at its edge); the name column not
+    # squeezed, so that no row grows to many lines.
+    width, result = seen
+    checks = result["tables"][0]
+    assert checks["header"][:3] == ["#", "Check", "Verdict"]
+    number, name, verdict = checks["columns"][:3]
+    assert verdict["right"] <= width - legibility.PADDING_PX + 0.5, (width, verdict)
+    assert name["narrowest"] >= 200, (width, name)
+    assert checks["tallest_row"] <= 200, (width, checks["tallest_row"])
 
 
 def test_no_console_error(seen):

@@ -104,3 +104,84 @@ def test_bad_claim_inputs():
         claims.rank_r_error(np.eye(3), 0)
     with pytest.raises(ValueError, match="G must be a 2-D array"):
         claims.softmax_rows(np.ones(3))
+
+
+def test_softmax_unshifted_equals_the_shifted_softmax_and_overflows_where_it_does_not():
+    G = np.random.default_rng(8).standard_normal((5, 7))
+    assert np.abs(claims.softmax_unshifted(G) - claims.softmax_rows(G)).max() < 1e-15
+    assert not np.all(np.isfinite(claims.softmax_unshifted(G + 800)))
+    assert np.all(np.isfinite(claims.softmax_rows(G + 800)))
+
+
+def test_nadaraya_watson_is_a_weighted_average_for_any_nonnegative_kernel():
+    rng = np.random.default_rng(9)
+    Q, K, V = rng.standard_normal((4, 3)), rng.standard_normal((6, 3)), rng.standard_normal((6, 2))
+    out = claims.nadaraya_watson(Q, K, V, lambda q, k: float(np.exp(-((q - k) ** 2).sum())))
+    assert np.all(out <= V.max(axis=0) + 1e-15) and np.all(out >= V.min(axis=0) - 1e-15)
+    one = claims.nadaraya_watson(Q, K, V, lambda q, k: 1.0)
+    assert np.abs(one - V.mean(axis=0)).max() < 1e-15
+    with pytest.raises(ValueError, match="same number of columns"):
+        claims.nadaraya_watson(Q, K[:, :2], V, claims.exponential_kernel)
+
+
+def test_tensor_powers_and_the_exponential_series():
+    q, k = np.array([0.3, -0.2]), np.array([0.5, 0.4])
+    assert claims.tensor_power(q, 0).tolist() == [1.0]
+    assert claims.tensor_power(q, 3).shape == (8,)
+    assert claims.tensor_power(q, 3) @ claims.tensor_power(k, 3) == pytest.approx((q @ k) ** 3)
+    features = claims.exponential_series_features
+    assert features(q, 12) @ features(k, 12) == pytest.approx(np.exp(q @ k), abs=1e-14)
+    assert abs(features(q, 2) @ features(k, 2) - np.exp(q @ k)) > 1e-3
+    with pytest.raises(ValueError, match="terms must be an integer >= 1"):
+        features(q, 0)
+
+
+def test_random_feature_ratio_shapes_and_its_exact_output():
+    rng = np.random.default_rng(10)
+    q, K, V = 0.3 * rng.standard_normal(3), 0.3 * rng.standard_normal((4, 3)), np.eye(4)
+    kernels, outputs, exact = claims.random_feature_ratio(q, K, V, 5, 7, rng)
+    assert kernels.shape == (7, 4) and outputs.shape == (7, 4) and exact.shape == (4,)
+    assert np.all(kernels > 0) and np.allclose(outputs.sum(axis=1), 1)
+    assert np.allclose(exact, softmax_attention(q[None] * np.sqrt(3), K, V)[0][0])
+    with pytest.raises(TypeError, match="rng must be a numpy.random.Generator"):
+        claims.random_feature_ratio(q, K, V, 5, 7, 0)
+
+
+def test_the_counted_steps_and_blocks():
+    rng = np.random.default_rng(11)
+    t, r, d = 9, 5, 3
+    K, V, q = rng.standard_normal((t, d)), rng.standard_normal((t, d)), rng.standard_normal(d)
+    o, ops = claims.counted_softmax_step(q, K, V)
+    assert ops == 4 * t * d and np.allclose(o, softmax_attention(q[None], K, V)[0][0])
+    S = rng.standard_normal((r, d))
+    fq, fk, v = rng.random(r), rng.random(r), rng.standard_normal(d)
+    read, S1, ops = claims.counted_linear_step(S, fq, fk, v)
+    assert (
+        ops == 4 * r * d and np.allclose(S1, S + np.outer(fk, v)) and np.allclose(read, S1.T @ fq)
+    )
+    read, S2, ops = claims.counted_delta_step(S, fq, fk, v, 0.5)
+    assert ops == 6 * r * d and np.allclose(fk @ S2, fk @ S + 0.5 * (fk @ fk) * (v - fk @ S))
+    FQ, FK, W = rng.random((10, r)), rng.random((10, r)), rng.standard_normal((10, d))
+    for C in (1, 3, 10, 12):  # 3 does not divide 10: the last block is short
+        out, ops = claims.counted_chunked_linear(FQ, FK, W, C)
+        assert np.allclose(out, np.tril(FQ @ FK.T) @ W)
+        if 10 % C == 0:
+            assert ops == 2 * 10 * C * (r + d) + 4 * 10 * r * d
+
+
+def test_delta_read_change_and_total_read_error():
+    rng = np.random.default_rng(12)
+    S, K = rng.standard_normal((4, 2)), rng.standard_normal((3, 4))
+    k, v = rng.standard_normal(4), rng.standard_normal(2)
+    change, u = claims.delta_read_change(S, K, k, v, 0.3)
+    assert np.allclose(change, np.outer(K @ k, u)) and np.allclose(u, 0.3 * (v - S.T @ k))
+    assert claims.total_read_error(np.eye(2), np.ones((2, 2)), np.zeros((2, 2))) == 4.0
+
+
+def test_hybrid_cache_numbers():
+    assert claims.hybrid_cache_numbers("LLLA", 10, 4) == 80
+    assert claims.hybrid_cache_numbers("AAAA", 10, 4) == 320
+    assert claims.hybrid_cache_numbers("L", 10, 4) == 0
+    for bad in ("", "LLXA", None):
+        with pytest.raises(ValueError, match="pattern must be a non-empty string"):
+            claims.hybrid_cache_numbers(bad, 10, 4)

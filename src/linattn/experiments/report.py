@@ -3,9 +3,12 @@
 Runs what ``linattn verify``, ``linattn table1`` and ``linattn costs`` print (the same functions,
 the same text), draws the spec's nine figures and the Table 1 plot, writes the appendix's numbers
 files, gathers the benchmark (``runs/bench/bench.json``, from ``linattn bench``) and the recall
-sweep (``runs/mqar.jsonl``, from ``linattn mqar``) when they exist, and writes
-``DIR/index.html`` (one self-contained page, the figures beside it, nothing fetched from the
-network) and ``DIR/report.md``.
+sweep (``runs/mqar.jsonl``, from ``linattn mqar``), or the results committed under
+``benchmarks/results`` (the current folder's copy, else the clone's that linattn was imported
+from, else the copy installed with the package) when they are newer or the runs are missing, says
+which file it used and the setup and machine it records, and writes ``DIR/index.html`` (one
+self-contained page, the figures beside it, nothing fetched from the network) and
+``DIR/report.md``.
 
 An existing, non-empty DIR is not overwritten without ``--force``. The last line printed is the path
 of ``DIR/index.html``; the exit status is 1 if a check fails (the report is written all the same).
@@ -36,9 +39,24 @@ from linattn.figures.legibility import legible_width, png_css_width
 
 TABLE1_NS = (8, 16, 32, 64, 128)
 TABLE1_R = 32
-# (your latest run, the results committed with the code): the page shows the newer of the two.
-BENCH_FILES = (Path("runs/bench/bench.json"), Path("benchmarks/results/bench.json"))
-MQAR_FILES = (Path("runs/mqar.jsonl"), Path("benchmarks/results/mqar-cpu.jsonl"))
+# The clone this package was imported from (src/linattn/experiments/report.py, four levels up):
+# an editable install or PYTHONPATH=src. An installed wheel has no clone: CLONE is None, and the
+# package's own copy of the committed results (PACKAGED, package data) is used.
+_ROOT = Path(__file__).resolve().parents[3]
+CLONE = _ROOT if (_ROOT / "benchmarks" / "results").is_dir() else None
+PACKAGED = Path(__file__).resolve().parent / "results"
+
+
+def _committed(name: str) -> tuple[Path, ...]:
+    """A committed results file: in the current folder (a clone's root), in the clone, and the
+    copy installed with the package, in that order."""
+    clone = () if CLONE is None else (CLONE / "benchmarks" / "results" / name,)
+    return (Path("benchmarks/results") / name, *clone, PACKAGED / name)
+
+
+# (your latest run, the committed results where they are found): the page shows the newer.
+BENCH_FILES = (Path("runs/bench/bench.json"), *_committed("bench.json"))
+MQAR_FILES = (Path("runs/mqar.jsonl"), *_committed("mqar-cpu.jsonl"))
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:
@@ -136,22 +154,12 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
         plots.table1_plot(rows, figures_dir, TABLE1_R)
         report.numbers_files = [p.name for p in numbers.write_numbers(out / "numbers")]
         bar.update()
-        begin("benchmark")
-        source, report.bench_note = results_file(args.bench, BENCH_FILES)
-        report.bench, report.bench_source = plots.load_bench(source), str(source)
-        if report.bench is not None:
-            plots.bench_plot(report.bench, figures_dir)
-        bar.update()
-        begin("recall")
-        source, report.mqar_note = results_file(args.mqar, MQAR_FILES)
-        report.mqar, report.mqar_source = plots.load_mqar(source), str(source)
-        if report.mqar is not None:
-            plots.mqar_plot(report.mqar, figures_dir)
-        bar.update()
+        begin("benchmark, recall")
+        gather_results(args, report, figures_dir)
+        bar.update(2)
         report.widths = {p.stem: png_css_width(p) for p in figures_dir.glob("*.png")}
-        report.legible = {
-            f["name"]: legible_width(report.widths[f["name"]]) for f in report.figures
-        }
+        # Every figure and plot keeps its legible width on a narrow screen (figures.legibility).
+        report.legible = {name: legible_width(width) for name, width in report.widths.items()}
         begin("pages")
         report.seconds = time.perf_counter() - start
         write_files(report, out)
@@ -159,20 +167,55 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
     return report
 
 
-def results_file(given: Path | None, files: tuple[Path, Path]) -> tuple[Path, str]:
+def gather_results(args: argparse.Namespace, report: Report, figures_dir: Path) -> None:
+    """The benchmark and recall results into ``report``, with the note saying which file (or
+    where none was found), and their plots."""
+    from linattn.figures import plots
+
+    source, report.bench_note = results_file(args.bench, BENCH_FILES)
+    report.bench, report.bench_source = plots.load_bench(source), str(source)
+    if report.bench is None:
+        report.bench_note = missing_note(args.bench, BENCH_FILES, "bench", "--bench")
+    else:
+        plots.bench_plot(report.bench, figures_dir)
+    source, report.mqar_note = results_file(args.mqar, MQAR_FILES)
+    report.mqar, report.mqar_source = plots.load_mqar(source), str(source)
+    if report.mqar is None:
+        report.mqar_note = missing_note(args.mqar, MQAR_FILES, "mqar", "--mqar")
+    else:
+        plots.mqar_plot(report.mqar, figures_dir)
+
+
+def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str]:
     """The results file to show and a note saying which it is: ``given`` when passed; otherwise
-    the newer of your latest run and the results committed with the code (``files``)."""
+    the newer of your latest run (``files[0]``) and the first of the committed copies
+    (``files[1:]``: the current folder's, the clone's, the package's) that exists."""
     if given is not None:
         return given, "(given with the command)"
-    run, committed = files
-    if run.exists() and (
-        not committed.exists() or run.stat().st_mtime >= committed.stat().st_mtime
-    ):
-        return run, f"(your latest run; the committed results are {committed})"
-    if committed.exists():
+    run, *copies = files
+    committed = next((path for path in copies if path.exists()), None)
+    if run.exists() and (committed is None or run.stat().st_mtime >= committed.stat().st_mtime):
+        where = f"the committed results are {committed}" if committed else "no committed results"
+        return run, f"(your latest run; {where})"
+    if committed is not None:
         why = f"newer than your run at {run}" if run.exists() else f"no run at {run}"
-        return committed, f"(the results committed with the code: {why})"
+        whose = {copies[0]: "", PACKAGED / committed.name: ", the package's copy"}.get(
+            committed, ", the clone's copy"
+        )
+        return committed, f"(the results committed with the code{whose}: {why})"
     return run, ""
+
+
+def missing_note(given: Path | None, files: tuple[Path, ...], command: str, flag: str) -> str:
+    """Where the report looked for a results file, and how to give one."""
+    if given is not None:
+        return f"no such file (given with {flag})"
+    run, *copies = files
+    return (
+        f"none at {run} (run linattn {command}) or at "
+        + " or ".join(str(path) for path in copies)
+        + f"; pass {flag} FILE to include one"
+    )
 
 
 def write_files(report: Report, out: Path) -> None:
@@ -202,14 +245,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help=f"benchmark results to include (default: the newer of {BENCH_FILES[0]}, which "
-        f"linattn bench writes, and the committed {BENCH_FILES[1]})",
+        "linattn bench writes, and the committed benchmarks/results/bench.json, here or in the "
+        "clone linattn was imported from)",
     )
     parser.add_argument(
         "--mqar",
         type=Path,
         default=None,
         help=f"recall results to include (default: the newer of {MQAR_FILES[0]} and the "
-        f"committed {MQAR_FILES[1]})",
+        "committed benchmarks/results/mqar-cpu.jsonl, here or in the clone)",
     )
     parser.add_argument(
         "--table1-repetitions",

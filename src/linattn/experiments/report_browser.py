@@ -3,10 +3,12 @@
 ``inspect_page(index_html, width)`` opens a copy of the page with a probe script in its head,
 lets Chromium load it, and reads back what the probe saw (``--dump-dom``): the page's width
 against the viewport's (horizontal overflow), every image (loaded, its size, inside the
-viewport), every element that sticks out of the viewport outside a scrolling box, and every
-console error or failed resource load. ``screenshot`` writes a full-page PNG. ``broken_links``
-checks, without a browser, that every link and image of the page resolves to a file beside it or
-to an id in it. Chromium is Debian's ``chromium`` package (``.ci/run`` installs it).
+viewport), every element that sticks out of the viewport outside a scrolling box, every table
+(its section and header, each column's narrowest cell and right edge, its tallest row, its
+smallest text, every word broken across lines) and every console error or failed resource
+load. ``screenshot`` writes a full-page PNG. ``broken_links`` checks, without a browser, that
+every link and image of the page resolves to a file beside it or to an id in it. Chromium is
+Debian's ``chromium`` package (``.ci/run`` installs it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 _MARK = "linattn-probe"
 
 # Records console errors and failed loads from the start, then measures the page after load.
-PROBE = """<script>
+PROBE = r"""<script>
 (() => {
   const errors = [];
   const original = console.error.bind(console);
@@ -33,6 +35,45 @@ PROBE = """<script>
     errors.push(target && target !== window && (target.src || target.href)
       ? "failed to load " + (target.src || target.href) : String(event.message));
   }, true);
+  // A word is broken when its characters lie on more than one line of its cell.
+  const brokenWords = (cell) => {
+    const broken = [];
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const match of node.textContent.matchAll(/[^\s\-\/]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, match.index);
+        range.setEnd(node, match.index + match[0].length);
+        const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (tops.size > 1) broken.push(match[0]);
+      }
+    }
+    return broken;
+  };
+  // Per table: its section, its header, each column's narrowest cell and rightmost edge, the
+  // tallest row, the smallest text and every broken word.
+  const tableReport = (table) => {
+    const rows = [...table.rows];
+    const columns = [];
+    let tallest = 0, smallest = Infinity;
+    const broken = [];
+    for (const row of rows) {
+      tallest = Math.max(tallest, row.getBoundingClientRect().height);
+      [...row.cells].forEach((cell, i) => {
+        const box = cell.getBoundingClientRect();
+        columns[i] = columns[i] || {narrowest: Infinity, right: 0};
+        columns[i].narrowest = Math.min(columns[i].narrowest, box.width);
+        columns[i].right = Math.max(columns[i].right, box.right);
+        smallest = Math.min(smallest, parseFloat(getComputedStyle(cell).fontSize));
+        broken.push(...brokenWords(cell));
+      });
+    }
+    const section = table.closest("figure, body") && [...document.querySelectorAll("h2")]
+      .filter((h) => h.compareDocumentPosition(table) & Node.DOCUMENT_POSITION_FOLLOWING).pop();
+    return {section: section ? section.id : "", header: rows.length && rows[0].querySelector("th")
+              ? [...rows[0].cells].map((c) => c.textContent) : [],
+            columns, tallest_row: tallest, smallest_text: smallest, broken_words: broken};
+  };
   window.addEventListener("load", () => {
     const width = document.documentElement.clientWidth;
     const scrolling = (el) => el.closest(".scroll, pre");
@@ -48,9 +89,10 @@ PROBE = """<script>
       shown: img.getBoundingClientRect().width, natural: img.naturalWidth,
       inside: img.getBoundingClientRect().right <= width + 0.5, scrolls: !!img.closest(".scroll"),
     }));
+    const tables = [...document.querySelectorAll("table")].map(tableReport);
     const result = {viewport: width, page: document.documentElement.scrollWidth,
                     height: document.documentElement.scrollHeight, images, overflowing: out,
-                    errors};
+                    tables, errors};
     window.parent.postMessage(JSON.stringify(result), "*");
   });
 })();

@@ -13,6 +13,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+from linattn.experiments.report_setup import bench_setup, mqar_setup
 from linattn.figures.legibility import COLUMN_PX, PADDING_PX
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ table {{ border-collapse: collapse; font-size: .92em; }}
 th, td {{ border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }}
 th {{ background: #f3f3f3; }} td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
 .pass {{ color: #1d7a36; font-weight: bold; }} .fail {{ color: #b3261e; font-weight: bold; }}
+td.verdict {{ white-space: nowrap; }} td.check {{ min-width: 15em; }}
+td.detail {{ min-width: 18em; }} pre.printed b {{ font-weight: bold; }}
 .summary {{ font-size: 1.1em; padding: .6em 1em; border-radius: 6px; background: #eef7ef; }}
 .summary.failed {{ background: #fbeaea; }}
 figure {{ margin: 1.5em 0; }}
@@ -41,6 +44,13 @@ pre {{ background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
 nav ul {{ padding: 0; margin: 0; }}
 nav li {{ display: inline-block; white-space: nowrap; margin: 0 1em .3em 0; }}
 """
+NAV = (
+    '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
+    '<li><a href="#costs">Costs</a></li><li><a href="#figures">Figures</a></li>'
+    '<li><a href="#bench">Benchmark</a></li><li><a href="#recall">Recall</a></li>'
+    '<li><a href="#numbers">Numbers files</a></li>'
+    '<li><a href="#environment">Machine</a></li></ul></nav>'
+)
 
 
 def _e(text: object) -> str:
@@ -130,19 +140,21 @@ def _error(x: float) -> str:
 
 
 def _checks_html(report: Report) -> str:
+    """The checks as a table: the verdict beside the name, so that a phone shows both without
+    scrolling (the name keeps a readable width; the other columns scroll in the table's box)."""
     rows = [
-        "<tr><th>#</th><th>Check</th><th>Largest error</th><th>Tolerance</th>"
-        "<th>Verdict</th><th>Printed with it</th></tr>"
+        "<tr><th>#</th><th>Check</th><th>Verdict</th><th>Largest error</th><th>Tolerance</th>"
+        "<th>Printed with it</th></tr>"
     ]
     for index, check in enumerate(report.checks, start=1):
         verdict = (
             '<span class="pass">PASS</span>' if check.passed else '<span class="fail">FAIL</span>'
         )
         rows.append(
-            f'<tr><td class="num">{index}</td><td>{_e(check.name)}</td>'
-            f'<td class="num">{_error(check.error)}</td>'
+            f'<tr><td class="num">{index}</td><td class="check">{_e(check.name)}</td>'
+            f'<td class="verdict">{verdict}</td><td class="num">{_error(check.error)}</td>'
             f'<td class="num">{"" if not check.tolerance else _error(check.tolerance)}</td>'
-            f"<td>{verdict}</td><td>{_e(check.detail)}</td></tr>"
+            f'<td class="detail">{_e(check.detail)}</td></tr>'
         )
     return '<div class="scroll"><table>' + "".join(rows) + "</table></div>"
 
@@ -153,7 +165,7 @@ def _bench_rows(report: Report) -> list[tuple[str, str, str]]:
     rows = []
     for name, points in bench_series(report.bench or {"results": []}).items():
         for T, seconds in points:
-            rows.append((name, f"{T:,.0f}", f"{seconds * 1e3:.3f}"))
+            rows.append((name, f"{T:,.0f}", f"{seconds * 1e3:,.3f}"))
     return rows
 
 
@@ -168,9 +180,10 @@ def _mqar_rows(report: Report) -> list[tuple[str, str, str, str]]:
 
 
 def _simple_table(
-    header: tuple[str, ...], rows: list[tuple[str, ...]], numbers: bool = True
+    header: tuple[str, ...] | None, rows: list[tuple[str, ...]], numbers: bool = True
 ) -> str:
-    head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
+    """A table with one header row (none when ``header`` is None)."""
+    head = "" if header is None else "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
     body = "".join(
         "<tr>"
         + "".join(
@@ -206,11 +219,7 @@ def render_html(report: Report) -> str:
         f"<p>Made by <code>{_e(report.command)}</code> on {_e(report.date)}, in "
         f"{report.seconds:.0f} s, with linattn {_e(report.environment.get('linattn', ''))}.</p>",
         f'<p class="summary{" failed" if failed else ""}">{_e(summary)}</p>',
-        '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
-        '<li><a href="#costs">Costs</a></li><li><a href="#figures">Figures</a></li>'
-        '<li><a href="#bench">Benchmark</a></li><li><a href="#recall">Recall</a></li>'
-        '<li><a href="#numbers">Numbers files</a></li>'
-        '<li><a href="#environment">Machine</a></li></ul></nav>',
+        NAV,
         '<h2 id="checks">Checks</h2>',
         "<p>Every numerical check the spec prints, with the spec's seeds, and every claim it "
         "proves or states, computed by the float64 reference (<code>linattn verify</code>).</p>",
@@ -224,13 +233,12 @@ def render_html(report: Report) -> str:
             "Table 1 as a plot. The read error of each memory against the number "
             "of stored pairs n, with the two theory curves (dotted).",
             report.widths.get("table1"),
+            report.legible.get("table1"),
         ),
-        "<details><summary>As printed by <code>linattn table1</code></summary>"
-        f"<pre>{_e(report.table1_text)}</pre></details>",
+        _printed("table1", report.table1_text),
         '<h2 id="costs">Costs</h2>',
         markdown_to_html(report.costs_text),
-        "<details><summary>As printed by <code>linattn costs</code></summary>"
-        f"<pre>{_e(report.costs_text)}</pre></details>",
+        _printed("costs", report.costs_text),
         '<h2 id="figures">Figures</h2>',
         "<p>The spec's nine figures, drawn from numbers computed by "
         "<code>linattn.reference</code>. On a narrow screen a figure keeps a size at which its "
@@ -242,41 +250,74 @@ def render_html(report: Report) -> str:
             for f in report.figures
         ),
         '<h2 id="bench">Benchmark</h2>',
+        *_bench_section(report),
+        '<h2 id="recall">Recall</h2>',
+        *_recall_section(report),
+        *_numbers_and_machine(report),
+        "</body></html>",
     ]
-    if report.bench is not None:
-        parts += [
-            f"<p>From <code>{_e(report.bench_source)}</code> {_e(report.bench_note)}.</p>",
-            _figure(
-                "bench",
-                "Benchmark. Time of one forward pass against the sequence length T: one colour "
-                "per mechanism, one line style per form.",
-                report.widths.get("bench"),
-            ),
-            _simple_table(("series", "T", "milliseconds"), _bench_rows(report)),
+    return "\n".join(parts) + "\n"
+
+
+def _printed(command: str, markdown: str) -> str:
+    """A collapsed block with what ``linattn COMMAND`` prints, its layout kept and its Markdown
+    markup (**bold**, $math$) rendered, not shown raw."""
+    lines = "\n".join(_inline(line) if line.strip() else "" for line in markdown.splitlines())
+    return (
+        f"<details><summary>As printed by <code>linattn {command}</code></summary>"
+        f'<pre class="printed">{lines}</pre></details>'
+    )
+
+
+def _source(path: str, note: str) -> str:
+    return f"<p>From <code>{_e(path)}</code> {_e(note)}.</p>"
+
+
+def _bench_section(report: Report) -> list[str]:
+    """The benchmark: which file, its setup and machine, the plot and the table."""
+    if report.bench is None:
+        return [
+            f'<p class="note">No benchmark results at <code>{_e(report.bench_source)}</code>: '
+            f"{_e(report.bench_note)}.</p>"
         ]
-    else:
-        parts.append(
-            f'<p class="note">No benchmark results at <code>{_e(report.bench_source)}'
-            "</code>: run <code>linattn bench</code> first to include them.</p>"
-        )
-    parts.append('<h2 id="recall">Recall</h2>')
-    if report.mqar is not None:
-        parts += [
-            f"<p>From <code>{_e(report.mqar_source)}</code> {_e(report.mqar_note)}.</p>",
-            _figure(
-                "mqar",
-                "Recall. Multi-query associative recall accuracy against the state "
-                "size of one block.",
-                report.widths.get("mqar"),
-            ),
-            _simple_table(("series", "state numbers", "accuracy", "runs"), _mqar_rows(report)),
+    return [
+        _source(report.bench_source, report.bench_note),
+        f"<p>{_e(bench_setup(report.bench))}</p>",
+        _figure(
+            "bench",
+            "Benchmark. Time of one forward pass: the forms timed at several lengths against "
+            "T, one colour per mechanism (left); the forms timed at one length side by side, "
+            "one marker per form (right).",
+            report.widths.get("bench"),
+            report.legible.get("bench"),
+        ),
+        _simple_table(("series", "T", "milliseconds"), _bench_rows(report)),
+    ]
+
+
+def _recall_section(report: Report) -> list[str]:
+    """The recall sweep: which file, its setup, the plot and the table."""
+    if report.mqar is None:
+        return [
+            f'<p class="note">No recall results at <code>{_e(report.mqar_source)}</code>: '
+            f"{_e(report.mqar_note)}.</p>"
         ]
-    else:
-        parts.append(
-            f'<p class="note">No recall results at <code>{_e(report.mqar_source)}'
-            "</code>: run <code>linattn mqar</code> first to include them.</p>"
-        )
-    parts += [
+    return [
+        _source(report.mqar_source, report.mqar_note),
+        f"<p>{_e(mqar_setup(report.mqar))}</p>",
+        _figure(
+            "mqar",
+            "Recall. Multi-query associative recall accuracy against the state size of one block.",
+            report.widths.get("mqar"),
+            report.legible.get("mqar"),
+        ),
+        _simple_table(("series", "state numbers", "accuracy", "runs"), _mqar_rows(report)),
+    ]
+
+
+def _numbers_and_machine(report: Report) -> list[str]:
+    """The numbers files and data, and the machine and versions this report was built on."""
+    return [
         '<h2 id="numbers">Numbers files</h2>',
         "<p>The TeX macros that the spec's appendix writes for its TikZ figures: "
         + ", ".join(
@@ -288,15 +329,15 @@ def render_html(report: Report) -> str:
             for n in ("verify.json", "table1.json", "costs.json")
         )
         + ".</p>",
-        '<h2 id="environment">Machine</h2>',
+        '<h2 id="environment">This report\'s machine</h2>',
+        "<p>The machine and the versions this report was built on; the benchmark and recall "
+        "results above were measured where their setup says.</p>",
         _simple_table(
-            ("", ""),
+            None,
             [(k, v) for k, v in report.environment.items()] + [("date", report.date)],
             numbers=False,
         ),
-        "</body></html>",
     ]
-    return "\n".join(parts) + "\n"
 
 
 def render_markdown(report: Report) -> str:
@@ -331,10 +372,21 @@ def render_markdown(report: Report) -> str:
     ]
     for f in report.figures:
         lines += [f"![{f['caption']}](figures/{f['name']}.png)", "", f["caption"], ""]
+    lines += _results_markdown(report)
+    lines += ["", "## This report's machine", ""]
+    lines += [f"- {k}: {v}" for k, v in report.environment.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _results_markdown(report: Report) -> list[str]:
+    """The Benchmark and Recall sections of report.md."""
+    lines: list[str] = []
     lines += ["## Benchmark", ""]
     if report.bench is not None:
         lines += [
             f"From `{report.bench_source}` {report.bench_note}.",
+            "",
+            bench_setup(report.bench),
             "",
             "![Benchmark](figures/bench.png)",
             "",
@@ -343,11 +395,13 @@ def render_markdown(report: Report) -> str:
         ]
         lines += [f"| {a} | {b} | {c} |" for a, b, c in _bench_rows(report)]
     else:
-        lines.append(f"No benchmark results at `{report.bench_source}`.")
+        lines.append(f"No benchmark results at `{report.bench_source}`: {report.bench_note}.")
     lines += ["", "## Recall", ""]
     if report.mqar is not None:
         lines += [
             f"From `{report.mqar_source}` {report.mqar_note}.",
+            "",
+            mqar_setup(report.mqar),
             "",
             "![Recall](figures/mqar.png)",
             "",
@@ -356,7 +410,5 @@ def render_markdown(report: Report) -> str:
         ]
         lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _mqar_rows(report)]
     else:
-        lines.append(f"No recall results at `{report.mqar_source}`.")
-    lines += ["", "## Machine", ""]
-    lines += [f"- {k}: {v}" for k, v in report.environment.items()]
-    return "\n".join(lines) + "\n"
+        lines.append(f"No recall results at `{report.mqar_source}`: {report.mqar_note}.")
+    return lines

@@ -49,11 +49,15 @@ from linattn.reference import (
     wy_transition,
 )
 from linattn.reference.costs import (
+    delta_step_ops,
     delta_to_linear_chunk_ratio,
     layer_dense_ops,
     layer_linear_ops,
     layer_softmax_ops,
     linear_attention_ops,
+    linear_step_ops,
+    linear_training_ops,
+    softmax_step_ops,
 )
 from linattn.reference.memory import kaczmarz_sweeps, least_squares_memory, unit
 
@@ -135,6 +139,39 @@ def random_feature_checks() -> list[Check]:
             4 * se,
             detail=f"relative standard error of the estimate: {se:.4f}",
         )
+    ]
+
+
+def random_feature_bias_checks() -> list[Check]:
+    """Section 4: with r random features each kernel value is estimated without bias, but the
+    output, a ratio of two such estimates, is biased at finite r; the bias shrinks as r grows."""
+    _, Q, K, V = _section2_draws()
+    q, keys, values = 0.5 * Q[0], 0.5 * K[:4], V[:4, :2]  # one query, four pairs
+    biases, ses = [], []
+    for r in (2, 32):
+        kernels, outputs, exact = claims.random_feature_ratio(
+            q, keys, values, r, 20_000, np.random.default_rng(15)
+        )
+        biases.append(float(np.abs(outputs.mean(axis=0) - exact).max()))
+        ses.append(float((outputs.std(axis=0) / np.sqrt(len(outputs))).max()))
+        if r == 2:
+            kernel_se = kernels.std(axis=0) / np.sqrt(len(kernels))
+            kernel_z = np.abs(kernels.mean(axis=0) - np.exp(keys @ q)) / kernel_se
+    return [
+        claim(
+            "section 4: r = 2 features: each kernel value is unbiased",
+            bool(np.all(kernel_z < 4)),
+            detail="20,000 draws of r = 2 features, 4 keys: kernel means from exp(q.k) by "
+            + ", ".join(f"{z:.1f}" for z in kernel_z)
+            + " standard errors",
+        ),
+        claim(
+            "section 4: the random-feature output is biased at finite r",
+            biases[0] > 4 * ses[0] and biases[1] > 4 * ses[1] and biases[1] < biases[0],
+            detail=f"largest bias of the output (a ratio): r = 2 {biases[0]:.3f} "
+            f"({biases[0] / ses[0]:.0f} standard errors), r = 32 {biases[1]:.3f} "
+            f"({biases[1] / ses[1]:.0f}): consistent, but biased",
+        ),
     ]
 
 
@@ -272,6 +309,43 @@ def spectrum_checks() -> list[Check]:
     return checks
 
 
+def read_change_checks() -> list[Check]:
+    """Section 7.3: a delta-rule write with key k_t changes the read of k_i by (k_i^T k_t) u_t^T;
+    the least-squares memory minimises the total squared read error, exactly when n <= r."""
+    rng = np.random.default_rng(16)
+    S, K = rng.standard_normal((8, 3)), unit(rng.standard_normal((5, 8)))
+    k, v, beta = unit(rng.standard_normal((1, 8)))[0], rng.standard_normal(3), 0.7
+    change, u = claims.delta_read_change(S, K, k, v, beta)
+    K40, V40 = unit(rng.standard_normal((40, 32))), rng.standard_normal((40, 4))
+    best = claims.total_read_error(K40, V40, least_squares_memory(K40, V40))
+    _, delta = delta_rule(K40, K40, V40, np.ones(40))
+    others = [K40.T @ V40, delta] + [
+        least_squares_memory(K40, V40) + 0.01 * rng.standard_normal((32, 4)) for _ in range(200)
+    ]
+    errors = [claims.total_read_error(K40, V40, M) for M in others]
+    K24 = K40[:24]
+    return [
+        compare(
+            "section 7.3: writing k_t changes read k_i by (k_i.k_t) u_t",
+            change,
+            np.outer(K @ k, u),
+        ),
+        claim(
+            "section 7.3: least squares minimises total squared error",
+            best <= min(errors),
+            detail=f"40 pairs in R^32: total squared read error {best:.2f} least squares, "
+            f"{errors[0]:.2f} additive, {errors[1]:.2f} delta rule, at least "
+            f"{min(errors[2:]):.2f} for 200 perturbations of it",
+        ),
+        compare(
+            "section 7.3: least squares is exact for n = 24 <= r = 32",
+            K24 @ least_squares_memory(K24, V40[:24]),
+            V40[:24],
+            1e-10,
+        ),
+    ]
+
+
 def _signless(x: float) -> float:
     """x rounded to 2 decimals, with -0.00 shown as +0.00 (an eigenvalue of -1e-17 is zero)."""
     return round(x, 2) + 0.0
@@ -396,6 +470,43 @@ def cost_checks() -> list[Check]:
     ]
 
 
+def hybrid_cache_checks() -> list[Check]:
+    """Section 10: three linear layers to one full-attention layer (Kimi Linear) keep a KV cache
+    75 percent smaller than full attention in every layer; with the linear layers' fixed states
+    the memory approaches that as t grows ("up to")."""
+    d, layers = 128, 48
+    hybrid, full = "LLLA" * (layers // 4), "A" * layers
+    ts = (1_024, 131_072, 1_048_576)
+    saved = [
+        1 - claims.hybrid_cache_numbers(hybrid, t, d) / claims.hybrid_cache_numbers(full, t, d)
+        for t in ts
+    ]
+    states = hybrid.count("L") * delta_state_numbers(d, d)
+    with_states = [
+        1
+        - (claims.hybrid_cache_numbers(hybrid, t, d) + states)
+        / claims.hybrid_cache_numbers(full, t, d)
+        for t in ts
+    ]
+    return [
+        compare(
+            "section 10: a 3:1 hybrid's KV cache is 75 percent smaller",
+            saved,
+            [0.75] * len(ts),
+            detail=f"{layers} layers, d = {d}: with the linear layers' states the memory is "
+            + ", ".join(f"{s:.1%}" for s in with_states)
+            + " smaller at t = "
+            + ", ".join(f"{t:,}" for t in ts),
+        ),
+        claim(
+            "section 10: with the states counted, up to 75 percent",
+            all(s < 0.75 for s in with_states)
+            and with_states == sorted(with_states)
+            and with_states[-1] > 0.74,
+        ),
+    ]
+
+
 def variance_checks() -> list[Check]:
     """Section 2: q^T k has variance d, the factor 1/sqrt(d) gives unit variance; without it the
     rows sharpen as d grows, and a sharp row has a gradient close to zero."""
@@ -443,6 +554,79 @@ def _sharpening_checks(rng: np.random.Generator) -> list[Check]:
             detail=f"d = 1,024 without the factor: {len(sharp)} of 64 rows put >= 0.99 on one "
             f"key; the softmax Jacobian's norm there is at most {max(norms, default=0):.1e} "
             "(bound 2 (1 - max_j P_ij))",
+        ),
+    ]
+
+
+def softmax_shift_checks() -> list[Check]:
+    """Section 2: the softmax is unchanged by a constant added to a whole row, so the code may
+    subtract each row's largest score first; without that subtraction it overflows."""
+    _, Q, K, _ = _section2_draws()
+    G = Q @ K.T / np.sqrt(Q.shape[1])  # the scores, (64, 64)
+    shifts = np.random.default_rng(13).uniform(-5, 5, (len(G), 1))  # one constant a row
+    steep = G + 1000.0  # scores beyond exp's range (about 709)
+    with np.errstate(over="ignore", invalid="ignore"):
+        plain = claims.softmax_unshifted(steep)
+    return [
+        compare(
+            "section 2: a constant added to a row leaves the softmax",
+            claims.softmax_unshifted(G + shifts),
+            claims.softmax_unshifted(G),
+            1e-15,
+        ),
+        claim(
+            "section 2: subtracting the largest score prevents overflow",
+            not np.all(np.isfinite(plain))
+            and np.abs(claims.softmax_rows(steep) - claims.softmax_rows(G)).max() < 1e-12,
+            detail="scores + 1,000: exp overflows without the subtraction "
+            f"({np.count_nonzero(~np.isfinite(plain)):,} of {plain.size:,} weights not finite); "
+            "with it the softmax equals that of the scores",
+        ),
+    ]
+
+
+def kernel_smoother_checks() -> list[Check]:
+    """Section 3: softmax attention is the Nadaraya-Watson estimator with the kernel
+    exp(q^T k / sqrt(d)), linear attention the same with phi(q)^T phi(k); the exponential kernel
+    is the tensor-power series sum_m <q^(x)m, k^(x)m> / m!."""
+    _, Q, K, V = _section2_draws()
+    smoother = claims.nadaraya_watson(Q, K, V, claims.exponential_kernel)
+    linear = claims.nadaraya_watson(
+        Q, K, V, lambda q, k: float(elu_plus_one(q[None])[0] @ elu_plus_one(k[None])[0])
+    )
+    rng = np.random.default_rng(14)
+    q, k = 0.5 * rng.standard_normal(4), 0.5 * rng.standard_normal(4)
+    x = float(q @ k)
+    powers = [claims.tensor_power(q, m) @ claims.tensor_power(k, m) for m in range(6)]
+    terms = 10
+    series = claims.exponential_series_features(q, terms) @ claims.exponential_series_features(
+        k, terms
+    )
+    tail = abs(x) ** terms / math.factorial(terms) * math.exp(abs(x))  # Lagrange's remainder
+    return [
+        compare(
+            "section 3: softmax is the Nadaraya-Watson estimator",
+            smoother,
+            softmax_attention(Q, K, V)[0],
+        ),
+        compare(
+            "section 3: linear attention: same, kernel phi(q).phi(k)",
+            linear,
+            linear_attention(Q, K, V),
+        ),
+        compare(
+            "section 3: (q.k)^m = <q^(x)m, k^(x)m>, m = 0 to 5",
+            powers,
+            [x**m for m in range(6)],
+        ),
+        compare(
+            f"section 3: {terms} tensor-power blocks give exp(q.k)",
+            series,
+            math.exp(x),
+            max(tail, 1e-15),
+            detail=f"d = 4, q.k = {x:.3f}: the features x^(x)m / sqrt(m!), m < {terms}, "
+            f"have {len(claims.exponential_series_features(q, terms)):,} coordinates; "
+            f"the series' remainder is at most {tail:.1e}",
         ),
     ]
 
@@ -500,6 +684,61 @@ def reordering_checks() -> list[Check]:
             bool(np.all(gap[:-1] > 1e-3)) and gap[-1] < 1e-14,
             detail=f"relative difference row by row: from {gap[:-1].min():.2f} to "
             f"{gap[:-1].max():.2f} for t < n, {gap[-1]:.0e} at t = n (S_n holds every pair)",
+        ),
+    ]
+
+
+def counted_cost_checks() -> list[Check]:
+    """Sections 2, 5, 5.1 and 9: the operations counted product by product in a generation step
+    (4 t d softmax, 4 r d linear, 6 r d delta rule) and in the chunked form (2 n C (r + d) +
+    4 n r d) equal the cost model's formulas, and the counted computations give the outputs."""
+    _, Q, K, V = _section2_draws()
+    n, d = V.shape
+    FQ, FK = elu_plus_one(Q), elu_plus_one(K)
+    r, t = FK.shape[1], 40
+    o_soft, soft_ops = claims.counted_softmax_step(Q[t - 1], K[:t], V[:t])
+    S = FK[: t - 1].T @ V[: t - 1]  # the state before step t, (r, d)
+    o_lin, _, lin_ops = claims.counted_linear_step(S, FQ[t - 1], FK[t - 1], V[t - 1])
+    beta = 0.5
+    o_delta, _, delta_ops = claims.counted_delta_step(S, Q[t - 1], K[t - 1], V[t - 1], beta)
+    o_want, _ = delta_rule(Q[t - 1 : t], K[t - 1 : t], V[t - 1 : t], [beta], initial_state=S)
+    chunked = {C: claims.counted_chunked_linear(FQ, FK, V, C) for C in (1, 8, 16, 64)}
+    masked = np.tril(FQ @ FK.T) @ V
+    return [
+        compare(
+            "section 9: a step costs 4td, 4rd, 6rd operations, counted",
+            [soft_ops, lin_ops, delta_ops],
+            [softmax_step_ops(t, d), linear_step_ops(r, d), delta_step_ops(r, d)],
+            0.5,
+            detail=f"t = {t}, d = r = {d}: counted {soft_ops:,}, {lin_ops:,}, {delta_ops:,} "
+            "operations (softmax, linear attention, delta rule)",
+        ),
+        compare(
+            "section 9: the counted steps compute the three reads",
+            np.stack([o_soft, o_lin, o_delta]),
+            np.stack(
+                [
+                    softmax_attention(Q[:t], K[:t], V[:t], causal=True)[0][-1],
+                    masked[t - 1],
+                    o_want[0],
+                ]
+            ),  # fmt: skip
+        ),
+        compare(
+            "section 5.1: blocks of C cost 2nC(r + d) + 4nrd, counted",
+            [chunked[C][1] for C in chunked],
+            [linear_training_ops(n, r, d, C) for C in chunked],
+            0.5,
+            detail=f"n = {n}, r = d = {d}, C = "
+            + ", ".join(str(C) for C in chunked)
+            + ": counted "
+            + ", ".join(f"{chunked[C][1]:,}" for C in chunked)
+            + " operations",
+        ),
+        compare(
+            "section 5.1: the counted blocks compute the masked product",
+            np.stack([chunked[C][0] for C in chunked]),
+            np.stack([masked] * len(chunked)),
         ),
     ]
 
@@ -704,11 +943,15 @@ def stored_pair_checks() -> list[Check]:
 SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     softmax_checks,
     variance_checks,
+    softmax_shift_checks,
+    kernel_smoother_checks,
     linear_order_checks,
     random_feature_checks,
+    random_feature_bias_checks,
     cost_table_checks,
     recurrence_checks,
     reordering_checks,
+    counted_cost_checks,
     rank_checks,
     eckart_young_checks,
     sharpness_checks,
@@ -718,12 +961,14 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     regression_checks,
     linear_loss_checks,
     spectrum_checks,
+    read_change_checks,
     kaczmarz_checks,
     chunked_delta_checks,
     dplr_checks,
     cost_checks,
     overwrite_checks,
     stored_pair_checks,
+    hybrid_cache_checks,
 )
 
 

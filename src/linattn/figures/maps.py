@@ -57,11 +57,18 @@ def attention_maps(
         1.6, uniform, f"{uniform:.4f}: uniform row", color=style.ERROR, fontsize=10,
         va="center", transform=bar.ax.get_yaxis_transform(),
     )  # fmt: skip
-    ax = fig.add_subplot(grid[0, 4])  # column 3 is a spacer for the colour bar's label
+    _singular_values(fig.add_subplot(grid[0, 4]), P, A, n, d)  # column 3: the bar's label
+    return style.save(fig, out_dir, "attention-maps")
+
+
+def _singular_values(ax, P: np.ndarray, A: np.ndarray, n: int, d: int) -> None:
+    """The singular values of P and A on a log axis; the zero ones counted in a note."""
     zeros = []
-    for name, M, color, marker in (
-        ("softmax", P, style.KEY, "o"),
-        ("linear", A, style.STATE, "s"),
+    # The two first singular values lie close together: the linear squares are hollow and drawn
+    # under the softmax dots, so that neither marker hides the other.
+    for name, M, color, marker, fill, z in (
+        ("softmax", P, style.KEY, "o", "full", 3),
+        ("linear", A, style.STATE, "s", "none", 2),
     ):
         sv = np.linalg.svd(M, compute_uv=False)
         nonzero = sv[sv > ZERO]
@@ -70,6 +77,10 @@ def attention_maps(
             nonzero,
             marker=marker,
             color=color,
+            fillstyle=fill,
+            markersize=8 if fill == "none" else 6,
+            markeredgewidth=1.6,
+            zorder=z,
             label=f"{name}: {len(nonzero)} nonzero",
         )
         zeros.append((name, len(sv) - len(nonzero), color))
@@ -86,4 +97,3 @@ def attention_maps(
     ax.set_xlim(0.5, n + 0.5)
     ax.set_ylim(top=10)
     ax.legend(frameon=False, loc="upper right")
-    return style.save(fig, out_dir, "attention-maps")

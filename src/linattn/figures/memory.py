@@ -34,7 +34,6 @@ def cache_and_state(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list
     delta_state = float(reference.delta_state_numbers(r, d))
     even = reference.break_even_tokens(r, d)
     cache_t = reference.kv_cache_numbers(t, d)
-    ratio = cache_t / linear_state
 
     fig, (memory, work) = plt.subplots(1, 2, figsize=(10.8, 4.6))
     memory.loglog(steps, cache, color=style.KEY, lw=2, label="softmax: KV cache, $2td$")
@@ -48,23 +47,25 @@ def cache_and_state(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list
         fontsize=11,
         arrowprops={"arrowstyle": "->", "color": style.INK},
     )
-    memory.plot([t, t], [linear_state, cache_t], color=style.ERROR, lw=1)
-    memory.annotate(
-        f"t = {t:,}: {cache_t:,}\nagainst {int(linear_state):,} numbers,\n{ratio:,.0f} times fewer",
-        xy=(t, np.sqrt(linear_state * cache_t)),
-        xytext=(1500, cache_t * 30),
-        ha="left",
-        va="center",
-        fontsize=10.5,
-        color=style.ERROR,
-        arrowprops={"arrowstyle": "->", "color": style.ERROR},
-    )
+    _gap_at(memory, t, cache_t, linear_state)
     _zoom_on_the_states(memory, linear_state, delta_state)
     memory.set_xlabel("generation step $t$ (tokens so far)")
     memory.set_ylabel("numbers stored, one head")
     memory.set_title(f"Memory at step $t$ ($d = r = {d}$)")
     memory.legend(loc="upper left", frameon=False)
 
+    _work_panel(work, steps, r, d)
+    for ax in (memory, work):
+        ax.minorticks_off()  # a log axis over six decades: minor ticks only add clutter (and time)
+        ax.set_xlim(1, 2 * t)
+        ax.grid(True, which="major", color="#dddddd", lw=0.6)
+    memory.set_ylim(top=cache_t * 100)  # room for the note above the cache's line
+    fig.tight_layout()
+    return style.save(fig, out_dir, "cache-and-state")
+
+
+def _work_panel(work, steps: np.ndarray, r: int, d: int) -> None:
+    """Operations for generation step t, one head: about 4td, 4rd and 6rd (section 9)."""
     work.loglog(
         steps,
         [reference.softmax_step_ops(int(s), d) for s in steps],
@@ -89,13 +90,25 @@ def cache_and_state(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list
     work.set_ylabel("operations for step $t$, one head")
     work.set_title("Work at step $t$")
     work.legend(loc="upper left", frameon=False)
-    for ax in (memory, work):
-        ax.minorticks_off()  # a log axis over six decades: minor ticks only add clutter (and time)
-        ax.set_xlim(1, 2 * t)
-        ax.grid(True, which="major", color="#dddddd", lw=0.6)
-    memory.set_ylim(top=cache_t * 100)  # room for the note above the cache's line
-    fig.tight_layout()
-    return style.save(fig, out_dir, "cache-and-state")
+
+
+def _gap_at(ax, t: int, cache_t: int, state: float) -> None:
+    """The gap between the cache and the state at step t, and a note on it. The note points at
+    the cache's end of the gap from above the cache's line: its arrow meets the line there and
+    crosses nothing."""
+    ax.plot([t, t], [state, cache_t], color=style.ERROR, lw=1)
+    ax.plot([t], [cache_t], "o", color=style.ERROR, ms=5)
+    ax.annotate(
+        f"t = {t:,}: {cache_t:,}\nagainst {int(state):,} numbers,\n"
+        f"{cache_t / state:,.0f} times fewer",
+        xy=(t, cache_t),
+        xytext=(1500, cache_t * 30),
+        ha="left",
+        va="center",
+        fontsize=10.5,
+        color=style.ERROR,
+        arrowprops={"arrowstyle": "->", "color": style.ERROR, "shrinkB": 4},
+    )
 
 
 def _zoom_on_the_states(ax, linear_state: float, delta_state: float) -> None:

@@ -108,7 +108,11 @@ def load_bench(path: Path | str) -> dict | None:
 
 def bench_results(run: dict) -> dict:
     """What ``linattn bench`` writes (``{"config", "rows", ...}``) as the plot's data (above)."""
-    return {"meta": run.get("config", {}), "results": _bench_rows(run["rows"])}
+    data = {"meta": run.get("config", {}), "results": _bench_rows(run["rows"])}
+    for key in ("machine", "roof_ops_per_s"):  # where it was measured: the report says so
+        if key in run:
+            data[key] = run[key]
+    return data
 
 
 def _bench_rows(rows: list) -> list:
@@ -148,16 +152,41 @@ def bench_plot(data: dict, out_dir: Path | str) -> list[Path]:
 
 
 def bench_figure(data: dict) -> Any:
-    """The benchmark's time of one forward pass against the sequence length T, log-log: one
-    colour per mechanism, one line style per form, the legends beside the axes (a matplotlib
-    Figure)."""
+    """The benchmark's time of one forward pass (a matplotlib Figure), the legends beside the
+    axes: the series timed at several lengths against T, log-log, one colour per mechanism and
+    one line style per form; when some series were timed at one length only (the parallel and
+    recurrent forms), a second panel shows every form timed at that length side by side, one
+    marker per form, so that no series is a lone marker hidden under another."""
     plt = style.pyplot()
     from matplotlib.lines import Line2D
 
-    fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
     series = bench_series(data)
+    lone = {name: points[0] for name, points in series.items() if len(points) == 1}
+    lines = {name: points for name, points in series.items() if name not in lone}
     mechanisms = list(dict.fromkeys(_split_series(name)[0] for name in series))
     colours = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(mechanisms)}
+    if lone and lines:
+        fig, (ax, side) = plt.subplots(
+            1, 2, figsize=(11.2, 4.8), layout="constrained", width_ratios=(1.6, 1)
+        )
+        _lone_panel(side, series, lone, mechanisms, colours)
+    else:
+        fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+    forms = _lines_panel(ax, lines or series, colours)
+    for form in (_split_series(name)[1] for name in lone):
+        forms += [form] if form and form not in forms else []
+    by_mechanism = [Line2D([], [], color=colours[m], lw=2.5, label=m) for m in mechanisms]
+    by_form = [
+        Line2D([], [], color=style.INK, ls=FORM_STYLES[f][0], marker=FORM_STYLES[f][1], label=f)
+        for f in forms
+    ]
+    fig.legend(handles=by_mechanism, title="mechanism", frameon=False, loc="outside right upper")
+    fig.legend(handles=by_form, title="form", frameon=False, loc="outside right lower")
+    return fig
+
+
+def _lines_panel(ax: Any, series: dict, colours: dict[str, str]) -> list[str]:
+    """Each series against T, log-log; returns the forms drawn, in order."""
     lengths: set[float] = set()
     forms: list[str] = []
     for name, points in series.items():
@@ -173,14 +202,37 @@ def bench_figure(data: dict) -> Any:
     ax.set_ylabel("seconds per forward pass")
     ax.set_title("Benchmark: one forward pass")
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
-    by_mechanism = [Line2D([], [], color=colours[m], lw=2.5, label=m) for m in mechanisms]
-    by_form = [
-        Line2D([], [], color=style.INK, ls=FORM_STYLES[f][0], marker=FORM_STYLES[f][1], label=f)
-        for f in forms
+    return forms
+
+
+def _lone_panel(
+    ax: Any, series: dict, lone: dict, mechanisms: list[str], colours: dict[str, str]
+) -> None:
+    """At each length where a series was timed alone, every form of every mechanism timed there:
+    one row per mechanism, the time on a log axis, one marker per form."""
+    lengths = sorted({T for T, _ in lone.values()})
+    rows = [
+        m
+        for m in mechanisms
+        if any(
+            _split_series(n)[0] == m and {T for T, _ in series[n]} & set(lengths) for n in series
+        )
     ]
-    fig.legend(handles=by_mechanism, title="mechanism", frameon=False, loc="outside right upper")
-    fig.legend(handles=by_form, title="form", frameon=False, loc="outside right lower")
-    return fig
+    for name, points in series.items():
+        mechanism, form = _split_series(name)
+        if mechanism not in rows:
+            continue
+        for T, seconds in points:
+            if T in lengths:
+                marker = FORM_STYLES.get(form, ("-", "o"))[1]
+                ax.plot(seconds, rows.index(mechanism), marker=marker, ls="none", ms=8,
+                        color=colours[mechanism], markerfacecolor="none", mew=1.8)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlabel("seconds per forward pass")
+    ax.set_title("At $T$ = " + ", ".join(f"{T:,.0f}" for T in lengths) + ": every form")
+    ax.grid(True, axis="x", which="major", color="#dddddd", lw=0.6)
 
 
 def scaling_figure(result: dict) -> Any:

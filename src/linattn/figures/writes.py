@@ -239,13 +239,23 @@ def householder(
         ax.set_xlim(-1.7, 2.8)
         ax.set_ylim(-0.8, 2.8)
         ax.grid(True, color="#eeeeee")
-    ax = axes[2]
+    _spectrum(axes[2])
+    fig.tight_layout()
+    return style.save(fig, out_dir, "householder")
+
+
+def _spectrum(ax) -> None:
+    """The eigenvalues and the spectral norm of I - beta k k^T in R^8 for beta in [0, 2]
+    (``reference.householder_spectrum``)."""
     betas = np.linspace(0.0, 2.0, 81)
     direction = np.ones(8) / np.sqrt(8)  # any unit key in R^8 gives the same spectrum
     spectra = np.array([reference.householder_spectrum(direction, float(b)) for b in betas])
-    ax.plot(betas, spectra[:, 1], color=style.SCORE, lw=2, label="largest eigenvalue")
+    # The largest eigenvalue and the spectral norm are both 1: a wide grey band under the dashed
+    # norm, so that both lines show.
+    ax.plot(betas, spectra[:, 1], color=style.SCORE, lw=7, alpha=0.45, solid_capstyle="butt",
+            label="largest eigenvalue, 1")  # fmt: skip
     ax.plot(betas, spectra[:, 0], color=style.KEY, lw=2, label="smallest, $1 - \\beta$")
-    ax.plot(betas, spectra[:, 2], color=style.STATE, lw=1.5, ls="--", label="spectral norm")
+    ax.plot(betas, spectra[:, 2], color=style.STATE, lw=1.5, ls="--", label="spectral norm, 1")
     for beta, name in ((1.0, "projection"), (2.0, "reflection")):
         ax.axvline(beta, color="#cccccc", lw=0.8)
         ax.text(beta - 0.04, 0.15, name, rotation=90, ha="right", va="bottom", fontsize=10)
@@ -254,31 +264,31 @@ def householder(
     ax.set_ylim(-1.1, 1.25)
     ax.set_xticks([0, 0.5, 1, 1.5, 2])
     ax.legend(frameon=False, loc="lower left")
-    fig.tight_layout()
-    return style.save(fig, out_dir, "householder")
 
 
 def _two_moves(ax, s: np.ndarray, moved: np.ndarray, new: np.ndarray, normal: np.ndarray) -> None:
     """The transition s -> A s and the write A s -> s_new, both along k: the write is drawn
-    beside the transition, shifted along k^perp, so that the two moves stay apart."""
+    straight from A s to s_new, the transition bent to the side of it, so that the two moves
+    stay apart and each arrow starts and ends on its points."""
     shift = -0.16 * normal
     ax.annotate(
-        "", xy=moved, xytext=s, arrowprops={"arrowstyle": "-|>", "color": style.SCORE, "lw": 1.6}
-    )
+        "", xy=moved, xytext=s, arrowprops={"arrowstyle": "-|>", "color": style.SCORE, "lw": 1.6,
+                                            "connectionstyle": "arc3,rad=0.6", "shrinkA": 4,
+                                            "shrinkB": 4},
+    )  # fmt: skip
     ax.annotate(
         "",
-        xy=new + shift,
-        xytext=moved + shift,
-        arrowprops={"arrowstyle": "-|>", "color": style.VALUE, "lw": 1.6, "ls": "-"},
-    )
-    ax.plot(*np.transpose([moved, moved + shift]), color=style.VALUE, lw=0.8, ls=":")
-    ax.plot(*np.transpose([new, new + shift]), color=style.VALUE, lw=0.8, ls=":")
+        xy=new,
+        xytext=moved,
+        arrowprops={"arrowstyle": "-|>", "color": style.VALUE, "lw": 1.6, "shrinkA": 4,
+                    "shrinkB": 5},
+    )  # fmt: skip
     for point, name, color, offset, align in (
         (s, "$s$", style.STATE, (0.0, 0.16), "center"),
         (moved, "$A s$", style.SCORE, (-0.12, 0.1), "right"),
         (new, "$s_{new}$", style.VALUE, (0.12, 0.05), "left"),
     ):
-        ax.plot(*point, "o", color=color, ms=7)
+        ax.plot(*point, "o", color=color, ms=7, zorder=3)
         ax.text(point[0] + offset[0], point[1] + offset[1], name, color=color, fontsize=12,
                 ha=align, va="center")  # fmt: skip
     middle = (moved + new) / 2 + 2.2 * shift

@@ -1,0 +1,72 @@
+"""What the report says about how its measured results were made: the benchmark's shapes,
+threads and machine, and the recall sweep's models and training, read from the results files.
+
+The files record their own setup (``linattn bench``'s ``config`` and ``machine``; each recall row
+its model and training); the machine they were measured on is not the one the report is built on
+(the page's Machine table), and the page says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+def bench_setup(bench: dict) -> str:
+    """One sentence: the shapes (B, H, K, V, C), the threads, the timing and the machine of a
+    benchmark file (``plots.load_bench``'s dict: ``meta``, and ``machine`` and ``roof`` when
+    ``linattn bench`` wrote it)."""
+    meta, machine = bench.get("meta") or {}, bench.get("machine") or {}
+    shapes = [
+        f"{label} = {meta[key]:,}"
+        for key, label in (("B", "B"), ("H", "H"), ("K", "K"), ("V", "V"), ("chunk_size", "C"))
+        if isinstance(meta.get(key), int)
+    ]
+    threads = machine.get("threads", meta.get("threads"))
+    timing = []
+    if threads is not None:
+        timing.append(f"{threads} thread{'' if threads == 1 else 's'}")
+    if meta.get("repeats"):
+        clock = " (CPU time)" if meta.get("clock") == "cpu" else ""
+        timing.append(f"the median of {meta['repeats']} repeats{clock}")
+    where = [f"{label}{machine[key]}" for key, label in (("platform", ""), ("torch", "torch "))
+             if machine.get(key)]  # fmt: skip
+    if bench.get("roof_ops_per_s"):
+        where.append(f"matrix-product rate {bench['roof_ops_per_s'] / 1e9:,.0f} GFLOP/s")
+    text = "Setup: float32 inputs [B, T, H, K]" + (", " + ", ".join(shapes) if shapes else "")
+    text += "; " + ", ".join(timing) if timing else ""
+    text += ". Measured on " + ", ".join(where) if where else ". The file does not name its machine"
+    return text + "; not necessarily the machine this report was built on (Machine, below)."
+
+
+def mqar_setup(rows: Sequence[dict]) -> str:
+    """One sentence: the models and the training of a recall sweep, from its rows."""
+    parts = [
+        _values("preset", rows, "preset"),
+        _values("d_model", rows, "d_model"),
+        _values("heads", rows, "n_heads"),
+        _values("sequence length", rows, "seq_len"),
+        _values("key-value pairs", rows, "n_kv"),
+        _values("vocabulary", rows, "vocab_size"),
+        _values("batch", rows, "batch_size"),
+        _values("steps", rows, "steps"),
+        _values("seeds", rows, "seed"),
+        _values("threads", rows, "threads"),
+        _values("torch", rows, "torch"),
+    ]
+    text = "Setup: " + ", ".join(part for part in parts if part)
+    return text + (
+        "; accuracy on held-out sequences after training. The file does not name the machine; "
+        "this report's machine is under Machine, below."
+    )
+
+
+def _values(label: str, rows: Iterable[dict], key: str) -> str:
+    """ "label v" for one value, "label v1 to v2" (numbers) or "label a, b" otherwise; "" if
+    absent."""
+    values = sorted({row[key] for row in rows if key in row}, key=str)
+    if not values:
+        return ""
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values) and len(values) > 1:
+        low, high = min(values), max(values)
+        return f"{label} {low:,} to {high:,}"
+    return f"{label} " + ", ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in values)

@@ -1,0 +1,75 @@
+"""Figures 3, 4 and 7 (issue 33): no marker, line or arrow hides another, and each arrow starts and
+ends where it says. Each figure is drawn with style.save replaced, so that its artists can be read.
+"""
+
+import numpy as np
+import pytest
+
+from linattn import reference
+from linattn.figures import maps, memory, style, writes
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture
+def kept(monkeypatch):
+    figures = {}
+
+    def save(fig, out_dir, name):
+        figures[name] = fig
+        return []
+
+    monkeypatch.setattr(style, "save", save)
+    yield figures
+    style.pyplot().close("all")
+
+
+def _arrows(ax):
+    """(start, end, colour) of every annotation arrow of ``ax``, in data coordinates."""
+    return [
+        (np.array(a.xyann, dtype=float), np.array(a.xy, dtype=float), a.arrow_patch.get_edgecolor())
+        for a in ax.texts
+        if getattr(a, "arrow_patch", None) is not None
+    ]
+
+
+def test_figure3_the_callout_arrow_crosses_no_line(kept):
+    memory.cache_and_state("unused")
+    ax = kept["cache-and-state"].axes[0]
+    d, t = 128, 131_072
+    (start, end), *_ = [(s, e) for s, e, c in _arrows(ax) if c[0] > 0.6]  # the red callout
+    assert tuple(end) == (t, reference.kv_cache_numbers(t, d))  # on the cache's line
+    # Along the arrow, in the log-log plane, the cache 2 t d stays below it up to its end.
+    for f in np.linspace(0, 0.98, 50):
+        x, y = np.exp((1 - f) * np.log(start) + f * np.log(end))
+        assert y > 2 * x * d, (f, x, y)
+
+
+def test_figure4_no_marker_hides_the_other_at_index_1(kept):
+    maps.attention_maps("unused")
+    ax = kept["attention-maps"].axes[-1]
+    softmax, linear = ax.get_lines()[:2]
+    assert softmax.get_xdata()[0] == linear.get_xdata()[0] == 1
+    assert linear.get_fillstyle() == "none"  # a hollow square: the dot shows through it
+    assert softmax.get_zorder() > linear.get_zorder()  # and the dot is drawn over it
+
+
+def test_figure7_the_write_arrow_ends_on_its_points(kept):
+    writes.householder("unused")
+    fig = kept["householder"]
+    for ax, beta in zip(fig.axes[:2], (1.0, 0.5), strict=True):
+        k = np.array([np.cos(np.pi / 6), np.sin(np.pi / 6)])
+        s = np.array([-0.2, 1.6])
+        moved = s - beta * k * (k @ s)
+        new = moved + beta * 2.0 * k
+        green = [(a, b) for a, b, c in _arrows(ax) if c[1] > c[0] and c[1] > c[2]]
+        assert any(np.allclose(a, moved) and np.allclose(b, new) for a, b in green), green
+
+
+def test_figure7_the_largest_eigenvalue_shows_under_the_spectral_norm(kept):
+    writes.householder("unused")
+    ax = kept["householder"].axes[2]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    largest, norm = lines["largest eigenvalue, 1"], lines["spectral norm, 1"]
+    assert np.allclose(largest.get_ydata(), 1) and np.allclose(norm.get_ydata(), 1)
+    assert largest.get_linewidth() >= 3 * norm.get_linewidth()  # a band wider than the dashes
