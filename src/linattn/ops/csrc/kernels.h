@@ -39,9 +39,9 @@
 //
 // The files: forward (the chunk loop: steps 1-5, U then O then S written once for both
 // schedules), backward (its gradient, a free function per step; backward.h its terms), rules/ (a
-// file per update rule: additive.cpp, delta.cpp, their scores, UT transform, pseudo-values and the
-// backward of those, each file defining its ``Rule``; rules.h the table of them and what a new
-// rule adds), terms (step 1, the gates, the one place
+// file per update rule: additive.cpp, delta.cpp, dplr.cpp, their scores, UT transform or solve,
+// pseudo-values and the backward of those, each file defining its ``Rule``; rules.h the table of
+// them and what a new rule adds), terms (step 1, the gates, the one place
 // both passes form them), products (the masked decayed products A_qk and A_kk, one halving
 // recursion for the per-channel blocks), gates (cumulative log-gates as pairs, exp, the floor),
 // triangular (the UT transform's solves, by substitution), blas (the BLAS wrappers), schedule

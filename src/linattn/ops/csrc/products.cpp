@@ -196,4 +196,13 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, f
   }
 }
 
+void times_decays(int c, float* dM, int64_t ldm, const float* Gam, int64_t ldg) {
+  for (int i = 0; i < c; ++i) {
+    float* row = dM + i * ldm;
+    const float* decays = Gam + i * ldg;
+#pragma omp simd
+    for (int j = 0; j < c; ++j) row[j] *= decays[j];
+  }
+}
+
 }  // namespace linattn_native

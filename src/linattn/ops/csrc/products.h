@@ -18,13 +18,15 @@
 namespace linattn_native {
 
 // One thread's scratch memory, sized for one chunk of one head (64-bit sizes: C x C overflows an
-// int from C = 46,341 on).
+// int from C = 46,341 on), and for a rule's 2 C stacked write rows (rules.h: Ke, A_q, L, X; Y
+// and dY [2 C, K], the stacked right factors [k; a] of its products and their gradient).
 struct Scratch {
   std::vector<float> zeros;  // ``cumulative_gates``
-  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;  // G: hi, then lo (``Gates``)
+  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf, Y, dY;  // G: hi, lo (``Gates``)
   Scratch(int64_t C, int64_t K, int64_t V)
-      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)),
-        Xf(C * K), Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
+      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(2 * C * K), A(2 * C * C), L(2 * C * C),
+        X(2 * C * (K + V)), Xf(C * K), Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K),
+        Y(2 * C * K), dY(2 * C * K) {}
 };
 
 // The rows of an operand [c, K] of a product: row i at p + i ld.
@@ -46,5 +48,9 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
 
 // The gates' share of a one-gate-per-token decayed product's gradient (adds to dG [c]).
 void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG);
+
+// dM *= Gamma on the first c columns of c rows (dM row stride ldm, Gamma ldg): the gradient of a
+// one-gate-per-token product's undecayed factors.
+void times_decays(int c, float* dM, int64_t ldm, const float* Gam, int64_t ldg);
 
 }  // namespace linattn_native
