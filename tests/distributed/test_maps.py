@@ -68,7 +68,7 @@ def test_stored_forms():
     assert slice_map({**x, "beta": torch.rand(x["k"].shape[:3], dtype=torch.float64)}, True)[
         0
     ].shape == (2, 2, 4, 4)
-    assert Mechanism.of(None, x["g"]) == Mechanism(delta=False, gate="channel")
+    assert Mechanism.of(None, x["g"]) == Mechanism("additive", "channel")
 
 
 @pytest.mark.parametrize("reset", [-1e7, -math.inf])

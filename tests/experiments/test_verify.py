@@ -308,3 +308,44 @@ def test_the_new_claims_are_printed(all_checks):
         "d = 1, n = 6: the softmax matrix is nonsingular (det > 0)",
     ):
         assert line in text
+
+
+def test_the_dplr_checks_are_there_and_pass():
+    checks = verify.dplr_checks()
+    assert [c.name for c in checks] == [
+        *(f"DPLR: chunks of C = {C} equal the recurrence" for C in (1, 5, 16, 64)),
+        "DPLR WY form: the product of 16 transitions",
+        "DPLR with the delta rule's a, b is the delta rule",
+        "DPLR with the delta rule's a, b is Gated DeltaNet",
+        "DPLR with the delta rule's a, b is KDA",
+    ]
+    assert all(c.passed and c.error < 1e-14 for c in checks), [c.line() for c in checks]
+    assert verify.dplr_checks in SECTIONS
+
+
+def test_the_dplr_chunk_checks_fail_with_the_inclusive_gate(monkeypatch):
+    # b reads the state entering its token: decayed to G_{t-1}, not G_t.
+    failed = _failing("dplr_checks", monkeypatch, (verify.dplr, "exclusive"), lambda G: G)
+    assert failed == [
+        *(f"DPLR: chunks of C = {C} equal the recurrence" for C in (1, 5, 16, 64)),
+        "DPLR WY form: the product of 16 transitions",
+    ]
+
+
+def test_the_dplr_checks_fail_without_the_solve(monkeypatch):
+    # T = I instead of (I - A_ba)^{-1}: the reads ignore the chunk's own earlier writes along a.
+    eye = lambda A, B, **kw: B  # noqa: E731
+    failed = _failing("dplr_checks", monkeypatch, (verify.dplr, "solve_triangular"), eye)
+    assert failed == [
+        *(f"DPLR: chunks of C = {C} equal the recurrence" for C in (5, 16, 64)),
+        "DPLR WY form: the product of 16 transitions",
+    ]
+
+
+def test_the_dplr_rows_fail_for_a_transition_without_its_diagonal(monkeypatch):
+    # Diag(exp g) dropped from the transition: the gated rows are no longer Gated DeltaNet, KDA.
+    undecayed = lambda a, b, g=None: np.eye(len(a)) + np.outer(a, b)  # noqa: E731
+    failed = _failing("dplr_checks", monkeypatch, (verify.dplr, "transition"), undecayed)
+    assert "DPLR with the delta rule's a, b is Gated DeltaNet" in failed
+    assert "DPLR with the delta rule's a, b is KDA" in failed
+    assert "DPLR with the delta rule's a, b is the delta rule" not in failed

@@ -96,7 +96,7 @@ def test_ut_transform_terms_are_the_inverse_formula():
     L = torch.tril(beta[:, None] * (k @ k.T), -1)
     T = torch.linalg.inv(torch.eye(9, dtype=k.dtype) + L) @ torch.diag(beta)
     internal = [t.transpose(1, 2) for t in (x["k"], x["v"], x["beta"])]  # [B, H, T, ...]
-    terms = chunk_terms(None, *internal, None, 9, Mechanism(delta=True, gate="none"))
+    terms = chunk_terms(None, *internal, None, 9, Mechanism("delta", "none"))
     assert terms.A_qk is None  # no output terms without q
     torch.testing.assert_close(terms.I_plus_L[0, 0], torch.eye(9, dtype=k.dtype) + L, rtol=0,
                                atol=1e-14)  # fmt: skip

@@ -100,7 +100,7 @@ def test_only_needed_gradients_are_computed():
     q, k, v, beta, g = _internal(x, ("q", "k", "v", "beta", "g"))
     k.requires_grad_(False)
     g.requires_grad_(False)
-    o, _ = library.chunk(q, k, v, beta, g, None, 8, 1.0, Mechanism(True, "head"))
+    o, _ = library.chunk(q, k, v, beta, g, None, 8, 1.0, Mechanism("delta", "head"))
     o.sum().backward()
     assert k.grad is None and g.grad is None
     assert q.grad is not None and v.grad is not None and beta.grad is not None

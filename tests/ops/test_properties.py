@@ -33,7 +33,13 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from linattn.ops import _engine, delta_rule, linear_attention, recurrent_step
+from linattn.ops import (
+    _engine,
+    delta_rule,
+    generalized_delta_rule,
+    linear_attention,
+    recurrent_step,
+)
 
 from .float64_recurrence import recurrence
 
@@ -73,7 +79,7 @@ STATE_DTYPES = ("float32", "float64")  # the generation step's state
 # The step's precision: "float32" (every input and the state, contiguous: the fused C++ step),
 # "float64", "mixed" (a float32 or float64 state, inputs of any dtype, any state layout).
 PRECISIONS = ("float32", "float64", "mixed")
-RULES = ("additive", "delta")
+RULES = ("additive", "delta", "dplr")  # dplr: generalized_delta_rule (issue 30)
 RESETS = (-1e3, -1e4, -1e5, -1e6, -1e7, -1e20, -1e38)  # finite log-gates that flush a memory
 
 
@@ -137,9 +143,10 @@ class Layout:
 
 @dataclass(frozen=True)
 class Problem:
-    """One call of ``linear_attention`` (rule "additive") or ``delta_rule`` (rule "delta")."""
+    """One call of ``linear_attention`` (rule "additive"), ``delta_rule`` (rule "delta") or
+    ``generalized_delta_rule`` (rule "dplr")."""
 
-    rule: str  # "additive" | "delta"
+    rule: str  # "additive" | "delta" | "dplr"
     gate: str | None  # None | "scalar" ([B, T, H]) | "channel" ([B, T, H, K])
     gates: str  # a family of GATES (or "zero": alpha = 1 exactly)
     B: int
@@ -160,7 +167,11 @@ class Problem:
 
     @property
     def mechanism(self) -> str:
-        names = {"additive": ("linear", "scalar_decay", "gla"), "delta": ("delta", "gdn", "kda")}
+        names = {
+            "additive": ("linear", "scalar_decay", "gla"),
+            "delta": ("delta", "gdn", "kda"),
+            "dplr": ("iplr", "dplr_head", "dplr"),
+        }
         return names[self.rule][(None, "scalar", "channel").index(self.gate)]
 
     @property
@@ -177,6 +188,8 @@ class Problem:
         }
         if self.rule == "delta":
             out["beta"] = (self.B, self.T, self.H)
+        if self.rule == "dplr":  # b first: a is drawn from it (``values``)
+            out["b"] = out["a"] = (self.B, self.T, self.H, self.K)
         if self.gate is not None:
             out["g"] = (self.B, self.T, self.H) + ((self.K,) if self.gate == "channel" else ())
         if self.state:
@@ -211,7 +224,7 @@ def problems(
     gates: str = "gentle",
     layout: str = "contiguous",
     empty: bool = False,
-    rules: tuple[str, ...] = ("additive", "delta"),
+    rules: tuple[str, ...] = RULES,
     gated: bool = False,
 ):
     """A Problem in one region: a gate family, a layout family, empty dimensions or not (rules:
@@ -366,8 +379,11 @@ def values(p: Problem) -> dict[str, torch.Tensor]:
         if p.normalize and n == "S0":
             x[..., -1] = x[..., -1].abs()  # the normaliser's column z_0 >= 0
         x = expand_like(x, lay[n])
-        if n == "k" and not (p.normalize or p.l2norm):
+        if n in ("k", "b") and not (p.normalize or p.l2norm):
             x = x / x.norm(dim=-1, keepdim=True)
+        if n == "a":  # a = -beta b + a little noise: transitions near I - beta b b^T, contracting
+            beta = betas(p, shape[:-1], gen).unsqueeze(-1)
+            x = expand_like(-beta * out["b"] + 0.1 * x / math.sqrt(p.K), lay[n])
         out[n] = x.to(p.dtype).double()
     return out
 
@@ -447,6 +463,9 @@ def call(p: Problem, form: str, x: dict[str, torch.Tensor], **overrides):
     if p.rule == "additive":
         args = dict(q=x["q"], k=x["k"], v=x["v"], g=x.get("g"), normalize=p.normalize)
         return linear_attention(**{**args, **kw, **overrides})
+    if p.rule == "dplr":
+        args = dict(q=x["q"], k=x["k"], v=x["v"], a=x["a"], b=x["b"], g=x.get("g"))
+        return generalized_delta_rule(**{**args, **kw, **overrides})
     args = dict(q=x["q"], k=x["k"], v=x["v"], beta=x["beta"], g=x.get("g"))
     return delta_rule(**{**args, **kw, "use_qk_l2norm": p.l2norm, **overrides})
 
@@ -455,7 +474,8 @@ def reference(p: Problem, x: dict[str, torch.Tensor]):
     bounds = None if p.lengths is None else cu_seqlens(p).tolist()
     return recurrence(
         x["q"], x["k"], x["v"], x.get("beta"), x.get("g"), x.get("S0"), scale=p.scale,
-        normalize=p.normalize, use_qk_l2norm=p.l2norm, cu_seqlens=bounds,
+        normalize=p.normalize, use_qk_l2norm=p.l2norm, cu_seqlens=bounds, a=x.get("a"),
+        b=x.get("b"),
     )  # fmt: skip
 
 
@@ -655,7 +675,7 @@ def test_double_backward(form, profile):
 
 def step_inputs(x: dict[str, torch.Tensor], t: int) -> dict[str, torch.Tensor]:
     """Token t of [B, T, H, D] inputs: the step's [B, H, D] arguments (strided views)."""
-    return {n: x[n][:, t] for n in ("q", "k", "v", "beta", "g") if n in x}
+    return {n: x[n][:, t] for n in ("q", "k", "v", "beta", "g", "a", "b") if n in x}
 
 
 def new_state(p: Problem, x: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -688,7 +708,7 @@ def step_gradients_agree(p: Problem, state_dtype: torch.dtype) -> None:
     except (ValueError, TypeError) as refusal:  # issue 18 allows refusing inputs that need grad
         assert "grad" in str(refusal), refusal
         return
-    names = [n for n in ("q", "k", "v", "beta", "g") if n in x.views]
+    names = [n for n in ("q", "k", "v", "beta", "g", "a", "b") if n in x.views]
     found = gradients([torch.stack(outputs, 1), state], {n: x.views[n] for n in names}, p.seed)
     x64 = build(p, torch.float64, grad=True)
     expected = gradients(reference(p, x64.views), {n: x64.views[n] for n in names}, p.seed)
@@ -732,7 +752,7 @@ class Bad:
     name: str
     error: type[Exception]
     make: object
-    rules: tuple[str, ...] = ("additive", "delta")
+    rules: tuple[str, ...] = RULES
 
 
 def poison(x: torch.Tensor, value: float, seed: int) -> torch.Tensor:
@@ -808,6 +828,11 @@ BAD_INPUTS = [
     ),
     Bad("beta-shape", "beta", ValueError, lambda p, x: {"beta": wider(x["beta"], 2)}, ("delta",)),
     Bad("beta-none", "beta", TypeError, lambda p, x: {"beta": None}, ("delta",)),
+    Bad("a-shape", "a", ValueError, lambda p, x: {"a": wider(x["a"], 3)}, ("dplr",)),
+    Bad("b-shape", "b", ValueError, lambda p, x: {"b": wider(x["b"], 2)}, ("dplr",)),
+    Bad("a-nan", "a", ValueError, lambda p, x: {"a": poison(x["a"], math.nan, p.seed)}, ("dplr",)),
+    Bad("b-inf", "b", ValueError, lambda p, x: {"b": poison(x["b"], math.inf, p.seed)}, ("dplr",)),
+    Bad("b-none", "b", TypeError, lambda p, x: {"b": None}, ("dplr",)),
     Bad("cu-float", "cu_seqlens", TypeError, lambda p, x: {"cu_seqlens": bounds(p).double()}),
     Bad(
         "cu-start",

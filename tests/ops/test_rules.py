@@ -17,7 +17,9 @@ INTERFACE = (
     "READS_STATE",
     "PRODUCTS",
     "DECAYED_KEYS",
+    "AUTOGRAD_BACKWARD",
     "write",
+    "entering_write",
     "pseudo_value_terms",
     "pseudo_values",
     "state_gradient_",
@@ -25,16 +27,24 @@ INTERFACE = (
 )
 
 
-@pytest.mark.parametrize("rule", [rules.additive, rules.delta])
+@pytest.mark.parametrize("rule", [rules.additive, rules.delta, rules.dplr])
 def test_every_rule_defines_the_interface(rule):
     missing = [name for name in INTERFACE if not hasattr(rule, name)]
     assert not missing, f"{rule.NAME} lacks {missing}"
 
 
 @pytest.mark.parametrize("gate", GATES)
-@pytest.mark.parametrize("delta", [False, True])
-def test_the_mechanism_names_its_rule(delta, gate):
-    assert Mechanism(delta, gate).rule is (rules.delta if delta else rules.additive)
+@pytest.mark.parametrize("rule", ["additive", "delta", "dplr"])
+def test_the_mechanism_names_its_rule(rule, gate):
+    assert Mechanism(rule, gate).rule is getattr(rules, rule)
+    assert Mechanism(rule, gate).rule.NAME == rule
+
+
+def test_a_rule_is_named_by_its_name():
+    with pytest.raises(ValueError, match="rule must be one of"):
+        Mechanism("deltas", "none")
+    with pytest.raises(ValueError, match="gate must be one of"):
+        Mechanism("delta", "scalar")
 
 
 @pytest.mark.parametrize("gate", [None, "scalar", "channel"])

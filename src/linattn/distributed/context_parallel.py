@@ -58,8 +58,8 @@ _MEANING = {
     "H": "H",
     "K": "K",
     "V": "V (with normalize: V + 1)",
-    "kind": "mechanism (Mechanism.code: 0-2 additive, 3-5 delta rule; gate none, per head, "
-    "per channel)",
+    "kind": "mechanism (Mechanism.code: 0-2 additive, 3-5 delta rule, 6-8 dplr; gate none, "
+    "per head, per channel)",
     "dtype": "dtype",
     "initial_state": "initial state (0 none, 1 given, 2 given with grad)",
     "state_values": "initial_state values (a checksum of its bytes: pass the same S_0 everywhere)",

@@ -13,6 +13,7 @@ The transition part M is stored in the cheapest form the mechanism allows:
 | scalar decay (Mamba-2)            | exp(sum_t g_t) I                    | [B, H, 1, 1]       |
 | per-channel decay (GLA)           | Diag(exp(sum_t g_t))                | [B, H, K, 1]       |
 | delta rule, Gated DeltaNet, KDA   | prod_t A_t (compact WY form, sec 8) | [B, H, K, K]       |
+| generalized delta rule (DPLR)     | prod_t (Diag(exp g_t) + a_t b_t^T)  | [B, H, K, K]       |
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def slice_map(
 ) -> tuple[Tensor | None, Tensor]:
     """(M in its stored form, N [B, H, K, V]) of a slice, for checked compute-dtype inputs.
 
-    k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] or None (additive rule); g: None,
+    k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] or None (additive rule), [B, T, H, 2K]
+    = [a | b] for the generalized rule (``mech``); g: None,
     [B, T, H] or [B, T, H, K] (log-decay <= 0); ``use_qk_l2norm``: the keys normalised first,
     as the delta rule's op does.
     """

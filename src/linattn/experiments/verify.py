@@ -27,9 +27,11 @@ from linattn.reference import (
     crossover_tokens,
     delta_rule,
     delta_state_numbers,
+    dplr,
     elu_plus_one,
     figure5_example,
     figure6_example,
+    gated,
     householder_spectrum,
     kv_cache_numbers,
     linear_attention,
@@ -306,6 +308,53 @@ def chunked_delta_checks() -> list[Check]:
         )
     )
     return checks
+
+
+def _dplr_draws() -> tuple[np.ndarray, ...]:
+    """Issue 30's inputs: Q, K (unit), V, b (unit), a = -beta b + noise, a gate per channel."""
+    rng = np.random.default_rng(30)
+    Q, K, b = (unit(rng.standard_normal((64, 8))) for _ in range(3))
+    V = rng.standard_normal((64, 8))
+    a = -rng.random((64, 1)) * b + 0.1 * rng.standard_normal((64, 8)) / np.sqrt(8)
+    g = np.log(1 / (1 + np.exp(-rng.standard_normal((64, 8)) - 3.0)))  # decays near 0.95
+    beta = 1 / (1 + np.exp(-rng.standard_normal(64)))
+    return Q, K, V, a, b, g, beta
+
+
+def dplr_checks() -> list[Check]:
+    """Issue 30: the generalized delta rule, A_t = Diag(exp g_t) + a_t b_t^T. Its chunk form
+    equals the recurrence; the WY form of C transitions is their product; with the delta rule's
+    a, b it is the delta rule (and with the gate, Gated DeltaNet and KDA)."""
+    Q, K, V, a, b, g, beta = _dplr_draws()
+    recurrent, _ = dplr.recurrence(Q, K, V, a, b, g)
+    checks = [
+        compare(
+            f"DPLR: chunks of C = {C} equal the recurrence",
+            dplr.chunked(Q, K, V, a, b, g, C)[0],
+            recurrent,
+        )
+        for C in (1, 5, 16, 64)
+    ]
+    checks.append(
+        compare(
+            "DPLR WY form: the product of 16 transitions",
+            dplr.wy_transition(a[:16], b[:16], g[:16]),
+            dplr.transition_product(a[:16], b[:16], g[:16]),
+        )
+    )
+    return checks + _dplr_rows(Q, K, V, g, beta)
+
+
+def _dplr_rows(Q, K, V, g, beta) -> list[Check]:
+    """The table's rows: a = -beta k, b = exp(g) k, v' = beta v (b = k without a gate)."""
+    rows = []
+    for name, gate in (("the delta rule", None), ("Gated DeltaNet", g[:, 0]), ("KDA", g)):
+        decay = 1.0 if gate is None else np.exp(gate if gate.ndim == 2 else gate[:, None])
+        a, b, v = -beta[:, None] * K, decay * K, beta[:, None] * V
+        want, _ = gated.recurrence(Q, K, V, beta, gate, rule="delta")
+        rows.append(compare(f"DPLR with the delta rule's a, b is {name}",
+                            dplr.recurrence(Q, K, v, a, b, gate)[0], want))  # fmt: skip
+    return rows
 
 
 def cost_checks() -> list[Check]:
@@ -671,6 +720,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     spectrum_checks,
     kaczmarz_checks,
     chunked_delta_checks,
+    dplr_checks,
     cost_checks,
     overwrite_checks,
     stored_pair_checks,

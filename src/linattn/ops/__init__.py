@@ -10,6 +10,7 @@ collectives, the layers and ``LMConfig`` their yes/no options (``checks.flag``).
 
 from linattn.ops.affine import chunk_affine_map
 from linattn.ops.delta_rule import delta_rule
+from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.linear_attention import linear_attention
 from linattn.ops.softmax import softmax_attention
 from linattn.ops.step import recurrent_step
@@ -17,6 +18,7 @@ from linattn.ops.step import recurrent_step
 __all__ = [
     "chunk_affine_map",
     "delta_rule",
+    "generalized_delta_rule",
     "linear_attention",
     "recurrent_step",
     "softmax_attention",

@@ -35,6 +35,7 @@ from torch import Tensor
 from linattn.ops._blockmath import (
     ChannelProducts,
     decay_exp,
+    differentiable,
     exp_difference,
     fresh,
     gate_floor,
@@ -124,6 +125,11 @@ class Products:
         return das, db
 
 
+def _prefixed(buffers: Buffers, prefix: str):
+    """``buffers`` under names that start with ``prefix`` (beside the terms' own)."""
+    return lambda name, like, shape=None: buffers(prefix + name, like, shape)
+
+
 def shared_product(a: Tensor, b: Tensor, groups: int, out: Tensor | None) -> Tensor:
     """a b^T [..., P, C, C] for factors [..., P, C, K] whose heads come in runs of ``groups``
     equal ones (q and k of grouped value heads, broadcast): one product per run, copied to its
@@ -165,7 +171,7 @@ class Terms:
         self.G = self.eG = self.eEnd = self.D = None
         self.Qd, self.Ke = q, k
         self.Kd = k if self.rule.DECAYED_KEYS else None
-        floor = self._gates() if mech.decays else None
+        floor = self.floor = self._gates() if mech.decays else None
         # The decayed causal products with k on the right: A_qk (the outputs; none without q),
         # then the rule's own (the delta rule's A_kk).
         named = ((("q", False),) if q is not None else ()) + self.rule.PRODUCTS
@@ -176,6 +182,17 @@ class Terms:
             self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor, groups)
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
         self.rule.pseudo_value_terms(self)  # W, U0 (U = U0 - W S)
+
+    def decayed_products(self, lefts: list[Tensor], right: Tensor, prefix: str) -> list[Tensor]:
+        """A rule's own causal products (``Products``, j <= i) of ``lefts`` by ``right``, with
+        this group's gates; their buffers' names start with ``prefix``. No grouped broadcast: a
+        rule's vectors are per value head."""
+        buffers = self.buffers
+        if buffers not in (fresh, differentiable):
+            buffers = _prefixed(self.buffers, prefix)
+        strict = [False] * len(lefts)
+        gate = self.mech.gate
+        return Products(lefts, right, self.G, strict, gate, buffers, self.floor).As
 
     def _gates(self) -> float | None:
         """G, exp(G), exp(G_C - G), D = exp(G_C) and Qd, Ke (and Kd where the rule reads it);

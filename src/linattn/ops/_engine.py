@@ -95,13 +95,15 @@ def run(
     chunk_size: int,
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
+    rule: str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Validated public tensors in, (o [B, T, HV, V] in the compute dtype, final state) out.
 
-    q, k: [B, T, H, K]; v: [B, T, HV, V]; beta: [B, T, HV] or None; g: None, [B, T, HV] or
-    [B, T, HV, K]; initial_state: [N, HV, K, V] or None (N = B, or the number of packed
-    sequences). HV = groups * H: grouped value heads, value head j reading q/k head j // groups
-    in place (every form takes q, k with H heads: no copy of them).
+    q, k: [B, T, H, K]; v: [B, T, HV, V]; beta: [B, T, HV] or None (or, for ``rule`` "dplr",
+    [B, T, HV, 2K] = [a | b]); ``rule``: the rule where the op names it (``Mechanism.of``); g:
+    None, [B, T, HV] or [B, T, HV, K]; initial_state: [N, HV, K, V] or None (N = B, or the
+    number of packed sequences). HV = groups * H: grouped value heads, value head j reading q/k
+    head j // groups in place (every form takes q, k with H heads: no copy of them).
     """
     bounds = None if cu_seqlens is None else cu_seqlens.tolist()
     if mode == "chunk":
@@ -109,7 +111,7 @@ def run(
         check_chunk(chunk_size, lengths)
     # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    mech = Mechanism.of(beta, g)  # the row of the table, resolved once (``mechanism``)
+    mech = Mechanism.of(beta, g, rule)  # the row of the table, resolved once (``mechanism``)
     # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
     q, k, v, beta, g = to_internal(q, k, v, beta=beta, g=g)
     if initial_state is not None:

@@ -7,11 +7,13 @@ nothing of size T x T is formed:
 
 - additive rule: N is the state the block writes from S = 0, and M = Diag(exp G_T), the product
   of the chunks' D = exp(G_C);
-- delta rule: the recurrence acts on each column of the state independently, so running it from
-  [0 | I] on the values [V | 0] ends in [N | M] (the zero-value columns carry I to M I = M, the
-  value columns carry 0 to N). Per chunk this is M_c = Diag(exp G_C) - Ke^T W, N_c = Ke^T U0,
-  with W = T (K * exp G), U0 = T V, T = (I + L)^{-1} diag(beta) the UT transform; without decay
-  M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T).
+- delta and generalized delta rules (whose writes read the state): the recurrence acts on each
+  column of the state independently, so running it from [0 | I] on the values [V | 0] ends in
+  [N | M] (the zero-value columns carry I to M I = M, the value columns carry 0 to N). Per chunk
+  this is M_c = Diag(exp G_C) - Ke^T W, N_c = Ke^T U0, with W = T (K * exp G), U0 = T V,
+  T = (I + L)^{-1} diag(beta) the UT transform; without decay M = I - K^T T K, the compact WY
+  form of prod_t (I - beta_t k_t k_t^T). The generalized rule (``rules.dplr``) likewise: its
+  M_c = Diag(exp G_C) + Ae^T T Bd is its chunk's WY form.
 
 Context parallelism (``linattn.distributed.maps``) exchanges these maps between ranks.
 """
@@ -41,9 +43,10 @@ def affine_map(
     """(M, N) of a block of tokens in the internal layout (checked inputs, compute dtype).
 
     k: [B, H, T, K]; v: [B, H, T, V]; beta: [B, H, T] or None; g: None, [B, H, T, 1] or
-    [B, H, T, K]. M in the cheapest form the mechanism allows: None (I: no gate, additive rule),
-    [B, H, 1|K, 1] (the diagonal Diag(exp G_T): additive rule with a gate) or [B, H, K, K]
-    (delta rule); N: [B, H, K, V].
+    [B, H, T, K] (beta [B, H, T, 2K] = [a | b] for the generalized rule). M in the cheapest form
+    the mechanism allows: None (I: no gate, additive rule), [B, H, 1|K, 1] (the diagonal
+    Diag(exp G_T): additive rule with a gate) or [B, H, K, K] (the rules whose writes read the
+    state: delta, dplr); N: [B, H, K, V].
     """
     B, H, T, K = k.shape
     V = v.shape[-1]
@@ -51,14 +54,15 @@ def affine_map(
         return _empty_map(k, v, beta, g, mech)
     P = B * H
     start = k.new_zeros(P, K, V)
-    if mech.delta:  # run from [0 | I] on [V | 0]: the final state is [N | M]
+    full = mech.rule.READS_STATE  # M is a full K x K matrix
+    if full:  # run from [0 | I] on [V | 0]: the final state is [N | M]
         v = torch.cat([v, v.new_zeros(B, H, T, K)], dim=-1)  # [B, H, T, V + K]
         eye = torch.eye(K, dtype=k.dtype, device=k.device).expand(P, K, K)
         start = torch.cat([start, eye], dim=-1)  # [P, K, V + K]
     terms = chunk_terms(None, k, v, beta, g, min(chunk_size, T), mech)
     _, _, S = forward_chunks(terms, start)  # the chunk loop without outputs
     S = S.view(B, H, K, -1)
-    if mech.delta:
+    if full:
         return S[..., V:], S[..., :V]
     M = terms.D.prod(dim=0).view(B, H, -1, 1) if mech.decays else None  # [B, H, 1|K, 1]
     return M, S
@@ -74,7 +78,7 @@ def _empty_map(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, mech
     B, H, _, K = k.shape
     link = sum(x.sum() for x in (k, v, beta, g) if x is not None)  # 0: all are empty
     N = k.new_zeros(B, H, K, v.shape[-1]) + link
-    if mech.delta:
+    if mech.rule.READS_STATE:
         return torch.eye(K, dtype=k.dtype, device=k.device).expand(B, H, K, K) + link, N
     if not mech.decays:
         return None, N
@@ -84,7 +88,7 @@ def _empty_map(k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None, mech
 def full_matrix(M: Tensor | None, N: Tensor, mech: Mechanism) -> Tensor:
     """M in ``affine_map``'s stored form as the [B, H, K, K] matrix."""
     B, H, K, _ = N.shape
-    if mech.delta:
+    if mech.rule.READS_STATE:
         return M
     if not mech.decays:
         return torch.eye(K, dtype=N.dtype, device=N.device).expand(B, H, K, K)
@@ -92,7 +96,13 @@ def full_matrix(M: Tensor | None, N: Tensor, mech: Mechanism) -> Tensor:
 
 
 def chunk_affine_map(
-    k: Tensor, v: Tensor, beta: Tensor | None = None, g: Tensor | None = None
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None = None,
+    g: Tensor | None = None,
+    *,
+    a: Tensor | None = None,
+    b: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The pair (M, N) with S_out = M S_in + N for one block of tokens.
 
@@ -102,21 +112,32 @@ def chunk_affine_map(
     - additive rule (beta None): M = Diag(exp G_T), N = (K * exp(G_T - G))^T V;
     - delta rule: the product of the chunks' M_c = Diag(exp G_C) - (K * exp(G_C - G))^T W,
       N composed likewise from N_c = (K * exp(G_C - G))^T U0 (the module docstring); without decay
-      M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T).
+      M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T);
+    - generalized delta rule (a, b given): the product of the chunks' WY forms
+      M_c = Diag(exp G_C) + Ae^T T Bd (``rules.dplr``), N likewise.
 
     Computed in chunks of 64 tokens: linear in T.
 
     Args:
         k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H] in [0, 2] or None (additive rule);
         g: None, [B, T, H] or [B, T, H, K], log-decay <= 0 (-inf: a reset). Keys are used as given.
+        a, b: None, or both [B, T, H, K] (beta then None): the generalized rule's transitions
+            Diag(exp g_t) + a_t b_t^T (``generalized_delta_rule``).
 
     Returns:
         M: [B, H, K, K] and N: [B, H, K, V], in float32 (float64 for float64 inputs).
     """
     B, T, H, K, V = _checks.kv(k, v)
-    if beta is not None:
+    rule = None
+    if a is not None or b is not None:
+        if a is None or b is None or beta is not None:
+            raise ValueError("a and b come together, and without beta (the generalized rule)")
+        _checks.vectors("a", a, B, T, H, K, layout="[B, T, H, K]")
+        _checks.vectors("b", b, B, T, H, K, layout="[B, T, H, K]")
+        beta, rule = torch.cat([a, b.to(a.dtype)], dim=-1), "dplr"  # [B, T, H, 2K]
+    elif beta is not None:
         _checks.beta(beta, B, T, H)
     _checks.gate(g, B, T, H, K)
-    mech = Mechanism.of(beta, g)
+    mech = Mechanism.of(beta, g, rule)
     M, N = affine_map(*to_internal(k, v, beta=beta, g=g), mech)
     return full_matrix(M, N, mech), N

@@ -232,6 +232,14 @@ def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
         )
 
 
+def vectors(name: str, x: object, *sizes: int, layout: str = "[B, T, HV, K]") -> None:
+    """A per-token vector of each value head (the generalized rule's a, b): a finite floating
+    tensor of shape ``sizes`` (``layout``)."""
+    tensor(name, x, len(sizes))
+    if tuple(x.shape) != sizes:
+        raise ValueError(f"{name} must have shape {layout} = {sizes}, got {tuple(x.shape)}")
+
+
 def flag(name: str, value: object) -> bool:
     """A yes/no option (``normalize``, ``use_qk_l2norm``, ...): a bool, not merely something truthy.
 

@@ -8,10 +8,15 @@ HV = G H grouped value heads, value head j reading q/k head j // G in place, G =
     linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C, rule, gate)
         -> (dq, dk, dv, dbeta, dg, dS0)
 
-rule ("additive" | "delta") and gate ("none" | "head" | "channel") are the mechanism the public
-op resolved (``Mechanism.of``), passed down in the schema: nothing below reads it from the
-tensors, whose presence and widths are checked against it (beta given for the delta rule alone,
-g [..., 1] for a gate per head, [..., K] per channel).
+rule ("additive" | "delta" | "dplr") and gate ("none" | "head" | "channel") are the mechanism
+the public op resolved (``Mechanism.of``), passed down in the schema: nothing below reads it from
+the tensors, whose presence and widths are checked against it (g [..., 1] for a gate per head,
+[..., K] per channel). beta: the rule's per-token inputs: [B, HV, T] for delta, [B, HV, T, 2K] =
+[a | b] for dplr (``generalized_delta_rule`` makes it with one cat), None for additive; dbeta
+comes back in its shape (the op splits it into da, db).
+
+The fused C++ loop serves the rules of ``NATIVE_RULES``; the others run the PyTorch loop on
+every device and dtype.
 
 o [B, HV, T, V] is a view of a [B, T, HV, V] tensor; S [B, HV, K, V] the final state; states
 [ceil(T / C), B HV, K, V] the state entering every chunk (``keep``; else an empty tensor), which the
@@ -44,11 +49,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from linattn.ops import _native, tuning
 from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forward
-from linattn.ops.mechanism import GATES, Mechanism
+from linattn.ops.mechanism import GATES, RULES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
-RULES = ("additive", "delta")  # the ops' ``rule`` argument; index: ``Mechanism.delta``
-_MECHANISMS = {(rule, gate): Mechanism(rule == "delta", gate) for rule in RULES for gate in GATES}
+NATIVE_RULES = ("additive", "delta")  # the rules the fused C++ loop computes (``_fused``)
+_MECHANISMS = {(rule, gate): Mechanism(rule, gate) for rule in RULES for gate in GATES}
 
 
 def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
@@ -62,8 +67,8 @@ def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) ->
 
 
 def mechanism(rule: str, gate: str) -> Mechanism:
-    """The ``Mechanism`` that the ops' ``rule`` and ``gate`` arguments name (one of six, made once:
-    this runs on every call)."""
+    """The ``Mechanism`` that the ops' ``rule`` and ``gate`` arguments name (one of nine, made
+    once: this runs on every call)."""
     found = _MECHANISMS.get((rule, gate))
     if found is not None:
         return found
@@ -74,7 +79,12 @@ def mechanism(rule: str, gate: str) -> Mechanism:
 
 def schema_args(mech: Mechanism) -> tuple[str, str]:
     """The ops' ``rule`` and ``gate`` arguments for ``mech``."""
-    return RULES[mech.delta], mech.gate
+    return mech.rule_name, mech.gate
+
+
+def _fused(q: Tensor, rule: str) -> bool:
+    """Whether the fused C++ loop runs this call: float32 CPU tensors, a rule it computes."""
+    return rule in NATIVE_RULES and _native.applies(q)
 
 
 def _check_inputs(
@@ -102,10 +112,13 @@ def _check_inputs(
         )
     _like("v", v, q, (B, HV, T, V), "[B, HV, T, V]")
     mech = mechanism(rule, gate)
-    if (beta is not None) != mech.delta:
-        raise ValueError(f"beta must be {'given' if mech.delta else 'None'} for the {rule} rule")
-    if beta is not None:
+    if (beta is not None) != (rule != "additive"):
+        given = "None" if rule == "additive" else "given"
+        raise ValueError(f"beta must be {given} for the {rule} rule")
+    if rule == "delta":
         _like("beta", beta, q, (B, HV, T), "[B, HV, T]")
+    elif rule == "dplr":
+        _like("beta", beta, q, (B, HV, T, 2 * K), "[B, HV, T, 2K] (= [a | b])")
     if (g is not None) != mech.decays:
         raise ValueError(f"g must be {'given' if mech.decays else 'None'} for the gate {gate!r}")
     if g is not None:
@@ -146,7 +159,7 @@ def forward_kernel(
 ) -> tuple:
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
     tensors where it is available, else the PyTorch group loop."""
-    if _native.applies(q):
+    if _fused(q, rule):
         return _native.fused("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
     return loop_forward(q, k, v, beta, g, S0, scale, C, mechanism(rule, gate), keep)
 
@@ -169,7 +182,7 @@ def backward_kernel(
     """The work of ``chunk_backward`` on checked inputs (as ``forward_kernel``), with None for
     dbeta without beta and dg without g. The PyTorch loop computes only the gradients ``needs``
     marks (q, k, v, beta, g, S0), None for the others; the fused loop computes all of them."""
-    if _native.applies(q):
+    if _fused(q, rule):
         run = _native.fused("chunk_backward")
         dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
         return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0

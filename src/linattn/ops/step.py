@@ -30,6 +30,8 @@ def recurrent_step(
     g: Tensor | None = None,
     *,
     scale: float | None = None,
+    a: Tensor | None = None,
+    b: Tensor | None = None,
 ) -> Tensor:
     """One token of ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T (scale q_t)``; S in place.
 
@@ -37,6 +39,8 @@ def recurrent_step(
 
     - beta None: the additive rule, w_t = v_t (linear attention; with g, its decayed forms);
     - beta [B, H]: the delta rule, w_t = beta_t (v_t - S^T k_t) read after the decay (section 7);
+    - a, b [B, H, K] (beta None): the generalized delta rule, S_t = (Diag(exp g_t) + a_t b_t^T)
+      S_{t-1} + k_t v_t^T, b_t reading the state before the decay (``generalized_delta_rule``);
     - g None: no decay; g [B, H]: S <- exp(g_t) S (scalar decay, Gated DeltaNet); g [B, H, K]:
       S <- Diag(exp g_t) S (per-channel decay, GLA and KDA).
 
@@ -52,6 +56,8 @@ def recurrent_step(
         beta: None or [B, H] in [0, 2]. g: None, [B, H] or [B, H, K], every entry <= 0 (-inf: a
             reset, the state forgotten); H the state's (value) heads.
         scale: multiplies q; None means 1 / sqrt(K).
+        a, b: None, or both [B, H, K] (finite; H the state's heads): the generalized rule's
+            low-rank part (beta then None). Its step runs in PyTorch (no fused step yet).
 
     Returns:
         o_t: [B, H, V] in v's dtype.
@@ -68,9 +74,10 @@ def recurrent_step(
     # there): a step is ~50 us of arithmetic, and a check per tensor, each a reduction and a
     # synchronisation, would cost more than the step.
     B, H, K, V = _check_shapes(state, q, k, v)
-    inputs = [x for x in (state, q, k, v, beta, g) if x is not None]
+    ab = _low_rank(a, b, beta, B, H, K)
+    inputs = [x for x in (state, q, k, v, beta, g, ab) if x is not None]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
-    fused = all(x.dtype == torch.float32 for x in inputs) and _native.applies(state)
+    fused = all(x.dtype == torch.float32 for x in inputs) and _native.applies(state) and ab is None
     fused = fused and state.is_contiguous() and state.numel() > 0 and not graph
     if beta is not None:
         _checks.beta(beta, B, H, layout="[B, H]", values=not fused)
@@ -87,7 +94,22 @@ def recurrent_step(
             _checks.beta(beta, B, H, layout="[B, H]")
         _checks.gate(g, B, H, K, layout="[B, H]")
     _checks.finite({"state": state, "q": q, "k": k, "v": v})
-    return _pytorch_step(state, q, k, v, beta, g, scale, graph)
+    rule = "dplr" if ab is not None else "additive" if beta is None else "delta"
+    return _pytorch_step(state, q, k, v, beta if ab is None else ab, g, scale, graph, rule)
+
+
+def _low_rank(a, b, beta, B: int, H: int, K: int) -> Tensor | None:
+    """The generalized rule's [a | b] [B, H, 2K] (checked: both or neither, never with beta), or
+    None."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        raise ValueError(f"a and b come together: got {'b' if a is None else 'a'} alone")
+    if beta is not None:
+        raise ValueError("beta must be None with a and b (the generalized rule has no beta)")
+    _checks.vectors("a", a, B, H, K, layout="[B, H, K]")
+    _checks.vectors("b", b, B, H, K, layout="[B, H, K]")
+    return torch.cat([a, b.to(a.dtype)], dim=-1)
 
 
 def _check_shapes(state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int]:
@@ -119,10 +141,11 @@ def _check_shapes(state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[int, 
     return B, H, K, V
 
 
-def _pytorch_step(state, q, k, v, beta, g, scale: float, graph: bool) -> Tensor:
-    """The step in PyTorch, in place (``graph`` False) or recorded on a copy of the state."""
+def _pytorch_step(state, q, k, v, beta, g, scale: float, graph: bool, rule: str) -> Tensor:
+    """The step in PyTorch, in place (``graph`` False) or recorded on a copy of the state;
+    ``rule`` by name (beta: the delta rule's [B, H], or dplr's [a | b] [B, H, 2K])."""
     B, H, K, _ = state.shape
-    rule = rules.of(beta is not None)  # the rule, resolved once here (``linattn.ops.rules``)
+    rule = rules.named(rule)  # the rule, resolved once here (``linattn.ops.rules``)
     dtype = state.dtype
     q_t = q.to(dtype) * scale
     k_t, v_t = k.to(dtype), v.to(dtype)

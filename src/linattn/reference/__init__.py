@@ -29,6 +29,8 @@ from linattn.reference.delta import (
     ut_transform,
     wy_transition,
 )
+from linattn.reference.dplr import recurrence as dplr_recurrence
+from linattn.reference.dplr import transition as dplr_transition
 from linattn.reference.features import (
     elu_plus_one,
     positive_random_features,
@@ -79,6 +81,9 @@ __all__ = [
     "transition_product",
     "wy_transition",
     "householder_spectrum",
+    # 10 (issue 30): the generalized delta rule
+    "dplr_recurrence",
+    "dplr_transition",
     # 7.3
     "least_squares_memory",
     "kaczmarz_sweeps",

@@ -9,6 +9,9 @@ spec's names:
 
     write(S, k_t, v_t, beta_t) -> u_t         the step: one token's write, read from the decayed
                                               state S (``recurrent.step`` adds k_t u_t^T)
+    entering_write(S, beta_t)                 the step's write that reads the state entering the
+                                              token, before its decay: (a_t, b_t^T S) of the
+                                              generalized rule, None for the others
     READS_STATE                               whether a chunk's U depends on the state entering it
     PRODUCTS                                  the decayed causal products the rule needs besides
                                               A_qk: (left factor's name, strictly causal) pairs,
@@ -19,30 +22,40 @@ spec's names:
     pseudo_values(terms, S, j=None, out=None) U of chunk j entering with S (or of every chunk)
     state_gradient_(terms, j, dU_j, dS_j)     dS_j += (dU_j / dS_j)^T dU_j, in place
     pseudo_value_backward(terms, dU, S)       (dv, dbeta, dKd, [dA of each of PRODUCTS])
+    AUTOGRAD_BACKWARD                         True where the PyTorch loop's backward differentiates
+                                              a group's terms with autograd instead (no
+                                              pseudo_value_backward of its own yet)
 
 The chunk loop (``chunk``) and the terms (``_chunk_terms``) call these and nothing else of a rule:
-a new rule is a new module here, ``Mechanism.rule`` naming it. A rule whose chunk writes along more
-vectors than its keys (the diagonal-plus-low-rank transition of issue 30, whose chunk writes
-Ke^T V + Be^T U_b) stacks them along the chunk's token axis in its ``pseudo_value_terms``
-(Ke = [Ke; Be], U = [V; U_b], A_qk = [A_qk, A_qb]), so that the loop's three steps, and their
-gradient, stay as they are; its own inputs (a, b) travel where beta does.
+a new rule is a new module here, ``Mechanism.rule`` naming it (``named``). A rule whose chunk
+writes along more vectors than its keys (the diagonal-plus-low-rank transition of issue 30,
+``dplr``, whose chunk writes Ke^T V + Ae^T U_b) stacks them along the chunk's token axis in its
+``pseudo_value_terms`` (Ke = [Ke; Ae], U = [V; U_b], A_qk = [A_qk, A_qa]), so that the loop's
+three steps, and their gradient, stay as they are; its own inputs ab = [a | b] travel where beta
+does.
 
 | rule     | write u_t                 | pseudo-values U of a chunk (section 8)              |
 |----------|---------------------------|-----------------------------------------------------|
 | additive | v_t                       | V                                                   |
 | delta    | beta_t (v_t - S^T k_t)    | (I + L)^{-1} diag(beta) (V - Kd S) = U0 - W S       |
+| dplr     | v_t, and a_t along b_t^T S_{t-1} | [V; U_b], (I - A_ba) U_b = A_bk V + Bd S     |
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from linattn.ops.rules import additive, delta
+from linattn.ops.rules import additive, delta, dplr
 from linattn.ops.rules.base import read
 
-__all__ = ["additive", "delta", "of", "read"]
+__all__ = ["additive", "delta", "dplr", "named", "read"]
+
+_MODULES = {module.NAME: module for module in (additive, delta, dplr)}
 
 
-def of(is_delta: bool) -> ModuleType:
-    """The rule module: ``delta`` for the delta rule, else ``additive``."""
-    return delta if is_delta else additive
+def named(name: str) -> ModuleType:
+    """The rule module of that name: "additive", "delta" or "dplr"."""
+    try:
+        return _MODULES[name]
+    except KeyError:
+        raise ValueError(f"rule must be one of {tuple(_MODULES)}, got {name!r}") from None

@@ -16,6 +16,11 @@ NAME = "additive"
 READS_STATE = False  # U = V: the chunk's write does not depend on the state entering it
 PRODUCTS: tuple[tuple[str, bool], ...] = ()  # no decayed product beyond A_qk
 DECAYED_KEYS = False  # no Kd = K exp(G)
+AUTOGRAD_BACKWARD = False  # pseudo_value_backward below
+
+
+def entering_write(S: Tensor, beta_t: Tensor | None) -> None:
+    """No write reads the state entering the token."""
 
 
 def write(S: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor | None) -> Tensor:

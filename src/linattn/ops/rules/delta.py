@@ -26,11 +26,16 @@ NAME = "delta"
 READS_STATE = True  # U = U0 - W S
 PRODUCTS = (("k", True),)  # A_kk = decayed tril(k k^T), j < i: the rows of L
 DECAYED_KEYS = True  # Kd = K exp(G), the keys decayed from the chunk's start (terms.Kd)
+AUTOGRAD_BACKWARD = False  # pseudo_value_backward below
+
+
+def entering_write(S: Tensor, beta_t: Tensor) -> None:
+    """The delta rule reads the decayed state only (``write``)."""
 
 
 def write(S: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor) -> Tensor:
-    """u_t = beta_t (v_t - S^T k_t), S the decayed state (beta_t broadcast over V)."""
-    return beta_t * (v_t - read(S, k_t))
+    """u_t = beta_t (v_t - S^T k_t), S the decayed state (beta_t [...] broadcast over V)."""
+    return beta_t.unsqueeze(-1) * (v_t - read(S, k_t))
 
 
 def pseudo_value_terms(terms) -> None:

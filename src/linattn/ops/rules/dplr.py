@@ -1,0 +1,149 @@
+"""The generalized delta rule: a diagonal-plus-low-rank transition (IPLR, DPLR, RWKV-7, Comba).
+
+    S_t = A_t S_{t-1} + k_t v_t^T,        A_t = Diag(exp g_t) + a_t b_t^T
+
+(spec sections 7, 8 and 10; issue 30). b_t reads the state entering the token, S_{t-1}, not
+decayed by g_t; a_t is the direction that read is written along; the write k_t v_t^T has no
+strength of its own (the delta rule's beta goes into a and v: a = -beta k, b = k, v' = beta v is
+the delta rule, and with b = exp(g) k its gated forms). The gate is none (IPLR: D = I), one per
+head or one per key channel, as for every rule.
+
+One token (the step) writes twice: k_t v_t^T, and a_t u_t^T with u_t = S_{t-1}^T b_t read before
+the decay (``entering_write``).
+
+The chunk form (section 8's derivation, generalized). A chunk of C tokens enters with state S;
+G_t is the cumulative log-gate inside it (inclusive, G_0 = 0) and G_{t-1} its exclusive version.
+Unrolling the recurrence inside the chunk,
+
+    S_t = exp(G_t) S + sum_{s<=t} exp(G_t - G_s) (a_s u_s^T + k_s v_s^T),
+
+so that the read of token t, u_t = S_{t-1}^T b_t, is
+
+    u_t = (b_t exp(G_{t-1}))^T S + sum_{s<t} b_t^T exp(G_{t-1} - G_s) (a_s u_s^T + k_s v_s^T).
+
+With Bd = b * exp(G_{t-1}) (b decayed to the state it reads) and the strictly lower products
+
+    A_ba[t, s] = sum_c b_tc a_sc exp(G_{t-1,c} - G_{s,c}),  A_bk likewise with k  (s < t),
+
+the reads U_b (C x V, row t = u_t^T) solve one unit-lower-triangular system (the UT transform):
+
+    (I - A_ba) U_b = A_bk V + Bd S,      U_b = U0 - W S,
+    U0 = T A_bk V,  W = -T Bd,  T = (I - A_ba)^{-1}.
+
+The chunk then writes along two directions per token. Stacked along the token axis (2C rows):
+
+    Ke = [k * exp(G_C - G); a * exp(G_C - G)]   U = [V; U_b]   A_q = [A_qk | A_qa]
+
+with A_qa[t, s] = sum_c q_tc a_sc exp(G_t - G_s) (s <= t), and the chunk loop's three steps are
+unchanged (``chunk``): 1. U = U0 - W S (U0 = [V; U0_b], W = [0; W_b]); 2. S_next = D S + Ke^T U;
+3. O = Qd S + A_q U. Every exponent is a difference G_x - G_y with x >= y: non-positive. The
+exclusive left gate of A_ba, A_bk is the inclusive product of b shifted one token up:
+A_bk[t, s] = P[t - 1, s] with P[t', s] = sum_c b_{t'+1,c} k_sc exp(G_t' - G_s) (s <= t'), so the
+products are ``_chunk_terms.Products`` (the per-channel halving included).
+
+The product of the chunk's transitions (V = 0, the k-writes off) is its WY form,
+A_C ... A_1 = Diag(exp G_C) + Ae^T T Bd, Ae = a * exp(G_C - G) (``linattn.reference.dplr``).
+
+Inputs: ``terms.beta`` carries ab = [a | b] [n, P, C, 2K] (the ops' ``beta`` slot). The PyTorch
+loop differentiates a group's terms with autograd (``AUTOGRAD_BACKWARD``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.ops._blockmath import decay_exp
+from linattn.ops.rules.base import read
+
+NAME = "dplr"
+READS_STATE = True  # U_b = U0 - W S
+PRODUCTS: tuple[tuple[str, bool], ...] = ()  # its products have a and b on the right/left: below
+DECAYED_KEYS = False  # reads Bd = b exp(G_{t-1}), not Kd
+AUTOGRAD_BACKWARD = True  # no pseudo_value_backward of its own yet
+
+
+def split(ab: Tensor) -> tuple[Tensor, Tensor]:
+    """[..., 2K] -> (a, b), each [..., K] (views)."""
+    K = ab.shape[-1] // 2
+    return ab[..., :K], ab[..., K:]
+
+
+def entering_write(S: Tensor, ab_t: Tensor) -> tuple[Tensor, Tensor]:
+    """(a_t, u_t = S^T b_t), S the state entering the token (before its decay): the write
+    a_t u_t^T. ab_t [..., 2K]; S [..., K, V]."""
+    a_t, b_t = split(ab_t)
+    return a_t, read(S, b_t)
+
+
+def write(S: Tensor, k_t: Tensor, v_t: Tensor, ab_t: Tensor) -> Tensor:
+    """u_t = v_t: the write k_t v_t^T (the low-rank part is ``entering_write``'s)."""
+    return v_t
+
+
+def _shift_up(x: Tensor) -> Tensor:
+    """Row t of x [..., C, D] moved to row t - 1, a zero last row (a new tensor)."""
+    return torch.cat([x[..., 1:, :], torch.zeros_like(x[..., :1, :])], dim=-2)
+
+
+def _shift_down(A: Tensor) -> Tensor:
+    """Row t of A [..., C, C] moved to row t + 1, a zero first row (a new tensor)."""
+    return torch.cat([torch.zeros_like(A[..., :1, :]), A[..., :-1, :]], dim=-2)
+
+
+def _products(terms, b_up: Tensor, a: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(A_bk, A_ba, A_qa): the strictly lower products of b with the exclusive left gate, and the
+    causal A_qa (None without q)."""
+    (P_bk,) = terms.decayed_products([b_up], terms.k, "bk")
+    lefts = [b_up] if terms.q is None else [b_up, terms.q]
+    P_a = terms.decayed_products(lefts, a, "a")
+    A_qa = None if terms.q is None else P_a[1]
+    return _shift_down(P_bk), _shift_down(P_a[0]), A_qa
+
+
+def pseudo_value_terms(terms) -> None:
+    """U0 = [V; T A_bk V], W = [0; -T Bd] (T = (I - A_ba)^{-1}) and the stacked Ke, A_q (the
+    module docstring), set on ``terms``."""
+    a, b = split(terms.beta)  # [n, P, C, K] each
+    C, V = a.shape[-2], terms.v.shape[-1]
+    b_up = _shift_up(b)  # row t: b_{t+1}
+    A_bk, A_ba, A_qa = _products(terms, b_up, a)  # [n, P, C, C]
+    Bd = b
+    if terms.G is not None:  # b * exp(G_{t-1}): the exclusive gate, exponents <= 0
+        Bd = b * decay_exp(_exclusive(terms.G).to(b.dtype), terms.floor)
+    eye = torch.eye(C, dtype=a.dtype, device=a.device)
+    R = torch.cat([A_bk @ terms.v, Bd], dim=-1)  # [n, P, C, V + K]
+    X = torch.linalg.solve_triangular(eye - A_ba, R, upper=False, unitriangular=True)
+    terms.A_bk, terms.A_ba, terms.Bd = A_bk, A_ba, Bd
+    terms.U0 = torch.cat([terms.v, X[..., :V]], dim=-2)  # [n, P, 2C, V]
+    terms.W = torch.cat([torch.zeros_like(Bd), -X[..., V:]], dim=-2)  # [n, P, 2C, K]
+    Ae = a if terms.eEnd is None else a * terms.eEnd  # a * exp(G_C - G)
+    terms.Ke = torch.cat([terms.Ke, Ae], dim=-2)  # [n, P, 2C, K]
+    if A_qa is not None:
+        terms.A_qk = torch.cat([terms.A_qk, A_qa], dim=-1)  # [n, P, C, 2C]
+
+
+def _exclusive(G: Tensor) -> Tensor:
+    """G_{t-1} for every row t of G [..., C, 1|K] (0 on the first row)."""
+    return torch.cat([torch.zeros_like(G[..., :1, :]), G[..., :-1, :]], dim=-2)
+
+
+def pseudo_values(terms, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
+    """U = U0 - W S = [V; U_b] of chunk j entering with S [P, K, V] ([P, 2C, V]), or of every
+    chunk (j None, S [n, P, K, V]: [n, P, 2C, V])."""
+    if j is not None:
+        return torch.baddbmm(terms.U0[j], terms.W[j], S, alpha=-1, out=out)
+    # [n, P, 2C, .] -> [n P, 2C, .]: one batched product for every chunk
+    U0, W = terms.U0, terms.W
+    U = torch.baddbmm(U0.flatten(0, 1), W.flatten(0, 1), S.flatten(0, 1), alpha=-1)
+    return U.view(U0.shape)
+
+
+def state_gradient_(terms, j: int, dU_j: Tensor, dS_j: Tensor) -> None:
+    """U_j = U0_j - W_j S_j: dS_j -= W_j^T dU_j."""
+    dS_j.baddbmm_(terms.W[j].transpose(-1, -2), dU_j, alpha=-1)
+
+
+def pseudo_value_backward(terms, dU: Tensor, S: Tensor) -> tuple:
+    """Not written by hand yet: the PyTorch loop differentiates the terms (AUTOGRAD_BACKWARD)."""
+    raise NotImplementedError("the dplr rule's backward runs through autograd (AUTOGRAD_BACKWARD)")
