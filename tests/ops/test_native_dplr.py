@@ -265,3 +265,33 @@ def test_opcheck_the_extension_ops(gate):
     o, S, states = ops.chunk_forward(*forward)
     backward = (*args[:5], states, torch.randn_like(o), torch.randn_like(S), 0.5, 4, "dplr", gate)
     torch.library.opcheck(ops.chunk_backward, backward, test_utils=utils)
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("C", [16, 64])
+def test_the_public_op_runs_it_and_equals_the_pytorch_loop(gate, C):
+    # generalized_delta_rule's chunk form on float32 CPU inputs runs these kernels (library's
+    # NATIVE_RULES), and its outputs and gradients (dbeta split into da, db by the op) equal the
+    # PyTorch loop's in float64 (the same op on float64 inputs).
+    from linattn.ops import generalized_delta_rule, library
+
+    assert library._fused(torch.zeros(1, 1, 1, 1), "dplr")
+    x = make(B=2, T=45, H=2, G=2, gate=gate, seed=10)
+    x["g"] = None if x["g"] is None else x["g"][..., 0] if gate == "head" else x["g"]
+    names = ("q", "k", "v", "a", "b", "g", "S0")
+
+    def run(dtype):
+        leaves = {n: x[n].to(dtype).requires_grad_() for n in names if x[n] is not None}
+        args = [leaves.get(n) for n in names[:6]]
+        o, S = generalized_delta_rule(
+            *args, chunk_size=C, initial_state=leaves["S0"], output_final_state=True
+        )
+        gen = torch.Generator().manual_seed(11)
+        d_o = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(dtype)
+        dS = torch.randn(S.shape, generator=gen, dtype=torch.float64).to(dtype)
+        grads = torch.autograd.grad((o * d_o).sum() + (S * dS).sum(), list(leaves.values()))
+        return [o.detach(), S.detach(), *grads]
+
+    for got, expected in zip(run(torch.float32), run(torch.float64), strict=True):
+        assert got.dtype == torch.float32
+        assert rel_rms(got, expected) < 5e-6
