@@ -9,6 +9,9 @@
 //   3. delta rule: L[i, j] = beta_i sum_k k_ik k_jk exp(G_ik - G_jk)  (j < i),
 //                  (I + L) [W, U0] = diag(beta) [k * exp(G), v]   (the UT transform)
 //                  U = U0 - W S                                  (linear attention: U = v)
+//      dplr rule:  (I - A_ba) [W, U0] = [-b * exp(G_{i-1}), A_bk v]  (A_b*: b's gate exclusive),
+//                  U = [v; U0 - W S], Ke = [k; a] * exp(G_c - G), A_qk = [A_qk | A_qa]
+//                  (its writes along k and a stacked: 2 c rows; rules/dplr.cpp)
 //   4. outputs:    o = Qd S + A_qk U
 //   5. state:      S <- D * S + Ke^T U
 //

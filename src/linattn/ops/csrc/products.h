@@ -41,6 +41,14 @@ struct Rows {
 void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int c, int64_t K,
                       float alpha1, float* A1, float* A2, int64_t lda, Scratch& w);
 
+// Four per-channel decayed products (kg = K) of c rows sharing their factors' decays (the dplr
+// rule's A_q and, one row down, M_b): A1 = alpha1 [decayed(x1 y1^T) | decayed(x1 y2^T)] and
+// A2 = alpha2 [decayed(x2 y1^T) | decayed(x2 y2^T)] on its first n2 rows (x2 read on all c),
+// each c-column half masked j <= i, the second half c columns on (row stride lda).
+void decayed_products_2x2(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gates& G, int c,
+                          int64_t K, float alpha1, float alpha2, float* A1, float* A2,
+                          int64_t lda, Scratch& w);
+
 // The gradient of a per-channel decayed product of c rows (kg = K), for dA masked as the product
 // was (the same blocks, the same halving): adds to dX and dY ([c, K]).
 void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,

@@ -15,7 +15,7 @@
 // A_q = [A_qk | A_qa] (A_qa[t, s] = scale sum_ch q_t a_s exp(G_t - G_s), s <= t), so that
 // o = Qd S + A_q U and S <- D S + Ke^T U are the loop's steps. Every exponent is G_x - G_y with
 // x >= y. A strict product with b's exclusive gate is the inclusive product of the rows b_{t+1}
-// and y_s about G_t, one row down (``shifted_product``): the products of products.h serve it.
+// (b_next) and y_s about G_t, one row down: the products of products.h serve it.
 // The block of b's products is kept negated, M_b = -[A_bk | A_ba] (t.Akk, row stride 2 C), so
 // that its second half is the solve's L = -A_ba, and with no gate or one per head the products
 // of q and of b are one matrix product each, with the stacked right factors Y = [k; a].
@@ -33,18 +33,6 @@ namespace {
 
 Rows a_rows(const ChunkRows& x) { return {x.beta, x.sb}; }
 Rows b_rows(const ChunkRows& x, int64_t K) { return {x.beta + K, x.sb}; }
-
-// A[t, s] = alpha sum_ch b_t y_s exp(G_{t-1} - G_s) for s < t, zero elsewhere ([c, c], row
-// stride lda): rows 1.. are the inclusive product of b_{i+1} and y_j about G_i (i, j < c - 1).
-void shifted_product(const ChunkRows& x, Rows y, const Gates& G, int64_t kg, int64_t K,
-                     float alpha, float* A, int64_t lda, Scratch& w) {
-  const int c = x.c;
-  std::fill(A, A + c, 0.0f);
-  if (c < 2) return;
-  const Rows b_next{x.beta + x.sb + K, x.sb};
-  decayed_products(b_next, b_next, y, G, kg, c - 1, K, alpha, A + lda, nullptr, lda, w);
-  for (int i = 1; i < c; ++i) A[i * lda + c - 1] = 0.0f;  // the column the c - 1 rows leave
-}
 
 // Y = [k; a] [2 c, K] into w.Y: the products' right factors, stacked.
 void stacked_factors(const ChunkRows& x, int64_t K, Scratch& w) {
@@ -97,11 +85,17 @@ void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms&
     stacked_products(x, kg, K, scale, t, lda, w);
     return;
   }
-  const Rows q{x.q, x.ldq}, k{x.k, x.ldk};
-  decayed_products(q, q, k, t.G, kg, x.c, K, scale, t.A, nullptr, lda, w);
-  decayed_products(q, q, a_rows(x), t.G, kg, x.c, K, scale, t.A + x.c, nullptr, lda, w);
-  shifted_product(x, k, t.G, kg, K, -1.0f, t.Akk, lda, w);
-  shifted_product(x, a_rows(x), t.G, kg, K, -1.0f, t.Akk + x.c, lda, w);
+  // Per channel: the four products on shared decays, b_next = b_{i+1} copied with a zero last row
+  // (its row c - 1 is factored with the others, its product row not written).
+  const int c = x.c;
+  float* b_next = w.Y.data();
+  for (int i = 0; i + 1 < c; ++i) {
+    std::memcpy(b_next + i * K, x.beta + (i + 1) * x.sb + K, sizeof(float) * K);
+  }
+  std::fill(b_next + (c - 1) * K, b_next + c * K, 0.0f);
+  std::fill(t.Akk, t.Akk + 2 * c, 0.0f);  // M_b's row 0
+  decayed_products_2x2({x.q, x.ldq}, {b_next, K}, c - 1, {x.k, x.ldk}, a_rows(x), t.G, c, K,
+                       scale, -1.0f, t.A, t.Akk + lda, lda, w);
 }
 
 // The stacked write rows Ke = [k; a] exp(G_c - G) [2 c, K] into t.Ke, r.Kend pointed at them.
