@@ -31,8 +31,8 @@
 namespace linattn_native {
 namespace {
 
+// The rows of a in the rule's inputs [a | b] (b: K columns on).
 Rows a_rows(const ChunkRows& x) { return {x.beta, x.sb}; }
-Rows b_rows(const ChunkRows& x, int64_t K) { return {x.beta + K, x.sb}; }
 
 // Y = [k; a] [2 c, K] into w.Y: the products' right factors, stacked.
 void stacked_factors(const ChunkRows& x, int64_t K, Scratch& w) {
@@ -129,7 +129,7 @@ const float* exclusive_decay(const Terms& t, int64_t kg, int i) {
 // c..2c-1 = [-Bd | A_bk V], then the solve (I + L) X = X with L = -A_ba (M_b's second half),
 // X = [W | U0]; the stacked Ke.
 void solve_terms(const ChunkRows& x, GatedRows& r, int64_t kg, int64_t K, int64_t V, int64_t C,
-                 const Terms& t, Scratch& w) {
+                 const Terms& t, Scratch&) {
   const int c = x.c, Ki = static_cast<int>(K);
   const int64_t ldx = K + V;
   float* X = t.X + c * ldx;  // [W | U0]
@@ -164,15 +164,17 @@ void pseudo_values(int c, int64_t K, int64_t V, const float* X, const float* S, 
   gemm(false, false, c, V, K, -1.0f, X + c * ldx, ldx, S, V, 1.0f, U + c * ldu, ldu);
 }
 
-// The gradient of M = alpha decayed(x y^T) of n rows (j <= i; M and dM [n, n], row stride ld,
-// dM masked alike and used up) into dx, dy (rows of stride ldx, ldy) and the gates' share into
-// dG [n, kg] (row i of x and y at G_i), as the loop's A_qk (backward.cpp, step 6): the diagonal
-// (no decay) kept out of the per-channel gates' share.
+// A factor of a product: its rows, and where its gradient's rows go (row stride ld).
 struct Factor {
   Rows in;
   float* d;
   int64_t ld;
 };
+
+// The gradient of M = alpha decayed(x y^T) of n rows (j <= i; M and dM [n, n], row stride ld,
+// dM masked alike and used up) into x.d, y.d and the gates' share into dG [n, kg] (row i of x
+// and y at G_i), as the loop's A_qk (backward.cpp, step 6): the diagonal (no decay) kept out of
+// the per-channel gates' share.
 void product_backward(Factor x, Factor y, int n, float alpha, const float* M, float* dM,
                       int64_t ld, const Dims& d, const Recomputed& rc, float* dG,
                       const TermGrads& tg, Scratch& w) {
