@@ -295,3 +295,22 @@ def test_the_public_op_runs_it_and_equals_the_pytorch_loop(gate, C):
     for got, expected in zip(run(torch.float32), run(torch.float64), strict=True):
         assert got.dtype == torch.float32
         assert rel_rms(got, expected) < 5e-6
+
+
+@pytest.mark.parametrize("C", [16, 64])
+def test_equals_flas_naive_recurrence(C):
+    # fla's own token loop (fla/ops/generalized_delta_rule/dplr/naive.py, float32): its alpha
+    # reads the state (our b) and its beta is the direction written (our a), [B, H, T, D], a
+    # per-channel gate, q scaled by K^-0.5. The kernels on the same inputs give its o and state.
+    naive = pytest.importorskip("fla.ops.generalized_delta_rule.dplr.naive")
+    x = make(B=1, T=64, H=2, K=8, V=5, gate="channel", seed=12)
+    o, S = fused(x, C, scale=8**-0.5)
+
+    def theirs(n):
+        return x[n].float().transpose(1, 2).contiguous()
+
+    o_fla, S_fla = naive.dplr_recurrence(
+        *(theirs(n) for n in ("q", "k", "v", "b", "a", "g")), initial_state=x["S0"].float()
+    )
+    assert rel_rms(o, o_fla.transpose(1, 2)) < 2e-6
+    assert rel_rms(S, S_fla) < 2e-6
