@@ -10,6 +10,7 @@ from linattn.ops import (
     chunk_affine_map,
     delta_rule,
     generalized_delta_rule,
+    library,
     recurrent_step,
     tuning,
 )
@@ -350,3 +351,41 @@ def test_bad_input_is_refused_naming_the_argument():
         )
     with pytest.raises(ValueError, match="a must have shape"):
         chunk_affine_map(x["k"], x["v"], a=x["a"][..., :2], b=x["b"])
+
+
+def test_the_chunk_op_checks_the_rules_inputs():
+    # The ops' beta slot carries [a | b] [B, HV, T, 2K] for the rule dplr: a delta rule's beta
+    # [B, HV, T] (or none) is refused, naming beta.
+    x = dplr_inputs(B=1, T=5, H=1)
+    q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
+    S0 = q.new_zeros(1, 1, 4, 3)
+    for beta, match in [(q.new_ones(1, 1, 5), "beta must have shape"), (None, "beta must be")]:
+        with pytest.raises(ValueError, match=match):
+            library.chunk_forward(q, k, v, beta, None, S0, 1.0, 4, False, "dplr", "none")
+
+
+def test_compiled_op_has_no_graph_break_and_matches_eager():
+    # One graph each way, holding the ops chunk_forward and chunk_backward, as for the other rules.
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    x = dplr_inputs(B=1, T=11, H=2, gate="channel", dtype=torch.float32)
+
+    def loss(q, k, v, a, b, g):
+        o, _ = generalized_delta_rule(q, k, v, a, b, g, chunk_size=4)
+        return (o * o).sum()
+
+    def grads(fn):
+        leaves = [x[n].clone().requires_grad_() for n in ("q", "k", "v", "a", "b", "g")]
+        return torch.autograd.grad(fn(*leaves), leaves)
+
+    recorder = AotEagerAndRecordGraphs()
+    compiled = grads(torch.compile(loss, fullgraph=True, backend=recorder))
+    for c, e in zip(compiled, grads(loss), strict=True):
+        torch.testing.assert_close(c, e, rtol=2e-6, atol=2e-6)
+    nodes = [
+        {str(n.target) for n in gm.graph.nodes} for gm in recorder.fw_graphs + recorder.bw_graphs
+    ]
+    assert len(nodes) == 2
+    assert "linattn.chunk_forward.default" in nodes[0]
+    assert "linattn.chunk_backward.default" in nodes[1]

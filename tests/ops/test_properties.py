@@ -621,9 +621,9 @@ def test_gradients_of_empty_inputs(form, profile):
 
 
 @st.composite
-def packed_problems(draw):
+def packed_problems(draw, rules: tuple[str, ...] = RULES):
     """float64 problems with packed sequences (cu_seqlens), any layout."""
-    p = draw(problems(layout="strided"))
+    p = draw(problems(layout="strided", rules=rules))
     lengths = tuple(draw(st.lists(st.integers(1, 12), min_size=1, max_size=4)))
     p = _replace(p, B=1, T=sum(lengths), lengths=lengths, dtype=torch.float64)
     return _replace(p, layouts=draw(layouts_of(p, "strided")))
@@ -666,6 +666,54 @@ def double_backward_agrees(p: Problem, form: str) -> None:
 @pytest.mark.parametrize(("form", "profile"), regions("double-backward", FORMS))
 def test_double_backward(form, profile):
     holds(profile, problems(layout="strided"), lambda p: double_backward_agrees(p, form))
+
+
+# The generalized delta rule (issue 30) in regions of its own: drawn among the three rules above,
+# a region of a few examples may draw it not at all.
+DPLR = ("dplr",)
+
+
+@pytest.mark.parametrize(("form", "gates", "profile"), regions("dplr-forward-gates", FORMS, GATES))
+def test_dplr_forward_with_any_gates(form, gates, profile):
+    holds(profile, problems(gates=gates, rules=DPLR), lambda p: forward_agrees(p, form))
+
+
+@pytest.mark.parametrize(
+    ("form", "gates", "profile"), regions("dplr-gradients-gates", FORMS, GATES)
+)
+def test_dplr_gradients_with_any_gates(form, gates, profile):
+    holds(profile, problems(gates=gates, rules=DPLR), lambda p: gradients_agree(p, form))
+
+
+@pytest.mark.parametrize(
+    ("form", "layout", "profile"), regions("dplr-forward-layout", FORMS, LAYOUTS)
+)
+def test_dplr_forward_in_any_layout(form, layout, profile):
+    holds(profile, problems(layout=layout, rules=DPLR), lambda p: forward_agrees(p, form))
+
+
+@pytest.mark.parametrize(
+    ("form", "layout", "profile"), regions("dplr-gradients-layout", FORMS, LAYOUTS)
+)
+def test_dplr_gradients_in_any_layout(form, layout, profile):
+    holds(profile, problems(layout=layout, rules=DPLR), lambda p: gradients_agree(p, form))
+
+
+@pytest.mark.parametrize(("form", "profile"), regions("dplr-empty", FORMS))
+def test_dplr_gradients_of_empty_inputs(form, profile):
+    empty = problems(layout="strided", empty=True, rules=DPLR)
+    holds(profile, empty, lambda p: gradients_agree(p, form))
+
+
+@pytest.mark.parametrize(("form", "profile"), regions("dplr-packed", FORMS))
+def test_dplr_packed_sequences_run_alone(form, profile):
+    holds(profile, packed_problems(DPLR), lambda p: packed_sequences_run_alone(p, form))
+
+
+@pytest.mark.parametrize(("form", "profile"), regions("dplr-double-backward", FORMS))
+def test_dplr_double_backward(form, profile):
+    strided = problems(layout="strided", rules=DPLR)
+    holds(profile, strided, lambda p: double_backward_agrees(p, form))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -735,6 +783,14 @@ def test_step_gradients_with_any_gates(precision, rule, gates, profile):
 @pytest.mark.parametrize(("precision", "profile"), regions("step-empty", PRECISIONS))
 def test_step_of_empty_inputs(precision, profile):
     cases = step_problems(precision=precision, empty=True)
+    holds(profile, cases, lambda case: step_forward_agrees(*case))
+
+
+@pytest.mark.parametrize(
+    ("precision", "gates", "profile"), regions("dplr-step-forward", PRECISIONS, GATES)
+)
+def test_dplr_step_forward_with_any_gates(precision, gates, profile):
+    cases = step_problems(gates, precision, rules=DPLR)
     holds(profile, cases, lambda case: step_forward_agrees(*case))
 
 

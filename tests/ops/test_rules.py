@@ -17,7 +17,7 @@ INTERFACE = (
     "READS_STATE",
     "PRODUCTS",
     "DECAYED_KEYS",
-    "AUTOGRAD_BACKWARD",
+    "STACKED",
     "write",
     "entering_write",
     "pseudo_value_terms",

@@ -17,8 +17,11 @@ public op. Where each is computed:
     A_qk and the rule's products                  Products: _blockmath.scalar_decay (gate per
                                                   head), _blockmath.ChannelProducts (per channel)
     I + L, (I + L)^{-1}, W, U0 (UT transform)     rules.delta.pseudo_value_terms
+    dplr's A_bk, A_ba, A_qa, W, U0, stacked       rules.dplr.pseudo_value_terms (its products:
+    Ke = [Ke; Ae], A_q = [A_qk | A_qa]            Terms.decayed_products)
     their gradients                               Terms.gradients (the gates, the products), the
-                                                  rule's pseudo_value_backward
+                                                  rule's pseudo_value_backward (a STACKED rule's
+                                                  gradients, with Terms.gate_gradients)
 
 The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0); the per-channel
 products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
@@ -183,7 +186,7 @@ class Terms:
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
         self.rule.pseudo_value_terms(self)  # W, U0 (U = U0 - W S)
 
-    def decayed_products(self, lefts: list[Tensor], right: Tensor, prefix: str) -> list[Tensor]:
+    def decayed_products(self, lefts: list[Tensor], right: Tensor, prefix: str) -> Products:
         """A rule's own causal products (``Products``, j <= i) of ``lefts`` by ``right``, with
         this group's gates; their buffers' names start with ``prefix``. No grouped broadcast: a
         rule's vectors are per value head."""
@@ -192,7 +195,7 @@ class Terms:
             buffers = _prefixed(self.buffers, prefix)
         strict = [False] * len(lefts)
         gate = self.mech.gate
-        return Products(lefts, right, self.G, strict, gate, buffers, self.floor).As
+        return Products(lefts, right, self.G, strict, gate, buffers, self.floor)
 
     def _gates(self) -> float | None:
         """G, exp(G), exp(G_C - G), D = exp(G_C) and Qd, Ke (and Kd where the rule reads it);
@@ -221,15 +224,14 @@ class Terms:
         """(dq, dk, dv, dbeta, dg) from the gradients of Qd, A_qk, Ke, D (rows) and U.
 
         dA_qk: a fresh tensor (masked in place). dD: [n, P, 1|K, 1] or None. S: the states
-        entering the chunks [n, P, K, V] (the rule's backward reads them).
+        entering the chunks [n, P, K, V] (the rule's backward reads them). A rule whose chunk
+        writes along stacked directions (``STACKED``: dplr's A_q = [A_qk | A_qa], Ke = [Ke; Ae])
+        takes its stacked gradients itself (``rule.gradients``), with ``diagonal``,
+        ``products.backward`` and ``gate_gradients`` from here.
         """
-        diag = None
-        if self.mech.decays:
-            # A_qk's diagonal (no decay) is kept out of the products' backward and added to dq
-            # and dk alone: its shares of q dq and k dk cancel, and their rounding would swamp the
-            # small dg of steep gates.
-            diag = dA_qk.diagonal(dim1=-2, dim2=-1)
-            diag, _ = diag.unsqueeze(-1).clone(), diag.zero_()  # [n, P, C, 1]
+        if self.rule.STACKED:
+            return self.rule.gradients(self, dQd, dA_qk, dKe, dD, dU, S)
+        diag = self.diagonal(dA_qk)
         dv, dbeta, dKd, dAs = self.rule.pseudo_value_backward(self, dU, S)
         (dq, *das), dk = self.products.backward([dA_qk, *dAs])
         # The decay inside the products: dG = sum_p a_p * da_p - b * db (see ``Products``).
@@ -247,17 +249,38 @@ class Terms:
             if dKd is not None:
                 dk.add_(dKd)
             return dq, dk, dv, dbeta, None
-        dq, dk, dg = self._gate_gradients(dq, dk, dG, diag, dQd, dKe, dKd, dD)
+        dq, dk, dg = self.gate_gradients(dq, dk, dG, diag, dQd, dKe, dKd, dD)
         return dq, dk, dv, dbeta, dg
 
-    def _gate_gradients(self, dq, dk, dG, diag, dQd, dKe, dKd, dD) -> tuple[Tensor, Tensor, Tensor]:
-        """The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C); (dq, dk, dg)."""
+    def diagonal(self, dA: Tensor) -> Tensor | None:
+        """The diagonal of an inclusive product's gradient dA [n, P, C, C], taken out of it (set
+        to 0 in place) as [n, P, C, 1]; None without a gate (nothing taken).
+
+        The diagonal (no decay) is kept out of the products' backward and added to the factors'
+        gradients alone: its shares of a da and b db in dG cancel, and their rounding would
+        swamp the small dg of steep gates."""
+        if not self.mech.decays:
+            return None
+        diag = dA.diagonal(dim1=-2, dim2=-1)
+        diag, _ = diag.unsqueeze(-1).clone(), diag.zero_()  # [n, P, C, 1]
+        return diag
+
+    def gate_gradients(
+        self, dq, dk, dG, diag, dQd, dKe, dKd, dD, dG_more: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C); (dq, dk, dg).
+
+        dKe: the keys' rows [n, P, C, K]; ``dG_more``: a stacked rule's own share of the gates
+        that decay to the chunk's end, as Ke's (dplr's Ae = a e^(G_C - G)), or None."""
+        C = self.k.shape[-2]
         dq = dq + diag * self.k + dQd * self.eG
         dk = dk + diag * self.q + dKe * self.eEnd
         dG = dG + dQd * self.Qd
         # Ke_i depends on the gates after i only: its share is a prefix sum (below), not G_C's
         # share less G_i's, whose rounding would be that of the undecayed Ke_C.
-        dG_ke = dKe * self.Ke
+        dG_ke = dKe * self.Ke[..., :C, :]  # the keys' rows (a stacked rule's Ke has more)
+        if dG_more is not None:
+            dG_ke = dG_ke + dG_more
         if dKd is not None:
             dk = dk + dKd * self.eG
             dG = dG + dKd * self.Kd

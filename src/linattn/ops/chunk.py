@@ -207,16 +207,12 @@ class _GroupTerms:
 
     def __call__(self, t0: int, t1: int, n: int) -> tuple[Terms, Tensor | None]:
         """The terms of tokens [t0, t1) (n chunks), and d_o's chunks where the inputs have it."""
-        q, k, v, beta, g, *d_o = self.gathered(t0, t1, n)
-        terms = Terms(q, k, v, beta, g, self.mech, self.buffers, self.groups)
-        return terms, (d_o[0] if d_o else None)
-
-    def gathered(self, t0: int, t1: int, n: int) -> list[Tensor | None]:
-        """The inputs' chunks of tokens [t0, t1) (n chunks) in their buffers, q scaled."""
-        return [
+        q, k, v, beta, g, *d_o = (
             gather(x, t0, t1, n, self.C, out, self.scale if i == 0 else None, self._groups(i))
             for i, (x, out) in enumerate(zip(self.inputs, self.copies, strict=True))
-        ]
+        )
+        terms = Terms(q, k, v, beta, g, self.mech, self.buffers, self.groups)
+        return terms, (d_o[0] if d_o else None)
 
     def _groups(self, i: int) -> int:
         return self.groups if i < 2 else 1  # q and k: broadcast over their value heads
@@ -290,38 +286,13 @@ def loop_backward(
     dS = q.new_zeros(P, K, V) if dS is None else dS.reshape(P, K, V).clone()
     group_terms = _GroupTerms((*inputs, d_o), C, scale, mech)
     for c0, t0, t1, n in reversed(list(_groups(T, C, P))):
-        if mech.rule.AUTOGRAD_BACKWARD:
-            *chunk_inputs, dO = group_terms.gathered(t0, t1, n)
-            S_in, groups = states[c0], group_terms.groups
-            chunk_grads, dS = autograd_chunks(chunk_inputs, mech, groups, S_in, dO, dS)
-        else:
-            terms, dO = group_terms(t0, t1, n)
-            chunk_grads, dS = backward_chunks(terms, states[c0 : c0 + n], dO, dS)
+        terms, dO = group_terms(t0, t1, n)
+        chunk_grads, dS = backward_chunks(terms, states[c0 : c0 + n], dO, dS)
         chunk_grads[0].mul_(scale)  # dq: q was scaled in its copy
         for grad, value in zip(grads, chunk_grads, strict=True):
             if grad is not None:
                 scatter(grad, value, t0, t1)
     return (*grads, dS.view(B, HV, K, V))
-
-
-def autograd_chunks(
-    inputs: list[Tensor | None], mech: Mechanism, groups: int, S: Tensor, dO: Tensor, dS: Tensor
-) -> tuple[tuple, Tensor]:
-    """``backward_chunks`` by autograd, for a rule without a hand-written backward
-    (``AUTOGRAD_BACKWARD``): the group's terms (q, k, v, beta, g chunked [n, P, C, ...]) and its
-    loop from the state S [P, K, V] entering it recomputed with autograd recording, then
-    differentiated at (dO, dS). Returns ((dq, dk, dv, dbeta, dg) of the chunks, dS of S)."""
-    with torch.enable_grad():
-        leaves = [None if x is None else x.detach().requires_grad_() for x in (*inputs, S)]
-        terms = Terms(*leaves[:5], mech, differentiable, groups)
-        O, _, S_out = forward_chunks(terms, leaves[5])
-        wanted = [x for x in leaves if x is not None]
-        found = iter(torch.autograd.grad([O, S_out], wanted, [dO, dS], allow_unused=True))
-    grads = []
-    for x in leaves:
-        grad = None if x is None else next(found)
-        grads.append(torch.zeros_like(x) if x is not None and grad is None else grad)
-    return tuple(grads[:5]), grads[5]
 
 
 def _empty_like(x: Tensor) -> Tensor:

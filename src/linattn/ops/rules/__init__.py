@@ -22,9 +22,10 @@ spec's names:
     pseudo_values(terms, S, j=None, out=None) U of chunk j entering with S (or of every chunk)
     state_gradient_(terms, j, dU_j, dS_j)     dS_j += (dU_j / dS_j)^T dU_j, in place
     pseudo_value_backward(terms, dU, S)       (dv, dbeta, dKd, [dA of each of PRODUCTS])
-    AUTOGRAD_BACKWARD                         True where the PyTorch loop's backward differentiates
-                                              a group's terms with autograd instead (no
-                                              pseudo_value_backward of its own yet)
+    STACKED                                   whether the chunk writes along stacked directions
+                                              (dplr); such a rule also defines
+    gradients(terms, dQd, dA_q, dKe, dD, dU, S)   (dq, dk, dv, dbeta, dg): ``Terms.gradients``
+                                              for its stacked terms
 
 The chunk loop (``chunk``) and the terms (``_chunk_terms``) call these and nothing else of a rule:
 a new rule is a new module here, ``Mechanism.rule`` naming it (``named``). A rule whose chunk

@@ -16,7 +16,7 @@ NAME = "additive"
 READS_STATE = False  # U = V: the chunk's write does not depend on the state entering it
 PRODUCTS: tuple[tuple[str, bool], ...] = ()  # no decayed product beyond A_qk
 DECAYED_KEYS = False  # no Kd = K exp(G)
-AUTOGRAD_BACKWARD = False  # pseudo_value_backward below
+STACKED = False  # writes along its keys alone (``_chunk_terms.Terms.gradients``)
 
 
 def entering_write(S: Tensor, beta_t: Tensor | None) -> None:

@@ -26,7 +26,7 @@ NAME = "delta"
 READS_STATE = True  # U = U0 - W S
 PRODUCTS = (("k", True),)  # A_kk = decayed tril(k k^T), j < i: the rows of L
 DECAYED_KEYS = True  # Kd = K exp(G), the keys decayed from the chunk's start (terms.Kd)
-AUTOGRAD_BACKWARD = False  # pseudo_value_backward below
+STACKED = False  # writes along its keys alone (``_chunk_terms.Terms.gradients``)
 
 
 def entering_write(S: Tensor, beta_t: Tensor) -> None:

@@ -44,8 +44,9 @@ products are ``_chunk_terms.Products`` (the per-channel halving included).
 The product of the chunk's transitions (V = 0, the k-writes off) is its WY form,
 A_C ... A_1 = Diag(exp G_C) + Ae^T T Bd, Ae = a * exp(G_C - G) (``linattn.reference.dplr``).
 
-Inputs: ``terms.beta`` carries ab = [a | b] [n, P, C, 2K] (the ops' ``beta`` slot). The PyTorch
-loop differentiates a group's terms with autograd (``AUTOGRAD_BACKWARD``).
+Inputs: ``terms.beta`` carries ab = [a | b] [n, P, C, 2K] (the ops' ``beta`` slot). The
+gradient (``gradients``, which ``Terms.gradients`` hands a stacked rule): the solve's
+(``pseudo_value_backward``), then the products', the shifts undone, and the gates'.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ from linattn.ops.rules.base import read
 
 NAME = "dplr"
 READS_STATE = True  # U_b = U0 - W S
-PRODUCTS: tuple[tuple[str, bool], ...] = ()  # its products have a and b on the right/left: below
+PRODUCTS: tuple[tuple[str, bool], ...] = ()  # its own have a on the right, not k: ``_products``
 DECAYED_KEYS = False  # reads Bd = b exp(G_{t-1}), not Kd
-AUTOGRAD_BACKWARD = True  # no pseudo_value_backward of its own yet
+STACKED = True  # writes along k and a: A_q = [A_qk | A_qa], Ke = [Ke; Ae], U = [V; U_b]
 
 
 def split(ab: Tensor) -> tuple[Tensor, Tensor]:
@@ -86,19 +87,19 @@ def _shift_up(x: Tensor) -> Tensor:
     return torch.cat([x[..., 1:, :], torch.zeros_like(x[..., :1, :])], dim=-2)
 
 
-def _shift_down(A: Tensor) -> Tensor:
-    """Row t of A [..., C, C] moved to row t + 1, a zero first row (a new tensor)."""
-    return torch.cat([torch.zeros_like(A[..., :1, :]), A[..., :-1, :]], dim=-2)
+def _shift_down(x: Tensor) -> Tensor:
+    """Row t of x [..., C, D] moved to row t + 1, a zero first row (a new tensor)."""
+    return torch.cat([torch.zeros_like(x[..., :1, :]), x[..., :-1, :]], dim=-2)
 
 
 def _products(terms, b_up: Tensor, a: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
     """(A_bk, A_ba, A_qa): the strictly lower products of b with the exclusive left gate, and the
-    causal A_qa (None without q)."""
-    (P_bk,) = terms.decayed_products([b_up], terms.k, "bk")
+    causal A_qa (None without q). Their ``Products`` are kept for the backward pass."""
+    terms.P_bk = terms.decayed_products([b_up], terms.k, "bk")
     lefts = [b_up] if terms.q is None else [b_up, terms.q]
-    P_a = terms.decayed_products(lefts, a, "a")
-    A_qa = None if terms.q is None else P_a[1]
-    return _shift_down(P_bk), _shift_down(P_a[0]), A_qa
+    terms.P_a = terms.decayed_products(lefts, a, "a")
+    A_qa = None if terms.q is None else terms.P_a.As[1]
+    return _shift_down(terms.P_bk.As[0]), _shift_down(terms.P_a.As[0]), A_qa
 
 
 def pseudo_value_terms(terms) -> None:
@@ -108,24 +109,27 @@ def pseudo_value_terms(terms) -> None:
     C, V = a.shape[-2], terms.v.shape[-1]
     b_up = _shift_up(b)  # row t: b_{t+1}
     A_bk, A_ba, A_qa = _products(terms, b_up, a)  # [n, P, C, C]
-    Bd = b
+    Bd, terms.eGx = b, None
     if terms.G is not None:  # b * exp(G_{t-1}): the exclusive gate, exponents <= 0
-        Bd = b * decay_exp(_exclusive(terms.G).to(b.dtype), terms.floor)
+        terms.eGx = decay_exp(_exclusive(terms.G).to(b.dtype), terms.floor)
+        Bd = b * terms.eGx
     eye = torch.eye(C, dtype=a.dtype, device=a.device)
     R = torch.cat([A_bk @ terms.v, Bd], dim=-1)  # [n, P, C, V + K]
-    X = torch.linalg.solve_triangular(eye - A_ba, R, upper=False, unitriangular=True)
-    terms.A_bk, terms.A_ba, terms.Bd = A_bk, A_ba, Bd
+    M = eye - A_ba  # unit lower triangular
+    X = torch.linalg.solve_triangular(M, R, upper=False, unitriangular=True)
+    terms.b_up, terms.A_bk, terms.Bd, terms.M, terms.X = b_up, A_bk, Bd, M, X
     terms.U0 = torch.cat([terms.v, X[..., :V]], dim=-2)  # [n, P, 2C, V]
     terms.W = torch.cat([torch.zeros_like(Bd), -X[..., V:]], dim=-2)  # [n, P, 2C, K]
-    Ae = a if terms.eEnd is None else a * terms.eEnd  # a * exp(G_C - G)
-    terms.Ke = torch.cat([terms.Ke, Ae], dim=-2)  # [n, P, 2C, K]
+    terms.Ae = a if terms.eEnd is None else a * terms.eEnd  # a * exp(G_C - G)
+    terms.Ke = torch.cat([terms.Ke, terms.Ae], dim=-2)  # [n, P, 2C, K]
     if A_qa is not None:
         terms.A_qk = torch.cat([terms.A_qk, A_qa], dim=-1)  # [n, P, C, 2C]
 
 
 def _exclusive(G: Tensor) -> Tensor:
-    """G_{t-1} for every row t of G [..., C, 1|K] (0 on the first row)."""
-    return torch.cat([torch.zeros_like(G[..., :1, :]), G[..., :-1, :]], dim=-2)
+    """G_{t-1} for every row t of G [..., C, 1|K] (0 on the first row): the decay of the state
+    a token's b reads."""
+    return _shift_down(G)
 
 
 def pseudo_values(terms, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
@@ -145,5 +149,59 @@ def state_gradient_(terms, j: int, dU_j: Tensor, dS_j: Tensor) -> None:
 
 
 def pseudo_value_backward(terms, dU: Tensor, S: Tensor) -> tuple:
-    """Not written by hand yet: the PyTorch loop differentiates the terms (AUTOGRAD_BACKWARD)."""
-    raise NotImplementedError("the dplr rule's backward runs through autograd (AUTOGRAD_BACKWARD)")
+    """(dv, dBd, dA_bk, dA_ba) from dU = [dU_v; dU_b] [n, P, 2C, V] and the states S entering the
+    chunks [n, P, K, V].
+
+    U_b = X_v + X_b S (U0_b = X_v, W_b = -X_b) with X = M^{-1} [A_bk V | Bd], M = I - A_ba:
+    dX = [dU_b | dU_b S^T], dR = M^{-T} dX (one solve), dA_ba = -dM = dR X^T and
+    dA_bk = dR_v V^T (both strictly lower), dv = dU_v + A_bk^T dR_v, dBd = dR_b.
+    """
+    C, V = terms.k.shape[-2], terms.v.shape[-1]
+    dU_v, dU_b = dU[..., :C, :], dU[..., C:, :]
+    dX = torch.cat([dU_b, dU_b @ S.transpose(-1, -2)], dim=-1)  # [n, P, C, V + K]
+    dR = torch.linalg.solve_triangular(
+        terms.M.transpose(-1, -2), dX, upper=True, unitriangular=True
+    )
+    dA_ba = (dR @ terms.X.transpose(-1, -2)).tril_(-1)  # [n, P, C, C]
+    dR_v = dR[..., :V]
+    dA_bk = (dR_v @ terms.v.transpose(-1, -2)).tril_(-1)
+    dv = dU_v + terms.A_bk.transpose(-1, -2) @ dR_v
+    return dv, dR[..., V:], dA_bk, dA_ba
+
+
+def gradients(terms, dQd, dA_q, dKe, dD, dU: Tensor, S: Tensor) -> tuple:
+    """(dq, dk, dv, d[a | b], dg) from the gradients of the stacked terms (``Terms.gradients``):
+    dA_q = [dA_qk | dA_qa] [n, P, C, 2C], dKe = [dKe; dAe] [n, P, 2C, K], dU [n, P, 2C, V].
+
+    The products' gradients (``Products.backward``, their undecayed diagonals kept apart as the
+    terms keep A_qk's), the shifts undone (A_bk[t] = P_bk[t - 1]: dP_bk = dA_bk moved up a row;
+    b_up[t] = b[t + 1]: db = db_up moved down), and the gates: dG = sum over each product of
+    left * dleft - right * dright, plus Bd's exclusive gate (dG_{t-1} += dBd_t Bd_t) and Ae's
+    share of the decays to the chunk's end (as Ke's).
+    """
+    C = terms.k.shape[-2]
+    q, k, b_up = terms.q, terms.k, terms.b_up
+    a, _ = split(terms.beta)
+    dA_qk, dA_qa = dA_q[..., :C], dA_q[..., C:]
+    dKe_k, dAe = dKe[..., :C, :], dKe[..., C:, :]
+    dv, dBd, dA_bk, dA_ba = pseudo_value_backward(terms, dU, S)
+    dP_bk, dP_ba = _shift_up(dA_bk), _shift_up(dA_ba)
+    diags = [terms.diagonal(x) for x in (dA_qk, dA_qa, dP_bk, dP_ba)]
+    (dq,), dk = terms.products.backward([dA_qk])
+    (db_up,), dk_b = terms.P_bk.backward([dP_bk])
+    (db_up_a, dq_a), da = terms.P_a.backward([dP_ba, dA_qa])
+    dq, dk, db_up = dq + dq_a, dk + dk_b, db_up + db_up_a
+    dG = None
+    if terms.mech.decays:
+        dG = q * dq - k * dk + b_up * db_up - a * da + _shift_up(dBd * terms.Bd)
+        _, d_qa, d_bk, d_ba = diags  # the diagonals: no decay, no share of dG
+        dq, da = dq + d_qa * a, da + d_qa * q + d_ba * b_up
+        dk, db_up = dk + d_bk * b_up, db_up + d_bk * k + d_ba * a
+        da = da + dAe * terms.eEnd
+        dG_ae = dAe * terms.Ae  # Ae's share of the decays to the chunk's end
+        dq, dk, dg = terms.gate_gradients(dq, dk, dG, diags[0], dQd, dKe_k, None, dD, dG_ae)
+        db = _shift_down(db_up) + dBd * terms.eGx
+    else:
+        dq, dk, da, dg = dq + dQd, dk + dKe_k, da + dAe, None
+        db = _shift_down(db_up) + dBd
+    return dq, dk, dv, torch.cat([da, db], dim=-1), dg
