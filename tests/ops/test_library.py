@@ -88,15 +88,6 @@ def _backward_args(x: dict, C: int = 4) -> tuple:
     return (d["q"], d["k"], d["v"], d["beta"], d["g"], states, d_o, dS, 0.5, C, *_mechanism(x))
 
 
-def _loop_backward_of_dplr(rule: str, backend: str) -> None:
-    """Skip the registered chunk_backward of the dplr rule on the PyTorch loop: its backward by
-    autograd per group (``chunk.autograd_chunks``) records nothing inside the op's kernel, which
-    runs below autograd's dispatch (torch.enable_grad does not lift that); eager calls go to the
-    kernel directly and are tested in test_generalized_delta_rule. (Issue 30, the py part.)"""
-    if rule == "dplr" and backend == "0":
-        pytest.skip("dplr's PyTorch-loop backward inside the registered op: see the docstring")
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("rule", "gate", "utils"), UTILS)
 def test_opcheck_chunk_forward(rule, gate, utils, backend, monkeypatch):
@@ -111,7 +102,6 @@ def test_opcheck_chunk_forward(rule, gate, utils, backend, monkeypatch):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("rule", "gate", "utils"), UTILS)
 def test_opcheck_chunk_backward(rule, gate, utils, backend, monkeypatch):
-    _loop_backward_of_dplr(rule, backend)
     monkeypatch.setenv("LINATTN_NATIVE", backend)
     args = _backward_args(_inputs(rule, gate))
     torch.library.opcheck(library.chunk_backward, args, test_utils=utils)
@@ -142,7 +132,6 @@ def test_opcheck_the_extension_ops(rule, gate, utils):
 @pytest.mark.parametrize(("rule", "gate"), MECHANISMS)
 def test_opcheck_with_grouped_value_heads(rule, gate, backend, monkeypatch):
     """G = 2: v, beta, g and the states with twice q's heads, q and k read in place."""
-    _loop_backward_of_dplr(rule, backend)
     monkeypatch.setenv("LINATTN_NATIVE", backend)
     x = _inputs(rule, gate, G=2)
     torch.library.opcheck(library.chunk_forward, _forward_args(x), test_utils=FAST)
