@@ -20,8 +20,8 @@ needs_native = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
 )
 
-# (rule, gate): the six mechanisms of DESIGN.md's table.
-MECHANISMS = [(r, g) for r in ("additive", "delta") for g in (None, "scalar", "channel")]
+# (rule, gate): the six mechanisms of DESIGN.md's table and the generalized delta rule's three.
+MECHANISMS = [(r, g) for r in ("additive", "delta", "dplr") for g in (None, "scalar", "channel")]
 BACKENDS = [pytest.param("1", id="fused", marks=needs_native), pytest.param("0", id="loop")]
 # opcheck's checks: schema, fake kernel and autograd registration for every mechanism in every
 # run; AOT dispatch with dynamic shapes (about 5 s a call here) for KDA in every run, for every
@@ -54,6 +54,8 @@ def _inputs(rule, gate, *, B=1, H=2, T=10, K=4, V=3, G=1, grad=True, seed=0) -> 
     x = {"q": rows(K, heads=H), "k": torch.nn.functional.normalize(rows(K, heads=H), dim=-1)}
     x["v"] = rows(V)
     x["beta"] = torch.rand(B, T, HV, generator=gen).transpose(1, 2) if rule == "delta" else None
+    if rule == "dplr":  # the rule's inputs [a | b] in the beta slot, [B, HV, T, 2K]
+        x["beta"] = 0.5 * rows(2 * K)
     width = {"scalar": 1, "channel": K}.get(gate)
     x["g"] = None if width is None else -torch.rand(B, T, HV, width, generator=gen).transpose(1, 2)
     x["S0"] = torch.randn(B, HV, K, V, generator=gen)
@@ -65,7 +67,8 @@ def _inputs(rule, gate, *, B=1, H=2, T=10, K=4, V=3, G=1, grad=True, seed=0) -> 
 
 def _mechanism(x: dict) -> tuple[str, str]:
     """The ops' rule and gate for the inputs x (a gate of width 1: one per head)."""
-    rule = "additive" if x["beta"] is None else "delta"
+    beta = x["beta"]
+    rule = "additive" if beta is None else "delta" if beta.dim() == 3 else "dplr"
     g = x["g"]
     return rule, "none" if g is None else "head" if g.shape[-1] == 1 else "channel"
 
@@ -116,6 +119,8 @@ def test_opcheck_the_extension_ops(rule, gate, utils):
     if plain:
         torch.library.opcheck(ops.chunk_forward, _forward_args(x), test_utils=plain)
         torch.library.opcheck(ops.chunk_backward, _backward_args(x), test_utils=plain)
+    if rule == "dplr":
+        return  # no fused step for the dplr rule (ops/step.py runs it in PyTorch)
     step = [None if t is None else t[:, :, 0].contiguous() for t in (x["q"], x["k"], x["v"])]
     beta = None if x["beta"] is None else x["beta"][:, :, 0].contiguous()
     g = None if x["g"] is None else x["g"][:, :, 0].contiguous()
@@ -136,6 +141,8 @@ def test_opcheck_with_grouped_value_heads(rule, gate, backend, monkeypatch):
         y = _inputs(rule, gate, G=2, grad=False)
         torch.library.opcheck(ops.chunk_forward, _forward_args(y), test_utils=PLAIN)
         torch.library.opcheck(ops.chunk_backward, _backward_args(y), test_utils=PLAIN)
+        if rule == "dplr":
+            return  # no fused step for the dplr rule
         step = [t[:, :, 0].contiguous() for t in (y["q"], y["k"], y["v"])]
         beta = None if y["beta"] is None else y["beta"][:, :, 0].contiguous()
         g = None if y["g"] is None else y["g"][:, :, 0].contiguous()

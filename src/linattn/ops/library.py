@@ -52,7 +52,7 @@ from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forwa
 from linattn.ops.mechanism import GATES, RULES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
-NATIVE_RULES = ("additive", "delta")  # the rules the fused C++ loop computes (``_fused``)
+NATIVE_RULES = RULES  # the rules the fused C++ loop computes (``_fused``): csrc/rules/, each
 _MECHANISMS = {(rule, gate): Mechanism(rule, gate) for rule in RULES for gate in GATES}
 
 

@@ -112,7 +112,7 @@ struct BackwardTensors {
             kg > 0 ? dg.stride(2) : 0};
   }
 
-  Dims dims(int c) const { return {c, sz.K, sz.V, sz.C, kg, scale}; }
+  Dims dims(int c) const { return {c, sz.K, sz.V, sz.C, kg, scale, rule.writes}; }
   const float* state(int64_t n, int64_t p) const {  // the state entering chunk n of head p
     return states.data_ptr<float>() + (n * sz.P + p) * sz.K * sz.V;
   }
@@ -120,19 +120,20 @@ struct BackwardTensors {
 };
 
 // One thread's blocks for the backward pass of one chunk of one head (64-bit sizes): the
-// recomputed terms and their gradients.
+// recomputed terms and their gradients (the write rows' blocks for the rule's ``writes``).
 struct BackwardBlocks {
   Scratch w;
   std::vector<float> Gam, Aqk, Akk, L, X, U, Qd, Ke, Kd, eG, eEnd, D;
   std::vector<float> dA, dU, dRk, dQd, dKe, dX, dY, dG, dGe, dG_diag, dG_end;
 
-  BackwardBlocks(const Sizes& sz, int64_t kg)
-      : w(sz.C, sz.K, sz.V), Gam(kg == 1 ? sz.C * sz.C : 0), Aqk(sz.C * sz.C),
-        Akk(sz.C * sz.C), L(sz.C * sz.C), X(sz.C * (sz.K + sz.V)), U(sz.C * sz.V),
-        Qd(sz.C * sz.K), Ke(sz.C * sz.K), Kd(sz.C * sz.K), eG(sz.C * std::max<int64_t>(kg, 1)),
-        eEnd(eG.size()), D(std::max<int64_t>(kg, 1)), dA(sz.C * sz.C), dU(sz.C * sz.V),
-        dRk(sz.C * sz.K), dQd(sz.C * sz.K), dKe(sz.C * sz.K), dX(sz.C * sz.K), dY(sz.C * sz.K),
-        dG(eG.size()), dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()) {}
+  BackwardBlocks(const Sizes& sz, int64_t kg, int64_t writes)
+      : w(sz.C, sz.K, sz.V), Gam(kg == 1 ? sz.C * sz.C : 0), Aqk(writes * sz.C * sz.C),
+        Akk(writes * sz.C * sz.C), L(sz.C * sz.C), X(writes * sz.C * (sz.K + sz.V)),
+        U(writes * sz.C * sz.V), Qd(sz.C * sz.K), Ke(writes * sz.C * sz.K), Kd(sz.C * sz.K),
+        eG(sz.C * std::max<int64_t>(kg, 1)), eEnd(eG.size()), D(std::max<int64_t>(kg, 1)),
+        dA(writes * sz.C * sz.C), dU(writes * sz.C * sz.V), dRk(sz.C * sz.K), dQd(sz.C * sz.K),
+        dKe(writes * sz.C * sz.K), dX(sz.C * sz.K), dY(sz.C * sz.K), dG(eG.size()),
+        dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()) {}
 
   // Where the terms are written (terms.h; Kd formed for a rule that needs it only).
   Terms terms(const Rule& rule) {
@@ -167,11 +168,11 @@ void token_decays(const Gates& G, int c, int64_t C, float* Gam) {
 Recomputed recompute(const ChunkRows& x, const Dims& d, const Rule& rule, const float* S,
                      BackwardBlocks& b) {
   const Terms t = b.terms(rule);
-  const GatedRows r = chunk_gates(x, d.kg, d.K, d.scale, b.w.zeros.data(), t);
+  GatedRows r = chunk_gates(x, d.kg, d.K, d.scale, b.w.zeros.data(), t);
   if (d.kg == 1) token_decays(t.G, d.c, d.C, b.Gam.data());
-  Recomputed rc{t, r, b.Gam.data(), x.v, x.ldv};
   rule.scores(x, d.kg, d.K, d.scale, t, d.C, b.w);
-  if (rule.pseudo_value_terms) rule.pseudo_value_terms(x, r, d.K, d.V, d.C, t);
+  if (rule.pseudo_value_terms) rule.pseudo_value_terms(x, r, d.kg, d.K, d.V, d.C, t, b.w);
+  Recomputed rc{t, r, b.Gam.data(), x.v, x.ldv};
   if (rule.reads_state()) {
     rule.pseudo_values(d.c, d.K, d.V, t.X, S, b.U.data(), d.V);
     rc.U = b.U.data(), rc.ldu = d.V;
@@ -179,11 +180,12 @@ Recomputed recompute(const ChunkRows& x, const Dims& d, const Rule& rule, const 
   return rc;
 }
 
-// dU = A_qk^T dO + Ke dS' (dU [c, V], row stride lddu; for the additive rule, dv).
-void value_gradient(int c, int64_t K, int64_t V, const float* Aqk, int64_t C, const float* dO,
+// dU = A_q^T dO + Ke dS' for c write rows (dU [c, V], row stride lddu; for the additive rule,
+// dv; A_q's c columns of those rows, row stride lda).
+void value_gradient(int c, int64_t K, int64_t V, const float* Aq, int64_t lda, const float* dO,
                     int64_t lddo, const float* Ke, int64_t ldke, const float* dS, float* dU,
                     int64_t lddu) {
-  gemm(true, false, c, V, c, 1.0f, Aqk, C, dO, lddo, 0.0f, dU, lddu);
+  gemm(true, false, c, V, c, 1.0f, Aq, lda, dO, lddo, 0.0f, dU, lddu);
   gemm(false, false, c, V, K, 1.0f, Ke, ldke, dS, V, 1.0f, dU, lddu);
 }
 
@@ -203,30 +205,39 @@ void state_gradient(int c, int64_t kg, int64_t K, int64_t V, const float* D, flo
   if (W) gemm(true, false, K, V, c, -1.0f, W, ldw, dU, lddu, 1.0f, dS, V);
 }
 
-// 4. dU = A_qk^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T. Without decay
-//    dQd and dKe go straight into dq (scaled) and dk.
+// 4. dU = A_q^T dO + Ke dS';  dA = mask(dO U^T);  dQd = dO S^T;  dKe = U dS'^T (over the n
+//    write rows; each c-column block of dA masked causally). Without decay dQd and the key
+//    rows' dKe go straight into dq (scaled) and dk, a stacked rule's other rows into tg.dKe.
 void output_gradients(const ChunkGrads& g, const Dims& d, const Recomputed& rc, const float* S,
                       const float* dSn, const TermGrads& tg) {
   const int c = d.c, Ki = static_cast<int>(d.K), Vi = static_cast<int>(d.V);
-  const int64_t K = d.K, V = d.V, C = d.C;
-  value_gradient(c, K, V, rc.t.A, C, g.dO, g.lddo, rc.r.Kend, rc.r.ldke, dSn, tg.dU, tg.lddu);
-  gemm(false, true, c, c, Vi, 1.0f, g.dO, g.lddo, rc.U, rc.ldu, 0.0f, tg.dA, C);
+  const int64_t K = d.K, V = d.V, n = d.rows(), lda = d.lda();
+  for (int64_t at = 0; at < n; at += c) {  // block by block, as the split schedule's chain
+    value_gradient(c, K, V, rc.t.A + at, lda, g.dO, g.lddo, rc.r.Kend + at * rc.r.ldke,
+                   rc.r.ldke, dSn, tg.dU + at * tg.lddu, tg.lddu);
+  }
+  gemm(false, true, c, n, Vi, 1.0f, g.dO, g.lddo, rc.U, rc.ldu, 0.0f, tg.dA, lda);
   if (d.gated()) {
     gemm(false, true, c, Ki, Vi, 1.0f, g.dO, g.lddo, S, V, 0.0f, tg.dQd, K);
-    gemm(false, true, c, Ki, Vi, 1.0f, rc.U, rc.ldu, dSn, V, 0.0f, tg.dKe, K);
+    gemm(false, true, n, Ki, Vi, 1.0f, rc.U, rc.ldu, dSn, V, 0.0f, tg.dKe, K);
   } else {
     gemm(false, true, c, Ki, Vi, d.scale, g.dO, g.lddo, S, V, 0.0f, g.dQ, g.lddq);
     gemm(false, true, c, Ki, Vi, 1.0f, rc.U, rc.ldu, dSn, V, 0.0f, g.dK, g.lddk);
+    gemm(false, true, n - c, Ki, Vi, 1.0f, rc.U + c * rc.ldu, rc.ldu, dSn, V, 0.0f,
+         tg.dKe + c * K, K);
   }
   for (int i = 0; i < c; ++i) {
-    float* dAi = tg.dA + static_cast<int64_t>(i) * C;
-    for (int j = i + 1; j < c; ++j) dAi[j] = 0.0f;
+    float* dAi = tg.dA + static_cast<int64_t>(i) * lda;
+    for (int64_t block = 0; block < n; block += c) {
+      for (int j = i + 1; j < c; ++j) dAi[block + j] = 0.0f;
+    }
   }
 }
 
 // 5. dG from Qd; G_c's share from D (dG_end); Ke's share apart, in dGe: Ke_i = k_i exp(G_c - G_i)
 //    depends on the gates after i only, and is added to dg as a prefix sum (step 9), not as G_c's
-//    share less G_i's, whose rounding would be that of the undecayed Ke_c.
+//    share less G_i's, whose rounding would be that of the undecayed Ke_c. A stacked rule's
+//    rows (a_i exp(G_c - G_i)) add to token i's share alike.
 void read_gate_gradients(const Dims& d, const Recomputed& rc, const float* S, const float* dSn,
                          const TermGrads& tg) {
   const int c = d.c, Ki = static_cast<int>(d.K), Vi = static_cast<int>(d.V);
@@ -260,6 +271,18 @@ void read_gate_gradients(const Dims& d, const Recomputed& rc, const float* S, co
         dGei[ch] = e[ch] * y[ch];
       }
     }
+    for (int64_t row = i + c; row < d.rows(); row += c) {  // a stacked rule's rows of token i
+      const float *es = tg.dKe + row * K, *ys = rc.t.Ke + row * K;
+      if (!channel) {
+        float sk = 0.0f;
+#pragma omp simd reduction(+ : sk)
+        for (int ch = 0; ch < Ki; ++ch) sk += es[ch] * ys[ch];
+        dGei[0] += sk;
+      } else {
+#pragma omp simd
+        for (int ch = 0; ch < Ki; ++ch) dGei[ch] += es[ch] * ys[ch];
+      }
+    }
   }
 }
 
@@ -269,7 +292,7 @@ void read_gate_gradients(const Dims& d, const Recomputed& rc, const float* S, co
 void qk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
                         const Recomputed& rc, const TermGrads& tg) {
   const int c = d.c, Ki = static_cast<int>(d.K);
-  const int64_t K = d.K, C = d.C;
+  const int64_t K = d.K, C = d.C, lda = d.lda();
   for (int i = 0; d.gated() && i < c; ++i) {
     const float a = d.scale * rc.t.eG[i], e = rc.t.eEnd[i];
     const float *dqd = tg.dQd + i * K, *dke = tg.dKe + i * K;
@@ -281,11 +304,11 @@ void qk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
     }
   }
   if (d.gated()) {
-    product_gate_gradient(tg.dA, rc.t.A, C, c, tg.dG);
-    for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) tg.dA[e] *= rc.Gam[e];
+    product_gate_gradient(tg.dA, rc.t.A, lda, c, tg.dG);
+    times_decays(c, tg.dA, lda, rc.Gam, C);
   }
-  gemm(false, false, c, Ki, c, d.scale, tg.dA, C, x.k, x.ldk, 1.0f, g.dQ, g.lddq);
-  gemm(true, false, c, Ki, c, d.scale, tg.dA, C, x.q, x.ldq, 1.0f, g.dK, g.lddk);
+  gemm(false, false, c, Ki, c, d.scale, tg.dA, lda, x.k, x.ldk, 1.0f, g.dQ, g.lddq);
+  gemm(true, false, c, Ki, c, d.scale, tg.dA, lda, x.q, x.ldq, 1.0f, g.dK, g.lddk);
 }
 
 // 6, one gate per channel: the blocked backward of the factored product (products.h). The
@@ -294,16 +317,16 @@ void qk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
 void qk_channel_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
                                 const Recomputed& rc, const TermGrads& tg, Scratch& w) {
   const int c = d.c, Ki = static_cast<int>(d.K);
-  const int64_t K = d.K, C = d.C;
+  const int64_t K = d.K, lda = d.lda();
   const float scale = d.scale;
   for (int i = 0; i < c; ++i) {
-    float* dAii = tg.dA + static_cast<int64_t>(i) * (C + 1);
+    float* dAii = tg.dA + static_cast<int64_t>(i) * (lda + 1);
     tg.dG_diag[i] = scale * *dAii;
     *dAii = 0.0f;
   }
   std::fill(tg.dX, tg.dX + c * K, 0.0f);
   std::fill(tg.dY, tg.dY + c * K, 0.0f);
-  channel_product_backward({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, C, tg.dX,
+  channel_product_backward({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, lda, tg.dX,
                            tg.dY, w);
   for (int i = 0; i < c; ++i) {
     const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
@@ -363,24 +386,27 @@ void chunk_step(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Ru
   } else {
     qk_score_gradients(x, g, d, rc, tg);
   }
+  const int64_t at = rule.state_row(d.c);  // the rows of U that read the state: U0 - W S
   state_gradient(d.c, d.kg, d.K, d.V, d.gated() ? rc.t.D : nullptr, rc.r.q_alpha, rc.r.Qread,
-                 rc.r.ldqr, g.dO, g.lddo, rule.reads_state() ? rc.t.X : nullptr, d.K + d.V, tg.dU,
-                 tg.lddu, dSn);
+                 rc.r.ldqr, g.dO, g.lddo, rule.reads_state() ? rc.t.X + at * (d.K + d.V) : nullptr,
+                 d.K + d.V, tg.dU + at * tg.lddu, tg.lddu, dSn);
   if (rule.backward) rule.backward(x, g, d, rc, S, tg, b.w);
   if (d.gated()) gate_gradients(x, g, d, tg);
 }
 
 // The split schedule's slots of the state-gradient chain (schedule.h): slot n P + p holds what
-// the chain reads of chunk n of head p: Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C], W
-// [C, K] (a rule whose U reads the state, as the delta rule's), each at a 64-byte boundary
-// (``padded``, layout.h).
+// the chain reads of chunk n of head p: Qd [C, K] and D [kg] (with decay), Ke [writes C, K]
+// (with decay, or a stacked rule's: rules.h), A_q [C, writes C], W [C, K] (a rule whose U reads
+// the state, as the delta rule's), each at a 64-byte boundary (``padded``, layout.h).
 struct ChainSlots {
   bool has_W;
-  int64_t CK, CC, gate_size, size;
+  int64_t writes, CK, CC, qd_size, ke_size, gate_size, size;
   at::Tensor buffer;  // [N P, size]
   ChainSlots(const BackwardTensors& t)
-      : has_W(t.rule.reads_state()), CK(padded(t.sz.C * t.sz.K)), CC(padded(t.sz.C * t.sz.C)),
-        gate_size(t.kg > 0 ? 2 * CK + padded(t.kg) : 0),
+      : has_W(t.rule.reads_state()), writes(t.rule.writes), CK(padded(t.sz.C * t.sz.K)),
+        CC(padded(writes * t.sz.C * t.sz.C)), qd_size(t.kg > 0 ? CK : 0),
+        ke_size(t.kg > 0 || writes > 1 ? padded(writes * t.sz.C * t.sz.K) : 0),
+        gate_size(qd_size + ke_size + (t.kg > 0 ? padded(t.kg) : 0)),
         size(gate_size + CC + (has_W ? CK : 0)),
         buffer(fresh({t.sz.N * t.sz.P, size}, t.q.options())) {}
   float* slot(int64_t s) const { return buffer.data_ptr<float>() + s * size; }
@@ -388,21 +414,20 @@ struct ChainSlots {
   // Slot s from the recomputed terms of its chunk (c tokens).
   void store(int64_t s, const Recomputed& rc, const Dims& d) const {
     float* slot = this->slot(s);
-    const int64_t c = d.c, K = d.K, ldx = d.K + d.V;
-    if (d.gated()) {
-      std::memcpy(slot, rc.t.Qd, sizeof(float) * c * K);
-      std::memcpy(slot + CK, rc.t.Ke, sizeof(float) * c * K);
-      std::memcpy(slot + 2 * CK, rc.t.D, sizeof(float) * d.kg);
-    }
-    std::memcpy(slot + gate_size, rc.t.A, sizeof(float) * c * d.C);
+    const int64_t c = d.c, K = d.K, ldx = d.K + d.V, at = (writes - 1) * c;
+    if (qd_size > 0) std::memcpy(slot, rc.t.Qd, sizeof(float) * c * K);
+    if (ke_size > 0) std::memcpy(slot + qd_size, rc.t.Ke, sizeof(float) * d.rows() * K);
+    if (d.gated()) std::memcpy(slot + qd_size + ke_size, rc.t.D, sizeof(float) * d.kg);
+    std::memcpy(slot + gate_size, rc.t.A, sizeof(float) * c * d.lda());
     for (int64_t i = 0; has_W && i < c; ++i) {  // W, the first K columns of X = [W | U0]
-      std::memcpy(slot + gate_size + CC + i * K, rc.t.X + i * ldx, sizeof(float) * K);
+      std::memcpy(slot + gate_size + CC + i * K, rc.t.X + (at + i) * ldx, sizeof(float) * K);
     }
   }
 };
 
-// The state-gradient chain of one head from the last chunk, on the slots' terms: dU = A_qk^T dO +
-// Ke dS', dS = D dS' + Qd^T dO - W^T dU, each chunk's dS' saved into dSp (slot-indexed).
+// The state-gradient chain of one head from the last chunk, on the slots' terms: dU = A_q^T dO +
+// Ke dS' (the rows that read the state), dS = D dS' + Qd^T dO - W^T dU, each chunk's dS' saved
+// into dSp (slot-indexed).
 void gradient_chain(const BackwardTensors& t, const ChainSlots& slots, int64_t p, float* dSp,
                     BackwardBlocks& b) {
   const int64_t K = t.sz.K, V = t.sz.V, KV = K * V, P = t.sz.P;
@@ -411,19 +436,20 @@ void gradient_chain(const BackwardTensors& t, const ChainSlots& slots, int64_t p
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
     const ChunkRows x = t.rows(n, p);
     const ChunkGrads g = t.grads(n, p);
-    const int64_t s = n * P + p;
+    const int64_t s = n * P + p, at = t.rule.state_row(x.c);
     std::memcpy(dSp + s * KV, dS, sizeof(float) * KV);
     const float* slot = slots.slot(s);
     const float* Qr = gated ? slot : x.q;
-    const float* Ke = gated ? slot + slots.CK : x.k;
+    const float* Ke = slots.ke_size > 0 ? slot + slots.qd_size : x.k;
+    const int64_t ldke = slots.ke_size > 0 ? K : x.ldk;
     const float* W = slots.has_W ? slot + slots.gate_size + slots.CC : nullptr;
-    if (W) {
-      value_gradient(x.c, K, V, slot + slots.gate_size, t.sz.C, g.dO, g.lddo, Ke,
-                     gated ? K : x.ldk, dS, b.dU.data(), V);
+    float* dU = b.dU.data() + at * V;  // where chunk_step has them: the BLAS's same alignment
+    if (W) {  // the rows of dU that W reads
+      value_gradient(x.c, K, V, slot + slots.gate_size + at, slots.writes * t.sz.C, g.dO,
+                     g.lddo, Ke + at * ldke, ldke, dS, dU, V);
     }
-    state_gradient(x.c, t.kg, K, V, gated ? slot + 2 * slots.CK : nullptr,
-                   gated ? 1.0f : t.scale, Qr, gated ? K : x.ldq, g.dO, g.lddo, W, K,
-                   b.dU.data(), V, dS);
+    state_gradient(x.c, t.kg, K, V, gated ? slot + slots.qd_size + slots.ke_size : nullptr,
+                   gated ? 1.0f : t.scale, Qr, gated ? K : x.ldq, g.dO, g.lddo, W, K, dU, V, dS);
   }
 }
 
@@ -437,7 +463,7 @@ void backward_split(const BackwardTensors& t) {
   const at::Tensor dS_in = fresh({N, P, t.sz.K, t.sz.V}, t.q.options());  // dS' of every chunk
   float* dSp = dS_in.data_ptr<float>();
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
-    BackwardBlocks b(t.sz, t.kg);
+    BackwardBlocks b(t.sz, t.kg, t.rule.writes);
     for (int64_t s = lo; s < hi; ++s) {
       const ChunkRows x = t.rows(s / P, s % P);
       const Dims d = t.dims(x.c);
@@ -445,11 +471,11 @@ void backward_split(const BackwardTensors& t) {
     }
   });
   parallel_tasks(P, [&](int64_t lo, int64_t hi) {
-    BackwardBlocks b(t.sz, t.kg);
+    BackwardBlocks b(t.sz, t.kg, t.rule.writes);
     for (int64_t p = lo; p < hi; ++p) gradient_chain(t, slots, p, dSp, b);
   });
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
-    BackwardBlocks b(t.sz, t.kg);
+    BackwardBlocks b(t.sz, t.kg, t.rule.writes);
     for (int64_t s = lo; s < hi; ++s) {
       const int64_t n = s / P, p = s % P;
       const ChunkRows x = t.rows(n, p);
@@ -461,7 +487,7 @@ void backward_split(const BackwardTensors& t) {
 
 // The fused schedule: heads [lo, hi) of a thread, chunk by chunk from the last.
 void backward_fused(const BackwardTensors& t, int64_t lo, int64_t hi) {
-  BackwardBlocks b(t.sz, t.kg);
+  BackwardBlocks b(t.sz, t.kg, t.rule.writes);
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
     for (int64_t p = lo; p < hi; ++p) {
       const ChunkRows x = t.rows(n, p);
@@ -514,9 +540,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::TensorOptions options = t.q.options();
   t.dq = fresh_public(sz, K, options), t.dk = fresh_public(sz, K, options);
   t.dv = fresh_public(sz, V, options);
-  if (t.rule.reads_beta) {
+  if (t.rule.reads_beta && t.rule.input_keys == 0) {  // beta [B, HV, T]
     t.beta = *beta_opt;
     t.dbeta = at::empty({B, T, HV}, options).transpose(1, 2);
+  } else if (t.rule.reads_beta) {  // the rule's inputs [B, HV, T, m K] ([a | b])
+    t.beta = unit_rows(*beta_opt);
+    t.dbeta = fresh_public(sz, t.rule.input_keys * K, options);
   }
   if (kg > 0) {
     t.g = unit_rows(*g_opt);

@@ -15,8 +15,11 @@ struct Dims {
   int c;
   int64_t K, V, C, kg;
   float scale;
+  int64_t writes;  // the rule's write vectors per token (rules.h): n = writes c write rows
   bool gated() const { return kg > 0; }
   bool channel() const { return kg > 1; }
+  int64_t rows() const { return writes * c; }  // the chunk's write rows (Ke, U)
+  int64_t lda() const { return writes * C; }   // the row stride of A_q = [A_qk | A_qa] and dA
 };
 
 // Where a chunk's gradients go (the rows of each, row strides ld*) and dO, the gradient of its
@@ -40,10 +43,11 @@ struct Recomputed {
   int64_t ldu;
 };
 
-// The gradients of a chunk's terms, in one thread's blocks: dA ([c, C]: of A_qk, then of the
-// delta rule's L), dU (row stride lddu: the delta rule's own block; the additive rule's dU is dv
-// itself), dR_k, dQd, dKe [c, K], the per-channel products' dX, dY [c, K], and the gates': dG
-// [c, kg] per row, dGe (Ke's share), dG_diag [c] (A_qk's diagonal), dG_end [kg] (G_c's share).
+// The gradients of a chunk's terms, in one thread's blocks: dA ([c, writes C]: of A_q, then of
+// the delta rule's L, or the dplr rule's A_bk and L), dU ([writes c, V], row stride lddu: the
+// rule's own block where U reads the state; the additive rule's dU is dv itself), dR_k, dQd
+// [c, K], dKe [writes c, K], the per-channel products' dX, dY [c, K], and the gates': dG [c, kg]
+// per row, dGe (Ke's share), dG_diag [c] (A_qk's diagonal), dG_end [kg] (G_c's share).
 struct TermGrads {
   float* dA;
   float* dU;

@@ -39,14 +39,18 @@ struct Checks {
   }
 
   // beta and g as the mechanism has them: beta [B, HV, T] for a rule that reads it (the delta
-  // rule; None for the additive rule), g [B, HV, T, kg] with kg the gate's width (None without a
-  // gate); kg.
+  // rule; [B, HV, T, 2 K] = [a | b] for the dplr rule; None for the additive rule), g
+  // [B, HV, T, kg] with kg the gate's width (None without a gate); kg.
   int64_t mechanism_inputs(const Mechanism& m, const std::optional<at::Tensor>& beta,
                            const std::optional<at::Tensor>& g, int64_t B, int64_t HV, int64_t T,
                            int64_t K) const {
     TORCH_CHECK(beta.has_value() == m.rule->reads_beta, op, ": beta must be ",
                 m.rule->reads_beta ? "given" : "None", " for the ", m.rule->name, " rule");
-    if (beta.has_value()) shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
+    const int64_t keys = m.rule->input_keys;  // the dplr rule's [a | b]: 2
+    if (beta.has_value() && keys == 0) shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
+    if (beta.has_value() && keys > 0) {
+      shape("beta", *beta, {B, HV, T, keys * K}, "[B, HV, T, 2 K] (the rule's inputs [a | b])");
+    }
     TORCH_CHECK(g.has_value() == m.gated(), op, ": g must be ",
                 m.gated() ? "given for a gate" : "None without a gate");
     const int64_t kg = m.gate_width(K);

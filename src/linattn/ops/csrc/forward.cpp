@@ -29,16 +29,18 @@ namespace {
 constexpr const char* kForwardOp = "linattn_native.chunk_forward";
 
 // Step o: the read of the incoming state plus the masked product inside the chunk,
-// o = Qd S + A_qk U (O [c, V], row stride ldo).
-void chunk_outputs(int c, int64_t K, int64_t V, const GatedRows& r, const float* S,
-                   const float* A, int64_t C, const float* U, int64_t ldu, float* O, int64_t ldo) {
+// o = Qd S + A_q U (O [c, V], row stride ldo; A_q [c, n], row stride lda, over the n write rows
+// of U: n = c, or the rule's stacked rows, rules.h).
+void chunk_outputs(int c, int64_t n, int64_t K, int64_t V, const GatedRows& r, const float* S,
+                   const float* A, int64_t lda, const float* U, int64_t ldu, float* O,
+                   int64_t ldo) {
   gemm(false, false, c, V, K, r.q_alpha, r.Qread, r.ldqr, S, V, 0.0f, O, ldo);
-  gemm(false, false, c, V, c, 1.0f, A, C, U, ldu, 1.0f, O, ldo);
+  gemm(false, false, c, V, n, 1.0f, A, lda, U, ldu, 1.0f, O, ldo);
 }
 
-// Step D and the state pass: the state leaving the chunk, S <- D * S + Ke^T U, with
-// D = exp(G_c) on S's rows (one per channel, or one for all; nullptr without decay).
-void state_pass(int c, int64_t kg, int64_t K, int64_t V, const float* D, const GatedRows& r,
+// Step D and the state pass: the state leaving the chunk, S <- D * S + Ke^T U over the n write
+// rows, with D = exp(G_c) on S's rows (one per channel, or one for all; nullptr without decay).
+void state_pass(int64_t n, int64_t kg, int64_t K, int64_t V, const float* D, const GatedRows& r,
                 const float* U, int64_t ldu, float* S) {
   const int Ki = static_cast<int>(K), Vi = static_cast<int>(V);
   if (kg > 0) {
@@ -49,7 +51,7 @@ void state_pass(int c, int64_t kg, int64_t K, int64_t V, const float* D, const G
       for (int j = 0; j < Vi; ++j) row[j] *= d;
     }
   }
-  gemm(true, false, K, V, c, 1.0f, r.Kend, r.ldke, U, ldu, 1.0f, S, V);
+  gemm(true, false, K, V, n, 1.0f, r.Kend, r.ldke, U, ldu, 1.0f, S, V);
 }
 
 // The inputs of a chunk-form call, checked, their rows where the BLAS reads them.
@@ -66,7 +68,9 @@ struct ForwardInputs {
                 int64_t gates)
       : sz(sizes), rule(update_rule), kg(gates), q(blas_rows(q_in)),
         k(blas_rows(k_in)), v(blas_rows(v_in)),
-        beta(rule.reads_beta ? *beta_opt : at::Tensor()),
+        beta(!rule.reads_beta ? at::Tensor()
+             : rule.input_keys > 0 ? unit_rows(*beta_opt)
+                                   : *beta_opt),
         g(kg > 0 ? unit_rows(*g_opt) : at::Tensor()), qp(q.data_ptr<float>()),
         kp(k.data_ptr<float>()), vp(v.data_ptr<float>()),
         bp(rule.reads_beta ? beta.data_ptr<float>() : nullptr),
@@ -121,9 +125,9 @@ struct ForwardBlocks {
 GatedRows chunk_terms(const ChunkRows& x, const ForwardInputs& in, float scale, const Terms& t,
                       Scratch& w) {
   const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C;
-  const GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t);
+  GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t);
   in.rule.scores(x, in.kg, K, scale, t, C, w);
-  if (in.rule.pseudo_value_terms) in.rule.pseudo_value_terms(x, r, K, V, C, t);
+  if (in.rule.pseudo_value_terms) in.rule.pseudo_value_terms(x, r, in.kg, K, V, C, t, w);
   return r;
 }
 
@@ -142,11 +146,11 @@ std::pair<const float*, int64_t> values_at(const ChunkRows& x, const ForwardInpu
 // leaving the chunk, S <- D S + Ke^T U, in place of S.
 void advance(const ChunkRows& x, const ForwardInputs& in, const Terms& t, const GatedRows& r,
              float* S, float* O, int64_t ldo) {
-  const int64_t K = in.sz.K, V = in.sz.V;
+  const int64_t K = in.sz.K, V = in.sz.V, n = in.rule.writes * x.c;
   if (in.rule.reads_state()) in.rule.pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
   const auto [U, ldu] = values_at(x, in, t);
-  if (O) chunk_outputs(x.c, K, V, r, S, t.A, in.sz.C, U, ldu, O, ldo);
-  state_pass(x.c, in.kg, K, V, t.D, r, U, ldu, S);
+  if (O) chunk_outputs(x.c, n, K, V, r, S, t.A, in.rule.writes * in.sz.C, U, ldu, O, ldo);
+  state_pass(n, in.kg, K, V, t.D, r, U, ldu, S);
 }
 
 // The fused schedule (schedule.h): heads [lo, hi) chunk by chunk, every step of a chunk in turn.
@@ -170,37 +174,42 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
 }
 
 // The split schedule's buffer of every chunk's terms: slot n P + p holds chunk n of head p's
-// Qd, Ke [C, K] and D [kg] (with decay), A_qk [C, C] and [W | U] [C, K + V] (a rule whose U
-// reads the state, as the delta rule's: ``Rule::x_cols``), each term at a 64-byte boundary
-// (``padded``).
+// Qd [C, K] and D [kg] (with decay), Ke [writes C, K] (with decay, or stacked rows: rules.h),
+// A_q [C, writes C] and [W | U] [writes C, K + V] (a rule whose U reads the state, as the delta
+// rule's: ``Rule::x_cols``), each term at a 64-byte boundary (``padded``).
 struct TermSlots {
-  int64_t C, K, V, kg, gate_size, x_size, size;
+  int64_t C, K, V, kg, writes, qd_size, ke_size, d_size, a_size, x_size, size;
   at::Tensor buffer;  // [N P, size]
   TermSlots(const ForwardInputs& in)
-      : C(in.sz.C), K(in.sz.K), V(in.sz.V), kg(in.kg),
-        gate_size(kg > 0 ? 2 * padded(C * K) + padded(kg) : 0),
-        x_size(padded(C * in.rule.x_cols(K, V))), size(gate_size + padded(C * C) + x_size),
+      : C(in.sz.C), K(in.sz.K), V(in.sz.V), kg(in.kg), writes(in.rule.writes),
+        qd_size(kg > 0 ? padded(C * K) : 0),
+        ke_size(kg > 0 || writes > 1 ? padded(writes * C * K) : 0),
+        d_size(kg > 0 ? padded(kg) : 0), a_size(padded(C * writes * C)),
+        x_size(padded(writes * C * in.rule.x_cols(K, V))),
+        size(qd_size + ke_size + d_size + a_size + x_size),
         buffer(fresh({in.sz.N * in.sz.P, size}, in.q.options())) {}
 
   // Slot s's terms; the rest (G, Kd, the gates' exponentials, A_kk and L) in ``blocks``.
   Terms at(int64_t s, ForwardBlocks& blocks) const {
     float* slot = buffer.data_ptr<float>() + s * size;
     Terms t = blocks.local();
-    if (kg > 0) {
-      t.Qd = slot, t.Ke = slot + padded(C * K), t.D = slot + 2 * padded(C * K);
-      slot += gate_size;
-    }
+    if (qd_size > 0) t.Qd = slot;
+    if (ke_size > 0) t.Ke = slot + qd_size;
+    if (d_size > 0) t.D = slot + qd_size + ke_size;
+    slot += qd_size + ke_size + d_size;
     t.A = slot;
-    if (x_size > 0) t.X = slot + padded(C * C);
+    if (x_size > 0) t.X = slot + a_size;
     return t;
   }
-};
 
-// The rows the later steps read from a slot's terms (``chunk_gates``'s answer, without Kd).
-GatedRows slot_rows(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t) {
-  if (kg == 0) return {x.q, x.ldq, scale, x.k, x.ldk, x.k, x.ldk};
-  return {t.Qd, K, 1.0f, t.Ke, K, nullptr, 0};
-}
+  // The rows the later steps read from a slot's terms (``chunk_gates``'s answer, without Kd).
+  GatedRows rows(const ChunkRows& x, float scale, const Terms& t) const {
+    const float* Ke = ke_size > 0 ? t.Ke : x.k;
+    const int64_t ldke = ke_size > 0 ? K : x.ldk;
+    if (kg == 0) return {x.q, x.ldq, scale, Ke, ldke, x.k, x.ldk};
+    return {t.Qd, K, 1.0f, Ke, ldke, nullptr, 0};
+  }
+};
 
 // The split schedule (schedule.h): 1. every chunk's terms, parallel over (chunk, head) pairs;
 // 2. the state pass (U, S) per head, saving the state entering each chunk; 3. the outputs from
@@ -224,7 +233,7 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
         std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
         const ChunkRows x = in.rows(n, p);
         const Terms t = slots.at(n * P + p, blocks);
-        advance(x, in, t, slot_rows(x, in.kg, K, scale, t), S, nullptr, 0);
+        advance(x, in, t, slots.rows(x, scale, t), S, nullptr, 0);
       }
     }
   });
@@ -237,8 +246,9 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
       const Terms t = slots.at(s, blocks);
       const auto [U, ldu] = values_at(x, in, t);  // U, as the state pass left it
       float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
-      chunk_outputs(x.c, K, V, slot_rows(x, in.kg, K, scale, t), statep + s * KV, t.A, C, U, ldu,
-                    O, o.stride(2));
+      const int64_t writes = in.rule.writes;
+      chunk_outputs(x.c, writes * x.c, K, V, slots.rows(x, scale, t), statep + s * KV, t.A,
+                    writes * C, U, ldu, O, o.stride(2));
     }
   });
 }

@@ -9,6 +9,9 @@
 //   3. delta rule: L[i, j] = beta_i sum_k k_ik k_jk exp(G_ik - G_jk)  (j < i),
 //                  (I + L) [W, U0] = diag(beta) [k * exp(G), v]   (the UT transform)
 //                  U = U0 - W S                                  (linear attention: U = v)
+//      dplr rule:  (I - A_ba) [W, U0] = [-b * exp(G_{i-1}), A_bk v]  (A_b*: b's gate exclusive),
+//                  U = [v; U0 - W S], Ke = [k; a] * exp(G_c - G), A_qk = [A_qk | A_qa]
+//                  (its writes along k and a stacked: 2 c rows; rules/dplr.cpp)
 //   4. outputs:    o = Qd S + A_qk U
 //   5. state:      S <- D * S + Ke^T U
 //
@@ -39,9 +42,9 @@
 //
 // The files: forward (the chunk loop: steps 1-5, U then O then S written once for both
 // schedules), backward (its gradient, a free function per step; backward.h its terms), rules/ (a
-// file per update rule: additive.cpp, delta.cpp, their scores, UT transform, pseudo-values and the
-// backward of those, each file defining its ``Rule``; rules.h the table of them and what a new
-// rule adds), terms (step 1, the gates, the one place
+// file per update rule: additive.cpp, delta.cpp, dplr.cpp, their scores, UT transform or solve,
+// pseudo-values and the backward of those, each file defining its ``Rule``; rules.h the table of
+// them and what a new rule adds), terms (step 1, the gates, the one place
 // both passes form them), products (the masked decayed products A_qk and A_kk, one halving
 // recursion for the per-channel blocks), gates (cumulative log-gates as pairs, exp, the floor),
 // triangular (the UT transform's solves, by substitution), blas (the BLAS wrappers), schedule

@@ -2,6 +2,8 @@
 
 #include "products.h"
 
+#include <algorithm>
+
 #include "blas.h"
 
 namespace linattn_native {
@@ -121,6 +123,38 @@ void product_block_backward(Rows x, Rows y, const Gates& G, int64_t K, const Blo
   }
 }
 
+// Block b's factored rows of a second right factor, Y2f = y2 exp(G_r - G_j) (rows j0..), into
+// w.dYf: the same numbers as ``factor_block``'s Yf of y2.
+void second_y_factor(Rows y2, const Gates& G, int64_t K, const Block& b, Scratch& w) {
+  const int64_t ref = static_cast<int64_t>(b.r) * K;
+  const float *Gr = G.hi + ref, *Lr = G.lo + ref;
+  for (int j = 0; j < b.m; ++j) {
+    const int64_t row = b.j0 + j;
+    const float *Gj = G.hi + row * K, *Lj = G.lo + row * K, *yj = y2.p + row * y2.ld;
+    float* fy = w.dYf.data() + static_cast<int64_t>(j) * K;
+#pragma omp simd
+    for (int c = 0; c < K; ++c) fy[c] = yj[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
+  }
+}
+
+// Block b of ``decayed_products_2x2``: the factors of x1, x2, y1 (``factor_block``) and y2 once,
+// then A1 = alpha1 [X1f Yf^T | X1f Y2f^T] and, on its rows below n2, A2 = alpha2 [X2f Yf^T |
+// X2f Y2f^T] (each second half c columns on).
+void quad_block(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gates& G, int64_t K,
+                const Block& b, int c, float alpha1, float alpha2, float* A1, float* A2,
+                int64_t lda, Scratch& w) {
+  factor_block<true, false>(x1, x2, y1, G, K, b, w);
+  second_y_factor(y2, G, K, b, w);
+  const float *X1f = w.Xf.data(), *X2f = w.dXf.data(), *Yf = w.Yf.data(), *Y2f = w.dYf.data();
+  const int64_t at = b.i0 * lda + b.j0;
+  gemm(false, true, b.n, b.m, K, alpha1, X1f, K, Yf, K, 0.0f, A1 + at, lda);
+  gemm(false, true, b.n, b.m, K, alpha1, X1f, K, Y2f, K, 0.0f, A1 + at + c, lda);
+  const int rows2 = std::min(b.n, n2 - b.i0);
+  if (rows2 <= 0) return;
+  gemm(false, true, rows2, b.m, K, alpha2, X2f, K, Yf, K, 0.0f, A2 + at, lda);
+  gemm(false, true, rows2, b.m, K, alpha2, X2f, K, Y2f, K, 0.0f, A2 + at + c, lda);
+}
+
 // One gate per token: A1 (and A2) times the decays exp(G_i - G_j), whole rows, so that every row
 // is the same few vectors (a triangle's ragged row ends cost a scalar exponential each): above
 // the diagonal the exponents are positive and exp_flush caps them at 88, and the masks overwrite
@@ -170,6 +204,21 @@ void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int 
   }
 }
 
+void decayed_products_2x2(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gates& G, int c,
+                          int64_t K, float alpha1, float alpha2, float* A1, float* A2,
+                          int64_t lda, Scratch& w) {
+  factored_blocks(G, K, 0, c, [&](const Block& b) {
+    quad_block(x1, x2, n2, y1, y2, G, K, b, c, alpha1, alpha2, A1, A2, lda, w);
+  });
+  for (int i = 0; i < c; ++i) {  // the causal masks, j <= i in each half
+    for (float* row : {A1 + i * lda, i < n2 ? A2 + i * lda : nullptr}) {
+      if (!row) continue;
+      std::fill(row + i + 1, row + c, 0.0f);
+      std::fill(row + c + i + 1, row + 2 * c, 0.0f);
+    }
+  }
+}
+
 void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
                               const float* dA, int64_t lda, float* dX, float* dY, Scratch& w) {
   factored_blocks(G, K, 0, c, [&](const Block& b) {
@@ -193,6 +242,15 @@ void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, f
       dG[j] -= m;
     }
     dG[i] += row;
+  }
+}
+
+void times_decays(int c, float* dM, int64_t ldm, const float* Gam, int64_t ldg) {
+  for (int i = 0; i < c; ++i) {
+    float* row = dM + i * ldm;
+    const float* decays = Gam + i * ldg;
+#pragma omp simd
+    for (int j = 0; j < c; ++j) row[j] *= decays[j];
   }
 }
 

@@ -18,13 +18,15 @@
 namespace linattn_native {
 
 // One thread's scratch memory, sized for one chunk of one head (64-bit sizes: C x C overflows an
-// int from C = 46,341 on).
+// int from C = 46,341 on), and for a rule's 2 C stacked write rows (rules.h: Ke, A_q, L, X; Y
+// and dY [2 C, K], the stacked right factors [k; a] of its products and their gradient).
 struct Scratch {
   std::vector<float> zeros;  // ``cumulative_gates``
-  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf;  // G: hi, then lo (``Gates``)
+  std::vector<float> G, Qd, Ke, A, L, X, Xf, Yf, Ex, Ey, dXf, dYf, Y, dY;  // G: hi, lo (``Gates``)
   Scratch(int64_t C, int64_t K, int64_t V)
-      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(C * K), A(C * C), L(C * C), X(C * (K + V)),
-        Xf(C * K), Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K) {}
+      : zeros(K, 0.0f), G(2 * C * K), Qd(C * K), Ke(2 * C * K), A(2 * C * C), L(2 * C * C),
+        X(2 * C * (K + V)), Xf(C * K), Yf(C * K), Ex(C * K), Ey(C * K), dXf(C * K), dYf(C * K),
+        Y(2 * C * K), dY(2 * C * K) {}
 };
 
 // The rows of an operand [c, K] of a product: row i at p + i ld.
@@ -39,6 +41,14 @@ struct Rows {
 void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int c, int64_t K,
                       float alpha1, float* A1, float* A2, int64_t lda, Scratch& w);
 
+// Four per-channel decayed products (kg = K) of c rows sharing their factors' decays (the dplr
+// rule's A_q and, one row down, M_b): A1 = alpha1 [decayed(x1 y1^T) | decayed(x1 y2^T)] and
+// A2 = alpha2 [decayed(x2 y1^T) | decayed(x2 y2^T)] on its first n2 rows (x2 read on all c),
+// each c-column half masked j <= i, the second half c columns on (row stride lda).
+void decayed_products_2x2(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gates& G, int c,
+                          int64_t K, float alpha1, float alpha2, float* A1, float* A2,
+                          int64_t lda, Scratch& w);
+
 // The gradient of a per-channel decayed product of c rows (kg = K), for dA masked as the product
 // was (the same blocks, the same halving): adds to dX and dY ([c, K]).
 void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
@@ -46,5 +56,9 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
 
 // The gates' share of a one-gate-per-token decayed product's gradient (adds to dG [c]).
 void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG);
+
+// dM *= Gamma on the first c columns of c rows (dM row stride ldm, Gamma ldg): the gradient of a
+// one-gate-per-token product's undecayed factors.
+void times_decays(int c, float* dM, int64_t ldm, const float* Gam, int64_t ldg);
 
 }  // namespace linattn_native

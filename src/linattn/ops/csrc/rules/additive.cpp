@@ -15,6 +15,7 @@ void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms&
 
 }  // namespace
 
-extern const Rule kAdditiveRule{"additive", false, false, scores, nullptr, nullptr, nullptr};
+extern const Rule kAdditiveRule{
+    "additive", false, false, 1, 0, scores, nullptr, nullptr, nullptr};
 
 }  // namespace linattn_native

@@ -24,8 +24,8 @@ void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms&
 
 // The UT transform: L = diag(beta) A_kk (j < i) into t.L, X = diag(beta) [Kd | v] into t.X [c,
 // K + V] (r: the rows Kd), then the solve (I + L) X = X: X = [W | U0].
-void ut_transform(const ChunkRows& x, const GatedRows& r, int64_t K, int64_t V, int64_t C,
-                  const Terms& t) {
+void ut_transform(const ChunkRows& x, GatedRows& r, int64_t, int64_t K, int64_t V, int64_t C,
+                  const Terms& t, Scratch&) {
   const float* Akk = t.Akk;
   float *L = t.L, *X = t.X;
   const int c = x.c, Ki = static_cast<int>(K), Vi = static_cast<int>(V);
@@ -154,6 +154,7 @@ void backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Reco
 
 }  // namespace
 
-extern const Rule kDeltaRule{"delta", true, true, scores, ut_transform, pseudo_values, backward};
+extern const Rule kDeltaRule{
+    "delta", true, true, 1, 0, scores, ut_transform, pseudo_values, backward};
 
 }  // namespace linattn_native

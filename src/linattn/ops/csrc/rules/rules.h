@@ -7,6 +7,10 @@
 //   delta.cpp     S <- S + k beta (v - S^T k)^T: the scores A_qk and A_kk, the UT transform
 //                 (I + L) [W | U0] = diag(beta) [Kd | V] with L = diag(beta) A_kk, the
 //                 pseudo-values U = U0 - W S, and the backward of each.
+//   dplr.cpp      S <- Diag(exp g) S + a (b^T S) + k v^T (issue 30, the generalized delta rule):
+//                 the scores A_qk, A_qa (j <= i), A_bk, A_ba (j < i, b's gate exclusive), one
+//                 unit-lower-triangular solve (I - A_ba) [W | U0] = [-Bd | A_bk V], the
+//                 pseudo-values U_b = U0 - W S, stacked under V: U = [V; U_b], Ke = [Ke; Ae].
 //
 // The gate (none, one per head, one per key channel) is a parameter of every term (kg), not a rule.
 // A new rule is a new file here that defines its ``Rule`` (its functions file-local), and a line
@@ -32,10 +36,19 @@ namespace linattn_native {
 // U = pseudo_values(X, S); the loop keeps X per chunk, reads W (X's first K columns) in the state
 // gradient dS -= W^T dU, and hands the rule its own dU block. Otherwise U = V, read in place, and
 // dU is dv itself.
+//
+// A rule that writes along more vectors than its keys (``writes`` = 2: the DPLR rule writes
+// along k and a) stacks them along the chunk's token axis: its chunk has n = writes c write rows,
+// Ke [n, K] = [k exp(G_c - G); a exp(G_c - G)], U [n, V] = [V; U_b] and A_q [c, n] = [A_qk |
+// A_qa] (row stride writes C), so that the loop's three steps o = Qd S + A_q U, S <- D S + Ke^T U
+// and their gradients stay as they are. X is then [n, K + V]: the U0 columns of the first c rows
+// hold V, the last c rows (``state_row``) are [W | U0], the rows of U that read the state.
 struct Rule {
-  const char* name;  // the op schema's ``rule``
-  bool reads_beta;   // beta [B, HV, T] is an input (and dbeta an output)
-  bool needs_Kd;     // the terms form Kd = k exp(G) (terms.h) for it
+  const char* name;    // the op schema's ``rule``
+  bool reads_beta;     // the beta slot is an input (and dbeta an output)
+  bool needs_Kd;       // the terms form Kd = k exp(G) (terms.h) for it
+  int writes;          // write vectors per token: 1 (k), 2 (k and a: stacked rows)
+  int64_t input_keys;  // the beta slot: 0, beta [B, HV, T]; m > 0, [B, HV, T, m K] ([a | b]: 2)
 
   // The scores of a chunk into t: A_qk = scale decayed(q k^T) (j <= i) into t.A, and any of the
   // rule's own (the delta rule's A_kk into t.Akk), every decay formed once for all.
@@ -43,9 +56,10 @@ struct Rule {
                  int64_t C, Scratch& w);
 
   // The terms of the pseudo-values that do not read the state, X = [W | U0] into t.X (r: the
-  // rows Kd); nullptr: none.
-  void (*pseudo_value_terms)(const ChunkRows& x, const GatedRows& r, int64_t K, int64_t V,
-                             int64_t C, const Terms& t);
+  // rows Kd; a rule with writes > 1 forms its stacked Ke in t.Ke and points r.Kend at it);
+  // nullptr: none.
+  void (*pseudo_value_terms)(const ChunkRows& x, GatedRows& r, int64_t kg, int64_t K, int64_t V,
+                             int64_t C, const Terms& t, Scratch& w);
 
   // The pseudo-values U [c, V] (row stride ldu) from X = [W | U0] and the state S [K, V] entering
   // the chunk; U may be X's U0 block itself (in place). nullptr: U = V.
@@ -61,13 +75,16 @@ struct Rule {
   bool reads_state() const { return pseudo_values != nullptr; }
   // The columns of the block X the loop keeps per chunk: [W | U0], or none.
   int64_t x_cols(int64_t K, int64_t V) const { return reads_state() ? K + V : 0; }
+  // The first of a chunk's (c tokens) write rows that read the state: the rows of U0 - W S.
+  int64_t state_row(int64_t c) const { return (writes - 1) * c; }
 };
 
 extern const Rule kAdditiveRule;  // additive.cpp
 extern const Rule kDeltaRule;     // delta.cpp
+extern const Rule kDplrRule;      // dplr.cpp
 
 // The table of the rules, the one place that lists them.
-inline const Rule* const kRules[] = {&kAdditiveRule, &kDeltaRule};
+inline const Rule* const kRules[] = {&kAdditiveRule, &kDeltaRule, &kDplrRule};
 
 // The rule named ``name``, or nullptr.
 inline const Rule* find_rule(c10::string_view name) {
