@@ -110,6 +110,24 @@ def test_apply_refuses_what_it_cannot_serve():
         hf.apply(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("model", [None, "x", 3, torch.nn.Linear])
+def test_restore_checks_its_argument_like_apply(model):
+    """issue 33: restore(None) / restore("x") raised AttributeError; now apply's TypeError."""
+    for entry in (hf.apply, hf.restore):
+        with pytest.raises(TypeError, match="model must be a torch.nn.Module, got "):
+            entry(model)
+
+
+def test_the_family_helpers_check_their_argument():
+    with pytest.raises(TypeError, match="family must be a str, got NoneType"):
+        hf.module_name(None)
+    with pytest.raises(ValueError, match="family must be one of .*mamba2.*; got 'mamba3'"):
+        hf.module_name("mamba3")
+    with pytest.raises(TypeError, match="cls must be a class, got str"):
+        hf.family_of("Mamba2Mixer")
+    assert hf.family_of(torch.nn.Linear) is None
+
+
 def test_enable_then_disable_round_trip():
     module = importlib.import_module(hf.module_name("qwen3_next"))
     bound = {name: getattr(module, name) for name in hf.GATED_DELTA}
