@@ -27,6 +27,7 @@ def test_build_exits_1_when_disabled(monkeypatch, capsys):
     monkeypatch.setenv("LINATTN_NATIVE", "0")
     assert main(["build"]) == 1
     err = capsys.readouterr().err
+    assert err.startswith("linattn build: error: the fused CPU chunk kernels are unavailable")
     assert "unavailable (disabled by LINATTN_NATIVE=0); the chunk form runs its PyTorch loop" in err
 
 

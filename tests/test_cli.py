@@ -203,3 +203,111 @@ def test_ctrl_c_during_a_sweep_with_workers_is_one_line_and_130(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert (proc.returncode, err) == (130, "linattn mqar: interrupted\n")
+
+
+# Issue 33: every size option bounded against the machine's memory, before any work.
+T13 = str(10**13)
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "work", "named"),
+    [
+        (["accuracy", "--T", "10000000000"], "accuracy", "compute_accuracy", "--T 10000000000"),
+        (
+            ["accuracy", "--T", "99999999999999999999"],
+            "accuracy",
+            "compute_accuracy",
+            "--T 99999999999999999999 --K 16 --V 16",
+        ),
+        (["accuracy", "--K", "4000000000000"], "accuracy", "compute_accuracy", "--K 4000000000000"),
+        (["bench", "--T", "100000000000"], "bench", "compute_bench", "--T 100000000000 --B 1"),
+        (["bench", "--generation-t", T13], "bench", "compute_bench", f"--generation-t {T13}"),
+        (["table1", "--r", "100000000"], "table1", "compute_table1", "--r 100000000 --ns"),
+        (["cp-bytes", "--lengths", "1000000000000"], "launch", "run_local", "--lengths 10000"),
+    ],
+)
+def test_a_size_beyond_the_machine_is_refused_naming_the_option(
+    argv, module, work, named, tmp_path, monkeypatch, capsys
+):
+    import importlib
+
+    if argv[0] == "bench":
+        argv = [*argv, "--out", str(tmp_path)]
+    refuse_work(monkeypatch, importlib.import_module(f"linattn.experiments.{module}"), work)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"linattn {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert named in err and " would take at least " in err and "this machine has " in err
+
+
+def test_mqar_sizes_are_bounded_before_training(tmp_path, monkeypatch, capsys):
+    from linattn.experiments.mqar import cli as mqar_cli
+
+    refuse_work(monkeypatch, mqar_cli, "run_sweep")
+    argv = ["mqar", "--preset", "smoke", "--seq-len", "100000", "--vocab-size", "100000000"]
+    argv += ["--results", str(tmp_path / "r.jsonl"), "--plot", "none", "--checkpoint-dir", "none"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("linattn mqar: error: --seq-len 100000 --vocab-size 100000000 ")
+    assert " would take at least " in err
+
+
+def test_sizes_that_fit_pass_the_bound(capsys):
+    assert cli.main(["accuracy", "--T", "40", "--K", "4", "--V", "4"]) == 0
+
+
+def test_an_allocation_that_fails_anyway_is_one_line(monkeypatch, capsys):
+    """Sizes under the bound whose allocation still fails (memory taken by others): one line."""
+    from linattn.experiments import accuracy
+
+    def no_memory(*args):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8")
+
+    monkeypatch.setattr(accuracy, "compute_accuracy", no_memory)
+    assert cli.main(["accuracy"]) == 2
+    assert capsys.readouterr().err.startswith("linattn accuracy: error: out of memory: ")
+
+
+def test_another_runtime_error_is_not_taken_for_memory(monkeypatch):
+    from linattn.experiments import accuracy
+
+    def bug(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(accuracy, "compute_accuracy", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["accuracy"])
+
+
+# Issue 33: an input file that is missing, not a regular file, or too large is refused before
+# any work, in the one error format.
+def test_bench_merge_of_a_missing_file(tmp_path, capsys):
+    missing = tmp_path / "nonexistent.json"
+    assert cli.main(["bench", "--merge", str(missing), "--out", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err == (
+        f"linattn bench: error: --merge {missing}: No such file or directory\n"
+    )
+
+
+def test_bench_merge_of_a_device_or_an_oversized_file(tmp_path, capsys):
+    from linattn.experiments._args import MAX_INPUT_BYTES
+
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(MAX_INPUT_BYTES + 1)  # sparse: nothing written
+    for path, reason in (("/dev/zero", "is not a regular file"), (huge, "is 256 MiB, more than")):
+        assert cli.main(["bench", "--merge", str(path), "--out", str(tmp_path / "m")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"linattn bench: error: --merge {path} {reason}"), err
+
+
+@pytest.mark.parametrize("flag", ["--bench", "--mqar"])
+def test_report_refuses_a_device_as_input_before_verify(flag, tmp_path, monkeypatch, capsys):
+    from linattn.experiments import report
+
+    refuse_work(monkeypatch, report, "build_report")
+    refuse_work(monkeypatch, report, "prepare_out_dir")
+    assert cli.main(["report", "--out", str(tmp_path / "r"), flag, "/dev/zero"]) == 2
+    assert capsys.readouterr().err == (
+        f"linattn report: error: {flag} /dev/zero is not a regular file\n"
+    )

@@ -61,16 +61,17 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - start
     if not ready:
         print(
-            f"linattn build: the fused CPU chunk kernels are unavailable ({native.reason()}); "
-            "the chunk form runs its PyTorch loop",
+            "linattn build: error: the fused CPU chunk kernels are unavailable "
+            f"({native.reason()}); the chunk form runs its PyTorch loop",
             file=sys.stderr,
         )
         return 1
     error = self_check()
     if not error <= CHECK_TOLERANCE:
         print(
-            f"linattn build: the fused CPU chunk kernels ({native.build_directory()}) failed "
-            f"their check: {error:.1e} from float64, more than {CHECK_TOLERANCE:g}",
+            "linattn build: error: the fused CPU chunk kernels "
+            f"({native.build_directory()}) failed their check: {error:.1e} from float64, "
+            f"more than {CHECK_TOLERANCE:g}",
             file=sys.stderr,
         )
         return 1

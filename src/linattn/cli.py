@@ -7,9 +7,12 @@ Each subcommand lives in its own module, which defines
 
 and is listed once in ``COMMANDS`` below. Bad input (a ``ValueError`` or ``TypeError`` raised by the
 library) and a failed read or write (an ``OSError``: a full disk, a missing file) end the command
-with a one-line message naming the problem and exit status 2; Ctrl-C ends it with one line and exit
-status 130 (128 + SIGINT, as a shell reports it). Commands check their output paths before any
-work (``linattn.experiments._args.output_file``), so that a bad path fails in the first second.
+with a one-line message naming the problem and exit status 2 (``linattn CMD: error: ...``, the
+format of argparse's own errors), as does an allocation that fails; Ctrl-C ends it with one line and
+exit status 130 (128 + SIGINT, as a shell reports it). Commands check their output paths before any
+work (``linattn.experiments._args.output_file``), so that a bad path fails in the first second;
+likewise an input file (``input_file``: a regular file, of bounded size) and the size options
+(``check_memory``: what their largest tensors would take, against the machine's memory).
 """
 
 from __future__ import annotations
@@ -70,6 +73,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as error:
         print(f"linattn {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as error:
+        if not out_of_memory(error):
+            raise
+        print(f"linattn {args.command}: error: out of memory: {one_line(error)}", file=sys.stderr)
+        return 2
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether error is an allocation that failed (Python's MemoryError or torch's allocator):
+    the sizes passed the commands' bound (``check_memory``) but not the memory free now."""
+    return isinstance(error, MemoryError) or "can't allocate memory" in str(error)
 
 
 def one_line(error: BaseException) -> str:

@@ -50,3 +50,45 @@ def test_name_list():
     assert parse("kda, kda,softmax") == ("kda", "kda", "softmax")
     with pytest.raises(argparse.ArgumentTypeError, match=r"unknown names \['gru'\]"):
         parse("kda,gru")
+
+
+def test_human_bytes():
+    from linattn.experiments._args import human_bytes
+
+    assert [human_bytes(n) for n in (0, 1023, 1536, 3 * 2**30, 2.5e12)] == [
+        "0 B",
+        "1023 B",
+        "1.5 KiB",
+        "3 GiB",
+        "2.27 TiB",
+    ]
+    assert human_bytes(1e40) == "8.27e+15 YiB"  # past the last unit: still one number
+
+
+def test_check_memory_refuses_what_the_machine_cannot_hold():
+    from linattn.experiments._args import check_memory, machine_memory
+
+    assert machine_memory() > 0  # Linux says
+    check_memory("--T 8", 2**20, memory=2**30)  # fits: nothing
+    check_memory("--T 8", 2**40, memory=0)  # the machine's memory unknown: nothing refused
+    with pytest.raises(ValueError) as error:
+        check_memory("--T 10000000000 --K 16", 1.6e21, memory=16 * 2**30)
+    assert str(error.value) == (
+        "--T 10000000000 --K 16 would take at least 1.36 ZiB of memory; this machine has 16 GiB"
+    )
+
+
+def test_input_file_is_a_regular_file_of_bounded_size(tmp_path):
+    from linattn.experiments._args import input_file
+
+    good = tmp_path / "bench.json"
+    good.write_text("{}")
+    assert input_file("--bench", str(good)) == good
+    with pytest.raises(ValueError, match=r"^--bench .*nope\.json: No such file or directory$"):
+        input_file("--bench", tmp_path / "nope.json")
+    with pytest.raises(ValueError, match=r"^--bench .* is not a regular file$"):
+        input_file("--bench", tmp_path)  # a folder
+    with pytest.raises(ValueError, match=r"^--bench /dev/zero is not a regular file$"):
+        input_file("--bench", "/dev/zero")
+    with pytest.raises(ValueError, match=r"is 2 B, more than the 1 B an input file may be$"):
+        input_file("--bench", good, limit=1)

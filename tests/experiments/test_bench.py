@@ -177,6 +177,14 @@ def test_several_thread_counts_need_the_wall_clock(tiny_bench_args, tmp_path, ca
     assert not (tmp_path / "scaling.json").exists()
 
 
+def test_bench_errors_take_the_one_format(tiny_bench_args, tmp_path, capsys):
+    args = [*tiny_bench_args, "--threads", "1,2", "--clock", "cpu", "--out", str(tmp_path)]
+    assert cli.main(["bench", *args]) == 2
+    assert capsys.readouterr().err == (
+        "linattn bench: error: --threads with several counts needs --clock wall\n"
+    )  # issue 33: one format
+
+
 def test_scaling_table_per_thread_count(tiny_bench_args, tmp_path, monkeypatch, capsys):
     # The timings are stand-ins (seconds that fall with the thread count, and a roof per
     # count) so that the efficiency and speed-up columns can be checked as computations.

@@ -56,4 +56,4 @@ def test_a_truncated_run_is_named(tiny_run, tmp_path, capsys):
     b = tmp_path / "b.json"
     b.write_text(a.read_text()[:-40])  # a copy cut short
     assert cli.main(["bench", "--merge", str(a), str(b), "--out", str(tmp_path / "m")]) == 2
-    assert f"bench: --merge: {b}: not valid JSON" in capsys.readouterr().err
+    assert f"linattn bench: error: --merge {b}: not valid JSON" in capsys.readouterr().err

@@ -88,7 +88,7 @@ def kimi_linear(**sizes: int):
     return KimiLinearForCausalLM(config)
 
 
-def mamba2(**sizes: int):
+def mamba2(**sizes: object):
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
     config = Mamba2Config(
@@ -118,10 +118,11 @@ BUILDERS = {
 }
 
 
-def build(family: str, dtype: torch.dtype = torch.float32, seed: int = 0):
-    """A tiny model of the family in eval mode, its weights drawn from `seed`."""
+def build(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, **config: object):
+    """A tiny model of the family in eval mode, its weights drawn from `seed`; config: settings
+    over the builder's (e.g. ``hidden_act``)."""
     torch.manual_seed(seed)
-    model = BUILDERS[family]()
+    model = BUILDERS[family](**config)
     with torch.no_grad():  # stronger gates than the init's, so that every term matters
         for name, p in model.named_parameters():
             if name.endswith(("A_log", "dt_bias")):
@@ -212,7 +213,7 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-12}
 
 
-def compare(family: str, dtype: torch.dtype, seed: int = 0) -> dict[str, float]:
+def compare(family: str, dtype: torch.dtype, seed: int = 0, **config: object) -> dict[str, float]:
     """linattn (``apply``) against transformers' own CPU path on one tiny model.
 
     Logits of a batch of 2 x 37 tokens, a prefill of 21 then 16 decoded tokens, and 6 greedy
@@ -220,7 +221,7 @@ def compare(family: str, dtype: torch.dtype, seed: int = 0) -> dict[str, float]:
     """
     import copy
 
-    model = build(family, dtype, seed)
+    model = build(family, dtype, seed, **config)
     ours = hf.apply(copy.deepcopy(model))
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (2, 37), generator=generator)

@@ -110,6 +110,24 @@ def test_apply_refuses_what_it_cannot_serve():
         hf.apply(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("model", [None, "x", 3, torch.nn.Linear])
+def test_restore_checks_its_argument_like_apply(model):
+    """issue 33: restore(None) / restore("x") raised AttributeError; now apply's TypeError."""
+    for entry in (hf.apply, hf.restore):
+        with pytest.raises(TypeError, match="model must be a torch.nn.Module, got "):
+            entry(model)
+
+
+def test_the_family_helpers_check_their_argument():
+    with pytest.raises(TypeError, match="family must be a str, got NoneType"):
+        hf.module_name(None)
+    with pytest.raises(ValueError, match="family must be one of .*mamba2.*; got 'mamba3'"):
+        hf.module_name("mamba3")
+    with pytest.raises(TypeError, match="cls must be a class, got str"):
+        hf.family_of("Mamba2Mixer")
+    assert hf.family_of(torch.nn.Linear) is None
+
+
 def test_enable_then_disable_round_trip():
     module = importlib.import_module(hf.module_name("qwen3_next"))
     bound = {name: getattr(module, name) for name in hf.GATED_DELTA}
@@ -281,6 +299,40 @@ def test_conv_kernels_equal_transformers_fallbacks():
     assert torch.equal(state, state_ref)
     with pytest.raises(ValueError, match="cu_seqlens"):
         kernels.causal_conv1d_fn(x, w, cu_seqlens=torch.tensor([0, 11]))
+
+
+CONV_ACTIVATIONS = [None, "silu", "swish", "gelu", "gelu_new", "relu", "tanh", "sigmoid"]
+
+
+@pytest.mark.parametrize("activation", CONV_ACTIVATIONS)
+def test_conv_kernels_apply_every_activation_transformers_knows(activation):
+    """transformers' own convolution applies ACT2FN[activation]: so do linattn's (issue 33: the
+    Mamba-2 family's hidden_act, e.g. gelu, was refused)."""
+    module = importlib.import_module(hf.module_name("mamba2"))
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(2, 6, 11, generator=gen), torch.randn(6, 4, generator=gen)
+    bias = torch.randn(6, generator=gen)
+    ref = module.causal_conv1d_fn.__wrapped__(x, w, bias, activation=activation)
+    assert torch.allclose(kernels.causal_conv1d_fn(x, w, bias, activation), ref, atol=1e-6)
+    state_ref = torch.randn(2, 6, 3, generator=gen)
+    state, x1 = state_ref.clone(), torch.randn(2, 6, 1, generator=gen)
+    ref = module.causal_conv1d_update.__wrapped__(x1, state_ref, w, bias, activation)
+    got = kernels.causal_conv1d_update(x1, state, w, bias, activation)
+    assert torch.allclose(got, ref, atol=1e-6) and torch.equal(state, state_ref)
+
+
+def test_conv_kernels_refuse_an_activation_transformers_does_not_know():
+    x, w = torch.randn(1, 2, 5), torch.randn(2, 4)
+    with pytest.raises(KeyError, match="no_such_act"):  # ACT2FN's refusal, as transformers' own
+        kernels.causal_conv1d_fn(x, w, None, "no_such_act")
+
+
+@needs("mamba2")
+@pytest.mark.parametrize("hidden_act", ["gelu", "relu"])
+def test_mamba2_with_any_hidden_act_equals_transformers_own_path(hidden_act):
+    """A Mamba-2 model whose hidden_act is not silu runs on linattn, equal to transformers'."""
+    errors = hf_models.compare("mamba2", torch.float32, hidden_act=hidden_act)
+    assert max(errors.values()) < hf_models.TOLERANCE[torch.float32], errors
 
 
 WITH_FLA = """

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -100,4 +102,66 @@ def output_dir(option: str, path: str | Path) -> Path:
     if path.exists() and not path.is_dir():
         raise ValueError(f"{option} {path} is a file; expected a folder")
     _writable_ancestor(option, path / "probe")
+    return path
+
+
+# The largest input file a command reads (a bench.json is kilobytes, an mqar.jsonl megabytes).
+MAX_INPUT_BYTES = 256 * 2**20
+
+
+def human_bytes(n: float) -> str:
+    """n bytes in binary units: 512 B, 1.5 KiB, ..., 2.3 TiB, 1.4e+06 YiB."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    exponent = 0 if n < 1024 else min(int(math.log(n, 1024)), len(units) - 1)
+    value = n / 1024**exponent
+    return f"{value:.0f} B" if exponent == 0 else f"{value:.3g} {units[exponent]}"
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def check_memory(options: str, nbytes: float, memory: int | None = None) -> None:
+    """Refuse, before any work, sizes whose tensors alone would not fit in the machine's memory.
+
+    options: the size options as typed (``"--T 10000000000 --K 16 --V 16"``); nbytes: what the
+    command's largest tensors take at those sizes (a lower bound of its peak); memory: the
+    machine's (default ``machine_memory()``; 0: unknown, nothing refused).
+
+    Raises:
+        ValueError: nbytes is more than memory, naming the options and both sizes.
+    """
+    memory = machine_memory() if memory is None else memory
+    if memory and nbytes > memory:
+        raise ValueError(
+            f"{options} would take at least {human_bytes(nbytes)} of memory; "
+            f"this machine has {human_bytes(memory)}"
+        )
+
+
+def input_file(option: str, path: str | Path, limit: int = MAX_INPUT_BYTES) -> Path:
+    """Check, before any work, that ``path`` is a regular file of at most ``limit`` bytes.
+
+    A device or a pipe (``/dev/zero``, ``/dev/stdin``) is refused, since reading it may never end;
+    so is a missing file or a larger one. Returns ``path`` as a Path.
+
+    Raises:
+        ValueError: naming the option, the path and the reason.
+    """
+    path = Path(path)
+    try:
+        info = path.stat()
+    except OSError as error:
+        raise ValueError(f"{option} {path}: {error.strerror or error}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{option} {path} is not a regular file")
+    if info.st_size > limit:
+        raise ValueError(
+            f"{option} {path} is {human_bytes(info.st_size)}, more than the "
+            f"{human_bytes(limit)} an input file may be"
+        )
     return path

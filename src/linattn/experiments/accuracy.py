@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from linattn.experiments._args import nonnegative_int, positive_int
+from linattn.experiments._args import check_memory, nonnegative_int, positive_int
 from linattn.ops import delta_rule, linear_attention
 from linattn.reference.gated import recurrence
 
@@ -121,7 +121,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
 
+def memory_needed(T: int, K: int, V: int) -> int:
+    """Bytes of the largest tensors of one problem (a lower bound of the peak): the parallel
+    form's T x T float64 matrix of each of the 2 heads, and the inputs q, k, v, beta, g, S_0."""
+    return 8 * 2 * (T * T + T * (3 * K + V + 2) + K * V)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_memory(f"--T {args.T} --K {args.K} --V {args.V}", memory_needed(args.T, args.K, args.V))
     rows = compute_accuracy(args.T, args.K, args.V, args.seed)
     print(
         json.dumps(rows, indent=1) if args.json else accuracy_markdown(rows, args.T, args.K, args.V)

@@ -31,7 +31,14 @@ import torch
 from linattn.cpu import DESCRIPTION, tune_malloc
 from linattn.experiments import _bench_cases as cases
 from linattn.experiments import _generation_step, _timing
-from linattn.experiments._args import int_list, nonnegative_int, output_dir, positive_int
+from linattn.experiments._args import (
+    check_memory,
+    input_file,
+    int_list,
+    nonnegative_int,
+    output_dir,
+    positive_int,
+)
 from linattn.experiments._bench_merge import merge_runs
 from linattn.experiments._timing import (
     matmul_rate,
@@ -156,7 +163,7 @@ def _memory(args, rows) -> None:
     try:
         peaks = measure_memory_in_child(jobs, timeout=args.memory_timeout)
     except (RuntimeError, subprocess.TimeoutExpired) as error:  # keep the timings regardless
-        print(f"bench: peak memory not measured: {error}", file=sys.stderr)
+        print(f"linattn bench: warning: peak memory not measured: {error}", file=sys.stderr)
         return
     for (i, key), value in zip(where, peaks, strict=True):
         rows[i][key] = value
@@ -528,16 +535,39 @@ def _choices(text: str, allowed) -> list[str]:
     return chosen
 
 
+def memory_needed(args: argparse.Namespace) -> int:
+    """Bytes of the largest float32 tensors one row holds (a lower bound of the peak): q, k, v
+    and the output gradient [B, T, H, K or V] at the longest T, the parallel form's T x T scores
+    per head at its longest T, and a generation step's KV cache [B, H, t, K] twice."""
+    B, H, K, V = args.B, args.H, args.K, args.V
+    T = max(args.T)
+    parallel = min(T, args.parallel_max_T) if "parallel" in args.modes else 0
+    t = max(args.generation_t, default=0)
+    inputs = B * H * T * (2 * K + 2 * V)
+    return 4 * max(inputs, B * H * parallel * parallel, 2 * B * H * t * args.generation_K)
+
+
+def _size_options(args: argparse.Namespace) -> str:
+    """The size options as typed, for the message of ``check_memory``."""
+    words = [f"--T {','.join(map(str, args.T))}"]
+    words += [f"--{name} {getattr(args, name)}" for name in ("B", "H", "K", "V")]
+    if args.generation_t:
+        words.append(f"--generation-t {','.join(map(str, args.generation_t))}")
+    return " ".join(words)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, write bench.json, bench.md and bench.png under --out, print the tables."""
     output_dir("--out", args.out)  # before any timing: a bad --out must not cost the run
     if args.merge:
+        paths = [input_file("--merge", p) for p in args.merge]  # every one before reading any
+        runs = [_read_run(p) for p in paths]
         try:
-            merged = merge_runs([_read_run(p) for p in args.merge])
-        except (OSError, ValueError, KeyError) as error:
-            print(f"bench: --merge: {error}", file=sys.stderr)
-            return 2
+            merged = merge_runs(runs)  # its ValueErrors name --merge
+        except KeyError as error:
+            raise ValueError(f"--merge: a run has no {error} (not a bench.json?)") from None
         return _write(merged, args)
+    check_memory(_size_options(args), memory_needed(args))
     if args.threads and len(set(args.threads)) > 1:
         return _scaling(args)
     if args.threads:
@@ -548,7 +578,7 @@ def run(args: argparse.Namespace) -> int:
             malloc = DESCRIPTION
         else:
             malloc = "not tuned (no glibc mallopt)"
-            print("bench: --tune-malloc: no glibc mallopt here, timing as is", file=sys.stderr)
+            print("linattn bench: warning: --tune-malloc: no glibc mallopt here", file=sys.stderr)
     _timing.use_clock(args.clock)
     result = compute_bench(args)
     result["machine"]["malloc"] = malloc
@@ -560,8 +590,7 @@ def run(args: argparse.Namespace) -> int:
 def _scaling(args: argparse.Namespace) -> int:
     """``--threads`` with several counts: the scaling table, scaling.json/md/png under --out."""
     if args.clock != "wall":  # CPU time adds the threads' times: it cannot show a speed-up
-        print("bench: --threads with several counts needs --clock wall", file=sys.stderr)
-        return 2
+        raise ValueError("--threads with several counts needs --clock wall")
     _timing.use_clock(args.clock)
     result = compute_scaling(args)
     result["config"]["out"] = str(args.out)
@@ -580,11 +609,14 @@ def _scaling(args: argparse.Namespace) -> int:
 
 
 def _read_run(path: Path) -> dict:
-    """One bench.json to merge; a file that is not JSON (a run cut short) is named in the error."""
+    """One bench.json to merge; a file that is not JSON (a run cut short) or cannot be read is
+    named in the error (``linattn bench: error: --merge PATH: ...``)."""
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
+        raise ValueError(f"--merge {path}: not valid JSON ({error})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--merge {path}: cannot be read ({error})") from None
 
 
 def _write(result: dict, args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import linattn.distributed as ld
-from linattn.experiments._args import output_file
+from linattn.experiments._args import check_memory, output_file
 
 # mechanism -> (function, beta?, gate)
 MECHANISMS = {
@@ -152,6 +152,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=2, help="local processes (default 2)")
 
 
+def memory_needed(args: argparse.Namespace) -> int:
+    """Bytes of the float32 inputs q, k, v, g and their gradients [B, T, H, K or V] on every rank
+    at the longest slice (a lower bound of the ranks' peak together)."""
+    T, B, H = max(args.lengths), args.batch, args.heads
+    return 4 * args.nproc * 2 * B * T * H * (3 * args.key_dim + args.value_dim)
+
+
 def run(args: argparse.Namespace) -> int:
     """Start ``--nproc`` ranks on 127.0.0.1 running this module; print rank 0's table."""
     from linattn.experiments.launch import run_local
@@ -163,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if min(args.lengths) < 1:
         raise ValueError(f"--lengths must be >= 1, got {args.lengths}")
+    sizes = " ".join(
+        [f"--lengths {max(args.lengths)}", f"--nproc {args.nproc}"]
+        + [f"--{n.replace('_', '-')} {getattr(args, n)}" for n in ("batch", "heads", "key_dim")]
+        + [f"--value-dim {args.value_dim}"]
+    )
+    check_memory(sizes, memory_needed(args))
     if args.json:
         output_file("--json", args.json)  # here, once, not in a traceback from every rank
     forwarded = ["--lengths", *map(str, args.lengths), "--mechanisms", *args.mechanisms]

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from linattn.experiments import costs as costs_command
 from linattn.experiments import table1 as table1_command
 from linattn.experiments import verify as verify_command
-from linattn.experiments._args import positive_int
+from linattn.experiments._args import input_file, positive_int
 from linattn.experiments.report_contents import Report
 from linattn.experiments.report_page import render_html, render_markdown
 from linattn.figures.legibility import legible_width, png_css_width
@@ -275,6 +275,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    for flag in ("bench", "mqar"):  # a given input is a readable file, before verify runs
+        if getattr(args, flag) is not None:
+            input_file(f"--{flag}", getattr(args, flag))
     args.argv = _argv(args)
     out = prepare_out_dir(Path(args.out), args.force)
     report = build_report(args, out)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from linattn.experiments._args import int_list, nonnegative_int, positive_int
+from linattn.experiments._args import check_memory, int_list, nonnegative_int, positive_int
 from linattn.reference import recall_errors, recall_theory
 from linattn.reference.checks import as_positive_int
 
@@ -97,8 +97,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
 
+def memory_needed(r: int, ns: Sequence[int]) -> int:
+    """Bytes of the largest tensors of one repetition (a lower bound of the peak): the three
+    r x r float64 memories and the n keys and values in R^r, at the largest n."""
+    return 8 * (3 * r * r + 2 * max(ns) * r)
+
+
 def run(args: argparse.Namespace) -> int:
     """Compute the table and print it as Markdown or JSON."""
+    ns = ",".join(map(str, args.ns))
+    check_memory(f"--r {args.r} --ns {ns}", memory_needed(args.r, args.ns))
     rows = compute_table1(args.r, args.ns, args.repetitions, args.seed, progress=True)
     if args.json:
         payload = {"r": args.r, "repetitions": args.repetitions, "seed": args.seed, "rows": rows}

@@ -331,6 +331,17 @@ def refuse_packed(kwargs: dict) -> None:
             )
 
 
+def conv_act(y: Tensor, activation: str | None) -> Tensor:
+    """The short convolution's activation as transformers' own convolution applies it: none, or
+    any name its ``ACT2FN`` knows (``"silu"`` / ``"swish"``, the usual one, through linattn's;
+    Mamba-2-family models may set ``hidden_act`` to another, e.g. ``"gelu"``)."""
+    if activation in (None, "silu", "swish"):
+        return conv_activation(y, activation)
+    from transformers.activations import ACT2FN  # only a transformers model calls these kernels
+
+    return ACT2FN[activation](y)
+
+
 def causal_conv1d_fn(
     hidden_states: Tensor,
     weight: Tensor,
@@ -341,11 +352,12 @@ def causal_conv1d_fn(
     """The causal depthwise short convolution: out[:, c, t] = sum_j w[c, j] x[:, c, t - W + 1 + j].
 
     hidden_states [B, D, T]; weight [D, W]; bias [D] or None. The conv runs in weight's dtype and
-    the result comes back in hidden_states' dtype, as transformers' fallback.
+    the result comes back in hidden_states' dtype, as transformers' fallback; activation: any
+    transformers knows (``conv_act``).
     """
     refuse_packed(kwargs)
     out, _ = causal_conv1d(hidden_states.to(weight.dtype), weight, bias)  # zeros before t = 0
-    return conv_activation(out, activation).to(hidden_states.dtype)
+    return conv_act(out, activation).to(hidden_states.dtype)
 
 
 def causal_conv1d_update(
@@ -363,4 +375,4 @@ def causal_conv1d_update(
     x, state = hidden_states.to(weight.dtype), conv_state.to(weight.dtype)
     out, new_state = causal_conv1d(x, weight, bias, state)
     conv_state.copy_(new_state)
-    return conv_activation(out, activation).to(hidden_states.dtype)
+    return conv_act(out, activation).to(hidden_states.dtype)

@@ -69,13 +69,39 @@ _enabled: dict[str, dict[str, object]] = {}
 _applied: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
+def check_model(model: object) -> nn.Module:
+    """model itself, checked to be a module (the argument of ``apply`` and ``restore``).
+
+    Raises:
+        TypeError: model is not a torch.nn.Module.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
 def module_name(family: str) -> str:
-    """The modeling module of a family: ``transformers.models.F.modeling_F``."""
+    """The modeling module of a family: ``transformers.models.F.modeling_F``.
+
+    Raises:
+        TypeError: family is not a str.
+        ValueError: family is not one of ``FAMILIES``.
+    """
+    if not isinstance(family, str):
+        raise TypeError(f"family must be a str, got {type(family).__name__}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(sorted(FAMILIES))}; got {family!r}")
     return f"transformers.models.{family}.modeling_{family}"
 
 
 def family_of(cls: type) -> str | None:
-    """The family whose modeling module defines cls, or None."""
+    """The family whose modeling module defines cls, or None.
+
+    Raises:
+        TypeError: cls is not a class.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a class, got {type(cls).__name__}")
     prefix, _, family = cls.__module__.rpartition(".modeling_")
     return family if family in FAMILIES and prefix.endswith(f"models.{family}") else None
 
@@ -161,8 +187,7 @@ def apply(model: nn.Module) -> nn.Module:
         TypeError: model is not a torch.nn.Module.
         ValueError: the model has no layer linattn serves.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_model(model)
     layers = [(m, family_of(type(m))) for m in model.modules()]
     layers = [(m, f) for m, f in layers if f is not None and patch_layer(m, FAMILIES[f])]
     if not layers:
@@ -198,7 +223,12 @@ def patch_layer(layer: nn.Module, overrides: dict[str, Callable]) -> bool:
 
 
 def restore(model: nn.Module) -> nn.Module:
-    """Undo ``apply`` on model (a copy of an applied model included); returns the model."""
+    """Undo ``apply`` on model (a copy of an applied model included); returns the model.
+
+    Raises:
+        TypeError: model is not a torch.nn.Module (as ``apply``).
+    """
+    check_model(model)
     for layer in model.modules():
         for attr, value in layer.__dict__.pop("_linattn_saved", {}).items():
             if value is None:

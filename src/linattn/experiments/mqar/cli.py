@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from linattn.experiments._args import nonnegative_int, output_dir, output_file
+from linattn.experiments._args import check_memory, nonnegative_int, output_dir, output_file
 from linattn.experiments.mqar.sweep import (
     MECHANISMS,
     PRESETS,
@@ -65,6 +65,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="pairs trained at once, one process each (default: the preset's; "
                         "cpu: 2, one per core)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def memory_needed(preset: Preset) -> int:
+    """Bytes of the largest float32 tensors of one training step in every worker (a lower bound
+    of the peak): the logits and their gradient [batch, T, vocab], and the embedding with its
+    gradient and Adam's two moments [vocab, width] at the widest width."""
+    t, batch = preset.task, preset.train.batch_size
+    logits = 2 * batch * t.seq_len * t.vocab_size
+    embedding = 4 * t.vocab_size * max(preset.widths)
+    return 4 * preset.workers * (logits + embedding)
+
+
+def size_options(preset: Preset) -> str:
+    """The size settings (the preset's, or the options that replaced them) for the message."""
+    t = preset.task
+    return (
+        f"--seq-len {t.seq_len} --vocab-size {t.vocab_size} --batch-size "
+        f"{preset.train.batch_size} --widths {max(preset.widths)} --workers {preset.workers}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_memory(size_options(preset), memory_needed(preset))
     parallel = preset.workers > 1
     if args.threads is not None and not parallel:
         torch.set_num_threads(args.threads)
