@@ -161,7 +161,13 @@ def direct_block_size(G: Tensor, dtype: torch.dtype | None = None) -> int:
     products (G's by default). A block of F tokens with reference row r = F / 2 evaluates
     exp(G_i - G_r) and exp(G_r - G_i) for every row i of the block; the largest of these exponents
     are G_first - G_r and G_r - G_last.
+
+    Under torch.compile the gates are unknown while tracing, and a block size chosen from them
+    would end the graph: F = 1 then (halving down to single tokens, every exponent <= 0, which
+    suits any gate).
     """
+    if torch.compiler.is_compiling():
+        return 1
     budget = factor_budget(G.dtype if dtype is None else dtype)
     F = G.shape[-2]
     while F > 1:

@@ -187,8 +187,11 @@ class Terms:
         G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
         # Every exponent below is >= G_C (a sum of gates inside one chunk): only where a
         # chunk's whole decay reaches the subnormal range are any flushed (``decay_exp_``).
+        # Under torch.compile the gates are unknown while tracing: no floor (the same decays, the
+        # subnormal ones kept; a data-dependent branch would end the graph).
         floor = subnormal_floor(g.dtype)
-        floor = floor if G_end.min().item() < floor else None
+        if torch.compiler.is_compiling() or not G_end.min().item() < floor:
+            floor = None
         self.eG = decay_exp(self.G.to(g.dtype), floor, out=buffers("eG", g))  # exp(G_i) <= 1
         self.eEnd = exp_difference(G_end, self.G, g.dtype, floor)
         self.D = decay_exp(G_end.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
