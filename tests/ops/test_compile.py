@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from linattn.ops import delta_rule, linear_attention, recurrent_step, softmax_attention
+from linattn.ops import _native, delta_rule, linear_attention, recurrent_step, softmax_attention
 
 LENGTHS = (7, 9, 13)  # three lengths, none a multiple of the chunk size
 
@@ -77,13 +77,20 @@ def _compare(fn, gate: str | None, frames: int | None) -> None:
         assert counter.frame_count == frames
 
 
+needs_native = pytest.mark.skipif(
+    not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
+)
+BACKENDS = [pytest.param("1", id="fused", marks=needs_native), pytest.param("0", id="loop")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("op", "gate"), [(_delta, "channel"), (_linear, "head"), (_delta, None), (_linear, None)]
 )
-def test_the_chunk_form_compiles_once_for_three_lengths(op, gate, monkeypatch):
+def test_the_chunk_form_compiles_once_for_three_lengths(op, gate, backend, monkeypatch):
     # The blocker: max(lengths, default=0) in _engine.check_chunk stopped dynamo, and
     # min(chunk_size, T) in the op's arguments specialised T (one graph per length).
-    monkeypatch.setenv("LINATTN_NATIVE", "0")
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
     _compare(op("chunk"), gate, frames=1)
 
 
@@ -131,10 +138,12 @@ def test_a_refused_argument_is_named_under_compile():
         fn(q, k, v.double(), beta, None)
 
 
-def test_a_refused_argument_is_named_under_fullgraph():
-    # fullgraph=True: PyTorch's Unsupported, whose text carries our message.
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_refused_argument_is_named_under_fullgraph(dynamic):
+    # fullgraph=True: PyTorch's Unsupported, whose text carries our message (with dynamic=True
+    # the sizes in it are the trace's symbols).
     torch._dynamo.reset()
-    fn = torch.compile(_delta("chunk"), fullgraph=True, dynamic=False, backend="eager")
+    fn = torch.compile(_delta("chunk"), fullgraph=True, dynamic=dynamic, backend="eager")
     q, k, v, beta, _ = _inputs(8, None)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="beta must have shape"):
         fn(q, k, v, beta[..., :1], None)
