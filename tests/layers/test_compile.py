@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounterWithBackend
 
 from linattn import layers
 
@@ -21,6 +20,15 @@ LAYERS = [
     "MultiHeadLatentAttention",
     "SoftmaxAttention",
 ]
+
+
+def _counter():
+    """A compile counter with the aot_eager backend. torch._dynamo.testing is imported here, not
+    at collection: it imports triton, which must come after tests.fla_interpreter (the fla tests
+    collected earlier in a session would then fail)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    return CompileCounterWithBackend("aot_eager")
 
 
 def _make(name: str) -> torch.nn.Module:
@@ -48,7 +56,7 @@ def test_a_layer_compiles_once_for_three_lengths(name, monkeypatch):
     monkeypatch.setenv("LINATTN_NATIVE", "0")
     layer = _make(name)
     torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = _counter()
     compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend=counter)
     frames = []
     for T in (7, 9, 13):
