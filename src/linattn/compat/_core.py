@@ -45,6 +45,49 @@ def promote(*xs: Tensor | None) -> torch.dtype:
     return torch.float32 if dtype is None else dtype
 
 
+def check(q: object, k: object, v: object, **named: tuple[object, tuple[str, ...]]) -> None:
+    """fla's argument checks, before any shape is read or broadcast (the ops' own come after).
+
+    q, k: [B, T, H, K] and v: [B, T, HV, V] (HV a multiple of H) floating tensors; every other
+    argument ``name=(x, layouts)``: None, or a floating tensor of one of ``layouts``, written in
+    those sizes ("[B, T, HV]", "[HV]", "[B, T, HV, K]", ...). Nothing broadcasts: fla's kernels
+    index every argument by these sizes. fla's messages where fla has them.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape [B, T, H, D], got {tuple(x.shape)}")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape, got q={q.shape} vs k={k.shape}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if v.shape[:2] != (B, T):
+        raise ValueError("v must be of shape (batch size, seq len, num of head, head dim).")
+    if (HV % H if H else HV) != 0:
+        raise ValueError(
+            f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), but "
+            f"got HV % H = {HV % H if H else HV}"
+        )
+    sizes = {"B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V}
+    for name, (x, layouts) in named.items():
+        if x is None:
+            continue
+        check_tensor(name, x)
+        shapes = [tuple(sizes[d] for d in layout.strip("[]").split(", ")) for layout in layouts]
+        if tuple(x.shape) not in shapes:
+            pairs = zip(layouts, shapes, strict=True)
+            expected = " or ".join(f"{layout} = {shape}" for layout, shape in pairs)
+            raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
+
+
+def check_tensor(name: str, x: object) -> None:
+    """``x`` must be a floating-point tensor (fla's kernels take no integer q, k, v or gates)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
 def check_varlen(q: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor | None) -> None:
     """fla's checks of packed sequences: B = 1 and one initial state per sequence."""
     if cu_seqlens is None:
@@ -116,6 +159,11 @@ def sigmoid_beta(beta: Tensor, allow_neg_eigval: bool) -> Tensor:
 def gdn_gate(g: Tensor, A_log: Tensor, dt_bias: Tensor | None) -> Tensor:
     """Gated DeltaNet's in-kernel gate: ``-exp(A_log) * softplus(g + dt_bias)``, A_log, dt_bias
     [HV], computed in float32 (float64 stays); g [B, T, HV] is the raw gate input."""
+    HV = g.shape[-1] if isinstance(g, Tensor) and g.dim() == 3 else None
+    for name, p in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if p is not None and (not isinstance(p, Tensor) or tuple(p.shape) != (HV,)):
+            shape = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__
+            raise ValueError(f"{name} must have shape [HV] = ({HV},) as g [B, T, HV], got {shape}")
     x = g.to(compute_dtype(g.dtype))
     bias = None if dt_bias is None else dt_bias.to(x.dtype)
     return decay_gate(x, A_log.to(x.dtype), bias)
@@ -224,6 +272,11 @@ def run(
     ``linear_attention``; ``out`` is "q" or "v", whose dtype o takes. ``scale`` None means
     1 / sqrt(K).
     """
+    check(
+        q, k, v, beta=(beta, ("[B, T, HV]", "[B, T, HV, V]")),
+        g=(g, ("[B, T, HV]", "[B, T, HV, K]")), gk=(gk, ("[B, T, HV, K]",)),
+        gv=(gv, ("[B, T, HV, V]",)),
+    )  # fmt: skip
     check_varlen(q, initial_state, cu_seqlens)
     dtype = promote(q, k, v, beta, g, gk, gv)  # an in-kernel gate computed in float32 stays
     out_dtype = q.dtype if out == "q" else v.dtype

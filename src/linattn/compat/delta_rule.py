@@ -30,7 +30,8 @@ def chunk_delta_rule(
 
     fla's Triton kernel refuses float32 and mixed dtypes; linattn computes them.
     """
-    if beta.dim() != 3:
+    _core.check(q, k, v)
+    if not isinstance(beta, Tensor) or beta.dim() != 3:
         raise ValueError("beta must be of shape (batch size, num of head, seq len).")
     _core.no_head_first(kwargs)
     C = _core.check_chunk_size(kwargs.pop("chunk_size", 64), (16, 32, 64), "the delta rule")

@@ -54,6 +54,7 @@ def chunk_gated_delta_rule(
     ``A_log``, ``dt_bias`` and ``chunk_size`` (16, 32 or 64) come by keyword, as in fla, and
     other keywords are swallowed (transformers passes ``use_cache``)."""
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
+    _core.check(q, k, v, g=(g, ("[B, T, HV]",)), beta=(beta, ("[B, T, HV]",)))
     if q.shape[2] != k.shape[2]:
         raise ValueError(
             f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} and "
@@ -112,6 +113,10 @@ def fused_recurrent_gated_delta_rule(
     ``(q, k, v, g, gk, gv, beta)``: pass beta by keyword. beta defaults to ones; the in-kernel
     gate applies to g only (A_log, dt_bias are ignored without ``use_gate_in_kernel``)."""
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
+    _core.check(
+        q, k, v, g=(g, ("[B, T, HV]",)), gk=(gk, ("[B, T, HV, K]",)),
+        gv=(gv, ("[B, T, HV, V]",)), beta=(beta, ("[B, T, HV]", "[B, T, HV, V]")),
+    )  # fmt: skip
     if beta is None:
         beta = torch.ones_like(v[..., 0])
     if use_gate_in_kernel:

@@ -26,6 +26,7 @@ def chunk_gla(
     cu_seqlens_cpu: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``chunk_gla``: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, g [B, T, H, K]."""
+    _core.check(q, k, v, g=(g, ("[B, T, H, K]",)))
     _core.check_varlen(q, initial_state, cu_seqlens)
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
         raise ValueError("initial_state must be in float32.")  # fla asserts float32
@@ -62,6 +63,7 @@ def fused_recurrent_gla(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_recurrent_gla``: the token loop, gk per key and gv per value channel."""
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
+    _core.check(q, k, v, gk=(gk, ("[B, T, HV, K]",)), gv=(gv, ("[B, T, HV, V]",)))
     return _core.run(
         q, k, v, delta=False, mode="recurrent", gk=gk, gv=gv, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state,

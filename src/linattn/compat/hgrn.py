@@ -21,6 +21,10 @@ def fused_recurrent_hgrn(
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_recurrent_hgrn``: h_t = exp(g_t) h_{t-1} + x_t, per channel; states [N, D]."""
+    for name, t in (("x", x), ("g", g)):
+        _core.check_tensor(name, t)
+        if t.dim() != 3 or t.shape != x.shape:
+            raise ValueError(f"{name} must have shape [B, T, D] as x, got {tuple(t.shape)}")
     _core.check_varlen(x, initial_state, cu_seqlens)
     ones = torch.ones_like(x, dtype=_core.promote(x, g)).unsqueeze(-1)  # q = k = 1: [B, T, D, 1]
     S0 = None if initial_state is None else initial_state[..., None, None]  # [N, D, 1, 1]

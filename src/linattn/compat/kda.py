@@ -28,6 +28,10 @@ def kda_gate(
     A_log: [HV]; dt_bias: [HV * K] or [HV, K].
     """
     H, K = g.shape[2], g.shape[3]
+    for name, p, n in (("A_log", A_log, H), ("dt_bias", dt_bias, H * K)):
+        if p is not None and (not isinstance(p, Tensor) or p.numel() != n):
+            got = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__
+            raise ValueError(f"{name} must hold {n} values ({name}: [HV] or [HV * K]), got {got}")
     x = g.to(compute_dtype(g.dtype))
     bias = None if dt_bias is None else dt_bias.to(x.dtype).reshape(H, K)
     A_log = None if A_log is None else A_log.to(x.dtype).reshape(H, 1)  # per head
@@ -77,6 +81,7 @@ def chunk_kda(
     (32 or 64) by keyword; ``use_graph`` and ``max_num_seqs`` (Ascend graph capture) have no
     effect here, and other keywords are swallowed as in fla."""
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
+    _core.check(q, k, v)
     _core.check_cp(cp_context)
     _core.check_varlen(q, initial_state, cu_seqlens)
     _core.check_state_dtype(q, initial_state)
@@ -156,6 +161,7 @@ def fused_recurrent_kda(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_recurrent_kda``: the token loop of ``chunk_kda`` (decoding)."""
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
+    _core.check(q, k, v, g=(g, ("[B, T, HV, K]",)), beta=(beta, ("[B, T, HV]",)))
     _core.check_neg_eigval(allow_neg_eigval, use_beta_sigmoid_in_kernel)
     g, beta = _prepare(g, beta, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                        allow_neg_eigval, lower_bound, A_log, dt_bias)  # fmt: skip

@@ -54,6 +54,7 @@ def _normalized(q, k, v, scale, kv0, z0, output_final_state, reverse, cu_seqlens
 
 def _linear_attn(mode, q, k, v, scale, initial_state, output_final_state, normalize, reverse,
                  cu_seqlens):  # fmt: skip
+    _core.check(q, k, v)
     kv0, z0 = _pair(initial_state, normalize)
     _core.check_varlen(q, kv0, cu_seqlens)
     if normalize:

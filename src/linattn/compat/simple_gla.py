@@ -39,6 +39,7 @@ def lightning_gamma(H: int, layer_idx: int, num_layers: int, device=None) -> Ten
 
 def _simple(mode, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens,
             reverse=False, state_v_first=False, chunk_size=None):  # fmt: skip
+    _core.check(q, k, v, g=(g, ("[B, T, HV]",)))
     return _core.run(
         q, k, v, delta=False, mode=mode, g=_gamma_gate(q, g, g_gamma), scale=scale,
         initial_state=initial_state, output_final_state=output_final_state,
@@ -135,6 +136,7 @@ def parallel_simple_gla(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``parallel_simple_gla``: the masked T x T form (no states); with
     output_attentions, also the decayed scores [B, H, T, T] (not with cu_seqlens)."""
+    _core.check(q, k, v, g=(g, ("[B, T, HV]",)))
     _core.check_varlen(q, None, cu_seqlens)
     if output_attentions and cu_seqlens is not None:
         raise ValueError("output_attentions=True is not supported with variable-length sequences")
@@ -157,6 +159,7 @@ def chunk_retention(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``chunk_retention``: simple GLA with RetNet's constant decays per head."""
     _core.no_head_first(kwargs)
+    _core.check(q, k, v)
     gamma = retention_gamma(q.shape[2], q.device)
     return _simple(
         "chunk", q, k, v, None, gamma, scale, initial_state, output_final_state, cu_seqlens,
@@ -174,6 +177,7 @@ def fused_chunk_retention(
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_chunk_retention``: ``chunk_retention`` (another kernel)."""
+    _core.check(q, k, v)
     gamma = retention_gamma(q.shape[2], q.device)
     return _simple(
         "chunk", q, k, v, None, gamma, scale, initial_state, output_final_state, cu_seqlens
@@ -194,6 +198,7 @@ def fused_recurrent_retention(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_recurrent_retention``: the token loop of ``chunk_retention``."""
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
+    _core.check(q, k, v)
     gamma = retention_gamma(q.shape[2], q.device)
     return _simple(
         "recurrent", q, k, v, None, gamma, scale, initial_state, output_final_state, cu_seqlens,
@@ -211,6 +216,7 @@ def parallel_retention(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``parallel_retention``: ``parallel_simple_gla`` with RetNet's decays as g."""
     _core.check_varlen(q, None, cu_seqlens)
+    _core.check(q, k, v)
     gamma = retention_gamma(q.shape[2], q.device)
     g = gamma[None, None, :].expand(q.shape[0], q.shape[1], q.shape[2])
     return parallel_simple_gla(q, k, v, g, scale, output_attentions, cu_seqlens)
@@ -233,6 +239,7 @@ def chunk_lightning_attn(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``chunk_lightning_attn``: simple GLA with lightning attention's slopes."""
     _core.no_head_first(kwargs)
+    _core.check(q, k, v)
     gamma = lightning_gamma(q.shape[2], layer_idx, num_layers, q.device)
     return _simple(
         "chunk", q, k, v, None, gamma, scale, initial_state, output_final_state, cu_seqlens,
@@ -253,6 +260,7 @@ def fused_recurrent_lightning_attn(
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_recurrent_lightning_attn``: the token loop of ``chunk_lightning_attn``."""
+    _core.check(q, k, v)
     gamma = lightning_gamma(q.shape[2], layer_idx, num_layers, q.device)
     return _simple(
         "recurrent", q, k, v, None, gamma, scale, initial_state, output_final_state, cu_seqlens,

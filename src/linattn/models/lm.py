@@ -71,6 +71,9 @@ class CausalLM(nn.Module):
         if not isinstance(config, LMConfig):
             raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
         self.config = config
+        # The hash of the configuration the blocks were built from, once: a cache check on every
+        # decoding step reads it (and torch.compile cannot trace the json encoder that makes it).
+        self.fingerprint = config.fingerprint()
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config, name) for name in config.mixers)
         self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
@@ -106,15 +109,15 @@ class CausalLM(nn.Module):
         device = self.device if device is None else device
         blocks = [b.mixer.new_state(batch_size, self.dtype, device) for b in self.blocks]
         growing = [b.mixer.growing for b in self.blocks]
-        return Cache(blocks, growing, self.config.fingerprint(), batch_size)
+        return Cache(blocks, growing, self.fingerprint, batch_size)
 
     def _check_cache(self, cache: Cache, batch_size: int) -> None:
         if not isinstance(cache, Cache):
             raise TypeError(f"cache must be a linattn.models.Cache, got {type(cache).__name__}")
-        if cache.fingerprint != self.config.fingerprint() or len(cache) != len(self.blocks):
+        if cache.fingerprint != self.fingerprint or len(cache) != len(self.blocks):
             raise ValueError(
                 f"cache was made for another model (config fingerprint {cache.fingerprint}, "
-                f"{len(cache)} blocks; this model: {self.config.fingerprint()}, "
+                f"{len(cache)} blocks; this model: {self.fingerprint}, "
                 f"{len(self.blocks)} blocks)"
             )
         if cache.batch_size != batch_size:

@@ -35,6 +35,8 @@ its exponential, so that it keeps float32's accuracy however large G grows (rese
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -118,10 +120,63 @@ def gate_floor(dtype: torch.dtype) -> float:
     return math.log(info.tiny * info.eps) - 1.0
 
 
-def exp_difference(x: Tensor, y: Tensor, dtype: torch.dtype, floor: float | None = None) -> Tensor:
-    """exp(x - y) in ``dtype``: the difference taken in x's dtype (float64 for float32 blocks),
-    rounded once, then ``decay_exp_`` (a new tensor)."""
-    return decay_exp_(torch.sub(x, y).to(dtype), floor)
+# The grid of the exact part of a float64 gate sum (``gate_sums``): partial sums of floored gates
+# (each >= -745.5) stay multiples of it below 2^53 GRID = 2^27 for up to 180,000 tokens.
+GRID = 2.0**-26
+
+
+class GateSum(NamedTuple):
+    """A cumulative log-gate G = hi + lo [..., C, 1|K] (``gate_sums``); lo is None where G is one
+    float64 sum of float32 gates. A difference G_i - G_j is (hi_i - hi_j) + (lo_i - lo_j)
+    (``minus``): hi's difference is exact, so it is rounded once however large G grows."""
+
+    hi: Tensor
+    lo: Tensor | None = None
+
+    def map(self, f: Callable[[Tensor], Tensor]) -> GateSum:
+        """f (a view: slicing, padding, blocks) applied to both parts."""
+        return GateSum(f(self.hi), None if self.lo is None else f(self.lo))
+
+    def value(self) -> Tensor:
+        """G itself (rounded): for the exponentials of G alone, whose relative error is
+        |G| eps, negligible wherever exp(G) is not."""
+        return self.hi if self.lo is None else self.hi + self.lo
+
+    def minus(self, other: GateSum) -> Tensor:
+        """G - other (broadcast), a new float64 tensor."""
+        difference = self.hi - other.hi
+        return difference if self.lo is None else difference.add_(self.lo - other.lo)
+
+
+def as_gate_sum(G: Tensor | GateSum) -> GateSum:
+    """G as a ``GateSum`` (a plain tensor is its own hi)."""
+    return G if isinstance(G, GateSum) else GateSum(G)
+
+
+def gate_sums(g: Tensor) -> GateSum:
+    """G = cumsum of the floored gates (``gate_floor``) along the tokens (-2), in float64.
+
+    float32 gates: one float64 sum (each partial sum keeps float32's accuracy, issue 18). float64
+    gates: a plain float64 sum loses |G| eps in every difference G_i - G_j, which grows with the
+    sequence after resets or steep gates (|G| reaches 745 a reset: 1e-12 at T = 1,000 in the
+    parallel form; issue 33). Compensated: hi = the gates rounded to multiples of ``GRID``, whose
+    sums are exact, and lo = the remainders (each below GRID / 2), whose sum is small and rounds
+    little; hi + lo is the sum to about 1e-16 |G_i - G_j| in every difference.
+    """
+    g = g.clamp(min=gate_floor(g.dtype))
+    if g.dtype != torch.float64:
+        return GateSum(torch.cumsum(g, dim=-2, dtype=torch.float64))
+    hi = torch.round(g / GRID) * GRID  # exact: a power-of-two scaling and a rounding
+    return GateSum(torch.cumsum(hi, dim=-2), torch.cumsum(g - hi, dim=-2))  # g - hi: exact
+
+
+def exp_difference(
+    x: Tensor | GateSum, y: Tensor | GateSum, dtype: torch.dtype, floor: float | None = None
+) -> Tensor:
+    """exp(x - y) in ``dtype``: the difference taken in x's dtype (float64 for float32 blocks;
+    of both parts of a ``GateSum``), rounded once, then ``decay_exp_`` (a new tensor)."""
+    difference = as_gate_sum(x).minus(as_gate_sum(y))
+    return decay_exp_(difference.to(dtype), floor)
 
 
 def subnormal_floor(dtype: torch.dtype) -> float:
@@ -161,7 +216,13 @@ def direct_block_size(G: Tensor, dtype: torch.dtype | None = None) -> int:
     products (G's by default). A block of F tokens with reference row r = F / 2 evaluates
     exp(G_i - G_r) and exp(G_r - G_i) for every row i of the block; the largest of these exponents
     are G_first - G_r and G_r - G_last.
+
+    Under torch.compile the gates are unknown while tracing, and a block size chosen from them
+    would end the graph: F = 1 then (halving down to single tokens, every exponent <= 0, which
+    suits any gate).
     """
+    if torch.compiler.is_compiling():
+        return 1
     budget = factor_budget(G.dtype if dtype is None else dtype)
     F = G.shape[-2]
     while F > 1:
@@ -202,9 +263,10 @@ class ChannelProducts:
         C2 = 1 << max(0, (self.C - 1).bit_length())  # next power of two
         self.lefts = [_pad_pow2(a, C2) for a in lefts]
         self.b = _pad_pow2(b, C2)
-        self.G = _pad_pow2(G, C2, value_last=True)  # g = 0 on padding: no wider spread
+        # g = 0 on padding: no wider spread
+        self.G = as_gate_sum(G).map(lambda x: _pad_pow2(x, C2, value_last=True))
         self.dtype = b.dtype  # of the products; G may be float64 (the module docstring)
-        self.F = direct_block_size(self.G, self.dtype)
+        self.F = direct_block_size(self.G.value(), self.dtype)
         if self.F == C2:  # the whole block in one product per left factor
             a_s, b_s = self._direct()
             shape = (*self.b.shape[:-1], C2)  # [..., C2, C2]
@@ -242,8 +304,8 @@ class ChannelProducts:
         """exp(G_i - G_r) on the lower halves, exp(G_r - G_j) on the upper halves (r: the first
         row of the lower half, so both exponents are <= 0), the lefts' lower halves and b's upper
         halves, for the 2s-token blocks: each [..., C / (2s), s, K]."""
-        G_low, G_up = _halves(self.G, s)
-        ref = G_low[..., :1, :]  # [..., m, 1, K]
+        G_low, G_up = (self.G.map(lambda x, i=i: _halves(x, s)[i]) for i in (0, 1))
+        ref = G_low.map(lambda x: x[..., :1, :])  # [..., m, 1, K]
         e_low = exp_difference(G_low, ref, self.dtype, self.floor)  # rows at or after r
         e_up = exp_difference(ref, G_up, self.dtype, self.floor)  # rows before r
         return e_low, e_up, [_halves(a, s)[0] for a in self.lefts], _halves(self.b, s)[1]
@@ -252,12 +314,13 @@ class ChannelProducts:
         """exp(G_i - G_r) and exp(G_r - G_i) for every row i, r the middle row of i's F-block
         (both within ``factor_budget``): each [..., C, K]."""
         F = self.F
-        G = _blocks(self.G, F)  # [..., C / F, F, K]
-        ref = G[..., F // 2 : F // 2 + 1, :]
-        if G.dtype != self.dtype:  # float64 gates: the difference rounded once, then exp
+        G = self.G.map(lambda x: _blocks(x, F))  # [..., C / F, F, K]
+        ref = G.map(lambda x: x[..., F // 2 : F // 2 + 1, :])
+        if G.hi.dtype != self.dtype or G.lo is not None:  # float64 sums: rounded once, then exp
             e_a = exp_difference(G, ref, self.dtype).flatten(-3, -2)
             e_b = exp_difference(ref, G, self.dtype).flatten(-3, -2)
             return e_a, e_b
+        G, ref = G.hi, ref.hi
         e_a = torch.sub(G, ref, out=self.buffers("e_a", G)).exp_().flatten(-3, -2)
         e_b = torch.sub(ref, G, out=self.buffers("e_b", G)).exp_().flatten(-3, -2)
         return e_a, e_b
@@ -310,7 +373,10 @@ class ChannelProducts:
 
 
 def scalar_decay(
-    G: Tensor, out: Tensor | None, floor: float | None = None, dtype: torch.dtype | None = None
+    G: Tensor | GateSum,
+    out: Tensor | None,
+    floor: float | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> out [..., C, C].
 
@@ -320,13 +386,15 @@ def scalar_decay(
     once (the module docstring). ``out`` None (``differentiable``): new tensors in ``dtype``, none
     changed in place after its exponential.
     """
+    G = as_gate_sum(G)
+    Gt = G.map(lambda x: x.transpose(-1, -2))
     if out is None:
-        exponents = torch.tril(G - G.transpose(-1, -2)).to(dtype)  # [..., C, C]
+        exponents = torch.tril(G.minus(Gt)).to(dtype)  # [..., C, C]
         return torch.tril(decay_exp_(exponents, floor))
-    if G.dtype == out.dtype:
-        torch.sub(G, G.transpose(-1, -2), out=out)
+    if G.hi.dtype == out.dtype and G.lo is None:
+        torch.sub(G.hi, Gt.hi, out=out)
     else:
-        out.copy_(G - G.transpose(-1, -2))
+        out.copy_(G.minus(Gt))
     return decay_exp_(out.tril_(), floor).tril_()
 
 

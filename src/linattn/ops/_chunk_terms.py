@@ -27,7 +27,9 @@ The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0)
 products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
 ``_blockmath.gate_floor`` (its decay is exactly 0 there; a reset, g = -inf, becomes finite) and G
 is summed in float64, every exponent a float64 difference rounded once to the compute dtype: a
-float32 G would lose the small gates after a large one (issue 18).
+float32 G would lose the small gates after a large one (issue 18). float64 gates are summed
+compensated (``_blockmath.gate_sums``: an exact part and a remainder), so that the differences
+keep float64's accuracy however large G grows after resets or steep gates (issue 33).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from linattn.ops._blockmath import (
     exp_difference,
     fresh,
     gate_floor,
+    gate_sums,
     scalar_decay,
     subnormal_floor,
 )
@@ -202,16 +205,21 @@ class Terms:
         returns the subnormal floor of the group's exponentials, or None where no decay of it
         reaches it."""
         q, k, g, buffers = self.q, self.k, self.g, self.buffers
-        # The floored gates summed in float64 (the module docstring): [n, P, C, 1|K].
-        self.G = torch.cumsum(g.clamp(min=gate_floor(g.dtype)), dim=-2, dtype=torch.float64)
-        G_end = self.G[..., -1:, :]  # [n, P, 1, 1|K]
+        # The floored gates summed in float64, compensated for float64 gates (the module
+        # docstring): [n, P, C, 1|K] as hi + lo.
+        self.G = gate_sums(g)
+        G_end = self.G.map(lambda x: x[..., -1:, :])  # [n, P, 1, 1|K]
+        G_last = G_end.value()
         # Every exponent below is >= G_C (a sum of gates inside one chunk): only where a
         # chunk's whole decay reaches the subnormal range are any flushed (``decay_exp_``).
+        # Under torch.compile the gates are unknown while tracing: no floor (the same decays, the
+        # subnormal ones kept; a data-dependent branch would end the graph).
         floor = subnormal_floor(g.dtype)
-        floor = floor if G_end.min().item() < floor else None
-        self.eG = decay_exp(self.G.to(g.dtype), floor, out=buffers("eG", g))  # exp(G_i) <= 1
+        if torch.compiler.is_compiling() or not G_last.min().item() < floor:
+            floor = None
+        self.eG = decay_exp(self.G.value().to(g.dtype), floor, out=buffers("eG", g))  # <= 1
         self.eEnd = exp_difference(G_end, self.G, g.dtype, floor)
-        self.D = decay_exp(G_end.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
+        self.D = decay_exp(G_last.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
         self.Qd = None if q is None else torch.mul(q, self.eG, out=buffers("Qd", q))
         self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
         if self.rule.DECAYED_KEYS:  # the rule's right-hand side (the additive rule skips the pass)

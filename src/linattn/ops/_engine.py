@@ -24,8 +24,15 @@ from linattn.ops.tuning import MAX_CHUNK
 
 def check_chunk(chunk_size: int, lengths: list[int]) -> None:
     """Refuse a chunk of more than ``MAX_CHUNK`` tokens (``min(chunk_size, T)`` for the longest of
-    the sequences' ``lengths``) before any work, naming ``chunk_size``."""
-    C = min(chunk_size, max(lengths, default=0))
+    the sequences' ``lengths``) before any work, naming ``chunk_size``.
+
+    A chunk_size within the bound needs no length: the common case reads no T, so that
+    torch.compile(dynamic=True) keeps T symbolic without a guard on it (and dynamo cannot trace
+    ``max(..., default=)``).
+    """
+    if chunk_size <= MAX_CHUNK or not lengths:
+        return
+    C = min(chunk_size, max(lengths))
     if C > MAX_CHUNK:
         raise ValueError(
             f"chunk_size: the chunk form computes min(chunk_size, T) = {C} tokens at once, with "

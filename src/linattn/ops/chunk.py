@@ -233,8 +233,10 @@ def loop_forward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The group loop's forward: (o [B, HV, T, V], a view of a [B, T, HV, V] tensor; the final
     state [B, HV, K, V]; the state entering every chunk [n_chunks, B HV, K, V] where ``keep``,
-    else an empty tensor). q unscaled (``scale`` multiplies each group's copy)."""
+    else an empty tensor). q unscaled (``scale`` multiplies each group's copy). C may exceed T:
+    the chunks are min(C, T) long (one chunk either way), as in the fused loop."""
     B, _, T, K = k.shape
+    C = min(C, max(T, 1))
     HV, V = v.shape[1], v.shape[-1]
     P = B * HV
     # The states entering the chunks are kept for the backward pass only; without it a
@@ -274,8 +276,10 @@ def loop_backward(
 ) -> tuple[Tensor | None, ...]:
     """The group loop's backward, groups in reverse: (dq, dk, dv, dbeta, dg, dS0), each of q, k,
     v, beta, g None where ``needs`` (q, k, v, beta, g, S0) does not mark it (or the input is None).
+    C may exceed T, as in ``loop_forward``.
     """
     B, _, T, K = k.shape
+    C = min(C, max(T, 1))
     HV, V = v.shape[1], v.shape[-1]
     P = B * HV
     inputs = (q, k, v, beta, g)

@@ -215,17 +215,23 @@ def chunk_forward(
 def _(q, k, v, beta, g, S0, scale, C, keep, rule, gate):
     B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
-    n_chunks = -(-T // min(C, max(T, 1)))
+    n_chunks = _chunk_count(T, C)
     o = q.new_empty(B, T, HV, V).transpose(1, 2)
     states = q.new_empty(n_chunks, B * HV, K, V) if keep else q.new_empty(0)
     return o, q.new_empty(B, HV, K, V), states
+
+
+def _chunk_count(T: int, C: int) -> int:
+    """ceil(T / min(C, T)) chunks (one for T = 0). torch's sym_min and sym_max keep a traced T
+    symbolic, where Python's min and max would compare it and specialise the graph to a range."""
+    return -(-T // torch.sym_min(C, torch.sym_max(T, 1)))
 
 
 def _check_backward(
     q, k, v, beta, g, states, d_o, dS, scale: float, C: int, rule: str, gate: str
 ) -> None:
     B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
-    n_chunks = -(-T // min(C, max(T, 1)))
+    n_chunks = _chunk_count(T, C)
     _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]")
     _like("d_o", d_o, q, (B, HV, T, V), "[B, HV, T, V]")
     _like("dS", dS, q, (B, HV, K, V), "[B, HV, K, V]")
@@ -347,6 +353,9 @@ def chunk(
     S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
     inputs = (q, k, v, beta, g, S0)
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
-    args = (q, k, v, beta, g, S0, float(scale), min(chunk_size, T), keep, *schema_args(mech))
+    # The kernels take chunks of min(C, T) tokens themselves: C is passed as given where it is
+    # within their bound, so that a traced T stays symbolic (min(C, T) would specialise it).
+    C = chunk_size if chunk_size <= tuning.MAX_CHUNK else min(chunk_size, T)
+    args = (q, k, v, beta, g, S0, float(scale), C, keep, *schema_args(mech))
     o, S, _ = chunk_forward(*args) if tracing(q) else _EagerChunk.apply(*args)
     return o, S

@@ -77,7 +77,10 @@ def recurrent_step(
     ab = _low_rank(a, b, beta, B, H, K)
     inputs = [x for x in (state, q, k, v, beta, g, ab) if x is not None]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
-    fused = all(x.dtype == torch.float32 for x in inputs) and _native.applies(state) and ab is None
+    # Traced (torch.compile): the PyTorch step, whose ops the graph holds; the fused C++ step is
+    # no registered op (and loading it takes a lock that dynamo cannot enter).
+    fused = not torch.compiler.is_compiling() and all(x.dtype == torch.float32 for x in inputs)
+    fused = fused and _native.applies(state) and ab is None  # no fused step for dplr
     fused = fused and state.is_contiguous() and state.numel() > 0 and not graph
     if beta is not None:
         _checks.beta(beta, B, H, layout="[B, H]", values=not fused)
