@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops._blockmath import decay_exp
+from linattn.ops._blockmath import GateSum, decay_exp
 from linattn.ops.rules.base import read
 
 NAME = "dplr"
@@ -111,7 +111,7 @@ def pseudo_value_terms(terms) -> None:
     A_bk, A_ba, A_qa = _products(terms, b_up, a)  # [n, P, C, C]
     Bd, terms.eGx = b, None
     if terms.G is not None:  # b * exp(G_{t-1}): the exclusive gate, exponents <= 0
-        terms.eGx = decay_exp(_exclusive(terms.G).to(b.dtype), terms.floor)
+        terms.eGx = decay_exp(_exclusive(terms.G).value().to(b.dtype), terms.floor)
         Bd = b * terms.eGx
     eye = torch.eye(C, dtype=a.dtype, device=a.device)
     R = torch.cat([A_bk @ terms.v, Bd], dim=-1)  # [n, P, C, V + K]
@@ -126,10 +126,10 @@ def pseudo_value_terms(terms) -> None:
         terms.A_qk = torch.cat([terms.A_qk, A_qa], dim=-1)  # [n, P, C, 2C]
 
 
-def _exclusive(G: Tensor) -> Tensor:
+def _exclusive(G: GateSum) -> GateSum:
     """G_{t-1} for every row t of G [..., C, 1|K] (0 on the first row): the decay of the state
-    a token's b reads."""
-    return _shift_down(G)
+    a token's b reads (``_blockmath.GateSum``: both parts shifted)."""
+    return G.map(_shift_down)
 
 
 def pseudo_values(terms, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
