@@ -97,3 +97,14 @@ def test_figure9_no_label_covers_a_box_an_arrow_or_another_label(kept):
         assert not any(extent.overlaps(a) for a in arrows), text.get_text()
         others = extents[:i] + extents[i + 1 :]
         assert not any(extent.overlaps(o) for o in others), text.get_text()
+
+
+def test_figure9_the_hybrid_is_fed_by_kda_on_a_kda_layer(kept):
+    roadmap.series_roadmap("unused")
+    ax = kept["series-roadmap"].axes[0]
+    x, bottom, width = roadmap._corner("kda")
+    (start, end), *rest = [(a, b) for a, b, _ in _arrows(ax) if a[1] == bottom - 0.06]
+    assert not rest and start[0] == end[0] == x + width / 2
+    layer = int(end[0] // (roadmap.LAYER_WIDTH + roadmap.LAYER_GAP))
+    assert end[0] - layer * (roadmap.LAYER_WIDTH + roadmap.LAYER_GAP) < roadmap.LAYER_WIDTH
+    assert (roadmap.HYBRID_PATTERN * 2)[layer] == "KDA"

@@ -182,9 +182,9 @@ def series_roadmap(out_dir: Path | str, d: int = 128, t: int = 131_072) -> list[
 
 
 def _hybrid(ax, d: int, t: int) -> None:
-    """The row of layers, one in four with full attention and its KV cache, fed by KDA, between
-    its title and its memory (as a fraction of all-full-attention, and how much smaller the KV
-    cache is)."""
+    """The row of layers, one in four with full attention and its KV cache, fed by KDA's box
+    above it; to its right its title and its memory (as a fraction of all-full-attention, and how
+    much smaller the KV cache is)."""
     layers = HYBRID_PATTERN * 2
     y = HYBRID_TOP - LAYER_HEIGHT
     for i, layer in enumerate(layers):
@@ -201,11 +201,11 @@ def _hybrid(ax, d: int, t: int) -> None:
         )
         ax.text(x + LAYER_WIDTH / 2, y + LAYER_HEIGHT / 2, layer, ha="center", va="center",
                 fontsize=10.5)  # fmt: skip
-    x, top, width = _corner("kda")  # the arrow ends on a KDA layer
+    x, bottom, width = _corner("kda")  # the arrow ends on a KDA layer
     ax.annotate(
         "",
         xy=(x + width / 2, HYBRID_TOP + 0.06),
-        xytext=(x + width / 2, top - 0.06),
+        xytext=(x + width / 2, bottom - 0.06),
         arrowprops={"arrowstyle": "-|>", "color": style.INK, "lw": 1.3},
     )
     right, middle = len(layers) * (LAYER_WIDTH + LAYER_GAP) + 0.15, y + LAYER_HEIGHT / 2
