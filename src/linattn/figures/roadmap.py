@@ -96,7 +96,7 @@ EDGES = [
 ]
 # The drawing is in inches: columns of boxes (x, width), rows (top y), box height; the hybrid is a
 # row of layers under the lattice (its top y, one layer's width and the gap between layers).
-COLUMNS = ((0.0, 2.35), (3.5, 3.35), (8.0, 3.05))
+COLUMNS = ((0.0, 2.35), (3.6, 3.25), (8.0, 3.05))
 ROW_TOP, ROW_STEP, BOX_HEIGHT = 6.3, 1.95, 1.2
 RULE_SIZE = 11.5
 HYBRID_TOP, LAYER_WIDTH, LAYER_GAP, LAYER_HEIGHT = 0.45, 0.76, 0.07, 0.62
