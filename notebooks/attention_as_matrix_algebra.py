@@ -432,7 +432,9 @@ holds("no 2 x 2 memory holds 3 arbitrary pairs exactly", np.abs(residual).max() 
 #
 # Decay and gating change the update: Mamba-2 one forget rate per head, Gated DeltaNet the same
 # rate on the delta rule, Kimi Delta Attention one rate per channel (Figure 9). The ops take the
-# log-rate `g`; each is checked against the literal float64 recurrence.
+# log-rate `g`; each is checked against the literal float64 recurrence. Figure 9's third column,
+# the generalized delta rule (IPLR, Comba, DPLR / RWKV-7: `linattn.ops.generalized_delta_rule`),
+# replaces the delta rule's correction along the key by any rank-one matrix `a_t b_t^T`.
 
 # %%
 g_scalar = F.logsigmoid(torch.from_numpy(rng3.standard_normal(64)) + 2)  # log alpha_t <= 0

@@ -1,12 +1,13 @@
-"""Figures 3, 4 and 7 (issue 33): no marker, line or arrow hides another, and each arrow starts and
-ends where it says. Each figure is drawn with style.save replaced, so that its artists can be read.
+"""Figures 3, 4, 7 and 9 (issues 33, 30): no marker, line, arrow or label hides another, and each
+arrow starts and ends where it says. Each figure is drawn with style.save replaced, so that its
+artists can be read.
 """
 
 import numpy as np
 import pytest
 
 from linattn import reference
-from linattn.figures import maps, memory, style, writes
+from linattn.figures import maps, memory, roadmap, style, writes
 
 pytest.importorskip("matplotlib")
 
@@ -73,3 +74,37 @@ def test_figure7_the_largest_eigenvalue_shows_under_the_spectral_norm(kept):
     largest, norm = lines["largest eigenvalue, 1"], lines["spectral norm, 1"]
     assert np.allclose(largest.get_ydata(), 1) and np.allclose(norm.get_ydata(), 1)
     assert largest.get_linewidth() >= 3 * norm.get_linewidth()  # a band wider than the dashes
+
+
+def test_figure9_no_label_covers_a_box_an_arrow_or_another_label(kept):
+    # A text lies inside the one box it belongs to, or outside every box; it meets no arrow and
+    # no other text (their extents on the canvas, in pixels, a pixel of slack).
+    roadmap.series_roadmap("unused")
+    fig = kept["series-roadmap"]
+    fig.canvas.draw()  # lays out the arrows
+    ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+    annotations = [a for a in ax.texts if getattr(a, "arrow_patch", None) is not None]
+    arrows = [a.arrow_patch.get_window_extent(renderer) for a in annotations]
+    texts = [t for t in ax.texts if t.get_text()]
+    boxes = [patch.get_window_extent(renderer) for patch in ax.patches]
+    extents = [t.get_window_extent(renderer).padded(-1) for t in texts]
+    assert len(arrows) == len(roadmap.EDGES) + 1 and len(boxes) == len(roadmap.METHODS) + 8
+    for i, (text, extent) in enumerate(zip(texts, extents, strict=True)):
+        inside = [b for b in boxes if b.contains(extent.x0, extent.y0) and b.contains(
+            extent.x1, extent.y1)]  # fmt: skip
+        assert len(inside) <= 1, text.get_text()
+        assert not any(extent.overlaps(b) for b in boxes if b not in inside), text.get_text()
+        assert not any(extent.overlaps(a) for a in arrows), text.get_text()
+        others = extents[:i] + extents[i + 1 :]
+        assert not any(extent.overlaps(o) for o in others), text.get_text()
+
+
+def test_figure9_the_hybrid_is_fed_by_kda_on_a_kda_layer(kept):
+    roadmap.series_roadmap("unused")
+    ax = kept["series-roadmap"].axes[0]
+    x, bottom, width = roadmap._corner("kda")
+    (start, end), *rest = [(a, b) for a, b, _ in _arrows(ax) if a[1] == bottom - 0.06]
+    assert not rest and start[0] == end[0] == x + width / 2
+    layer = int(end[0] // (roadmap.LAYER_WIDTH + roadmap.LAYER_GAP))
+    assert end[0] - layer * (roadmap.LAYER_WIDTH + roadmap.LAYER_GAP) < roadmap.LAYER_WIDTH
+    assert (roadmap.HYBRID_PATTERN * 2)[layer] == "KDA"

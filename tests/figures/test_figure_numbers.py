@@ -96,3 +96,14 @@ def test_roadmap_hybrid_memory(rendered):
     text = words(drawn(rendered, "series-roadmap"))
     assert "25.0% of all-full-attention" in text and "(KV cache 75% smaller)" in text
     assert text.count("read, correct, write") == 3  # every delta-rule arrow is labelled
+
+
+def test_roadmap_shows_the_generalized_delta_rule_family(rendered):
+    # Issue 30: the third column, right of the delta rule's, one box per row (what the memory
+    # forgets), each reached from the delta rule's box by a labelled arrow.
+    text = words(drawn(rendered, "series-roadmap"))
+    for name in ("IPLR (generalized delta rule)", "Comba (separate read key)", "DPLR / RWKV-7"):
+        assert text.count(name) == 1, name
+    assert "Hu et al. 2025" in text and "Peng et al. 2025; Gated DeltaNet-2" in text
+    assert text.count("any rank-one correction") == 3
+    assert text.count("forget: one rate") == 3 and text.count("one rate per channel") == 3
