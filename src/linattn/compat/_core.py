@@ -354,21 +354,16 @@ def run_op(
 
 
 def floating_tensor(name: str, x: object) -> None:
-    """None, or a floating-point tensor (fla's kernels take no integer inputs)."""
-    if x is None:
-        return
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    """None, or a floating-point tensor (``check_tensor``)."""
+    if x is not None:
+        check_tensor(name, x)
 
 
 def floating_qkv(q: object, k: object, v: object) -> None:
-    """q, k, v floating-point tensors, before an entry point reads their shapes."""
+    """q, k, v floating-point tensors (``check_tensor``), before an entry point reads their
+    shapes."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if x is None:
-            raise TypeError(f"{name} must be a torch.Tensor, got None")
-        floating_tensor(name, x)
+        check_tensor(name, x)
 
 
 def check_state_dtype(q: Tensor, initial_state: Tensor | None) -> None:
