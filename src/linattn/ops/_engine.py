@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype  # noqa: F401 (``_engine.compute_dtype``, for the ops)
+from linattn.ops import _packed
 from linattn.ops._layout import to_internal
 from linattn.ops.library import chunk
 from linattn.ops.mechanism import Mechanism
@@ -119,19 +120,15 @@ def run(
     # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     mech = Mechanism.of(beta, g, rule)  # the row of the table, resolved once (``mechanism``)
-    # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
-    q, k, v, beta, g = to_internal(q, k, v, beta=beta, g=g)
-    if initial_state is not None:
-        initial_state = initial_state.to(q.dtype)
-    if cu_seqlens is None:
-        o, S = forward(mode, mech, q, k, v, beta, g, initial_state, chunk_size, scale)
+
+    def batch(q, k, v, beta, g, S0):  # one batch of equal-length sequences, public layout
+        # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
+        q, k, v, beta, g = to_internal(q, k, v, beta=beta, g=g)
+        S0 = None if S0 is None else S0.to(q.dtype)
+        o, S = forward(mode, mech, q, k, v, beta, g, S0, chunk_size, scale)
         return o.transpose(1, 2), S
-    # Packed sequences (B = 1): each runs alone from its own initial state.
-    outputs, states = [], []
-    for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        part = [None if x is None else x[:, :, start:end] for x in (q, k, v, beta, g)]
-        S0 = None if initial_state is None else initial_state[n : n + 1]
-        o, S = forward(mode, mech, *part, S0, chunk_size, scale)
-        outputs.append(o.transpose(1, 2))  # [B, T_n, HV, V]
-        states.append(S)
-    return torch.cat(outputs, dim=1), torch.cat(states, dim=0)  # o contiguous [B, T, HV, V]
+
+    if cu_seqlens is None:
+        return batch(q, k, v, beta, g, initial_state)
+    # Packed sequences (B = 1): each from its own initial state, run as a few batches (``_packed``).
+    return _packed.run(bounds, (q, k, v, beta, g), initial_state, batch)
