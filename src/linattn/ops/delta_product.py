@@ -88,14 +88,17 @@ def interleave_gate(g: Tensor | None, n: int) -> Tensor | None:
 
 
 def interleave_query(q: Tensor, n: int) -> Tensor:
-    """q [B, T, H, K] -> [B, T n_h, H, K]: q_t at the last write of token t, 0 at the others
-    (whose outputs are dropped, so that no gradient reaches them either)."""
+    """q [B, T, H, K] -> [B, T n_h, H, K]: q_t on each of the n_h writes of token t, in one copy.
+
+    Only the read at the last write is kept; the others are dropped, so that their outputs get a
+    zero gradient and add exactly 0 to q_t's (any query would do there: repeating q_t costs one
+    copy, where zeros with q_t at the last write would cost a fill and a copy).
+    """
     if n == 1:
         return q
     B, T = q.shape[:2]
-    rows = q.new_zeros(B, T, n, *q.shape[2:])  # [B, T, n_h, H, K]
-    rows[:, :, n - 1] = q
-    return rows.flatten(1, 2)  # [B, T n_h, H, K]
+    # [B, T, H, K] -> [B, T, 1, H, K] -> (broadcast) [B, T, n, H, K] -> [B, T n, H, K]
+    return q.unsqueeze(2).expand(B, T, n, *q.shape[2:]).reshape(B, T * n, *q.shape[2:])
 
 
 def gated_delta_product(
