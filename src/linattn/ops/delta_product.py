@@ -58,6 +58,17 @@ def _check_qkv(q: object, k: object, v: object, n: int) -> tuple[int, ...]:
     return B, T, H, HV, K, V
 
 
+def _check_writes(q, k, v, beta, g, n: int, cu_seqlens, initial_state) -> None:
+    """The tensors of ``gated_delta_product``: shapes (T n_h rows of k, v, beta), dtypes and
+    values, the packed sequences and the initial state, each error naming its argument."""
+    B, T, H, HV, K, V = _check_qkv(q, k, v, n)
+    writes_shapes(k, v, beta, (B, T, H, HV, K, V), n)
+    _checks.beta(beta, B, T * n, HV)
+    _checks.gate(g, B, T, HV, K)
+    N = _checks.seqlens(cu_seqlens, B, T)
+    _checks.state(initial_state, N, HV, K, V)
+
+
 def writes_shapes(k: object, v: object, beta: object, sizes: tuple[int, ...], n: int) -> None:
     """k [B, T n_h, H, K], v [B, T n_h, HV, V], beta [B, T n_h, HV] for q of ``sizes`` =
     (B, T, H, HV, K, V): each names itself and the row count it needs."""
@@ -143,31 +154,18 @@ def gated_delta_product(
         float64 inputs), or None.
     """
     n = householder_count(num_householder)
-    B, T, H, HV, K, V = _check_qkv(q, k, v, n)
-    writes_shapes(k, v, beta, (B, T, H, HV, K, V), n)
-    _checks.beta(beta, B, T * n, HV)
-    _checks.gate(g, B, T, HV, K)
+    _check_writes(q, k, v, beta, g, n, cu_seqlens, initial_state)
     chunk_size = _checks.options(mode, chunk_size)
     _checks.scale(scale)
     output_final_state = _checks.flag("output_final_state", output_final_state)
-    use_qk_l2norm = _checks.flag("use_qk_l2norm", use_qk_l2norm)
-    N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, HV, K, V)
-    if use_qk_l2norm:
+    if _checks.flag("use_qk_l2norm", use_qk_l2norm):
         dtype = _engine.compute_dtype(q.dtype)
         q, k = l2norm(q.to(dtype)), l2norm(k.to(dtype))
     o, S = _engine.run(
-        interleave_query(q, n),
-        k,
-        v,
-        beta,
-        interleave_gate(g, n),
-        scale=scale,
-        mode=mode,
-        chunk_size=chunk_size,
-        initial_state=initial_state,
+        interleave_query(q, n), k, v, beta, interleave_gate(g, n), scale=scale, mode=mode,
+        chunk_size=chunk_size, initial_state=initial_state,
         cu_seqlens=None if cu_seqlens is None else cu_seqlens * n,
-    )
+    )  # fmt: skip
     o = o[:, n - 1 :: n]  # [B, T n_h, HV, V] -> [B, T, HV, V]: the read after the last write
     return o.to(v.dtype), S if output_final_state else None
 
