@@ -283,6 +283,12 @@ def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     _check_type(module, "KimiDeltaAttention", "fla")
     if module.lower_bound is not None or module.safe_gate:
         raise ValueError("fla's lower_bound / safe_gate gate clamps are not supported")
+    return _kda_family_from_fla(cls, module, (), **kwargs)
+
+
+def _kda_family_from_fla(cls: type, module: nn.Module, extra: tuple[str, ...], **kwargs):
+    """What fla's KDA and GatedDeltaNet2 share: ``_fla_pairs``, the low-rank ``f_proj`` (our
+    decay's ``a_proj``) and output gate ``g_proj``; ``extra``: more same-named projections."""
     kwargs.setdefault("gate_bias", module.g_proj[1].bias is not None)
     layer = cls(
         module.hidden_size, module.num_heads, module.head_k_dim, **_fla_common(module), **kwargs
@@ -290,6 +296,7 @@ def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     layer = _like(layer, module)
     pairs = [
         *_fla_pairs(layer, module),
+        *((getattr(layer, n).weight, getattr(module, n).weight, n) for n in extra),
         (layer.decay.a_proj[0].weight, module.f_proj[0].weight, "f_proj.0"),
         (layer.decay.a_proj[1].weight, module.f_proj[1].weight, "f_proj.1"),
         (layer.g_proj[0].weight, module.g_proj[0].weight, "g_proj.0"),
@@ -389,20 +396,4 @@ def gdn2_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     """``GatedDeltaNet2`` from fla's ``fla.layers.GatedDeltaNet2``: KDA's names, plus the write
     gate's ``w_proj``; ``b_proj`` is the erase gate per key channel."""
     _check_type(module, "GatedDeltaNet2", "fla")
-    kwargs.setdefault("gate_bias", module.g_proj[1].bias is not None)
-    layer = cls(
-        module.hidden_size, module.num_heads, module.head_k_dim, **_fla_common(module), **kwargs
-    )
-    layer = _like(layer, module)
-    pairs = [
-        *_fla_pairs(layer, module),
-        (layer.w_proj.weight, module.w_proj.weight, "w_proj"),
-        (layer.decay.a_proj[0].weight, module.f_proj[0].weight, "f_proj.0"),
-        (layer.decay.a_proj[1].weight, module.f_proj[1].weight, "f_proj.1"),
-        (layer.g_proj[0].weight, module.g_proj[0].weight, "g_proj.0"),
-        (layer.g_proj[1].weight, module.g_proj[1].weight, "g_proj.1"),
-    ]
-    if module.g_proj[1].bias is not None:
-        pairs.append((layer.g_proj[1].bias, module.g_proj[1].bias, "g_proj.1.bias"))
-    _copy_all(pairs)
-    return layer
+    return _kda_family_from_fla(cls, module, ("w_proj",), **kwargs)

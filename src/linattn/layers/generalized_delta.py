@@ -13,12 +13,15 @@ gate, per-head RMSNorm with an output gate).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from linattn import ops
 from linattn.layers.delta import GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.modules import DecayGate
+from linattn.ops.checks import flag
 from linattn.ops.functional import l2norm, write_strength
 
 
@@ -49,9 +52,15 @@ class Comba(GatedDeltaNet):
         correction_factor: float = 1.0,
         **kwargs,
     ) -> None:
+        if isinstance(correction_factor, bool) or not isinstance(correction_factor, (int, float)):
+            raise ValueError(f"correction_factor must be a number, got {correction_factor!r}")
+        if not math.isfinite(correction_factor):
+            raise ValueError(f"correction_factor must be finite, got {correction_factor!r}")
         kwargs.setdefault("gate_activation", "sigmoid")
         super().__init__(d_model, n_heads, head_dim, **kwargs)
         H = n_heads
+        inner_decay = flag("inner_decay", inner_decay)
+        output_correction = flag("output_correction", output_correction)
         self.inner_decay = nn.Parameter(torch.ones(H)) if inner_decay else None
         correction = torch.full((H,), float(correction_factor))
         self.D = nn.Parameter(correction) if output_correction else None

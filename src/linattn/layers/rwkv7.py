@@ -83,12 +83,16 @@ class RWKV7(TokenMixer):
         self.n_heads, self.key_dim, self.head_dim = H, K, V
         self.first_layer = flag("first_layer", first_layer)
         factor = K / 64
-        ranks = dict(
-            w=lora_rank(d_model, 2.5, factor) if decay_rank is None else decay_rank,
-            a=lora_rank(d_model, 2.5, factor) if a_rank is None else a_rank,
-            v=lora_rank(d_model, 1.7, factor) if v_rank is None else v_rank,
-            g=lora_rank(d_model, 5.0) if gate_rank is None else gate_rank,
+        given = dict(w=decay_rank, a=a_rank, v=v_rank, g=gate_rank)
+        default = dict(
+            w=lora_rank(d_model, 2.5, factor),
+            a=lora_rank(d_model, 2.5, factor),
+            v=lora_rank(d_model, 1.7, factor),
+            g=lora_rank(d_model, 5.0),
         )
+        ranks = {n: default[n] if given[n] is None else given[n] for n in given}
+        for n, name in zip(given, ("decay_rank", "a_rank", "v_rank", "gate_rank"), strict=True):
+            check_positive(name, ranks[n])
         self.mu = nn.Parameter(torch.zeros(len(BRANCHES), d_model))  # the token-shift mixes
         self.k_k = nn.Parameter(torch.zeros(d_model))
         self.k_a = nn.Parameter(torch.zeros(d_model))
