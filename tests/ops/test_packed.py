@@ -97,3 +97,19 @@ def test_one_kernel_call_per_batch(monkeypatch):
     x = make_inputs(B=1, T=64 * 5, rule="delta")
     run("delta", x, torch.float64, cu_seqlens=torch.arange(0, 321, 5), chunk_size=4)
     assert calls == [64]
+
+
+def test_sequences_of_no_token_keep_their_initial_state():
+    """The ops refuse empty packed sequences (cu_seqlens strictly increasing), but an op built on
+    the engine may pass one (``_packed.run`` directly): its state is its initial state."""
+    x = make_inputs(B=1, T=7, rule="delta")
+    S0 = torch.randn(3, 2, 4, 3, dtype=torch.float64)
+
+    def forward(q, k, v, beta, g, S0):
+        return _engine.run(q, k, v, beta, g, scale=None, mode="chunk", chunk_size=4,
+                           initial_state=S0, cu_seqlens=None)  # fmt: skip
+
+    o, S = _packed.run([0, 4, 4, 7], (x["q"], x["k"], x["v"], x["beta"], None), S0, forward)
+    torch.testing.assert_close(S[1], S0[1], rtol=0, atol=0)
+    o2, S2 = forward(x["q"][:, 4:], x["k"][:, 4:], x["v"][:, 4:], x["beta"][:, 4:], None, S0[2:])
+    torch.testing.assert_close(o[:, 4:], o2, rtol=0, atol=1e-12)

@@ -53,7 +53,7 @@ def _positions(bounds: list[int], members: list[int], L: int) -> tuple[Tensor, T
     return slots.flatten(), pad.nonzero().flatten()
 
 
-def _gather(x: Tensor | None, slots: Tensor, pad: Tensor, m: int) -> Tensor | None:
+def _gather(x: Tensor | None, slots: Tensor, pad: Tensor, m: int, L: int) -> Tensor | None:
     """x [1, T, ...] -> [m, L, ...] at the packed positions ``slots`` [m L] (one pass), zero at the
     padded slots ``pad`` (only those rows written)."""
     if x is None:
@@ -62,7 +62,7 @@ def _gather(x: Tensor | None, slots: Tensor, pad: Tensor, m: int) -> Tensor | No
     out = x[0].index_select(0, index)  # [m L, ...]: a copy
     if pad.numel():
         out = out.index_fill(0, pad.to(x.device), 0)
-    return out.view(m, -1, *x.shape[2:])
+    return out.view(m, L, *x.shape[2:])
 
 
 def run(
@@ -85,7 +85,7 @@ def run(
     for members in batches(lengths):
         m, L = len(members), lengths[members[0]]
         slots, pad = _positions(bounds, members, L)
-        parts = [_gather(x, slots, pad, m) for x in inputs]
+        parts = [_gather(x, slots, pad, m, L) for x in inputs]
         S0 = None if initial_state is None else initial_state[members]
         o_b, S = forward(*parts, S0)  # o_b [m, L, HV, V], S [m, HV, K, V]
         if o is None:
