@@ -7,18 +7,20 @@
 log-decay per key channel, applied to the state after it is read). The memory is the additive
 rule's with a gate (DESIGN.md's table: GLA); only the read differs, and it is one token late.
 
-The additive rule, run on the queries moved one token up, reads each state one token early:
+The additive rule run on every token's query but the first and every token's write but the last
+reads each state one token early: the tokens q_{t+1} and (k_t, v_t, g_t), t = 1 .. T - 1, give
 
-    q'_t = q_{t+1}   =>   o'_t = S_t^T (scale q_{t+1}),   so   S_{t-1}^T (scale q_t) = o'_{t-1}
+    o'_t = S_t^T (scale q_{t+1}) = the read of token t + 1,
 
-for every token but a sequence's first, which reads the state the sequence enters with. So the
-exclusive read (the chunk form's strictly lower intra-chunk matrix with the decay
-exp(G_{t-1} - G_s), and the inter-chunk read q_t exp(G_{t-1}) of the state before the token) is
-the additive rule's own inclusive read re-indexed: every form of ``linear_attention`` (parallel,
-recurrent, chunk; the fused C++ loop forward and backward), its decays (every exponent <= 0,
-resets exact), grouped value heads, states and gradients are used unchanged, and the final state
-is the additive rule's. The bonus is the diagonal the strictly lower matrix leaves out, with u in
-place of the decay: one product per token, (q_t * u * k_t) summed over the key channels.
+and the first token reads the state its sequence enters with; one more token's step (the last
+write) gives the final state. So the exclusive read (the chunk form's strictly lower intra-chunk
+matrix with the decay exp(G_{t-1} - G_s), and the inter-chunk read q_t exp(G_{t-1}) of the state
+before the token) is the additive rule's own inclusive read of the same tokens paired one apart:
+every form of ``linear_attention`` (parallel, recurrent, chunk; the fused C++ loop forward and
+backward), its decays (every exponent <= 0, resets exact), grouped value heads, states and
+gradients are used unchanged, on views of the inputs (no copy). The bonus is the diagonal the
+strictly lower matrix leaves out, with u in place of the decay: one product per token,
+(q_t * u * k_t) summed over the key channels, which the reads are added into.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
+from linattn.ops.recurrent import step
 
 
 def rwkv6(
@@ -79,65 +82,102 @@ def rwkv6(
     N = _checks.seqlens(cu_seqlens, B, T)
     _checks.state(initial_state, N, HV, K, V)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
-    # q_next [B, T, H, K]: row t is q_{t+1}; the last row's read is never used (zeros).
-    q_next = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], dim=1)
+    q_next, kvg, reads, last = _paired(q, (k, v, g), cu_seqlens)  # views unless packed
     o_next, S = _engine.run(
         q_next,
-        k,
-        v,
+        *kvg[:2],
         None,
-        g,
+        kvg[2],
         scale=scale,
         mode=mode,
         chunk_size=chunk_size,
         initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-    )  # o_next[:, t] = S_t^T (scale q_{t+1}), in the compute dtype
-    o = _previous_reads(o_next, q, initial_state, cu_seqlens, scale)
-    o = o + bonus(q, k, v, u, scale, o.dtype)
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens - torch.arange(N + 1),
+    )  # o_next[:, t] = the read of token t + 1 (of its sequence), in the compute dtype
+    o = bonus(q, k, v, u, scale, o_next.dtype)  # a new tensor: the reads are added into it
+    if reads is None:
+        o[:, 1:] += o_next
+    else:  # packed: o_next's rows are those of the tokens that are not first, in order
+        o.index_add_(1, reads, o_next)
+    if initial_state is not None and T > 0:
+        _first_reads_(o, q, initial_state, cu_seqlens, scale)
+    if output_final_state and T > 0:  # the last token's write
+        k_t, v_t, g_t = (None if x is None else x.index_select(1, last) for x in (k, v, g))
+        S = _last_write(S, k_t, v_t, g_t)
     return o.to(q.dtype), S if output_final_state else None
 
 
-def _previous_reads(
-    o_next: Tensor,
-    q: Tensor,
-    initial_state: Tensor | None,
-    cu_seqlens: Tensor | None,
-    scale: float,
-) -> Tensor:
-    """S_{t-1}^T (scale q_t) for every token [B, T, HV, V]: o_next moved one token down, and each
-    sequence's first token reading the state it enters with (zeros without one)."""
-    T = o_next.shape[1]
-    if T == 0:
-        return o_next
-    o = torch.cat([torch.zeros_like(o_next[:, :1]), o_next[:, : T - 1]], dim=1)
+def _paired(q: Tensor, kvg: tuple, cu_seqlens: Tensor | None) -> tuple:
+    """(q of every token but each sequence's first, (k, v, g) of every token but each sequence's
+    last, the indices of the first's tokens, those of each sequence's last token): [B, T - N,
+    ...] each, token i of the first paired with token i of the second (the module docstring).
+    Views for equal lengths (N = 1 along T; the first indices then None), gathered copies for
+    packed sequences."""
+    T = q.shape[1]
     if cu_seqlens is None:
-        firsts = [0]
-    else:  # packed sequences (B = 1): the first token of each
-        firsts = cu_seqlens[:-1].tolist()
-    index = torch.tensor(firsts, device=o.device)
-    if initial_state is None:
-        return o if cu_seqlens is None else o.index_fill(1, index, 0.0)
+        last = torch.full((min(T, 1),), T - 1, dtype=torch.long, device=q.device)
+        kvg = tuple(None if x is None else x[:, : max(T - 1, 0)] for x in kvg)
+        return q[:, 1:], kvg, None, last
+    bounds = cu_seqlens.to(device=q.device, dtype=torch.long)
+    keep = torch.ones(T, dtype=torch.bool, device=q.device)
+    reads = keep.index_fill(0, bounds[:-1], False).nonzero().squeeze(1)
+    writes = keep.index_fill(0, bounds[1:] - 1, False).nonzero().squeeze(1)
+    kvg = tuple(None if x is None else x.index_select(1, writes) for x in kvg)
+    return q.index_select(1, reads), kvg, reads, bounds[1:] - 1
+
+
+def _last_write(S: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None) -> Tensor:
+    """S_T = Diag(exp g_T) S_{T-1} + k_T v_T^T for every sequence: S [N, HV, K, V]; k_t [B, N',
+    H, K], v_t [B, N', HV, V], g_t [B, N', HV(, K)] or None, one of B, N' being 1 (the additive
+    rule's step, ``recurrent.step``, whose read is not used)."""
+    k_t, v_t = k_t.flatten(0, 1).to(S.dtype), v_t.flatten(0, 1).to(S.dtype)  # [N, H, K], [N, HV, V]
+    if g_t is not None:
+        g_t = g_t.flatten(0, 1).to(S.dtype)
+        g_t = g_t.unsqueeze(-1) if g_t.dim() == 2 else g_t  # [N, HV, 1|K]
+    _, S = step(S, k_t, k_t, v_t, None, g_t)
+    return S
+
+
+def _first_reads_(
+    o: Tensor, q: Tensor, initial_state: Tensor, cu_seqlens: Tensor | None, scale: float
+) -> None:
+    """Add S_0^T (scale q_1) of each sequence to its first token's row of o [B, T, HV, V] (T > 0),
+    in place: the read of the state it enters with (one initial state per batch row or
+    sequence)."""
+    packed = cu_seqlens is not None
+    firsts = cu_seqlens[:-1] if packed else torch.zeros(1, dtype=torch.long)
+    firsts = firsts.to(device=o.device, dtype=torch.long)
     S0 = initial_state.to(o.dtype)  # [N, HV, K, V]
-    q0 = q.index_select(1, index).to(o.dtype) * scale  # [B, N', H, K], one of B, N' is 1
-    q0 = q0.squeeze(0) if cu_seqlens is not None else q0.squeeze(1)  # [N, H, K]
+    q0 = q.index_select(1, firsts).to(o.dtype) * scale  # [B, N', H, K], one of B, N' is 1
+    q0 = q0.squeeze(0) if packed else q0.squeeze(1)  # [N, H, K]
     groups = _groups(q0.shape[1], S0.shape[1])
     # value head j reads q head j // G: [N, H, G, K, V] read by [N, H, K]
     reads = torch.einsum("nhk,nhgkv->nhgv", q0, S0.unflatten(1, groups)).flatten(1, 2)
-    reads = reads.unsqueeze(0) if cu_seqlens is not None else reads.unsqueeze(1)
-    return o.index_copy(1, index, reads)
+    o.index_add_(1, firsts, reads.unsqueeze(0) if packed else reads.unsqueeze(1))
+
+
+BONUS_BLOCK = 256  # tokens a block of ``bonus``: its temporaries stay small (reused memory)
 
 
 def bonus(q: Tensor, k: Tensor, v: Tensor, u: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
     """scale (sum_c q_tc u_c k_tc) v_t [B, T, HV, V] in ``dtype``: the current token's own term.
 
-    q, k [B, T, H, K] (or [B, H, K], one token); v [B, T, HV, V] ([B, HV, V]); u [HV, K].
+    q, k [B, T, H, K] (or [B, H, K], one token); v [B, T, HV, V] ([B, HV, V]); u [HV, K]. Computed
+    in blocks of ``BONUS_BLOCK`` tokens: whole-sequence temporaries (k u, q k u), and those of
+    their gradients, would each be fresh memory, whose page faults cost more than the arithmetic
+    (measured at T = 16,384, one thread: the forward 15 ms blocked, about 75 ms not; GLA's 115 ms).
     """
-    qk = q.to(dtype) * k.to(dtype)  # [..., H, K]
-    # [..., H, K] with u [H, G, K] -> [..., H, G] -> [..., HV]: value head j pairs with j // G
-    u = u.to(dtype).unflatten(0, _groups(q.shape[-2], u.shape[0]))
-    weight = torch.einsum("...hk,hgk->...hg", qk, u)
-    return (scale * weight.flatten(-2)).unsqueeze(-1) * v.to(dtype)
+    H, HV = q.shape[-2], u.shape[0]
+    u = u.to(dtype) * scale
+    if H != HV:  # grouped value heads: q and k of value head j are those of head j // G
+        q, k = (x.repeat_interleave(HV // H, dim=-2) for x in (q, k))
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if q.dim() == 3 or q.shape[1] <= BONUS_BLOCK:
+        return torch.linalg.vecdot(q, k * u).unsqueeze(-1) * v
+    parts = zip(*(x.split(BONUS_BLOCK, dim=1) for x in (q, k, v)), strict=True)
+    return torch.cat(
+        [torch.linalg.vecdot(qb, kb * u).unsqueeze(-1) * vb for qb, kb, vb in parts], 1
+    )
 
 
 def _groups(H: int, HV: int) -> tuple[int, int]:
