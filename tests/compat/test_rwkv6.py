@@ -17,7 +17,7 @@ chunk_naive = pytest.importorskip("fla.ops.rwkv6.chunk_naive")
 
 from linattn import compat  # noqa: E402
 
-from .helpers import Promoted, assert_same, outputs_and_grads, recipe  # noqa: E402
+from .helpers import Promoted, assert_same, compare, outputs_and_grads, recipe  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 DTYPES = pytest.mark.parametrize(
@@ -60,19 +60,11 @@ def _recurrent_reference(r, k, v, w, u, initial_state=None, scale=None):
     return o.transpose(1, 2), S
 
 
-def _compare(ours, theirs, leaves, tol):
-    a, da = outputs_and_grads(ours, leaves)
-    b, db = outputs_and_grads(theirs, leaves)
-    assert_same(a, b, tol, "o, S")
-    for n in leaves:
-        assert_same([da[n]], [db[n]], tol, f"d{n}")
-
-
 @DTYPES
 @pytest.mark.parametrize("entry", ENTRY_POINTS, ids=lambda f: f.__name__)
 def test_equals_the_recurrent_reference(dtype, entry, references):
     leaves = _leaves(T=37, dtype=dtype)
-    _compare(
+    compare(
         lambda **t: entry(**t, output_final_state=True, **({"chunk_size": 16} if entry is
                                                            compat.chunk_rwkv6 else {})),
         _recurrent_reference, leaves, references,
@@ -113,7 +105,7 @@ def test_packed_sequences_each_equal_the_reference_alone(dtype, entry, reference
             states.append(S)
         return torch.cat(outs, 1), torch.cat(states, 0)
 
-    _compare(
+    compare(
         lambda **t: entry(**t, output_final_state=True, cu_seqlens=torch.tensor(bounds)),
         theirs, leaves, references,
     )  # fmt: skip
