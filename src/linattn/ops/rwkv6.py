@@ -94,13 +94,7 @@ def rwkv6(
         initial_state=initial_state,
         cu_seqlens=None if cu_seqlens is None else cu_seqlens - torch.arange(N + 1),
     )  # o_next[:, t] = the read of token t + 1 (of its sequence), in the compute dtype
-    o = bonus(q, k, v, u, scale, o_next.dtype)  # a new tensor: the reads are added into it
-    if reads is None:
-        o[:, 1:] += o_next
-    else:  # packed: o_next's rows are those of the tokens that are not first, in order
-        o.index_add_(1, reads, o_next)
-    if initial_state is not None and T > 0:
-        _first_reads_(o, q, initial_state, cu_seqlens, scale)
+    o = _outputs(q, k, v, u, o_next, initial_state, cu_seqlens, reads, scale)
     if output_final_state and T > 0:  # the last token's write
         k_t, v_t, g_t = (None if x is None else x.index_select(1, last) for x in (k, v, g))
         S = _last_write(S, k_t, v_t, g_t)
@@ -116,8 +110,11 @@ def _paired(q: Tensor, kvg: tuple, cu_seqlens: Tensor | None) -> tuple:
     T = q.shape[1]
     if cu_seqlens is None:
         last = torch.full((min(T, 1),), T - 1, dtype=torch.long, device=q.device)
-        kvg = tuple(None if x is None else x[:, : max(T - 1, 0)] for x in kvg)
-        return q[:, 1:], kvg, None, last
+        if T == 0:
+            return q, kvg, None, last
+        # split, not slices: the gradient of a slice is a whole-sequence tensor of zeros first
+        kvg = tuple(None if x is None else x.split([T - 1, 1], dim=1)[0] for x in kvg)
+        return q.split([1, T - 1], dim=1)[1], kvg, None, last
     bounds = cu_seqlens.to(device=q.device, dtype=torch.long)
     keep = torch.ones(T, dtype=torch.bool, device=q.device)
     reads = keep.index_fill(0, bounds[:-1], False).nonzero().squeeze(1)
@@ -138,46 +135,95 @@ def _last_write(S: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None) -> Tens
     return S
 
 
-def _first_reads_(
-    o: Tensor, q: Tensor, initial_state: Tensor, cu_seqlens: Tensor | None, scale: float
-) -> None:
-    """Add S_0^T (scale q_1) of each sequence to its first token's row of o [B, T, HV, V] (T > 0),
-    in place: the read of the state it enters with (one initial state per batch row or
-    sequence)."""
+def _outputs(q, k, v, u, o_next, initial_state, cu_seqlens, reads, scale: float) -> Tensor:
+    """o [B, T, HV, V]: each token's read (o_next's row before it, or for a sequence's first
+    token the read of its initial state, zeros without one) plus its bonus. reads: the tokens
+    o_next's rows belong to (packed sequences), or None (equal lengths: tokens 1 .. T - 1)."""
+    B, T, HV, V = v.shape
+    if T == 0:
+        return bonus(q, k, v, u, scale, o_next.dtype)
+    if initial_state is None:
+        first = o_next.new_zeros(B if cu_seqlens is None else cu_seqlens.numel() - 1, HV, V)
+    else:
+        first = _first_reads(q, initial_state, cu_seqlens, scale, o_next.dtype)  # [N, HV, V]
+    if cu_seqlens is None:
+        return bonus(q, k, v, u, scale, o_next.dtype, reads=o_next, first=first.unsqueeze(1))
+    # packed: o_next's rows and the first reads placed on their tokens (one new tensor)
+    aligned = o_next.new_zeros(B, T, HV, V).index_copy(1, reads, o_next)
+    aligned = aligned.index_copy(1, cu_seqlens[:-1].to(aligned.device), first.unsqueeze(0))
+    return bonus(q, k, v, u, scale, o_next.dtype, reads=aligned)
+
+
+def _first_reads(
+    q: Tensor, initial_state: Tensor, cu_seqlens: Tensor | None, scale: float, dtype: torch.dtype
+) -> Tensor:
+    """S_0^T (scale q_1) of each sequence [N, HV, V]: its first token's read of the state it
+    enters with (one initial state per batch row or sequence; T > 0)."""
     packed = cu_seqlens is not None
     firsts = cu_seqlens[:-1] if packed else torch.zeros(1, dtype=torch.long)
-    firsts = firsts.to(device=o.device, dtype=torch.long)
-    S0 = initial_state.to(o.dtype)  # [N, HV, K, V]
-    q0 = q.index_select(1, firsts).to(o.dtype) * scale  # [B, N', H, K], one of B, N' is 1
+    firsts = firsts.to(device=q.device, dtype=torch.long)
+    S0 = initial_state.to(dtype)  # [N, HV, K, V]
+    q0 = q.index_select(1, firsts).to(dtype) * scale  # [B, N', H, K], one of B, N' is 1
     q0 = q0.squeeze(0) if packed else q0.squeeze(1)  # [N, H, K]
     groups = _groups(q0.shape[1], S0.shape[1])
     # value head j reads q head j // G: [N, H, G, K, V] read by [N, H, K]
-    reads = torch.einsum("nhk,nhgkv->nhgv", q0, S0.unflatten(1, groups)).flatten(1, 2)
-    o.index_add_(1, firsts, reads.unsqueeze(0) if packed else reads.unsqueeze(1))
+    return torch.einsum("nhk,nhgkv->nhgv", q0, S0.unflatten(1, groups)).flatten(1, 2)
 
 
 BONUS_BLOCK = 256  # tokens a block of ``bonus``: its temporaries stay small (reused memory)
 
 
-def bonus(q: Tensor, k: Tensor, v: Tensor, u: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
-    """scale (sum_c q_tc u_c k_tc) v_t [B, T, HV, V] in ``dtype``: the current token's own term.
+def bonus(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    u: Tensor,
+    scale: float,
+    dtype: torch.dtype,
+    reads: Tensor | None = None,
+    first: Tensor | None = None,
+) -> Tensor:
+    """reads + scale (sum_c q_tc u_c k_tc) v_t [B, T, HV, V] in ``dtype``: the token's own term.
 
-    q, k [B, T, H, K] (or [B, H, K], one token); v [B, T, HV, V] ([B, HV, V]); u [HV, K]. Computed
-    in blocks of ``BONUS_BLOCK`` tokens: whole-sequence temporaries (k u, q k u), and those of
-    their gradients, would each be fresh memory, whose page faults cost more than the arithmetic
-    (measured at T = 16,384, one thread: the forward 15 ms blocked, about 75 ms not; GLA's 115 ms).
+    q, k [B, T, H, K] (or [B, H, K], one token, no reads); v [B, T, HV, V] ([B, HV, V]); u [HV,
+    K]. reads: None, [B, T, HV, V], or [B, T - 1, HV, V] for tokens 1 .. T - 1 with ``first``
+    [B, 1, HV, V] for token 0. Computed in blocks of ``BONUS_BLOCK`` tokens (split, then one
+    concatenation): whole-sequence temporaries (k u, q k u, and their gradients) would each be
+    fresh memory, whose page faults cost more than the arithmetic (measured at T = 16,384, one
+    thread: the forward 15 ms in blocks, about 75 ms not; GLA's 115 ms).
     """
-    H, HV = q.shape[-2], u.shape[0]
     u = u.to(dtype) * scale
+    if q.dim() == 3 or q.shape[1] == 0:
+        return _bonus_block(q, k, v, u, dtype)
+    T = q.shape[1]
+    sizes = [min(BONUS_BLOCK, T - s) for s in range(0, T, BONUS_BLOCK)]
+    blocks = [x.split(sizes, dim=1) for x in (q, k, v)]
+    read_blocks = [None] * len(sizes)
+    if reads is not None and first is None:
+        read_blocks = reads.split(sizes, dim=1)
+    elif reads is not None:  # token 0's read is ``first``: one row less of ``reads`` in block 0
+        read_blocks = list(reads.split([sizes[0] - 1, *sizes[1:]], dim=1))
+        read_blocks[0] = torch.cat([first.to(dtype), read_blocks[0]], dim=1)
+    pieces = zip(*blocks, read_blocks, strict=True)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, u, reads, first)
+                                       if x is not None):  # fmt: skip
+        parts = [_bonus_block(qb, kb, vb, u, dtype, rb) for qb, kb, vb, rb in pieces]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    # nothing to differentiate: each block written into the output (no concatenation)
+    o = v.new_empty(*v.shape[:-2], u.shape[0], v.shape[-1], dtype=dtype)
+    for out, (qb, kb, vb, rb) in zip(o.split(sizes, dim=1), pieces, strict=True):
+        out.copy_(_bonus_block(qb, kb, vb, u, dtype, rb))
+    return o
+
+
+def _bonus_block(q, k, v, u, dtype: torch.dtype, reads: Tensor | None = None) -> Tensor:
+    """reads + (sum_c q_c u_c k_c) v for one block of tokens (u already scaled)."""
+    H, HV = q.shape[-2], u.shape[0]
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if H != HV:  # grouped value heads: q and k of value head j are those of head j // G
         q, k = (x.repeat_interleave(HV // H, dim=-2) for x in (q, k))
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if q.dim() == 3 or q.shape[1] <= BONUS_BLOCK:
-        return torch.linalg.vecdot(q, k * u).unsqueeze(-1) * v
-    parts = zip(*(x.split(BONUS_BLOCK, dim=1) for x in (q, k, v)), strict=True)
-    return torch.cat(
-        [torch.linalg.vecdot(qb, kb * u).unsqueeze(-1) * vb for qb, kb, vb in parts], 1
-    )
+    weight = torch.linalg.vecdot(q, k * u).unsqueeze(-1)
+    return weight * v if reads is None else torch.addcmul(reads, weight, v)
 
 
 def _groups(H: int, HV: int) -> tuple[int, int]:
