@@ -71,18 +71,14 @@ def rwkv6(
         o: [B, T, HV, V] in the input dtype; final_state: [B, HV, K, V] (or [N, ...] with
         cu_seqlens) in float32 (float64 for float64 inputs), or None.
     """
-    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
-    _checks.gate(g, B, T, HV, K)
-    _checks.tensor("u", u, 2)
-    if tuple(u.shape) != (HV, K):
-        raise ValueError(f"u must have shape [HV, K] = {(HV, K)}, got {tuple(u.shape)}")
     chunk_size = _checks.options(mode, chunk_size)
-    _checks.scale(scale)
     output_final_state = _checks.flag("output_final_state", output_final_state)
-    N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, HV, K, V)
-    scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
+    T, N = _check(q, k, v, g, u, scale, initial_state, cu_seqlens)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q_next, kvg, reads, last = _paired(q, (k, v, g), cu_seqlens)  # views unless packed
+    paired_bounds = None  # packed: each sequence pairs one token fewer than it has
+    if cu_seqlens is not None:
+        paired_bounds = cu_seqlens - torch.arange(N + 1, device=cu_seqlens.device)
     o_next, S = _engine.run(
         q_next,
         *kvg[:2],
@@ -92,13 +88,27 @@ def rwkv6(
         mode=mode,
         chunk_size=chunk_size,
         initial_state=initial_state,
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens - torch.arange(N + 1),
+        cu_seqlens=paired_bounds,
     )  # o_next[:, t] = the read of token t + 1 (of its sequence), in the compute dtype
     o = _outputs(q, k, v, u, o_next, initial_state, cu_seqlens, reads, scale)
     if output_final_state and T > 0:  # the last token's write
         k_t, v_t, g_t = (None if x is None else x.index_select(1, last) for x in (k, v, g))
         S = _last_write(S, k_t, v_t, g_t)
     return o.to(q.dtype), S if output_final_state else None
+
+
+def _check(q, k, v, g, u, scale, initial_state, cu_seqlens) -> tuple[int, int]:
+    """The checks of ``rwkv6``'s tensors (``linattn.ops.checks``), each error naming its argument;
+    returns (T, N): the tokens and the sequences."""
+    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
+    _checks.gate(g, B, T, HV, K)
+    _checks.tensor("u", u, 2)
+    if tuple(u.shape) != (HV, K):
+        raise ValueError(f"u must have shape [HV, K] = {(HV, K)}, got {tuple(u.shape)}")
+    _checks.scale(scale)
+    N = _checks.seqlens(cu_seqlens, B, T)
+    _checks.state(initial_state, N, HV, K, V)
+    return T, N
 
 
 def _paired(q: Tensor, kvg: tuple, cu_seqlens: Tensor | None) -> tuple:
