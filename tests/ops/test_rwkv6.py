@@ -346,3 +346,21 @@ def test_empty_and_one_token_inputs(B, T, H, mode):
     o, S = rwkv6(x["q"], x["k"], x["v"], x["g"], x["u"], mode=mode, initial_state=x["S0"],
                  output_final_state=True)  # fmt: skip
     _close((o, S), rwkv6_loop(x["q"], x["k"], x["v"], x["g"], x["u"], x["S0"]))
+
+
+@pytest.mark.parametrize("bounds", [[0, 1, 2, 3], [0, 1, 4, 5]])
+@pytest.mark.parametrize("mode,C", [("chunk", 2), ("recurrent", 64)])
+def test_packed_one_token_sequences_keep_their_initial_state(bounds, mode, C):
+    """A sequence of one token has no pair of a read and an earlier write: it reads its initial
+    state, and its final state is that state decayed plus its write (none of it runs empty)."""
+    x = _inputs(B=1, T=bounds[-1], seed=6)
+    gen = torch.Generator().manual_seed(7)
+    S0 = torch.randn(len(bounds) - 1, 4, 6, 5, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (x["q"], x["k"], x["v"], x["g"], x["u"], S0)]
+
+    def f(q, k, v, g, u, S0):
+        return rwkv6(q, k, v, g, u, mode=mode, chunk_size=C, initial_state=S0,
+                     output_final_state=True, cu_seqlens=torch.tensor(bounds))  # fmt: skip
+
+    _close(f(*leaves), rwkv6_loop(*leaves, bounds=bounds))
+    assert torch.autograd.gradcheck(f, leaves)

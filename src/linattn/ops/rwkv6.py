@@ -30,6 +30,7 @@ import math
 import torch
 from torch import Tensor
 
+from linattn.dtypes import compute_dtype
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
 from linattn.ops.recurrent import step
@@ -76,20 +77,19 @@ def rwkv6(
     T, N = _check(q, k, v, g, u, scale, initial_state, cu_seqlens)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q_next, kvg, reads, last = _paired(q, (k, v, g), cu_seqlens)  # views unless packed
-    paired_bounds = None  # packed: each sequence pairs one token fewer than it has
-    if cu_seqlens is not None:
-        paired_bounds = cu_seqlens - torch.arange(N + 1, device=cu_seqlens.device)
-    o_next, S = _engine.run(
-        q_next,
-        *kvg[:2],
-        None,
-        kvg[2],
-        scale=scale,
-        mode=mode,
-        chunk_size=chunk_size,
-        initial_state=initial_state,
-        cu_seqlens=paired_bounds,
-    )  # o_next[:, t] = the read of token t + 1 (of its sequence), in the compute dtype
+    options = dict(scale=scale, mode=mode, chunk_size=chunk_size)
+    if cu_seqlens is None:
+        o_next, S = _engine.run(
+            q_next,
+            *kvg[:2],
+            None,
+            kvg[2],
+            initial_state=initial_state,
+            cu_seqlens=None,
+            **options,
+        )  # o_next[:, t] = the read of token t + 1, in the compute dtype
+    else:
+        o_next, S = _packed_pairs(q_next, kvg, initial_state, cu_seqlens, options)
     o = _outputs(q, k, v, u, o_next, initial_state, cu_seqlens, reads, scale)
     if output_final_state and T > 0:  # the last token's write
         k_t, v_t, g_t = (None if x is None else x.index_select(1, last) for x in (k, v, g))
@@ -109,6 +109,27 @@ def _check(q, k, v, g, u, scale, initial_state, cu_seqlens) -> tuple[int, int]:
     N = _checks.seqlens(cu_seqlens, B, T)
     _checks.state(initial_state, N, HV, K, V)
     return T, N
+
+
+def _packed_pairs(q_next, kvg, initial_state, cu_seqlens, options) -> tuple[Tensor, Tensor]:
+    """The additive rule on packed sequences' pairs (``_paired``): each sequence has one pair
+    fewer than tokens, so the sequences of one token have none and keep their initial state (the
+    others run as ``_engine.run``'s packed sequences, none of them empty). Returns o_next [1,
+    T - N, HV, V] and the states [N, HV, K, V] before each sequence's last write."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    runs = (lengths > 1).nonzero().squeeze(1)  # the sequences with a pair
+    N, (_, _, HV, V), K = lengths.numel(), kvg[1].shape, kvg[0].shape[-1]
+    dtype = compute_dtype(q_next.dtype)
+    S = q_next.new_zeros(N, HV, K, V, dtype=dtype) if initial_state is None else initial_state
+    S = S.to(dtype)
+    if runs.numel() == 0:
+        return q_next.new_zeros(1, 0, HV, V, dtype=dtype), S
+    bounds = torch.cat([lengths.new_zeros(1), (lengths[runs] - 1).cumsum(0)])
+    S0 = None if initial_state is None else initial_state.index_select(0, runs.to(S.device))
+    o_next, S_runs = _engine.run(
+        q_next, *kvg[:2], None, kvg[2], initial_state=S0, cu_seqlens=bounds, **options
+    )
+    return o_next, S.index_copy(0, runs.to(S.device), S_runs)
 
 
 def _paired(q: Tensor, kvg: tuple, cu_seqlens: Tensor | None) -> tuple:
