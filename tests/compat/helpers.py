@@ -102,3 +102,12 @@ class Promoted:
 
     def __getattr__(self, name):
         return getattr(torch, name)
+
+
+def compare(ours, theirs, leaves: dict, tol: float) -> None:
+    """ours(**leaves) and theirs(**leaves) agree, outputs and the gradients of every leaf."""
+    a, da = outputs_and_grads(ours, leaves)
+    b, db = outputs_and_grads(theirs, leaves)
+    assert_same(a, b, tol, "outputs")
+    for n in leaves:
+        assert_same([da[n]], [db[n]], tol, f"d{n}")

@@ -42,6 +42,7 @@ from linattn.reference import (
     mean_peak_weight,
     positive_random_features,
     prf_relative_standard_error,
+    rwkv6,
     softmax_attention,
     softmax_d1_example,
     softmax_training_ops,
@@ -473,6 +474,31 @@ def delta_product_checks() -> list[Check]:
     )[1]  # A_t I
     checks.append(compare("DeltaProduct n_h = 3: a token's A_t is 3 Householders",
                           one_token, transition_product(K[:n], beta[:n])))  # fmt: skip
+    return checks
+
+
+def rwkv6_checks() -> list[Check]:
+    """Issue 31: RWKV-6, the additive rule read before the token's write plus a bonus u. Its chunk
+    form (a strictly lower intra-chunk matrix, the bonus on the diagonal) equals the token loop;
+    without decay and with u = 1 it reads S_t, and so is linear attention."""
+    Q, K, V, _, _, g, _ = _dplr_draws()
+    u = np.random.default_rng(31).standard_normal(8)
+    recurrent, _ = rwkv6.recurrence(Q, K, V, g, u)
+    checks = [
+        compare(
+            f"RWKV-6: chunks of C = {C} equal the recurrence",
+            rwkv6.chunked(Q, K, V, g, u, C)[0],
+            recurrent,
+        )
+        for C in (1, 5, 16, 64)
+    ]
+    checks.append(
+        compare(
+            "RWKV-6 with u = 1 and no decay is linear attention",
+            rwkv6.recurrence(Q, K, V, None, np.ones(8))[0],
+            gated.recurrence(Q, K, V)[0],
+        )
+    )
     return checks
 
 
@@ -1011,6 +1037,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     chunked_delta_checks,
     dplr_checks,
     delta_product_checks,
+    rwkv6_checks,
     cost_checks,
     overwrite_checks,
     stored_pair_checks,

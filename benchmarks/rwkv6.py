@@ -1,0 +1,106 @@
+"""RWKV-6 over GLA on the CPU, as ratios of one run (issue 31's speed line: within 1.15x).
+
+    RWKV-6: o_t = S_{t-1}^T (scale q_t) + scale (q_t^T Diag(u) k_t) v_t
+    GLA:    o_t = S_t^T (scale q_t)          both with S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T
+
+``linattn.ops.rwkv6`` against ``linattn.ops.linear_attention`` with the same per-channel gate, at
+B = 1, T = 16,384, H = 8, K = V = 64, C = 64, float32, one thread (the fused C++ chunk loop): the
+forward, and the forward plus backward (the gradients of q, k, v, g and u from one weighted sum
+of o), each pair timed in turns (RWKV-6, GLA, RWKV-6, ...) so that both medians come from the same
+minutes. The machine may be shared: ``--clock cpu`` times this process's CPU time.
+
+    PYTHONPATH=src python benchmarks/rwkv6.py                   # the issue's shape (a few minutes)
+    PYTHONPATH=src python benchmarks/rwkv6.py --clock cpu --T 4096 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from linattn.experiments import _timing
+from linattn.experiments._timing import medians_in_turns
+from linattn.ops import linear_attention, rwkv6
+
+
+def make_inputs(T: int, H: int, K: int, V: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """float32 [1, T, H, D] inputs: unit keys, the log-decays of a trained model per channel
+    (logsigmoid(N(4, 1)), decays near 0.98), a bonus u ~ N(0, 1) [H, K]."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    return {
+        "q": randn(1, T, H, K), "k": torch.nn.functional.normalize(randn(1, T, H, K), dim=-1),
+        "v": randn(1, T, H, V), "g": torch.nn.functional.logsigmoid(randn(1, T, H, K) + 4.0),
+        "u": randn(H, K),
+    }  # fmt: skip
+
+
+def calls(x: dict[str, torch.Tensor], C: int, backward: bool) -> list[Callable[[], object]]:
+    """(RWKV-6, GLA) as calls: forward under no_grad, or forward plus backward."""
+    ops = [
+        lambda: rwkv6(x["q"], x["k"], x["v"], x["g"], x["u"], chunk_size=C),
+        lambda: linear_attention(x["q"], x["k"], x["v"], x["g"], chunk_size=C),
+    ]
+    if not backward:
+
+        def forward(op):
+            with torch.no_grad():
+                return op()
+
+        return [lambda op=op: forward(op) for op in ops]
+    weight = torch.randn(x["v"].shape, generator=torch.Generator().manual_seed(1))
+
+    def both(op):
+        o, _ = op()
+        (o * weight).sum().backward()
+        for t in x.values():
+            t.grad = None
+
+    return [lambda op=op: both(op) for op in ops]
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    torch.set_num_threads(args.threads)
+    _timing.use_clock(args.clock)
+    x = make_inputs(args.T, args.H, args.K, args.K)
+    result: dict[str, object] = {"options": vars(args)}
+    for name, backward in (("forward", False), ("forward+backward", True)):
+        if backward:
+            x = {n: t.requires_grad_() for n, t in x.items()}
+        fns = calls(x, args.C, backward)
+        for fn in fns:  # warm up: the kernels' first call builds or loads them
+            fn()
+        t_rwkv6, t_gla = medians_in_turns(fns, args.repeats)
+        result[name] = {"rwkv6_s": t_rwkv6, "gla_s": t_gla, "ratio": t_rwkv6 / t_gla}
+        print(f"{name:<17} RWKV-6 {t_rwkv6:.4f} s  GLA {t_gla:.4f} s  RWKV-6 / GLA "
+              f"{t_rwkv6 / t_gla:.3f} (issue: <= 1.15)", flush=True)  # fmt: skip
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--T", type=int, default=16_384)
+    parser.add_argument("--H", type=int, default=8)
+    parser.add_argument("--K", type=int, default=64, help="K = V")
+    parser.add_argument("--C", type=int, default=64, help="chunk size")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--out", type=Path, help="write the result as JSON")
+    args = parser.parse_args(argv)
+    result = run(args)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""RWKV-6: GLA read from the state before the token's write, plus a bonus on the token itself.
+
+    o_t = S_{t-1}^T (scale q_t) + scale (q_t^T Diag(u) k_t) v_t
+    S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T
+
+(Peng et al. 2024, "Eagle and Finch"; fla 0.6.0's ``naive_recurrent_rwkv6``, whose w is our g: a
+log-decay per key channel, applied to the state after it is read). The memory is the additive
+rule's with a gate (DESIGN.md's table: GLA); only the read differs, and it is one token late.
+
+The additive rule run on every token's query but the first and every token's write but the last
+reads each state one token early: the tokens q_{t+1} and (k_t, v_t, g_t), t = 1 .. T - 1, give
+
+    o'_t = S_t^T (scale q_{t+1}) = the read of token t + 1,
+
+and the first token reads the state its sequence enters with; one more token's step (the last
+write) gives the final state. So the exclusive read (the chunk form's strictly lower intra-chunk
+matrix with the decay exp(G_{t-1} - G_s), and the inter-chunk read q_t exp(G_{t-1}) of the state
+before the token) is the additive rule's own inclusive read of the same tokens paired one apart:
+every form of ``linear_attention`` (parallel, recurrent, chunk; the fused C++ loop forward and
+backward), its decays (every exponent <= 0, resets exact), grouped value heads, states and
+gradients are used unchanged, on views of the inputs (no copy). The bonus is the diagonal the
+strictly lower matrix leaves out, with u in place of the decay: one product per token,
+(q_t * u * k_t) summed over the key channels, which the reads are added into.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from linattn.dtypes import compute_dtype
+from linattn.ops import _engine
+from linattn.ops import checks as _checks
+from linattn.ops.recurrent import step
+
+
+def rwkv6(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    u: Tensor,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """RWKV-6's time mixing (the module docstring; spec sections 5, 5.1 and 10).
+
+        o_t = S_{t-1}^T (scale q_t) + scale (sum_c q_tc u_c k_tc) v_t
+        S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T
+
+    A separate op, not a ``bonus=`` of ``linear_attention``: the bonus comes with the read before
+    the write (u = 0 is GLA read one token early, not GLA), which ``linear_attention``'s name and
+    its normaliser do not have. It runs ``linear_attention``'s forms (see the module docstring).
+
+    Args:
+        q, k: [B, T, H, K] (RWKV's r and k). v: [B, T, HV, V], HV a multiple of H (grouped value
+            heads: value head j reads q/k head j // (HV // H)). One floating dtype.
+        g: [B, T, HV, K] (RWKV-6: a log-decay per key channel, fla's w), [B, T, HV] (per head) or
+            None; every entry <= 0, -inf a reset (the state is forgotten after the token's read).
+        u: [HV, K], the bonus of each value head (fla's u); any floating dtype, finite.
+        scale: multiplies q (the read and the bonus); None means 1 / sqrt(K).
+        mode, chunk_size, initial_state, output_final_state, cu_seqlens: as ``linear_attention``.
+
+    Returns:
+        o: [B, T, HV, V] in the input dtype; final_state: [B, HV, K, V] (or [N, ...] with
+        cu_seqlens) in float32 (float64 for float64 inputs), or None.
+    """
+    chunk_size = _checks.options(mode, chunk_size)
+    output_final_state = _checks.flag("output_final_state", output_final_state)
+    T, N = _check(q, k, v, g, u, scale, initial_state, cu_seqlens)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q_next, kvg, reads, last = _paired(q, (k, v, g), cu_seqlens)  # views unless packed
+    options = dict(scale=scale, mode=mode, chunk_size=chunk_size)
+    if cu_seqlens is None:
+        o_next, S = _engine.run(
+            q_next,
+            *kvg[:2],
+            None,
+            kvg[2],
+            initial_state=initial_state,
+            cu_seqlens=None,
+            **options,
+        )  # o_next[:, t] = the read of token t + 1, in the compute dtype
+    else:
+        o_next, S = _packed_pairs(q_next, kvg, initial_state, cu_seqlens, options)
+    o = _outputs(q, k, v, u, o_next, initial_state, cu_seqlens, reads, scale)
+    if output_final_state and T > 0:  # the last token's write
+        k_t, v_t, g_t = (None if x is None else x.index_select(1, last) for x in (k, v, g))
+        S = _last_write(S, k_t, v_t, g_t)
+    return o.to(q.dtype), S if output_final_state else None
+
+
+def _check(q, k, v, g, u, scale, initial_state, cu_seqlens) -> tuple[int, int]:
+    """The checks of ``rwkv6``'s tensors (``linattn.ops.checks``), each error naming its argument;
+    returns (T, N): the tokens and the sequences."""
+    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
+    _checks.gate(g, B, T, HV, K)
+    _checks.tensor("u", u, 2)
+    if tuple(u.shape) != (HV, K):
+        raise ValueError(f"u must have shape [HV, K] = {(HV, K)}, got {tuple(u.shape)}")
+    _checks.scale(scale)
+    N = _checks.seqlens(cu_seqlens, B, T)
+    _checks.state(initial_state, N, HV, K, V)
+    return T, N
+
+
+def _packed_pairs(q_next, kvg, initial_state, cu_seqlens, options) -> tuple[Tensor, Tensor]:
+    """The additive rule on packed sequences' pairs (``_paired``): each sequence has one pair
+    fewer than tokens, so the sequences of one token have none and keep their initial state (the
+    others run as ``_engine.run``'s packed sequences, none of them empty). Returns o_next [1,
+    T - N, HV, V] and the states [N, HV, K, V] before each sequence's last write."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    runs = (lengths > 1).nonzero().squeeze(1)  # the sequences with a pair
+    N, (_, _, HV, V), K = lengths.numel(), kvg[1].shape, kvg[0].shape[-1]
+    dtype = compute_dtype(q_next.dtype)
+    S = q_next.new_zeros(N, HV, K, V, dtype=dtype) if initial_state is None else initial_state
+    S = S.to(dtype)
+    if runs.numel() == 0:
+        return q_next.new_zeros(1, 0, HV, V, dtype=dtype), S
+    bounds = torch.cat([lengths.new_zeros(1), (lengths[runs] - 1).cumsum(0)])
+    S0 = None if initial_state is None else initial_state.index_select(0, runs.to(S.device))
+    o_next, S_runs = _engine.run(
+        q_next, *kvg[:2], None, kvg[2], initial_state=S0, cu_seqlens=bounds, **options
+    )
+    return o_next, S.index_copy(0, runs.to(S.device), S_runs)
+
+
+def _paired(q: Tensor, kvg: tuple, cu_seqlens: Tensor | None) -> tuple:
+    """(q of every token but each sequence's first, (k, v, g) of every token but each sequence's
+    last, the indices of the first's tokens, those of each sequence's last token): [B, T - N,
+    ...] each, token i of the first paired with token i of the second (the module docstring).
+    Views for equal lengths (N = 1 along T; the first indices then None), gathered copies for
+    packed sequences."""
+    T = q.shape[1]
+    if cu_seqlens is None:
+        last = torch.full((min(T, 1),), T - 1, dtype=torch.long, device=q.device)
+        if T == 0:
+            return q, kvg, None, last
+        # split, not slices: the gradient of a slice is a whole-sequence tensor of zeros first
+        kvg = tuple(None if x is None else x.split([T - 1, 1], dim=1)[0] for x in kvg)
+        return q.split([1, T - 1], dim=1)[1], kvg, None, last
+    bounds = cu_seqlens.to(device=q.device, dtype=torch.long)
+    keep = torch.ones(T, dtype=torch.bool, device=q.device)
+    reads = keep.index_fill(0, bounds[:-1], False).nonzero().squeeze(1)
+    writes = keep.index_fill(0, bounds[1:] - 1, False).nonzero().squeeze(1)
+    kvg = tuple(None if x is None else x.index_select(1, writes) for x in kvg)
+    return q.index_select(1, reads), kvg, reads, bounds[1:] - 1
+
+
+def _last_write(S: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None) -> Tensor:
+    """S_T = Diag(exp g_T) S_{T-1} + k_T v_T^T for every sequence: S [N, HV, K, V]; k_t [B, N',
+    H, K], v_t [B, N', HV, V], g_t [B, N', HV(, K)] or None, one of B, N' being 1 (the additive
+    rule's step, ``recurrent.step``, whose read is not used)."""
+    k_t, v_t = k_t.flatten(0, 1).to(S.dtype), v_t.flatten(0, 1).to(S.dtype)  # [N, H, K], [N, HV, V]
+    if g_t is not None:
+        g_t = g_t.flatten(0, 1).to(S.dtype)
+        g_t = g_t.unsqueeze(-1) if g_t.dim() == 2 else g_t  # [N, HV, 1|K]
+    _, S = step(S, k_t, k_t, v_t, None, g_t)
+    return S
+
+
+def _outputs(q, k, v, u, o_next, initial_state, cu_seqlens, reads, scale: float) -> Tensor:
+    """o [B, T, HV, V]: each token's read (o_next's row before it, or for a sequence's first
+    token the read of its initial state, zeros without one) plus its bonus. reads: the tokens
+    o_next's rows belong to (packed sequences), or None (equal lengths: tokens 1 .. T - 1)."""
+    B, T, HV, V = v.shape
+    if T == 0:
+        return bonus(q, k, v, u, scale, o_next.dtype)
+    if initial_state is None:
+        first = o_next.new_zeros(B if cu_seqlens is None else cu_seqlens.numel() - 1, HV, V)
+    else:
+        first = _first_reads(q, initial_state, cu_seqlens, scale, o_next.dtype)  # [N, HV, V]
+    if cu_seqlens is None:
+        return bonus(q, k, v, u, scale, o_next.dtype, reads=o_next, first=first.unsqueeze(1))
+    # packed: o_next's rows and the first reads placed on their tokens (one new tensor)
+    aligned = o_next.new_zeros(B, T, HV, V).index_copy(1, reads, o_next)
+    aligned = aligned.index_copy(1, cu_seqlens[:-1].to(aligned.device), first.unsqueeze(0))
+    return bonus(q, k, v, u, scale, o_next.dtype, reads=aligned)
+
+
+def _first_reads(
+    q: Tensor, initial_state: Tensor, cu_seqlens: Tensor | None, scale: float, dtype: torch.dtype
+) -> Tensor:
+    """S_0^T (scale q_1) of each sequence [N, HV, V]: its first token's read of the state it
+    enters with (one initial state per batch row or sequence; T > 0)."""
+    packed = cu_seqlens is not None
+    firsts = cu_seqlens[:-1] if packed else torch.zeros(1, dtype=torch.long)
+    firsts = firsts.to(device=q.device, dtype=torch.long)
+    S0 = initial_state.to(dtype)  # [N, HV, K, V]
+    q0 = q.index_select(1, firsts).to(dtype) * scale  # [B, N', H, K], one of B, N' is 1
+    q0 = q0.squeeze(0) if packed else q0.squeeze(1)  # [N, H, K]
+    groups = _groups(q0.shape[1], S0.shape[1])
+    # value head j reads q head j // G: [N, H, G, K, V] read by [N, H, K]
+    return torch.einsum("nhk,nhgkv->nhgv", q0, S0.unflatten(1, groups)).flatten(1, 2)
+
+
+BONUS_BLOCK = 256  # tokens a block of ``bonus``: its temporaries stay small (reused memory)
+
+
+def bonus(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    u: Tensor,
+    scale: float,
+    dtype: torch.dtype,
+    reads: Tensor | None = None,
+    first: Tensor | None = None,
+) -> Tensor:
+    """reads + scale (sum_c q_tc u_c k_tc) v_t [B, T, HV, V] in ``dtype``: the token's own term.
+
+    q, k [B, T, H, K] (or [B, H, K], one token, no reads); v [B, T, HV, V] ([B, HV, V]); u [HV,
+    K]. reads: None, [B, T, HV, V], or [B, T - 1, HV, V] for tokens 1 .. T - 1 with ``first``
+    [B, 1, HV, V] for token 0. Computed in blocks of ``BONUS_BLOCK`` tokens (split, then one
+    concatenation): whole-sequence temporaries (k u, q k u, and their gradients) would each be
+    fresh memory, whose page faults cost more than the arithmetic (measured at T = 16,384, one
+    thread: the forward 15 ms in blocks, about 75 ms not; GLA's 115 ms).
+    """
+    u = u.to(dtype) * scale
+    if q.dim() == 3 or q.shape[1] == 0:
+        return _bonus_block(q, k, v, u, dtype)
+    T = q.shape[1]
+    sizes = [min(BONUS_BLOCK, T - s) for s in range(0, T, BONUS_BLOCK)]
+    blocks = [x.split(sizes, dim=1) for x in (q, k, v)]
+    read_blocks = [None] * len(sizes)
+    if reads is not None and first is None:
+        read_blocks = reads.split(sizes, dim=1)
+    elif reads is not None:  # token 0's read is ``first``: one row less of ``reads`` in block 0
+        read_blocks = list(reads.split([sizes[0] - 1, *sizes[1:]], dim=1))
+        read_blocks[0] = torch.cat([first.to(dtype), read_blocks[0]], dim=1)
+    pieces = zip(*blocks, read_blocks, strict=True)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, u, reads, first)
+                                       if x is not None):  # fmt: skip
+        parts = [_bonus_block(qb, kb, vb, u, dtype, rb) for qb, kb, vb, rb in pieces]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    # nothing to differentiate: each block written into the output (no concatenation)
+    o = v.new_empty(*v.shape[:-2], u.shape[0], v.shape[-1], dtype=dtype)
+    for out, (qb, kb, vb, rb) in zip(o.split(sizes, dim=1), pieces, strict=True):
+        out.copy_(_bonus_block(qb, kb, vb, u, dtype, rb))
+    return o
+
+
+def _bonus_block(q, k, v, u, dtype: torch.dtype, reads: Tensor | None = None) -> Tensor:
+    """reads + (sum_c q_c u_c k_c) v for one block of tokens (u already scaled)."""
+    H, HV = q.shape[-2], u.shape[0]
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if H != HV:  # grouped value heads: q and k of value head j are those of head j // G
+        q, k = (x.repeat_interleave(HV // H, dim=-2) for x in (q, k))
+    weight = torch.linalg.vecdot(q, k * u).unsqueeze(-1)
+    return weight * v if reads is None else torch.addcmul(reads, weight, v)
+
+
+def _groups(H: int, HV: int) -> tuple[int, int]:
+    """(H, G): the HV value heads as H runs of G = HV // H (G = 1 where there are no heads)."""
+    return H, HV // H if H else 1
