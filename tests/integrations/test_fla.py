@@ -31,6 +31,7 @@ from fla.models.utils import Cache  # noqa: E402
 
 from linattn import compat  # noqa: E402
 from linattn.integrations import fla as linattn_fla  # noqa: E402
+from tests.layers.test_delta_product import fla_float32_kernel as fla_float32_dprod  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 relative = interp.relative
@@ -60,6 +61,18 @@ LAYERS = {
     "rwkv7": lambda: fla.layers.RWKV7Attention(
         hidden_size=D, head_dim=16, fuse_norm=True, layer_idx=0, num_hidden_layers=2, **RWKV7_LORA
     ),
+    "deltaproduct": lambda: fla.layers.GatedDeltaProduct(
+        hidden_size=D, head_dim=16, num_heads=2, num_v_heads=4, num_householder=2, layer_idx=0
+    ),
+    "deltaproduct-n3": lambda: fla.layers.GatedDeltaProduct(
+        hidden_size=D,
+        head_dim=16,
+        num_heads=2,
+        num_householder=3,
+        allow_neg_eigval=True,
+        use_forget_gate=False,
+        layer_idx=0,
+    ),  # fmt: skip
     "rwkv7-unfused": lambda: fla.layers.RWKV7Attention(
         hidden_size=D, head_dim=16, layer_idx=0, num_hidden_layers=2, **RWKV7_LORA
     ),
@@ -71,6 +84,11 @@ MODELS = {
     "gla": ("GLAConfig", "GLAForCausalLM", {}),
     "rwkv7": ("RWKV7Config", "RWKV7ForCausalLM", {"head_dim": 16, **RWKV7_LORA}),
     "comba": ("CombaConfig", "CombaForCausalLM", {"head_dim": 16}),
+    "deltaproduct": (
+        "GatedDeltaProductConfig",
+        "GatedDeltaProductForCausalLM",
+        {"head_dim": 16, "num_householder": 2},
+    ),
 }
 # The linattn functions each case must be seen to run (the call counter of ``enabled()``):
 # training (a layer's forward and backward, a model's training step) and decoding / generate.
@@ -80,12 +98,21 @@ TRAINING_USES = {
     "rwkv7-unfused": RWKV7_MIXING | {"chunk_rwkv7"},
     "comba": {"causal_conv1d", "rms_norm_gated", "chunk_comba"},
     "gdn2": {"causal_conv1d", "chunk_gdn2"},
+    "deltaproduct": {"causal_conv1d", "rms_norm_gated", "chunk_gated_delta_product"},
+    "deltaproduct-n3": {"causal_conv1d", "rms_norm_gated", "chunk_gated_delta_product"},
 }
 DECODING_USES = {
     "rwkv7": RWKV7_MIXING | {"fused_mul_recurrent_rwkv7", "group_norm"},
     "comba": {"causal_conv1d_update", "fused_recurrent_comba"},
+    # fla's fused_recurrent_gated_delta_rule is its alias fused_recurrent_gdn (one object),
+    # which enable() replaces with compat's fused_recurrent_gdn (the later of the two names)
+    "deltaproduct": {"causal_conv1d_update", "fused_recurrent_gdn"},
 }
-MODEL_USES = {"rwkv7": {"layer_norm"}, "comba": {"rms_norm", "swiglu"}}
+MODEL_USES = {
+    "rwkv7": {"layer_norm"},
+    "comba": {"rms_norm", "swiglu_linear"},
+    "deltaproduct": {"rms_norm", "swiglu_linear"},
+}
 
 
 @contextmanager
@@ -112,6 +139,16 @@ def enabled():
             yield counts
         finally:
             linattn_fla.disable()
+
+
+@contextmanager
+def fla_float32_kernels():
+    """fla's own kernels for the reference runs, in float32 where its wrapper refuses it:
+    ``chunk_gated_delta_product`` asserts q is not float32 (and the interpreter's bfloat16 is
+    wrong), so fla's DeltaProduct layer calls the autograd function behind it directly."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fla.layers.gated_deltaproduct, "chunk_gated_delta_product", fla_float32_dprod)
+        yield
 
 
 def assert_ran(counts: dict[str, int], *names: set[str]) -> None:
@@ -152,17 +189,20 @@ def decode(module, x, prefill: int):
     return torch.cat(ys, 1)
 
 
-# The default run keeps one forward-and-gradients case per layer family (each < 15 s under the
-# interpreter); the variant, the families over 15 s (Comba, GDN-2: 20 to 40 s), decoding of the
-# chunked families and the models are slow.
-SLOW_LAYERS = ("comba", "gdn2", "rwkv7")
-LAYER_CASES = [
-    pytest.param(n, marks=pytest.mark.slow) if "-" in n or n in SLOW_LAYERS else n for n in LAYERS
-]
-DECODING_CASES = [
-    n if n in ("deltanet", "gla", "rwkv7") else pytest.param(n, marks=pytest.mark.slow)
-    for n in LAYERS
-]
+# The default run keeps one small case per layer family (10 to 30 s under the interpreter on the
+# loaded 2-core machine): forward and gradients where that is the cheaper, else decoding (RWKV-7,
+# Comba, GDN-2: their chunk kernels' backward under the interpreter takes 30 to 70 s); the other
+# cases, the variants and the models are slow.
+DEFAULT_LAYER_CASES = ("gated_deltanet", "deltanet", "kda", "gla", "deltaproduct-n3")
+DEFAULT_DECODING_CASES = ("deltanet", "gla", "rwkv7", "comba", "gdn2")
+
+
+def cases(names, default: tuple[str, ...]) -> list:
+    return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+LAYER_CASES = cases(LAYERS, DEFAULT_LAYER_CASES)
+DECODING_CASES = cases(LAYERS, DEFAULT_DECODING_CASES)
 MODEL_CASES = [n if n == "gla" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS]
 
 
@@ -209,7 +249,8 @@ def assert_gradients_equal(grads: dict, grads_ref: dict, float64_run, every=Fals
 def test_layer_forward_and_gradients_equal_fla(name):
     module = layer(name).train()
     x, w = torch.randn(2, 40, D), torch.randn(2, 40, D)
-    y_ref, dx_ref, grads_ref = forward_and_grads(module, x, w)
+    with fla_float32_kernels():
+        y_ref, dx_ref, grads_ref = forward_and_grads(module, x, w)
     with enabled() as counts:
         y, dx, grads = forward_and_grads(module, x, w)
         assert_ran(counts, TRAINING_USES.get(name, set()))
@@ -225,7 +266,8 @@ def test_layer_forward_and_gradients_equal_fla(name):
 def test_layer_decoding_with_cache_equals_fla(name):
     module = layer(name).eval()
     x = torch.randn(2, 12, D)
-    want = decode(module, x, prefill=7)
+    with fla_float32_kernels():
+        want = decode(module, x, prefill=7)
     with enabled() as counts:
         got = decode(module, x, prefill=7)
     assert relative(got, want) < TOL
@@ -256,7 +298,8 @@ def test_causal_lm_training_step_equals_fla(name):
     ref = causal_lm(name, fuse_cross_entropy=False).train()
     model = causal_lm(name).train()
     ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
-    loss_ref, grads_ref = training_step(ref, ids)
+    with fla_float32_kernels():
+        loss_ref, grads_ref = training_step(ref, ids)
     with enabled() as counts:
         loss, grads = training_step(model, ids)
         assert_ran(counts, TRAINING_USES.get(name, set()), MODEL_USES.get(name, set()))
@@ -272,7 +315,8 @@ def test_causal_lm_generate_equals_fla(name):
     mask = torch.ones_like(ids)
     settings = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False}
     settings |= {"output_logits": True, "return_dict_in_generate": True}
-    want = model.generate(ids, **settings)
+    with fla_float32_kernels():
+        want = model.generate(ids, **settings)
     with enabled() as counts:
         got = model.generate(ids, **settings)
     assert torch.equal(got.sequences, want.sequences)
