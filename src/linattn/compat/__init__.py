@@ -9,9 +9,9 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 - computed by linattn: linear attention (``*_linear_attn``, normalised with fla's ``(kv, z)``
   state), simple GLA, retention and lightning attention (a constant decay per head), GLA, the
   delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA, HGRN,
-  the generalized delta rule (``*_dplr_delta_rule``, ``*_iplr_delta_rule``), RWKV-7 and Comba
-  (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
-  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv7``, ``comba``); ``chunk_*`` run
+  the generalized delta rule (``*_dplr_delta_rule``, ``*_iplr_delta_rule``), RWKV-6, RWKV-7 and
+  Comba (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
+  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``); ``chunk_*`` run
   linattn's chunk form,
   ``fused_recurrent_*`` its recurrent form,
   ``parallel_*`` its parallel form;
@@ -63,6 +63,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
     chunk_lightning_attn,
@@ -93,6 +94,7 @@ __all__ = [
     "chunk_lightning_attn",
     "chunk_linear_attn",
     "chunk_retention",
+    "chunk_rwkv6",
     "chunk_rwkv7",
     "chunk_simple_gla",
     "fused_chunk_delta_rule",
@@ -114,6 +116,7 @@ __all__ = [
     "fused_mul_recurrent_rwkv7",
     "fused_recurrent_linear_attn",
     "fused_recurrent_retention",
+    "fused_recurrent_rwkv6",
     "fused_recurrent_rwkv7",
     "fused_recurrent_simple_gla",
     "kda_gate",

@@ -11,9 +11,6 @@ MISSING = {
     "fused_recurrent_gsa": "gated slot attention (a softmax over gated memory slots)",
     "chunk_cyfa": "CyFA (its state and readout)",
     "fused_recurrent_cyfa": "CyFA (its state and readout)",
-    "chunk_rwkv6": "RWKV-6 (GLA read from the previous state plus a bonus u on the current "
-    "token; linattn's GLA is linear_attention with g [B, T, H, K])",
-    "fused_recurrent_rwkv6": "RWKV-6 (GLA read from the previous state plus a bonus u)",
     "chunk_log_linear_attn": "log-linear attention (a Fenwick-tree hierarchy of states)",
     "chunk_mesa_net": "MesaNet (a conjugate-gradient solve per token)",
     "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",

@@ -42,6 +42,7 @@ from linattn.reference import (
     mean_peak_weight,
     positive_random_features,
     prf_relative_standard_error,
+    rwkv6,
     softmax_attention,
     softmax_d1_example,
     softmax_training_ops,
@@ -429,6 +430,31 @@ def _dplr_rows(Q, K, V, g, beta) -> list[Check]:
         rows.append(compare(f"DPLR with the delta rule's a, b is {name}",
                             dplr.recurrence(Q, K, v, a, b, gate)[0], want))  # fmt: skip
     return rows
+
+
+def rwkv6_checks() -> list[Check]:
+    """Issue 31: RWKV-6, the additive rule read before the token's write plus a bonus u. Its chunk
+    form (a strictly lower intra-chunk matrix, the bonus on the diagonal) equals the token loop;
+    without decay and with u = 1 it reads S_t, and so is linear attention."""
+    Q, K, V, _, _, g, _ = _dplr_draws()
+    u = np.random.default_rng(31).standard_normal(8)
+    recurrent, _ = rwkv6.recurrence(Q, K, V, g, u)
+    checks = [
+        compare(
+            f"RWKV-6: chunks of C = {C} equal the recurrence",
+            rwkv6.chunked(Q, K, V, g, u, C)[0],
+            recurrent,
+        )
+        for C in (1, 5, 16, 64)
+    ]
+    checks.append(
+        compare(
+            "RWKV-6 with u = 1 and no decay is linear attention",
+            rwkv6.recurrence(Q, K, V, None, np.ones(8))[0],
+            gated.recurrence(Q, K, V)[0],
+        )
+    )
+    return checks
 
 
 def cost_checks() -> list[Check]:
@@ -965,6 +991,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     kaczmarz_checks,
     chunked_delta_checks,
     dplr_checks,
+    rwkv6_checks,
     cost_checks,
     overwrite_checks,
     stored_pair_checks,

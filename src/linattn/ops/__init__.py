@@ -14,6 +14,7 @@ from linattn.ops.delta_rule import delta_rule
 from linattn.ops.dplr_family import comba, gated_deltanet2, rwkv7
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.linear_attention import linear_attention
+from linattn.ops.rwkv6 import rwkv6
 from linattn.ops.softmax import softmax_attention
 from linattn.ops.step import recurrent_step
 
@@ -27,6 +28,7 @@ __all__ = [
     "generalized_delta_rule",
     "linear_attention",
     "recurrent_step",
+    "rwkv6",
     "rwkv7",
     "softmax_attention",
 ]

@@ -17,6 +17,7 @@ from torch import Tensor
 from linattn.ops import _native, rules
 from linattn.ops import checks as _checks
 from linattn.ops.recurrent import step
+from linattn.ops.rwkv6 import bonus as bonus_term
 
 STATE_DTYPES = (torch.float32, torch.float64)
 
@@ -32,6 +33,7 @@ def recurrent_step(
     scale: float | None = None,
     a: Tensor | None = None,
     b: Tensor | None = None,
+    bonus: Tensor | None = None,
 ) -> Tensor:
     """One token of ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T (scale q_t)``; S in place.
 
@@ -58,6 +60,8 @@ def recurrent_step(
         scale: multiplies q; None means 1 / sqrt(K).
         a, b: None, or both [B, H, K] (finite; H the state's heads): the generalized rule's
             low-rank part (beta then None). Its step runs in PyTorch (no fused step yet).
+        bonus: None, or RWKV-6's u [H, K] (H the state's heads; finite, any float dtype): the
+            read is taken before the additive rule's step (fused or not) updates the state.
 
     Returns:
         o_t: [B, H, V] in v's dtype.
@@ -75,6 +79,8 @@ def recurrent_step(
     # synchronisation, would cost more than the step.
     B, H, K, V = _check_shapes(state, q, k, v)
     ab = _low_rank(a, b, beta, B, H, K)
+    if bonus is not None:
+        return _bonus_step(state, q, k, v, beta, g, scale, ab, bonus)
     inputs = [x for x in (state, q, k, v, beta, g, ab) if x is not None]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
     # Traced (torch.compile): the PyTorch step, whose ops the graph holds; the fused C++ step is
@@ -99,6 +105,34 @@ def recurrent_step(
     _checks.finite({"state": state, "q": q, "k": k, "v": v})
     rule = "dplr" if ab is not None else "additive" if beta is None else "delta"
     return _pytorch_step(state, q, k, v, beta if ab is None else ab, g, scale, graph, rule)
+
+
+def _bonus_step(state, q, k, v, beta, g, scale, ab, u) -> Tensor:
+    """RWKV-6's step: o_t = S_{t-1}^T (scale q_t) + scale (q_t^T Diag(u) k_t) v_t, read from the
+    state entering the token, then the additive rule's step (its own read is not used)."""
+    B, H, K, _ = state.shape
+    if beta is not None or ab is not None:
+        raise ValueError(
+            "bonus (RWKV-6) is an option of the additive rule: beta, a, b must be None"
+        )
+    _checks.tensor("bonus", u, 2)
+    if tuple(u.shape) != (H, K):
+        raise ValueError(f"bonus must have shape [H, K] = {(H, K)}, got {tuple(u.shape)}")
+    _checks.gate(g, B, H, K, layout="[B, H]")
+    _checks.scale(scale)
+    _checks.finite({"state": state, "q": q, "k": k, "v": v})
+    factor = 1.0 / math.sqrt(K) if scale is None else float(scale)
+    graph = torch.is_grad_enabled() and any(
+        x.requires_grad for x in (state, q, k, v, g, u) if x is not None
+    )
+    # The read saves the state for its backward: a copy (the step then updates it in place).
+    S = state.clone() if graph else state
+    q_t = q.to(state.dtype) * factor
+    groups = (q_t.shape[1], H // max(q_t.shape[1], 1))  # [B, H, K, V] -> [B, Hq, G, K, V]
+    o_t = torch.einsum("bhk,bhgkv->bhgv", q_t, S.unflatten(1, groups)).flatten(1, 2)
+    o_t = o_t + bonus_term(q, k, v, u, factor, state.dtype)
+    recurrent_step(state, q, k, v, None, g, scale=scale)
+    return o_t.to(v.dtype)
 
 
 def _low_rank(a, b, beta, B: int, H: int, K: int) -> Tensor | None:
