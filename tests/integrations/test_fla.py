@@ -40,6 +40,7 @@ TOL = 1e-5
 D = 32
 
 RWKV7_LORA = {f"{n}_low_rank_dim": 8 for n in ("decay", "gate", "a", "v")}
+RWKV6_LORA = {"proj_low_rank_dim": 8, "gate_low_rank_dim": 8}
 LAYERS = {
     "gated_deltanet": lambda: fla.layers.GatedDeltaNet(
         hidden_size=D, head_dim=16, num_heads=2, num_v_heads=4, layer_idx=0
@@ -73,6 +74,12 @@ LAYERS = {
         use_forget_gate=False,
         layer_idx=0,
     ),  # fmt: skip
+    "rwkv6": lambda: fla.layers.RWKV6Attention(
+        hidden_size=D, num_heads=2, layer_idx=0, **RWKV6_LORA
+    ),
+    "rwkv6-chunk": lambda: fla.layers.RWKV6Attention(
+        hidden_size=D, num_heads=2, layer_idx=0, **RWKV6_LORA
+    ),
     "rwkv7-unfused": lambda: fla.layers.RWKV7Attention(
         hidden_size=D, head_dim=16, layer_idx=0, num_hidden_layers=2, **RWKV7_LORA
     ),
@@ -83,6 +90,7 @@ MODELS = {
     "kda": ("KDAConfig", "KDAForCausalLM", {"head_dim": 16}),
     "gla": ("GLAConfig", "GLAForCausalLM", {}),
     "rwkv7": ("RWKV7Config", "RWKV7ForCausalLM", {"head_dim": 16, **RWKV7_LORA}),
+    "rwkv6": ("RWKV6Config", "RWKV6ForCausalLM", RWKV6_LORA),
     "comba": ("CombaConfig", "CombaForCausalLM", {"head_dim": 16}),
     "deltaproduct": (
         "GatedDeltaProductConfig",
@@ -93,6 +101,7 @@ MODELS = {
 # The linattn functions each case must be seen to run (the call counter of ``enabled()``):
 # training (a layer's forward and backward, a model's training step) and decoding / generate.
 RWKV7_MIXING = {"token_shift", "fused_addcmul_rwkv7", "fused_k_rwkv7", "gate_output_correction"}
+RWKV6_MIXING = {"token_shift", "group_norm", "swish_fwd", "swish_bwd"}
 TRAINING_USES = {
     "rwkv7": RWKV7_MIXING | {"chunk_rwkv7", "group_norm", "l2norm"},
     "rwkv7-unfused": RWKV7_MIXING | {"chunk_rwkv7"},
@@ -100,6 +109,9 @@ TRAINING_USES = {
     "gdn2": {"causal_conv1d", "chunk_gdn2"},
     "deltaproduct": {"causal_conv1d", "rms_norm_gated", "chunk_gated_delta_product"},
     "deltaproduct-n3": {"causal_conv1d", "rms_norm_gated", "chunk_gated_delta_product"},
+    # fla's RWKV-6 layer runs its recurrent op up to 64 tokens, the chunk op beyond
+    "rwkv6": RWKV6_MIXING | {"fused_recurrent_rwkv6"},
+    "rwkv6-chunk": RWKV6_MIXING | {"chunk_rwkv6"},
 }
 DECODING_USES = {
     "rwkv7": RWKV7_MIXING | {"fused_mul_recurrent_rwkv7", "group_norm"},
@@ -107,9 +119,11 @@ DECODING_USES = {
     # fla's fused_recurrent_gated_delta_rule is its alias fused_recurrent_gdn (one object),
     # which enable() replaces with compat's fused_recurrent_gdn (the later of the two names)
     "deltaproduct": {"causal_conv1d_update", "fused_recurrent_gdn"},
+    "rwkv6": {"token_shift", "group_norm", "swish_fwd", "fused_recurrent_rwkv6"},
 }
 MODEL_USES = {
     "rwkv7": {"layer_norm"},
+    "rwkv6": {"layer_norm"},
     "comba": {"rms_norm", "swiglu_linear"},
     "deltaproduct": {"rms_norm", "swiglu_linear"},
 }
@@ -193,7 +207,8 @@ def decode(module, x, prefill: int):
 # loaded 2-core machine): forward and gradients where that is the cheaper, else decoding (RWKV-7,
 # Comba, GDN-2: their chunk kernels' backward under the interpreter takes 30 to 70 s); the other
 # cases, the variants and the models are slow.
-DEFAULT_LAYER_CASES = ("gated_deltanet", "deltanet", "kda", "gla", "deltaproduct-n3")
+LENGTHS = {"rwkv6-chunk": 80}  # T in the forward-and-gradients test (else 40)
+DEFAULT_LAYER_CASES = ("gated_deltanet", "deltanet", "kda", "gla", "deltaproduct-n3", "rwkv6")
 DEFAULT_DECODING_CASES = ("deltanet", "gla", "rwkv7", "comba", "gdn2")
 
 
@@ -202,7 +217,7 @@ def cases(names, default: tuple[str, ...]) -> list:
 
 
 LAYER_CASES = cases(LAYERS, DEFAULT_LAYER_CASES)
-DECODING_CASES = cases(LAYERS, DEFAULT_DECODING_CASES)
+DECODING_CASES = cases([n for n in LAYERS if n not in LENGTHS], DEFAULT_DECODING_CASES)
 MODEL_CASES = [n if n == "gla" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS]
 
 
@@ -248,7 +263,8 @@ def assert_gradients_equal(grads: dict, grads_ref: dict, float64_run, every=Fals
 @pytest.mark.parametrize("name", LAYER_CASES)
 def test_layer_forward_and_gradients_equal_fla(name):
     module = layer(name).train()
-    x, w = torch.randn(2, 40, D), torch.randn(2, 40, D)
+    T = LENGTHS.get(name, 40)
+    x, w = torch.randn(2, T, D), torch.randn(2, T, D)
     with fla_float32_kernels():
         y_ref, dx_ref, grads_ref = forward_and_grads(module, x, w)
     with enabled() as counts:
@@ -354,7 +370,7 @@ def fla_globals() -> dict[tuple[str, str], object]:
 
 
 def test_enable_disable_round_trip_restores_flas_objects():
-    from fla.layers import gated_deltanet, kda
+    from fla.layers import gated_deltanet, kda, rwkv6, rwkv7
     from fla.modules.causal_conv1d import ops as conv_ops
 
     before = fla_globals()
@@ -370,6 +386,8 @@ def test_enable_disable_round_trip_restores_flas_objects():
         assert kda.fused_recurrent_kda.__wrapped__ is fla_kda
         assert conv_ops.causal_conv1d is not before[(conv_ops.__name__, "causal_conv1d")]
         assert gated_deltanet.causal_conv1d is conv_ops.causal_conv1d
+        fla_shift = before[("fla.modules.token_shift", "token_shift")]
+        assert rwkv7.token_shift.__wrapped__ is fla_shift and rwkv6.token_shift is rwkv7.token_shift
         changed = {key for key, value in fla_globals().items() if before.get(key) is not value}
         assert ("FusedCrossEntropyLoss", "forward") in changed
     finally:

@@ -12,7 +12,8 @@ CPU implementations behind the names fla's code calls, in fla's own modules:
   ``causal_conv1d_update`` (``ShortConvolution`` and its cache), ``rms_norm`` / ``layer_norm``
   (``RMSNorm``, ``LayerNorm``, the fused residual pre-norm of fla's blocks), ``group_norm``
   (``GroupNorm``), ``rms_norm_gated`` / ``layer_norm_gated`` (``FusedRMSNormGated`` and the
-  other gated norms), ``l2norm``, ``swiglu`` and ``swiglu_linear`` (``GatedMLP``), and the
+  other gated norms), ``l2norm``, ``swiglu`` and ``swiglu_linear`` (``GatedMLP``), ``swish_fwd``
+  and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), and the
   RWKV-6 / RWKV-7 ones (``linattn.integrations._fla_rwkv``): ``token_shift`` (time mixing,
   ``LerpLinear``, ``DDLerpLinear``, the models' channel mixing), ``fused_addcmul_rwkv7``,
   ``fused_k_rwkv7`` and ``gate_output_correction``;
@@ -318,6 +319,19 @@ def swiglu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (F.silu(x.to(dtype)) * y.to(dtype)).to(x.dtype)
 
 
+def swish_fwd(x: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``swish_fwd`` (``swish``, ``ACT2FN["swish"]``: RWKV-6's output gate):
+    ``x sigmoid(x)`` in x's dtype."""
+    return F.silu(x.to(compute_dtype(x.dtype))).to(x.dtype)
+
+
+def swish_bwd(x: torch.Tensor, dy: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``swish_bwd``: ``dy s (1 + x (1 - s))`` with ``s = sigmoid(x)``, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    s = torch.sigmoid(xf)
+    return (dy.to(xf.dtype) * s * (1 + xf * (1 - s))).to(x.dtype)
+
+
 def swiglu_linear(x, y, weight, bias):
     """fla's ``swiglu_linear`` (``GatedMLP`` with ``fuse_swiglu``): ``linear(silu(x) * y)``."""
     return F.linear(swiglu(x, y), weight, bias)
@@ -439,7 +453,12 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
         "layer_norm_gated": layer_norm_gated,
     },
     "fla.modules.norm.l2norm": {"l2norm": l2norm},
-    "fla.modules.activations.ops": {"swiglu": swiglu, "swiglu_linear": swiglu_linear},
+    "fla.modules.activations.ops": {
+        "swiglu": swiglu,
+        "swiglu_linear": swiglu_linear,
+        "swish_fwd": swish_fwd,
+        "swish_bwd": swish_bwd,
+    },
     "fla.modules.token_shift": {"token_shift": _fla_rwkv.token_shift},
     "fla.ops.rwkv7.fused_addcmul": {"fused_addcmul_rwkv7": _fla_rwkv.fused_addcmul_rwkv7},
     "fla.ops.rwkv7.fused_k_update": {"fused_k_rwkv7": _fla_rwkv.fused_k_rwkv7},
