@@ -10,9 +10,9 @@ thread (--threads), no gradients. Per model: the prefill of T tokens (a forward 
 cache, the last token's logits) and then --tokens greedy decoding steps with fla's cache, the
 faster of --repeats runs; tokens per second by the wall clock and by this process's CPU time
 (which stays near the idle machine's figure for one thread on a loaded machine). For a figure
-that does not depend on the machine's load, the same run times a 1,024 x 1,024 float32 matrix
-product (before and after each model): ``roof`` is the model's dense work (2 x its
-non-embedding parameters x tokens) over the time, as a fraction of that product's rate. A
+that depends less on the machine, the same run times a 1,024 x 1,024 float32 matrix product by
+CPU time (before and after each model): ``roof`` is the model's dense work (2 x its
+non-embedding parameters x tokens) over its CPU time, as a fraction of that product's rate. A
 family whose op linattn does not compute yet (RWKV-6 before its compat entry points) is a row
 that says so. Prints a table and writes JSON (--out).
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from linattn.experiments._timing import matmul_rate
+from linattn.experiments._timing import matmul_rate, use_clock
 from linattn.integrations import fla as linattn_fla
 
 VOCAB = 1024
@@ -93,11 +93,11 @@ def bench(family: str, args: argparse.Namespace) -> dict:
     rate = sorted(rates)[len(rates) // 2]  # the matrix product's median in this run
     best = {part: min((r[part] for r in runs), key=lambda t: t[0]) for part in runs[0]}
     row = {"family": family, "T": args.T, "tokens": args.tokens, "dense_params": dense}
-    row["matmul_gflops"] = rate / 1e9
+    row["matmul_cpu_gflops"] = rate / 1e9
     for part, count in (("prefill", args.T), ("decode", args.tokens)):
         wall, cpu = best[part]
         row[part] = {"wall_s": wall, "cpu_s": cpu, "tok_s": count / wall, "cpu_tok_s": count / cpu}
-        row[part]["roof"] = 2 * dense * count / wall / rate
+        row[part]["roof"] = 2 * dense * count / cpu / rate
     return row
 
 
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="JSON file for the rows")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    use_clock("cpu")  # the matrix product's rate by CPU time, as the roofs
     linattn_fla.enable()
     rows = []
     for family in args.models.split(","):

@@ -232,20 +232,6 @@ def rms_norm(x, weight, bias, residual=None, eps=1e-5, prenorm=False, residual_i
     return _norm(x, None, weight, bias, residual, eps, prenorm, residual_in_fp32, True, None)
 
 
-def layer_norm(
-    x,
-    weight,
-    bias,
-    residual=None,
-    eps=1e-5,
-    prenorm=False,
-    residual_in_fp32=False,
-    is_rms_norm=False,
-):
-    """fla's ``layer_norm`` (``LayerNorm``): see ``_norm``."""
-    return _norm(x, None, weight, bias, residual, eps, prenorm, residual_in_fp32, is_rms_norm, None)
-
-
 def group_norm(
     x,
     weight,
@@ -257,7 +243,9 @@ def group_norm(
     is_rms_norm=False,
     num_groups=1,
 ):
-    """fla's ``group_norm`` (``GroupNorm``: RWKV-6's and RWKV-7's per-head output norm)."""
+    """fla's ``group_norm`` (``GroupNorm``: RWKV-6's and RWKV-7's per-head output norm) and,
+    with its default ``num_groups=1``, ``layer_norm`` (``LayerNorm``; fla's signature is this one
+    without ``num_groups``): see ``_norm``."""
     return _norm(
         x,
         None,
@@ -445,7 +433,7 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
     },
     "fla.modules.norm.layernorm": {
         "rms_norm": rms_norm,
-        "layer_norm": layer_norm,
+        "layer_norm": group_norm,
         "group_norm": group_norm,
     },
     "fla.modules.norm.fused_norm_gate": {
