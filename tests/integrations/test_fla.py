@@ -345,15 +345,18 @@ def test_causal_lm_generate_equals_fla(name):
 
 
 @pytest.mark.slow
-def test_causal_lm_generate_with_left_padding_equals_fla():
-    """A padded batch: fla unpads to packed sequences (cu_seqlens) for the convolution and ops."""
-    model = causal_lm("gated_deltanet").eval()
+@pytest.mark.parametrize("name", ["gated_deltanet", "deltaproduct", "rwkv7", "rwkv6"])
+def test_causal_lm_generate_with_left_padding_equals_fla(name):
+    """A padded batch: fla unpads to packed sequences (cu_seqlens) for the convolution and ops
+    (RWKV: zeroes the padded tokens' inputs and values instead)."""
+    model = causal_lm(name).eval()
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
     settings = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False}
     settings |= {"output_logits": True, "return_dict_in_generate": True}
-    want = model.generate(ids, **settings)
+    with fla_float32_kernels():
+        want = model.generate(ids, **settings)
     with enabled():
         got = model.generate(ids, **settings)
     assert torch.equal(got.sequences, want.sequences)
