@@ -10,9 +10,13 @@ CPU implementations behind the names fla's code calls, in fla's own modules:
   positional order, keywords and return structure) in its place;
 - the functions behind fla's Triton-only modules, rebound the same way: ``causal_conv1d`` and
   ``causal_conv1d_update`` (``ShortConvolution`` and its cache), ``rms_norm`` / ``layer_norm``
-  (``RMSNorm``, ``LayerNorm``, the fused residual pre-norm of fla's blocks), ``rms_norm_gated`` /
-  ``layer_norm_gated`` (``FusedRMSNormGated`` and the other gated norms), ``l2norm``, ``swiglu``
-  and ``swiglu_linear`` (``GatedMLP``);
+  (``RMSNorm``, ``LayerNorm``, the fused residual pre-norm of fla's blocks), ``group_norm``
+  (``GroupNorm``), ``rms_norm_gated`` / ``layer_norm_gated`` (``FusedRMSNormGated`` and the
+  other gated norms), ``l2norm``, ``swiglu`` and ``swiglu_linear`` (``GatedMLP``), ``swish_fwd``
+  and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), and the
+  RWKV-6 / RWKV-7 ones (``linattn.integrations._fla_rwkv``): ``token_shift`` (time mixing,
+  ``LerpLinear``, ``DDLerpLinear``, the models' channel mixing), ``fused_addcmul_rwkv7``,
+  ``fused_k_rwkv7`` and ``gate_output_correction``;
 - the losses, whose ``forward`` itself refuses CPU tensors: ``FusedCrossEntropyLoss.forward`` and
   ``FusedLinearCrossEntropyLoss.forward`` are replaced on the class.
 
@@ -36,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
+from linattn.integrations import _fla_rwkv
 from linattn.ops.functional import causal_conv1d as shared_conv1d
 from linattn.ops.functional import conv_activation
 from linattn.ops.functional import l2norm as shared_l2norm
@@ -179,13 +184,16 @@ def causal_conv1d_update(
 # ------------------------------------------------------------------------------- norms
 
 
-def _norm(x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, is_rms, activation):
-    """fla's (gated) layer / RMS norm with the fused residual of its pre-norm blocks.
+def _norm(
+    x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, is_rms, activation, groups=1
+):
+    """fla's (gated) layer / RMS / group norm with the fused residual of its pre-norm blocks.
 
     ``h = x + residual``; ``y = norm(h) * weight + bias`` with ``norm(h) = h / sqrt(mean(h^2)
-    + eps)`` (RMS) or ``(h - mean) / sqrt(var + eps)``; gated: ``y * silu(g)`` ('swish') or
-    ``y * sigmoid(g)``; y in x's dtype. With prenorm also h (residual's dtype, float32 with
-    residual_in_fp32, else x's; x itself when neither changes it), as fla returns.
+    + eps)`` (RMS) or ``(h - mean) / sqrt(var + eps)``, the mean and variance over each of
+    ``groups`` equal slices of the last dimension (1: all of it); gated: ``y * silu(g)``
+    ('swish') or ``y * sigmoid(g)``; y in x's dtype. With prenorm also h (residual's dtype,
+    float32 with residual_in_fp32, else x's; x itself when neither changes it), as fla returns.
     """
     dtype = compute_dtype(x.dtype)
     h = x.to(dtype)
@@ -198,8 +206,11 @@ def _norm(x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, is_rms, 
         residual_out = x
     else:
         residual_out = h.to(residual_dtype)
-    centred = h if is_rms else h - h.mean(-1, keepdim=True)
-    y = centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + eps)
+    if h.shape[-1] % groups:
+        raise ValueError(f"num_groups ({groups}) must divide the last dimension {h.shape[-1]}")
+    hg = h.unflatten(-1, (groups, -1))  # [..., D] -> [..., groups, D / groups]
+    centred = hg if is_rms else hg - hg.mean(-1, keepdim=True)
+    y = (centred * torch.rsqrt(centred.square().mean(-1, keepdim=True) + eps)).flatten(-2)
     if weight is not None:
         y = y * weight.to(dtype)
     if bias is not None:
@@ -221,7 +232,7 @@ def rms_norm(x, weight, bias, residual=None, eps=1e-5, prenorm=False, residual_i
     return _norm(x, None, weight, bias, residual, eps, prenorm, residual_in_fp32, True, None)
 
 
-def layer_norm(
+def group_norm(
     x,
     weight,
     bias,
@@ -230,9 +241,24 @@ def layer_norm(
     prenorm=False,
     residual_in_fp32=False,
     is_rms_norm=False,
+    num_groups=1,
 ):
-    """fla's ``layer_norm`` (``LayerNorm``): see ``_norm``."""
-    return _norm(x, None, weight, bias, residual, eps, prenorm, residual_in_fp32, is_rms_norm, None)
+    """fla's ``group_norm`` (``GroupNorm``: RWKV-6's and RWKV-7's per-head output norm) and,
+    with its default ``num_groups=1``, ``layer_norm`` (``LayerNorm``; fla's signature is this one
+    without ``num_groups``): see ``_norm``."""
+    return _norm(
+        x,
+        None,
+        weight,
+        bias,
+        residual,
+        eps,
+        prenorm,
+        residual_in_fp32,
+        is_rms_norm,
+        None,
+        num_groups,
+    )
 
 
 def rms_norm_gated(
@@ -279,6 +305,19 @@ def swiglu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """fla's ``swiglu``: ``silu(x) * y`` in x's dtype."""
     dtype = compute_dtype(x.dtype)
     return (F.silu(x.to(dtype)) * y.to(dtype)).to(x.dtype)
+
+
+def swish_fwd(x: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``swish_fwd`` (``swish``, ``ACT2FN["swish"]``: RWKV-6's output gate):
+    ``x sigmoid(x)`` in x's dtype."""
+    return F.silu(x.to(compute_dtype(x.dtype))).to(x.dtype)
+
+
+def swish_bwd(x: torch.Tensor, dy: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``swish_bwd``: ``dy s (1 + x (1 - s))`` with ``s = sigmoid(x)``, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    s = torch.sigmoid(xf)
+    return (dy.to(xf.dtype) * s * (1 + xf * (1 - s))).to(x.dtype)
 
 
 def swiglu_linear(x, y, weight, bias):
@@ -392,13 +431,28 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
         "causal_conv1d": causal_conv1d,
         "causal_conv1d_update": causal_conv1d_update,
     },
-    "fla.modules.norm.layernorm": {"rms_norm": rms_norm, "layer_norm": layer_norm},
+    "fla.modules.norm.layernorm": {
+        "rms_norm": rms_norm,
+        "layer_norm": group_norm,
+        "group_norm": group_norm,
+    },
     "fla.modules.norm.fused_norm_gate": {
         "rms_norm_gated": rms_norm_gated,
         "layer_norm_gated": layer_norm_gated,
     },
     "fla.modules.norm.l2norm": {"l2norm": l2norm},
-    "fla.modules.activations.ops": {"swiglu": swiglu, "swiglu_linear": swiglu_linear},
+    "fla.modules.activations.ops": {
+        "swiglu": swiglu,
+        "swiglu_linear": swiglu_linear,
+        "swish_fwd": swish_fwd,
+        "swish_bwd": swish_bwd,
+    },
+    "fla.modules.token_shift": {"token_shift": _fla_rwkv.token_shift},
+    "fla.ops.rwkv7.fused_addcmul": {"fused_addcmul_rwkv7": _fla_rwkv.fused_addcmul_rwkv7},
+    "fla.ops.rwkv7.fused_k_update": {"fused_k_rwkv7": _fla_rwkv.fused_k_rwkv7},
+    "fla.ops.rwkv7.gate_output_correction": {
+        "gate_output_correction": _fla_rwkv.gate_output_correction
+    },
 }
 # fla class -> its methods that refuse CPU tensors themselves.
 MODULE_METHODS: dict[str, dict[str, Callable]] = {
