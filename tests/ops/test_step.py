@@ -203,3 +203,35 @@ def test_no_grad_steps_stay_in_place_and_out_of_the_graph():
     with torch.no_grad():
         o = recurrent_step(state, **x)
     assert not o.requires_grad and not state.requires_grad
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_out_receives_the_step_and_the_state_is_kept(mechanism, dtype):
+    # Issue 35: out= writes S_t elsewhere (the fused step reads the state and writes out in one
+    # pass), the state left as it was: the same o and S_t as the step in place.
+    x = {n: None if t is None else t.to(dtype) for n, t in inputs(mechanism).items()}
+    S0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(4)).to(dtype)
+    state, out = S0.clone(), torch.full_like(S0, float("nan"))
+    o = recurrent_step(state, **x, out=out)
+    in_place = S0.clone()
+    o_in_place = recurrent_step(in_place, **x)
+    assert torch.equal(state, S0)
+    assert torch.equal(out, in_place) and torch.equal(o, o_in_place)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda S: S, "out must not overlap the state"),
+        (lambda S: torch.zeros(B, H, K, V + 1, dtype=S.dtype), "out must be a"),
+        (lambda S: torch.zeros(B, H, V, K, dtype=S.dtype).mT, "out must be contiguous"),
+        (lambda S: torch.zeros(B, H, K, V, dtype=torch.float32), "out must be a torch.float64"),
+    ],
+)
+def test_a_bad_out_is_refused_before_any_work(make, message):
+    state = torch.randn(B, H, K, V, dtype=torch.float64)
+    before = state.clone()
+    with pytest.raises(ValueError, match=message):
+        recurrent_step(state, **inputs("kda"), out=make(state))
+    assert torch.equal(state, before)
