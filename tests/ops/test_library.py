@@ -124,6 +124,9 @@ def test_opcheck_the_extension_ops(rule, gate, utils):
     g = None if x["g"] is None else x["g"][:, :, 0].contiguous()
     args = (x["S0"].clone(), *step, beta, g, 0.5, *_mechanism(x))
     torch.library.opcheck(ops.recurrent_step, args, test_utils=utils)
+    # From a source (the state read there, the new one written into the first argument).
+    out_of_place = (torch.empty_like(x["S0"]), *args[1:], x["S0"].clone())
+    torch.library.opcheck(ops.recurrent_step, out_of_place, test_utils=utils)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

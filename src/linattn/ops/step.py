@@ -4,7 +4,9 @@ A decoder keeps one state per layer, ``[B, H, K, V]``, and feeds it one token at
 forms of ``linear_attention`` and ``delta_rule`` accept T = 1 with an initial state, but each call
 returns a new state and checks and relayouts whole sequences; ``recurrent_step`` is the lean call
 for that loop (spec section 9: the cost of a step is fixed, 4 r d-type work on a fixed state,
-whatever the number of tokens seen). Every input is still validated first, the state included.
+whatever the number of tokens seen). Every input is validated before the state is written; the
+state itself is checked by the fused step's pass (a non-finite state shows in o_t, issue 35), by
+one reduction before the PyTorch step.
 """
 
 from __future__ import annotations
@@ -82,9 +84,21 @@ def recurrent_step(
     """
     if a is None and b is None:
         o_t = fused_step(state, q, k, v, beta, g, scale, out)
-        if o_t is not None:
-            return o_t
+    elif beta is None and isinstance(a, Tensor) and isinstance(b, Tensor):
+        o_t = _fused_low_rank_step(state, q, k, v, a, b, g, scale, out)
+    else:
+        o_t = None
+    if o_t is not None:
+        return o_t
     return _checked_step(state, q, k, v, beta, g, scale, a, b, out)
+
+
+def _fused_low_rank_step(state, q, k, v, a, b, g, scale, out) -> Tensor | None:
+    """``fused_step`` of the generalized rule: its [a | b] [B, H, 2K] in beta's slot (one cat);
+    None where it does not apply (then the checked path names what it refuses)."""
+    if not (a.shape == b.shape and a.dim() == 3 and a.dtype == b.dtype == torch.float32):
+        return None
+    return fused_step(state, q, k, v, torch.cat([a, b], dim=-1), g, scale, out, rule="dplr")
 
 
 def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None) -> Tensor | None:

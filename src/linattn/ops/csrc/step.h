@@ -64,13 +64,15 @@ struct StepHead {
 };
 
 // Calls f(vecs, j0, w) for each block of columns [j0, j0 + w) of V: vecs an
-// std::integral_constant, kBlockVecs or 1 for blocks of that many vectors, 0 for the last
+// std::integral_constant, kBlockVecs, kBlockVecs / 2 or 1 for blocks of that many vectors (the
+// widest that fit: V = 64 is one block of whole rows with AVX-512 too), 0 for the last
 // w < kLanes columns (one by one).
 template <class F>
 inline void column_blocks(int64_t V, F&& f) {
-  constexpr int64_t wide = kBlockVecs * kLanes;
+  constexpr int64_t wide = kBlockVecs * kLanes, half = wide / 2;
   int64_t j0 = 0;
   for (; j0 + wide <= V; j0 += wide) f(std::integral_constant<int, kBlockVecs>{}, j0, wide);
+  for (; j0 + half <= V; j0 += half) f(std::integral_constant<int, kBlockVecs / 2>{}, j0, half);
   for (; j0 + kLanes <= V; j0 += kLanes) f(std::integral_constant<int, 1>{}, j0, kLanes);
   if (j0 < V) f(std::integral_constant<int, 0>{}, j0, V - j0);
 }
