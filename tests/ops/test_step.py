@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from linattn.ops import delta_rule, linear_attention, recurrent_step
+from linattn.ops.step import fused_step
 
 from .step_cases import MECHANISMS, B, H, K, V, inputs
 
@@ -235,3 +236,39 @@ def test_a_bad_out_is_refused_before_any_work(make, message):
     with pytest.raises(ValueError, match=message):
         recurrent_step(state, **inputs("kda"), out=make(state))
     assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_cached_forward_of_a_few_tokens_takes_the_fused_steps(mechanism, monkeypatch):
+    # Issue 35: the ops' recurrent form with a state and T <= tuning.DECODE_TOKENS (the layers'
+    # decoding, a few tokens of speculative decoding) runs the fused step token by token in
+    # float32 on the CPU (where the extension is available), equal to float64, the state kept.
+    from linattn.ops import _engine, _native, tuning
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return fused_step(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "fused_step", spy)
+    T = tuning.DECODE_TOKENS
+    steps = [inputs(mechanism, seed=s) for s in range(T)]
+    seq = {n: None if steps[0][n] is None else torch.stack([s[n] for s in steps], 1)
+           for n in steps[0]}  # fmt: skip
+    S0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        x = {n: None if t is None else t.to(dtype) for n, t in seq.items()}
+        S = S0.to(dtype)
+        common = dict(mode="recurrent", initial_state=S, output_final_state=True)
+        if x["beta"] is None:
+            o, S_T = linear_attention(x["q"], x["k"], x["v"], g=x["g"], **common)
+        else:
+            o, S_T = delta_rule(x["q"], x["k"], x["v"], x["beta"], g=x["g"], **common)
+        assert torch.equal(S, S0.to(dtype))  # the initial state is kept
+        results.append((o, S_T))
+    (o, S_T), (o64, S64) = results
+    torch.testing.assert_close(o.double(), o64, rtol=0, atol=1e-5)
+    torch.testing.assert_close(S_T.double(), S64, rtol=0, atol=1e-5)
+    assert len(calls) == (T if _native.available() else 0)
