@@ -272,3 +272,35 @@ def test_a_cached_forward_of_a_few_tokens_takes_the_fused_steps(mechanism, monke
     torch.testing.assert_close(o.double(), o64, rtol=0, atol=1e-5)
     torch.testing.assert_close(S_T.double(), S64, rtol=0, atol=1e-5)
     assert len(calls) == (T if _native.available() else 0)
+
+
+def test_a_cached_forward_of_the_generalized_rule_takes_the_fused_steps(monkeypatch):
+    # The same for the dplr rule ([a | b] in beta's slot), per-channel gate, grouped heads off.
+    from linattn.ops import _engine, _native, generalized_delta_rule, tuning
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("rule", args[8] if len(args) > 8 else None))
+        return fused_step(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "fused_step", spy)
+    T, gen = tuning.DECODE_TOKENS, torch.Generator().manual_seed(6)
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    v, g = torch.randn(B, T, H, V, generator=gen), -torch.rand(B, T, H, K, generator=gen)
+    b = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    a = -0.5 * b
+    S0 = torch.randn(B, H, K, V, generator=gen, dtype=torch.float64)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        x = [t.to(dtype) for t in (q, k, v, a, b, g)]
+        S = S0.to(dtype)
+        o, S_T = generalized_delta_rule(
+            *x[:5], x[5], mode="recurrent", initial_state=S, output_final_state=True
+        )
+        assert torch.equal(S, S0.to(dtype))
+        results.append((o, S_T))
+    (o, S_T), (o64, S64) = results
+    torch.testing.assert_close(o.double(), o64, rtol=0, atol=1e-5)
+    torch.testing.assert_close(S_T.double(), S64, rtol=0, atol=1e-5)
+    assert calls == (["dplr"] * T if _native.available() else [])

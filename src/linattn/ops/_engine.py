@@ -89,8 +89,9 @@ def decode(
     csrc/step.cpp): the first reads S0 and writes a new state in the same pass (S0 is not
     changed), the others update it in place, each about one pass over the state; (o
     [B, HV, T, V], S). None where it does not serve the call (not float32 on the CPU, a
-    gradient to record, the dplr rule): the recurrent form then runs."""
-    if mech.rule_name == "dplr" or not _native.applies(q):
+    gradient to record): the recurrent form then runs. The dplr rule's [a | b] travels in
+    beta's slot, as in the chunk op."""
+    if not _native.applies(q):
         return None
     S = torch.empty(S0.shape, dtype=S0.dtype, device=S0.device)
     outputs, source = [], S0
