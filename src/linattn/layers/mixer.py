@@ -82,7 +82,8 @@ class TokenMixer(nn.Module):
         T <= ``tuning.DECODE_TOKENS``, the fused step token by token), chunk otherwise."""
         if self.mode is not None:
             return self.mode
-        return "recurrent" if (T <= DECODE_TOKENS and state is not None) else "chunk"
+        # The state first: without one, no guard on a traced T (torch.export's dynamic length).
+        return "recurrent" if (state is not None and T <= DECODE_TOKENS) else "chunk"
 
     def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State | None]:
         """x: [B, T, d_model] -> (y: [B, T, d_model], the advanced state or None without one)."""

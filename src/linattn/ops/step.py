@@ -112,8 +112,8 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None) -> Ten
     from beta and g as ``recurrent_step`` takes them."""
     if not (isinstance(state, Tensor) and state.dtype == torch.float32 and _native.ready()):
         return None
-    if state.device.type != "cpu" or torch.compiler.is_compiling():
-        return None
+    if state.device.type != "cpu" or state.numel() == 0 or torch.compiler.is_compiling():
+        return None  # an empty state (B, H, K or V = 0): the checked path's rules for it
     if type(scale) not in (float, int, type(None)):  # a bool, a tensor: ``_checks.scale`` says
         return None
     if torch.is_grad_enabled() and any(
