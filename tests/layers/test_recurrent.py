@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from linattn.models import ATTENTION_MIXERS, MIXERS, LMConfig, build_mixer
+from linattn.ops.tuning import DECODE_TOKENS
 
 RECURRENT = [m for m in MIXERS if m not in ATTENTION_MIXERS]
 CONFIG = LMConfig(vocab_size=10, d_model=16, n_heads=2, chunk_size=4, taylor_dim=4)
@@ -29,8 +30,10 @@ def test_mode_picked_from_the_call(name):
     layer = build_mixer(name, CONFIG)
     state = layer.new_state(1, torch.float32)
     assert layer.pick_mode(5, None) == "chunk"
-    assert layer.pick_mode(5, state) == "chunk"  # prefill
+    assert layer.pick_mode(DECODE_TOKENS + 1, state) == "chunk"  # prefill
     assert layer.pick_mode(1, state) == "recurrent"  # a decoding step
+    # A few tokens with a state (speculative decoding): the fused step token by token (issue 35)
+    assert layer.pick_mode(DECODE_TOKENS, state) == "recurrent"
     assert layer.pick_mode(1, None) == "chunk"
 
 

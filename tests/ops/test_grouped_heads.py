@@ -419,6 +419,8 @@ def test_the_extension_refuses_value_heads_that_are_no_multiple():
             None,
             None,
             0.5,
+            "additive",
+            "none",
         )
 
 

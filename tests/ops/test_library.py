@@ -111,21 +111,22 @@ def test_opcheck_chunk_backward(rule, gate, utils, backend, monkeypatch):
 @pytest.mark.parametrize(("rule", "gate", "utils"), UTILS)
 def test_opcheck_the_extension_ops(rule, gate, utils):
     # The extension's chunk kernels are plain kernels of the traced ops above, with no fake
-    # kernel of their own: their schema is checked. The step has no Python op around it: its
-    # Meta kernel is its fake kernel, checked as well.
+    # kernel of their own: their schema is checked. The step (every rule, dplr's [a | b] in
+    # beta's slot) has no Python op around it: its Meta kernel is its fake kernel, checked too.
     ops = torch.ops.linattn_native
     x = _inputs(rule, gate, grad=False)
     plain = tuple(u for u in utils if u in PLAIN)
     if plain:
         torch.library.opcheck(ops.chunk_forward, _forward_args(x), test_utils=plain)
         torch.library.opcheck(ops.chunk_backward, _backward_args(x), test_utils=plain)
-    if rule == "dplr":
-        return  # no fused step for the dplr rule (ops/step.py runs it in PyTorch)
     step = [None if t is None else t[:, :, 0].contiguous() for t in (x["q"], x["k"], x["v"])]
     beta = None if x["beta"] is None else x["beta"][:, :, 0].contiguous()
     g = None if x["g"] is None else x["g"][:, :, 0].contiguous()
-    args = (x["S0"].clone(), *step, beta, g, 0.5)
+    args = (x["S0"].clone(), *step, beta, g, 0.5, *_mechanism(x))
     torch.library.opcheck(ops.recurrent_step, args, test_utils=utils)
+    # From a source (the state read there, the new one written into the first argument).
+    out_of_place = (torch.empty_like(x["S0"]), *args[1:], x["S0"].clone())
+    torch.library.opcheck(ops.recurrent_step, out_of_place, test_utils=utils)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -141,12 +142,10 @@ def test_opcheck_with_grouped_value_heads(rule, gate, backend, monkeypatch):
         y = _inputs(rule, gate, G=2, grad=False)
         torch.library.opcheck(ops.chunk_forward, _forward_args(y), test_utils=PLAIN)
         torch.library.opcheck(ops.chunk_backward, _backward_args(y), test_utils=PLAIN)
-        if rule == "dplr":
-            return  # no fused step for the dplr rule
         step = [t[:, :, 0].contiguous() for t in (y["q"], y["k"], y["v"])]
         beta = None if y["beta"] is None else y["beta"][:, :, 0].contiguous()
         g = None if y["g"] is None else y["g"][:, :, 0].contiguous()
-        args = (y["S0"].clone(), *step, beta, g, 0.5)
+        args = (y["S0"].clone(), *step, beta, g, 0.5, *_mechanism(y))
         torch.library.opcheck(ops.recurrent_step, args, test_utils=FAST)
 
 

@@ -260,6 +260,45 @@ def test_fused_step_names_a_bad_value_and_leaves_the_state(name, value, message)
     assert torch.equal(state, before) or name == "state"
 
 
+def _wide_step_inputs(rule: str, gate: str | None, dtype, seed: int) -> dict:
+    """One token of 2 sequences of 4 value heads (2 q/k heads) with V = 147 columns: the fused
+    step's blocks of every width (csrc/step.h: 128 + 16 + 3 columns with AVX-512, 4 x 32 + 2 x 8
+    + 3 with AVX2) and K = 9; dplr's [a | b] gentle (a = -0.5 b-ish), so that steps stay bounded."""
+    gen = torch.Generator().manual_seed(seed)
+    Bw, Hq, Hv, Kw, Vw = 2, 2, 4, 9, 147
+    x = {
+        "q": torch.randn(Bw, Hq, Kw, generator=gen),
+        "k": torch.nn.functional.normalize(torch.randn(Bw, Hq, Kw, generator=gen), dim=-1),
+        "v": torch.randn(Bw, Hv, Vw, generator=gen),
+        "beta": torch.rand(Bw, Hv, generator=gen) * 2 if rule == "delta" else None,
+        "g": {None: None, "head": -torch.rand(Bw, Hv, generator=gen),
+              "channel": -torch.rand(Bw, Hv, Kw, generator=gen)}[gate],
+    }  # fmt: skip
+    if rule == "dplr":
+        b = torch.nn.functional.normalize(torch.randn(Bw, Hv, Kw, generator=gen), dim=-1)
+        x["a"], x["b"] = -0.5 * b + 0.1 * torch.randn(Bw, Hv, Kw, generator=gen) / Kw, b
+    return {n: None if t is None else t.to(dtype) for n, t in x.items()}
+
+
+@needs_native
+@pytest.mark.parametrize("gate", [None, "head", "channel"])
+@pytest.mark.parametrize("rule", ["additive", "delta", "dplr"])
+def test_fused_step_of_every_rule_and_block_width_equals_float64(rule, gate):
+    # Four steps in float32 through the fused C++ step (dplr's included, issue 35) against the
+    # same steps in float64 (the PyTorch step: the recurrence's own arithmetic).
+    gen = torch.Generator().manual_seed(7)
+    S0 = torch.randn(2, 4, 9, 147, generator=gen, dtype=torch.float64)
+    fused, exact = S0.float(), S0.clone()
+    for t in range(4):
+        x = _wide_step_inputs(rule, gate, torch.float32, t)
+        a, b = x.pop("a", None), x.pop("b", None)
+        beta = x["beta"] if a is None else torch.cat([a, b], dim=-1)  # dplr: [a | b] [B, H, 2K]
+        o = _native.recurrent_step(fused, x["q"], x["k"], x["v"], beta, x["g"], 0.6, rule)
+        o64 = recurrent_step(exact, **_wide_step_inputs(rule, gate, torch.float64, t), scale=0.6)
+        assert o is not None and rel_rms(o, o64) < 2e-6, t
+    assert rel_rms(fused, exact) < 2e-6
+
+
 MIB = 2**20
 
 

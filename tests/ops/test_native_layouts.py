@@ -394,7 +394,7 @@ def test_a_direct_step_checks_its_arguments(name, bad, words):
     args[name] = bad(state.clone()) if name == "state" else bad(state).contiguous()
     before = args["state"].clone()
     with pytest.raises(RuntimeError, match=f"recurrent_step: {words}"):
-        torch.ops.linattn_native.recurrent_step(*args.values(), 0.5)
+        torch.ops.linattn_native.recurrent_step(*args.values(), 0.5, "delta", "channel")
     assert torch.equal(args["state"], before)
 
 
@@ -407,9 +407,9 @@ def test_a_direct_step_reads_non_contiguous_inputs():
     beta = torch.rand(3, 2, generator=gen).t()
     g = -torch.rand(2, 3, 1, generator=gen).expand(2, 3, 4)
     s1, s2 = state.clone(), state.clone()
-    o1 = torch.ops.linattn_native.recurrent_step(s1, q, k, v, beta, g, 0.5)
+    o1 = torch.ops.linattn_native.recurrent_step(s1, q, k, v, beta, g, 0.5, *KDA)
     args = (x.contiguous() for x in (q, k, v, beta, g))
-    o2 = torch.ops.linattn_native.recurrent_step(s2, *args, 0.5)
+    o2 = torch.ops.linattn_native.recurrent_step(s2, *args, 0.5, *KDA)
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
 
 
@@ -522,8 +522,10 @@ for _ in range(int(sys.argv[2])):
     step = [tensor([B, H, K]), tensor([B, H, K]), tensor([B, H, V])]
     beta = tensor([B, H]).abs().clamp(max=2) if rng.random() < 0.5 else None
     g = -tensor([B, H, rng.choice([1, K, 2])]).abs() if rng.random() < 0.5 else None
+    rule = "additive" if beta is None else "delta"
+    gate = "none" if g is None else rng.choice(["head", "channel"])
     try:
-        op.recurrent_step(tensor([B, H, K, V]).contiguous(), *step, beta, g, 0.5)
+        op.recurrent_step(tensor([B, H, K, V]).contiguous(), *step, beta, g, 0.5, rule, gate)
     except RuntimeError as error:
         assert "linattn_native.recurrent_step" in str(error), error
 print(ran, refused)

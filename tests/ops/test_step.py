@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from linattn.ops import delta_rule, linear_attention, recurrent_step
+from linattn.ops.step import fused_step
 
 from .step_cases import MECHANISMS, B, H, K, V, inputs
 
@@ -203,3 +204,103 @@ def test_no_grad_steps_stay_in_place_and_out_of_the_graph():
     with torch.no_grad():
         o = recurrent_step(state, **x)
     assert not o.requires_grad and not state.requires_grad
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_out_receives_the_step_and_the_state_is_kept(mechanism, dtype):
+    # Issue 35: out= writes S_t elsewhere (the fused step reads the state and writes out in one
+    # pass), the state left as it was: the same o and S_t as the step in place.
+    x = {n: None if t is None else t.to(dtype) for n, t in inputs(mechanism).items()}
+    S0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(4)).to(dtype)
+    state, out = S0.clone(), torch.full_like(S0, float("nan"))
+    o = recurrent_step(state, **x, out=out)
+    in_place = S0.clone()
+    o_in_place = recurrent_step(in_place, **x)
+    assert torch.equal(state, S0)
+    assert torch.equal(out, in_place) and torch.equal(o, o_in_place)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda S: S, "out must not overlap the state"),
+        (lambda S: torch.zeros(B, H, K, V + 1, dtype=S.dtype), "out must be a"),
+        (lambda S: torch.zeros(B, H, V, K, dtype=S.dtype).mT, "out must be contiguous"),
+        (lambda S: torch.zeros(B, H, K, V, dtype=torch.float32), "out must be a torch.float64"),
+    ],
+)
+def test_a_bad_out_is_refused_before_any_work(make, message):
+    state = torch.randn(B, H, K, V, dtype=torch.float64)
+    before = state.clone()
+    with pytest.raises(ValueError, match=message):
+        recurrent_step(state, **inputs("kda"), out=make(state))
+    assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_cached_forward_of_a_few_tokens_takes_the_fused_steps(mechanism, monkeypatch):
+    # Issue 35: the ops' recurrent form with a state and T <= tuning.DECODE_TOKENS (the layers'
+    # decoding, a few tokens of speculative decoding) runs the fused step token by token in
+    # float32 on the CPU (where the extension is available), equal to float64, the state kept.
+    from linattn.ops import _engine, _native, tuning
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return fused_step(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "fused_step", spy)
+    T = tuning.DECODE_TOKENS
+    steps = [inputs(mechanism, seed=s) for s in range(T)]
+    seq = {n: None if steps[0][n] is None else torch.stack([s[n] for s in steps], 1)
+           for n in steps[0]}  # fmt: skip
+    S0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        x = {n: None if t is None else t.to(dtype) for n, t in seq.items()}
+        S = S0.to(dtype)
+        common = dict(mode="recurrent", initial_state=S, output_final_state=True)
+        if x["beta"] is None:
+            o, S_T = linear_attention(x["q"], x["k"], x["v"], g=x["g"], **common)
+        else:
+            o, S_T = delta_rule(x["q"], x["k"], x["v"], x["beta"], g=x["g"], **common)
+        assert torch.equal(S, S0.to(dtype))  # the initial state is kept
+        results.append((o, S_T))
+    (o, S_T), (o64, S64) = results
+    torch.testing.assert_close(o.double(), o64, rtol=0, atol=1e-5)
+    torch.testing.assert_close(S_T.double(), S64, rtol=0, atol=1e-5)
+    assert len(calls) == (T if _native.available() else 0)
+
+
+def test_a_cached_forward_of_the_generalized_rule_takes_the_fused_steps(monkeypatch):
+    # The same for the dplr rule ([a | b] in beta's slot), per-channel gate, grouped heads off.
+    from linattn.ops import _engine, _native, generalized_delta_rule, tuning
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("rule", args[8] if len(args) > 8 else None))
+        return fused_step(*args, **kwargs)
+
+    monkeypatch.setattr(_engine, "fused_step", spy)
+    T, gen = tuning.DECODE_TOKENS, torch.Generator().manual_seed(6)
+    q, k = torch.randn(B, T, H, K, generator=gen), torch.randn(B, T, H, K, generator=gen)
+    v, g = torch.randn(B, T, H, V, generator=gen), -torch.rand(B, T, H, K, generator=gen)
+    b = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    a = -0.5 * b
+    S0 = torch.randn(B, H, K, V, generator=gen, dtype=torch.float64)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        x = [t.to(dtype) for t in (q, k, v, a, b, g)]
+        S = S0.to(dtype)
+        o, S_T = generalized_delta_rule(
+            *x[:5], x[5], mode="recurrent", initial_state=S, output_final_state=True
+        )
+        assert torch.equal(S, S0.to(dtype))
+        results.append((o, S_T))
+    (o, S_T), (o64, S64) = results
+    torch.testing.assert_close(o.double(), o64, rtol=0, atol=1e-5)
+    torch.testing.assert_close(S_T.double(), S64, rtol=0, atol=1e-5)
+    assert calls == (["dplr"] * T if _native.available() else [])

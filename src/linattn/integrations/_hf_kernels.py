@@ -66,7 +66,8 @@ def _gated_delta(
 
     q, k are normalised first with use_qk_l2norm_in_kernel (``divide``: ``x / sqrt``, the KDA
     fallbacks' rounding; else ``x * rsqrt``). ``step``: one token (T = 1, no cu_seqlens) is one
-    ``linattn.ops.recurrent_step`` on a copy of the state; anything else takes the chunk form.
+    ``linattn.ops.recurrent_step`` from the state into a new one (``out``: the caller's state
+    kept); anything else takes the chunk form.
     """
     dtype = compute_dtype(query.dtype)
     heads = value.shape[2]
@@ -77,8 +78,9 @@ def _gated_delta(
     v, beta, g = value.to(dtype), beta.to(dtype), g.to(dtype)
     if step and query.shape[1] == 1 and cu_seqlens is None:
         q, k, v, beta, g = (x[:, 0] for x in (q, k, v, beta, g))  # the one token: [B, H, ...]
-        S = step_state(initial_state, q, value, dtype)
-        o = recurrent_step(S, q, k, v, beta, g)
+        S0, S = step_state(initial_state, q, value, dtype)
+        o = recurrent_step(S0, q, k, v, beta, g, out=S)
+        S = S0 if S is None else S  # zeros stepped in place, or the new state
         return o.unsqueeze(1).to(query.dtype), S if output_final_state else None
     o, S = delta_rule(
         q,
@@ -137,7 +139,7 @@ def recurrent_gated_delta_rule(
     """Gated DeltaNet token by token: transformers' ``torch_recurrent_gated_delta_rule`` (decoding).
 
     The same recurrence as ``chunk_gated_delta_rule``; one token (T = 1, no cu_seqlens) is one
-    ``linattn.ops.recurrent_step`` on a copy of the state, longer inputs take the chunk form.
+    ``linattn.ops.recurrent_step`` into a new state, longer inputs take the chunk form.
     """
     return _gated_delta(
         query, key, value, g, beta, 64, initial_state, output_final_state,
@@ -147,12 +149,17 @@ def recurrent_gated_delta_rule(
 
 def step_state(
     initial_state: Tensor | None, q: Tensor, value: Tensor, dtype: torch.dtype
-) -> Tensor:
-    """The state a step updates in place: a copy of the caller's, or zeros [B, HV, K, V]."""
+) -> tuple[Tensor, Tensor | None]:
+    """(the state a step reads, the tensor it writes): the caller's state in ``dtype`` and a new
+    tensor (``recurrent_step``'s ``out``: the caller's state is kept, and the fused step reads
+    it and writes the new one in one pass, no copy first), or zeros [B, HV, K, V] and None (the
+    step in place)."""
     if initial_state is not None:
-        return initial_state.to(dtype, copy=True)
+        S0 = initial_state.to(dtype)
+        return S0, torch.empty(S0.shape, dtype=dtype, device=S0.device)
     B, _, K = q.shape  # q [B, H, K]; value [B, 1, HV, V]
-    return torch.zeros(B, value.shape[2], K, value.shape[-1], dtype=dtype, device=q.device)
+    zeros = torch.zeros(B, value.shape[2], K, value.shape[-1], dtype=dtype, device=q.device)
+    return zeros, None
 
 
 def chunk_kda(

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from linattn.dtypes import compute_dtype
+from linattn.ops.tuning import DECODE_TOKENS
 
 State = dict[str, Tensor]
 # name -> (shape, dtype); a 0 on axis 1 of a name listed in ``TokenMixer.growing`` is the time axis.
@@ -80,10 +81,12 @@ class TokenMixer(nn.Module):
         }
 
     def pick_mode(self, T: int, state: State | None) -> str:
-        """The op's mode: recurrent for a decoding step (T = 1 with a state), chunk otherwise."""
+        """The op's mode: recurrent for a decoding step (T = 1 with a state, or a few tokens:
+        T <= ``tuning.DECODE_TOKENS``, the fused step token by token), chunk otherwise."""
         if self.mode is not None:
             return self.mode
-        return "recurrent" if (T == 1 and state is not None) else "chunk"
+        # The state first: without one, no guard on a traced T (torch.export's dynamic length).
+        return "recurrent" if (state is not None and T <= DECODE_TOKENS) else "chunk"
 
     def forward(
         self, x: Tensor, state: State | None = None, shared: dict[str, Tensor] | None = None

@@ -14,13 +14,14 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype  # noqa: F401 (``_engine.compute_dtype``, for the ops)
-from linattn.ops import _packed
+from linattn.ops import _native, _packed
 from linattn.ops._layout import to_internal
 from linattn.ops.library import chunk
 from linattn.ops.mechanism import Mechanism
 from linattn.ops.parallel import parallel_forward
 from linattn.ops.recurrent import recurrent_forward
-from linattn.ops.tuning import MAX_CHUNK
+from linattn.ops.step import fused_step
+from linattn.ops.tuning import DECODE_TOKENS, MAX_CHUNK
 
 
 def check_chunk(chunk_size: int, lengths: list[int]) -> None:
@@ -63,10 +64,46 @@ def forward(
     if mode == "chunk":
         # A registered op: its schema carries the mechanism (rule and gate).
         return chunk(q, k, v, beta, g, initial_state, chunk_size, scale, mech)
+    if mode == "recurrent" and q.shape[2] <= DECODE_TOKENS and initial_state is not None:
+        decoded = decode(mech, q, k, v, beta, g, initial_state, scale)
+        if decoded is not None:
+            return decoded
     q = q * scale
     if mode == "recurrent":
         return recurrent_forward(q, k, v, beta, g, initial_state, mech)
     return parallel_forward(q, k, v, beta, g, initial_state, mech)
+
+
+def decode(
+    mech: Mechanism,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor | None,
+    g: Tensor | None,
+    S0: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor] | None:
+    """A few tokens from a state (T <= ``tuning.DECODE_TOKENS``: a decoding step, the layers'
+    and models' cached forward) as the fused step token by token (``step.fused_step``,
+    csrc/step.cpp): the first reads S0 and writes a new state in the same pass (S0 is not
+    changed), the others update it in place, each about one pass over the state; (o
+    [B, HV, T, V], S). None where it does not serve the call (not float32 on the CPU, a
+    gradient to record): the recurrent form then runs. The dplr rule's [a | b] travels in
+    beta's slot, as in the chunk op."""
+    if not _native.applies(q):
+        return None
+    S = torch.empty(S0.shape, dtype=S0.dtype, device=S0.device)
+    outputs, source = [], S0
+    for t in range(q.shape[2]):
+        token = [None if x is None else x[:, :, t] for x in (q, k, v, beta, g)]  # [B, H, ...]
+        out = None if source is S else S
+        o_t = fused_step(source, *token, scale, out, mech.rule_name, mech.gate)
+        if o_t is None:
+            return None  # refused before any work (checked above): the recurrent form runs
+        outputs.append(o_t)
+        source = S
+    return torch.stack(outputs, dim=2), S  # T x [B, HV, V] -> [B, HV, T, V]
 
 
 def empty_forward(

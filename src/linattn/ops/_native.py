@@ -301,14 +301,24 @@ def recurrent_step(
     beta: Tensor | None,
     g: Tensor | None,
     scale: float,
+    rule: str | None = None,
+    source: Tensor | None = None,
 ) -> Tensor | None:
     """One generation step on float32 CPU tensors (``linattn.ops.recurrent_step``'s fused path):
-    o [B, H, V], the state [B, H, K, V] (contiguous) updated in place; None, with the state
-    unchanged, when a value is out of range (NaN or Inf, beta outside [0, 2], g > 0)."""
+    o [B, H, V], the state [B, H, K, V] (contiguous) updated in place; None when a value is out
+    of range: an input (NaN or Inf, beta outside [0, 2], g > 0; the state unchanged) or the state
+    (not finite entering or leaving the step, found in its pass: the step has run).
+
+    ``rule``: "additive", "delta" or "dplr" (beta then [B, H, 2K] = [a | b]); None: "delta"
+    where beta is given, else "additive". The gate follows g: None, [B, H] or [B, H, 1] one
+    per head, [B, H, K] one per key channel. ``source``: the state entering the step, read from
+    it (the new state written into ``state``); None: in place."""
     B, H = state.shape[:2]
-    g = None if g is None else g.reshape(B, H, -1).contiguous()
-    beta = None if beta is None else beta.contiguous()
-    o = kernel("recurrent_step")(
-        state, q.contiguous(), k.contiguous(), v.contiguous(), beta, g, float(scale)
-    )
+    if rule is None:
+        rule = "additive" if beta is None else "delta"
+    gate = "none"
+    if g is not None:
+        gate = "head" if g.dim() == 2 or g.shape[-1] == 1 else "channel"
+        g = g.reshape(B, H, -1)
+    o = kernel("recurrent_step")(state, q, k, v, beta, g, float(scale), rule, gate, source)
     return None if o.dim() == 1 else o  # the kernel's empty 1-D answer: a value out of range

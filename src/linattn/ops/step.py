@@ -4,7 +4,9 @@ A decoder keeps one state per layer, ``[B, H, K, V]``, and feeds it one token at
 forms of ``linear_attention`` and ``delta_rule`` accept T = 1 with an initial state, but each call
 returns a new state and checks and relayouts whole sequences; ``recurrent_step`` is the lean call
 for that loop (spec section 9: the cost of a step is fixed, 4 r d-type work on a fixed state,
-whatever the number of tokens seen). Every input is still validated first, the state included.
+whatever the number of tokens seen). Every input is validated before the state is written; the
+state itself is checked by the fused step's pass (a non-finite state shows in o_t, issue 35), by
+one reduction before the PyTorch step.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def recurrent_step(
     a: Tensor | None = None,
     b: Tensor | None = None,
     bonus: Tensor | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
     """One token of ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T (scale q_t)``; S in place.
 
@@ -50,61 +53,168 @@ def recurrent_step(
     H ([B, H, K]); value head j reads q/k head j // G, in place (no copy of q or k).
 
     Args:
-        state: [B, H, K, V] (H: the value heads), float32 or float64; overwritten with S_t. A
-            leaf that requires grad is refused (PyTorch cannot update one in place): pass
-            ``S0.clone()``.
+        state: [B, H, K, V] (H: the value heads), float32 or float64; overwritten with S_t
+            (without ``out``). A leaf that requires grad is refused (PyTorch cannot update one in
+            place): pass ``S0.clone()``.
         q, k: [B, H, K] (H dividing the state's heads); v: [B, H, V] (the state's heads); any
             float dtype, computed in the state's dtype.
         beta: None or [B, H] in [0, 2]. g: None, [B, H] or [B, H, K], every entry <= 0 (-inf: a
             reset, the state forgotten); H the state's (value) heads.
         scale: multiplies q; None means 1 / sqrt(K).
         a, b: None, or both [B, H, K] (finite; H the state's heads): the generalized rule's
-            low-rank part (beta then None). Its step runs in PyTorch (no fused step yet).
+            low-rank part (beta then None).
         bonus: None, or RWKV-6's u [H, K] (H the state's heads; finite, any float dtype): the
             read is taken before the additive rule's step (fused or not) updates the state.
+        out: None, or a tensor of the state's shape and dtype (contiguous, not overlapping the
+            state) that receives S_t, the state left as it was: a step that keeps its input (a
+            model's cache committed after its last layer), at the cost of the in-place one (the
+            fused step reads the state and writes ``out`` in the same pass).
 
     Returns:
         o_t: [B, H, V] in v's dtype.
 
+    Speed: float32 CPU tensors of the additive or delta rule with nothing to differentiate take
+    a fast path, one C++ call that checks the shapes and the small inputs' values and runs the
+    fused step (csrc/step.cpp: each block of the state read and written once, about one pass
+    over the state); the state is not scanned for NaN first: a non-finite state shows in o_t
+    (the error names the state, after the step).
+
     Gradients: with grad mode on and any of q, k, v, beta, g (or a non-leaf state) requiring
-    grad, the step runs in PyTorch on a copy of the state, and the update ``state.copy_(S_t)`` is
-    recorded: o_t and the state are differentiable with respect to this token's inputs and,
-    through the state's history, every earlier step's (as the ops' recurrent form). Otherwise
-    (no_grad, or nothing requires grad) the step runs in place, fused in C++ for float32 on the
-    CPU.
+    grad, the step runs in PyTorch on a copy of the state, and the update ``state.copy_(S_t)``
+    (or ``out.copy_``) is recorded: o_t and the state are differentiable with respect to this
+    token's inputs and, through the state's history, every earlier step's (as the ops'
+    recurrent form). Otherwise (no_grad, or nothing requires grad) the step runs in place, fused
+    in C++ for float32 on the CPU.
     """
+    if bonus is not None:  # RWKV-6: the read before the write, then the additive rule's step
+        o_t = None
+    elif a is None and b is None:
+        o_t = fused_step(state, q, k, v, beta, g, scale, out)
+    elif beta is None and isinstance(a, Tensor) and isinstance(b, Tensor):
+        o_t = _fused_low_rank_step(state, q, k, v, a, b, g, scale, out)
+    else:
+        o_t = None
+    if o_t is not None:
+        return o_t
+    return _checked_step(state, q, k, v, beta, g, scale, a, b, out, bonus)
+
+
+def _fused_low_rank_step(state, q, k, v, a, b, g, scale, out) -> Tensor | None:
+    """``fused_step`` of the generalized rule: its [a | b] [B, H, 2K] in beta's slot (one cat);
+    None where it does not apply (then the checked path names what it refuses)."""
+    if not (a.shape == b.shape and a.dim() == 3 and a.dtype == b.dtype == torch.float32):
+        return None
+    return fused_step(state, q, k, v, torch.cat([a, b], dim=-1), g, scale, out, rule="dplr")
+
+
+def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None) -> Tensor | None:
+    """The fast path: the fused C++ step for float32 CPU tensors of the additive or delta rule,
+    with nothing to differentiate, called directly (its checks, of every shape, dtype and
+    small input's values, are in the same C++ call, before anything is written: one pass over
+    the small inputs, no state-sized scan); o_t. None where it does not apply (the extension not
+    loaded yet, another dtype, a graph to record, a trace) or where the kernel refuses a shape or
+    a type: ``_checked_step`` then runs, and names what it refuses. ``rule`` and ``gate``: the
+    mechanism where the caller resolved it (the ops' ``Mechanism``; g then [B, H, 1 | K]); None:
+    from beta and g as ``recurrent_step`` takes them."""
+    if not (isinstance(state, Tensor) and state.dtype == torch.float32 and _native.ready()):
+        return None
+    if state.device.type != "cpu" or state.numel() == 0 or torch.compiler.is_compiling():
+        return None  # an empty state (B, H, K or V = 0): the checked path's rules for it
+    if type(scale) not in (float, int, type(None)):  # a bool, a tensor: ``_checks.scale`` says
+        return None
+    if torch.is_grad_enabled() and any(
+        getattr(x, "requires_grad", False) for x in (state, q, k, v, beta, g, out)
+    ):
+        return None
+    try:
+        K = state.shape[2]
+        s = 1.0 / math.sqrt(K) if scale is None else float(scale)
+        if gate is None:
+            gate = "none" if g is None else "head" if g.dim() == 2 else "channel"
+        if rule is None:
+            rule = "additive" if beta is None else "delta"
+        target, source = (state, None) if out is None else (out, state)
+        o_t = _native.fused("recurrent_step")(target, q, k, v, beta, g, s, rule, gate, source)
+    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
+        return None  # refused before any work: the checked path names the argument
+    if o_t.dim() == 1:  # a value out of range: named below (an input: the state unchanged)
+        _name_the_value_out_of_range(state, q, k, v, beta, g)
+    return o_t
+
+
+def _name_the_value_out_of_range(state, q, k, v, beta, g) -> None:
+    """Raise the error that names the value the fused step found out of range: an input (the
+    step did not run), or the state (not finite entering or leaving the step; found in its
+    pass, after the step ran)."""
+    B, H, K, _ = state.shape
+    if beta is not None and beta.dim() == 2:  # the delta rule's; dplr's [a | b] only finite
+        _checks.beta(beta, B, H, layout="[B, H]")
+    _checks.gate(g, B, H, K, layout="[B, H]")
+    low_rank = {} if beta is None or beta.dim() == 2 else {"a, b": beta}
+    _checks.finite({"q": q, "k": k, "v": v, **low_rank})
+    _checks.finite({"state": state})
+    raise ValueError("the step's output o_t is not finite: S^T q overflowed the state's dtype")
+
+
+def _checked_step(state, q, k, v, beta, g, scale, a, b, out, bonus=None) -> Tensor:
+    """The step with every check in Python first, naming the argument it refuses; then the
+    fused C++ step (float32 on the CPU, nothing to differentiate) or the PyTorch step."""
     # Types and shapes first (no tensor work), then one reduction for the finiteness of state, q,
     # k and v together and one range pass each for beta and g (which also rejects NaN and Inf
-    # there): a step is ~50 us of arithmetic, and a check per tensor, each a reduction and a
-    # synchronisation, would cost more than the step.
+    # there).
     B, H, K, V = _check_shapes(state, q, k, v)
+    _check_out(out, state)
     ab = _low_rank(a, b, beta, B, H, K)
     if bonus is not None:
+        if out is not None:  # the step on out, from the state
+            state = out.copy_(state)
         return _bonus_step(state, q, k, v, beta, g, scale, ab, bonus)
-    inputs = [x for x in (state, q, k, v, beta, g, ab) if x is not None]
+    inputs = [x for x in (state, q, k, v, beta, g, ab, out) if x is not None]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
     # Traced (torch.compile): the PyTorch step, whose ops the graph holds; the fused C++ step is
     # no registered op (and loading it takes a lock that dynamo cannot enter).
     fused = not torch.compiler.is_compiling() and all(x.dtype == torch.float32 for x in inputs)
-    fused = fused and _native.applies(state) and ab is None  # no fused step for dplr
+    fused = fused and _native.applies(state)
     fused = fused and state.is_contiguous() and state.numel() > 0 and not graph
     if beta is not None:
         _checks.beta(beta, B, H, layout="[B, H]", values=not fused)
     _checks.gate(g, B, H, K, layout="[B, H]", values=not fused)
     _checks.scale(scale)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
-    if fused:
-        # float32 on the CPU: the checks and the step in one C++ call (``_native``).
-        o_t = _native.recurrent_step(state, q, k, v, beta, g, scale)
-        if o_t is not None:
-            return o_t
-        # An input is out of range: the checks below name it (the state is unchanged).
-        if beta is not None:
-            _checks.beta(beta, B, H, layout="[B, H]")
-        _checks.gate(g, B, H, K, layout="[B, H]")
-    _checks.finite({"state": state, "q": q, "k": k, "v": v})
     rule = "dplr" if ab is not None else "additive" if beta is None else "delta"
-    return _pytorch_step(state, q, k, v, beta if ab is None else ab, g, scale, graph, rule)
+    beta = beta if ab is None else ab  # the rule's inputs: dplr's [a | b] [B, H, 2K]
+    if fused:
+        # float32 on the CPU: the values' checks and the step in one C++ call (``_native``).
+        target, source = (state, None) if out is None else (out, state)
+        o_t = _native.recurrent_step(target, q, k, v, beta, g, scale, rule, source)
+        if o_t is None:
+            _name_the_value_out_of_range(state, q, k, v, beta, g)
+        return o_t
+    _checks.finite({"state": state, "q": q, "k": k, "v": v})
+    if out is not None and not graph:
+        state = out.copy_(state)  # the step in place on out
+    return _pytorch_step(state, q, k, v, beta, g, scale, graph, rule, out)
+
+
+def _check_out(out: object, state: Tensor) -> None:
+    """out: None, or a tensor of the state's shape, dtype and device, contiguous and apart from
+    the state's memory (a leaf that requires grad refused, as the state)."""
+    if out is None:
+        return
+    if not isinstance(out, Tensor):
+        raise TypeError(f"out must be None or a tensor, got {type(out).__name__}")
+    if out.shape != state.shape or out.dtype != state.dtype or out.device != state.device:
+        raise ValueError(
+            f"out must be a {state.dtype} tensor of the state's shape {tuple(state.shape)} on "
+            f"{state.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    if out.requires_grad and out.is_leaf:
+        raise ValueError("out requires grad and is a leaf, which recurrent_step cannot write")
+    start, end, nbytes = out.data_ptr(), state.data_ptr(), out.numel() * out.element_size()
+    if nbytes and not (start + nbytes <= end or end + nbytes <= start):
+        raise ValueError("out must not overlap the state (the step reads one, writes the other)")
 
 
 def _bonus_step(state, q, k, v, beta, g, scale, ab, u) -> Tensor:
@@ -178,9 +288,10 @@ def _check_shapes(state: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[int, 
     return B, H, K, V
 
 
-def _pytorch_step(state, q, k, v, beta, g, scale: float, graph: bool, rule: str) -> Tensor:
-    """The step in PyTorch, in place (``graph`` False) or recorded on a copy of the state;
-    ``rule`` by name (beta: the delta rule's [B, H], or dplr's [a | b] [B, H, 2K])."""
+def _pytorch_step(state, q, k, v, beta, g, scale: float, graph: bool, rule: str, out=None):
+    """The step in PyTorch, in place (``graph`` False) or recorded on a copy of the state and
+    copied into ``out`` (or the state); ``rule`` by name (beta: the delta rule's [B, H], or
+    dplr's [a | b] [B, H, 2K])."""
     B, H, K, _ = state.shape
     rule = rules.named(rule)  # the rule, resolved once here (``linattn.ops.rules``)
     dtype = state.dtype
@@ -194,5 +305,5 @@ def _pytorch_step(state, q, k, v, beta, g, scale: float, graph: bool, rule: str)
     # Differentiable: the step reads a copy (autograd saves it; an in-place update would
     # invalidate what it saved), then the new state is copied into the caller's memory, recorded.
     o_t, S_t = step(state.clone(), q_t, k_t, v_t, beta_t, g_t, rule=rule)
-    state.copy_(S_t)
+    (state if out is None else out).copy_(S_t)
     return o_t.to(v.dtype)

@@ -45,6 +45,14 @@ CACHE_MIB = 1024
 # over 64 KiB in the L2 cache take a few microseconds, about what waking a thread costs.
 STEP_GRAIN = 16384
 
+# A cached forward of at most this many tokens with a state (a decoding step; a few tokens at once,
+# as speculative decoding checks) runs the fused generation step token by token (``_engine.decode``,
+# each step one pass over the state); longer ones the chunk form. Measured on the 2-core machine
+# under load (issue 35; Qwen3-Next's Gated DeltaNet state, 32 x 128 x 128, B 1, one thread, medians
+# of 15 in turns): the chunk form / the steps took 2.8x, 3.0x, 2.7x, 1.8x, 1.5x at T = 1, 2, 3, 4,
+# 8 (the chunk form's fixed cost per call against one pass over the state per token).
+DECODE_TOKENS = 8
+
 # The C++ chunk form's split schedule (``csrc/schedule.h``: every chunk's terms for all (chunk,
 # head) pairs at once, then the state pass per head, then the outputs) is taken where the fused
 # schedule (whole heads per thread) would leave at least half of the threads idle, i.e. where

@@ -81,16 +81,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
     double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate);
 
-// One generation step, the state [B, HV, K, V] updated in place (q, k [B, H, K], HV = G H): o
-// [B, HV, V], or an empty tensor (the state unchanged) when a value is out of range.
+// One generation step of the mechanism (rule, gate), the state [B, HV, K, V] updated in place, or
+// written from ``source`` where given (q, k [B, H, K], HV = G H): o [B, HV, V], or an empty
+// tensor when a value is out of range (an input: the state unchanged; the state: found by the
+// step, step.cpp).
 at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
                           const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
-                          const std::optional<at::Tensor>& g_opt, double scale_d);
+                          const std::optional<at::Tensor>& g_opt, double scale_d,
+                          c10::string_view rule, c10::string_view gate,
+                          const std::optional<at::Tensor>& source);
 
 // The fake (meta) kernel of the step: the same checks and the output's shape, no data (the
 // chunk ops' fake kernels are ``linattn.ops.library``'s, registered on the op that is traced).
 at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::optional<at::Tensor>& beta,
-                               const std::optional<at::Tensor>& g, double scale);
+                               const std::optional<at::Tensor>& g, double scale,
+                               c10::string_view rule, c10::string_view gate,
+                               const std::optional<at::Tensor>& source);
 
 }  // namespace linattn_native

@@ -4,22 +4,30 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
 #include "checks.h"
+#include "gates.h"
 #include "kernels.h"
+#include "mechanism.h"
+#include "step.h"
 #include "tuning.h"
 
 namespace linattn_native {
 
 namespace {
 
-// The checks of a ``recurrent_step`` call (on ``device``), before anything is read or written.
-void step_checks(c10::DeviceType device, const at::Tensor& state, const at::Tensor& q,
-                 const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& beta,
-                 const std::optional<at::Tensor>& g, double scale) {
+// The checks of a ``recurrent_step`` call (on ``device``), before anything is read or written;
+// the mechanism, parsed from the schema's ``rule`` and ``gate``.
+Mechanism step_checks(c10::DeviceType device, const at::Tensor& state, const at::Tensor& q,
+                      const at::Tensor& k, const at::Tensor& v,
+                      const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
+                      double scale, c10::string_view rule, c10::string_view gate,
+                      const std::optional<at::Tensor>& source) {
   const Checks check{"linattn_native.recurrent_step", device};
+  const Mechanism m = parse_mechanism(check.op, rule, gate);
   check.float32_cpu("state", state);
   TORCH_CHECK(state.dim() == 4 && state.is_contiguous(), check.op,
               ": state must be a contiguous [B, H, K, V] tensor (updated in place), got shape ",
@@ -34,136 +42,176 @@ void step_checks(c10::DeviceType device, const at::Tensor& state, const at::Tens
   check.shape("q", q, {B, Hq, K}, "[B, Hq, K]");
   check.shape("k", k, {B, Hq, K}, "[B, Hq, K]");
   check.shape("v", v, {B, H, V}, "[B, H, V]");
-  if (beta.has_value()) check.shape("beta", *beta, {B, H}, "[B, H]");
+  // The mechanism's inputs (no tensor op here: this is the fake kernel's check too).
+  TORCH_CHECK(beta.has_value() == m.rule->reads_beta, check.op, ": beta must be ",
+              m.rule->reads_beta ? "given" : "None", " for the ", m.rule->name, " rule");
+  if (beta.has_value() && m.rule->input_keys == 0) check.shape("beta", *beta, {B, H}, "[B, H]");
+  if (beta.has_value() && m.rule->input_keys > 0) {
+    const int64_t width = m.rule->input_keys * K;
+    check.shape("beta", *beta, {B, H, width}, "[B, H, 2K] (the rule's inputs [a | b])");
+  }
+  TORCH_CHECK(g.has_value() == m.gated(), check.op, ": g must be ",
+              m.gated() ? "given for a gate" : "None without a gate");
   if (g.has_value()) {
     check.float32_cpu("g", *g);
-    const int64_t width = g->dim() == 3 ? g->size(2) : -1;
-    TORCH_CHECK(width == 1 || width == K, check.op, ": g must be of shape [B, H, 1 | K] = [", B,
-                ", ", H, ", 1 | ", K, "], got ", g->sizes());
-    check.shape("g", *g, {B, H, width}, "[B, H, 1 | K]");
+    const int64_t kg = m.gate_width(K);
+    const std::vector<int64_t> per_head{B, H}, per_token{B, H, kg};
+    const bool ok = g->sizes() == per_token ||
+                    (m.gate == Gate::kHead && g->sizes() == at::IntArrayRef(per_head));
+    TORCH_CHECK(ok, check.op,
+                ": g must be of shape [B, H, ", kg, "]", m.gate == Gate::kHead ? " or [B, H]" : "",
+                " (the gate \"", gate, "\"), [B, H] = [", B, ", ", H, "], got ", g->sizes());
+  }
+  if (source.has_value()) {
+    check.shape("source", *source, state.sizes(), "[B, H, K, V] (the state's)");
+    TORCH_CHECK(source->is_contiguous(), check.op, ": source must be contiguous");
+    if (device == c10::kCPU && state.numel() > 0) {
+      // In place (the same memory) or apart: a partial overlap would read written numbers.
+      const auto* s0 = static_cast<const char*>(source->data_ptr());
+      const auto* d0 = static_cast<const char*>(state.data_ptr());
+      const int64_t bytes = state.numel() * static_cast<int64_t>(sizeof(float));
+      TORCH_CHECK(s0 == d0 || s0 + bytes <= d0 || d0 + bytes <= s0, check.op,
+                  ": source and state must be the same memory or not overlap");
+    }
   }
   checked_scale(check, scale);
+  return m;
 }
 
-// Whether n numbers are all finite, in parallel in blocks of kStepGrain: at a large batch the
-// check of the state is a pass over as many numbers as the step itself.
+// Whether n numbers are all finite (x * 0 is 0 for finite x and NaN for NaN or Inf).
 bool all_finite(const float* x, int64_t n) {
-  return at::parallel_reduce(
-      0, n, kStepGrain, true,
-      [&](int64_t lo, int64_t hi, bool ok) {
-        float acc = 0.0f;  // x * 0 is 0 for finite x and NaN for NaN or Inf
+  float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t i = lo; i < hi; ++i) acc += x[i] * 0.0f;
-        return ok && acc == 0.0f;
-      },
-      [](bool a, bool b) { return a && b; });
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * 0.0f;
+  return acc == 0.0f;
 }
 
-// The inputs of one head's step (q/k of its q/k head, read in place; beta and the log-gates g
-// [kg] nullptr where the mechanism has none).
-struct StepHead {
+// Whether the small inputs of a step are in range: every number finite, beta in [0, 2] (the
+// delta rule), every log-gate <= 0 (-inf: a reset). The state is not read here (step.h).
+bool inputs_in_range(const Mechanism& m, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const at::Tensor& beta, const at::Tensor& g) {
+  const auto finite = [](const at::Tensor& x) {
+    return all_finite(x.data_ptr<float>(), x.numel());
+  };
+  bool ok = finite(q) && finite(k) && finite(v);
+  if (ok && beta.defined() && m.rule->input_keys == 0) {
+    const float* b = beta.data_ptr<float>();
+    for (int64_t i = 0; ok && i < beta.numel(); ++i) ok = b[i] >= 0.0f && b[i] <= 2.0f;
+  }
+  if (ok && beta.defined() && m.rule->input_keys > 0) ok = finite(beta);
+  const float* gp = g.defined() ? g.data_ptr<float>() : nullptr;
+  for (int64_t i = 0; ok && gp && i < g.numel(); ++i) ok = gp[i] <= 0.0f;  // NaN fails too
+  return ok;
+}
+
+// The sizes and inputs of one step call, read in place (contiguous).
+struct StepCall {
+  const Rule* rule;
+  int64_t H, Hq, group, K, V, kg;
+  float scale;
   const float *q, *k, *v, *beta, *g;
-  int64_t kg;
-};
+  int64_t beta_width;  // numbers of beta per value head: 1 (delta), 2K (dplr [a | b]), 0
 
-// One head's step on its state S [K, V]: S <- Diag(exp g) S; u = v or beta (v - S^T k);
-// S <- S + k u^T; o = S^T (scale q) into o [V] (u [V]: scratch).
-void step_head(const StepHead& x, int64_t K, int64_t V, float scale, float* S, float* u,
-               float* o) {
-  // Decay and the read S^T k in one pass over S.
-  std::fill(u, u + V, 0.0f);
-  for (int64_t i = 0; i < K; ++i) {
-    float* row = S + i * V;
-    if (x.g) {
-      const float a = std::exp(x.g[x.kg == 1 ? 0 : i]);
+  // Value head p's step (p over B H): its decay and scaled q prepared into w [3K], the rule's
+  // step from S_in [K, V] into its state S [K, V] (S_in = S: in place), o [V]; whether o (so the
+  // new state, step.h) is finite.
+  bool head(int64_t p, const float* S_in, float* S, float* o, float* w) const {
+    const int64_t pq = (p / H) * Hq + (p % H) / group;  // the q/k head of value head p
+    float *alpha = w, *qs = w + K;
+    const float* qp = q + pq * K;
+    // exp_flush (gates.h): vectorised, exp(-inf) = 0 exactly (a reset); a decay below float32's
+    // normal range is 0, as the chunk form's.
+    const float* gp = g + p * kg;
+    const float a1 = kg == 1 ? exp_flush(gp[0]) : 1.0f;
 #pragma omp simd
-      for (int64_t j = 0; j < V; ++j) row[j] *= a;
+    for (int64_t i = 0; i < K; ++i) {
+      alpha[i] = kg > 1 ? exp_flush(gp[i]) : a1;
+      qs[i] = scale * qp[i];
     }
-    if (x.beta) {
-      const float ki = x.k[i];
-#pragma omp simd
-      for (int64_t j = 0; j < V; ++j) u[j] += ki * row[j];
-    }
+    const float* rule_inputs = beta ? beta + p * beta_width : nullptr;
+    const StepHead h{qs, k + pq * K, v + p * V, rule_inputs, alpha, w + 2 * K, S_in};
+    rule->step(h, K, V, S, o);
+    return all_finite(o, V);
   }
-  if (x.beta) {
-    const float b = *x.beta;
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) u[j] = b * (x.v[j] - u[j]);
-  } else {
-    std::copy(x.v, x.v + V, u);
-  }
-  // The write k u^T and the read S^T (scale q) in one more pass.
-  std::fill(o, o + V, 0.0f);
-  for (int64_t i = 0; i < K; ++i) {
-    float* row = S + i * V;
-    const float ki = x.k[i], qi = scale * x.q[i];
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) {
-      row[j] += ki * u[j];
-      o[j] += qi * row[j];
-    }
-  }
-}
+};
 
 }  // namespace
 
 // One generation step of any mechanism (``linattn.ops.recurrent_step``), the state updated in
-// place, every input checked first in the same call: the step is tens of microseconds of
-// arithmetic, less than the PyTorch calls that would check and compute it one by one.
+// place, the inputs checked first in the same call: the step is tens of microseconds of
+// memory traffic, less than the PyTorch calls that would check and compute it one by one.
 //
-//   S <- Diag(exp g) S;  u = v (additive) or beta (v - S^T k) (delta);  S <- S + k u^T;
-//   o = S^T (scale q)
+//   S <- Diag(exp g) S;  the rule's read, correction and write (Rule::step);  o = S^T (scale q)
 //
 // state [B, H, K, V] contiguous; q, k [B, Hq, K] (value head p of a sequence reads q/k head
-// p / group, group = H / Hq: grouped value heads, read in place); v [B, H, V]; beta [B, H] or
-// None; g [B, H, 1|K] or None; all float32 (shapes checked first; the inputs other than the state
-// are copied when not contiguous). Returns o [B, H, V]; or, when an input is out of its range (a
-// NaN or Inf anywhere but a g of -inf, beta outside [0, 2], g > 0), an empty tensor, with the
-// state unchanged: the caller then names the input.
+// p / group, group = H / Hq: grouped value heads, read in place); v [B, H, V]; beta [B, H]
+// (delta), [B, H, 2K] ([a | b], dplr) or None (additive); g [B, H] or [B, H, 1] (the gate
+// "head"), [B, H, K] ("channel") or None ("none"); all float32 (shapes checked first; the inputs
+// other than the state are copied when not contiguous). Returns o [B, H, V]; or an empty tensor
+// when a value is out of range: an input (a NaN or Inf anywhere but a g of -inf, beta outside
+// [0, 2], g > 0; checked before anything is written: the state unchanged), or the state (found
+// in the pass, through o: a non-finite state entering or leaving the step; the step has run).
+// The caller then names the value. ``source`` (the state's shape, contiguous, the same memory
+// or apart): the state entering the step is read from it and the new state written into
+// ``state`` (a step that keeps the state it was given, at the cost of the in-place one).
 at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
                           const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
-                          const std::optional<at::Tensor>& g_opt, double scale_d) {
-  step_checks(c10::kCPU, state, q_in, k_in, v_in, beta_opt, g_opt, scale_d);
+                          const std::optional<at::Tensor>& g_opt, double scale_d,
+                          c10::string_view rule, c10::string_view gate,
+                          const std::optional<at::Tensor>& source) {
+  const Mechanism m = step_checks(c10::kCPU, state, q_in, k_in, v_in, beta_opt, g_opt, scale_d,
+                                  rule, gate, source);
   const int64_t B = state.size(0), H = state.size(1), K = state.size(2), V = state.size(3);
-  const int64_t P = B * H, Hq = q_in.size(1), group = H / std::max<int64_t>(Hq, 1);
-  const bool delta = beta_opt.has_value(), gated = g_opt.has_value();
+  const int64_t P = B * H, Hq = q_in.size(1);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor beta = delta ? beta_opt->contiguous() : at::Tensor();
-  const at::Tensor g = gated ? g_opt->contiguous() : at::Tensor();
-  const int64_t kg = gated ? g.size(-1) : 0;
-  const float* bp = delta ? beta.data_ptr<float>() : nullptr;
-  const float* gp = gated ? g.data_ptr<float>() : nullptr;
-  float* Sp = state.data_ptr<float>();
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  // 1. Checks, before anything is written.
-  bool ok = all_finite(Sp, P * K * V) && all_finite(qp, B * Hq * K) &&
-            all_finite(kp, B * Hq * K) && all_finite(vp, P * V);
-  for (int64_t i = 0; ok && delta && i < P; ++i) ok = bp[i] >= 0.0f && bp[i] <= 2.0f;
-  for (int64_t i = 0; ok && gated && i < P * kg; ++i) ok = gp[i] <= 0.0f;  // -inf: a reset
-  if (!ok) return at::empty({0}, state.options());
+  const at::Tensor beta = beta_opt.has_value() ? beta_opt->contiguous() : at::Tensor();
+  const at::Tensor g = g_opt.has_value() ? g_opt->contiguous() : at::Tensor();
+  // 1. The inputs' checks, before anything is written.
+  if (!inputs_in_range(m, q, k, v, beta, g)) return at::empty({0}, state.options());
   // 2. The step, head by head.
   at::Tensor o = at::empty({B, H, V}, state.options());
-  float* op = o.data_ptr<float>();
-  const float scale = static_cast<float>(scale_d);
-  // Heads in tasks of at least kStepGrain state numbers: a small batch runs on the calling
-  // thread (waking the others would cost more than its microseconds of work), a large one on all.
+  const StepCall call{m.rule,
+                      H,
+                      Hq,
+                      H / std::max<int64_t>(Hq, 1),
+                      K,
+                      V,
+                      m.gate_width(K),
+                      static_cast<float>(scale_d),
+                      q.data_ptr<float>(),
+                      k.data_ptr<float>(),
+                      v.data_ptr<float>(),
+                      beta.defined() ? beta.data_ptr<float>() : nullptr,
+                      g.defined() ? g.data_ptr<float>() : nullptr,
+                      beta.defined() ? beta.numel() / std::max<int64_t>(P, 1) : 0};
+  float *Sp = state.data_ptr<float>(), *op = o.data_ptr<float>();
+  const float* Sin = source.has_value() ? source->data_ptr<float>() : Sp;
+  // Heads in tasks of at least kStepGrain state numbers (a thread's share contiguous): a small
+  // batch runs on the calling thread (waking the others would cost more than its microseconds
+  // of work), a large one on all.
   const int64_t grain = std::max<int64_t>(1, kStepGrain / std::max<int64_t>(1, K * V));
+  std::atomic<bool> finite{true};
   at::parallel_for(0, P, grain, [&](int64_t lo, int64_t hi) {
-    std::vector<float> u(V);
+    // As the chunk form: a state decayed deep below float32's normal range would otherwise run
+    // the step on subnormal numbers, tens of times slower (a key repeated over many tokens
+    // leaves the state's other directions decaying towards 0).
+    FlushSubnormals flush;
+    std::vector<float> w(3 * K);
+    bool ok = true;
     for (int64_t p = lo; p < hi; ++p) {
-      const int64_t pq = (p / H) * Hq + (p % H) / group;  // the q/k head of value head p
-      const StepHead x{qp + pq * K, kp + pq * K, vp + p * V, delta ? bp + p : nullptr,
-                       gated ? gp + p * kg : nullptr, kg};
-      step_head(x, K, V, scale, Sp + p * K * V, u.data(), op + p * V);
+      ok &= call.head(p, Sin + p * K * V, Sp + p * K * V, op + p * V, w.data());
     }
+    if (!ok) finite = false;
   });
-  return o;
+  return finite ? o : at::empty({0}, state.options());
 }
 
 at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::optional<at::Tensor>& beta,
-                               const std::optional<at::Tensor>& g, double scale) {
-  step_checks(c10::kMeta, state, q, k, v, beta, g, scale);
+                               const std::optional<at::Tensor>& g, double scale,
+                               c10::string_view rule, c10::string_view gate,
+                               const std::optional<at::Tensor>& source) {
+  step_checks(c10::kMeta, state, q, k, v, beta, g, scale, rule, gate, source);
   return at::empty({state.size(0), state.size(1), state.size(3)}, state.options());
 }
 

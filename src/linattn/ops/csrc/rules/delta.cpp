@@ -152,9 +152,26 @@ void backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Reco
   kk_score_gradients(x, g, d, rc, tg, w);
 }
 
+// The step (section 7: decay, read, correct, write): u = beta (v - (Diag(alpha) S)^T k), the
+// read of the decayed state as S^T (alpha * k) without writing the decay; then
+// S <- Diag(alpha) S + k u^T and o = S^T q. Two passes over each block of S, the second in L1.
+void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
+  float* ak = h.scratch;  // [K] alpha * k
+#pragma omp simd
+  for (int64_t i = 0; i < K; ++i) ak[i] = h.alpha[i] * h.k[i];
+  const float b = *h.beta;
+  column_blocks(V, [&](auto vecs, int64_t j0, int64_t w) {
+    constexpr int N = decltype(vecs)::value;
+    float u[kBlockVecs * kLanes];
+    read_block<N>(ak, K, V, h.S_in + j0, w, u);
+    for (int64_t j = 0; j < w; ++j) u[j] = b * (h.v[j0 + j] - u[j]);
+    write_block<N, false>(h, h.k, u, nullptr, nullptr, K, V, h.S_in + j0, S + j0, w, o + j0);
+  });
+}
+
 }  // namespace
 
 extern const Rule kDeltaRule{
-    "delta", true, true, 1, 0, scores, ut_transform, pseudo_values, backward};
+    "delta", true, true, 1, 0, scores, ut_transform, pseudo_values, backward, step};
 
 }  // namespace linattn_native

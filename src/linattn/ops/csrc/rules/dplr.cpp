@@ -341,9 +341,22 @@ void backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Reco
   solve_backward(x, g, d, rc, S, tg, w);
 }
 
+// The step: r = S^T b, read from the state entering the token (before its decay); then
+// S <- Diag(alpha) S + k v^T + a r^T and o = S^T q (h.beta = [a | b], [2K]). Two passes over
+// each block of S, the second in L1.
+void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
+  const float *a = h.beta, *b = h.beta + K;
+  column_blocks(V, [&](auto vecs, int64_t j0, int64_t w) {
+    constexpr int N = decltype(vecs)::value;
+    float r[kBlockVecs * kLanes];
+    read_block<N>(b, K, V, h.S_in + j0, w, r);
+    write_block<N, true>(h, h.k, h.v + j0, a, r, K, V, h.S_in + j0, S + j0, w, o + j0);
+  });
+}
+
 }  // namespace
 
 extern const Rule kDplrRule{
-    "dplr", true, false, 2, 2, scores, solve_terms, pseudo_values, backward};
+    "dplr", true, false, 2, 2, scores, solve_terms, pseudo_values, backward, step};
 
 }  // namespace linattn_native

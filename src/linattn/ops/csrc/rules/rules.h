@@ -12,6 +12,8 @@
 //                 unit-lower-triangular solve (I - A_ba) [W | U0] = [-Bd | A_bk V], the
 //                 pseudo-values U_b = U0 - W S, stacked under V: U = [V; U_b], Ke = [Ke; Ae].
 //
+// Each file also defines its rule's generation step (``Rule::step``, on step.h's passes).
+//
 // The gate (none, one per head, one per key channel) is a parameter of every term (kg), not a rule.
 // A new rule is a new file here that defines its ``Rule`` (its functions file-local), and a line
 // in ``kRules`` below; the op schema's ``rule`` string is looked up there (mechanism.h), and
@@ -24,6 +26,7 @@
 #include <cstdint>
 
 #include "../backward.h"
+#include "../step.h"
 #include "../terms.h"
 
 namespace linattn_native {
@@ -71,6 +74,12 @@ struct Rule {
   // those of its own scores. nullptr: none (U = V: dU is dv already).
   void (*backward)(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Recomputed& rc,
                    const float* S, const TermGrads& tg, Scratch& w);
+
+  // The generation step of one value head (step.h; spec section 9): its new state S [K, V] from
+  // the state entering the step, h.S_in (S itself: in place), and o [V] = S^T (scale q) of the
+  // new state, in column blocks, each read from memory once: decay, the rule's read and
+  // correction, its write and the output.
+  void (*step)(const StepHead& h, int64_t K, int64_t V, float* S, float* o);
 
   bool reads_state() const { return pseudo_values != nullptr; }
   // The columns of the block X the loop keeps per chunk: [W | U0], or none.

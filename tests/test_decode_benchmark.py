@@ -1,0 +1,28 @@
+"""``benchmarks/decode.py`` (issue 35) runs as the README prints it, on its smallest setting."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from linattn.ops import _native
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
+def test_the_decode_benchmark_runs_and_reports_every_mechanism(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("decode", ROOT / "benchmarks" / "decode.py")
+    decode = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decode)
+    out = tmp_path / "decode.json"
+    argv = ["--threads", "1", "--batches", "1", "--shapes", "small", "--turns", "2", "--out"]
+    assert decode.main([*argv, str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mechanism"] for r in rows] == decode.MECHANISMS
+    for r in rows:
+        assert r["step_ms"] > 0 and r["pass_ms"] > 0 and r["ratio"] > 0
+        assert ("kernel_ms" in r) == (r["mechanism"] != "dplr")
+    printed = capsys.readouterr().out
+    assert "small B 1 kda:" in printed and "<= 3.0x" in printed
