@@ -363,3 +363,31 @@ def test_the_state_tracking_constructions(monkeypatch):
     monkeypatch.setattr(st, "parity_by_reflection", lambda x, k: 1.0 - np.asarray(x, float))
     failed = [c.name for c in verify.state_tracking_checks() if not c.passed]
     assert failed == ["parity, 10,000 tokens: beta_t = 2 x_t reads (-1)^parity"]
+
+
+def test_the_delta_product_checks_are_there_and_pass():
+    checks = verify.delta_product_checks()
+    assert [c.name for c in checks] == [
+        "DeltaProduct n_h = 1 is the delta rule",
+        "DeltaProduct n_h = 1 with a gate is Gated DeltaNet",
+        "DeltaProduct n_h = 3: the delta rule in chunks of 5 rows",
+        "DeltaProduct n_h = 3: the delta rule in chunks of 16 rows",
+        "DeltaProduct n_h = 3, gated: the interleaved recurrence",
+        "DeltaProduct n_h = 3: a token's A_t is 3 Householders",
+    ]
+    assert all(c.passed and c.error < 1e-13 for c in checks), [c.line() for c in checks]
+    assert verify.delta_product_checks in SECTIONS
+
+
+def test_the_delta_product_checks_fail_with_the_gate_at_every_write(monkeypatch):
+    # The decay once a token, not once a write: a loop decaying at each write disagrees.
+    def every_write(Q, K, V, beta, g=None, *, num_householder, scale=1.0, initial_state=None):
+        g_rows = None if g is None else np.repeat(g, num_householder)
+        Q_rows = np.repeat(Q, num_householder, axis=0)
+        o, S = verify.gated.recurrence(Q_rows, K, V, beta, g_rows, rule="delta", scale=scale,
+                                       initial_state=initial_state)  # fmt: skip
+        return o[num_householder - 1 :: num_householder], S
+
+    failed = _failing("delta_product_checks", monkeypatch, (verify.gated, "delta_product"),
+                      every_write)  # fmt: skip
+    assert failed == ["DeltaProduct n_h = 3, gated: the interleaved recurrence"]

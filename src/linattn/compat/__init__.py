@@ -19,8 +19,10 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 - the others raise NotImplementedError naming the missing mechanism (``unsupported``).
 
 ``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
-``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) are computed too; fla exports them from
-``fla.ops.gdn2`` and ``fla.ops.rwkv7`` only, not ``fla.ops`` (``FLA_SUBMODULE_ENTRY_POINTS``).
+``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) and ``chunk_gated_delta_product``
+(Gated DeltaProduct, module ``gated_delta_product``) are computed too; fla exports them from
+``fla.ops.gdn2``, ``fla.ops.rwkv7`` and ``fla.ops.gated_delta_product`` only, not ``fla.ops``
+(``FLA_SUBMODULE_ENTRY_POINTS``).
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
@@ -39,6 +41,7 @@ from linattn.compat.delta_rule import (
     fused_chunk_delta_rule,
     fused_recurrent_delta_rule,
 )
+from linattn.compat.gated_delta_product import chunk_gated_delta_product
 from linattn.compat.gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_gdn,
@@ -80,6 +83,7 @@ __all__ = [
     "chunk_comba",
     "chunk_delta_rule",
     "chunk_dplr_delta_rule",
+    "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
     "chunk_gdn",
     "chunk_gdn2",
@@ -122,6 +126,7 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "chunk_gdn2": "fla.ops.gdn2",
     "fused_recurrent_gdn2": "fla.ops.gdn2",
     "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
+    "chunk_gated_delta_product": "fla.ops.gated_delta_product",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

@@ -432,6 +432,51 @@ def _dplr_rows(Q, K, V, g, beta) -> list[Check]:
     return rows
 
 
+def delta_product_checks() -> list[Check]:
+    """Issue 31: Gated DeltaProduct, n_h delta-rule writes a token and one read. With n_h = 1 it
+    is the delta rule (and Gated DeltaNet); with n_h = 3 its token loop equals the delta rule on
+    the 3 T interleaved rows read at each token's last write (the chunk form, C = 5 and 16 rows;
+    with a gate at each token's first write, the recurrence), and one token's transition is the
+    product of its 3 Householder matrices."""
+    rng = np.random.default_rng(31)
+    n, T = 3, 32
+    Q, K = unit(rng.standard_normal((T, 8))), unit(rng.standard_normal((n * T, 8)))
+    V = rng.standard_normal((n * T, 8))
+    beta = 2 / (1 + np.exp(-rng.standard_normal(n * T)))  # in (0, 2): eigenvalues below 0
+    g = np.log(1 / (1 + np.exp(-rng.standard_normal(T) - 3.0)))  # decays near 0.95
+    Q_rows = np.zeros((n * T, 8))
+    Q_rows[n - 1 :: n] = Q  # the read at each token's last write
+    g_rows = np.zeros(n * T)
+    g_rows[::n] = g  # the decay at each token's first write
+    checks = [
+        compare("DeltaProduct n_h = 1 is the delta rule",
+                gated.delta_product(Q, K[:T], V[:T], beta[:T] / 2, num_householder=1)[0],
+                delta_rule(Q, K[:T], V[:T], beta[:T] / 2)[0]),
+        compare("DeltaProduct n_h = 1 with a gate is Gated DeltaNet",
+                gated.delta_product(Q, K[:T], V[:T], beta[:T], g, num_householder=1)[0],
+                gated.recurrence(Q, K[:T], V[:T], beta[:T], g, rule="delta")[0]),
+    ]  # fmt: skip
+    loop = gated.delta_product(Q, K, V, beta, num_householder=n)[0]
+    for C in (5, 16):
+        rows = chunked_delta_rule(Q_rows, K, V, beta, C)[0][n - 1 :: n]
+        checks.append(compare(f"DeltaProduct n_h = 3: the delta rule in chunks of {C} rows", rows,
+                              loop))  # fmt: skip
+    gated_rows = gated.recurrence(Q_rows, K, V, beta, g_rows, rule="delta")[0][n - 1 :: n]
+    checks.append(
+        compare(
+            "DeltaProduct n_h = 3, gated: the interleaved recurrence",
+            gated_rows,
+            gated.delta_product(Q, K, V, beta, g, num_householder=n)[0],
+        )
+    )
+    one_token = gated.delta_product(
+        Q[:1], K[:n], np.zeros((n, 8)), beta[:n], num_householder=n, initial_state=np.eye(8)
+    )[1]  # A_t I
+    checks.append(compare("DeltaProduct n_h = 3: a token's A_t is 3 Householders",
+                          one_token, transition_product(K[:n], beta[:n])))  # fmt: skip
+    return checks
+
+
 def cost_checks() -> list[Check]:
     """Sections 5, 8 and 9: the memory numbers of Figure 3 and the claims of the cost model."""
     d = r = 128
@@ -1060,6 +1105,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     kaczmarz_checks,
     chunked_delta_checks,
     dplr_checks,
+    delta_product_checks,
     cost_checks,
     overwrite_checks,
     stored_pair_checks,

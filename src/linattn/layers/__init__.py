@@ -8,7 +8,8 @@ and in recurrent mode for a one-token decoding step.
 - ``LinearAttention``: a feature map, normalised or not, optional scalar or per-channel decay;
   ``GatedLinearAttention``: GLA as its paper and fla define the layer.
 - ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``: the delta rule, without decay, with a
-  per-head decay, with a per-channel decay.
+  per-head decay, with a per-channel decay; ``GatedDeltaProduct``: n_h delta-rule writes a
+  token (a product of n_h Householder transitions).
 - ``MultiHeadLatentAttention``: softmax attention over a cached low-rank latent (MLA; NoPE
   available, as Kimi Linear's full-attention layers).
 - ``GatedAttention``: Qwen3-Next's softmax attention with an output gate, q/k norms, partial
@@ -20,6 +21,7 @@ and in recurrent mode for a one-token decoding step.
 
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
+from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.mamba2 import Mamba2
@@ -35,6 +37,7 @@ __all__ = [
     "GatedAttention",
     "GatedConvolution",
     "GatedDeltaNet",
+    "GatedDeltaProduct",
     "GatedLinearAttention",
     "GatedRMSNorm",
     "KimiDeltaAttention",

@@ -223,17 +223,16 @@ def _copy_module(ours: nn.Module, theirs: nn.Module, name: str) -> None:
 
 def _fla_pairs(layer: nn.Module, module: nn.Module) -> list[tuple[Tensor, Tensor, str]]:
     """What fla's delta-rule layers and ours share by name: the q, k, v, beta and output
-    projections, the decay's A_log and dt_bias, the output norm, and fla's three short
-    convolutions as our one."""
+    projections, the output norm, the decay's A_log and dt_bias (where there is a decay), and
+    fla's three short convolutions as our one."""
     pairs = [
         (getattr(layer, name).weight, getattr(module, name).weight, name)
         for name in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj")
     ]
-    pairs += [
-        (layer.decay.A_log, module.A_log, "A_log"),
-        (layer.decay.dt_bias, module.dt_bias, "dt_bias"),
-        (layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"),
-    ]
+    pairs.append((layer.o_norm.weight, module.o_norm.weight, "o_norm.weight"))
+    if layer.decay is not None:  # fla's GatedDeltaProduct without its forget gate has none
+        pairs.append((layer.decay.A_log, module.A_log, "A_log"))
+        pairs.append((layer.decay.dt_bias, module.dt_bias, "dt_bias"))
     conv = fla_short_conv(module)
     if conv is not None:
         pairs.append((layer.conv.weight, conv, "q/k/v_conv1d.weight"))
@@ -297,5 +296,28 @@ def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     ]
     if module.g_proj[1].bias is not None:
         pairs.append((layer.g_proj[1].bias, module.g_proj[1].bias, "g_proj.1.bias"))
+    _copy_all(pairs)
+    return layer
+
+
+def gated_delta_product_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``GatedDeltaProduct`` from fla's ``fla.layers.GatedDeltaProduct`` (the names of its Gated
+    DeltaNet, n_h times wider k, v and beta projections in the same [write, head, channel]
+    layout; the forget gate's ``a_proj`` is our decay's)."""
+    _check_type(module, "GatedDeltaProduct", "fla")
+    gate = module.use_output_gate
+    if gate and getattr(module.o_norm, "activation", "swish") not in ("swish", "silu"):
+        raise ValueError(f"only a SiLU output gate is supported, got {module.o_norm.activation!r}")
+    layer = cls(
+        module.hidden_size, module.num_heads, module.head_k_dim, output_gate=gate,
+        num_householder=module.num_householder, use_forget_gate=module.use_forget_gate,
+        **_fla_common(module), **kwargs,
+    )  # fmt: skip
+    layer = _like(layer, module)
+    pairs = _fla_pairs(layer, module)
+    if layer.decay is not None:
+        pairs.append((layer.decay.a_proj.weight, module.a_proj.weight, "a_proj"))
+    if gate:
+        pairs.append((layer.g_proj.weight, module.g_proj.weight, "g_proj"))
     _copy_all(pairs)
     return layer

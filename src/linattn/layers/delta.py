@@ -59,7 +59,7 @@ class DeltaNet(RecurrentMixer):
         super().__init__(d_model, n_heads, head_dim, key_dim, **kwargs)
         self.allow_neg_eigval = flag("allow_neg_eigval", allow_neg_eigval)
         HV = self.num_v_heads  # beta and the decays are per value head (fla's GVA)
-        self.b_proj = nn.Linear(d_model, HV, bias=False)
+        self.b_proj = nn.Linear(d_model, self.writes * HV, bias=False)  # a beta per write
         self.decay = None
         if self.decay_kind is not None:
             rank = self.head_dim if decay_rank is None else decay_rank
@@ -68,8 +68,8 @@ class DeltaNet(RecurrentMixer):
             )
 
     def beta(self, x: Tensor) -> Tensor:
-        """The write strength: x [B, T, d_model] -> sigmoid(b_proj x) [B, T, HV], times 2 with
-        ``allow_neg_eigval``."""
+        """The write strength: x [B, T, d_model] -> sigmoid(b_proj x) [B, T, writes HV], times 2
+        with ``allow_neg_eigval``."""
         return write_strength(self.b_proj(x), self.allow_neg_eigval)
 
     def recurrence(self, x, q, k, v, mode, S, keep):

@@ -48,6 +48,9 @@ class RecurrentMixer(TokenMixer):
         gate_bias: a bias on the output gate's (last) projection.
         chunk_size: block length C of the chunk form.
         norm_eps: epsilon of the output RMSNorm.
+        writes: rows of k and v per token (DeltaProduct's n_h; default 1): the k and v
+            projections (and their convolution channels) are ``writes`` times wider, laid out
+            [write, head, channel] as fla's, and k, v enter the op with T ``writes`` rows.
     """
 
     # Without the short convolution, q, k and v still go through its SiLU (DeltaNet, Gated
@@ -70,8 +73,10 @@ class RecurrentMixer(TokenMixer):
         gate_bias: bool = False,
         chunk_size: int = 64,
         norm_eps: float = 1e-6,
+        writes: int = 1,
     ) -> None:
         super().__init__(d_model, chunk_size)
+        check_positive("writes", writes)
         short_conv, output_gate = flag("short_conv", short_conv), flag("output_gate", output_gate)
         gate_bias = flag("gate_bias", gate_bias)
         head_dim = resolve_head_dim(d_model, n_heads, head_dim)
@@ -83,11 +88,13 @@ class RecurrentMixer(TokenMixer):
             raise ValueError(f"num_v_heads ({HV}) must be a multiple of n_heads ({n_heads})")
         H, K, V = n_heads, key_dim, head_dim
         self.n_heads, self.num_v_heads, self.key_dim, self.head_dim = H, HV, K, V
+        self.writes = n = writes
         self.q_proj = nn.Linear(d_model, H * K, bias=False)
-        self.k_proj = nn.Linear(d_model, H * K, bias=False)
-        self.v_proj = nn.Linear(d_model, HV * V, bias=False)
+        self.k_proj = nn.Linear(d_model, n * H * K, bias=False)
+        self.v_proj = nn.Linear(d_model, n * HV * V, bias=False)
         # One depthwise convolution over [q | k | v] is three per-channel convolutions.
-        self.conv = ShortConvolution(2 * H * K + HV * V, conv_size) if short_conv else None
+        channels = (n + 1) * H * K + n * HV * V
+        self.conv = ShortConvolution(channels, conv_size) if short_conv else None
         self.g_proj: nn.Module | None = None
         if output_gate:
             if gate_rank is None:
@@ -107,7 +114,8 @@ class RecurrentMixer(TokenMixer):
     def recurrence(
         self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mode: str, S: Tensor | None, keep: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """Run the op: q, k [B, T, H, K], v [B, T, HV, V], S the initial memory
+        """Run the op: q, k [B, T, H, K], v [B, T, HV, V] (k, v: T ``writes`` rows), S the
+        initial memory
         [B, HV, *memory_shape] or None -> (o [B, T, HV, V], final memory if ``keep`` else None).
         ``x`` feeds the gates."""
         raise NotImplementedError
@@ -116,7 +124,8 @@ class RecurrentMixer(TokenMixer):
 
     def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
         """``S``: [B, HV, rows, cols] in float32 (float64 for float64 models); ``conv``: the last
-        ``conv_size - 1`` inputs of the short convolution, [B, 2HK + HV V, conv_size - 1]."""
+        ``conv_size - 1`` inputs of the short convolution, [B, (n + 1) HK + n HV V, conv_size - 1]
+        (n = ``writes``)."""
         spec: StateSpec = {
             "S": ((batch_size, self.num_v_heads, *self.memory_shape()), state_dtype(dtype))
         }
@@ -135,9 +144,12 @@ class RecurrentMixer(TokenMixer):
                 new_state["conv"] = conv_state
         elif self.silu_without_conv:
             qkv = F.silu(qkv)
-        q, k, v = qkv.split([H * K, H * K, HV * V], dim=-1)
-        q, k = q.view(B, T, H, K), k.view(B, T, H, K)  # [B, T, H*K] -> [B, T, H, K]
-        v = v.reshape(B, T, HV, V)  # [B, T, HV*V] -> [B, T, HV, V]
+        n = self.writes
+        q, k, v = qkv.split([H * K, n * H * K, n * HV * V], dim=-1)
+        q = q.view(B, T, H, K)  # [B, T, H*K] -> [B, T, H, K]
+        # [B, T, n*H*K] -> [B, T n, H, K]: the n writes of token t are rows t n .. t n + n - 1
+        k = k.reshape(B, T * n, H, K)
+        v = v.reshape(B, T * n, HV, V)  # [B, T, n*HV*V] -> [B, T n, HV, V]
         mode = self.pick_mode(T, state)
         S = None if state is None else state["S"]
         o, S = self.recurrence(x, q, k, v, mode, S, keep=state is not None)

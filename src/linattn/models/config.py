@@ -18,6 +18,7 @@ MIXERS = (
     "deltanet",
     "gated_deltanet",
     "kda",
+    "deltaproduct",
     "mla",
     "gated_attention",
     "mamba2",
@@ -77,8 +78,10 @@ class LMConfig:
         allow_neg_eigval: beta in (0, 2) instead of (0, 1) in the delta-rule mixers.
         expand_v: value dimension per head of ``"gated_deltanet"`` as a multiple of its key
             dimension ``head_dim`` (fla's and the paper's 2; ``"kda"`` keeps 1, as fla's KDA).
-        num_v_heads: value heads of ``"gated_deltanet"`` and ``"kda"`` (default n_heads; a
-            multiple of it: grouped value heads, Qwen3-Next's layout).
+        num_v_heads: value heads of ``"gated_deltanet"``, ``"kda"`` and ``"deltaproduct"``
+            (default n_heads; a multiple of it: grouped value heads, Qwen3-Next's layout).
+        num_householder: delta-rule writes per token n_h of ``"deltaproduct"`` (Gated
+            DeltaProduct; default 2), whose value width follows ``expand_v`` as Gated DeltaNet's.
         num_key_value_heads: key/value heads of ``"gated_attention"`` (default n_heads; a divisor
             of it: grouped-query attention).
         partial_rotary_factor: fraction of each ``"gated_attention"`` head that RoPE rotates
@@ -118,6 +121,7 @@ class LMConfig:
     allow_neg_eigval: bool = False
     expand_v: float = 2.0
     num_v_heads: int | None = None
+    num_householder: int = 2
     num_key_value_heads: int | None = None
     partial_rotary_factor: float = 0.25
     kv_lora_rank: int = 64
@@ -140,7 +144,7 @@ class LMConfig:
         names = ("vocab_size", "d_model", "n_heads", "conv_size", "gated_conv_size", "chunk_size")
         for name in (*names, "taylor_dim"):
             _positive_int(name, getattr(self, name))
-        for name in ("gate_rank", "state_size", "expand", "n_groups"):
+        for name in ("gate_rank", "state_size", "expand", "n_groups", "num_householder"):
             _positive_int(name, getattr(self, name))
         self._check_head_layout()
         if self.head_dim is None:

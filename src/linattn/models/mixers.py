@@ -9,6 +9,7 @@ from linattn.layers import (
     GatedAttention,
     GatedConvolution,
     GatedDeltaNet,
+    GatedDeltaProduct,
     GatedLinearAttention,
     KimiDeltaAttention,
     LinearAttention,
@@ -70,6 +71,14 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     "kda": lambda c: KimiDeltaAttention(
         c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
     ),
+    "deltaproduct": lambda c: GatedDeltaProduct(
+        c.d_model,
+        c.n_heads,
+        expand_v=c.expand_v,
+        num_v_heads=c.num_v_heads,
+        num_householder=c.num_householder,
+        **_delta_kwargs(c),
+    ),  # fmt: skip
     "mla": lambda c: MultiHeadLatentAttention(
         c.d_model,
         c.n_heads,

@@ -9,6 +9,7 @@ collectives, the layers and ``LMConfig`` their yes/no options (``checks.flag``).
 """
 
 from linattn.ops.affine import chunk_affine_map
+from linattn.ops.delta_product import delta_product_step, gated_delta_product
 from linattn.ops.delta_rule import delta_rule
 from linattn.ops.dplr_family import comba, gated_deltanet2, rwkv7
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
@@ -19,7 +20,9 @@ from linattn.ops.step import recurrent_step
 __all__ = [
     "chunk_affine_map",
     "comba",
+    "delta_product_step",
     "delta_rule",
+    "gated_delta_product",
     "gated_deltanet2",
     "generalized_delta_rule",
     "linear_attention",

@@ -26,6 +26,7 @@ from torch import Tensor
 from linattn.ops import checks as _checks
 from linattn.ops._layout import to_internal
 from linattn.ops.chunk import chunk_terms, forward_chunks
+from linattn.ops.delta_product import householder_count, interleave_gate
 from linattn.ops.mechanism import Mechanism
 
 # The chunk the maps are computed in when the caller names none (the ops' default).
@@ -103,6 +104,7 @@ def chunk_affine_map(
     *,
     a: Tensor | None = None,
     b: Tensor | None = None,
+    num_householder: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """The pair (M, N) with S_out = M S_in + N for one block of tokens.
 
@@ -114,7 +116,9 @@ def chunk_affine_map(
       N composed likewise from N_c = (K * exp(G_C - G))^T U0 (the module docstring); without decay
       M = I - K^T T K, the compact WY form of prod_t (I - beta_t k_t k_t^T);
     - generalized delta rule (a, b given): the product of the chunks' WY forms
-      M_c = Diag(exp G_C) + Ae^T T Bd (``rules.dplr``), N likewise.
+      M_c = Diag(exp G_C) + Ae^T T Bd (``rules.dplr``), N likewise;
+    - Gated DeltaProduct (``num_householder`` n_h > 1, ``gated_delta_product``): the delta rule's
+      map of the T n_h writes, g acting once per token (at its first write).
 
     Computed in chunks of 64 tokens: linear in T.
 
@@ -123,11 +127,16 @@ def chunk_affine_map(
         g: None, [B, T, H] or [B, T, H, K], log-decay <= 0 (-inf: a reset). Keys are used as given.
         a, b: None, or both [B, T, H, K] (beta then None): the generalized rule's transitions
             Diag(exp g_t) + a_t b_t^T (``generalized_delta_rule``).
+        num_householder: n_h >= 1 writes per token (with beta): k, v, beta then have T n_h rows
+            (fla's layout) and g has T rows, one per token.
 
     Returns:
         M: [B, H, K, K] and N: [B, H, K, V], in float32 (float64 for float64 inputs).
     """
-    B, T, H, K, V = _checks.kv(k, v)
+    B, T, H, K, V = _checks.kv(k, v)  # T: rows (writes)
+    n = householder_count(num_householder)
+    if n > 1:
+        g = _product_gate(beta, g, (B, T, H, K), n)
     rule = None
     if a is not None or b is not None:
         if a is None or b is None or beta is not None:
@@ -137,7 +146,22 @@ def chunk_affine_map(
         beta, rule = torch.cat([a, b.to(a.dtype)], dim=-1), "dplr"  # [B, T, H, 2K]
     elif beta is not None:
         _checks.beta(beta, B, T, H)
-    _checks.gate(g, B, T, H, K)
+    if n == 1:
+        _checks.gate(g, B, T, H, K)
     mech = Mechanism.of(beta, g, rule)
     M, N = affine_map(*to_internal(k, v, beta=beta, g=g), mech)
     return full_matrix(M, N, mech), N
+
+
+def _product_gate(beta: Tensor | None, g: Tensor | None, sizes: tuple[int, ...], n: int):
+    """DeltaProduct's gate (checked): g [B, T / n_h, H(, K)] of its tokens, on the T rows (writes)
+    at each token's first write (``interleave_gate``)."""
+    B, T, H, K = sizes
+    if beta is None:
+        raise ValueError("num_householder > 1 needs beta: the writes are the delta rule's")
+    if T % n:
+        raise ValueError(
+            f"k, v and beta must have T * num_householder rows, a multiple of {n}, got {T}"
+        )
+    _checks.gate(g, B, T // n, H, K)
+    return interleave_gate(g, n)

@@ -64,3 +64,29 @@ def recurrence(q, k, v, beta=None, g=None, *, rule="additive", scale=1.0, initia
         S = A @ S + np.outer(k[t], write(v[t], beta_t, rule=rule))
         out[t] = S.T @ (scale * q[t])
     return out, S
+
+
+def delta_product(q, k, v, beta, g=None, *, num_householder, scale=1.0, initial_state=None):
+    """Gated DeltaProduct for one head: per token t, S_t = A_t S_{t-1} + N_t with
+
+        A_t = H_tn ... H_t1 alpha_t,   H_tj = I - beta_tj k_tj k_tj^T,
+
+    the n_h writes folded in order (S <- H_tj S + beta_tj k_tj v_tj^T), o_t = S_t^T (scale q_t).
+
+    q: [T, K]; k: [T n_h, K]; v: [T n_h, V]; beta: [T n_h] (the writes of token t are rows
+    t n_h .. t n_h + n_h - 1); g: None, [T] or [T, K]. Returns O [T, V] and S_T [K, V], float64.
+    """
+    n = int(num_householder)
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    S = np.zeros((k.shape[1], v.shape[1]))
+    if initial_state is not None:
+        S = np.array(initial_state, dtype=np.float64)
+    out = np.empty((q.shape[0], v.shape[1]))
+    for t in range(q.shape[0]):
+        if g is not None:
+            S = transition(k[0], g_t=g[t], rule="additive") @ S  # alpha_t I or Diag(alpha_t)
+        for r in range(t * n, t * n + n):
+            A = transition(k[r], float(beta[r]), rule="delta")  # I - beta k k^T
+            S = A @ S + np.outer(k[r], write(v[r], float(beta[r]), rule="delta"))
+        out[t] = S.T @ (scale * q[t])
+    return out, S
