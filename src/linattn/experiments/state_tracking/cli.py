@@ -112,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print()
     print(results_table(summaries))
-    trained = sum(r["seconds"] + r["eval_seconds"] for r in rows)
+    cell_cpu = sum(r.get("cpu_seconds", 0.0) for r in rows)
     print(
-        f"\nwall time {wall:.0f} s ({wall / 60:.1f} min); the cells' own time {trained:.0f} s "
-        f"(this process's CPU {time.process_time() - cpu:.0f} s); results in {args.results}"
+        f"\nwall time {wall:.0f} s ({wall / 60:.1f} min); CPU time of the cells {cell_cpu:.0f} s "
+        f"({cell_cpu / 120:.1f} min on 2 free cores), of this process "
+        f"{time.process_time() - cpu:.0f} s; results in {args.results}"
     )
     if plot_path is not None:
         print(f"plot: {plot_path}")

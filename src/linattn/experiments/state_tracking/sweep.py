@@ -24,7 +24,8 @@ neighbours', so that no fixed key reflects on every 1 (the construction of ``lin
 Results (JSON lines, one object per cell, appended when it finishes): ``preset, task, order,
 mechanism, mixers, n_layers, model_options, seed, d_model, n_heads, params, train_len, steps, lr,
 batch_size, train_accuracy (held-out, at train_len), evals, accuracy {length: per-token accuracy},
-test_examples, seconds (training), eval_seconds, threads, torch, config_hash, finished``. A rerun
+test_examples, seconds (training wall time), eval_seconds, cpu_seconds (training and tests, this
+run's piece of them when resumed), threads, torch, config_hash, finished``. A rerun
 skips cells whose ``config_hash`` is in the file and resumes an interrupted cell from its
 checkpoint.
 """
@@ -233,6 +234,7 @@ def run_cell(
     progress: bool = True,
 ) -> dict:
     """Train one cell and test it at every test length; the result row."""
+    cpu = time.process_time()  # this process's CPU: the worker's own, with workers
     torch.manual_seed(seed)
     model = build_model(preset, task, mechanism, n_layers)
     config = replace(preset.train, seed=seed)
@@ -271,6 +273,7 @@ def run_cell(
         "test_examples": preset.test_examples,
         "seconds": round(result.seconds, 2),
         "eval_seconds": round(time.perf_counter() - started, 2),
+        "cpu_seconds": round(time.process_time() - cpu, 2),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "config_hash": key,
