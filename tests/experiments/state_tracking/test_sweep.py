@@ -89,3 +89,19 @@ def test_bad_presets_and_tasks():
         train(sweep.build_model(PRESETS["smoke"], "parity", "deltanet", 1), object(),
               TrainConfig(steps=1))  # fmt: skip
     assert isinstance(PRESETS["default"], Preset) and len(PRESETS["default"].seeds) >= 3
+
+
+def test_the_report_shows_the_table_computed_from_the_rows(tmp_path):
+    from linattn.experiments.report_page import render_html, render_markdown
+    from tests.experiments.test_report_page import small_report
+
+    rows, _ = smoke_rows(tmp_path)
+    summaries = results.aggregate(rows)
+    page = small_report(state_tracking=summaries, state_tracking_source="r.jsonl")
+    markdown = render_markdown(page)
+    assert "## State tracking" in markdown and results.results_table(summaries) in markdown
+    assert "figures/state-tracking.png" in markdown
+    html = render_html(page)
+    assert 'id="state-tracking"' in html and "DeltaNet [0, 2]" in html
+    empty = render_markdown(small_report(state_tracking_note="none here"))
+    assert "No state-tracking results at" in empty and "none here" in empty
