@@ -9,15 +9,18 @@ import torch
 from linattn import layers
 
 LAYERS = [
+    "Comba",
     "DeltaNet",
     "GatedAttention",
     "GatedConvolution",
     "GatedDeltaNet",
+    "GatedDeltaNet2",
     "GatedLinearAttention",
     "KimiDeltaAttention",
     "LinearAttention",
     "Mamba2",
     "MultiHeadLatentAttention",
+    "RWKV7",
     "SoftmaxAttention",
 ]
 

@@ -15,6 +15,11 @@ and in recurrent mode for a one-token decoding step.
 - ``GatedAttention``: Qwen3-Next's softmax attention with an output gate, q/k norms, partial
   rotary embeddings and grouped key/value heads.
 - ``Mamba2``: the Mamba-2 mixer (SSD: scalar decay, Delta-scaled input, D skip, B/C groups).
+- ``Comba``, ``GatedDeltaNet2``: the generalized delta rule's gated delta rules: a separate
+  read key p and a corrected query (Comba); an erase gate per key channel and a write gate per
+  value channel (Gated DeltaNet-2).
+- ``RWKV7``: RWKV-7 "Goose" time mixing (token shift, LoRA gates, value residual, group norm
+  and the current token's bonus) around the generalized delta rule.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
@@ -23,28 +28,34 @@ from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.gated_attention import GatedAttention
+from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
-from linattn.layers.modules import DecayGate, GatedRMSNorm, ShortConvolution
+from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
 from linattn.layers.recurrent import RecurrentMixer
+from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.softmax import SoftmaxAttention
 
 __all__ = [
+    "Comba",
     "DecayGate",
     "DeltaNet",
     "GatedAttention",
     "GatedConvolution",
     "GatedDeltaNet",
     "GatedDeltaProduct",
+    "GatedDeltaNet2",
     "GatedLinearAttention",
     "GatedRMSNorm",
     "KimiDeltaAttention",
+    "LoRA",
     "LinearAttention",
     "MultiHeadLatentAttention",
     "Mamba2",
     "RecurrentMixer",
+    "RWKV7",
     "ShortConvolution",
     "SoftmaxAttention",
     "TokenMixer",

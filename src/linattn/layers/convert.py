@@ -282,6 +282,12 @@ def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     _check_type(module, "KimiDeltaAttention", "fla")
     if module.lower_bound is not None or module.safe_gate:
         raise ValueError("fla's lower_bound / safe_gate gate clamps are not supported")
+    return _kda_family_from_fla(cls, module, (), **kwargs)
+
+
+def _kda_family_from_fla(cls: type, module: nn.Module, extra: tuple[str, ...], **kwargs):
+    """What fla's KDA and GatedDeltaNet2 share: ``_fla_pairs``, the low-rank ``f_proj`` (our
+    decay's ``a_proj``) and output gate ``g_proj``; ``extra``: more same-named projections."""
     kwargs.setdefault("gate_bias", module.g_proj[1].bias is not None)
     layer = cls(
         module.hidden_size, module.num_heads, module.head_k_dim, **_fla_common(module), **kwargs
@@ -289,6 +295,7 @@ def kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     layer = _like(layer, module)
     pairs = [
         *_fla_pairs(layer, module),
+        *((getattr(layer, n).weight, getattr(module, n).weight, n) for n in extra),
         (layer.decay.a_proj[0].weight, module.f_proj[0].weight, "f_proj.0"),
         (layer.decay.a_proj[1].weight, module.f_proj[1].weight, "f_proj.1"),
         (layer.g_proj[0].weight, module.g_proj[0].weight, "g_proj.0"),
@@ -321,3 +328,94 @@ def gated_delta_product_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.M
         pairs.append((layer.g_proj.weight, module.g_proj.weight, "g_proj"))
     _copy_all(pairs)
     return layer
+
+
+def _lora_pairs(ours: nn.Module, theirs: nn.Module, name: str) -> list:
+    """fla's ``LoRA`` (``lora``: Linear, activation, Linear) into ours (down, act, up, bias);
+    the activations must match."""
+    act = type(theirs.lora[1]).__name__
+    if act != type(ours.act).__name__:
+        raise ValueError(f"{name}: activation {act} where ours is {type(ours.act).__name__}")
+    if (theirs.lora[2].bias is None) != (ours.bias is None):
+        raise ValueError(f"{name}: a LoRA {'without' if ours.bias is not None else 'with'} bias")
+    pairs = [
+        (ours.down.weight, theirs.lora[0].weight, f"{name}.lora.0"),
+        (ours.up.weight, theirs.lora[2].weight, f"{name}.lora.2"),
+    ]
+    if ours.bias is not None:
+        pairs.append((ours.bias, theirs.lora[2].bias, f"{name}.lora.2.bias"))
+    return pairs
+
+
+def rwkv7_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``RWKV7`` from fla's ``fla.layers.RWKV7Attention``: its six ``x_*`` mixes stacked into our
+    ``mu``, its LoRAs into ours, ``layer_idx == 0`` as ``first_layer``; its group norm (torch's or
+    fla's fused one, affine with bias) into ours. A padding mask is not part of our layer."""
+    _check_type(module, "RWKV7Attention", "fla")
+    norm = module.g_norm
+    if norm.weight is None or norm.bias is None or getattr(norm, "is_rms_norm", False):
+        raise ValueError("only RWKV7Attention's affine group norm with bias is supported")
+    first = module.layer_idx == 0
+    layer = cls(
+        module.hidden_size,
+        module.num_heads,
+        module.head_v_dim,
+        first_layer=first,
+        decay_rank=module.decay_low_rank_dim,
+        a_rank=module.a_low_rank_dim,
+        v_rank=module.v_low_rank_dim,
+        gate_rank=module.gate_low_rank_dim,
+        norm_eps=norm.eps / module.head_dim,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    mu = torch.cat([getattr(module, f"x_{b}").reshape(1, -1) for b in "rwkvag"])  # [6, D]
+    pairs = [(layer.mu, mu, "x_r .. x_g")]
+    pairs += [(getattr(layer, n), getattr(module, n), n) for n in ("k_k", "k_a", "r_k")]
+    pairs += [
+        (getattr(layer, n).weight, getattr(module, n).weight, n)
+        for n in ("r_proj", "k_proj", "v_proj", "o_proj", "g_norm")
+    ]
+    pairs.append((layer.g_norm.bias, norm.bias, "g_norm.bias"))
+    for name in ("w_lora", "a_lora", "g_lora") + (() if first else ("v_lora",)):
+        pairs += _lora_pairs(getattr(layer, name), getattr(module, name), name)
+    _copy_all(pairs)
+    return layer
+
+
+def comba_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``Comba`` from fla's ``fla.layers.Comba``: Gated DeltaNet's names, plus its ``decay`` (our
+    ``inner_decay``) and ``D``; its sigmoid-gated output norm (or its plain RMSNorm without an
+    output gate)."""
+    _check_type(module, "Comba", "fla")
+    layer = cls(
+        module.hidden_size,
+        module.num_heads,
+        module.head_k_dim,
+        expand_v=module.expand_v,
+        num_v_heads=module.num_v_heads,
+        short_conv=module.use_short_conv,
+        conv_size=module.conv_size,
+        output_gate=module.use_output_gate,
+        inner_decay=module.use_inner_decay,
+        output_correction=module.use_output_correction,
+        norm_eps=module.o_norm.eps,
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    pairs = [*_fla_pairs(layer, module), (layer.decay.a_proj.weight, module.a_proj.weight, "a")]
+    if module.use_inner_decay:
+        pairs.append((layer.inner_decay, module.decay, "decay"))
+    if module.use_output_correction:
+        pairs.append((layer.D, module.D, "D"))
+    if module.use_output_gate:
+        pairs.append((layer.g_proj.weight, module.g_proj.weight, "g_proj"))
+    _copy_all(pairs)
+    return layer
+
+
+def gdn2_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``GatedDeltaNet2`` from fla's ``fla.layers.GatedDeltaNet2``: KDA's names, plus the write
+    gate's ``w_proj``; ``b_proj`` is the erase gate per key channel."""
+    _check_type(module, "GatedDeltaNet2", "fla")
+    return _kda_family_from_fla(cls, module, ("w_proj",), **kwargs)

@@ -53,6 +53,9 @@ class TokenMixer(nn.Module):
     """
 
     growing: tuple[str, ...] = ()
+    # True: ``mix`` also takes ``shared``, a dict the model passes along its blocks in one forward
+    # pass (RWKV-7's value residual: the first layer's values); the others never see it.
+    shares_values: bool = False
 
     def __init__(self, d_model: int, chunk_size: int = 64) -> None:
         super().__init__()
@@ -82,8 +85,11 @@ class TokenMixer(nn.Module):
             return self.mode
         return "recurrent" if (T == 1 and state is not None) else "chunk"
 
-    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State | None]:
-        """x: [B, T, d_model] -> (y: [B, T, d_model], the advanced state or None without one)."""
+    def forward(
+        self, x: Tensor, state: State | None = None, shared: dict[str, Tensor] | None = None
+    ) -> tuple[Tensor, State | None]:
+        """x: [B, T, d_model] -> (y: [B, T, d_model], the advanced state or None without one).
+        ``shared``: values passed between the blocks of one forward pass (``shares_values``)."""
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [B, T, {self.d_model}], got {shape}")
@@ -91,6 +97,8 @@ class TokenMixer(nn.Module):
             raise ValueError("x must hold at least one token (T >= 1)")
         if state is not None:
             self.check_state(state, x.shape[0], x.dtype)
+        if self.shares_values:
+            return self.mix(x, state, shared)
         return self.mix(x, state)
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:

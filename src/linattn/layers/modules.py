@@ -1,5 +1,5 @@
 """The building blocks the mixers share: short convolution, gated per-head RMSNorm, decay gates,
-the low-rank projection of the gates."""
+the low-rank projection of the gates, RWKV's LoRA and token shift."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from torch import Tensor, nn
 from linattn.layers.mixer import check_positive
 from linattn.ops.functional import causal_conv1d, decay_gate, l2norm
 
-__all__ = ["DecayGate", "GatedRMSNorm", "ShortConvolution", "l2norm", "low_rank"]
+__all__ = [
+    "DecayGate",
+    "GatedRMSNorm",
+    "LoRA",
+    "ShortConvolution",
+    "l2norm",
+    "low_rank",
+    "token_shift",
+]
 
 
 class ShortConvolution(nn.Module):
@@ -81,6 +89,45 @@ class GatedRMSNorm(nn.Module):
 def low_rank(d_in: int, rank: int, d_out: int, bias: bool = False) -> nn.Sequential:
     """x -> W2 (W1 x) (+ b): the low-rank projection of GLA and KDA gates, d_in -> rank -> d_out."""
     return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=bias))
+
+
+_LORA_ACTIVATIONS = {None: nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+
+
+class LoRA(nn.Module):
+    """RWKV's low-rank projection: ``x -> up(act(down x)) + bias``, d_in -> rank -> d_out.
+
+    ``act`` is ``None`` (identity), ``"tanh"`` or ``"sigmoid"`` (RWKV-7's decay and gate LoRAs).
+    The bias is its own parameter, so that a model's init of its linear layers (zero biases)
+    leaves the layer's chosen offset alone.
+    """
+
+    def __init__(
+        self, d_in: int, rank: int, d_out: int, activation: str | None = None, bias: bool = True
+    ) -> None:
+        super().__init__()
+        check_positive("rank", rank)
+        if activation not in _LORA_ACTIVATIONS:
+            raise ValueError(f"activation must be None, 'tanh' or 'sigmoid', got {activation!r}")
+        self.down = nn.Linear(d_in, rank, bias=False)
+        self.act = _LORA_ACTIVATIONS[activation]()
+        self.up = nn.Linear(rank, d_out, bias=False)
+        self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.up(self.act(self.down(x)))
+        return y if self.bias is None else y + self.bias
+
+
+def token_shift(x: Tensor, last: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """RWKV's token shift: ``delta_t = x_{t-1} - x_t`` with ``x_0 = last`` (zeros when None).
+
+    x: [B, T, D], last: [B, D] (the previous call's last token) -> (delta [B, T, D], x[:, -1]):
+    feeding a sequence in pieces, passing the second result along, gives one call's deltas.
+    """
+    first = torch.zeros_like(x[:, :1]) if last is None else last.to(x.dtype).unsqueeze(1)
+    shifted = torch.cat([first, x[:, :-1]], dim=1)  # [B, 1, D] + [B, T - 1, D] -> [B, T, D]
+    return shifted - x, x[:, -1]
 
 
 class DecayGate(nn.Module):

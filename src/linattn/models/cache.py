@@ -1,10 +1,11 @@
 """``Cache``: the generation state of a ``CausalLM``, one dict of tensors per block (spec 5, 9).
 
 A recurrent block holds its memory ``S`` ([B, H, K, V], fixed size) and its short convolution's last
-inputs ([B, channels, kernel - 1]); a softmax block holds its KV cache (``k``, ``v``: [B, t, H, D]),
-which grows with the number t of tokens seen. ``nbytes()`` and ``numbers_per_block()`` count the
-tensors held; ``nbytes_at(t)`` the bytes the same structure holds after t tokens (the growing
-tensors' per-token size times t, the others as they are).
+inputs ([B, channels, kernel - 1]) or, for RWKV-7, its token shift's last input ([B, d_model]); a
+softmax block holds its KV cache (``k``, ``v``: [B, t, H, D]), which grows with the number t of
+tokens seen. ``nbytes()`` and ``numbers_per_block()`` count the tensors held; ``nbytes_at(t)``
+the bytes the same structure holds after t tokens (the growing tensors' per-token size times t,
+the others as they are).
 
 File format (``save``/``load``): ``torch.save`` of a plain dict (``to_dict``) with a SHA-256
 ``checksum`` over every other field and every tensor's dtype, shape and bytes, so that a flipped

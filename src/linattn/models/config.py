@@ -22,6 +22,9 @@ MIXERS = (
     "mla",
     "gated_attention",
     "mamba2",
+    "rwkv7",
+    "comba",
+    "gdn2",
 )
 # The mixers whose state is a KV cache that grows with t: softmax attention and its variants.
 ATTENTION_MIXERS = ("softmax", "mla", "gated_attention")

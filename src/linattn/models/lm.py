@@ -41,18 +41,21 @@ class Block(nn.Module):
     """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (unless
     ``config.mlp`` is False: then the mixer alone)."""
 
-    def __init__(self, config: LMConfig, mixer: str) -> None:
+    def __init__(self, config: LMConfig, mixer: str, index: int | None = None) -> None:
         super().__init__()
         self.mixer_name = mixer
         self.norm1 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
-        self.mixer: TokenMixer = build_mixer(mixer, config)
+        self.mixer: TokenMixer = build_mixer(mixer, config, index)
         self.norm2 = self.mlp = None
         if config.mlp:
             self.norm2 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
             self.mlp = SwiGLU(config.d_model, config.mlp_hidden)
 
-    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State | None]:
-        h, state = self.mixer(self.norm1(x), state)
+    def forward(
+        self, x: Tensor, state: State | None = None, shared: dict[str, Tensor] | None = None
+    ) -> tuple[Tensor, State | None]:
+        """``shared``: the values the blocks of one forward pass pass along (RWKV-7's v_first)."""
+        h, state = self.mixer(self.norm1(x), state, shared)
         x = x + h
         if self.mlp is None:
             return x, state
@@ -75,7 +78,7 @@ class CausalLM(nn.Module):
         # decoding step reads it (and torch.compile cannot trace the json encoder that makes it).
         self.fingerprint = config.fingerprint()
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config, name) for name in config.mixers)
+        self.blocks = nn.ModuleList(Block(config, name, i) for i, name in enumerate(config.mixers))
         self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
@@ -181,8 +184,9 @@ class CausalLM(nn.Module):
         self._check_context(0 if cache is None else cache.position, input_ids.shape[1])
         x = self.embed(input_ids.long())  # [B, T, d_model]
         states = []
+        shared: dict[str, Tensor] = {}  # what a block leaves for the later ones (RWKV-7's v_first)
         for i, block in enumerate(self.blocks):
-            x, state = block(x, None if cache is None else cache.blocks[i])
+            x, state = block(x, None if cache is None else cache.blocks[i], shared)
             states.append(state)
         if cache is not None:
             cache.blocks[:] = states

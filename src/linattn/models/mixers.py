@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from linattn.layers import (
+    RWKV7,
+    Comba,
     DeltaNet,
     GatedAttention,
     GatedConvolution,
     GatedDeltaNet,
+    GatedDeltaNet2,
     GatedDeltaProduct,
     GatedLinearAttention,
     KimiDeltaAttention,
@@ -33,6 +36,13 @@ def _recurrent_kwargs(c: LMConfig) -> dict:
 
 def _delta_kwargs(c: LMConfig) -> dict:
     return dict(_recurrent_kwargs(c), allow_neg_eigval=c.allow_neg_eigval)
+
+
+def _rwkv7(c: LMConfig, index: int | None) -> RWKV7:
+    """RWKV-7 as fla builds it (its LoRA widths, K = d_model / n_heads); the model's first rwkv7
+    block (or a block built alone, ``index`` None) makes the values the later ones mix in."""
+    first = index is None or index == c.mixers.index("rwkv7")
+    return RWKV7(c.d_model, c.n_heads, c.head_dim, first_layer=first, chunk_size=c.chunk_size)
 
 
 # name -> builder; "linear", "taylor" and "scalar_decay" are one class, configured.
@@ -112,14 +122,23 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         norm_eps=c.norm_eps,
         chunk_size=c.chunk_size,
     ),
+    "rwkv7": lambda c: _rwkv7(c, None),
+    "comba": lambda c: Comba(
+        c.d_model, c.n_heads, expand_v=c.expand_v, num_v_heads=c.num_v_heads, **_recurrent_kwargs(c)
+    ),
+    "gdn2": lambda c: GatedDeltaNet2(
+        c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
+    ),
     "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, c.chunk_size),
 }
 assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS
 
 
-def build_mixer(name: str, config: LMConfig) -> TokenMixer:
+def build_mixer(name: str, config: LMConfig, index: int | None = None) -> TokenMixer:
     """The token mixer called ``name`` (one of ``MIXERS`` or ``"conv"``) with the sizes of
-    ``config``."""
+    ``config``; ``index``: its block in ``config.mixers`` (RWKV-7's first block differs)."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown mixer {name!r}; choose from {MIXERS + AUXILIARY_MIXERS}")
+    if name == "rwkv7":
+        return _rwkv7(config, index)
     return _BUILDERS[name](config)
