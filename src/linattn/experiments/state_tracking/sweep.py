@@ -13,6 +13,7 @@ words of each test length. Mechanisms (``MECHANISMS``; LMConfig mixers and optio
     gated_deltanet_neg  Gated DeltaNet, beta in [0, 2]
     deltaproduct{2,3,4}_neg  Gated DeltaProduct, n_h writes per token, beta in [0, 2] (present
                       when the ``"deltaproduct"`` mixer is; ``num_householder``)
+    rwkv7             RWKV-7, the generalized delta rule (present when the mixer is)
     softmax           softmax attention with RoPE: the reference that does not extrapolate
 
 The recurrent mixers run without their short convolution (``short_conv=False``). Measured
@@ -61,6 +62,8 @@ MECHANISMS: dict[str, tuple[tuple[str, ...], dict]] = {
         for n in (2, 3, 4)
         if "deltaproduct" in MIXERS
     },
+    # RWKV-7: the generalized delta rule, Diag(w_t) - kappa_t (kappa_t * a_t)^T (issue 30)
+    **({"rwkv7": (("rwkv7",), {})} if "rwkv7" in MIXERS else {}),
     "softmax": (("softmax",), {}),
 }
 LABELS = {
@@ -71,6 +74,7 @@ LABELS = {
     "deltanet_neg": "DeltaNet [0, 2]",
     "gated_deltanet_neg": "Gated DeltaNet [0, 2]",
     **{f"deltaproduct{n}_neg": f"DeltaProduct n_h={n} [0, 2]" for n in (2, 3, 4)},
+    "rwkv7": "RWKV-7",
     "softmax": "softmax (RoPE)",
 }
 BASE_OPTIONS = {"short_conv": False, "max_seq_len": None, "chunk_size": 32}
@@ -155,7 +159,8 @@ PRESETS: dict[str, Preset] = {
             "tokens, tested at 64-512; 2 workers: about 1,500 s of CPU, 13 minutes on 2 free cores"
         ),
         tasks=("parity", "mod3", "S3"),
-        mechanisms=tuple(m for m in MECHANISMS if m != "deltaproduct4_neg"),
+        # not DeltaProduct n_h = 4 (4 rows a token) nor RWKV-7: the budget (paper preset)
+        mechanisms=tuple(m for m in MECHANISMS if m not in ("deltaproduct4_neg", "rwkv7")),
         extra_layers={"deltanet_neg": (2,)},
         train=TrainConfig(steps=400, batch_size=32, lr=1e-2, **_TRAIN),
         workers=2,
