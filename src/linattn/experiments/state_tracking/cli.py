@@ -7,7 +7,7 @@ attention, decays, DeltaNet with beta in [0, 1]) cannot flip a sign; DeltaNet wi
 can (a reflection), and DeltaProduct's n_h writes per token compose larger groups. Presets:
 
   smoke    seconds: two tasks, three mechanisms, 2 steps (the tests run it)
-  default  parity, mod3 and S3, every mechanism, 3 seeds: about 1,500 s of CPU (13 min on 2 cores)
+  default  parity, mod3 and S3, every mechanism, 3 seeds: 955 s of CPU measured (8 min on 2 cores)
   paper    every task, one and two layers, 5 seeds, the papers' widths and steps (for a GPU)
 
 Results are appended to a JSON lines file (one object per cell; schema in
