@@ -389,6 +389,13 @@ def read_results(path: Path) -> list[dict]:
     return rows
 
 
+def append_result(path: Path, row: dict) -> None:
+    """Append one finished row to a results file (JSON lines), creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
 def run_pair(
     preset: Preset,
     mechanism: str,
@@ -506,9 +513,7 @@ def run_sweep(
             todo.append((mechanism, d_model))
 
     def record(row: dict) -> None:
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-        with results_path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_result(results_path, row)
         log(
             f"{row['mechanism']} d={row['d_model']}: accuracy {row['accuracy']:.3f}, state "
             f"{row['state_numbers']:.0f}/layer, {row['steps']} steps, {row['seconds']:.0f} s"

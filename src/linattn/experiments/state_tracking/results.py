@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from linattn.experiments.state_tracking.sweep import LABELS
+from linattn.experiments.state_tracking.tasks import GROUPS
 
 
 def aggregate(rows: Sequence[dict]) -> list[dict]:
-    """One summary per (task, mechanism, n_layers), in the rows' order: ``task, mechanism,
+    """One summary per (task, mechanism, n_layers), sorted (``_order``): ``task, mechanism,
     n_layers, seeds (list), lengths (list), mean, low, high (lists, per length)``."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -37,7 +38,19 @@ def aggregate(rows: Sequence[dict]) -> list[dict]:
                 "high": [max(v) for v in values],
             }
         )
-    return summaries
+    return sorted(summaries, key=_order)
+
+
+def _order(summary: dict) -> tuple:
+    """Tasks in ``GROUPS`` order, mechanisms in ``LABELS`` order, then layers: the table's and
+    the legend's order, whatever order the cells finished in."""
+    tasks, mechanisms = list(GROUPS), list(LABELS)
+    task, mechanism = summary["task"], summary["mechanism"]
+    return (
+        tasks.index(task) if task in tasks else len(tasks),
+        mechanisms.index(mechanism) if mechanism in mechanisms else len(mechanisms),
+        summary["n_layers"],
+    )
 
 
 def label(summary: dict) -> str:
@@ -77,9 +90,14 @@ def figure(summaries: Sequence[dict], title: str = "State tracking") -> Any:
     plt = style.pyplot()
     tasks = list(dict.fromkeys(s["task"] for s in summaries))
     mechanisms = list(dict.fromkeys(s["mechanism"] for s in summaries))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks) + 2.6, 3.6),
+    cols = min(3, len(tasks))  # at most three panels a row: the report's column is 1,100 px
+    rows = -(-len(tasks) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.3 * cols + 2.2, 2.8 * rows + 0.6),
                              layout="constrained", squeeze=False, sharey=True)  # fmt: skip
-    for ax, task in zip(axes[0], tasks, strict=True):
+    panels = axes.ravel()
+    for ax in panels[len(tasks) :]:
+        ax.set_axis_off()
+    for ax, task in zip(panels, tasks, strict=False):
         for s in (s for s in summaries if s["task"] == task):
             colour = PALETTE[mechanisms.index(s["mechanism"]) % len(PALETTE)]
             style_ = "--" if s["n_layers"] > 1 else "-"
@@ -88,11 +106,12 @@ def figure(summaries: Sequence[dict], title: str = "State tracking") -> Any:
             ax.fill_between(s["lengths"], s["low"], s["high"], color=colour, alpha=0.12, lw=0)
         ax.set_xscale("log", base=2)
         ax.set_title(task)
-        ax.set_xlabel("test length (tokens)")
+        ax.set_xlabel("test length")
         ax.grid(True, color="#dddddd", lw=0.6)
-    axes[0][0].set_ylabel("per-token accuracy")
+    for row in axes:
+        row[0].set_ylabel("per-token accuracy")
     axes[0][0].set_ylim(-0.03, 1.03)
-    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    handles = {h.get_label(): h for ax in panels for h in ax.get_lines()}
     fig.legend(list(handles.values()), list(handles), frameon=False, loc="outside right upper")
     fig.suptitle(title)
     return fig

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from linattn.experiments._pool import run_jobs
-from linattn.experiments.mqar.sweep import read_results
+from linattn.experiments.mqar.sweep import append_result, read_results
 from linattn.experiments.mqar.train import TrainConfig, evaluate, train
 from linattn.experiments.state_tracking.tasks import GROUPS, StateTask
 from linattn.models.config import MIXERS
@@ -321,9 +321,7 @@ def run_sweep(
         log(f"{len(rows)} of {len(rows) + len(todo)} cells already in {results_path}, reused")
 
     def record(row: dict) -> None:
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-        with results_path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_result(results_path, row)
         cell = (row["task"], row["mechanism"], row["n_layers"], row["seed"])
         rows[cell] = row
         accuracy = " ".join(f"{v:.2f}" for v in row["accuracy"].values())
