@@ -485,6 +485,57 @@ out = model.generate(ids[:, :8], max_new_tokens=8, seed=0)
 print(f"generated {out.shape[1] - 8} tokens; the cache per block: {cache.numbers_per_block()}")
 
 # %% [markdown]
+# ## 11. What a fixed memory can compute: state tracking
+#
+# The sections above measure what the memory can *store*. What it can *compute* while it reads
+# is decided by the transitions' eigenvalues: a product of transitions with eigenvalues in
+# $[0, 1]$ (every additive or decaying rule, the delta rule with $\beta \in [0, 1]$) cannot
+# flip a sign, while $I - \beta k k^\top$ has the eigenvalue $1 - \beta \in [-1, 1]$, and at
+# $\beta = 2$ it is a reflection (Grazzi et al., 2025). Parity: one fixed key, $\beta_t = 2x_t$,
+# and the state's sign is $(-1)^{x_1 + \dots + x_t}$ at every $t$. A transposition of $n$ items
+# is the reflection with key $(e_i - e_j)/\sqrt{2}$, so $n - 1$ writes per token (DeltaProduct,
+# Siems et al., 2025: the delta rule on interleaved rows, the token read at its last row) keep
+# the state equal to the permutation matrix of the running product. The constructions below
+# run the PyTorch op on hand-set keys; `linattn state-tracking` trains the mechanisms instead.
+
+# %%
+from linattn.reference import state_tracking as st  # noqa: E402
+
+rng11 = np.random.default_rng(32)
+bits = rng11.integers(0, 2, 10_000)
+k_fixed = unit(rng11.standard_normal((1, 4)))[0]
+K_par = np.tile(k_fixed, (10_001, 1))  # token 0 writes S_0 = k v^T, then beta_t = 2 x_t, v_t = 0
+V_par = np.zeros((10_001, 1))
+V_par[0] = 1.0
+beta_par = np.concatenate([[1.0], 2.0 * bits])
+o_par, _ = ops.delta_rule(*tensor(K_par, K_par, V_par), torch.from_numpy(beta_par)[None, :, None],
+                          scale=1.0, chunk_size=64)  # fmt: skip
+check("parity over 10,000 tokens: the state's sign", array(o_par)[1:, 0], (-1.0) ** np.cumsum(bits))
+alternating = np.arange(1, 10_001) % 2
+best = max(
+    st.threshold_accuracy(st.decaying_state(np.ones(10_000, int), (a, a), (b, b)), alternating)
+    for a in (0.0, 0.5, 0.9, 0.99, 1.0)
+    for b in (-1.0, 1.0)
+)
+holds("eigenvalues in [0, 1]: 1^n's parity is not separated", best <= 0.5001,
+      f"best threshold accuracy of a decaying or additive state on 1^n: {best:.4f}")  # fmt: skip
+
+for n in (3, 5):
+    perms, reads = st.random_permutations(rng11, 500, n), rng11.integers(0, n, 500)
+    K_perm, beta_perm = st.permutation_writes(perms)  # n - 1 reflections per token
+    Q_perm = np.zeros_like(K_perm)
+    Q_perm[np.arange(500) * (n - 1) + n - 2, reads] = 1.0  # one read per token, at its last row
+    o_perm, S_perm = ops.delta_rule(
+        *tensor(Q_perm, K_perm, np.zeros_like(K_perm)), torch.from_numpy(beta_perm)[None, :, None],
+        scale=1.0, chunk_size=16, initial_state=torch.eye(n, dtype=torch.float64)[None, None],
+        output_final_state=True,
+    )  # fmt: skip
+    P = [st.permutation_matrix(c) for c in st.running_compositions(perms)]
+    check(f"S_{n}: {n - 1} reflections a token read the running product",
+          array(o_perm)[n - 2 :: n - 1], [P[t][reads[t]] for t in range(500)])  # fmt: skip
+    check(f"S_{n}: the final state is its permutation matrix", S_perm[0, 0], P[-1])
+
+# %% [markdown]
 # ## Appendix: the numbers files
 #
 # The spec's appendix writes the numbers two of its TikZ figures read, as TeX macros.

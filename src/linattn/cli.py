@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "costs": "linattn.experiments.costs",
     "report": "linattn.experiments.report",
     "mqar": "linattn.experiments.mqar.cli",
+    "state-tracking": "linattn.experiments.state_tracking.cli",
     "cp-bytes": "linattn.experiments.cp_bytes",
     "bench": "linattn.experiments.bench",
     "build": "linattn.build",

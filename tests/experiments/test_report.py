@@ -86,7 +86,7 @@ def test_files(built):
         "data/costs.json",
     ):
         assert (out / name).stat().st_size > 0, name
-    names = [f.name for f in SPEC_FIGURES] + ["table1", "bench", "mqar"]
+    names = [f.name for f in SPEC_FIGURES] + ["table1", "bench", "mqar", "state-tracking"]
     for name in names:
         for suffix in ("png", "svg"):
             assert (out / "figures" / f"{name}.{suffix}").stat().st_size > 0
@@ -96,7 +96,7 @@ def test_every_image_of_the_page_exists_and_opens(built):
     out = built[0]
     page = (out / "index.html").read_text()
     sources = re.findall(r'<img src="([^"]+)"', page)
-    assert len(sources) == len(SPEC_FIGURES) + 3
+    assert len(sources) == len(SPEC_FIGURES) + 4  # Table 1, bench, MQAR, state tracking
     for source in sources:
         with PIL.open(out / source) as image:
             image.load()

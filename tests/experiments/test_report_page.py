@@ -60,7 +60,7 @@ def test_the_clone_is_found_from_the_package():
     )
 
 
-@pytest.mark.parametrize("name", ["bench.json", "mqar-cpu.jsonl"])
+@pytest.mark.parametrize("name", ["bench.json", "mqar-cpu.jsonl", "state-tracking-default.jsonl"])
 def test_the_packages_copy_is_the_committed_one_and_is_package_data(name):
     # An installed wheel has no clone: it carries a copy, which must stay the committed file.
     assert (report.PACKAGED / name).read_bytes() == (RESULTS / name).read_bytes()

@@ -351,6 +351,20 @@ def test_the_dplr_rows_fail_for_a_transition_without_its_diagonal(monkeypatch):
     assert "DPLR with the delta rule's a, b is the delta rule" not in failed
 
 
+def test_the_state_tracking_constructions(monkeypatch):
+    """Issue 32: 7 lines, exact to rounding; a broken construction fails its line."""
+    checks = verify.state_tracking_checks()
+    assert len(checks) == 7 and all(check.passed for check in checks)
+    assert verify.state_tracking_checks in SECTIONS
+    exact = [c for c in checks if not math.isnan(c.error)]
+    assert all(c.error < 1e-12 for c in exact)
+    st = verify.state_tracking
+    # reads that forget instead of flipping (beta = 1 on a one: the eigenvalue 0, not -1)
+    monkeypatch.setattr(st, "parity_by_reflection", lambda x, k: 1.0 - np.asarray(x, float))
+    failed = [c.name for c in verify.state_tracking_checks() if not c.passed]
+    assert failed == ["parity, 10,000 tokens: beta_t = 2 x_t reads (-1)^parity"]
+
+
 def test_the_delta_product_checks_are_there_and_pass():
     checks = verify.delta_product_checks()
     assert [c.name for c in checks] == [

@@ -57,6 +57,10 @@ def _committed(name: str) -> tuple[Path, ...]:
 # (your latest run, the committed results where they are found): the page shows the newer.
 BENCH_FILES = (Path("runs/bench/bench.json"), *_committed("bench.json"))
 MQAR_FILES = (Path("runs/mqar.jsonl"), *_committed("mqar-cpu.jsonl"))
+STATE_TRACKING_FILES = (
+    Path("runs/state-tracking.jsonl"),
+    *_committed("state-tracking-default.jsonl"),
+)
 
 
 def prepare_out_dir(out: Path, force: bool) -> Path:
@@ -184,6 +188,26 @@ def gather_results(args: argparse.Namespace, report: Report, figures_dir: Path) 
         report.mqar_note = missing_note(args.mqar, MQAR_FILES, "mqar", "--mqar")
     else:
         plots.mqar_plot(report.mqar, figures_dir)
+    gather_state_tracking(report, figures_dir)
+
+
+def gather_state_tracking(report: Report, figures_dir: Path) -> None:
+    """The state-tracking results (``linattn state-tracking``): the newer of your run and the
+    committed default run, summarised over seeds, and their figure."""
+    from linattn.experiments.mqar.sweep import read_results
+    from linattn.experiments.state_tracking import results
+    from linattn.figures import style
+
+    source, report.state_tracking_note = results_file(None, STATE_TRACKING_FILES)
+    report.state_tracking_source = str(source)
+    rows = read_results(source) if source.is_file() else []
+    if not rows:
+        report.state_tracking_note = missing_note(
+            None, STATE_TRACKING_FILES, "state-tracking", "runs/state-tracking.jsonl"
+        )
+        return
+    report.state_tracking = results.aggregate(rows)
+    style.save(results.figure(report.state_tracking), figures_dir, "state-tracking")
 
 
 def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str]:

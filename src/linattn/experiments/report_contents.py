@@ -30,6 +30,10 @@ class Report:
     mqar_source: str = ""
     bench_note: str = ""  # which file, and why that one
     mqar_note: str = ""
+    # ``linattn state-tracking``: the summaries over seeds (state_tracking.results.aggregate)
+    state_tracking: list[dict] | None = None
+    state_tracking_source: str = ""
+    state_tracking_note: str = ""
     seconds: float = 0.0
     widths: dict[str, int] = field(default_factory=dict)  # figure name: natural CSS width
     legible: dict[str, int] = field(default_factory=dict)  # figure name: narrowest legible width

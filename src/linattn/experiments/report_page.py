@@ -48,6 +48,7 @@ NAV = (
     '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
     '<li><a href="#costs">Costs</a></li><li><a href="#figures">Figures</a></li>'
     '<li><a href="#bench">Benchmark</a></li><li><a href="#recall">Recall</a></li>'
+    '<li><a href="#state-tracking">State tracking</a></li>'
     '<li><a href="#numbers">Numbers files</a></li>'
     '<li><a href="#environment">Machine</a></li></ul></nav>'
 )
@@ -253,6 +254,8 @@ def render_html(report: Report) -> str:
         *_bench_section(report),
         '<h2 id="recall">Recall</h2>',
         *_recall_section(report),
+        '<h2 id="state-tracking">State tracking</h2>',
+        *_state_tracking_section(report),
         *_numbers_and_machine(report),
         "</body></html>",
     ]
@@ -313,6 +316,37 @@ def _recall_section(report: Report) -> list[str]:
         ),
         _simple_table(("series", "state numbers", "accuracy", "runs"), _mqar_rows(report)),
     ]
+
+
+def _state_tracking_section(report: Report) -> list[str]:
+    """The state-tracking sweep: which file, the figure and the table (mean over seeds, spread)."""
+    from linattn.experiments.state_tracking.results import results_table
+
+    if report.state_tracking is None:
+        return [
+            f'<p class="note">No state-tracking results at '
+            f"<code>{_e(report.state_tracking_source)}</code>: "
+            f"{_e(report.state_tracking_note)}.</p>"
+        ]
+    return [
+        _source(report.state_tracking_source, report.state_tracking_note),
+        f"<p>{_e(STATE_TRACKING_SETUP)}</p>",
+        _figure(
+            "state-tracking",
+            "State tracking. Per-token accuracy against the test length, one panel per task, "
+            "the mean over seeds and the band from the lowest to the highest seed.",
+            report.widths.get("state-tracking"),
+            report.legible.get("state-tracking"),
+        ),
+        markdown_to_html(results_table(report.state_tracking)),
+    ]
+
+
+STATE_TRACKING_SETUP = (
+    "Word problems (parity, sums modulo m, permutation groups), a label at every token, trained "
+    "at 64 tokens and tested at longer ones (linattn state-tracking); accuracy per token, mean "
+    "over seeds (lowest-highest)."
+)
 
 
 def _numbers_and_machine(report: Report) -> list[str]:
@@ -411,4 +445,24 @@ def _results_markdown(report: Report) -> list[str]:
         lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _mqar_rows(report)]
     else:
         lines.append(f"No recall results at `{report.mqar_source}`: {report.mqar_note}.")
-    return lines
+    return lines + _state_tracking_markdown(report)
+
+
+def _state_tracking_markdown(report: Report) -> list[str]:
+    """The State tracking section of report.md."""
+    from linattn.experiments.state_tracking.results import results_table
+
+    lines = ["", "## State tracking", ""]
+    if report.state_tracking is None:
+        note = report.state_tracking_note
+        return [*lines, f"No state-tracking results at `{report.state_tracking_source}`: {note}."]
+    return [
+        *lines,
+        f"From `{report.state_tracking_source}` {report.state_tracking_note}.",
+        "",
+        STATE_TRACKING_SETUP,
+        "",
+        "![State tracking](figures/state-tracking.png)",
+        "",
+        results_table(report.state_tracking),
+    ]

@@ -46,6 +46,7 @@ from linattn.reference import (
     softmax_attention,
     softmax_d1_example,
     softmax_training_ops,
+    state_tracking,
     transition_product,
     wy_transition,
 )
@@ -1010,6 +1011,100 @@ def stored_pair_checks() -> list[Check]:
     ]
 
 
+# Fixed-key states with transitions in [0, 1] (s_t = a[x_t] s_{t-1} + b[x_t]) tried against parity:
+# additive (a = 1), decaying and reset-like (a < 1), either bit writing or not.
+_DECAY_GRID = [
+    ((a0, a1), (b0, b1))
+    for a0 in (0.0, 0.5, 0.9, 1.0)
+    for a1 in (0.0, 0.5, 0.9, 1.0)
+    for b0 in (0.0, 1.0)
+    for b1 in (-1.0, 1.0)
+]
+
+
+def _reflection_checks(k: np.ndarray) -> list[Check]:
+    """Issue 32: I - beta k k^T has eigenvalues 1 (K - 1 times) and 1 - beta; at beta = 2 it is
+    a reflection (orthogonal, determinant -1)."""
+    checks = []
+    for beta in (0.5, 2.0):
+        A = np.eye(len(k)) - beta * np.outer(k, k)
+        want = np.sort([1 - beta] + [1.0] * (len(k) - 1))
+        name = f"beta = {beta}: eigenvalues 1 ({len(k) - 1} times) and 1 - beta"
+        checks.append(compare(name, np.linalg.eigvalsh(A), want))
+    H = np.eye(len(k)) - 2 * np.outer(k, k)
+    checks.append(
+        compare(
+            "beta = 2: I - 2 k k^T is orthogonal, determinant -1",
+            [np.abs(H.T @ H - np.eye(len(k))).max(), np.linalg.det(H)],
+            [0.0, -1.0],
+        )
+    )
+    return checks
+
+
+def _parity_checks(rng: np.random.Generator, n: int) -> list[Check]:
+    """Issue 32: beta_t = 2 x_t tracks parity exactly; no transition in [0, 1] separates it."""
+    x = rng.integers(0, 2, n)
+    parity = np.cumsum(x) % 2
+    reads = state_tracking.parity_by_reflection(x, rng.standard_normal(4))
+    accuracy = state_tracking.threshold_accuracy(reads, parity)
+    ones = np.ones(n, dtype=int)
+    best = max(
+        state_tracking.threshold_accuracy(state_tracking.decaying_state(x, a, b), parity)
+        for a, b in _DECAY_GRID
+    )
+    best_ones = max(
+        state_tracking.threshold_accuracy(
+            state_tracking.decaying_state(ones, a, b), np.arange(n) % 2
+        )
+        for a, b in _DECAY_GRID
+    )
+    bound = (n // 2 + 1) / n  # a monotone state crosses any threshold once
+    return [
+        compare(
+            f"parity, {n:,} tokens: beta_t = 2 x_t reads (-1)^parity",
+            reads,
+            (-1.0) ** parity,
+            detail=f"parity from the state's sign at every t <= {n:,}: accuracy {accuracy:.3f}",
+        ),
+        claim(
+            "transitions in [0, 1]: no fixed-key state tracks parity",
+            best < 0.6 and best_ones <= bound,
+            detail=f"best threshold accuracy of {len(_DECAY_GRID)} additive / decaying states: "
+            f"{best:.3f} on {n:,} random bits, {best_ones:.4f} on 1^n (monotone: <= {bound:.4f})",
+        ),
+    ]
+
+
+def _permutation_check(rng: np.random.Generator, n: int, length: int) -> Check:
+    """Issue 32: DeltaProduct with n_h = n - 1 transposition writes tracks a word of S_n."""
+    perms = state_tracking.random_permutations(rng, length, n)
+    reads = rng.integers(0, n, length)
+    out, S = state_tracking.permutation_by_reflections(perms, reads)
+    P = [state_tracking.permutation_matrix(c) for c in state_tracking.running_compositions(perms)]
+    want = np.stack([P[t][reads[t]] for t in range(length)])  # row reads[t] of S_t
+    return compare(
+        f"S_{n}, {length:,} tokens: n_h = {n - 1} reflections, S_t = P(g_t..g_1)",
+        np.concatenate([out.ravel(), S.ravel()]),
+        np.concatenate([want.ravel(), P[-1].ravel()]),
+        detail=f"S_{n}: DeltaProduct, {n - 1} hand-set writes per token; the state is the "
+        "permutation matrix of the running composition",
+    )
+
+
+def state_tracking_checks() -> list[Check]:
+    """Issue 32: what a fixed memory computes, by construction (Grazzi et al. 2025; Siems et al.
+    2025): reflections track parity and permutations; transitions in [0, 1] cannot."""
+    rng = np.random.default_rng(32)
+    _, _, k, _ = _section71_draws()
+    return [
+        *_reflection_checks(k),
+        *_parity_checks(rng, 10_000),
+        _permutation_check(rng, 3, 1_000),
+        _permutation_check(rng, 5, 1_000),
+    ]
+
+
 # The checks in the order the spec prints them.
 SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     softmax_checks,
@@ -1042,6 +1137,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     overwrite_checks,
     stored_pair_checks,
     hybrid_cache_checks,
+    state_tracking_checks,  # not the spec's: issue 32
 )
 
 

@@ -121,7 +121,9 @@ def test_workers_start_with_sigint_ignored() -> None:
     import signal
 
     before = signal.getsignal(signal.SIGINT)
-    with sweep._sigint_ignored():
+    from linattn.experiments import _pool
+
+    with _pool.sigint_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert signal.getsignal(signal.SIGINT) is before
 

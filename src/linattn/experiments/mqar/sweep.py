@@ -131,22 +131,19 @@ more, the recurrent form 2-7x more.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import multiprocessing
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from linattn.experiments._pool import run_jobs
 from linattn.experiments.mqar.data import MQARTask
 from linattn.experiments.mqar.train import TrainConfig, train
 
@@ -392,6 +389,13 @@ def read_results(path: Path) -> list[dict]:
     return rows
 
 
+def append_result(path: Path, row: dict) -> None:
+    """Append one finished row to a results file (JSON lines), creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
 def run_pair(
     preset: Preset,
     mechanism: str,
@@ -509,9 +513,7 @@ def run_sweep(
             todo.append((mechanism, d_model))
 
     def record(row: dict) -> None:
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-        with results_path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_result(results_path, row)
         log(
             f"{row['mechanism']} d={row['d_model']}: accuracy {row['accuracy']:.3f}, state "
             f"{row['state_numbers']:.0f}/layer, {row['steps']} steps, {row['seconds']:.0f} s"
@@ -519,66 +521,13 @@ def run_sweep(
         rows[row["mechanism"], row["d_model"]] = row
 
     kwargs = dict(checkpoint_dir=ckpt, builder=builder, meter=meter)
-    if workers == 1 or len(todo) <= 1:
-        for mechanism, d_model in todo:
-            record(run_pair(preset, mechanism, d_model, progress=progress, **kwargs))
-    else:
+    if workers > 1:
         # Longest first (blocks x width x steps as the cost guess), so that no long pair starts
         # last.
         todo.sort(key=lambda p: -len(MECHANISMS[p[0]]) * p[1] * preset.train_for(p[0]).steps)
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
-            with _sigint_ignored():  # inherited by the workers: Ctrl-C is this process's to handle
-                futures = [
-                    pool.submit(_run_pair_in_worker, threads_per_worker, preset, m, d, kwargs)
-                    for m, d in todo
-                ]
-            try:
-                for future in as_completed(futures):
-                    record(future.result())
-            except BaseException:
-                for future in futures:  # finished rows are saved; the rest resume next time
-                    future.cancel()
-                _stop_workers(pool)  # else leaving the ``with`` would wait for the running pairs
-                raise
+    jobs = [partial(run_pair, preset, m, d, **kwargs) for m, d in todo]
+    run_jobs(jobs, record, workers=workers, threads=threads_per_worker, progress=progress)
     return [rows[m, d] for m in preset.mechanisms for d in preset.widths]
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while the pool starts its workers, who inherit that (Python keeps an ignored
-    SIGINT at startup): a Ctrl-C then stops the sweep in this process with one message, instead
-    of a traceback from every worker. Outside the main thread signals cannot be set: no change."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Terminate the pool's worker processes (our own children; their pairs resume from their
-    checkpoints next time). ``_processes`` is private: without it the pool ends as it would."""
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.terminate()
-
-
-def _run_pair_in_worker(threads: int, preset: Preset, mechanism: str, d_model: int,
-                        kwargs: dict) -> dict:  # fmt: skip
-    """``run_pair`` in a worker process, with ``threads`` torch threads and no progress bar.
-
-    tqdm's default lock is a multiprocessing lock, a named semaphore; a worker stopped on Ctrl-C
-    (``_stop_workers``) would leave it behind, and the resource tracker would report it as leaked
-    after our one-line message. A worker draws no bar: a thread lock serves.
-    """
-    from tqdm import tqdm
-
-    tqdm.set_lock(threading.RLock())
-    torch.set_num_threads(threads)
-    return run_pair(preset, mechanism, d_model, progress=False, **kwargs)
 
 
 def results_table(rows: Sequence[dict]) -> str:

@@ -24,6 +24,7 @@ import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,16 @@ from linattn.experiments.mqar import data
 from linattn.experiments.mqar.data import IGNORE_INDEX, MQARTask
 
 CHECKPOINT_FORMAT = 1
+
+
+class TrainTask(Protocol):
+    """What ``train`` needs of a task other than MQAR (the state-tracking word problems)."""
+
+    def train_batch(self, batch_size: int, seed: int, step: int) -> tuple[torch.Tensor, ...]: ...
+
+    def eval_set(self, num_examples: int, seed: int) -> tuple[torch.Tensor, ...]: ...
+
+    def to_dict(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -175,7 +186,7 @@ def evaluate(
     return hits / asked, total_loss / asked
 
 
-def fingerprint(model: nn.Module, task: MQARTask, config: TrainConfig) -> dict:
+def fingerprint(model: nn.Module, task: MQARTask | TrainTask, config: TrainConfig) -> dict:
     """What must match for a checkpoint to be resumed: task, training settings, model shape."""
     settings = config.to_dict()
     settings.pop("checkpoint_every")
@@ -236,7 +247,7 @@ def _result(state: dict, complete: bool, stopped_early: bool) -> TrainResult:
 
 def train(
     model: nn.Module,
-    task: MQARTask,
+    task: MQARTask | TrainTask,
     config: TrainConfig,
     *,
     checkpoint: str | os.PathLike | None = None,
@@ -244,7 +255,7 @@ def train(
     desc: str = "mqar",
     stop_after: int | None = None,
 ) -> TrainResult:
-    """Train ``model`` on MQAR ``task``; resume from ``checkpoint`` if that file exists.
+    """Train ``model`` on ``task`` (MQAR or a ``TrainTask``); resume from ``checkpoint`` if any.
 
     Every ``checkpoint_every`` steps and at the end the state is saved to ``checkpoint`` (if
     given); an interrupted run (Ctrl-C, a crash) restarts from the last such save. ``stop_after=k``
@@ -252,11 +263,14 @@ def train(
     ``complete=False``. Evaluation runs every ``eval_every`` steps and after the last; the reported
     ``accuracy`` is the last evaluation's.
     """
-    if not isinstance(task, MQARTask):
-        raise TypeError(f"task must be an MQARTask, got {type(task).__name__}")
+    _check_task(task)
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     if config.train_n_kv is not None:
+        if not isinstance(task, MQARTask):
+            raise ValueError(
+                "train_n_kv (a mixture of key-value counts) applies to MQAR tasks only"
+            )
         data.mix_tasks(task, config.train_n_kv)  # every count must fit the sequence: fail early
     path = Path(checkpoint) if checkpoint is not None else None
     optimizer = make_optimizer(model, config)
@@ -287,7 +301,7 @@ def train(
                 },
             )
 
-    eval_inputs, eval_labels = data.eval_set(task, config.eval_examples, config.seed)
+    eval_inputs, eval_labels = _eval_set(task, config)
     bar = _progress_bar(config.steps, state["step"], desc, progress)
     started = time.perf_counter()
     saved_seconds = state["seconds"]
@@ -317,14 +331,46 @@ def train(
     return _result(state, complete=True, stopped_early=state["stopped"])
 
 
+def _check_task(task: object) -> None:
+    """An ``MQARTask``, or any task with the same three methods (``StateTask`` of
+    ``linattn.experiments.state_tracking``): ``train_batch(batch_size, seed, step)``,
+    ``eval_set(num_examples, seed)`` (inputs and labels ``[N, T]``) and ``to_dict()``."""
+    if isinstance(task, MQARTask):
+        return
+    if not all(callable(getattr(task, name, None)) for name in _TASK_METHODS):
+        raise TypeError(
+            f"task must be an MQARTask or have the methods {', '.join(_TASK_METHODS)}, "
+            f"got {type(task).__name__}"
+        )
+
+
+_TASK_METHODS = ("train_batch", "eval_set", "to_dict")
+
+
+def _train_batch(
+    task: MQARTask | TrainTask, config: TrainConfig, step: int
+) -> tuple[torch.Tensor, ...]:
+    """The batch of step ``step``: a pure function of (seed, step), whatever the task."""
+    if isinstance(task, MQARTask):
+        return data.train_batch(task, config.batch_size, config.seed, step, config.train_n_kv)
+    return task.train_batch(config.batch_size, config.seed, step)
+
+
+def _eval_set(task: MQARTask | TrainTask, config: TrainConfig) -> tuple[torch.Tensor, ...]:
+    """The held-out set of ``config.eval_examples`` sequences at the training length."""
+    if isinstance(task, MQARTask):
+        return data.eval_set(task, config.eval_examples, config.seed)
+    return task.eval_set(config.eval_examples, config.seed)
+
+
 def _train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    task: MQARTask,
+    task: MQARTask | TrainTask,
     config: TrainConfig,
     step: int,
 ) -> tuple[float, int, int]:
-    inputs, labels = data.train_batch(task, config.batch_size, config.seed, step, config.train_n_kv)
+    inputs, labels = _train_batch(task, config, step)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, config)
     loss, hits, asked = masked_loss_and_hits(model(inputs), labels)
