@@ -325,7 +325,7 @@ def test_step_refuses_a_bad_bonus_and_a_delta_rule_bonus():
 def test_the_blocked_bonus_equals_the_token_loop(monkeypatch, mode, C):
     """Sequences longer than ``BONUS_BLOCK`` compute the bonus in blocks: forward, gradients and
     second derivatives as the token loop (blocks of 3 tokens here, T = 10)."""
-    monkeypatch.setattr(importlib.import_module("linattn.ops.rwkv6"), "BONUS_BLOCK", 3)
+    monkeypatch.setattr(importlib.import_module("linattn.ops._bonus"), "BONUS_BLOCK", 3)
     x = _inputs(B=1, T=10, H=1, HV=2, K=3, V=2, seed=4)
     names = ("q", "k", "v", "g", "u", "S0")
     leaves = [x[n].clone().requires_grad_() for n in names]

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from linattn.ops import _native, rules
 from linattn.ops import checks as _checks
+from linattn.ops._bonus import bonus as bonus_term
 from linattn.ops.recurrent import step
-from linattn.ops.rwkv6 import bonus as bonus_term
 
 STATE_DTYPES = (torch.float32, torch.float64)
 
