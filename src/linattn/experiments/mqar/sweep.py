@@ -147,7 +147,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from linattn.experiments.mqar.data import MQARTask
+from linattn.experiments.mqar.data import FILLERS, MQARTask, filler_name
+from linattn.experiments.mqar.summary import results_table, summarize  # noqa: F401 (re-exported)
 from linattn.experiments.mqar.train import TrainConfig, train
 
 # Zoology's MQAR model (Arora et al. 2023; HazyResearch/zoology, experiments/models_repo.py):
@@ -204,6 +205,11 @@ class Preset:
     # replacing ``train.steps`` for that mechanism; ``stop_accuracy`` still ends it early.
     mechanism_steps: dict[str, int] = field(default_factory=dict)
     workers: int = 1
+    # every (mechanism, width) is trained once per seed (its data and its initialisation)
+    seeds: tuple[int, ...] = (0,)
+    # the fillers to run, "blank" and/or "random" (``MQARTask.random_non_queries``); empty: the
+    # task's own
+    fillers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.mechanisms if m not in MECHANISMS]
@@ -234,6 +240,29 @@ class Preset:
                 )
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {self.workers!r}")
+        self._check_seeds_and_fillers()
+
+    def _check_seeds_and_fillers(self) -> None:
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "fillers", tuple(self.fillers))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+                raise ValueError(f"seeds must be ints >= 0, got {seed!r}")
+        if len(set(self.fillers)) != len(self.fillers) or not set(self.fillers) <= set(FILLERS):
+            raise ValueError(f"fillers must be distinct names from {FILLERS}, got {self.fillers}")
+
+    def filler_names(self) -> tuple[str, ...]:
+        """The fillers this preset runs: its ``fillers``, or the task's own."""
+        return self.fillers or (filler_name(self.task.to_dict()),)
+
+    def cell(self, filler: str, seed: int) -> Preset:
+        """This preset narrowed to one filler and one seed: what ``run_pair`` trains (its task and
+        training seed set, so that ``config_hash`` and the checkpoints tell the cells apart)."""
+        task = replace(self.task, random_non_queries=filler == "random")
+        train = replace(self.train, seed=seed)
+        return replace(self, task=task, train=train, seeds=(seed,), fillers=(filler,))
 
     def lrs_for(self, mechanism: str) -> tuple[float, ...]:
         """The learning rates tried for ``mechanism``: its own, or the preset's ``lrs``."""
@@ -402,9 +431,18 @@ def run_pair(
     builder: Builder = build_model,
     meter: StateMeter = measure_state,
 ) -> dict:
-    """Train one (mechanism, width) at every lr of the preset; the result row (best lr)."""
+    """Train one (mechanism, width) at the lrs of the preset, in order; the row of the best.
+
+    The best is the highest final held-out accuracy (then the lowest loss), as Zoology picks. With
+    ``stop_accuracy`` set, the lrs after one that reached it are not trained (any of them could
+    only add less than ``1 - stop_accuracy``): they are listed in ``lr_sweep`` as skipped.
+    """
     sweep = []
-    for lr in preset.lrs_for(mechanism):
+    stop = preset.train_for(mechanism).stop_accuracy
+    lrs = preset.lrs_for(mechanism)
+    for lr in lrs:
+        if stop is not None and any(r.accuracy >= stop for _, r, _ in sweep):
+            break
         torch.manual_seed(preset.train.seed)  # the same initialisation for every lr
         model = builder(mechanism, d_model, preset)
         config = replace(preset.train_for(mechanism), lr=lr)
@@ -442,7 +480,8 @@ def run_pair(
                 "seconds": round(r.seconds, 2),
             }
             for x, r, _ in sweep
-        ],  # fmt: skip
+        ]
+        + [{"lr": x, "skipped": True} for x in lrs[len(sweep) :]],  # fmt: skip
         "accuracy": best.accuracy,
         "best_accuracy": best.best_accuracy,
         "eval_loss": best.eval_loss,
@@ -455,6 +494,21 @@ def run_pair(
         "config_hash": config_hash(preset, mechanism, d_model),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+# (filler, mechanism, d_model, seed): one row of the results
+Cell = tuple[str, str, int, int]
+
+
+def cells(preset: Preset) -> list[Cell]:
+    """Every cell of a preset in table order: filler, then mechanism, width, seed."""
+    return [
+        (filler, mechanism, d_model, seed)
+        for filler in preset.filler_names()
+        for mechanism in preset.mechanisms
+        for d_model in preset.widths
+        for seed in preset.seeds
+    ]
 
 
 def run_sweep(
@@ -470,16 +524,18 @@ def run_sweep(
     workers: int | None = None,
     threads_per_worker: int = 1,
 ) -> list[dict]:
-    """Run every (mechanism, width) of ``preset``; append each finished row to ``results_path``.
+    """Run every cell of ``preset`` (``cells``: filler, mechanism, width, seed; each its lr sweep,
+    ``run_pair``); append each finished row to ``results_path``.
 
-    Returns the rows of this sweep (reused ones included), in mechanism then width order. With
-    ``fresh=True`` earlier rows and checkpoints of this preset are ignored (checkpoints deleted).
+    Returns the rows of this sweep (reused ones included), in ``cells`` order. With ``fresh=True``
+    earlier rows and checkpoints of this preset are ignored (checkpoints deleted).
 
-    ``workers`` (default ``preset.workers``): with more than one, the pairs run in that many
+    ``workers`` (default ``preset.workers``): with more than one, the cells run in that many
     processes (spawned; ``builder`` and ``meter`` must be importable functions), each with
-    ``threads_per_worker`` torch threads, the most expensive pairs first. Every pair's numbers
+    ``threads_per_worker`` torch threads, seed by seed (so that an interrupted sweep has every
+    mechanism's first seeds), the most expensive cells first within a seed. Every cell's numbers
     are a function of its own configuration and thread count alone (its seed, its batches, its
-    checkpoint), so they do not depend on how the pairs are spread over processes; rows are
+    checkpoint), so they do not depend on how the cells are spread over processes; rows are
     appended as they finish, and the returned list is in the usual order.
     """
     results_path = Path(results_path)
@@ -487,61 +543,104 @@ def run_sweep(
     workers = preset.workers if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    done = {} if fresh else {r.get("config_hash"): r for r in read_results(results_path)}
-    rows: dict[tuple[str, int], dict] = {}
-    todo = []
-    for mechanism in preset.mechanisms:
-        for d_model in preset.widths:
-            key = config_hash(preset, mechanism, d_model)
-            stale = key in done and not same_model(done[key], builder(mechanism, d_model, preset))
-            if key in done and not stale:
-                log(f"{mechanism} d={d_model}: already in {results_path}, reused")
-                rows[mechanism, d_model] = done[key]
-                continue
-            if stale:
-                log(
-                    f"{mechanism} d={d_model}: the row in {results_path} was trained on a model of "
-                    f"{done[key].get('params')} parameters, not today's layer; trained again"
-                )
-            if (fresh or stale) and ckpt is not None:
-                for old in ckpt.glob(f"{preset.name}-{mechanism}-d{d_model}-{key}-lr*.pt"):
-                    old.unlink()
-            todo.append((mechanism, d_model))
+    rows, todo = _reuse_finished(preset, results_path, ckpt, fresh, builder, log)
 
-    def record(row: dict) -> None:
+    def record(cell: Cell, row: dict) -> None:
         results_path.parent.mkdir(parents=True, exist_ok=True)
         with results_path.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
         log(
-            f"{row['mechanism']} d={row['d_model']}: accuracy {row['accuracy']:.3f}, state "
+            f"{_cell_name(cell)}: accuracy {row['accuracy']:.3f} (lr {row['lr']:g}), state "
             f"{row['state_numbers']:.0f}/layer, {row['steps']} steps, {row['seconds']:.0f} s"
         )
-        rows[row["mechanism"], row["d_model"]] = row
+        rows[cell] = row
 
     kwargs = dict(checkpoint_dir=ckpt, builder=builder, meter=meter)
     if workers == 1 or len(todo) <= 1:
-        for mechanism, d_model in todo:
-            record(run_pair(preset, mechanism, d_model, progress=progress, **kwargs))
+        for cell in todo:
+            filler, mechanism, d_model, seed = cell
+            single = preset.cell(filler, seed)
+            record(cell, run_pair(single, mechanism, d_model, progress=progress, **kwargs))
     else:
-        # Longest first (blocks x width x steps as the cost guess), so that no long pair starts
-        # last.
-        todo.sort(key=lambda p: -len(MECHANISMS[p[0]]) * p[1] * preset.train_for(p[0]).steps)
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
-            with _sigint_ignored():  # inherited by the workers: Ctrl-C is this process's to handle
-                futures = [
-                    pool.submit(_run_pair_in_worker, threads_per_worker, preset, m, d, kwargs)
-                    for m, d in todo
-                ]
-            try:
-                for future in as_completed(futures):
-                    record(future.result())
-            except BaseException:
-                for future in futures:  # finished rows are saved; the rest resume next time
-                    future.cancel()
-                _stop_workers(pool)  # else leaving the ``with`` would wait for the running pairs
-                raise
-    return [rows[m, d] for m in preset.mechanisms for d in preset.widths]
+        _run_in_workers(preset, todo, workers, threads_per_worker, kwargs, record)
+    return [rows[cell] for cell in cells(preset)]
+
+
+def _cell_name(cell: Cell) -> str:
+    filler, mechanism, d_model, seed = cell
+    return f"{mechanism} d={d_model} seed {seed} ({filler} fillers)"
+
+
+def _reuse_finished(
+    preset: Preset,
+    results_path: Path,
+    ckpt: Path | None,
+    fresh: bool,
+    builder: Builder,
+    log: Callable[[str], None],
+) -> tuple[dict[Cell, dict], list[Cell]]:
+    """The rows already in ``results_path`` for cells of ``preset`` (same ``config_hash`` and
+    parameter count), and the cells still to train; stale or ``fresh`` cells lose their
+    checkpoints."""
+    done = {} if fresh else {r.get("config_hash"): r for r in read_results(results_path)}
+    rows: dict[Cell, dict] = {}
+    todo = []
+    for cell in cells(preset):
+        filler, mechanism, d_model, seed = cell
+        single = preset.cell(filler, seed)
+        key = config_hash(single, mechanism, d_model)
+        stale = key in done and not same_model(done[key], builder(mechanism, d_model, single))
+        if key in done and not stale:
+            log(f"{_cell_name(cell)}: already in {results_path}, reused")
+            rows[cell] = done[key]
+            continue
+        if stale:
+            log(
+                f"{_cell_name(cell)}: the row in {results_path} was trained on a model of "
+                f"{done[key].get('params')} parameters, not today's layer; trained again"
+            )
+        if (fresh or stale) and ckpt is not None:
+            for old in ckpt.glob(f"{preset.name}-{mechanism}-d{d_model}-{key}-lr*.pt"):
+                old.unlink()
+        todo.append(cell)
+    return rows, todo
+
+
+def _run_in_workers(
+    preset: Preset,
+    todo: list[Cell],
+    workers: int,
+    threads: int,
+    kwargs: dict,
+    record: Callable[[Cell, dict], None],
+) -> None:
+    """``run_pair`` for every cell of ``todo`` in ``workers`` spawned processes; ``record`` each
+    row as it finishes. Seed by seed, longest first within a seed (blocks x width x steps as the
+    cost guess), so that no long cell starts last."""
+
+    def order(cell: Cell) -> tuple[int, int]:
+        _, mechanism, d_model, seed = cell
+        cost = len(MECHANISMS[mechanism]) * d_model * preset.train_for(mechanism).steps
+        return preset.seeds.index(seed), -cost
+
+    todo = sorted(todo, key=order)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+        with _sigint_ignored():  # inherited by the workers: Ctrl-C is this process's to handle
+            futures = {}
+            for cell in todo:
+                filler, mechanism, d_model, seed = cell
+                single = preset.cell(filler, seed)
+                args = (_run_pair_in_worker, threads, single, mechanism, d_model, kwargs)
+                futures[pool.submit(*args)] = cell
+        try:
+            for future in as_completed(futures):
+                record(futures[future], future.result())
+        except BaseException:
+            for future in futures:  # finished rows are saved; the rest resume next time
+                future.cancel()
+            _stop_workers(pool)  # else leaving the ``with`` would wait for the running cells
+            raise
 
 
 @contextlib.contextmanager
@@ -579,20 +678,6 @@ def _run_pair_in_worker(threads: int, preset: Preset, mechanism: str, d_model: i
     tqdm.set_lock(threading.RLock())
     torch.set_num_threads(threads)
     return run_pair(preset, mechanism, d_model, progress=False, **kwargs)
-
-
-def results_table(rows: Sequence[dict]) -> str:
-    """Markdown table: mechanism, width, state per layer, parameters, accuracy, steps, time."""
-    lines = [
-        "| mechanism | d_model | state / layer | params | accuracy | steps | lr | time (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['mechanism']} | {r['d_model']} | {r['state_numbers']:,.0f} | {r['params']:,} "
-            f"| {r['accuracy']:.3f} | {r['steps']} | {r['lr']:g} | {r['seconds']:.0f} |"
-        )
-    return "\n".join(lines)
 
 
 def plot_results(rows: Sequence[dict], path: str | Path, title: str = "MQAR") -> Path:
