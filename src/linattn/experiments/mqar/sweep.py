@@ -130,9 +130,25 @@ The Mamba-2 mixer (the cpu preset's recipe, added 2026-12-01: N = 64, expand 2, 
 heads, so 4,672 / 8,960 numbers per layer at d_model 32 / 64) stayed on the plateau: 0.009 / 0.023
 after 1,000 steps at lr 3e-3; a probe at lr 1e-2 (width 64) gave 0.036.
 
-Cost (milliseconds per training step, 1 thread, the other core busy; d_model 32 / 64): softmax 32
+The calibration notes above are of the earlier ``cpu`` preset (T=128, 16 pairs, V=256, widths 32
+and 64, one seed, its own lr and steps per mechanism). Issue 36 showed that its verdicts moved
+with the seed, so the preset became a grid of seeds, lrs and fillers with one budget for all; to
+fit that on 2 cores the task was halved at the same ratios (pairs / T = 1/8, V = 2T) and the
+widths cut to 64. Sizing (2026-12-03, CPU time per training step at d_model 64, batch 32, 1
+thread, measured with six other engineers' jobs on the 2 cores, so an upper bound; T=128 / T=64):
+softmax 58 / 24 ms, linear 94 / 35, taylor 144 / 62, scalar_decay 85 / 36, deltanet 90 / 40,
+gated_deltanet 116 / 55, kda 100 / 50, mamba2 113 / 59, hybrid 273 / 143: 0.50 s per step of all
+nine at T=64. A cell that solves stops early and skips its other lrs; one that does not runs
+3 lrs x 500 steps. With about half the cells solving in 300-500 steps at their first lr, 2 fillers
+x 3 seeds come to about 4,000 s of CPU, 25-35 minutes on 2 quiet cores; at T=128 the same grid
+would need about 1,000 steps a run (DeltaNet's, below) at 2.2x the cost per step: over 3 hours.
+The one calibration run of the new task (DeltaNet, d_model 64, blank fillers, lr 3e-3, seed 0):
+held-out accuracy 0.055, 0.729, 0.971, 0.989, 0.996 at steps 100 to 500 (25 s of CPU).
+
+Cost of the earlier preset (milliseconds per training step, 1 thread, the other core busy;
+d_model 32 / 64): softmax 32
 / 59, linear 62 / 91, taylor 213 / 213, scalar_decay 64 / 99, deltanet 78 / 98, gated_deltanet 87
-/ 123, kda 128 / 133, hybrid 360 / 477. The preset's run (2026-11-30, ``linattn mqar --preset cpu
+/ 123, kda 128 / 133, hybrid 360 / 477. Its run (2026-11-30, ``linattn mqar --preset cpu
 --no-progress``): 16.2 minutes wall, 1,905 s of CPU (196%), 0.9 GB peak; the pairs that reach 0.99
 stop early (``stop_accuracy``). ``workers=2`` runs two pairs at a time, one thread each, the
 costliest first (blocks x width x steps as the guess; per-pair numbers do not depend on the worker
