@@ -48,7 +48,10 @@ def mqar_setup(rows: Sequence[dict]) -> str:
         _values("key-value pairs", rows, "n_kv"),
         _values("vocabulary", rows, "vocab_size"),
         _values("batch", rows, "batch_size"),
-        _values("steps", rows, "steps"),
+        _values("steps taken", rows, "steps"),
+        _values("step budget", rows, "max_steps"),
+        _fillers(rows),
+        _lr_sweep(rows),
         _values("seeds", rows, "seed"),
         _values("threads", rows, "threads"),
         _values("torch", rows, "torch"),
@@ -70,3 +73,16 @@ def _values(label: str, rows: Iterable[dict], key: str) -> str:
         low, high = min(values), max(values)
         return f"{label} {low:,} to {high:,}"
     return f"{label} " + ", ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in values)
+
+
+def _fillers(rows: Sequence[dict]) -> str:
+    """ "blank fillers", "random fillers" or "blank and random fillers"; "" if not recorded."""
+    kinds = sorted({bool(r["random_non_queries"]) for r in rows if "random_non_queries" in r})
+    names = ["random" if kind else "blank" for kind in kinds]
+    return f"{' and '.join(names)} fillers" if names else ""
+
+
+def _lr_sweep(rows: Sequence[dict]) -> str:
+    """ "lr sweep 0.002, 0.0045, 0.01 (the best per seed)"; "" without sweeps in the rows."""
+    lrs = sorted({x["lr"] for r in rows for x in r.get("lr_sweep", [])})
+    return f"lr sweep {', '.join(f'{lr:g}' for lr in lrs)} (the best per seed)" if lrs else ""

@@ -23,7 +23,9 @@ one forward pass (the median of the repeats). The file that ``linattn bench`` wr
      ...optional: "preset", "d_model", "seed", ...}
 
 ``state_numbers`` is the recurrent state (or KV cache) of one block in numbers; ``accuracy`` the
-recall accuracy in [0, 1]. Rows with the same series and state size are averaged (several seeds).
+recall accuracy in [0, 1]. Rows with the same series and state size are runs of one
+configuration (several seeds): ``mqar_points`` gives their mean, min, max and how many solved the
+task (accuracy >= ``SOLVED``).
 """
 
 from __future__ import annotations
@@ -297,22 +299,56 @@ def load_mqar(path: Path | str) -> list[dict] | None:
     return rows
 
 
-def mqar_series(rows: Sequence[dict]) -> dict[str, list[tuple[float, float, int]]]:
-    """{series: [(state numbers, mean accuracy, runs), ...] sorted by state size}.
+# A recall run counts as solving MQAR at this held-out accuracy (the tables' "solved").
+SOLVED = 0.9
 
-    A series is a mechanism, with its preset when the file holds several presets.
+
+def spread(accuracies: Sequence[float]) -> dict:
+    """Mean, min, max, standard error (0 for one run), runs and runs solved (>= ``SOLVED``) of the
+    accuracies of several runs (seeds) of one configuration."""
+    a = np.asarray(accuracies, dtype=np.float64)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"accuracies must be a non-empty list of numbers, got {accuracies!r}")
+    sem = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else 0.0
+    return {
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "sem": sem,
+        "runs": int(a.size),
+        "solved": int((a >= SOLVED).sum()),
+    }
+
+
+def mqar_points(rows: Sequence[dict]) -> dict[str, list[tuple[float, dict]]]:
+    """{series: [(state numbers, ``spread`` of its runs' accuracies), ...] sorted by state}.
+
+    A series is a mechanism, with its preset when the file holds several presets and its fillers
+    (``random_non_queries``) when it holds both.
     """
     presets = {row.get("preset") for row in rows}
+    fillers = {bool(row.get("random_non_queries")) for row in rows}
     groups: dict[tuple[str, float], list[float]] = defaultdict(list)
     for row in rows:
         name = str(row.get("mechanism") or row.get("mixer"))
         if len(presets) > 1:
             name += f" ({row.get('preset')})"
+        if len(fillers) > 1:
+            name += ", random fillers" if row.get("random_non_queries") else ", blank fillers"
         groups[(name, float(row["state_numbers"]))].append(float(row["accuracy"]))
-    series: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    series: dict[str, list[tuple[float, dict]]] = defaultdict(list)
     for (name, state), accuracies in sorted(groups.items()):
-        series[name].append((state, float(np.mean(accuracies)), len(accuracies)))
+        series[name].append((state, spread(accuracies)))
     return dict(series)
+
+
+def mqar_series(rows: Sequence[dict]) -> dict[str, list[tuple[float, float, int]]]:
+    """{series: [(state numbers, mean accuracy, runs), ...] sorted by state size}
+    (``mqar_points`` without the spread)."""
+    return {
+        name: [(state, s["mean"], s["runs"]) for state, s in points]
+        for name, points in mqar_points(rows).items()
+    }
 
 
 def mqar_plot(rows: Sequence[dict], out_dir: Path | str) -> list[Path]:
@@ -321,18 +357,26 @@ def mqar_plot(rows: Sequence[dict], out_dir: Path | str) -> list[Path]:
 
 
 def mqar_figure(rows: Sequence[dict], title: str = "Multi-query associative recall") -> Any:
-    """Recall accuracy against the state size of one block: one colour per mechanism, the
+    """Recall accuracy against the state size of one block: one colour per mechanism (dashed with
+    random fillers), the mean over the runs (seeds) with bars from their min to their max, the
     legend beside the axes (a matplotlib Figure)."""
     plt = style.pyplot()
     fig, ax = plt.subplots(figsize=(9.0, 4.8), layout="constrained")
-    for index, (name, points) in enumerate(mqar_series(rows).items()):
-        state, accuracy, _ = zip(*points, strict=True)
-        colour = PALETTE[index % len(PALETTE)]
-        ax.plot(state, accuracy, marker="o", color=colour, lw=1.8, label=name)
+    colours: dict[str, str] = {}
+    for name, points in mqar_points(rows).items():
+        mechanism = name.split(",")[0]
+        colour = colours.setdefault(mechanism, PALETTE[len(colours) % len(PALETTE)])
+        state = [x for x, _ in points]
+        mean = np.array([s["mean"] for _, s in points])
+        low = mean - np.array([s["min"] for _, s in points])
+        high = np.array([s["max"] for _, s in points]) - mean
+        dashed = name.endswith("random fillers")
+        ax.errorbar(state, mean, yerr=(low, high), marker="s" if dashed else "o", color=colour,
+                    lw=1.8, ls="--" if dashed else "-", capsize=3, label=name)  # fmt: skip
     ax.set_xscale("log")
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("state of one block (numbers; KV cache for softmax)")
-    ax.set_ylabel("recall accuracy")
+    ax.set_ylabel("recall accuracy (mean; bars: min to max)")
     ax.set_title(title)
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
     fig.legend(frameon=False, loc="outside right upper", title="mechanism")

@@ -116,3 +116,29 @@ def test_negative_seed_is_refused(tmp_path, capsys) -> None:
         main(["mqar", "--preset", "smoke", "--seed", "-3"])
     assert exit_info.value.code == 2
     assert "argument --seed: expected an integer >= 0" in capsys.readouterr().err
+
+
+def test_seeds_and_both_fillers_print_a_table_per_filler(tmp_path, capsys) -> None:
+    results = tmp_path / "r.jsonl"
+    argv = ["mqar", "--preset", "smoke", "--mechanisms", "deltanet", "--seeds", "0", "4",
+            "--fillers", "blank", "random", "--lr", "1e-3", "3e-3", "--results", str(results),
+            "--plot", "none", "--checkpoint-dir", "none", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted((r["random_non_queries"], r["seed"]) for r in rows) == [
+        (False, 0), (False, 4), (True, 0), (True, 4)
+    ]  # fmt: skip
+    assert all([x["lr"] for x in r["lr_sweep"]] == [1e-3, 3e-3] for r in rows)
+    assert "budget: 2 steps of 4 sequences for every mechanism" in out
+    assert "lr sweep [0.001, 0.003], the best per seed" in out
+    for filler in ("blank", "random"):
+        assert f"{filler} fillers (over seeds [0, 4]):" in out
+    assert out.count("| deltanet | 16 |") == 2 and out.count(" of 2 |") == 2
+
+
+def test_seed_and_seeds_together_are_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["mqar", "--preset", "smoke", "--seed", "1", "--seeds", "2"])
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

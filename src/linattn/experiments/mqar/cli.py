@@ -5,12 +5,14 @@ asks for the keys again; a model must answer with the values. Fixed-state mechan
 6.3, 7.3); the delta rule uses the same state better (7, 10). Presets:
 
   smoke    seconds: every mechanism trains a few steps (the tests run it)
-  cpu      about 16 minutes on 2 CPU cores, 2 worker processes (the README's run)
+  cpu      T=64, 8 pairs, width 64; 3 seeds x 3 lrs x 2 fillers, 500 steps for every
+           mechanism: about 25-30 minutes on 2 quiet CPU cores, 2 worker processes
   zoology  the paper's scale: V=8192, T=512, 64 pairs, widths 64-512, an lr sweep (for a GPU)
 
-Results are appended to a JSON lines file (one object per mechanism and width; schema in
-linattn.experiments.mqar.sweep); a rerun reuses finished rows and resumes interrupted training from
-its checkpoint, so an interrupted sweep can simply be started again.
+Results are appended to a JSON lines file (one object per filler, mechanism, width and seed; schema
+in linattn.experiments.mqar.sweep); a rerun reuses finished rows and resumes interrupted training
+from its checkpoint, so an interrupted sweep can simply be started again. The printed tables give
+the mean, min and max over the seeds and how many solved the task (accuracy >= 0.9).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import replace
 import torch
 
 from linattn.experiments._args import check_memory, nonnegative_int, output_dir, output_file
+from linattn.experiments.mqar.data import FILLERS, filler_name
 from linattn.experiments.mqar.sweep import (
     MECHANISMS,
     PRESETS,
@@ -43,15 +46,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="sequence length T (even; default: preset's)")
     parser.add_argument("--n-kv", type=int, help="key-value pairs per sequence (<= T/4)")
     parser.add_argument("--vocab-size", type=int, help="vocabulary size V (> T)")
-    parser.add_argument("--fillers", choices=("blank", "random"),
-                        help="tokens between the queries: blank (token 0; the cpu preset) or "
-                        "random from the whole vocabulary (Zoology's random_non_queries; with a "
-                        "small vocabulary keys then recur in the filler)")  # fmt: skip
+    parser.add_argument("--fillers", nargs="+", choices=FILLERS,
+                        help="tokens between the queries, one or both: blank (token 0) or random "
+                        "from the whole vocabulary (Zoology's random_non_queries; with a small "
+                        "vocabulary keys then recur in the filler); default: the preset's "
+                        "(cpu: both)")  # fmt: skip
     parser.add_argument("--lr", nargs="+", type=float, metavar="LR",
-                        help="learning rates to sweep; each run reports its best")  # fmt: skip
-    parser.add_argument(
-        "--seed", type=nonnegative_int, help="seed for data and initialisation (default 0)"
-    )
+                        help="learning rates to sweep, the same for every mechanism; each seed "
+                        "reports its best")  # fmt: skip
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", nargs="+", type=nonnegative_int, metavar="SEED",
+                       help="seeds for data and initialisation, one run each (default: the "
+                       "preset's; cpu: 0 1 2)")  # fmt: skip
+    seeds.add_argument("--seed", type=nonnegative_int, help="one seed (the same as --seeds SEED)")
     parser.add_argument("--results", default="runs/mqar.jsonl", help="JSON lines file to append to")
     parser.add_argument("--plot", default="runs/mqar.png", help="PNG to write ('none': no plot)")
     parser.add_argument("--checkpoint-dir", default="runs/mqar-checkpoints",
@@ -103,8 +110,6 @@ def run(args: argparse.Namespace) -> int:
         train_overrides["warmup_steps"] = min(preset.train.warmup_steps, max(args.steps // 10, 0))
     if args.batch_size is not None:
         train_overrides["batch_size"] = args.batch_size
-    if args.seed is not None:
-        train_overrides["seed"] = args.seed
     task_overrides = {
         name: value
         for name, value in (
@@ -112,8 +117,6 @@ def run(args: argparse.Namespace) -> int:
         )
         if value is not None
     }  # fmt: skip
-    if args.fillers is not None:
-        task_overrides["random_non_queries"] = args.fillers == "random"
     # Task and training settings are validated here, before any model is built or trained.
     preset = replace(
         preset,
@@ -127,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         # --steps likewise replaces the per-mechanism step counts
         mechanism_steps={} if args.steps is not None else preset.mechanism_steps,
         workers=preset.workers if args.workers is None else args.workers,
+        seeds=tuple(args.seeds or ([args.seed] if args.seed is not None else preset.seeds)),
+        fillers=tuple(args.fillers or preset.fillers),
     )
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
@@ -139,24 +144,40 @@ def run(args: argparse.Namespace) -> int:
     print(f"MQAR preset {preset.name!r}: {preset.description}")
     print(
         f"task: vocab {t.vocab_size}, seq_len {t.seq_len}, {t.n_kv} key-value pairs, "
-        f"{'random' if t.random_non_queries else 'blank'} fillers; "
-        f"{steps_text(preset)} steps of {preset.train.batch_size}; widths {list(preset.widths)}; "
-        f"lr {lr_text(preset)}; "
-        + (f"{preset.workers} workers x {threads} thread(s)" if parallel else f"{threads} threads"),
-        flush=True,
+        f"{' and '.join(preset.filler_names())} fillers; widths {list(preset.widths)}; "
+        f"seeds {list(preset.seeds)}; "
+        + (f"{preset.workers} workers x {threads} thread(s)" if parallel else f"{threads} threads")
     )
+    print(f"budget: {budget_text(preset)}", flush=True)
     started = time.perf_counter()
     rows = run_sweep(preset, results_path=results_path, checkpoint_dir=checkpoint_dir,
                      fresh=args.fresh, progress=not args.no_progress,
                      threads_per_worker=threads)  # fmt: skip
     wall = time.perf_counter() - started
-    print()
-    print(results_table(rows))
+    for filler in preset.filler_names():
+        print(f"\n{filler} fillers (over seeds {list(preset.seeds)}):")
+        print(results_table([row for row in rows if filler_name(row) == filler]))
     print(f"\nwall time {wall:.0f} s ({wall / 60:.1f} min); results appended to {args.results}")
     if plot_path is not None:
         title = f"MQAR: T={t.seq_len}, {t.n_kv} pairs, vocab {t.vocab_size}"
         print(f"plot: {plot_results(rows, plot_path, title=title)}")
     return 0
+
+
+def budget_text(preset: Preset) -> str:
+    """The training budget and stopping rule of a preset, as the output states them."""
+    stop = preset.train.stop_accuracy
+    rule = (
+        f"a run stops once its held-out accuracy (every {preset.train.eval_every} steps) reaches "
+        f"{stop:g}, and the lrs after one that did are skipped"
+        if stop is not None
+        else "no early stop"
+    )
+    same = "" if preset.mechanism_steps else " for every mechanism"
+    return (
+        f"{steps_text(preset)} steps of {preset.train.batch_size} sequences{same} "
+        f"(cosine schedule); lr sweep {lr_text(preset)}, the best per seed; {rule}"
+    )
 
 
 def lr_text(preset: Preset) -> str:

@@ -59,6 +59,16 @@ IGNORE_INDEX = -100
 _BLOCK_ROWS = 1024
 
 
+# The tokens between the queries (``MQARTask.random_non_queries``): "blank" (token 0) or "random"
+# (uniform over the vocabulary, Zoology's default).
+FILLERS = ("blank", "random")
+
+
+def filler_name(row: dict) -> str:
+    """The fillers ("random" or "blank") of a results row or of ``MQARTask.to_dict()``."""
+    return "random" if row.get("random_non_queries") else "blank"
+
+
 @dataclass(frozen=True)
 class MQARTask:
     """The shape of an MQAR problem: vocabulary, sequence length, pairs, gap exponent.
