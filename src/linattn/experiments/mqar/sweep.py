@@ -594,7 +594,8 @@ def run_sweep(
         rows[cell] = row
 
     kwargs = dict(checkpoint_dir=ckpt, builder=builder, meter=meter)
-    todo.sort(key=lambda cell: _cost_order(preset, cell))
+    if workers > 1:  # one worker: the table's order
+        todo.sort(key=lambda cell: _cost_order(preset, cell))
     jobs = [partial(run_pair, preset.cell(f, seed), m, d, **kwargs) for f, m, d, seed in todo]
     run_jobs(jobs, record, workers=workers, threads=threads_per_worker, progress=progress)
     return [rows[cell] for cell in cells(preset)]
