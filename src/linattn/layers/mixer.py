@@ -82,11 +82,18 @@ class TokenMixer(nn.Module):
 
     def pick_mode(self, T: int, state: State | None) -> str:
         """The op's mode: recurrent for a decoding step (T = 1 with a state, or a few tokens:
-        T <= ``tuning.DECODE_TOKENS``, the fused step token by token), chunk otherwise."""
+        T <= ``tuning.DECODE_TOKENS``, the fused step token by token; under torch.compile, T = 1
+        only), chunk otherwise."""
         if self.mode is not None:
             return self.mode
         # The state first: without one, no guard on a traced T (torch.export's dynamic length).
-        return "recurrent" if (state is not None and T <= DECODE_TOKENS) else "chunk"
+        if state is None:
+            return "chunk"
+        if torch.compiler.is_compiling():
+            # Traced: the fused step is not used, and a few tokens stepped one by one would be a
+            # graph per T; one token is the step, more one chunk graph for every length.
+            return "recurrent" if T == 1 else "chunk"
+        return "recurrent" if T <= DECODE_TOKENS else "chunk"
 
     def forward(
         self, x: Tensor, state: State | None = None, shared: dict[str, Tensor] | None = None
