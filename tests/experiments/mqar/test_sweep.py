@@ -48,7 +48,8 @@ def sweep_rows(tmp_path, preset: Preset = PRESET, **kwargs) -> list[dict]:
 
 
 def comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k not in ("seconds", "finished", "lr_sweep")}
+    timing = ("seconds", "cpu_seconds", "finished", "lr_sweep")
+    return {k: v for k, v in row.items() if k not in timing}
 
 
 def test_sweep_writes_one_row_per_mechanism_and_width(tmp_path) -> None:

@@ -157,7 +157,11 @@ def run(args: argparse.Namespace) -> int:
     for filler in preset.filler_names():
         print(f"\n{filler} fillers (over seeds {list(preset.seeds)}):")
         print(results_table([row for row in rows if filler_name(row) == filler]))
-    print(f"\nwall time {wall:.0f} s ({wall / 60:.1f} min); results appended to {args.results}")
+    cell_cpu = sum(row.get("cpu_seconds", 0.0) for row in rows)
+    print(
+        f"\nwall time {wall:.0f} s ({wall / 60:.1f} min); CPU time of the cells {cell_cpu:.0f} s "
+        f"({cell_cpu / 120:.1f} min on 2 free cores); results appended to {args.results}"
+    )
     if plot_path is not None:
         title = f"MQAR: T={t.seq_len}, {t.n_kv} pairs, vocab {t.vocab_size}"
         print(f"plot: {plot_results(rows, plot_path, title=title)}")

@@ -48,6 +48,7 @@ random_non_queries (the fillers), steps (taken), max_steps, batch_size, lr (the 
 sweep), lr_sweep [{lr, accuracy, best_accuracy, steps, seconds} or {lr, skipped: true}], accuracy
 (final held-out accuracy at that lr), best_accuracy, eval_loss, stopped_early, evals [{step,
 accuracy, loss}], seconds (training wall time summed over the lr sweep, resumed pieces included),
+cpu_seconds (the CPU time of the whole sweep in the process that ran it, this run's part only),
 seed, threads, torch, config_hash, finished (UTC ISO time)``. Files written before seeds and
 fillers were cells (one row per mechanism and width) have the same fields and read the same: each
 row is one seed's run. A rerun of the same sweep skips cells whose ``config_hash`` is already in
@@ -473,6 +474,7 @@ def run_pair(
     ``stop_accuracy`` set, the lrs after one that reached it are not trained (any of them could
     only add less than ``1 - stop_accuracy``): they are listed in ``lr_sweep`` as skipped.
     """
+    cpu = time.process_time()  # this process's CPU: the worker's own, with workers
     sweep = []
     stop = preset.train_for(mechanism).stop_accuracy
     lrs = preset.lrs_for(mechanism)
@@ -524,6 +526,7 @@ def run_pair(
         "stopped_early": best.stopped_early,
         "evals": best.evals,
         "seconds": round(sum(r.seconds for _, r, _ in sweep), 2),
+        "cpu_seconds": round(time.process_time() - cpu, 2),
         "seed": preset.train.seed,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
