@@ -299,6 +299,37 @@ def test_fused_step_of_every_rule_and_block_width_equals_float64(rule, gate):
     assert rel_rms(fused, exact) < 2e-6
 
 
+@needs_native
+@pytest.mark.parametrize("gate", [None, "channel"])
+def test_fused_dplr_step_takes_a_and_b_apart_as_it_takes_them_stacked(gate):
+    # The fast path hands a and b to the kernel apart (no concatenation per token): the same
+    # step, number for number, as [a | b] in beta's slot; b with any other rule, or of another
+    # shape, is refused before the state is touched.
+    x = _wide_step_inputs("dplr", gate, torch.float32, 0)
+    a, b = x.pop("a"), x.pop("b")
+    gen = torch.Generator().manual_seed(3)
+    S = torch.randn(2, 4, 9, 147, generator=gen)
+    stacked, apart = S.clone(), S.clone()
+    g = x["g"]
+    gate_name = "none" if gate is None else gate
+    step = torch.ops.linattn_native.recurrent_step
+    o1 = step(stacked, x["q"], x["k"], x["v"], torch.cat([a, b], -1), g, 0.6, "dplr", gate_name)
+    o2 = step(apart, x["q"], x["k"], x["v"], a, g, 0.6, "dplr", gate_name, None, b)
+    assert torch.equal(o1, o2) and torch.equal(stacked, apart)
+    torch.library.opcheck(step, (S.clone(), x["q"], x["k"], x["v"], a, g, 0.6, "dplr",
+                                 gate_name, None, b))  # fmt: skip
+    before = S.clone()
+    with pytest.raises(RuntimeError, match="b must be None for the delta rule"):
+        step(S, x["q"], x["k"], x["v"], torch.rand(2, 4), g if gate else None, 0.6, "delta",
+             gate_name, None, b)  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"b must be of shape \[B, H, K\]"):
+        step(S, x["q"], x["k"], x["v"], a, g, 0.6, "dplr", gate_name, None, b[..., :-1])
+    b_nan = b.clone()
+    b_nan[0, 0, 0] = float("nan")
+    assert step(S, x["q"], x["k"], x["v"], a, g, 0.6, "dplr", gate_name, None, b_nan).numel() == 0
+    assert torch.equal(S, before)
+
+
 MIB = 2**20
 
 

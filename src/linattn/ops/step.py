@@ -100,14 +100,13 @@ def recurrent_step(
 
 
 def _fused_low_rank_step(state, q, k, v, a, b, g, scale, out) -> Tensor | None:
-    """``fused_step`` of the generalized rule: its [a | b] [B, H, 2K] in beta's slot (one cat);
-    None where it does not apply (then the checked path names what it refuses)."""
-    if not (a.shape == b.shape and a.dim() == 3 and a.dtype == b.dtype == torch.float32):
-        return None
-    return fused_step(state, q, k, v, torch.cat([a, b], dim=-1), g, scale, out, rule="dplr")
+    """``fused_step`` of the generalized rule: a in beta's slot, b apart (the kernel checks both
+    and reads them in place: no concatenation per token); None where it does not apply (then
+    the checked path names what it refuses)."""
+    return fused_step(state, q, k, v, a, g, scale, out, rule="dplr", b=b)
 
 
-def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None) -> Tensor | None:
+def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None) -> Tensor | None:
     """The fast path: the fused C++ step for float32 CPU tensors of the additive or delta rule,
     with nothing to differentiate, called directly (its checks, of every shape, dtype and
     small input's values, are in the same C++ call, before anything is written: one pass over
@@ -115,7 +114,8 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None) -> Ten
     loaded yet, another dtype, a graph to record, a trace) or where the kernel refuses a shape or
     a type: ``_checked_step`` then runs, and names what it refuses. ``rule`` and ``gate``: the
     mechanism where the caller resolved it (the ops' ``Mechanism``; g then [B, H, 1 | K]); None:
-    from beta and g as ``recurrent_step`` takes them."""
+    from beta and g as ``recurrent_step`` takes them. ``b``: the dplr rule's b [B, H, K], its a
+    then in beta's slot."""
     if not (isinstance(state, Tensor) and state.dtype == torch.float32 and _native.ready()):
         return None
     if state.device.type != "cpu" or state.numel() == 0 or torch.compiler.is_compiling():
@@ -123,7 +123,7 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None) -> Ten
     if type(scale) not in (float, int, type(None)):  # a bool, a tensor: ``_checks.scale`` says
         return None
     if torch.is_grad_enabled() and any(
-        getattr(x, "requires_grad", False) for x in (state, q, k, v, beta, g, out)
+        getattr(x, "requires_grad", False) for x in (state, q, k, v, beta, g, out, b)
     ):
         return None
     try:
@@ -134,11 +134,13 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None) -> Ten
         if rule is None:
             rule = "additive" if beta is None else "delta"
         target, source = (state, None) if out is None else (out, state)
-        o_t = _native.fused("recurrent_step")(target, q, k, v, beta, g, s, rule, gate, source)
+        o_t = _native.fused("recurrent_step")(target, q, k, v, beta, g, s, rule, gate, source, b)
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
         return None  # refused before any work: the checked path names the argument
     if o_t.dim() == 1:  # a value out of range: named below (an input: the state unchanged)
-        _name_the_value_out_of_range(state, q, k, v, beta, g)
+        _name_the_value_out_of_range(
+            state, q, k, v, beta if b is None else torch.cat([beta, b], -1), g
+        )
     return o_t
 
 

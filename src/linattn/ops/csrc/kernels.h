@@ -84,12 +84,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 // One generation step of the mechanism (rule, gate), the state [B, HV, K, V] updated in place, or
 // written from ``source`` where given (q, k [B, H, K], HV = G H): o [B, HV, V], or an empty
 // tensor when a value is out of range (an input: the state unchanged; the state: found by the
-// step, step.cpp).
+// step, step.cpp). The dplr rule's inputs: [a | b] [B, HV, 2K] in beta's slot, or a [B, HV, K]
+// there and ``b`` [B, HV, K] apart (no concatenation per call).
 at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::Tensor& k_in,
                           const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
                           const std::optional<at::Tensor>& g_opt, double scale_d,
                           c10::string_view rule, c10::string_view gate,
-                          const std::optional<at::Tensor>& source);
+                          const std::optional<at::Tensor>& source,
+                          const std::optional<at::Tensor>& b);
 
 // The fake (meta) kernel of the step: the same checks and the output's shape, no data (the
 // chunk ops' fake kernels are ``linattn.ops.library``'s, registered on the op that is traced).
@@ -97,6 +99,7 @@ at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at:
                                const at::Tensor& v, const std::optional<at::Tensor>& beta,
                                const std::optional<at::Tensor>& g, double scale,
                                c10::string_view rule, c10::string_view gate,
-                               const std::optional<at::Tensor>& source);
+                               const std::optional<at::Tensor>& source,
+                               const std::optional<at::Tensor>& b);
 
 }  // namespace linattn_native

@@ -24,7 +24,7 @@ TORCH_LIBRARY(linattn_native, m) {
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "recurrent_step(Tensor(a!) state, Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g,"
-      " float scale, str rule, str gate, Tensor? source=None) -> Tensor");
+      " float scale, str rule, str gate, Tensor? source=None, Tensor? b=None) -> Tensor");
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);

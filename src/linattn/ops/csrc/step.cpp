@@ -25,7 +25,8 @@ Mechanism step_checks(c10::DeviceType device, const at::Tensor& state, const at:
                       const at::Tensor& k, const at::Tensor& v,
                       const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& g,
                       double scale, c10::string_view rule, c10::string_view gate,
-                      const std::optional<at::Tensor>& source) {
+                      const std::optional<at::Tensor>& source,
+                      const std::optional<at::Tensor>& b) {
   const Checks check{"linattn_native.recurrent_step", device};
   const Mechanism m = parse_mechanism(check.op, rule, gate);
   check.float32_cpu("state", state);
@@ -46,9 +47,16 @@ Mechanism step_checks(c10::DeviceType device, const at::Tensor& state, const at:
   TORCH_CHECK(beta.has_value() == m.rule->reads_beta, check.op, ": beta must be ",
               m.rule->reads_beta ? "given" : "None", " for the ", m.rule->name, " rule");
   if (beta.has_value() && m.rule->input_keys == 0) check.shape("beta", *beta, {B, H}, "[B, H]");
-  if (beta.has_value() && m.rule->input_keys > 0) {
+  TORCH_CHECK(!b.has_value() || m.rule->input_keys > 0, check.op,
+              ": b must be None for the ", m.rule->name, " rule");
+  if (beta.has_value() && m.rule->input_keys > 0 && !b.has_value()) {
     const int64_t width = m.rule->input_keys * K;
     check.shape("beta", *beta, {B, H, width}, "[B, H, 2K] (the rule's inputs [a | b])");
+  }
+  if (beta.has_value() && b.has_value()) {  // a in beta's slot, b apart
+    check.shape("beta", *beta, {B, H, K}, "[B, H, K] (the rule's a, with b given apart)");
+    check.float32_cpu("b", *b);
+    check.shape("b", *b, {B, H, K}, "[B, H, K]");
   }
   TORCH_CHECK(g.has_value() == m.gated(), check.op, ": g must be ",
               m.gated() ? "given for a gate" : "None without a gate");
@@ -89,7 +97,8 @@ bool all_finite(const float* x, int64_t n) {
 // Whether the small inputs of a step are in range: every number finite, beta in [0, 2] (the
 // delta rule), every log-gate <= 0 (-inf: a reset). The state is not read here (step.h).
 bool inputs_in_range(const Mechanism& m, const at::Tensor& q, const at::Tensor& k,
-                     const at::Tensor& v, const at::Tensor& beta, const at::Tensor& g) {
+                     const at::Tensor& v, const at::Tensor& beta, const at::Tensor& b,
+                     const at::Tensor& g) {
   const auto finite = [](const at::Tensor& x) {
     return all_finite(x.data_ptr<float>(), x.numel());
   };
@@ -99,6 +108,7 @@ bool inputs_in_range(const Mechanism& m, const at::Tensor& q, const at::Tensor& 
     for (int64_t i = 0; ok && i < beta.numel(); ++i) ok = b[i] >= 0.0f && b[i] <= 2.0f;
   }
   if (ok && beta.defined() && m.rule->input_keys > 0) ok = finite(beta);
+  if (ok && b.defined()) ok = finite(b);
   const float* gp = g.defined() ? g.data_ptr<float>() : nullptr;
   for (int64_t i = 0; ok && gp && i < g.numel(); ++i) ok = gp[i] <= 0.0f;  // NaN fails too
   return ok;
@@ -109,8 +119,9 @@ struct StepCall {
   const Rule* rule;
   int64_t H, Hq, group, K, V, kg;
   float scale;
-  const float *q, *k, *v, *beta, *g;
-  int64_t beta_width;  // numbers of beta per value head: 1 (delta), 2K (dplr [a | b]), 0
+  const float *q, *k, *v, *beta, *b, *g;
+  int64_t beta_width;  // numbers of beta per value head: 1 (delta), 2K (dplr [a | b]) or K
+                       // (dplr's a, b apart), 0
 
   // Value head p's step (p over B H): its decay and scaled q prepared into w [3K], the rule's
   // step from S_in [K, V] into its state S [K, V] (S_in = S: in place), o [V]; whether o (so the
@@ -129,7 +140,9 @@ struct StepCall {
       qs[i] = scale * qp[i];
     }
     const float* rule_inputs = beta ? beta + p * beta_width : nullptr;
-    const StepHead h{qs, k + pq * K, v + p * V, rule_inputs, alpha, w + 2 * K, S_in};
+    // dplr's b: apart, or the second half of [a | b]
+    const float* bp = b ? b + p * K : beta_width == 2 * K ? rule_inputs + K : nullptr;
+    const StepHead h{qs, k + pq * K, v + p * V, rule_inputs, bp, alpha, w + 2 * K, S_in};
     rule->step(h, K, V, S, o);
     return all_finite(o, V);
   }
@@ -145,7 +158,8 @@ struct StepCall {
 //
 // state [B, H, K, V] contiguous; q, k [B, Hq, K] (value head p of a sequence reads q/k head
 // p / group, group = H / Hq: grouped value heads, read in place); v [B, H, V]; beta [B, H]
-// (delta), [B, H, 2K] ([a | b], dplr) or None (additive); g [B, H] or [B, H, 1] (the gate
+// (delta), [B, H, 2K] ([a | b], dplr; or a [B, H, K] with ``b`` [B, H, K] apart) or None
+// (additive); g [B, H] or [B, H, 1] (the gate
 // "head"), [B, H, K] ("channel") or None ("none"); all float32 (shapes checked first; the inputs
 // other than the state are copied when not contiguous). Returns o [B, H, V]; or an empty tensor
 // when a value is out of range: an input (a NaN or Inf anywhere but a g of -inf, beta outside
@@ -158,16 +172,18 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
                           const at::Tensor& v_in, const std::optional<at::Tensor>& beta_opt,
                           const std::optional<at::Tensor>& g_opt, double scale_d,
                           c10::string_view rule, c10::string_view gate,
-                          const std::optional<at::Tensor>& source) {
+                          const std::optional<at::Tensor>& source,
+                          const std::optional<at::Tensor>& b_opt) {
   const Mechanism m = step_checks(c10::kCPU, state, q_in, k_in, v_in, beta_opt, g_opt, scale_d,
-                                  rule, gate, source);
+                                  rule, gate, source, b_opt);
   const int64_t B = state.size(0), H = state.size(1), K = state.size(2), V = state.size(3);
   const int64_t P = B * H, Hq = q_in.size(1);
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
   const at::Tensor beta = beta_opt.has_value() ? beta_opt->contiguous() : at::Tensor();
+  const at::Tensor b = b_opt.has_value() ? b_opt->contiguous() : at::Tensor();
   const at::Tensor g = g_opt.has_value() ? g_opt->contiguous() : at::Tensor();
   // 1. The inputs' checks, before anything is written.
-  if (!inputs_in_range(m, q, k, v, beta, g)) return at::empty({0}, state.options());
+  if (!inputs_in_range(m, q, k, v, beta, b, g)) return at::empty({0}, state.options());
   // 2. The step, head by head.
   at::Tensor o = at::empty({B, H, V}, state.options());
   const StepCall call{m.rule,
@@ -182,6 +198,7 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
                       k.data_ptr<float>(),
                       v.data_ptr<float>(),
                       beta.defined() ? beta.data_ptr<float>() : nullptr,
+                      b.defined() ? b.data_ptr<float>() : nullptr,
                       g.defined() ? g.data_ptr<float>() : nullptr,
                       beta.defined() ? beta.numel() / std::max<int64_t>(P, 1) : 0};
   float *Sp = state.data_ptr<float>(), *op = o.data_ptr<float>();
@@ -210,8 +227,9 @@ at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at:
                                const at::Tensor& v, const std::optional<at::Tensor>& beta,
                                const std::optional<at::Tensor>& g, double scale,
                                c10::string_view rule, c10::string_view gate,
-                               const std::optional<at::Tensor>& source) {
-  step_checks(c10::kMeta, state, q, k, v, beta, g, scale, rule, gate, source);
+                               const std::optional<at::Tensor>& source,
+                               const std::optional<at::Tensor>& b) {
+  step_checks(c10::kMeta, state, q, k, v, beta, g, scale, rule, gate, source, b);
   return at::empty({state.size(0), state.size(1), state.size(3)}, state.options());
 }
 

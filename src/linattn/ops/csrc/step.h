@@ -57,7 +57,8 @@ struct StepHead {
   const float* q;      // [K], scaled: scale * q (the head's q/k head, grouped value heads)
   const float* k;      // [K]
   const float* v;      // [V]
-  const float* beta;   // the rule's own inputs: the delta rule's beta [1], dplr's [a | b] [2K]
+  const float* beta;   // the rule's own inputs: the delta rule's beta [1], dplr's a [K]
+  const float* b;      // dplr's b [K] (nullptr for the other rules)
   const float* alpha;  // [K] the decay exp(g) of each row (ones without a gate)
   float* scratch;      // [K] for the rule (the delta rule's alpha * k)
   const float* S_in;   // [K, V] the state entering the step: S itself (in place), or a source

@@ -345,7 +345,7 @@ void backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Reco
 // S <- Diag(alpha) S + k v^T + a r^T and o = S^T q (h.beta = [a | b], [2K]). Two passes over
 // each block of S, the second in L1.
 void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
-  const float *a = h.beta, *b = h.beta + K;
+  const float *a = h.beta, *b = h.b;
   column_blocks(V, [&](auto vecs, int64_t j0, int64_t w) {
     constexpr int N = decltype(vecs)::value;
     float r[kBlockVecs * kLanes];
