@@ -20,6 +20,24 @@ def test_token_shift_in_pieces_equals_one_call():
     assert torch.equal(torch.cat([first, rest], 1), whole) and torch.equal(last_rest, last)
 
 
+def test_token_shift_of_packed_sequences_equals_each_on_its_own():
+    # cu_seqlens: each sequence from its own row of last; an empty one keeps its row.
+    x = torch.randn(1, 9, 5, dtype=torch.float64)
+    last = torch.randn(4, 5, dtype=torch.float64)
+    cu = torch.tensor([0, 3, 3, 8, 9])
+    delta, new_last = token_shift(x, last, cu)
+    for n, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        if e > s:
+            want, want_last = token_shift(x[:, s:e], last[n : n + 1])
+            assert torch.equal(delta[:, s:e], want) and torch.equal(new_last[n], want_last[0])
+        else:
+            assert torch.equal(new_last[n], last[n])
+    empty, kept = token_shift(x[:, :0], last[:1])
+    assert empty.shape == (1, 0, 5) and torch.equal(kept, last[:1])
+    with pytest.raises(ValueError, match="batch size 1 with cu_seqlens"):
+        token_shift(torch.randn(2, 9, 5), None, cu)
+
+
 def test_lora_keeps_its_bias_apart():
     lora = LoRA(6, 3, 4, "tanh")
     x = torch.randn(2, 6)

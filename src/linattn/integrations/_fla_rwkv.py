@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from linattn.dtypes import compute_dtype
+from linattn.layers import modules
 
 
 def token_shift(
@@ -30,28 +31,10 @@ def token_shift(
     ``output_cache`` also returns the new cache [N, D] (each sequence's last token; a sequence
     of length 0 keeps its cache, or 0). ``chunk_indices`` (fla's kernel tiling) is ignored.
     """
-    B, T, D = x.shape
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"token_shift: x must have batch size 1 with cu_seqlens, got {B}")
-    if cu_seqlens is None:
-        starts = torch.zeros(B, dtype=torch.long)  # [N]: where each sequence begins
-        ends = torch.full((B,), T, dtype=torch.long)
-        rows = torch.arange(B)
-    else:
-        bounds = cu_seqlens.to("cpu", torch.long)
-        starts, ends = bounds[:-1], bounds[1:]
-        rows = torch.zeros_like(starts)
-    N = starts.numel()
-    first = x.new_zeros(N, D) if cache is None else cache.reshape(N, D).to(x.dtype)
-    nonempty = ends > starts  # [N]
-    previous = torch.cat([x.new_zeros(B, 1, D), x[:, :-1]], dim=1)  # [B, T, D]: x_{t-1}
-    at = (rows[nonempty], starts[nonempty])
-    previous = previous.index_put(at, first[nonempty])  # each sequence's x_{-1}
-    delta = previous - x
-    if not output_cache:
-        return delta
-    last = x[rows[nonempty], ends[nonempty] - 1]  # [N', D]
-    return delta, first.index_put((nonempty.nonzero().squeeze(1),), last)
+    N = x.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    last = None if cache is None else cache.reshape(N, x.shape[-1])
+    delta, last = modules.token_shift(x, last, cu_seqlens)  # the layers' own (RWKV7)
+    return (delta, last) if output_cache else delta
 
 
 def fused_addcmul_rwkv7(

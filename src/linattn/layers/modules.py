@@ -119,15 +119,39 @@ class LoRA(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def token_shift(x: Tensor, last: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def token_shift(
+    x: Tensor, last: Tensor | None = None, cu_seqlens: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """RWKV's token shift: ``delta_t = x_{t-1} - x_t`` with ``x_0 = last`` (zeros when None).
 
-    x: [B, T, D], last: [B, D] (the previous call's last token) -> (delta [B, T, D], x[:, -1]):
-    feeding a sequence in pieces, passing the second result along, gives one call's deltas.
+    x: [B, T, D], last: [N, D] (the previous call's last token of each sequence) -> (delta
+    [B, T, D], the new last [N, D]): feeding a sequence in pieces, passing the second result
+    along, gives one call's deltas. N = B, or with ``cu_seqlens`` (B = 1, packed sequences) the
+    number of sequences, each starting from its own row of ``last``; a sequence of length 0
+    keeps its row (zeros when ``last`` is None).
     """
-    first = torch.zeros_like(x[:, :1]) if last is None else last.to(x.dtype).unsqueeze(1)
-    shifted = torch.cat([first, x[:, :-1]], dim=1)  # [B, 1, D] + [B, T - 1, D] -> [B, T, D]
-    return shifted - x, x[:, -1]
+    if cu_seqlens is None and x.shape[1] > 0:  # one sequence per row, at least one token
+        first = torch.zeros_like(x[:, :1]) if last is None else last.to(x.dtype).unsqueeze(1)
+        shifted = torch.cat([first, x[:, :-1]], dim=1)  # [B, 1, D] + [B, T - 1, D] -> [B, T, D]
+        return shifted - x, x[:, -1]
+    B, T, D = x.shape
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"token_shift: x must have batch size 1 with cu_seqlens, got {B}")
+    if cu_seqlens is None:
+        starts = torch.zeros(B, dtype=torch.long)  # [N]: where each sequence begins
+        ends = torch.full((B,), T, dtype=torch.long)
+        rows = torch.arange(B)
+    else:
+        bounds = cu_seqlens.to("cpu", torch.long)
+        starts, ends = bounds[:-1], bounds[1:]
+        rows = torch.zeros_like(starts)
+    N = starts.numel()
+    first = x.new_zeros(N, D) if last is None else last.reshape(N, D).to(x.dtype)
+    nonempty = ends > starts  # [N]
+    previous = torch.cat([x.new_zeros(B, 1, D), x[:, :-1]], dim=1)  # [B, T, D]: x_{t-1}
+    previous = previous.index_put((rows[nonempty], starts[nonempty]), first[nonempty])
+    ends_of = x[rows[nonempty], ends[nonempty] - 1]  # [N', D]: each sequence's last token
+    return previous - x, first.index_put((nonempty.nonzero().squeeze(1),), ends_of)
 
 
 class DecayGate(nn.Module):
