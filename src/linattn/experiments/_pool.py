@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -84,4 +86,14 @@ def _in_worker(threads: int, job: Job) -> dict:
 
     tqdm.set_lock(threading.RLock())
     torch.set_num_threads(threads)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     return job(progress=False)
+
+
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    """End this worker once its parent is gone (killed: SIGTERM, SIGKILL), rather than train on
+    as an orphan that nobody records: the parent's Ctrl-C path stops its workers itself, a kill
+    does not. Its job resumes from its last checkpoint next time."""
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)
