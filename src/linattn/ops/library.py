@@ -34,6 +34,10 @@ PyTorch group loop (``chunk.loop_forward``, ``chunk.loop_backward``) for everyth
 GPUs, ``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compiled graph serves
 both.
 
+DeltaProduct's query rows (``reads`` = n_h, q with one row per n_h write rows) are an argument
+of the C++ kernels only, taken by ``chunk(..., reads=n)`` in eager float32 CPU calls
+(``reads_apply``, ``_QueryRowsChunk``); traced and PyTorch calls repeat q on the write rows.
+
 Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
 write into buffers autograd cannot record: the registered backward then differentiates the
 all-blocks form instead (``chunk.differentiable_backward``).

@@ -35,6 +35,11 @@
 // log-gates are summed exactly as pairs of floats (``Gates``), so that every decay
 // exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 //
+// reads = R > 1 (DeltaProduct: n_h writes per token, one read): q and o have one row per R write
+// rows, read after the last of them; each chunk's queries are spread over its write rows
+// (zeros between) so that steps 1-3 and 5 run as for R = 1, and step 4 forms the query rows'
+// outputs only (``Sizes``, checks.h; ``query_rows``, layout.h).
+//
 // The mechanism (the rule and the gate) is passed in the ops' schema and parsed once
 // (mechanism.h: the rule's name looked up in rules.h's table); nothing reads it from the tensors'
 // shapes. The loop calls the rule through its table entry (``Rule``), once per chunk, and names
