@@ -41,28 +41,10 @@ def householder_count(num_householder: object) -> int:
     return n
 
 
-def _check_qkv(q: object, k: object, v: object, n: int) -> tuple[int, ...]:
-    """q [B, T, H, K], k, v 4-D, finite, one dtype; (B, T, H, HV, K, V) with HV a multiple of
-    H (k's and v's rows are ``writes_shapes``')."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _checks.tensor(name, x, 4)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if (HV % H if H else HV) != 0:
-        raise ValueError(
-            f"v must have HV heads, a multiple of q's H = {H} (grouped value heads), got "
-            f"{tuple(v.shape)}"
-        )
-    _checks.head_sizes("q, k, v", K, V)
-    return B, T, H, HV, K, V
-
-
 def _check_writes(q, k, v, beta, g, n: int, cu_seqlens, initial_state) -> None:
     """The tensors of ``gated_delta_product``: shapes (T n_h rows of k, v, beta), dtypes and
     values, the packed sequences and the initial state, each error naming its argument."""
-    B, T, H, HV, K, V = _check_qkv(q, k, v, n)
+    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v, writes=n)
     writes_shapes(k, v, beta, (B, T, H, HV, K, V), n)
     _checks.beta(beta, B, T * n, HV)
     _checks.gate(g, B, T, HV, K)

@@ -338,7 +338,7 @@ class _EagerChunk(torch.autograd.Function):
 def reads_apply(q: Tensor, rule: str) -> bool:
     """Whether ``chunk`` can take reads > 1 (query rows fewer than write rows) for this call:
     eager float32 CPU tensors of a rule the fused C++ loop computes (its kernels' ``reads``)."""
-    return _fused(q, rule) and not tracing(q)
+    return q.dtype == torch.float32 and _fused(q, rule) and not tracing(q)
 
 
 class _QueryRowsChunk(torch.autograd.Function):
