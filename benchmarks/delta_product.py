@@ -6,14 +6,17 @@
 The issue's "Must show" at B = 1, T = 16,384, H = 8, K = V = 64, chunk 64, float32, one thread,
 a gate per head (Gated DeltaNet's and fla's layer's): ``gated_delta_product`` with n_h = 2 and 3
 over ``delta_rule`` on T tokens, forward (no_grad), timed in turns in this process: <= 2.2 and
-<= 3.3. The op runs the delta rule's fused C++ chunk loop on the T n_h interleaved rows, so a
-second row compares it with ``delta_rule`` called directly on those rows (the cost of the
-interleaving and the output slice), and the last column is the share of the operation count
-(section 9's way, ``reference.costs.delta_chunk_ops``) spent on the outputs of the rows whose
-outputs are dropped (n_h - 1 of every n_h): what a chunk form that skips them could save at most.
+<= 3.3. The op runs the delta rule's fused C++ chunk loop on the T n_h write rows, reading q's
+T rows in place (``reads`` = n_h: chunks of whole tokens, C rounded down to a multiple of n_h,
+63 rows at n_h = 3) and forming the outputs (Qd S, A_qk U) of the rows read only; a second
+column compares it with ``delta_rule`` called on the interleaved rows (q repeated on each write
+row, every output formed, the unread ones dropped after: the op's way before), with the same
+chunks. The last column is the share of the operation count (section 9's way,
+``reference.costs.delta_chunk_ops``) spent on the outputs of the rows not read (n_h - 1 of every
+n_h, with A_qk): what skipping them saves at most (the op still forms A_qk whole).
 
     PYTHONPATH=src python benchmarks/delta_product.py                  # the issue's shape
-    PYTHONPATH=src python benchmarks/delta_product.py --T 4096 --repeats 5
+    PYTHONPATH=src python benchmarks/delta_product.py --clock cpu --T 4096 --repeats 5
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 
 import torch
 
+from linattn.experiments import _timing
 from linattn.experiments._timing import medians_in_turns
 from linattn.ops import delta_rule, gated_delta_product
 from linattn.ops.delta_product import interleave_gate, interleave_query
@@ -54,6 +58,7 @@ def dropped_output_share(n: int, C: int, K: int, V: int) -> float:
 
 def measure(args: argparse.Namespace) -> list[dict]:
     torch.set_num_threads(args.threads)
+    _timing.use_clock(args.clock)
     T, H, K, V, C = args.T, args.H, args.K, args.V, args.C
     base = make_inputs(T, H, K, V, 1)
     rows = []
@@ -69,8 +74,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 x["q"], x["k"], x["v"], x["beta"], x["g"], num_householder=n, chunk_size=C
             )
 
-        def on_rows(x=x, q=q_rows, g=g_rows):
-            return delta_rule(q, x["k"], x["v"], x["beta"], g, chunk_size=C)
+        def on_rows(x=x, q=q_rows, g=g_rows, rows=C - C % n):  # the op's chunks of whole tokens
+            return delta_rule(q, x["k"], x["v"], x["beta"], g, chunk_size=rows)
 
         with torch.no_grad():
             product()  # the first call builds or loads the C++ kernels
@@ -99,6 +104,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = measure(args)
@@ -106,9 +112,10 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     shape = f"T = {args.T}, H = {args.H}, K = {args.K}, V = {args.V}, C = {args.C}"
-    print(f"{shape}, {args.threads} thread(s), float32, forward, medians of {args.repeats}")
+    print(f"{shape}, {args.threads} thread(s), float32, forward, medians of {args.repeats} "
+          f"({args.clock} clock)")  # fmt: skip
     print("| n_h | delta rule ms | DeltaProduct ms | ratio | target | over delta_rule on the rows "
-          "| dropped outputs' share of the ops |")  # fmt: skip
+          "| unread outputs' share of the ops |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         target = "" if r["target"] is None else f"<= {r['target']}"

@@ -78,3 +78,34 @@ def gradients_as_module(module: nn.Module) -> nn.Module:
         for p, q in zip(grads.parameters(), module.parameters(), strict=True):
             p.copy_(q.grad)
     return grads
+
+
+def gradients(layer: nn.Module, x: torch.Tensor, w: torch.Tensor) -> tuple:
+    """The layer's output y for x, and the gradients of sum(y w) for x and for every parameter
+    (by name)."""
+    x = x.clone().requires_grad_()
+    y = layer(x)[0]
+    (y * w).sum().backward()
+    return y, x.grad, {n: p.grad for n, p in layer.named_parameters()}
+
+
+def check_from_fla(module: nn.Module, cls: type, shape: tuple[int, ...]) -> tuple:
+    """``cls.from_fla(module)`` against fla's layer ``module`` (float32) with the same weights,
+    on random x and output weights w of ``shape`` ([B, T, D], drawn after the conversions): as
+    many parameters; fla's forward, input and weight gradients (the weights' in our layout: the
+    converter run on a copy holding them) and ours in float32 each within 1e-5 (relative) of ours
+    in float64. Returns (ours in float64, x, fla's output), for a decoding check."""
+    ours32 = cls.from_fla(module)
+    count = sum(p.numel() for p in ours32.parameters())
+    assert count == sum(p.numel() for p in module.parameters())
+    ours64 = cls.from_fla(module).double()
+    x, w = torch.randn(2, *shape)
+    truth = gradients(ours64, x.double(), w.double())
+    y_fla, dx_fla, _ = gradients(module, x, w)
+    grads = cls.from_fla(gradients_as_module(module))
+    for y, dx, dw in ((y_fla, dx_fla, dict(grads.named_parameters())), gradients(ours32, x, w)):
+        assert relative_error(y.double(), truth[0]) < 1e-5, "forward"
+        assert relative_error(dx.double(), truth[1]) < 1e-5, "input gradient"
+        for n, g in truth[2].items():
+            assert relative_error(dw[n].double(), g) < 1e-5, n
+    return ours64, x, y_fla

@@ -20,8 +20,7 @@ fla_layer_module = pytest.importorskip("fla.layers.gated_deltaproduct")
 fla_chunk = pytest.importorskip("fla.ops.gated_delta_product.chunk")
 
 from linattn.layers import GatedDeltaNet, GatedDeltaProduct  # noqa: E402
-from tests.layers.reference_layers import gradients_as_module, perturb, relative_error  # noqa: E402
-from tests.layers.test_from_fla import gradients  # noqa: E402
+from tests.layers.reference_layers import check_from_fla, perturb, relative_error  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 B, T, D = 1, 6, 32
@@ -53,20 +52,7 @@ def test_forward_gradients_and_decoding_equal_fla(options, monkeypatch):
     torch.manual_seed(0)
     module = fla_layers.GatedDeltaProduct(D, expand_v=2, head_dim=8, num_heads=2, **options)
     perturb(module)
-    ours32 = GatedDeltaProduct.from_fla(module)
-    assert sum(p.numel() for p in ours32.parameters()) == sum(
-        p.numel() for p in module.parameters()
-    )
-    ours64 = GatedDeltaProduct.from_fla(module).double()
-    x, w = torch.randn(2, B, T, D)
-    truth = gradients(ours64, x.double(), w.double())
-    y_fla, dx_fla, _ = gradients(module, x, w)
-    grads = GatedDeltaProduct.from_fla(gradients_as_module(module))
-    for y, dx, dw in ((y_fla, dx_fla, dict(grads.named_parameters())), gradients(ours32, x, w)):
-        assert relative_error(y.double(), truth[0]) < 1e-5, "forward"
-        assert relative_error(dx.double(), truth[1]) < 1e-5, "input gradient"
-        for n, g in truth[2].items():
-            assert relative_error(dw[n].double(), g) < 1e-5, n
+    ours64, x, y_fla = check_from_fla(module, GatedDeltaProduct, (B, T, D))
     with torch.no_grad():
         state = ours64.new_state(B, torch.float64)
         y, state = ours64(x[:, :2].double(), state)  # a prefill, then token steps

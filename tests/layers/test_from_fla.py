@@ -16,11 +16,7 @@ fla_interpreter = pytest.importorskip("tests.fla_interpreter")  # before fla
 fla_layers = pytest.importorskip("fla.layers")
 
 from linattn.layers import GatedDeltaNet, KimiDeltaAttention  # noqa: E402
-from tests.layers.reference_layers import (  # noqa: E402
-    gradients_as_module,
-    perturb,
-    relative_error,
-)
+from tests.layers.reference_layers import check_from_fla, perturb, relative_error  # noqa: E402
 
 B, T, D = 1, 6, 32
 PAIRS = {
@@ -35,35 +31,12 @@ PAIRS = {
 }
 
 
-def gradients(layer, x, w):
-    x = x.clone().requires_grad_()
-    y = layer(x)[0]
-    (y * w).sum().backward()
-    return y, x.grad, {n: p.grad for n, p in layer.named_parameters()}
-
-
 @pytest.mark.parametrize("name", PAIRS)
 def test_forward_gradients_and_decoding_equal_fla(name):
     torch.manual_seed(0)
     module, cls = PAIRS[name]()
     perturb(module)
-    ours32 = cls.from_fla(module)
-    assert sum(p.numel() for p in ours32.parameters()) == sum(
-        p.numel() for p in module.parameters()
-    )
-    ours64 = cls.from_fla(module).double()
-    x, w = torch.randn(2, B, T, D)
-    truth = gradients(ours64, x.double(), w.double())
-    y_fla, dx_fla, dw_fla = gradients(module, x, w)
-    # fla's weight gradients in our layout: the converter run on a copy holding them
-    grads = cls.from_fla(gradients_as_module(module))
-    fla_result = (y_fla, dx_fla, dict(grads.named_parameters()))
-    for result in (fla_result, gradients(ours32, x, w)):
-        y, dx, dw = result
-        assert relative_error(y.double(), truth[0]) < 1e-5, "forward"
-        assert relative_error(dx.double(), truth[1]) < 1e-5, "input gradient"
-        for n, g in truth[2].items():
-            assert relative_error(dw[n].double(), g) < 1e-5, n
+    ours64, x, y_fla = check_from_fla(module, cls, (B, T, D))
     with torch.no_grad():
         state = ours64.new_state(B, torch.float64)
         steps = []

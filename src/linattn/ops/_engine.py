@@ -53,17 +53,19 @@ def forward(
     initial_state: Tensor | None,
     chunk_size: int,
     scale: float,
+    reads: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """One batch of equal-length sequences in the internal layout, in the chosen form.
 
     The chunk form takes q unscaled and the scale (it folds the scale into its per-group copy of
-    q, which saves a whole-sequence copy); the other forms take q already scaled.
+    q, which saves a whole-sequence copy); the other forms take q already scaled. ``reads`` > 1:
+    q's rows are one per ``reads`` write rows (``library.chunk``; the chunk form only).
     """
     if 0 in k.shape[:3] or v.shape[1] == 0:
         return empty_forward(q, k, v, beta, g, initial_state)
     if mode == "chunk":
         # A registered op: its schema carries the mechanism (rule and gate).
-        return chunk(q, k, v, beta, g, initial_state, chunk_size, scale, mech)
+        return chunk(q, k, v, beta, g, initial_state, chunk_size, scale, mech, reads)
     if mode == "recurrent" and q.shape[2] <= DECODE_TOKENS and initial_state is not None:
         decoded = decode(mech, q, k, v, beta, g, initial_state, scale)
         if decoded is not None:
@@ -141,6 +143,7 @@ def run(
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
     rule: str | None = None,
+    reads: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """Validated public tensors in, (o [B, T, HV, V] in the compute dtype, final state) out.
 
@@ -149,10 +152,13 @@ def run(
     None, [B, T, HV] or [B, T, HV, K]; initial_state: [N, HV, K, V] or None (N = B, or the
     number of packed sequences). HV = groups * H: grouped value heads, value head j reading q/k
     head j // groups in place (every form takes q, k with H heads: no copy of them).
+    ``reads`` = R > 1 (the chunk form where ``library.reads_apply``, chunk_size a multiple of R,
+    no cu_seqlens): q [B, T / R, H, K] read after the last of each R write rows, o
+    [B, T / R, HV, V] (DeltaProduct's n_h writes per token).
     """
     bounds = None if cu_seqlens is None else cu_seqlens.tolist()
     if mode == "chunk":
-        lengths = [q.shape[1]] if bounds is None else [e - s for s, e in itertools.pairwise(bounds)]
+        lengths = [k.shape[1]] if bounds is None else [e - s for s, e in itertools.pairwise(bounds)]
         check_chunk(chunk_size, lengths)
     # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -162,7 +168,7 @@ def run(
         # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
         q, k, v, beta, g = to_internal(q, k, v, beta=beta, g=g)
         S0 = None if S0 is None else S0.to(q.dtype)
-        o, S = forward(mode, mech, q, k, v, beta, g, S0, chunk_size, scale)
+        o, S = forward(mode, mech, q, k, v, beta, g, S0, chunk_size, scale, reads)
         return o.transpose(1, 2), S
 
     if cu_seqlens is None:

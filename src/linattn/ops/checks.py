@@ -131,20 +131,24 @@ def qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
     return B, T, H, K, v.shape[3]
 
 
-def grouped_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int, int]:
+def grouped_qkv(
+    q: object, k: object, v: object, writes: int = 1
+) -> tuple[int, int, int, int, int, int]:
     """q, k: [B, T, H, K], v: [B, T, HV, V] with HV = G * H (grouped value heads; value head j
-    reads q/k head j // G), one dtype; returns (B, T, H, HV, K, V). HV = H is the plain case."""
+    reads q/k head j // G), one dtype; returns (B, T, H, HV, K, V). HV = H is the plain case.
+    ``writes`` > 1: k and v have T writes rows (DeltaProduct), their shapes checked by the caller
+    with its own message (``delta_product.writes_shapes``)."""
     tensor("q", q, 4)
     tensor("k", k, 4)
     tensor("v", v, 4)
-    if q.shape != k.shape:
+    if writes == 1 and q.shape != k.shape:
         raise ValueError(
             f"q and k must have the same shape [B, T, H, K], got {tuple(q.shape)} and "
             f"{tuple(k.shape)}"
         )
     B, T, H, K = q.shape
     HV = v.shape[2]
-    if v.shape[:2] != q.shape[:2] or (HV % H if H else HV) != 0:
+    if (writes == 1 and v.shape[:2] != q.shape[:2]) or (HV % H if H else HV) != 0:
         raise ValueError(
             f"v must have shape [B, T, HV, V] with B, T = {(B, T)} and HV a multiple of H = {H} "
             f"(grouped value heads: value head j pairs with q/k head j // (HV // H)), got "

@@ -29,6 +29,7 @@ from torch import Tensor
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
 from linattn.ops.functional import l2norm
+from linattn.ops.library import reads_apply
 from linattn.ops.step import recurrent_step
 
 
@@ -40,28 +41,10 @@ def householder_count(num_householder: object) -> int:
     return n
 
 
-def _check_qkv(q: object, k: object, v: object, n: int) -> tuple[int, ...]:
-    """q [B, T, H, K], k, v 4-D, finite, one dtype; (B, T, H, HV, K, V) with HV a multiple of
-    H (k's and v's rows are ``writes_shapes``')."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _checks.tensor(name, x, 4)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if (HV % H if H else HV) != 0:
-        raise ValueError(
-            f"v must have HV heads, a multiple of q's H = {H} (grouped value heads), got "
-            f"{tuple(v.shape)}"
-        )
-    _checks.head_sizes("q, k, v", K, V)
-    return B, T, H, HV, K, V
-
-
 def _check_writes(q, k, v, beta, g, n: int, cu_seqlens, initial_state) -> None:
     """The tensors of ``gated_delta_product``: shapes (T n_h rows of k, v, beta), dtypes and
     values, the packed sequences and the initial state, each error naming its argument."""
-    B, T, H, HV, K, V = _check_qkv(q, k, v, n)
+    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v, writes=n)
     writes_shapes(k, v, beta, (B, T, H, HV, K, V), n)
     _checks.beta(beta, B, T * n, HV)
     _checks.gate(g, B, T, HV, K)
@@ -112,6 +95,20 @@ def interleave_query(q: Tensor, n: int) -> Tensor:
     return q.unsqueeze(2).expand(B, T, n, *q.shape[2:]).reshape(B, T * n, *q.shape[2:])
 
 
+def query_stride(q: Tensor, v: Tensor, n: int, mode: str, chunk_size: int, cu_seqlens) -> int:
+    """The write rows per query row the chunk form takes: n_h where the fused C++ loop reads q's
+    T rows in place (``library.reads_apply``: eager float32 on the CPU; chunk_size >= n_h; no
+    cu_seqlens; no empty dimension), forming no output at the writes not read (csrc/kernels.h,
+    ``reads``), over chunks of whole tokens (chunk_size rounded down to a multiple of n_h); else
+    1: q repeated on each write row (``interleave_query``) and the outputs not read dropped
+    afterwards. Equal either way, up to the rounding of the chunks' sums.
+    """
+    fits = mode == "chunk" and chunk_size >= n and cu_seqlens is None
+    if n == 1 or not fits or q.numel() == 0 or v.shape[2] == 0:
+        return 1
+    return n if reads_apply(q, "delta") else 1
+
+
 def gated_delta_product(
     q: Tensor,
     k: Tensor,
@@ -142,7 +139,9 @@ def gated_delta_product(
         num_householder: n_h >= 1, the writes per token.
         scale: multiplies q; None means 1 / sqrt(K).
         mode: "parallel", "recurrent" or "chunk" (as ``delta_rule``).
-        chunk_size: rows (writes) per chunk of the chunk form, any int >= 1.
+        chunk_size: rows (writes) per chunk of the chunk form, any int >= 1; where the fused
+            C++ loop reads q in place (float32 on the CPU, ``query_stride``), rounded down to a
+            multiple of n_h (whole tokens: 63 rows for 64 at n_h = 3).
         initial_state: [B, HV, K, V] or None (zeros); [N, HV, K, V] with cu_seqlens.
         output_final_state: return the state after the last token (else None).
         cu_seqlens: None or cumulative token counts [N + 1] (B = 1) of packed sequences, in
@@ -161,12 +160,14 @@ def gated_delta_product(
     if _checks.flag("use_qk_l2norm", use_qk_l2norm):
         dtype = _engine.compute_dtype(q.dtype)
         q, k = l2norm(q.to(dtype)), l2norm(k.to(dtype))
+    R = query_stride(q, v, n, mode, chunk_size, cu_seqlens)
     o, S = _engine.run(
-        interleave_query(q, n), k, v, beta, interleave_gate(g, n), scale=scale, mode=mode,
-        chunk_size=chunk_size, initial_state=initial_state,
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens * n,
+        q if R > 1 else interleave_query(q, n), k, v, beta, interleave_gate(g, n), scale=scale,
+        mode=mode, chunk_size=chunk_size - chunk_size % R, initial_state=initial_state,
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens * n, reads=R,
     )  # fmt: skip
-    o = o[:, n - 1 :: n]  # [B, T n_h, HV, V] -> [B, T, HV, V]: the read after the last write
+    if R == 1:
+        o = o[:, n - 1 :: n]  # [B, T n_h, HV, V] -> [B, T, HV, V]: the read after the last write
     return o.to(v.dtype), S if output_final_state else None
 
 

@@ -34,6 +34,10 @@ PyTorch group loop (``chunk.loop_forward``, ``chunk.loop_backward``) for everyth
 GPUs, ``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compiled graph serves
 both.
 
+DeltaProduct's query rows (``reads`` = n_h, q with one row per n_h write rows) are an argument
+of the C++ kernels only, taken by ``chunk(..., reads=n)`` in eager float32 CPU calls
+(``reads_apply``, ``_QueryRowsChunk``); traced and PyTorch calls repeat q on the write rows.
+
 Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
 write into buffers autograd cannot record: the registered backward then differentiates the
 all-blocks form instead (``chunk.differentiable_backward``).
@@ -331,6 +335,51 @@ class _EagerChunk(torch.autograd.Function):
     backward = staticmethod(_backward)
 
 
+def reads_apply(q: Tensor, rule: str) -> bool:
+    """Whether ``chunk`` can take reads > 1 (query rows fewer than write rows) for this call:
+    eager float32 CPU tensors of a rule the fused C++ loop computes (its kernels' ``reads``)."""
+    return q.dtype == torch.float32 and _fused(q, rule) and not tracing(q)
+
+
+class _QueryRowsChunk(torch.autograd.Function):
+    """The fused chunk loop with R = ``reads`` write rows per query row: q [B, H, T / R, K] and o
+    [B, HV, T / R, V], query i read after write row i R + R - 1 (DeltaProduct's n_h writes per
+    token, one read), the outputs of the other rows never formed (csrc/kernels.h). Eager float32
+    CPU only (``reads_apply``); the same context and gradients as ``_EagerChunk``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, S0, scale, C, keep, rule, gate, reads):
+        kernel = _native.fused("chunk_forward")
+        o, S, states = kernel(q, k, v, beta, g, S0, scale, C, keep, rule, gate, reads)
+        _setup_context(ctx, (q, k, v, beta, g, S0, scale, C, keep, rule, gate), (o, S, states))
+        ctx.reads = reads
+        return o, S, states
+
+    @staticmethod
+    def backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> tuple:
+        q, k, v, beta, g, S0, states = ctx.saved_tensors
+        R, rule, gate = ctx.reads, *schema_args(ctx.mech)
+        if d_o is None:  # o unused: zeros in its layout, a view of [B, T / R, HV, V]
+            d_o = v.new_zeros(v.shape[0], q.shape[2], v.shape[1], v.shape[-1]).transpose(1, 2)
+        if d_S is None:
+            d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
+        if torch.is_grad_enabled():  # create_graph=True: on the write rows, q on each of its
+            # group's rows, d_o zero on the rows not read (their dq is 0): [B, H(V), T, D]
+            q_rows = q.repeat_interleave(R, dim=2)
+            d_rows = torch.stack([torch.zeros_like(d_o)] * (R - 1) + [d_o], dim=3).flatten(2, 3)
+            args = (q_rows, k, v, beta, g, S0, d_rows, d_S, ctx.scale, ctx.C, ctx.mech)
+            dq, *grads = differentiable_backward(*args, ctx.needs_input_grad)
+            dq = None if dq is None else dq.unflatten(2, (-1, R)).sum(3)  # [B, H, T / R, K]
+            return dq, *grads, *_NUMBERS, None
+        if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
+            args = (q, k, v, beta, g, S0, ctx.scale, ctx.C, True, rule, gate, R)
+            states = _native.fused("chunk_forward")(*args)[2]
+        args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C, rule, gate, R)
+        dq, dk, dv, dbeta, dg, dS0 = _native.fused("chunk_backward")(*args)
+        dbeta, dg = None if beta is None else dbeta, None if g is None else dg
+        return dq, dk, dv, dbeta, dg, dS0, *_NUMBERS, None
+
+
 def chunk(
     q: Tensor,
     k: Tensor,
@@ -341,13 +390,17 @@ def chunk(
     chunk_size: int,
     scale: float,
     mech: Mechanism,
+    reads: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """The chunk form of the mechanism ``mech`` as the op ``linattn::chunk_forward`` with its
     backward (internal layout; the public ops have checked the inputs and resolved ``mech``); o
     [B, H, T, V] and the final state. The states of the
     chunks are kept only where a gradient can flow back. Traced (torch.compile, torch.export):
     the op itself; eager: its kernel and backward called directly (``_EagerChunk``), which saves
-    the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost."""
+    the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost.
+
+    ``reads`` = R > 1 (where ``reads_apply``; C a multiple of R): q has T / R rows, read after the
+    last of each R write rows, and o [B, HV, T / R, V] (``_QueryRowsChunk``)."""
     B, _, T, K = k.shape
     HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H
     S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
@@ -357,5 +410,8 @@ def chunk(
     # within their bound, so that a traced T stays symbolic (min(C, T) would specialise it).
     C = chunk_size if chunk_size <= tuning.MAX_CHUNK else min(chunk_size, T)
     args = (q, k, v, beta, g, S0, float(scale), C, keep, *schema_args(mech))
+    if reads > 1:
+        o, S, _ = _QueryRowsChunk.apply(*args, reads)
+        return o, S
     o, S, _ = chunk_forward(*args) if tracing(q) else _EagerChunk.apply(*args)
     return o, S

@@ -77,11 +77,12 @@ struct BackwardTensors {
   Sizes sz;
   at::Tensor q, k, v, beta, g, d_o, states, dq, dk, dv, dg, dbeta, dS;
 
-  // The rows of chunk n of value head p (q and k: its q/k head, read in place).
+  // The rows of chunk n of value head p (q and k: its q/k head, read in place; q's from row
+  // n C / R, ``BackwardBlocks::spread``).
   ChunkRows rows(int64_t n, int64_t p) const {
     const int64_t b = p / sz.HV, h = p % sz.HV, hq = sz.qk_head(h), t0 = n * sz.C;
     const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
-    return {chunk_rows(q, q.data_ptr<float>(), b, hq, t0),
+    return {chunk_rows(q, q.data_ptr<float>(), b, hq, t0 / sz.R),
             chunk_rows(k, k.data_ptr<float>(), b, hq, t0),
             chunk_rows(v, v.data_ptr<float>(), b, h, t0),
             q.stride(2),
@@ -94,13 +95,17 @@ struct BackwardTensors {
             c};
   }
 
-  // Where the gradients of chunk n of value head p go, and its dO.
+  // Where the gradients of chunk n of value head p go, and its dO (dO and dq: from query row
+  // n C / R).
   ChunkGrads grads(int64_t n, int64_t p) const {
     const int64_t b = p / sz.HV, h = p % sz.HV, t0 = n * sz.C;
     auto row = [&](const at::Tensor& x) { return chunk_rows(x, x.data_ptr<float>(), b, h, t0); };
-    return {row(d_o),
+    auto query = [&](const at::Tensor& x) {
+      return chunk_rows(x, x.data_ptr<float>(), b, h, t0 / sz.R);
+    };
+    return {query(d_o),
             d_o.stride(2),
-            row(dq),
+            query(dq),
             row(dk),
             row(dv),
             rule.reads_beta ? row(dbeta) : nullptr,
@@ -125,6 +130,8 @@ struct BackwardBlocks {
   Scratch w;
   std::vector<float> Gam, Aqk, Akk, L, X, U, Qd, Ke, Kd, eG, eEnd, D;
   std::vector<float> dA, dU, dRk, dQd, dKe, dX, dY, dG, dGe, dG_diag, dG_end;
+  std::vector<float> Qx, dOx, dQx;  // R > 1: the query rows on the write rows (``spread``)
+  int64_t R;
 
   BackwardBlocks(const Sizes& sz, int64_t kg, int64_t writes)
       : w(sz.C, sz.K, sz.V), Gam(kg == 1 ? sz.C * sz.C : 0), Aqk(writes * sz.C * sz.C),
@@ -133,7 +140,19 @@ struct BackwardBlocks {
         eG(sz.C * std::max<int64_t>(kg, 1)), eEnd(eG.size()), D(std::max<int64_t>(kg, 1)),
         dA(writes * sz.C * sz.C), dU(writes * sz.C * sz.V), dRk(sz.C * sz.K), dQd(sz.C * sz.K),
         dKe(writes * sz.C * sz.K), dX(sz.C * sz.K), dY(sz.C * sz.K), dG(eG.size()),
-        dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()) {}
+        dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()), Qx(sz.R > 1 ? sz.C * sz.K : 0, 0.0f),
+        dOx(sz.R > 1 ? sz.C * sz.V : 0, 0.0f), dQx(Qx.size()), R(sz.R) {}
+
+  // x and g with their query rows on the write rows (R > 1): q_i and dO_i at row i R + R - 1 of
+  // Qx and dOx, zeros at the others (never written), dq into dQx, so that every step runs as for
+  // R = 1 on the numbers of the delta rule on the write rows with a zero dO at the rows not
+  // read (their dq rows come out exactly 0; ``gather_queries`` copies the query rows out).
+  void spread(ChunkRows& x, ChunkGrads& g, int64_t K, int64_t V) {
+    if (R == 1) return;
+    spread_queries(x.c, R, K, x.q, x.ldq, Qx.data());
+    spread_queries(x.c, R, V, g.dO, g.lddo, dOx.data());
+    x.q = Qx.data(), x.ldq = K, g.dO = dOx.data(), g.lddo = V, g.dQ = dQx.data(), g.lddq = K;
+  }
 
   // Where the terms are written (terms.h; Kd formed for a rule that needs it only).
   Terms terms(const Rule& rule) {
@@ -394,6 +413,18 @@ void chunk_step(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Ru
   if (d.gated()) gate_gradients(x, g, d, tg);
 }
 
+// Every step of chunk n of head p (``chunk_step``), its query rows spread over its write rows
+// and dq's gathered back where R > 1 (``BackwardBlocks::spread``).
+void query_step(const BackwardTensors& t, int64_t n, int64_t p, float* dSn, BackwardBlocks& b) {
+  ChunkRows x = t.rows(n, p);
+  ChunkGrads g = t.grads(n, p);
+  float* dq = g.dQ;
+  const int64_t lddq = g.lddq;
+  b.spread(x, g, t.sz.K, t.sz.V);
+  chunk_step(x, g, t.dims(x.c), t.rule, t.state(n, p), dSn, b);
+  if (t.sz.R > 1) gather_queries(x.c, t.sz.R, t.sz.K, b.dQx.data(), dq, lddq);
+}
+
 // The split schedule's slots of the state-gradient chain (schedule.h): slot n P + p holds what
 // the chain reads of chunk n of head p: Qd [C, K] and D [kg] (with decay), Ke [writes C, K]
 // (with decay, or a stacked rule's: rules.h), A_q [C, writes C], W [C, K] (a rule whose U reads
@@ -434,8 +465,9 @@ void gradient_chain(const BackwardTensors& t, const ChainSlots& slots, int64_t p
   const bool gated = t.kg > 0;
   float* dS = t.dstate(p);
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
-    const ChunkRows x = t.rows(n, p);
-    const ChunkGrads g = t.grads(n, p);
+    ChunkRows x = t.rows(n, p);
+    ChunkGrads g = t.grads(n, p);
+    b.spread(x, g, K, V);
     const int64_t s = n * P + p, at = t.rule.state_row(x.c);
     std::memcpy(dSp + s * KV, dS, sizeof(float) * KV);
     const float* slot = slots.slot(s);
@@ -465,7 +497,9 @@ void backward_split(const BackwardTensors& t) {
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
     BackwardBlocks b(t.sz, t.kg, t.rule.writes);
     for (int64_t s = lo; s < hi; ++s) {
-      const ChunkRows x = t.rows(s / P, s % P);
+      ChunkRows x = t.rows(s / P, s % P);
+      ChunkGrads g = t.grads(s / P, s % P);
+      b.spread(x, g, t.sz.K, t.sz.V);
       const Dims d = t.dims(x.c);
       slots.store(s, recompute(x, d, t.rule, t.state(s / P, s % P), b), d);
     }
@@ -477,10 +511,8 @@ void backward_split(const BackwardTensors& t) {
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
     BackwardBlocks b(t.sz, t.kg, t.rule.writes);
     for (int64_t s = lo; s < hi; ++s) {
-      const int64_t n = s / P, p = s % P;
-      const ChunkRows x = t.rows(n, p);
       // its own copy of dS', which the steps turn into dS
-      chunk_step(x, t.grads(n, p), t.dims(x.c), t.rule, t.state(n, p), dSp + s * KV, b);
+      query_step(t, s / P, s % P, dSp + s * KV, b);
     }
   });
 }
@@ -489,10 +521,7 @@ void backward_split(const BackwardTensors& t) {
 void backward_fused(const BackwardTensors& t, int64_t lo, int64_t hi) {
   BackwardBlocks b(t.sz, t.kg, t.rule.writes);
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
-    for (int64_t p = lo; p < hi; ++p) {
-      const ChunkRows x = t.rows(n, p);
-      chunk_step(x, t.grads(n, p), t.dims(x.c), t.rule, t.state(n, p), t.dstate(p), b);
-    }
+    for (int64_t p = lo; p < hi; ++p) query_step(t, n, p, t.dstate(p), b);
   }
 }
 
@@ -502,7 +531,8 @@ void backward_fused(const BackwardTensors& t, int64_t lo, int64_t hi) {
 at::Tensor group_sum(const at::Tensor& d, const Sizes& sz) {
   if (sz.group == 1) return d;
   // [B, HV, T, K] -> [B, T, HV, K] -> [B, T, H, group, K], summed over group -> [B, T, H, K]
-  return d.transpose(1, 2).view({sz.B, sz.T, sz.H, sz.group, sz.K}).sum(3).transpose(1, 2);
+  const int64_t T = d.size(2);  // T, or q's T / R rows
+  return d.transpose(1, 2).view({sz.B, T, sz.H, sz.group, sz.K}).sum(3).transpose(1, 2);
 }
 
 // The checks of a ``chunk_backward`` call: its sizes and the gate width kg.
@@ -511,13 +541,14 @@ std::pair<Sizes, int64_t> backward_sizes(const Mechanism& mech, const at::Tensor
                                          const std::optional<at::Tensor>& beta,
                                          const std::optional<at::Tensor>& g,
                                          const at::Tensor& states, const at::Tensor& d_o,
-                                         const at::Tensor& dS_final, double scale, int64_t C) {
+                                         const at::Tensor& dS_final, double scale, int64_t C,
+                                         int64_t reads) {
   const Checks check{kBackwardOp};
-  const Sizes sz(check, q, k, v, C);
+  const Sizes sz(check, q, k, v, C, reads);
   const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V;
   const int64_t kg = check.mechanism_inputs(mech, beta, g, B, HV, T, K);
   check.shape("states", states, {sz.N, sz.P, K, V}, "[ceil(T / C), B HV, K, V]");
-  check.shape("d_o", d_o, {B, HV, T, V}, "[B, HV, T, V]");
+  check.shape("d_o", d_o, {B, HV, sz.queries(), V}, "[B, HV, T / reads, V]");
   check.shape("dS_final", dS_final, {B, HV, K, V}, "[B, HV, K, V]");
   checked_scale(check, scale);
   return {sz, kg};
@@ -529,16 +560,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
-    double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate) {
+    double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate, int64_t reads) {
   const Mechanism mech = parse_mechanism(kBackwardOp, rule, gate);
   const auto [sz, kg] = backward_sizes(mech, q_in, k_in, v_in, beta_opt, g_opt, states_in,
-                                       d_o_in, dS_final, scale_d, C64);
+                                       d_o_in, dS_final, scale_d, C64, reads);
   const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V, P = sz.P;
   BackwardTensors t{*mech.rule, kg, static_cast<float>(scale_d), sz};
   t.q = blas_rows(q_in), t.k = blas_rows(k_in), t.v = blas_rows(v_in);
   t.d_o = blas_rows(d_o_in), t.states = states_in.contiguous();
   const at::TensorOptions options = t.q.options();
-  t.dq = fresh_public(sz, K, options), t.dk = fresh_public(sz, K, options);
+  t.dq = fresh_public(sz, K, options, sz.queries()), t.dk = fresh_public(sz, K, options);
   t.dv = fresh_public(sz, V, options);
   if (t.rule.reads_beta && t.rule.input_keys == 0) {  // beta [B, HV, T]
     t.beta = *beta_opt;

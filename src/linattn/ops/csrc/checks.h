@@ -67,14 +67,22 @@ struct Checks {
 // C = min(C, T) (the same chunks: one chunk holds the whole sequence either way). P = B HV: the
 // value heads, one state each. 64-bit throughout; the BLAS's 32-bit sizes and leading dimensions
 // are checked here, before any work.
+//
+// R (``reads``) write rows per query row: q [B, H, T / R, K] and o [B, HV, T / R, V], query i
+// read after write row i R + R - 1 (DeltaProduct's n_h writes per token, one read); T and C are
+// multiples of R, so that every chunk holds whole groups. R = 1: a query per write row.
 struct Sizes {
   int64_t B, H, HV, group, T, K, V, P, N, C;  // group: value heads per q/k head
+  int64_t R = 1;                              // write rows per query row
   Sizes(const Checks& check, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-        int64_t C64) {
+        int64_t C64, int64_t reads = 1) {
     check.float32_cpu("q", q);
     TORCH_CHECK(q.dim() == 4, check.op, ": q must be of shape [B, H, T, K], got ", q.sizes());
-    B = q.size(0), H = q.size(1), T = q.size(2), K = q.size(3);
-    check.shape("k", k, q.sizes(), "[B, H, T, K]");
+    TORCH_CHECK(reads >= 1, check.op, ": reads (write rows per query row) must be >= 1, got ",
+                reads);
+    R = reads;
+    B = q.size(0), H = q.size(1), T = q.size(2) * R, K = q.size(3);
+    check.shape("k", k, {B, H, T, K}, R == 1 ? "[B, H, T, K]" : "[B, H, T reads, K]");
     check.float32_cpu("v", v);
     TORCH_CHECK(v.dim() == 4, check.op, ": v must be of shape [B, HV, T, V], got ", v.sizes());
     HV = v.size(1), V = v.size(3);
@@ -87,11 +95,15 @@ struct Sizes {
     C = std::min(C64, std::max<int64_t>(T, 1));
     TORCH_CHECK(C <= kMaxChunk, check.op, ": C = min(chunk size, T) = ", C, " exceeds ",
                 kMaxChunk, " (a thread keeps C x C blocks: use a smaller chunk size)");
+    TORCH_CHECK(C % R == 0, check.op, ": C = min(chunk size, T) = ", C,
+                " must be a multiple of reads = ", R, " (whole groups of write rows per chunk)");
     TORCH_CHECK(K + V <= INT32_MAX && HV * std::max(K, V) <= INT32_MAX, check.op, ": K = ", K,
                 ", V = ", V, ", HV = ", HV, " exceed the BLAS's 32-bit sizes");
     P = B * HV;
     N = (T + C - 1) / C;
   }
+
+  int64_t queries() const { return T / R; }  // q's and o's rows
 
   // The q/k head that value head hv reads.
   int64_t qk_head(int64_t hv) const { return hv / group; }

@@ -29,13 +29,15 @@ namespace {
 constexpr const char* kForwardOp = "linattn_native.chunk_forward";
 
 // Step o: the read of the incoming state plus the masked product inside the chunk,
-// o = Qd S + A_q U (O [c, V], row stride ldo; A_q [c, n], row stride lda, over the n write rows
-// of U: n = c, or the rule's stacked rows, rules.h).
-void chunk_outputs(int c, int64_t n, int64_t K, int64_t V, const GatedRows& r, const float* S,
-                   const float* A, int64_t lda, const float* U, int64_t ldu, float* O,
-                   int64_t ldo) {
-  gemm(false, false, c, V, K, r.q_alpha, r.Qread, r.ldqr, S, V, 0.0f, O, ldo);
-  gemm(false, false, c, V, n, 1.0f, A, lda, U, ldu, 1.0f, O, ldo);
+// o = Qd S + A_q U on the query rows alone (O [c / R, V], row stride ldo; Qd and A_q's rows
+// i R + R - 1, ``query_rows``; A_q [c, n], row stride lda, over the n write rows of U: n = c, or
+// the rule's stacked rows, rules.h).
+void chunk_outputs(int c, int64_t R, int64_t n, int64_t K, int64_t V, const GatedRows& r,
+                   const float* S, const float* A, int64_t lda, const float* U, int64_t ldu,
+                   float* O, int64_t ldo) {
+  const QueryRows qr = query_rows(c, R, r.ldqr), ar = query_rows(c, R, lda);
+  gemm(false, false, qr.rows, V, K, r.q_alpha, r.Qread + qr.first, qr.step, S, V, 0.0f, O, ldo);
+  gemm(false, false, ar.rows, V, n, 1.0f, A + ar.first, ar.step, U, ldu, 1.0f, O, ldo);
 }
 
 // Step D and the state pass: the state leaving the chunk, S <- D * S + Ke^T U over the n write
@@ -77,11 +79,12 @@ struct ForwardInputs {
         gp(kg > 0 ? g.data_ptr<float>() : nullptr) {}
 
   // The rows of chunk n (tokens [n C, n C + c)) of value head p; q and k of its q/k head,
-  // read in place (grouped value heads share them).
+  // read in place (grouped value heads share them); q's from row n C / R (R > 1: the chunk's
+  // c / R query rows, which ``ForwardBlocks::queries`` spreads over its write rows).
   ChunkRows rows(int64_t n, int64_t p) const {
     const int64_t b = p / sz.HV, h = p % sz.HV, hq = sz.qk_head(h), t0 = n * sz.C;
     const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
-    return {chunk_rows(q, qp, b, hq, t0),
+    return {chunk_rows(q, qp, b, hq, t0 / sz.R),
             chunk_rows(k, kp, b, hq, t0),
             chunk_rows(v, vp, b, h, t0),
             q.stride(2),
@@ -98,10 +101,22 @@ struct ForwardInputs {
 // One thread's blocks for the terms of one chunk (terms.h): products.h's scratch and the gates'.
 struct ForwardBlocks {
   Scratch w;
-  std::vector<float> Kd, eG, eEnd, D;
+  std::vector<float> Kd, eG, eEnd, D, Qx;
+  int64_t R;
   ForwardBlocks(const Sizes& sz, int64_t kg, bool needs_Kd)
       : w(sz.C, sz.K, sz.V), Kd(needs_Kd && kg > 0 ? sz.C * sz.K : 0), eG(sz.C * kg),
-        eEnd(sz.C * kg), D(kg) {}
+        eEnd(sz.C * kg), D(kg), Qx(sz.R > 1 ? sz.C * sz.K : 0, 0.0f), R(sz.R) {}
+
+  // x with its queries on the write rows (R > 1): q_i at row i R + R - 1 of Qx [C, K], zeros at
+  // the others (never written), so that the terms (Qd, A_q) are formed as for R = 1 and the
+  // outputs read their query rows (``chunk_outputs``). R = 1: x itself.
+  ChunkRows queries(ChunkRows x) {
+    if (R == 1) return x;
+    const int64_t K = static_cast<int64_t>(w.zeros.size());
+    spread_queries(x.c, R, K, x.q, x.ldq, Qx.data());
+    x.q = Qx.data(), x.ldq = K;
+    return x;
+  }
 
   // The terms of a chunk, all in these blocks (A_kk scaled into L in place).
   Terms local() {
@@ -149,7 +164,9 @@ void advance(const ChunkRows& x, const ForwardInputs& in, const Terms& t, const 
   const int64_t K = in.sz.K, V = in.sz.V, n = in.rule.writes * x.c;
   if (in.rule.reads_state()) in.rule.pseudo_values(x.c, K, V, t.X, S, t.X + K, K + V);
   const auto [U, ldu] = values_at(x, in, t);
-  if (O) chunk_outputs(x.c, n, K, V, r, S, t.A, in.rule.writes * in.sz.C, U, ldu, O, ldo);
+  if (O) {
+    chunk_outputs(x.c, in.sz.R, n, K, V, r, S, t.A, in.rule.writes * in.sz.C, U, ldu, O, ldo);
+  }
   state_pass(n, in.kg, K, V, t.D, r, U, ldu, S);
 }
 
@@ -166,9 +183,9 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
     for (int64_t p = lo; p < hi; ++p) {
       float* S = Sp + p * KV;
       if (statep) std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
-      const ChunkRows x = in.rows(n, p);
+      const ChunkRows x = blocks.queries(in.rows(n, p));
       const GatedRows r = chunk_terms(x, in, scale, t, blocks.w);
-      advance(x, in, t, r, S, chunk_rows(o, op, p / HV, p % HV, n * C), o.stride(2));
+      advance(x, in, t, r, S, chunk_rows(o, op, p / HV, p % HV, n * C / in.sz.R), o.stride(2));
     }
   }
 }
@@ -222,7 +239,8 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
     ForwardBlocks blocks(in.sz, in.kg, in.rule.needs_Kd);
     for (int64_t s = lo; s < hi; ++s) {
-      chunk_terms(in.rows(s / P, s % P), in, scale, slots.at(s, blocks), blocks.w);
+      chunk_terms(blocks.queries(in.rows(s / P, s % P)), in, scale, slots.at(s, blocks),
+                  blocks.w);
     }
   });
   parallel_tasks(P, [&](int64_t lo, int64_t hi) {
@@ -242,13 +260,13 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
     ForwardBlocks blocks(in.sz, 0, false);
     for (int64_t s = lo; s < hi; ++s) {
       const int64_t n = s / P, p = s % P;
-      const ChunkRows x = in.rows(n, p);
+      const ChunkRows x = blocks.queries(in.rows(n, p));
       const Terms t = slots.at(s, blocks);
       const auto [U, ldu] = values_at(x, in, t);  // U, as the state pass left it
-      float* O = chunk_rows(o, op, p / HV, p % HV, n * C);
+      float* O = chunk_rows(o, op, p / HV, p % HV, n * C / in.sz.R);
       const int64_t writes = in.rule.writes;
-      chunk_outputs(x.c, writes * x.c, K, V, slots.rows(x, scale, t), statep + s * KV, t.A,
-                    writes * C, U, ldu, O, o.stride(2));
+      chunk_outputs(x.c, in.sz.R, writes * x.c, K, V, slots.rows(x, scale, t), statep + s * KV,
+                    t.A, writes * C, U, ldu, O, o.stride(2));
     }
   });
 }
@@ -260,9 +278,9 @@ std::pair<Sizes, int64_t> forward_sizes(const Mechanism& mech, const at::Tensor&
                                         const at::Tensor& k, const at::Tensor& v,
                                         const std::optional<at::Tensor>& beta,
                                         const std::optional<at::Tensor>& g, const at::Tensor& S0,
-                                        double scale, int64_t C) {
+                                        double scale, int64_t C, int64_t reads) {
   const Checks check{kForwardOp};
-  const Sizes sz(check, q, k, v, C);
+  const Sizes sz(check, q, k, v, C, reads);
   const int64_t kg = check.mechanism_inputs(mech, beta, g, sz.B, sz.HV, sz.T, sz.K);
   check.shape("S0", S0, {sz.B, sz.HV, sz.K, sz.V}, "[B, HV, K, V]");
   checked_scale(check, scale);
@@ -273,17 +291,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
-    c10::string_view gate) {
+    c10::string_view gate, int64_t reads) {
   const Mechanism mech = parse_mechanism(kForwardOp, rule, gate);
   const std::pair<Sizes, int64_t> checked =
-      forward_sizes(mech, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64);
+      forward_sizes(mech, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64, reads);
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
   const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   const float scale = static_cast<float>(scale_d);
   const ForwardInputs in(sz, *mech.rule, q_in, k_in, v_in, beta_opt, g_opt, kg);
 
-  at::Tensor o = fresh_public(sz, V, in.q.options());
+  at::Tensor o = fresh_public(sz, V, in.q.options(), sz.queries());
   // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).
   at::Tensor S = S0.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
   const bool split = split_schedule(P);  // the split schedule reads the saved states

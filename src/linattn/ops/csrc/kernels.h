@@ -35,6 +35,11 @@
 // log-gates are summed exactly as pairs of floats (``Gates``), so that every decay
 // exp(G_i - G_j) has float32's accuracy whatever the gates (resets, steep gates).
 //
+// reads = R > 1 (DeltaProduct: n_h writes per token, one read): q and o have one row per R write
+// rows, read after the last of them; each chunk's queries are spread over its write rows
+// (zeros between) so that steps 1-3 and 5 run as for R = 1, and step 4 forms the query rows'
+// outputs only (``Sizes``, checks.h; ``query_rows``, layout.h).
+//
 // The mechanism (the rule and the gate) is passed in the ops' schema and parsed once
 // (mechanism.h: the rule's name looked up in rules.h's table); nothing reads it from the tensors'
 // shapes. The loop calls the rule through its table entry (``Rule``), once per chunk, and names
@@ -66,20 +71,23 @@ namespace linattn_native {
 
 // o [B, HV, T, V] (a view of a [B, T, HV, V] tensor), the final state [B, HV, K, V], and (keep) the
 // state entering every chunk [N, B HV, K, V] for the backward pass (else an empty tensor).
+// reads = R > 1: q [B, H, T / R, K] and o [B, HV, T / R, V], query i read after write row
+// i R + R - 1 (DeltaProduct: n_h writes per token, one read; ``Sizes``, checks.h), the outputs of
+// the other rows never formed.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
-    c10::string_view gate);
+    c10::string_view gate, int64_t reads);
 
 // dq, dk [B, H, T, K], dv [B, HV, T, V], dbeta [B, HV, T] (empty for the additive rule), dg
 // [B, HV, T, kg] (empty without decay) and dS0 [B, HV, K, V], from the states ``chunk_forward``
-// kept.
+// kept; reads = R > 1: d_o [B, HV, T / R, V] and dq [B, H, T / R, K] (as ``chunk_forward``).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_backward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& states_in, const at::Tensor& d_o_in, const at::Tensor& dS_final,
-    double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate);
+    double scale_d, int64_t C64, c10::string_view rule, c10::string_view gate, int64_t reads);
 
 // One generation step of the mechanism (rule, gate), the state [B, HV, K, V] updated in place, or
 // written from ``source`` where given (q, k [B, H, K], HV = G H): o [B, HV, V], or an empty

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "block_cache.h"
 #include "checks.h"
@@ -29,9 +30,20 @@ inline at::Tensor unit_rows(const at::Tensor& x) {
 }
 
 // A fresh [B, T, HV, D] tensor seen as [B, HV, T, D]: the public layout of the value heads,
-// written head by head.
-inline at::Tensor fresh_public(const Sizes& n, int64_t D, const at::TensorOptions& options) {
-  return fresh({n.B, n.T, n.HV, D}, options).transpose(1, 2);
+// written head by head (``rows``: T, or q's rows T / R).
+inline at::Tensor fresh_public(const Sizes& n, int64_t D, const at::TensorOptions& options,
+                               int64_t rows = -1) {
+  return fresh({n.B, rows < 0 ? n.T : rows, n.HV, D}, options).transpose(1, 2);
+}
+
+// The query rows of a chunk's c write rows (R each: ``Sizes``, checks.h): row i of a block
+// [c, ld] (Qd, A_q) at the last write row of group i, i R + R - 1; c / R of them, R ld apart.
+struct QueryRows {
+  int rows;
+  int64_t first, step;  // the offset of the first row and the rows' stride, in elements
+};
+inline QueryRows query_rows(int c, int64_t R, int64_t ld) {
+  return {static_cast<int>(c / R), (R - 1) * ld, R * ld};
 }
 
 // n floats rounded up to a whole number of 64-byte cache lines (16 floats): the offset of each
@@ -45,6 +57,15 @@ inline int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
 template <typename T>
 inline T* chunk_rows(const at::Tensor& x, T* base, int64_t b, int64_t h, int64_t t0) {
   return base + b * x.stride(0) + h * x.stride(1) + t0 * x.stride(2);
+}
+
+// The c / R query rows of m values, row i of x (row stride ldx) to row i R + R - 1 of y [c, m]
+// (``spread_queries``; the other rows of y untouched), and back (``gather_queries``).
+inline void spread_queries(int c, int64_t R, int64_t m, const float* x, int64_t ldx, float* y) {
+  for (int64_t i = 0; i < c / R; ++i) std::memcpy(y + (i * R + R - 1) * m, x + i * ldx, sizeof(float) * m);
+}
+inline void gather_queries(int c, int64_t R, int64_t m, const float* y, float* x, int64_t ldx) {
+  for (int64_t i = 0; i < c / R; ++i) std::memcpy(x + i * ldx, y + (i * R + R - 1) * m, sizeof(float) * m);
 }
 
 }  // namespace linattn_native
