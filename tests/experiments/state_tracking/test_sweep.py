@@ -159,3 +159,18 @@ def test_the_curriculum_reaches_the_cells_and_their_hash(tmp_path):
     assert row["curriculum_every"] == 1 and row["config_hash"] == sweep.config_hash(preset, *cell)
     with pytest.raises(ValueError, match="curriculum_every must be an int >= 0"):
         replace(smoke, curriculum_every=-1)
+
+
+def test_steps_from_the_command_line_keep_the_curriculum_s_shape():
+    import argparse
+
+    from linattn.experiments.state_tracking.cli import build_preset, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    default = PRESETS["default"]
+    assert build_preset(parser.parse_args([])) == default
+    fewer = build_preset(parser.parse_args(["--steps", str(default.train.steps // 10)]))
+    assert fewer.curriculum_every == max(1, default.curriculum_every // 10)
+    assert fewer.train.steps == default.train.steps // 10
+    assert build_preset(parser.parse_args(["--steps", "1"])).curriculum_every == 1

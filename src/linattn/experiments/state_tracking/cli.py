@@ -80,6 +80,9 @@ def build_preset(args: argparse.Namespace):
             raise ValueError(f"--steps must be >= 1, got {args.steps}")
         warmup = min(preset.train.warmup_steps, args.steps // 10)
         changes["train"] = replace(preset.train, steps=args.steps, warmup_steps=warmup)
+        if preset.curriculum_every:  # the same share of the steps at each length
+            every = preset.curriculum_every * args.steps // preset.train.steps
+            changes["curriculum_every"] = max(1, every)
     if args.workers is not None:
         changes["workers"] = args.workers
     return replace(preset, **changes)

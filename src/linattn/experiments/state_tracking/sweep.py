@@ -1,7 +1,8 @@
 """State-tracking sweep: every (task, mechanism, layers, seed) cell trained, then length-tested.
 
 A cell trains a ``linattn.models.CausalLM`` on words of ``train_len`` tokens (a label at every
-token, so every prefix length 1 .. train_len is trained on) with MQAR's ``train``
+token, so every prefix length 1 .. train_len is trained on; after a curriculum over lengths, 4, 8,
+.. train_len tokens, where the preset has one: ``tasks.StateTask``) with MQAR's ``train``
 (AdamW, warmup + cosine, exact-resume checkpoints), then measures the per-token accuracy on fresh
 words of each test length. Mechanisms (``MECHANISMS``; LMConfig mixers and options):
 
