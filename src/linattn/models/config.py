@@ -86,8 +86,8 @@ class LMConfig:
         num_householder: delta-rule writes per token n_h of ``"deltaproduct"`` (Gated
             DeltaProduct; default 2), whose value width follows ``expand_v`` as Gated DeltaNet's.
         forget_gate: the decay alpha_t of ``"deltaproduct"`` (default True, Gated DeltaProduct;
-            False: DeltaProduct, the product of the n_h Householder matrices alone, the model of
-            Siems et al.'s state-tracking experiments).
+            False: DeltaProduct, the product of the n_h Householder matrices alone, as Siems et
+            al. define it before adding the gate).
         num_key_value_heads: key/value heads of ``"gated_attention"`` (default n_heads; a divisor
             of it: grouped-query attention).
         partial_rotary_factor: fraction of each ``"gated_attention"`` head that RoPE rotates
