@@ -68,7 +68,8 @@ def test_dict_round_trip_and_fingerprint():
 
 
 @pytest.mark.parametrize("field", ["mlp", "tie_embeddings", "short_conv", "output_gate", "rope",
-                                   "softmax_short_conv", "allow_neg_eigval"])  # fmt: skip
+                                   "softmax_short_conv", "allow_neg_eigval",
+                                   "forget_gate"])  # fmt: skip
 @pytest.mark.parametrize("value", ["no", 1, None])
 def test_yes_no_fields_must_be_bools(field, value):
     if value is None and field in ("short_conv", "output_gate"):
@@ -96,6 +97,24 @@ def test_the_papers_defaults_reach_the_mixers_of_those_names():
     )  # fmt: skip
     for block in forced.blocks:
         assert block.mixer.conv is not None and block.mixer.g_proj is None
+
+
+def test_forget_gate_off_builds_deltaproduct_without_its_decay():
+    """forget_gate=False: the "deltaproduct" block's transition is the product of its n_h
+    Householder matrices alone (no decay module, no decay parameters); on by default."""
+    from linattn.models import CausalLM
+
+    def build(**options):
+        config = LMConfig(vocab_size=8, d_model=16, n_heads=2, mixers=("deltaproduct",), **options)
+        return config, CausalLM(config).blocks[0].mixer
+
+    config, gated = build()
+    plain_config, plain = build(forget_gate=False)
+    assert gated.use_forget_gate and gated.decay is not None
+    assert not plain.use_forget_gate and plain.decay is None
+    count = sum(p.numel() for p in gated.parameters()) - sum(p.numel() for p in plain.parameters())
+    assert count == sum(p.numel() for p in gated.decay.parameters()) > 0
+    assert config.fingerprint() != plain_config.fingerprint()
 
 
 def test_numpy_bools_are_stored_as_bools():

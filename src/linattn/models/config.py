@@ -85,6 +85,9 @@ class LMConfig:
             (default n_heads; a multiple of it: grouped value heads, Qwen3-Next's layout).
         num_householder: delta-rule writes per token n_h of ``"deltaproduct"`` (Gated
             DeltaProduct; default 2), whose value width follows ``expand_v`` as Gated DeltaNet's.
+        forget_gate: the decay alpha_t of ``"deltaproduct"`` (default True, Gated DeltaProduct;
+            False: DeltaProduct, the product of the n_h Householder matrices alone, as Siems et
+            al. define it before adding the gate).
         num_key_value_heads: key/value heads of ``"gated_attention"`` (default n_heads; a divisor
             of it: grouped-query attention).
         partial_rotary_factor: fraction of each ``"gated_attention"`` head that RoPE rotates
@@ -125,6 +128,7 @@ class LMConfig:
     expand_v: float = 2.0
     num_v_heads: int | None = None
     num_householder: int = 2
+    forget_gate: bool = True
     num_key_value_heads: int | None = None
     partial_rotary_factor: float = 0.25
     kv_lora_rank: int = 64

@@ -87,6 +87,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         expand_v=c.expand_v,
         num_v_heads=c.num_v_heads,
         num_householder=c.num_householder,
+        use_forget_gate=c.forget_gate,
         **_delta_kwargs(c),
     ),  # fmt: skip
     "mla": lambda c: MultiHeadLatentAttention(

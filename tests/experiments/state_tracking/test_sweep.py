@@ -105,3 +105,72 @@ def test_the_report_shows_the_table_computed_from_the_rows(tmp_path):
     assert 'id="state-tracking"' in html and "DeltaNet [0, 2]" in html
     empty = render_markdown(small_report(state_tracking_note="none here"))
     assert "No state-tracking results at" in empty and "none here" in empty
+
+
+def test_a_task_with_its_own_mechanisms_runs_those_alone(tmp_path, capsys):
+    preset = replace(PRESETS["smoke"], task_mechanisms={"S3": ("deltanet_neg",)})
+    assert preset.cells() == [
+        ("parity", m, 1, 0) for m in ("deltanet", "deltanet_neg", "softmax")
+    ] + [("S3", "deltanet_neg", 1, 0)]
+    # a task's own list may name a mechanism the others do not run, and two-layer extras apply
+    wider = replace(preset, task_mechanisms={"S3": ("deltanet_neg", "linear")},
+                    extra_layers={"deltanet_neg": (2,)})  # fmt: skip
+    assert [c[1:3] for c in wider.cells() if c[0] == "S3"] == [
+        ("deltanet_neg", 1), ("deltanet_neg", 2), ("linear", 1)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="mechanisms: unknown"):
+        replace(PRESETS["smoke"], task_mechanisms={"S3": ("lstm",)})
+    with pytest.raises(ValueError, match="tasks: unknown"):
+        replace(PRESETS["smoke"], task_mechanisms={"S7": ("deltanet",)})
+    # --mechanisms narrows a task's own list too
+    args = ["state-tracking", "--preset", "smoke", "--results", str(tmp_path / "r.jsonl"),
+            "--plot", "none", "--checkpoint-dir", "none", "--mechanisms", "deltanet_neg",
+            "--json"]  # fmt: skip
+    assert main(args) == 0
+    summaries = json.loads(capsys.readouterr().out)["summaries"]
+    assert [(s["task"], s["mechanism"]) for s in summaries] == [
+        ("parity", "deltanet_neg"), ("S3", "deltanet_neg")
+    ]  # fmt: skip
+
+
+def test_the_default_preset_runs_a5_on_the_delta_rules_with_beta_to_2():
+    """The issue's "Must show": every cell at least 3 seeds; A5 on DeltaNet [0, 2] (one and two
+    blocks) and DeltaProduct n_h = 2, 3, 4; softmax and the [0, 1] rules on the rest."""
+    preset = PRESETS["default"]
+    cells = preset.cells()
+    assert len(preset.seeds) >= 3 and len(cells) == len(set(cells))
+    big = {"deltanet_neg", "deltaproduct2_neg", "deltaproduct3_neg", "deltaproduct4_neg"}
+    for task in ("A5",):
+        assert {(m, n) for t, m, n, _ in cells if t == task} == {
+            *((m, 1) for m in big),
+            ("deltanet_neg", 2),
+        }
+    for task in ("parity", "mod3", "S3"):
+        ran = {m for t, m, _, _ in cells if t == task}
+        assert {"softmax", "linear", "deltanet", "deltanet_neg", "deltaproduct2_neg"} <= ran
+
+
+def test_the_curriculum_reaches_the_cells_and_their_hash(tmp_path):
+    smoke = PRESETS["smoke"]
+    preset = replace(smoke, curriculum_every=1, tasks=("parity",), mechanisms=("deltanet_neg",))
+    cell = ("parity", "deltanet_neg", 1, 0)
+    assert sweep.config_hash(preset, *cell) != sweep.config_hash(smoke, *cell)
+    row = sweep.run_cell(preset, *cell, checkpoint_dir=None, progress=False)
+    assert row["curriculum_every"] == 1 and row["config_hash"] == sweep.config_hash(preset, *cell)
+    with pytest.raises(ValueError, match="curriculum_every must be an int >= 0"):
+        replace(smoke, curriculum_every=-1)
+
+
+def test_steps_from_the_command_line_keep_the_curriculum_s_shape():
+    import argparse
+
+    from linattn.experiments.state_tracking.cli import build_preset, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    default = PRESETS["default"]
+    assert build_preset(parser.parse_args([])) == default
+    fewer = build_preset(parser.parse_args(["--steps", str(default.train.steps // 10)]))
+    assert fewer.curriculum_every == max(1, default.curriculum_every // 10)
+    assert fewer.train.steps == default.train.steps // 10
+    assert build_preset(parser.parse_args(["--steps", "1"])).curriculum_every == 1

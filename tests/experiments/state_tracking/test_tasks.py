@@ -52,3 +52,26 @@ def test_bad_input():
         StateTask("S3", 0)
     with pytest.raises(TypeError, match="group must be a Group"):
         generate("S3", 2, 4, rng=0)
+
+
+def test_the_curriculum_doubles_the_training_length_up_to_seq_len():
+    task = StateTask("S3", 64, curriculum_every=10)
+    lengths = [task.train_len(step) for step in (0, 9, 10, 29, 30, 40, 50, 10**9)]
+    assert lengths == [4, 4, 8, 16, 32, 64, 64, 64]
+    inputs, labels = task.train_batch(3, seed=0, step=25)
+    assert inputs.shape == labels.shape == (3, 16)
+    # the batch is generate()'s words of the curriculum's length, from the step's own stream
+    want = generate(
+        GROUPS["S3"], 3, 16, np.random.default_rng(np.random.SeedSequence(0, spawn_key=(0, 25)))
+    )
+    assert torch.equal(inputs, want[0]) and torch.equal(labels, want[1])
+    assert task.eval_set(2, seed=0)[0].shape == (2, 64)  # held out at the training length
+    assert StateTask("S3", 3, curriculum_every=1).train_len(0) == 3  # never above seq_len
+    assert (
+        StateTask("S3", 64).train_len(0) == 64
+        and "curriculum_every" not in StateTask("S3", 64).to_dict()
+    )
+    assert task.to_dict()["curriculum_every"] == 10
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="curriculum_every must be an int >= 0"):
+            StateTask("S3", 64, curriculum_every=bad)

@@ -1,13 +1,18 @@
 """State tracking: parity, modular sums and permutation word problems, trained and length-tested.
 
 What a fixed memory can compute while it reads (Grazzi et al., ICLR 2025; Siems et al., 2025):
-every mechanism is trained on words of 64 group elements, labelled at every token with the running
-product, and tested on words up to 512 long. Transitions with eigenvalues in [0, 1] (linear
+every mechanism is trained on words of up to 64 group elements, labelled at every token with the
+running product, and tested on words up to 512 long. Transitions with eigenvalues in [0, 1] (linear
 attention, decays, DeltaNet with beta in [0, 1]) cannot flip a sign; DeltaNet with beta in [0, 2]
 can (a reflection), and DeltaProduct's n_h writes per token compose larger groups. Presets:
 
   smoke    seconds: two tasks, three mechanisms, 2 steps (the tests run it)
-  default  parity, mod3 and S3, every mechanism, 3 seeds: 955 s of CPU measured (8 min on 2 cores)
+  default  parity, mod3 and S3 on every mechanism, A5 on DeltaNet [0, 2] and DeltaProduct
+           n_h = 2, 3, 4; 3 seeds, 1,000 steps after a curriculum over lengths: about 2,400 s of
+           CPU, 20 minutes on 2 free cores, plus the first compile of the CPU kernels
+           (estimated from the CPU time per cell measured at 1,000 steps with the curriculum:
+           17 s for one block of DeltaNet or softmax attention, 33 s for two, 28, 35 and 39 s
+           for DeltaProduct n_h = 2, 3, 4; 7-11 s per one-block cell at 400 steps without it)
   paper    every task, one and two layers, 5 seeds, the papers' widths and steps (for a GPU)
 
 Results are appended to a JSON lines file (one object per cell; schema in
@@ -64,6 +69,10 @@ def build_preset(args: argparse.Namespace):
         changes["extra_layers"] = {
             m: n for m, n in preset.extra_layers.items() if m in args.mechanisms
         }
+        changes["task_mechanisms"] = {
+            t: tuple(m for m in ms if m in args.mechanisms)
+            for t, ms in preset.task_mechanisms.items()
+        }
     if args.seeds:
         changes["seeds"] = tuple(args.seeds)
     if args.steps is not None:
@@ -71,6 +80,9 @@ def build_preset(args: argparse.Namespace):
             raise ValueError(f"--steps must be >= 1, got {args.steps}")
         warmup = min(preset.train.warmup_steps, args.steps // 10)
         changes["train"] = replace(preset.train, steps=args.steps, warmup_steps=warmup)
+        if preset.curriculum_every:  # the same share of the steps at each length
+            every = preset.curriculum_every * args.steps // preset.train.steps
+            changes["curriculum_every"] = max(1, every)
     if args.workers is not None:
         changes["workers"] = args.workers
     return replace(preset, **changes)

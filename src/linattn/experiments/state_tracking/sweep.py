@@ -1,7 +1,8 @@
 """State-tracking sweep: every (task, mechanism, layers, seed) cell trained, then length-tested.
 
 A cell trains a ``linattn.models.CausalLM`` on words of ``train_len`` tokens (a label at every
-token, so every prefix length 1 .. train_len is trained on) with MQAR's ``train``
+token, so every prefix length 1 .. train_len is trained on; after a curriculum over lengths, 4, 8,
+.. train_len tokens, where the preset has one: ``tasks.StateTask``) with MQAR's ``train``
 (AdamW, warmup + cosine, exact-resume checkpoints), then measures the per-token accuracy on fresh
 words of each test length. Mechanisms (``MECHANISMS``; LMConfig mixers and options):
 
@@ -23,10 +24,11 @@ it, 1.000 from step 100 and 0.78 at 512 tokens. The convolution mixes each token
 neighbours', so that no fixed key reflects on every 1 (the construction of ``linattn verify``).
 
 Results (JSON lines, one object per cell, appended when it finishes): ``preset, task, order,
-mechanism, mixers, n_layers, model_options, seed, d_model, n_heads, params, train_len, steps, lr,
-batch_size, train_accuracy (held-out, at train_len), evals, accuracy {length: per-token accuracy},
-test_examples, seconds (training wall time), eval_seconds, cpu_seconds (training and tests, this
-run's piece of them when resumed), threads, torch, config_hash, finished``. A rerun
+mechanism, mixers, n_layers, model_options, seed, d_model, n_heads, params, train_len,
+curriculum_every, steps, lr, batch_size, train_accuracy (held-out, at train_len), evals, accuracy
+{length: per-token accuracy}, test_examples, seconds (training wall time), eval_seconds,
+cpu_seconds (training and tests, this run's piece of them when resumed), threads, torch,
+config_hash, finished``. A rerun
 skips cells whose ``config_hash`` is in the file and resumes an interrupted cell from its
 checkpoint.
 """
@@ -92,8 +94,13 @@ class Preset:
     layers: tuple[int, ...] = (1,)
     # mechanisms also trained at these extra layer counts (two layers for a few, in ``default``)
     extra_layers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # tasks that run only these mechanisms (of ``mechanisms`` and ``extra_layers``, or others):
+    # in ``default`` the larger groups run the delta rules with beta in [0, 2] alone
+    task_mechanisms: dict[str, tuple[str, ...]] = field(default_factory=dict)
     seeds: tuple[int, ...] = (0, 1, 2)
     train_len: int = 64
+    # the training words grow 4, 8, .. train_len tokens, doubling every this many steps (0: none)
+    curriculum_every: int = 0
     test_lens: tuple[int, ...] = (64, 128, 256, 512)
     test_examples: int = 128
     d_model: int = 32
@@ -101,9 +108,10 @@ class Preset:
     workers: int = 1
 
     def __post_init__(self) -> None:
+        listed = [m for names in self.task_mechanisms.values() for m in names]
         for name, known, given in (
-            ("tasks", GROUPS, self.tasks),
-            ("mechanisms", MECHANISMS, (*self.mechanisms, *self.extra_layers)),
+            ("tasks", GROUPS, (*self.tasks, *self.task_mechanisms)),
+            ("mechanisms", MECHANISMS, (*self.mechanisms, *self.extra_layers, *listed)),
         ):
             unknown = [x for x in given if x not in known]
             if unknown or not given:
@@ -116,6 +124,7 @@ class Preset:
             values = getattr(self, name)
             if not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
                 raise ValueError(f"{name} must be a non-empty tuple of ints, got {values!r}")
+        StateTask(self.tasks[0], self.train_len, self.curriculum_every)  # checks the curriculum
         if min(self.layers) < 1 or min(self.test_lens) < 1 or min(self.seeds) < 0:
             raise ValueError("layers and test_lens must be >= 1, seeds >= 0")
         if self.d_model % self.n_heads:
@@ -126,15 +135,23 @@ class Preset:
         return [
             (task, mechanism, n_layers, seed)
             for task in self.tasks
-            for mechanism in dict.fromkeys((*self.mechanisms, *self.extra_layers))
+            for mechanism in self.mechanisms_for(task)
             for n_layers in self.layers_for(mechanism)
             for seed in self.seeds
         ]
 
+    def mechanisms_for(self, task: str) -> tuple[str, ...]:
+        """The mechanisms of ``task``: its own list if it has one, else the preset's."""
+        return self.task_mechanisms.get(
+            task, tuple(dict.fromkeys((*self.mechanisms, *self.extra_layers)))
+        )
+
     def layers_for(self, mechanism: str) -> tuple[int, ...]:
-        """Layer counts of ``mechanism``: the preset's (if listed there), then its extra ones."""
-        base = self.layers if mechanism in self.mechanisms else ()
-        return tuple(dict.fromkeys((*base, *self.extra_layers.get(mechanism, ()))))
+        """Layer counts of ``mechanism``: the preset's (a mechanism not in ``mechanisms`` and
+        without extra layers runs at those too: a task's own list), then its extra ones."""
+        extra = self.extra_layers.get(mechanism, ())
+        base = self.layers if mechanism in self.mechanisms or not extra else ()
+        return tuple(dict.fromkeys((*base, *extra)))
 
 
 _TRAIN = dict(warmup_steps=20, eval_every=100, eval_examples=128, eval_batch_size=128)
@@ -154,15 +171,22 @@ PRESETS: dict[str, Preset] = {
     "default": Preset(
         name="default",
         description=(
-            "parity, mod3, S3; one layer of every mechanism but DeltaProduct n_h = 4, two of "
-            "DeltaNet [0, 2]; 3 seeds, d_model 32, 400 steps of 32 at lr 1e-2, trained at 64 "
-            "tokens, tested at 64-512; 2 workers: 955 s of CPU measured, 8 minutes on 2 free cores"
+            "parity, mod3, S3 on one layer of every mechanism but DeltaProduct n_h = 4, two of "
+            "DeltaNet [0, 2]; A5 on DeltaNet [0, 2] (one and two layers) and DeltaProduct n_h = "
+            "2, 3, 4; 3 seeds, d_model 32, 1,000 steps of 32 at lr 1e-2, trained at 64 tokens "
+            "after a curriculum (4, 8, .. 64 tokens, doubling every 100 steps), tested at 64-512; "
+            "2 workers: about 2,400 s of CPU, 20 minutes on 2 free cores (estimated)"
         ),
-        tasks=("parity", "mod3", "S3"),
-        # not DeltaProduct n_h = 4 (4 rows a token) nor RWKV-7: the budget (paper preset)
+        tasks=("parity", "mod3", "S3", "A5"),
+        # not DeltaProduct n_h = 4 (4 rows a token) nor RWKV-7 on the small groups: the budget
         mechanisms=tuple(m for m in MECHANISMS if m not in ("deltaproduct4_neg", "rwkv7")),
         extra_layers={"deltanet_neg": (2,)},
-        train=TrainConfig(steps=400, batch_size=32, lr=1e-2, **_TRAIN),
+        # A5: the mechanisms that can represent it (n_h >= 2) against DeltaNet's one write
+        task_mechanisms={
+            "A5": ("deltanet_neg", "deltaproduct2_neg", "deltaproduct3_neg", "deltaproduct4_neg")
+        },  # fmt: skip
+        train=TrainConfig(steps=1000, batch_size=32, lr=1e-2, **_TRAIN),
+        curriculum_every=100,
         workers=2,
     ),
     "paper": Preset(
@@ -220,6 +244,8 @@ def config_hash(preset: Preset, task: str, mechanism: str, n_layers: int, seed: 
             "n_layers": n_layers,
             "train": train_settings,
             "train_len": preset.train_len,
+            # only when on, so that the hashes of the rows before the curriculum stay
+            **({"curriculum_every": preset.curriculum_every} if preset.curriculum_every else {}),
             "test": [list(preset.test_lens), preset.test_examples],
             "width": [preset.d_model, preset.n_heads],
         },
@@ -243,7 +269,7 @@ def run_cell(
     torch.manual_seed(seed)
     model = build_model(preset, task, mechanism, n_layers)
     config = replace(preset.train, seed=seed)
-    state_task = StateTask(task, preset.train_len)
+    state_task = StateTask(task, preset.train_len, preset.curriculum_every)
     key = config_hash(preset, task, mechanism, n_layers, seed)
     path = None
     if checkpoint_dir is not None:
@@ -269,6 +295,7 @@ def run_cell(
         "n_heads": preset.n_heads,
         "params": sum(p.numel() for p in model.parameters()),
         "train_len": preset.train_len,
+        "curriculum_every": preset.curriculum_every,
         "steps": result.steps,
         "lr": config.lr,
         "batch_size": config.batch_size,
