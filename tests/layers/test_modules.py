@@ -78,6 +78,16 @@ def test_decay_gates_shapes_ranges_and_initialisation():
         DecayGate(16, 2, 8, "vector")
 
 
+def test_decay_gate_draws_its_step_sizes_in_dt_range():
+    torch.manual_seed(0)
+    for kind in ("scalar", "channel"):
+        dt = F.softplus(DecayGate(16, 2, 8, kind, rank=4, dt_range=(1e-4, 1e-2)).dt_bias)
+        assert ((dt >= 1e-4 * (1 - 1e-5)) & (dt <= 1e-2 * (1 + 1e-5))).all()
+    for bad in ((0.0, 1e-2), (1e-2, 1e-3), (1e-3,), "wide", (1e-3, float("inf"))):
+        with pytest.raises(ValueError, match="dt_range must be a pair"):
+            DecayGate(16, 2, 8, "scalar", dt_range=bad)
+
+
 def test_state_dtype():
     assert state_dtype(torch.float64) == torch.float64
     assert state_dtype(torch.bfloat16) == torch.float32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from linattn.models import MIXERS, LMConfig
 
@@ -40,6 +41,7 @@ def test_block_options_change_the_fingerprint():
         (dict(max_seq_len=0), "max_seq_len must be an integer >= 1"),
         (dict(mlp_ratio=0), "mlp_ratio must be > 0"),
         (dict(gated_conv_size=0), "gated_conv_size must be an integer >= 1"),
+        (dict(dt_init_range=(1e-2, 1e-3)), "dt_init_range must be a pair"),
     ],
 )
 def test_bad_configs_name_the_problem(kwargs, message):
@@ -123,3 +125,22 @@ def test_numpy_bools_are_stored_as_bools():
     config = LMConfig(vocab_size=8, d_model=8, n_heads=2, mixers=("kda",), mlp=np.bool_(False))
     assert config.mlp is False
     assert config.fingerprint() == LMConfig(**{**config.to_dict(), "mlp": False}).fingerprint()
+
+
+def test_dt_init_range_reaches_every_decay_and_leaves_the_fingerprint():
+    # The initial step sizes of scalar_decay, Gated DeltaNet, KDA, DeltaProduct and Mamba-2.
+    from linattn.models import CausalLM
+
+    mixers = ("scalar_decay", "gated_deltanet", "kda", "deltaproduct", "mamba2")
+    config = LMConfig(vocab_size=10, d_model=32, mixers=mixers, dt_init_range=[2e-4, 3e-4])
+    assert config.dt_init_range == (2e-4, 3e-4)
+    torch.manual_seed(0)
+    dts = [
+        torch.nn.functional.softplus(p)
+        for name, p in CausalLM(config).named_parameters()
+        if name.endswith("dt_bias")
+    ]
+    assert len(dts) == len(mixers)
+    for dt in dts:
+        assert ((dt > 1.99e-4) & (dt < 3.01e-4)).all()
+    assert config.fingerprint() == LMConfig(vocab_size=10, d_model=32, mixers=mixers).fingerprint()

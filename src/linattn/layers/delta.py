@@ -34,9 +34,10 @@ class DeltaNet(RecurrentMixer):
     short convolution + SiLU on q, k, v (on), q and k L2-normalised, ``beta = sigmoid(b_proj x)``,
     per-head RMSNorm of the output (eps 1e-5) and no output gate (fla's ``use_gate=False``).
 
-    Args: those of ``RecurrentMixer``, plus ``allow_neg_eigval``. (Only DeltaNet itself takes
-    fla's defaults ``output_gate=False``, ``norm_eps=1e-5``; its gated subclasses keep
-    ``RecurrentMixer``'s.)
+    Args: those of ``RecurrentMixer``, plus ``allow_neg_eigval`` and, for the gated subclasses,
+    ``decay_rank`` and ``dt_init_range`` (``DecayGate``'s ``dt_range``: fla's (1e-3, 1e-1)).
+    (Only DeltaNet itself takes fla's defaults ``output_gate=False``, ``norm_eps=1e-5``; its
+    gated subclasses keep ``RecurrentMixer``'s.)
     """
 
     decay_kind: str | None = None
@@ -51,6 +52,7 @@ class DeltaNet(RecurrentMixer):
         *,
         allow_neg_eigval: bool = False,
         decay_rank: int | None = None,
+        dt_init_range: tuple[float, float] = (1e-3, 1e-1),
         **kwargs,
     ) -> None:
         if type(self) is DeltaNet:  # fla's DeltaNet defaults (the subclasses keep their own)
@@ -64,7 +66,13 @@ class DeltaNet(RecurrentMixer):
         if self.decay_kind is not None:
             rank = self.head_dim if decay_rank is None else decay_rank
             self.decay = DecayGate(
-                d_model, HV, self.key_dim, self.decay_kind, rank=rank, A_range=self.A_init_range
+                d_model,
+                HV,
+                self.key_dim,
+                self.decay_kind,
+                rank=rank,
+                A_range=self.A_init_range,
+                dt_range=dt_init_range,
             )
 
     def beta(self, x: Tensor) -> Tensor:

@@ -48,6 +48,8 @@ class LinearAttention(RecurrentMixer):
             ``DecayGate``.
         decay_rank: rank of the low-rank gate projection of the per-channel decays (GLA: 16).
         num_features: number of random features of ``"favor"`` (default 2 * key_dim).
+        dt_init_range: the initial step sizes of the scalar and per-channel decays
+            (``DecayGate``'s ``dt_range``; Mamba-2's and fla's (1e-3, 1e-1)).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class LinearAttention(RecurrentMixer):
         decay: str | None = None,
         decay_rank: int = 16,
         num_features: int | None = None,
+        dt_init_range: tuple[float, float] = (1e-3, 1e-1),
         **kwargs,
     ) -> None:
         super().__init__(d_model, n_heads, head_dim, key_dim, **kwargs)
@@ -92,7 +95,9 @@ class LinearAttention(RecurrentMixer):
         self.decay = (
             None
             if decay is None
-            else DecayGate(d_model, n_heads, self.key_dim, decay, rank=decay_rank)
+            else DecayGate(
+                d_model, n_heads, self.key_dim, decay, rank=decay_rank, dt_range=dt_init_range
+            )
         )
 
     def feature_dim(self) -> int:

@@ -154,6 +154,16 @@ def token_shift(
     return previous - x, first.index_put((nonempty.nonzero().squeeze(1),), ends_of)
 
 
+def check_dt_range(name: str, dt_range: object) -> tuple[float, float]:
+    """A range of initial step sizes (lo, hi) with 0 < lo <= hi, finite; the argument named."""
+    ok = isinstance(dt_range, tuple | list) and len(dt_range) == 2
+    ok = ok and all(isinstance(x, int | float) and not isinstance(x, bool) for x in dt_range)
+    ok = ok and 0 < dt_range[0] <= dt_range[1] < math.inf
+    if not ok:
+        raise ValueError(f"{name} must be a pair (lo, hi) with 0 < lo <= hi, got {dt_range!r}")
+    return float(dt_range[0]), float(dt_range[1])
+
+
 class DecayGate(nn.Module):
     """Data-dependent log-decay ``g = log(alpha) <= 0``, per head or per key channel.
 
@@ -161,7 +171,9 @@ class DecayGate(nn.Module):
       ``g = -exp(A_log) * softplus(a_proj x + dt_bias)``. Initialisation as in Mamba-2:
       ``A_log = log(A)``, ``A ~ uniform(A_range)`` per head (Mamba-2: (1, 16); fla's Gated
       DeltaNet: (0, 16)); ``dt_bias = softplus^{-1}(dt)``, ``dt`` log-uniform in [0.001, 0.1],
-      so that the initial step sizes ``softplus(dt_bias)`` span that range.
+      so that the initial step sizes ``softplus(dt_bias)`` span that range (``dt_range``: the
+      initial decay per token is exp(-A dt), from about 0.98 to 0.2 with these ranges; few
+      heads with a small model may all draw fast ones: ``LMConfig.dt_init_range``).
     - ``kind="channel"`` (KDA): the same formula per key channel, ``g: [B, T, H, K]``, with
       ``a_proj`` low-rank (d_model -> ``rank`` -> H*K), ``A_log`` per head and ``dt_bias`` per
       channel, initialised as above: fla 0.6.0's ``KimiDeltaAttention`` and transformers 5.23's
@@ -179,10 +191,12 @@ class DecayGate(nn.Module):
         kind: str,
         rank: int = 16,
         A_range: tuple[float, float] = (1.0, 16.0),
+        dt_range: tuple[float, float] = (1e-3, 1e-1),
     ) -> None:
         super().__init__()
         if kind not in ("scalar", "channel", "gla"):
             raise ValueError(f"kind must be 'scalar', 'channel' or 'gla', got {kind!r}")
+        check_dt_range("dt_range", dt_range)
         self.kind, self.n_heads, self.key_dim = kind, n_heads, key_dim
         width = n_heads if kind == "scalar" else n_heads * key_dim
         if kind == "scalar":
@@ -191,7 +205,7 @@ class DecayGate(nn.Module):
             self.a_proj = low_rank(d_model, rank, width, bias=(kind == "gla"))
         if kind != "gla":
             self.A_log = nn.Parameter(torch.log(torch.empty(n_heads).uniform_(*A_range)))
-            dt = torch.exp(torch.empty(width).uniform_(math.log(1e-3), math.log(1e-1)))
+            dt = torch.exp(torch.empty(width).uniform_(*(math.log(x) for x in dt_range)))
             # inverse softplus: softplus(dt + log(1 - exp(-dt))) = dt
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
+from linattn.layers.modules import check_dt_range
 from linattn.ops.checks import flag
 
 # One name per mechanism of the spec (DESIGN.md's table); ``linattn.models.mixers`` builds them.
@@ -33,7 +34,7 @@ ATTENTION_MIXERS = ("softmax", "mla", "gated_attention")
 AUXILIARY_MIXERS = ("conv",)
 
 # Fields that change neither the parameters' shapes nor what the state means.
-_NOT_IN_FINGERPRINT = ("max_seq_len", "chunk_size", "init_std")
+_NOT_IN_FINGERPRINT = ("max_seq_len", "chunk_size", "init_std", "dt_init_range")
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -102,6 +103,12 @@ class LMConfig:
             names; the layer's ``d_state``, ``expand``, ``n_groups``). Its heads are ``head_dim``
             wide when that is given (``expand * d_model / head_dim`` heads, as fla infers
             them), else ``expand * d_model / n_heads`` (``n_heads`` heads).
+        dt_init_range: the initial step sizes softplus(dt_bias) of every data-dependent decay
+            (``"scalar_decay"``, ``"gated_deltanet"``, ``"kda"``, ``"deltaproduct"``,
+            ``"mamba2"``), log-uniform in (lo, hi); None (default): each layer's own, Mamba-2's
+            and fla's (1e-3, 1e-1). The initial decay per token is exp(-A dt) (A up to 16): with
+            few heads every head may start forgetting fast (the MQAR ``cpu`` preset's models,
+            two heads, use (1e-4, 1e-2); issue 36).
         norm_eps: epsilon of every RMSNorm.
         init_std: standard deviation of the normal initialisation of linear and embedding weights.
     """
@@ -138,6 +145,7 @@ class LMConfig:
     state_size: int = 64
     expand: int = 2
     n_groups: int = 1
+    dt_init_range: tuple[float, float] | None = None
     norm_eps: float = 1e-6
     init_std: float = 0.02
 
@@ -179,6 +187,8 @@ class LMConfig:
                 )
         if "mamba2" in self.mixers:
             self._check_mamba2()
+        if self.dt_init_range is not None:
+            self.dt_init_range = check_dt_range("LMConfig.dt_init_range", self.dt_init_range)
         if not self.mlp_ratio > 0:
             raise ValueError(f"LMConfig.mlp_ratio must be > 0, got {self.mlp_ratio!r}")
         if not (self.norm_eps > 0 and self.init_std > 0 and self.rope_base > 0):

@@ -35,7 +35,12 @@ def _recurrent_kwargs(c: LMConfig) -> dict:
 
 
 def _delta_kwargs(c: LMConfig) -> dict:
-    return dict(_recurrent_kwargs(c), allow_neg_eigval=c.allow_neg_eigval)
+    return dict(_recurrent_kwargs(c), allow_neg_eigval=c.allow_neg_eigval, **_dt_kwargs(c))
+
+
+def _dt_kwargs(c: LMConfig) -> dict:
+    """The decays' initial step sizes where the config sets them (else the layer's own)."""
+    return {} if c.dt_init_range is None else {"dt_init_range": c.dt_init_range}
 
 
 def _rwkv7(c: LMConfig, index: int | None) -> RWKV7:
@@ -68,7 +73,12 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         **_recurrent_kwargs(c),
     ),
     "scalar_decay": lambda c: LinearAttention(
-        c.d_model, c.n_heads, feature_map="identity", decay="scalar", **_recurrent_kwargs(c)
+        c.d_model,
+        c.n_heads,
+        feature_map="identity",
+        decay="scalar",
+        **_recurrent_kwargs(c),
+        **_dt_kwargs(c),
     ),
     # GLA as its paper and fla define it: keys d_model / 2 wide over the heads (expand_k 0.5)
     "gla": lambda c: GatedLinearAttention(
@@ -122,6 +132,11 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         c.n_groups,
         norm_eps=c.norm_eps,
         chunk_size=c.chunk_size,
+        **(
+            {}
+            if c.dt_init_range is None
+            else dict(zip(("dt_min", "dt_max"), c.dt_init_range, strict=True))
+        ),
     ),
     "rwkv7": lambda c: _rwkv7(c, None),
     "comba": lambda c: Comba(
