@@ -63,3 +63,77 @@ def _bonus_block(q, k, v, u, dtype: torch.dtype, reads: Tensor | None = None) ->
         q, k = (x.repeat_interleave(HV // H, dim=-2) for x in (q, k))
     weight = torch.linalg.vecdot(q, k * u).unsqueeze(-1)
     return weight * v if reads is None else torch.addcmul(reads, weight, v)
+
+
+def shift_in_blocks_(x: Tensor, first: Tensor, add_block) -> None:
+    """In place, x [B, T, ...] becomes its rows moved one token later, x[:, t] <- x[:, t - 1],
+    with ``first`` [B, 1, ...] as row 0 and ``add_block(s, e, rows)`` (rows: the moved rows
+    [s, e), which it may change in place) written over rows [s, e). Blocks of ``BONUS_BLOCK``
+    tokens from the last: each reads rows before its own, which no block has written yet; one
+    small temporary per block (reused memory), no whole-sequence tensor."""
+    T = x.shape[1]
+    for s in reversed(range(0, T, BONUS_BLOCK)):
+        e = min(s + BONUS_BLOCK, T)
+        if s == 0:
+            rows = torch.cat([first.to(x.dtype), x[:, : e - 1]], dim=1)
+        else:
+            rows = x[:, s - 1 : e - 1].clone()
+        x[:, s:e] = add_block(s, e, rows)
+
+
+def shifted_bonus_(o: Tensor, q: Tensor, k: Tensor, v: Tensor, u: Tensor, scale: float,
+                   first: Tensor) -> Tensor:  # fmt: skip
+    """o [B, T, HV, V] holding at row t the read of token t + 1 (``ops.rwkv6``'s fused path;
+    its last row unused) becomes, in place, each token's read plus its bonus: o_t <- o_{t-1} +
+    scale (q_t^T Diag(u) k_t) v_t, with ``first`` [B, 1, HV, V] (token 0's read) for o_{-1}.
+    q, k [B, T, H, K], u [HV, K]. Returns o."""
+    u = u.to(o.dtype) * scale
+
+    def add(s, e, reads):
+        return _bonus_block(q[:, s:e], k[:, s:e], v[:, s:e], u, o.dtype, reads)
+
+    shift_in_blocks_(o, first, add)
+    return o
+
+
+def shifted_bonus_backward_(
+    d_o: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    u: Tensor,
+    scale: float,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    dq_first: Tensor,
+) -> Tensor:
+    """The bonus's gradients, added in place: dk, dv [B, T, ...] += the bonus's share, and dq
+    [B, T, H, K], holding at row t the gradient of the read of token t + 1 (``shifted_bonus_``),
+    moved one token later (``dq_first`` [B, 1, H, K], token 0's read's, as row 0) plus the
+    bonus's share. With w_t = scale sum_c q_tc u_c k_tc (per value head) and o_t += w_t v_t:
+
+        dv_t += w_t d_o_t,   dw_t = d_o_t . v_t,   dq_t += dw_t scale u k_t,
+        dk_t += dw_t scale u q_t,   du = sum_t dw_t scale q_t k_t
+
+    (grouped value heads: a q/k head's share summed over its value heads). Returns du [HV, K]."""
+    u = u.to(dq.dtype) * scale
+    du = torch.zeros_like(u)
+
+    def add(s, e, dq_rows):
+        q_b, k_b, v_b, d_b = (x[:, s:e].to(dq.dtype) for x in (q, k, v, d_o))
+        H, HV = q_b.shape[-2], u.shape[0]
+        if H != HV:  # value head j reads q/k head j // G
+            q_b, k_b = (x.repeat_interleave(HV // H, dim=-2) for x in (q_b, k_b))
+        weight = torch.linalg.vecdot(q_b, k_b * u).unsqueeze(-1)  # [B, t, HV, 1]
+        dv[:, s:e].addcmul_(weight, d_b)
+        dw = torch.linalg.vecdot(d_b, v_b).unsqueeze(-1)  # [B, t, HV, 1]
+        du.add_((dw * q_b * k_b).sum((0, 1)))
+        dq_b, dk_b = dw * (k_b * u), dw * (q_b * u)  # [B, t, HV, K]
+        if H != HV:  # [B, t, H, G, K] summed over each q/k head's G value heads
+            dq_b, dk_b = (x.unflatten(-2, (H, HV // H)).sum(-2) for x in (dq_b, dk_b))
+        dk[:, s:e].add_(dk_b)
+        return dq_rows.add_(dq_b)
+
+    shift_in_blocks_(dq, dq_first, add)
+    return du * scale

@@ -31,10 +31,14 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
-from linattn.ops import _engine
+from linattn.ops import _engine, _native
 from linattn.ops import checks as _checks
-from linattn.ops._bonus import bonus
+from linattn.ops._bonus import bonus, shifted_bonus_, shifted_bonus_backward_
+from linattn.ops._layout import to_internal
+from linattn.ops.library import backward_kernel, forward_kernel, schema_args, tracing
+from linattn.ops.mechanism import Mechanism
 from linattn.ops.recurrent import step
+from linattn.ops.tuning import MAX_CHUNK
 
 
 def rwkv6(
@@ -77,6 +81,19 @@ def rwkv6(
     output_final_state = _checks.flag("output_final_state", output_final_state)
     T, N = _check(q, k, v, g, u, scale, initial_state, cu_seqlens)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if mode == "chunk" and cu_seqlens is None and _fused(q, k, v, g, initial_state):
+        _engine.check_chunk(chunk_size, [T])
+        o, S = _fused_forward(q, k, v, g, u, initial_state, scale, chunk_size)
+        return o, S if output_final_state else None
+    return _composite(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_final_state,
+                      cu_seqlens)  # fmt: skip
+
+
+def _composite(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_final_state,
+               cu_seqlens) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """``rwkv6`` on every form and dtype (checked inputs, scale a number): the additive rule's
+    ``linear_attention`` forms on the inputs paired one token apart (the module docstring)."""
+    T = q.shape[1]
     q_next, kvg, reads, last = _paired(q, (k, v, g), cu_seqlens)  # views unless packed
     options = dict(scale=scale, mode=mode, chunk_size=chunk_size)
     if cu_seqlens is None:
@@ -205,3 +222,127 @@ def _first_reads(
 def _groups(H: int, HV: int) -> tuple[int, int]:
     """(H, G): the HV value heads as H runs of G = HV // H (G = 1 where there are no heads)."""
     return H, HV // H if H else 1
+
+
+# The fused path: float32 on the CPU, the chunk form, sequences of equal length. The additive
+# rule's fused C++ loop runs on the whole sequences with q shifted one token earlier, q'_t =
+# q_{t+1} (q'_{T-1} = 0): its read of token t is S_t^T q_{t+1}, the read of token t + 1; k, v and
+# g are the inputs themselves (no view, no copy), so the loop's final state is S_T, its states
+# entering every chunk are RWKV-6's, and its gradients of k, v, g and S_0 are RWKV-6's read's
+# (with d_o' shifted as q'). The reads are moved one token later in place, block by block, with
+# the bonus added (``_bonus.shifted_bonus_``), and in the backward dq' likewise: one whole-sequence
+# copy each way (q', d_o'), where the paired views cost the gradients of four views and of the
+# bonus added to the loop's (benchmarks/README.md, "RWKV-6 over GLA").
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, S0: Tensor | None) -> bool:
+    """Whether the fused path serves the call: float32 CPU tensors (``_native.applies``), T > 0,
+    eager (a trace holds the paired ops instead)."""
+    tensors = [x for x in (q, k, v, g, S0) if x is not None]
+    return (
+        q.shape[1] > 0
+        and all(x.dtype == torch.float32 for x in tensors)
+        and _native.applies(q)
+        and not tracing(q)
+    )
+
+
+def _shifted(x: Tensor) -> Tensor:
+    """x [B, T, ...] one token earlier: row t is x's row t + 1, the last row zeros (a copy)."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out[:, :-1] = x[:, 1:]
+    out[:, -1] = 0
+    return out
+
+
+def _fused_forward(q, k, v, g, u, S0, scale: float, C: int) -> tuple[Tensor, Tensor]:
+    """(o [B, T, HV, V], S_T) on the fused path, through ``_FusedRWKV6`` where a gradient can
+    flow back."""
+    inputs = (q, k, v, g, u, S0)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        return _FusedRWKV6.apply(q, k, v, g, u, S0, scale, C)
+    o, S, _, _ = _fused_reads(q, k, v, g, u, S0, scale, C, keep=False)
+    return o, S
+
+
+def _fused_reads(q, k, v, g, u, S0, scale: float, C: int, keep: bool) -> tuple:
+    """(o, S_T, the states entering every chunk (keep; else empty), q'): the fused loop on q',
+    k, v, g and the reads moved into place with the bonus (the comment above)."""
+    B, T, HV, V = v.shape
+    q_next = _shifted(q)  # q'_t = q_{t+1}
+    qi, ki, vi, _, gi = to_internal(q_next, k, v, g=g)  # [B, H, T, D] views
+    S_in = S0 if S0 is not None else q.new_zeros(B, HV, q.shape[-1], V)
+    C = C if C <= MAX_CHUNK else min(C, T)  # as ``library.chunk``
+    mech = schema_args(Mechanism.of(None, g))
+    o, S, states = forward_kernel(qi, ki, vi, None, gi, S_in, scale, C, keep, *mech)
+    o = o.transpose(1, 2)  # [B, T, HV, V]: row t the read of token t + 1
+    if S0 is None:
+        first = o.new_zeros(B, 1, HV, V)
+    else:
+        first = _first_reads(q, S0, None, scale, o.dtype).unsqueeze(1)  # [B, 1, HV, V]
+    return shifted_bonus_(o, q, k, v, u, scale, first), S, states, q_next
+
+
+class _FusedRWKV6(torch.autograd.Function):
+    """``_fused_reads`` with its gradient: the fused loop's backward on q', k, v, g with d_o'
+    (d_o one token earlier), then dq' moved one token later and the first read's and the bonus's
+    gradients added in place (``_bonus.shifted_bonus_backward_``). Double backward
+    (``create_graph=True``) differentiates the composite (the paired ops) instead, as the chunk
+    op's differentiates its all-blocks form (``chunk.differentiable_backward``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, u, S0, scale: float, C: int):
+        o, S, states, q_next = _fused_reads(q, k, v, g, u, S0, scale, C, keep=True)
+        ctx.scale, ctx.C = scale, C
+        ctx.save_for_backward(q, k, v, g, u, S0, states, q_next)
+        ctx.set_materialize_grads(False)
+        return o, S
+
+    @staticmethod
+    def backward(ctx, d_o: Tensor | None, d_S: Tensor | None) -> tuple:
+        q, k, v, g, u, S0, states, q_next = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            return (*_composite_gradients(ctx, (q, k, v, g, u, S0), d_o, d_S), None, None)
+        B, T, HV, V = v.shape
+        d_next = v.new_zeros(B, T, HV, V) if d_o is None else _shifted(d_o)
+        S_in = S0 if S0 is not None else q.new_zeros(B, HV, q.shape[-1], V)
+        d_S = torch.zeros_like(S_in) if d_S is None else d_S
+        qi, ki, vi, _, gi = to_internal(q_next, k, v, g=g)
+        mech = schema_args(Mechanism.of(None, g))
+        args = (qi, ki, vi, None, gi, states, d_next.transpose(1, 2), d_S, ctx.scale, ctx.C)
+        dq, dk, dv, _, dg, dS0 = backward_kernel(*args, *mech)
+        dq, dk, dv = (x.transpose(1, 2) for x in (dq, dk, dv))  # [B, T, ., D]
+        d_o = d_next if d_o is None else d_o  # o unused: zeros
+        dq_first, dS0 = _first_read_gradients(q, S0, d_o, ctx.scale, dS0)
+        du = shifted_bonus_backward_(d_o, q, k, v, u, ctx.scale, dq, dk, dv, dq_first)
+        dg = None if g is None else dg.transpose(1, 2).reshape(g.shape)
+        return dq, dk, dv, dg, du.to(u.dtype), dS0 if S0 is not None else None, None, None
+
+
+def _first_read_gradients(q, S0, d_o, scale: float, dS0) -> tuple[Tensor, Tensor]:
+    """The gradients of token 0's read S_0^T (scale q_0): (dq_0 [B, 1, H, K], dS0 + its share)."""
+    B, _, H, K = q.shape
+    if S0 is None:
+        return q.new_zeros(B, 1, H, K), dS0
+    G = S0.shape[1] // H
+    d0 = d_o[:, 0].to(S0.dtype).unflatten(1, (H, G))  # [B, H, G, V]
+    q0 = q[:, 0].to(S0.dtype) * scale  # [B, H, K]
+    dq0 = torch.einsum("bhgv,bhgkv->bhk", d0, S0.unflatten(1, (H, G))) * scale
+    dS0 = dS0 + torch.einsum("bhk,bhgv->bhgkv", q0, d0).flatten(1, 2)
+    return dq0.unsqueeze(1), dS0
+
+
+def _composite_gradients(ctx, inputs: tuple, d_o, d_S) -> list:
+    """The gradients of ``_composite`` (differentiable again) for the inputs that need one."""
+    q, k, v, g, u, S0 = inputs
+    with torch.enable_grad():
+        o, S = _composite(q, k, v, g, u, ctx.scale, "chunk", ctx.C, S0, True, None)
+    outputs, seeds = zip(*[(x, d) for x, d in ((o, d_o), (S, d_S)) if d is not None], strict=True)
+    wanted = [x is not None and need for x, need in zip(inputs, ctx.needs_input_grad, strict=False)]
+    chosen = [x for x, w in zip(inputs, wanted, strict=True) if w]
+    found = iter(torch.autograd.grad(outputs, chosen, seeds, create_graph=True, allow_unused=True))
+    grads = []
+    for x, w in zip(inputs, wanted, strict=True):
+        grad = next(found) if w else None
+        grads.append(torch.zeros_like(x) if w and grad is None else grad)
+    return grads
