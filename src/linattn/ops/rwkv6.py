@@ -248,8 +248,9 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, S0: Tensor | None)
 
 
 def _shifted(x: Tensor) -> Tensor:
-    """x [B, T, ...] one token earlier: row t is x's row t + 1, the last row zeros (a copy)."""
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    """x [B, T, ...] one token earlier: row t is x's row t + 1, the last row zeros (a copy, in
+    the extension's cached blocks: ``_native.empty``, whose pages are not faulted in again)."""
+    out = _native.empty(tuple(x.shape), x)
     out[:, :-1] = x[:, 1:]
     out[:, -1] = 0
     return out
