@@ -125,11 +125,11 @@ def shifted_bonus_backward_(
         H, HV = q_b.shape[-2], u.shape[0]
         if H != HV:  # value head j reads q/k head j // G
             q_b, k_b = (x.repeat_interleave(HV // H, dim=-2) for x in (q_b, k_b))
-        weight = torch.linalg.vecdot(q_b, k_b * u).unsqueeze(-1)  # [B, t, HV, 1]
-        dv[:, s:e].addcmul_(weight, d_b)
+        qk = q_b * k_b  # [B, t, HV, K]
+        dv[:, s:e].addcmul_(torch.linalg.vecdot(qk, u).unsqueeze(-1), d_b)  # w_t d_o_t
         dw = torch.linalg.vecdot(d_b, v_b).unsqueeze(-1)  # [B, t, HV, 1]
-        du.add_((dw * q_b * k_b).sum((0, 1)))
-        dq_b, dk_b = dw * (k_b * u), dw * (q_b * u)  # [B, t, HV, K]
+        du.add_(qk.mul_(dw).sum((0, 1)))
+        dq_b, dk_b = (k_b * u).mul_(dw), (q_b * u).mul_(dw)  # [B, t, HV, K]
         if H != HV:  # [B, t, H, G, K] summed over each q/k head's G value heads
             dq_b, dk_b = (x.unflatten(-2, (H, HV // H)).sum(-2) for x in (dq_b, dk_b))
         dk[:, s:e].add_(dk_b)
