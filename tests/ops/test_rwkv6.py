@@ -415,3 +415,28 @@ def test_the_fused_path_without_a_gradient_and_its_double_backward():
     magnitude = max(rms(e) for e in expected.values())
     for n in expected:
         assert_agrees(f"d2 {n}", found[n], expected[n], magnitude)
+
+
+@pytest.mark.parametrize("schedule", ["fused", "split"])
+@pytest.mark.parametrize("gate", ["channel", "head", None])
+def test_the_fused_path_on_either_schedule_with_resets(monkeypatch, schedule, gate):
+    """The C++ loop's two schedules (``LINATTN_SCHEDULE``), with a reset (-inf) and a steep gate
+    inside a chunk and at a chunk's first token, chunks of 5 with a partial last one."""
+    monkeypatch.setenv("LINATTN_SCHEDULE", schedule)
+    x = _inputs(B=1, T=17, H=2, HV=4, K=8, V=4, gate=gate, seed=10, dtype=torch.float32)
+    if x["g"] is not None:
+        x["g"][:, 3] = -torch.inf
+        x["g"][:, 5] = -30.0
+        x["g"][:, 10] = -torch.inf
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items() if t is not None}
+    leaves64 = {n: t.double().requires_grad_() for n, t in leaves.items()}
+    o, S = rwkv6(*(leaves.get(n) for n in "qkvgu"), chunk_size=5, initial_state=leaves["S0"],
+                 output_final_state=True)  # fmt: skip
+    o64, S64 = rwkv6_loop(*(leaves64.get(n) for n in "qkvgu"), leaves64["S0"])
+    for name, a, b in (("o", o, o64), ("S", S, S64)):
+        assert_agrees(name, a.detach(), b.detach(), rms(b.detach()))
+    found = gradients([o, S], leaves, seed=2)
+    expected = gradients([o64, S64], leaves64, seed=2)
+    magnitude = max(rms(e) for e in expected.values())
+    for n in expected:
+        assert_agrees(f"d{n}", found[n], expected[n], magnitude)

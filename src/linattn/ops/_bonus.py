@@ -81,21 +81,6 @@ def shift_in_blocks_(x: Tensor, first: Tensor, add_block) -> None:
         x[:, s:e] = add_block(s, e, rows)
 
 
-def shifted_bonus_(o: Tensor, q: Tensor, k: Tensor, v: Tensor, u: Tensor, scale: float,
-                   first: Tensor) -> Tensor:  # fmt: skip
-    """o [B, T, HV, V] holding at row t the read of token t + 1 (``ops.rwkv6``'s fused path;
-    its last row unused) becomes, in place, each token's read plus its bonus: o_t <- o_{t-1} +
-    scale (q_t^T Diag(u) k_t) v_t, with ``first`` [B, 1, HV, V] (token 0's read) for o_{-1}.
-    q, k [B, T, H, K], u [HV, K]. Returns o."""
-    u = u.to(o.dtype) * scale
-
-    def add(s, e, reads):
-        return _bonus_block(q[:, s:e], k[:, s:e], v[:, s:e], u, o.dtype, reads)
-
-    shift_in_blocks_(o, first, add)
-    return o
-
-
 def shifted_bonus_backward_(
     d_o: Tensor,
     q: Tensor,
@@ -109,9 +94,9 @@ def shifted_bonus_backward_(
     dq_first: Tensor,
 ) -> Tensor:
     """The bonus's gradients, added in place: dk, dv [B, T, ...] += the bonus's share, and dq
-    [B, T, H, K], holding at row t the gradient of the read of token t + 1 (``shifted_bonus_``),
-    moved one token later (``dq_first`` [B, 1, H, K], token 0's read's, as row 0) plus the
-    bonus's share. With w_t = scale sum_c q_tc u_c k_tc (per value head) and o_t += w_t v_t:
+    [B, T, H, K], holding at row t the gradient of the read of token t + 1 (``ops.rwkv6``'s
+    fused path), moved one token later (``dq_first`` [B, 1, H, K], token 0's read's, as row 0)
+    plus the bonus's share. With w_t = scale sum_c q_tc u_c k_tc (per value head), o_t += w_t v_t:
 
         dv_t += w_t d_o_t,   dw_t = d_o_t . v_t,   dq_t += dw_t scale u k_t,
         dk_t += dw_t scale u q_t,   du = sum_t dw_t scale q_t k_t

@@ -33,9 +33,9 @@ from torch import Tensor
 from linattn.dtypes import compute_dtype
 from linattn.ops import _engine, _native
 from linattn.ops import checks as _checks
-from linattn.ops._bonus import bonus, shifted_bonus_, shifted_bonus_backward_
+from linattn.ops._bonus import bonus, shifted_bonus_backward_
 from linattn.ops._layout import to_internal
-from linattn.ops.library import backward_kernel, forward_kernel, schema_args, tracing
+from linattn.ops.library import backward_kernel, schema_args, tracing
 from linattn.ops.mechanism import Mechanism
 from linattn.ops.recurrent import step
 from linattn.ops.tuning import MAX_CHUNK
@@ -224,15 +224,18 @@ def _groups(H: int, HV: int) -> tuple[int, int]:
     return H, HV // H if H else 1
 
 
-# The fused path: float32 on the CPU, the chunk form, sequences of equal length. The additive
-# rule's fused C++ loop runs on the whole sequences with q shifted one token earlier, q'_t =
-# q_{t+1} (q'_{T-1} = 0): its read of token t is S_t^T q_{t+1}, the read of token t + 1; k, v and
-# g are the inputs themselves (no view, no copy), so the loop's final state is S_T, its states
-# entering every chunk are RWKV-6's, and its gradients of k, v, g and S_0 are RWKV-6's read's
-# (with d_o' shifted as q'). The reads are moved one token later in place, block by block, with
-# the bonus added (``_bonus.shifted_bonus_``), and in the backward dq' likewise: one whole-sequence
-# copy each way (q', d_o'), where the paired views cost the gradients of four views and of the
-# bonus added to the loop's (benchmarks/README.md, "RWKV-6 over GLA").
+# The fused path: float32 on the CPU, the chunk form, sequences of equal length. The forward is
+# the additive rule's fused C++ loop with the bonus (csrc/rules/additive.cpp: the exclusive read,
+# a strictly lower A_qk with q's gate at G_{i-1} and Qd = scale q exp(G_{i-1}), the bonus on the
+# diagonal) on the inputs themselves: o, S_T and the states entering every chunk in one pass, the
+# states the additive rule's own. The backward is the additive rule's fused backward on q shifted
+# one token earlier, q'_t = q_{t+1} (q'_{T-1} = 0), whose read of token t is S_t^T q_{t+1}, the
+# read of token t + 1: with the same k, v, g and states, and d_o' shifted as q', its gradients of
+# k, v, g and S_0 are RWKV-6's read's and its dq' is dq one token early; dq' is moved into place
+# and the bonus's and the first read's gradients added, in place, block by block
+# (``_bonus.shifted_bonus_backward_``). Two whole-sequence copies (q', d_o'), in the extension's
+# cached blocks; the paired views cost the gradients of four views and of the bonus, added to
+# the loop's (benchmarks/README.md, "RWKV-6 over GLA").
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, S0: Tensor | None) -> bool:
@@ -262,30 +265,32 @@ def _fused_forward(q, k, v, g, u, S0, scale: float, C: int) -> tuple[Tensor, Ten
     inputs = (q, k, v, g, u, S0)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
         return _FusedRWKV6.apply(q, k, v, g, u, S0, scale, C)
-    o, S, _, _ = _fused_reads(q, k, v, g, u, S0, scale, C, keep=False)
+    o, S, _ = _fused_loop(q, k, v, g, u, S0, scale, C, keep=False)
     return o, S
 
 
-def _fused_reads(q, k, v, g, u, S0, scale: float, C: int, keep: bool) -> tuple:
-    """(o, S_T, the states entering every chunk (keep; else empty), q'): the fused loop on q',
-    k, v, g and the reads moved into place with the bonus (the comment above)."""
+def _internal(q, k, v, g, S0, C: int) -> tuple:
+    """(q, k, v, g in the loop's layout [B, H, T, D] (views), S_0 (zeros without one), the chunk
+    size as ``library.chunk`` passes it, the schema's (rule, gate))."""
     B, T, HV, V = v.shape
-    q_next = _shifted(q)  # q'_t = q_{t+1}
-    qi, ki, vi, _, gi = to_internal(q_next, k, v, g=g)  # [B, H, T, D] views
+    qi, ki, vi, _, gi = to_internal(q, k, v, g=g)
     S_in = S0 if S0 is not None else q.new_zeros(B, HV, q.shape[-1], V)
-    C = C if C <= MAX_CHUNK else min(C, T)  # as ``library.chunk``
-    mech = schema_args(Mechanism.of(None, g))
-    o, S, states = forward_kernel(qi, ki, vi, None, gi, S_in, scale, C, keep, *mech)
-    o = o.transpose(1, 2)  # [B, T, HV, V]: row t the read of token t + 1
-    if S0 is None:
-        first = o.new_zeros(B, 1, HV, V)
-    else:
-        first = _first_reads(q, S0, None, scale, o.dtype).unsqueeze(1)  # [B, 1, HV, V]
-    return shifted_bonus_(o, q, k, v, u, scale, first), S, states, q_next
+    C = C if C <= MAX_CHUNK else min(C, T)
+    return qi, ki, vi, gi, S_in, C, schema_args(Mechanism.of(None, g))
+
+
+def _fused_loop(q, k, v, g, u, S0, scale: float, C: int, keep: bool) -> tuple:
+    """(o [B, T, HV, V], S_T, the states entering every chunk (keep; else empty)): the additive
+    rule's fused loop with the bonus u (the comment above)."""
+    qi, ki, vi, gi, S_in, C, mech = _internal(q, k, v, g, S0, C)
+    bonus = u.to(torch.float32)
+    o, S, states = _native.fused("chunk_forward")(qi, ki, vi, None, gi, S_in, scale, C, keep,
+                                                  *mech, bonus)  # fmt: skip
+    return o.transpose(1, 2), S, states
 
 
 class _FusedRWKV6(torch.autograd.Function):
-    """``_fused_reads`` with its gradient: the fused loop's backward on q', k, v, g with d_o'
+    """``_fused_loop`` with its gradient: the fused loop's backward on q', k, v, g with d_o'
     (d_o one token earlier), then dq' moved one token later and the first read's and the bonus's
     gradients added in place (``_bonus.shifted_bonus_backward_``). Double backward
     (``create_graph=True``) differentiates the composite (the paired ops) instead, as the chunk
@@ -293,24 +298,22 @@ class _FusedRWKV6(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, u, S0, scale: float, C: int):
-        o, S, states, q_next = _fused_reads(q, k, v, g, u, S0, scale, C, keep=True)
+        o, S, states = _fused_loop(q, k, v, g, u, S0, scale, C, keep=True)
         ctx.scale, ctx.C = scale, C
-        ctx.save_for_backward(q, k, v, g, u, S0, states, q_next)
+        ctx.save_for_backward(q, k, v, g, u, S0, states)
         ctx.set_materialize_grads(False)
         return o, S
 
     @staticmethod
     def backward(ctx, d_o: Tensor | None, d_S: Tensor | None) -> tuple:
-        q, k, v, g, u, S0, states, q_next = ctx.saved_tensors
+        q, k, v, g, u, S0, states = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True
             return (*_composite_gradients(ctx, (q, k, v, g, u, S0), d_o, d_S), None, None)
         B, T, HV, V = v.shape
         d_next = v.new_zeros(B, T, HV, V) if d_o is None else _shifted(d_o)
-        S_in = S0 if S0 is not None else q.new_zeros(B, HV, q.shape[-1], V)
+        qi, ki, vi, gi, S_in, C, mech = _internal(_shifted(q), k, v, g, S0, ctx.C)
         d_S = torch.zeros_like(S_in) if d_S is None else d_S
-        qi, ki, vi, _, gi = to_internal(q_next, k, v, g=g)
-        mech = schema_args(Mechanism.of(None, g))
-        args = (qi, ki, vi, None, gi, states, d_next.transpose(1, 2), d_S, ctx.scale, ctx.C)
+        args = (qi, ki, vi, None, gi, states, d_next.transpose(1, 2), d_S, ctx.scale, C)
         dq, dk, dv, _, dg, dS0 = backward_kernel(*args, *mech)
         dq, dk, dv = (x.transpose(1, 2) for x in (dq, dk, dv))  # [B, T, ., D]
         d_o = d_next if d_o is None else d_o  # o unused: zeros

@@ -66,11 +66,13 @@ namespace linattn_native {
 
 // o [B, HV, T, V] (a view of a [B, T, HV, V] tensor), the final state [B, HV, K, V], and (keep) the
 // state entering every chunk [N, B HV, K, V] for the backward pass (else an empty tensor).
+// bonus [HV, K] (the additive rule only): RWKV-6's read, o_t = S_{t-1}^T (scale q_t) + scale
+// (q_t^T Diag(u) k_t) v_t (rules/additive.cpp), the states as without it.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
-    c10::string_view gate);
+    c10::string_view gate, const std::optional<at::Tensor>& bonus);
 
 // dq, dk [B, H, T, K], dv [B, HV, T, V], dbeta [B, HV, T] (empty for the additive rule), dg
 // [B, HV, T, kg] (empty without decay) and dS0 [B, HV, K, V], from the states ``chunk_forward``

@@ -1,5 +1,8 @@
 // The additive rule (spec sections 5 and 8): S <- D S + k v^T, read o = S^T q. Its chunk form
-// needs the scores A_qk alone; its pseudo-values are the values, U = V (rules.h).
+// needs the scores A_qk alone; its pseudo-values are the values, U = V (rules.h). With a bonus u
+// (RWKV-6, ``ops.rwkv6``) the read is of the state before the token's write plus u on the token's
+// own write, o_t = S_{t-1}^T (scale q_t) + scale (q_t^T Diag(u) k_t) v_t: the scores are strictly
+// lower with q's gate exclusive, and the bonus is their diagonal (``bonus_scores``).
 
 #include "rules.h"
 
@@ -23,6 +26,25 @@ void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
 }
 
 }  // namespace
+
+// A strict product with q's gate exclusive, exp(G_{i-1} - G_j) for j < i, is the inclusive
+// product of the rows q_{i+1} and k_j about G_i, one row down (as the dplr rule's b): rows 1 .. c-1
+// of A from c - 1 rows of q read one row on. Row 0 and column c - 1 above the diagonal are 0.
+void bonus_scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* u,
+                  const Terms& t, int64_t C, Scratch& w) {
+  const int c = x.c, Ki = static_cast<int>(K);
+  const Rows q_next{x.q + x.ldq, x.ldq}, k{x.k, x.ldk};
+  if (c > 1) decayed_products(q_next, q_next, k, t.G, kg, c - 1, K, scale, t.A + C, nullptr, C, w);
+  for (int j = 0; j < c; ++j) t.A[j] = 0.0f;
+  for (int i = 0; i < c; ++i) {
+    const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int ch = 0; ch < Ki; ++ch) s += qi[ch] * u[ch] * ki[ch];
+    t.A[i * C + i] = scale * s;
+    if (i < c - 1) t.A[i * C + c - 1] = 0.0f;
+  }
+}
 
 extern const Rule kAdditiveRule{
     "additive", false, false, 1, 0, scores, nullptr, nullptr, nullptr, step};
