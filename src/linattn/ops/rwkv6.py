@@ -21,6 +21,12 @@ backward), its decays (every exponent <= 0, resets exact), grouped value heads, 
 gradients are used unchanged, on views of the inputs (no copy). The bonus is the diagonal the
 strictly lower matrix leaves out, with u in place of the decay: one product per token,
 (q_t * u * k_t) summed over the key channels, which the reads are added into.
+
+float32 on the CPU, in the chunk form and on sequences of equal length, the forward is instead
+that chunk form itself, in the additive rule's fused C++ loop with a bonus (``chunk_forward``'s
+``bonus``, csrc/rules/additive.cpp), and the backward the fused backward on q one token earlier
+(the comment above ``_fused``): the pairs' views, their gradients and the bonus's autograd cost
+more than the kernels' difference (benchmarks/README.md, "RWKV-6 over GLA").
 """
 
 from __future__ import annotations
