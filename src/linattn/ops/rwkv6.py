@@ -41,6 +41,7 @@ from linattn.ops import _engine, _native
 from linattn.ops import checks as _checks
 from linattn.ops._bonus import bonus, shifted_bonus_backward_
 from linattn.ops._layout import to_internal
+from linattn.ops.chunk import differentiable_gradients
 from linattn.ops.library import backward_kernel, schema_args, tracing
 from linattn.ops.mechanism import Mechanism
 from linattn.ops.recurrent import step
@@ -342,17 +343,11 @@ def _first_read_gradients(q, S0, d_o, scale: float, dS0) -> tuple[Tensor, Tensor
     return dq0.unsqueeze(1), dS0
 
 
-def _composite_gradients(ctx, inputs: tuple, d_o, d_S) -> list:
+def _composite_gradients(ctx, inputs: tuple, d_o, d_S) -> tuple:
     """The gradients of ``_composite`` (differentiable again) for the inputs that need one."""
     q, k, v, g, u, S0 = inputs
     with torch.enable_grad():
         o, S = _composite(q, k, v, g, u, ctx.scale, "chunk", ctx.C, S0, True, None)
     outputs, seeds = zip(*[(x, d) for x, d in ((o, d_o), (S, d_S)) if d is not None], strict=True)
     wanted = [x is not None and need for x, need in zip(inputs, ctx.needs_input_grad, strict=False)]
-    chosen = [x for x, w in zip(inputs, wanted, strict=True) if w]
-    found = iter(torch.autograd.grad(outputs, chosen, seeds, create_graph=True, allow_unused=True))
-    grads = []
-    for x, w in zip(inputs, wanted, strict=True):
-        grad = next(found) if w else None
-        grads.append(torch.zeros_like(x) if w and grad is None else grad)
-    return grads
+    return differentiable_gradients(outputs, seeds, inputs, wanted)
