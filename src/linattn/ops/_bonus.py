@@ -114,9 +114,12 @@ def shifted_bonus_backward_(
         dv[:, s:e].addcmul_(torch.linalg.vecdot(qk, u).unsqueeze(-1), d_b)  # w_t d_o_t
         dw = torch.linalg.vecdot(d_b, v_b).unsqueeze(-1)  # [B, t, HV, 1]
         du.add_(qk.mul_(dw).sum((0, 1)))
-        dq_b, dk_b = (k_b * u).mul_(dw), (q_b * u).mul_(dw)  # [B, t, HV, K]
-        if H != HV:  # [B, t, H, G, K] summed over each q/k head's G value heads
-            dq_b, dk_b = (x.unflatten(-2, (H, HV // H)).sum(-2) for x in (dq_b, dk_b))
+        dwu = dw * u  # [B, t, HV, K]
+        if H == HV:
+            dk[:, s:e].addcmul_(q_b, dwu)
+            return dq_rows.addcmul_(k_b, dwu)
+        # [B, t, H, G, K] summed over each q/k head's G value heads
+        dq_b, dk_b = ((x * dwu).unflatten(-2, (H, HV // H)).sum(-2) for x in (k_b, q_b))
         dk[:, s:e].add_(dk_b)
         return dq_rows.add_(dq_b)
 
