@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-from linattn.ops import linear_attention, recurrent_step, rwkv6
+from linattn.ops import _native, linear_attention, recurrent_step, rwkv6
 
 from .test_properties import (
     FORMS,
@@ -385,7 +385,8 @@ def test_the_fused_path_equals_the_float64_loop(monkeypatch, gate, with_S0, outp
 
     o, S = rwkv6(*(leaves.get(n) for n in "qkvgu"), chunk_size=4,
                  initial_state=leaves.get("S0"), output_final_state=True)  # fmt: skip
-    assert "_FusedRWKV6" in type(o.grad_fn).__name__  # the fused path ran
+    if _native.available():  # the fused path ran (else the paired composite, checked alike)
+        assert "_FusedRWKV6" in type(o.grad_fn).__name__
     o64, S64 = rwkv6_loop(*(leaves64.get(n) for n in "qkvgu"), leaves64.get("S0"))
     for name, a, b in (("o", o, o64), ("S", S, S64)):
         assert_agrees(name, a.detach(), b.detach(), rms(b.detach()))
@@ -440,3 +441,21 @@ def test_the_fused_path_on_either_schedule_with_resets(monkeypatch, schedule, ga
     magnitude = max(rms(e) for e in expected.values())
     for n in expected:
         assert_agrees(f"d{n}", found[n], expected[n], magnitude)
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused C++ loop is unavailable")
+def test_the_kernels_bonus_is_checked():
+    """chunk_forward's bonus: the additive rule's alone, of shape [HV, K], float32 on the CPU."""
+    q, k = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    v, S0 = torch.randn(1, 2, 5, 3), torch.zeros(1, 2, 4, 3)
+    run = _native.kernel("chunk_forward")
+    args = (q, k, v, None, None, S0, 0.5, 4, False)
+    o, _, _ = run(*args, "additive", "none", torch.zeros(2, 4))
+    assert o.shape == (1, 2, 5, 3)
+    for rule, beta, u, match in [
+        ("additive", None, torch.zeros(2, 3), "bonus must be of shape"),
+        ("additive", None, torch.zeros(2, 4, dtype=torch.float64), "bonus must be float32"),
+        ("delta", torch.rand(1, 2, 5), torch.zeros(2, 4), "bonus is for the additive rule"),
+    ]:
+        with pytest.raises(RuntimeError, match=match):
+            run(q, k, v, beta, None, S0, 0.5, 4, False, rule, "none", u)
