@@ -6,7 +6,9 @@
 namespace linattn_native {
 
 // Step G, D, Qd, Ke, Kd: G_i = g_1 + ... + g_i as pairs, exp(G) and exp(G_c - G) once per
-// gate, Qd = scale q exp(G), Ke = k exp(G_c - G), Kd = k exp(G) (when t.Kd), D = exp(G_c).
+// gate (from the pairs without rounding their sum: ``exp_pair``, ``end_decay``; the products
+// reuse exp(G_c - G), ``decayed_products``), Qd = scale q exp(G), Ke = k exp(G_c - G),
+// Kd = k exp(G) (when t.Kd), D = exp(G_c).
 GatedRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* zeros,
                       const Terms& t) {
   if (kg == 0) return {x.q, x.ldq, scale, x.k, x.ldk, x.k, x.ldk};
@@ -14,15 +16,15 @@ GatedRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, co
   cumulative_gates(x.g, x.sg, c, kg, zeros, t.G);
   const float* Gc = t.G.hi + static_cast<int64_t>(c - 1) * kg;
   const float* Lc = t.G.lo + static_cast<int64_t>(c - 1) * kg;
-  for (int ch = 0; ch < kgi; ++ch) t.D[ch] = exp_flush(Gc[ch] + Lc[ch]);
+  for (int ch = 0; ch < kgi; ++ch) t.D[ch] = exp_pair(Gc[ch], Lc[ch]);
   for (int i = 0; i < c; ++i) {
     const int64_t at = static_cast<int64_t>(i) * kg, row = static_cast<int64_t>(i) * K;
     const float *Gi = t.G.hi + at, *Li = t.G.lo + at;
     float *eg = t.eG + at, *ee = t.eEnd + at;
 #pragma omp simd
     for (int ch = 0; ch < kgi; ++ch) {
-      eg[ch] = exp_flush(Gi[ch] + Li[ch]);
-      ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
+      eg[ch] = exp_pair(Gi[ch], Li[ch]);
+      ee[ch] = end_decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
     }
     const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
     float *qd = t.Qd + row, *ke = t.Ke + row;
