@@ -23,7 +23,9 @@ void exclusive_read_row(const float* qi, const float* eq, int64_t kg, int Ki, fl
 }  // namespace
 
 // Step G, D, Qd, Ke, Kd: G_i = g_1 + ... + g_i as pairs, exp(G) and exp(G_c - G) once per
-// gate, Qd = scale q exp(G) (exclusive: exp(G_{i-1}) on row i), Ke = k exp(G_c - G),
+// gate (from the pairs without rounding their sum: ``exp_pair``, ``end_decay``; the products
+// reuse exp(G_c - G), ``decayed_products``), Qd = scale q exp(G) (exclusive: exp(G_{i-1}) on
+// row i), Ke = k exp(G_c - G),
 // Kd = k exp(G) (when t.Kd), D = exp(G_c).
 GatedRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* zeros,
                       const Terms& t, bool exclusive) {
@@ -32,15 +34,15 @@ GatedRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, co
   cumulative_gates(x.g, x.sg, c, kg, zeros, t.G);
   const float* Gc = t.G.hi + static_cast<int64_t>(c - 1) * kg;
   const float* Lc = t.G.lo + static_cast<int64_t>(c - 1) * kg;
-  for (int ch = 0; ch < kgi; ++ch) t.D[ch] = exp_flush(Gc[ch] + Lc[ch]);
+  for (int ch = 0; ch < kgi; ++ch) t.D[ch] = exp_pair(Gc[ch], Lc[ch]);
   for (int i = 0; i < c; ++i) {
     const int64_t at = static_cast<int64_t>(i) * kg, row = static_cast<int64_t>(i) * K;
     const float *Gi = t.G.hi + at, *Li = t.G.lo + at;
     float *eg = t.eG + at, *ee = t.eEnd + at;
 #pragma omp simd
     for (int ch = 0; ch < kgi; ++ch) {
-      eg[ch] = exp_flush(Gi[ch] + Li[ch]);
-      ee[ch] = decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
+      eg[ch] = exp_pair(Gi[ch], Li[ch]);
+      ee[ch] = end_decay(Gc[ch], Lc[ch], Gi[ch], Li[ch]);
     }
     const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
     float *qd = t.Qd + row, *ke = t.Ke + row;

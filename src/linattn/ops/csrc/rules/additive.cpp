@@ -13,7 +13,7 @@ namespace {
 void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t, int64_t C,
             Scratch& w) {
   const Rows q{x.q, x.ldq}, k{x.k, x.ldk};
-  decayed_products(q, q, k, t.G, kg, x.c, K, scale, t.A, nullptr, C, w);
+  decayed_products(q, q, k, t.G, kg, x.c, K, scale, t.A, nullptr, C, w, t.eEnd);
 }
 
 // The step: S <- Diag(alpha) S + k v^T, o = S^T q, one pass over each block of S (step.h).
