@@ -6,6 +6,9 @@
 
 #include "rules.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace linattn_native {
 namespace {
 
@@ -28,21 +31,28 @@ void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
 }  // namespace
 
 // A strict product with q's gate exclusive, exp(G_{i-1} - G_j) for j < i, is the inclusive
-// product of the rows q_{i+1} and k_j about G_i, one row down (as the dplr rule's b): rows 1 .. c-1
-// of A from c - 1 rows of q read one row on. Row 0 and column c - 1 above the diagonal are 0.
+// product of the rows q_{i+1} and k_j about G_i, one row down (as the dplr rule's b): the
+// product of q_next (q_{i+1} on row i, the last row zeros, in w.Y) and k over the chunk's c rows,
+// with its end decays as the rule's own scores, moved one row down; row 0 then holds zeros and
+// the diagonal, zero after the move, the bonus.
 void bonus_scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* u,
                   const Terms& t, int64_t C, Scratch& w) {
   const int c = x.c, Ki = static_cast<int>(K);
-  const Rows q_next{x.q + x.ldq, x.ldq}, k{x.k, x.ldk};
-  if (c > 1) decayed_products(q_next, q_next, k, t.G, kg, c - 1, K, scale, t.A + C, nullptr, C, w);
-  for (int j = 0; j < c; ++j) t.A[j] = 0.0f;
+  float* q_next = w.Y.data();
+  for (int i = 0; i + 1 < c; ++i) {
+    std::memcpy(q_next + i * K, x.q + (i + 1) * x.ldq, sizeof(float) * K);
+  }
+  std::fill(q_next + (c - 1) * K, q_next + c * K, 0.0f);
+  const Rows qn{q_next, K}, k{x.k, x.ldk};
+  decayed_products(qn, qn, k, t.G, kg, c, K, scale, t.A, nullptr, C, w, t.eEnd);
+  for (int i = c - 1; i > 0; --i) std::memcpy(t.A + i * C, t.A + (i - 1) * C, sizeof(float) * c);
+  std::fill(t.A, t.A + c, 0.0f);
   for (int i = 0; i < c; ++i) {
     const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int ch = 0; ch < Ki; ++ch) s += qi[ch] * u[ch] * ki[ch];
     t.A[i * C + i] = scale * s;
-    if (i < c - 1) t.A[i * C + c - 1] = 0.0f;
   }
 }
 
