@@ -7,7 +7,9 @@
 // decays exp(G_i - G_j). One gate per channel: the decay differs per channel and cannot leave the
 // sum; it is factored, exp(G_i - G_r) exp(G_r - G_j) about a reference row r, on blocks halved
 // until the gates' spread fits float32 (``kFactorBudget``, gates.h; ``factored_blocks``, the one
-// halving recursion, which the products and their gradients share).
+// halving recursion, which the products and their gradients share). Where the whole chunk fits,
+// r is its last row and both kinds of decay come from the chunk's end decays exp(G_c - G)
+// (``chunk_gates``'s eEnd) as quotients, with no exponential formed again (``end`` below).
 #pragma once
 
 #include <cstdint>
