@@ -450,7 +450,7 @@ def test_the_kernels_bonus_is_checked():
     v, S0 = torch.randn(1, 2, 5, 3), torch.zeros(1, 2, 4, 3)
     run = _native.kernel("chunk_forward")
     args = (q, k, v, None, None, S0, 0.5, 4, False)
-    o, _, _ = run(*args, "additive", "none", torch.zeros(2, 4))
+    o, _, _ = run(*args, "additive", "none", bonus=torch.zeros(2, 4))
     assert o.shape == (1, 2, 5, 3)
     for rule, beta, u, match in [
         ("additive", None, torch.zeros(2, 3), "bonus must be of shape"),
@@ -458,4 +458,4 @@ def test_the_kernels_bonus_is_checked():
         ("delta", torch.rand(1, 2, 5), torch.zeros(2, 4), "bonus is for the additive rule"),
     ]:
         with pytest.raises(RuntimeError, match=match):
-            run(q, k, v, beta, None, S0, 0.5, 4, False, rule, "none", u)
+            run(q, k, v, beta, None, S0, 0.5, 4, False, rule, "none", bonus=u)

@@ -292,7 +292,7 @@ def _fused_loop(q, k, v, g, u, S0, scale: float, C: int, keep: bool) -> tuple:
     qi, ki, vi, gi, S_in, C, mech = _internal(q, k, v, g, S0, C)
     bonus = u.to(torch.float32)
     o, S, states = _native.fused("chunk_forward")(qi, ki, vi, None, gi, S_in, scale, C, keep,
-                                                  *mech, bonus)  # fmt: skip
+                                                  *mech, bonus=bonus)  # fmt: skip
     return o.transpose(1, 2), S, states
 
 
