@@ -1,6 +1,7 @@
 """A/B timing of the fused C++ chunk kernels of two commits in ONE process, calls interleaved.
 
     python benchmarks/ab_kernels.py OLD_REV [--T 16384] [--pairs 9] [--backward] [--threads 1]
+        [--clock wall|cpu]
 
 Separate processes of the same code differ by up to 1.5x on this shared machine (linear attention's
 forward at T = 16,384: 48 ms in one process, 71 ms in the next), so ``ab.py``'s process-level
@@ -94,6 +95,12 @@ def main() -> None:
     parser.add_argument("--gate-scale", type=float, default=1.0, help="multiplies the log-gates")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch's intra-op threads")
     parser.add_argument("--mechanisms", nargs="*", help="the rows to time (default: all six)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: elapsed time; cpu: this process's CPU time (steadier on a loaded machine)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not native.available():
@@ -115,9 +122,13 @@ def main() -> None:
         if unknown:
             parser.error(f"--mechanisms: unknown {sorted(unknown)}; choose from {list(mechanisms)}")
         mechanisms = {name: mechanisms[name] for name in args.mechanisms}
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     row = "fwd+bwd" if args.backward else "fwd"
     threads = f"{args.threads} thread{'s' * (args.threads > 1)}"
-    print(f"T = {args.T}, {threads}, {args.pairs} pairs; old {args.old}, new: the working tree")
+    print(
+        f"T = {args.T}, {threads}, {args.pairs} pairs, {args.clock} clock; old {args.old}, "
+        "new: the working tree"
+    )
     print(f"| {row} | old min ms | new min ms | min / min | median of pair ratios | same bits |")
     print("|---|---:|---:|---:|---:|---|")
     for name, (beta, g, gate) in mechanisms.items():
@@ -128,7 +139,7 @@ def main() -> None:
             for label in ("old", "new") if pair % 2 else ("new", "old"):
                 lib = old if label == "old" else new
                 mech = mechanism_args(lib.chunk_forward, beta, gate)
-                start = time.perf_counter()
+                start = clock()
                 o, S, states = lib.chunk_forward(*call, args.backward, *mech)
                 grads = []
                 if args.backward:
@@ -136,7 +147,7 @@ def main() -> None:
                         *call[:5], states, torch.ones_like(o), torch.zeros_like(S), scale, C, *mech
                     )
                 if pair:
-                    times[label].append(time.perf_counter() - start)
+                    times[label].append(clock() - start)
                 results[label] = [o, S, states, *grads]
         o_min, n_min = min(times["old"]) * 1e3, min(times["new"]) * 1e3
         ratio = statistics.median(n / o for o, n in zip(times["old"], times["new"], strict=True))

@@ -11,11 +11,13 @@ minutes. The machine may be shared: ``--clock cpu`` times this process's CPU tim
 
     PYTHONPATH=src python benchmarks/rwkv6.py                   # the issue's shape (a few minutes)
     PYTHONPATH=src python benchmarks/rwkv6.py --clock cpu --T 4096 --repeats 5
+    PYTHONPATH=src python benchmarks/rwkv6.py --clock cpu --parts  # where RWKV-6's extra time goes
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -67,11 +69,48 @@ def calls(x: dict[str, torch.Tensor], C: int, backward: bool) -> list[Callable[[
     return [lambda op=op: both(op) for op in ops]
 
 
+def parts(x: dict[str, torch.Tensor], repeats: int) -> dict[str, float]:
+    """The pieces of RWKV-6's time beyond GLA's kernels, each timed in turns in this process (s):
+    the forwards, the backward's two whole-sequence copies (q' and d_o': one in the extension's
+    cached blocks, against the same copy into fresh memory), and the bonus's backward pass."""
+    op = importlib.import_module("linattn.ops.rwkv6")
+    bonus = importlib.import_module("linattn.ops._bonus")
+    q, k, v, g, u = (x[n].detach() for n in "qkvgu")
+    d_o = torch.randn(v.shape, generator=torch.Generator().manual_seed(2))
+    dq, dk, dv = q.clone(), k.clone(), v.clone()
+    first = torch.zeros_like(q[:, :1])
+
+    def fresh_copy():
+        out = torch.empty_like(q)
+        out[:, :-1] = q[:, 1:]
+        out[:, -1] = 0
+
+    fns = {
+        "GLA forward": lambda: linear_attention(q, k, v, g),
+        "RWKV-6 forward": lambda: rwkv6(q, k, v, g, u),
+        "q' copy, cached blocks": lambda: op._shifted(q),
+        "q' copy, fresh memory": fresh_copy,
+        "bonus backward pass": lambda: bonus.shifted_bonus_backward_(
+            d_o, q, k, v, u, 0.125, dq, dk, dv, first
+        ),
+    }
+    with torch.no_grad():
+        for fn in fns.values():
+            fn()
+        times = medians_in_turns(list(fns.values()), repeats)
+    for name, t in zip(fns, times, strict=True):
+        print(f"{name:<24} {t * 1e3:8.1f} ms", flush=True)
+    return dict(zip(fns, times, strict=True))
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     torch.set_num_threads(args.threads)
     _timing.use_clock(args.clock)
     x = make_inputs(args.T, args.H, args.K, args.K)
     result: dict[str, object] = {"options": vars(args)}
+    if args.parts:
+        result["parts_s"] = parts(x, args.repeats)
+        return result
     for name, backward in (("forward", False), ("forward+backward", True)):
         if backward:
             x = {n: t.requires_grad_() for n, t in x.items()}
@@ -94,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--parts", action="store_true", help="time the pieces instead")
     parser.add_argument("--out", type=Path, help="write the result as JSON")
     args = parser.parse_args(argv)
     result = run(args)

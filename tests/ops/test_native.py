@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import shutil
 from pathlib import Path
 
@@ -116,16 +117,25 @@ def test_equals_the_pytorch_loop_in_float32(rule, gate, monkeypatch):
         *itertools.product(
             ["additive", "delta"], ["scalar", "steep-scalar", "channel", "steep-channel"], [7, 64]
         ),
+        *itertools.product(["additive", "delta"], ["budget-scalar", "budget-channel"], [16, 64]),
     ],
 )
 def test_gradients_from_its_saved_states(rule, gate, C):
     # The fused backward pass recomputes every chunk from the states the fused forward saved.
     # T = 40: chunks of 7 and 16 leave a partial last chunk, 64 is one chunk longer than T.
-    steep = gate.startswith("steep") if gate else False
-    gate = gate.removeprefix("steep-") if gate else None
+    kind, _, gate = gate.rpartition("-") if gate else ("", "", None)
     x = make_inputs(B=2, T=40, H=2, K=8, V=4, gate=gate, rule=rule, state=True)
-    if steep:  # log-decays down to about -1,600 per token: flushed decays, halved products
+    if kind == "steep":  # log-decays down to about -1,600 per token: flushed, halved products
         x["g"] = 400 * x["g"]
+    if kind == "budget":  # a full chunk's spread of gates 3% below the factor budget (head 0) and
+        # 3% above it (head 1): its products are factored about its last row from the end decays
+        # exp(G_c - G), whose reciprocals reach e^21.5, or halved with exponentials as before
+        budget = math.log(torch.finfo(torch.float32).max) / 4
+        gen = torch.Generator().manual_seed(0)
+        jitter = 1 + 0.005 * (2 * torch.rand(x["g"].shape, generator=gen, dtype=torch.float64) - 1)
+        x["g"] = -budget / (min(C, 40) - 1) * jitter
+        x["g"][:, :, 0] *= 0.97
+        x["g"][:, :, 1] *= 1.03
     names = [n for n in ("q", "k", "v", "beta", "g", "S0") if x[n] is not None]
 
     def gradients(dtype):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-from linattn.ops import linear_attention, recurrent_step, rwkv6
+from linattn.ops import _native, linear_attention, recurrent_step, rwkv6
 
 from .test_properties import (
     FORMS,
@@ -364,3 +364,98 @@ def test_packed_one_token_sequences_keep_their_initial_state(bounds, mode, C):
 
     _close(f(*leaves), rwkv6_loop(*leaves, bounds=bounds))
     assert torch.autograd.gradcheck(f, leaves)
+
+
+@pytest.mark.parametrize("gate", ["channel", "head", None])
+@pytest.mark.parametrize("with_S0", [True, False])
+@pytest.mark.parametrize("outputs", ["both", "o", "S"])
+def test_the_fused_path_equals_the_float64_loop(monkeypatch, gate, with_S0, outputs):
+    """float32 on the CPU, the chunk form: the fused loop on q one token earlier, the reads moved
+    into place with the bonus in blocks (3 tokens here) and the backward likewise, with grouped
+    value heads, every gate, with and without an initial state, and either output unused."""
+    monkeypatch.setattr(importlib.import_module("linattn.ops._bonus"), "BONUS_BLOCK", 3)
+    x = _inputs(B=2, T=23, H=1, HV=2, K=8, V=4, gate=gate, seed=8, dtype=torch.float32)
+    x["S0"] = x["S0"] if with_S0 else None
+    names = [n for n in ("q", "k", "v", "g", "u", "S0") if x[n] is not None]
+    leaves = {n: x[n].clone().requires_grad_() for n in names}
+    leaves64 = {n: x[n].double().requires_grad_() for n in names}
+
+    def pick(o, S):
+        return {"both": [o, S], "o": [o], "S": [S]}[outputs]
+
+    o, S = rwkv6(*(leaves.get(n) for n in "qkvgu"), chunk_size=4,
+                 initial_state=leaves.get("S0"), output_final_state=True)  # fmt: skip
+    if _native.available():  # the fused path ran (else the paired composite, checked alike)
+        assert "_FusedRWKV6" in type(o.grad_fn).__name__
+    o64, S64 = rwkv6_loop(*(leaves64.get(n) for n in "qkvgu"), leaves64.get("S0"))
+    for name, a, b in (("o", o, o64), ("S", S, S64)):
+        assert_agrees(name, a.detach(), b.detach(), rms(b.detach()))
+    found = gradients(pick(o, S), leaves, seed=3)
+    expected = gradients(pick(o64, S64), leaves64, seed=3)
+    magnitude = max(rms(e) for e in expected.values())
+    for n in expected:
+        assert_agrees(f"d{n}", found[n], expected[n], magnitude)
+
+
+def test_the_fused_path_without_a_gradient_and_its_double_backward():
+    """The fused path under no_grad gives the same outputs; its second derivatives (through the
+    composite, ``create_graph=True``) equal the float64 loop's."""
+    x = _inputs(B=1, T=9, H=2, HV=2, K=4, V=3, seed=9, dtype=torch.float32)
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+    leaves64 = {n: t.double().requires_grad_() for n, t in x.items()}
+    args = [leaves[n] for n in "qkvgu"]
+    o, S = rwkv6(*args, chunk_size=4, initial_state=leaves["S0"], output_final_state=True)
+    with torch.no_grad():
+        o_, S_ = rwkv6(*args, chunk_size=4, initial_state=leaves["S0"], output_final_state=True)
+    assert torch.equal(o, o_) and torch.equal(S, S_)
+    o64, S64 = rwkv6_loop(*(leaves64[n] for n in "qkvgu"), leaves64["S0"])
+    first = gradients([o, S], leaves, seed=5, create_graph=True)
+    first64 = gradients([o64, S64], leaves64, seed=5, create_graph=True)
+    found = gradients([first["q"], first["g"]], leaves, seed=6)
+    expected = gradients([first64["q"], first64["g"]], leaves64, seed=6)
+    magnitude = max(rms(e) for e in expected.values())
+    for n in expected:
+        assert_agrees(f"d2 {n}", found[n], expected[n], magnitude)
+
+
+@pytest.mark.parametrize("schedule", ["fused", "split"])
+@pytest.mark.parametrize("gate", ["channel", "head", None])
+def test_the_fused_path_on_either_schedule_with_resets(monkeypatch, schedule, gate):
+    """The C++ loop's two schedules (``LINATTN_SCHEDULE``), with a reset (-inf) and a steep gate
+    inside a chunk and at a chunk's first token, chunks of 5 with a partial last one."""
+    monkeypatch.setenv("LINATTN_SCHEDULE", schedule)
+    x = _inputs(B=1, T=17, H=2, HV=4, K=8, V=4, gate=gate, seed=10, dtype=torch.float32)
+    if x["g"] is not None:
+        x["g"][:, 3] = -torch.inf
+        x["g"][:, 5] = -30.0
+        x["g"][:, 10] = -torch.inf
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items() if t is not None}
+    leaves64 = {n: t.double().requires_grad_() for n, t in leaves.items()}
+    o, S = rwkv6(*(leaves.get(n) for n in "qkvgu"), chunk_size=5, initial_state=leaves["S0"],
+                 output_final_state=True)  # fmt: skip
+    o64, S64 = rwkv6_loop(*(leaves64.get(n) for n in "qkvgu"), leaves64["S0"])
+    for name, a, b in (("o", o, o64), ("S", S, S64)):
+        assert_agrees(name, a.detach(), b.detach(), rms(b.detach()))
+    found = gradients([o, S], leaves, seed=2)
+    expected = gradients([o64, S64], leaves64, seed=2)
+    magnitude = max(rms(e) for e in expected.values())
+    for n in expected:
+        assert_agrees(f"d{n}", found[n], expected[n], magnitude)
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused C++ loop is unavailable")
+def test_the_kernels_bonus_is_checked():
+    """chunk_forward's bonus: the additive rule's alone, of shape [HV, K], float32 on the CPU."""
+    q, k = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    v, S0 = torch.randn(1, 2, 5, 3), torch.zeros(1, 2, 4, 3)
+    run = _native.kernel("chunk_forward")
+    args = (q, k, v, None, None, S0, 0.5, 4, False)
+    o, _, _ = run(*args, "additive", "none", bonus=torch.zeros(2, 4))
+    assert o.shape == (1, 2, 5, 3)
+    for rule, beta, u, match in [
+        ("additive", None, torch.zeros(2, 3), "bonus must be of shape"),
+        ("additive", None, torch.zeros(2, 4, dtype=torch.float64), "bonus must be float32"),
+        ("delta", torch.rand(1, 2, 5), torch.zeros(2, 4), "bonus is for the additive rule"),
+    ]:
+        with pytest.raises(RuntimeError, match=match):
+            run(q, k, v, beta, None, S0, 0.5, 4, False, rule, "none", bonus=u)

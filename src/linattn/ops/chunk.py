@@ -339,6 +339,13 @@ def differentiable_backward(
     if d_S is not None:
         outputs.append(S)
         seeds.append(d_S)
+    return differentiable_gradients(outputs, seeds, inputs, wanted)
+
+
+def differentiable_gradients(outputs, seeds, inputs, wanted) -> tuple[Tensor | None, ...]:
+    """``torch.autograd.grad(outputs, ..., seeds, create_graph=True)`` for the ``inputs`` that
+    ``wanted`` marks: one gradient per input, None where not wanted, zeros where wanted and
+    unused (the backward of an op that falls back to its composite for double backward)."""
     chosen = [x for x, w in zip(inputs, wanted, strict=True) if w]
     found = iter(torch.autograd.grad(outputs, chosen, seeds, create_graph=True, allow_unused=True))
     grads = []

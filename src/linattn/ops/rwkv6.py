@@ -21,6 +21,12 @@ backward), its decays (every exponent <= 0, resets exact), grouped value heads, 
 gradients are used unchanged, on views of the inputs (no copy). The bonus is the diagonal the
 strictly lower matrix leaves out, with u in place of the decay: one product per token,
 (q_t * u * k_t) summed over the key channels, which the reads are added into.
+
+float32 on the CPU, in the chunk form and on sequences of equal length, the forward is instead
+that chunk form itself, in the additive rule's fused C++ loop with a bonus (``chunk_forward``'s
+``bonus``, csrc/rules/additive.cpp), and the backward the fused backward on q one token earlier
+(the comment above ``_fused``): the pairs' views, their gradients and the bonus's autograd cost
+more than the kernels' difference (benchmarks/README.md, "RWKV-6 over GLA").
 """
 
 from __future__ import annotations
@@ -31,10 +37,15 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
-from linattn.ops import _engine
+from linattn.ops import _engine, _native
 from linattn.ops import checks as _checks
-from linattn.ops._bonus import bonus
+from linattn.ops._bonus import bonus, shifted_bonus_backward_
+from linattn.ops._layout import to_internal
+from linattn.ops.chunk import differentiable_gradients
+from linattn.ops.library import backward_kernel, schema_args, tracing
+from linattn.ops.mechanism import Mechanism
 from linattn.ops.recurrent import step
+from linattn.ops.tuning import MAX_CHUNK
 
 
 def rwkv6(
@@ -77,6 +88,19 @@ def rwkv6(
     output_final_state = _checks.flag("output_final_state", output_final_state)
     T, N = _check(q, k, v, g, u, scale, initial_state, cu_seqlens)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if mode == "chunk" and cu_seqlens is None and _fused(q, k, v, g, initial_state):
+        _engine.check_chunk(chunk_size, [T])
+        o, S = _fused_forward(q, k, v, g, u, initial_state, scale, chunk_size)
+        return o, S if output_final_state else None
+    return _composite(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_final_state,
+                      cu_seqlens)  # fmt: skip
+
+
+def _composite(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_final_state,
+               cu_seqlens) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """``rwkv6`` on every form and dtype (checked inputs, scale a number): the additive rule's
+    ``linear_attention`` forms on the inputs paired one token apart (the module docstring)."""
+    T = q.shape[1]
     q_next, kvg, reads, last = _paired(q, (k, v, g), cu_seqlens)  # views unless packed
     options = dict(scale=scale, mode=mode, chunk_size=chunk_size)
     if cu_seqlens is None:
@@ -205,3 +229,125 @@ def _first_reads(
 def _groups(H: int, HV: int) -> tuple[int, int]:
     """(H, G): the HV value heads as H runs of G = HV // H (G = 1 where there are no heads)."""
     return H, HV // H if H else 1
+
+
+# The fused path: float32 on the CPU, the chunk form, sequences of equal length. The forward is
+# the additive rule's fused C++ loop with the bonus (csrc/rules/additive.cpp: the exclusive read,
+# a strictly lower A_qk with q's gate at G_{i-1} and Qd = scale q exp(G_{i-1}), the bonus on the
+# diagonal) on the inputs themselves: o, S_T and the states entering every chunk in one pass, the
+# states the additive rule's own. The backward is the additive rule's fused backward on q shifted
+# one token earlier, q'_t = q_{t+1} (q'_{T-1} = 0), whose read of token t is S_t^T q_{t+1}, the
+# read of token t + 1: with the same k, v, g and states, and d_o' shifted as q', its gradients of
+# k, v, g and S_0 are RWKV-6's read's and its dq' is dq one token early; dq' is moved into place
+# and the bonus's and the first read's gradients added, in place, block by block
+# (``_bonus.shifted_bonus_backward_``). Two whole-sequence copies (q', d_o'), in the extension's
+# cached blocks; the paired views cost the gradients of four views and of the bonus, added to
+# the loop's (benchmarks/README.md, "RWKV-6 over GLA").
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, S0: Tensor | None) -> bool:
+    """Whether the fused path serves the call: float32 CPU tensors (``_native.applies``), T > 0,
+    eager (a trace holds the paired ops instead)."""
+    tensors = [x for x in (q, k, v, g, S0) if x is not None]
+    return (
+        q.shape[1] > 0
+        and all(x.dtype == torch.float32 for x in tensors)
+        and _native.applies(q)
+        and not tracing(q)
+    )
+
+
+def _shifted(x: Tensor) -> Tensor:
+    """x [B, T, ...] one token earlier: row t is x's row t + 1, the last row zeros (a copy, in
+    the extension's cached blocks: ``_native.empty``, whose pages are not faulted in again)."""
+    out = _native.empty(tuple(x.shape), x)
+    out[:, :-1] = x[:, 1:]
+    out[:, -1] = 0
+    return out
+
+
+def _fused_forward(q, k, v, g, u, S0, scale: float, C: int) -> tuple[Tensor, Tensor]:
+    """(o [B, T, HV, V], S_T) on the fused path, through ``_FusedRWKV6`` where a gradient can
+    flow back."""
+    inputs = (q, k, v, g, u, S0)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        return _FusedRWKV6.apply(q, k, v, g, u, S0, scale, C)
+    o, S, _ = _fused_loop(q, k, v, g, u, S0, scale, C, keep=False)
+    return o, S
+
+
+def _internal(q, k, v, g, S0, C: int) -> tuple:
+    """(q, k, v, g in the loop's layout [B, H, T, D] (views), S_0 (zeros without one), the chunk
+    size as ``library.chunk`` passes it, the schema's (rule, gate))."""
+    B, T, HV, V = v.shape
+    qi, ki, vi, _, gi = to_internal(q, k, v, g=g)
+    S_in = S0 if S0 is not None else q.new_zeros(B, HV, q.shape[-1], V)
+    C = C if C <= MAX_CHUNK else min(C, T)
+    return qi, ki, vi, gi, S_in, C, schema_args(Mechanism.of(None, g))
+
+
+def _fused_loop(q, k, v, g, u, S0, scale: float, C: int, keep: bool) -> tuple:
+    """(o [B, T, HV, V], S_T, the states entering every chunk (keep; else empty)): the additive
+    rule's fused loop with the bonus u (the comment above)."""
+    qi, ki, vi, gi, S_in, C, mech = _internal(q, k, v, g, S0, C)
+    bonus = u.to(torch.float32)
+    o, S, states = _native.fused("chunk_forward")(qi, ki, vi, None, gi, S_in, scale, C, keep,
+                                                  *mech, bonus=bonus)  # fmt: skip
+    return o.transpose(1, 2), S, states
+
+
+class _FusedRWKV6(torch.autograd.Function):
+    """``_fused_loop`` with its gradient: the fused loop's backward on q', k, v, g with d_o'
+    (d_o one token earlier), then dq' moved one token later and the first read's and the bonus's
+    gradients added in place (``_bonus.shifted_bonus_backward_``). Double backward
+    (``create_graph=True``) differentiates the composite (the paired ops) instead, as the chunk
+    op's differentiates its all-blocks form (``chunk.differentiable_backward``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, u, S0, scale: float, C: int):
+        o, S, states = _fused_loop(q, k, v, g, u, S0, scale, C, keep=True)
+        ctx.scale, ctx.C = scale, C
+        ctx.save_for_backward(q, k, v, g, u, S0, states)
+        ctx.set_materialize_grads(False)
+        return o, S
+
+    @staticmethod
+    def backward(ctx, d_o: Tensor | None, d_S: Tensor | None) -> tuple:
+        q, k, v, g, u, S0, states = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            return (*_composite_gradients(ctx, (q, k, v, g, u, S0), d_o, d_S), None, None)
+        B, T, HV, V = v.shape
+        d_next = v.new_zeros(B, T, HV, V) if d_o is None else _shifted(d_o)
+        qi, ki, vi, gi, S_in, C, mech = _internal(_shifted(q), k, v, g, S0, ctx.C)
+        d_S = torch.zeros_like(S_in) if d_S is None else d_S
+        args = (qi, ki, vi, None, gi, states, d_next.transpose(1, 2), d_S, ctx.scale, C)
+        dq, dk, dv, _, dg, dS0 = backward_kernel(*args, *mech)
+        dq, dk, dv = (x.transpose(1, 2) for x in (dq, dk, dv))  # [B, T, ., D]
+        d_o = d_next if d_o is None else d_o  # o unused: zeros
+        dq_first, dS0 = _first_read_gradients(q, S0, d_o, ctx.scale, dS0)
+        du = shifted_bonus_backward_(d_o, q, k, v, u, ctx.scale, dq, dk, dv, dq_first)
+        dg = None if g is None else dg.transpose(1, 2).reshape(g.shape)
+        return dq, dk, dv, dg, du.to(u.dtype), dS0 if S0 is not None else None, None, None
+
+
+def _first_read_gradients(q, S0, d_o, scale: float, dS0) -> tuple[Tensor, Tensor]:
+    """The gradients of token 0's read S_0^T (scale q_0): (dq_0 [B, 1, H, K], dS0 + its share)."""
+    B, _, H, K = q.shape
+    if S0 is None:
+        return q.new_zeros(B, 1, H, K), dS0
+    G = S0.shape[1] // H
+    d0 = d_o[:, 0].to(S0.dtype).unflatten(1, (H, G))  # [B, H, G, V]
+    q0 = q[:, 0].to(S0.dtype) * scale  # [B, H, K]
+    dq0 = torch.einsum("bhgv,bhgkv->bhk", d0, S0.unflatten(1, (H, G))) * scale
+    dS0 = dS0 + torch.einsum("bhk,bhgv->bhgkv", q0, d0).flatten(1, 2)
+    return dq0.unsqueeze(1), dS0
+
+
+def _composite_gradients(ctx, inputs: tuple, d_o, d_S) -> tuple:
+    """The gradients of ``_composite`` (differentiable again) for the inputs that need one."""
+    q, k, v, g, u, S0 = inputs
+    with torch.enable_grad():
+        o, S = _composite(q, k, v, g, u, ctx.scale, "chunk", ctx.C, S0, True, None)
+    outputs, seeds = zip(*[(x, d) for x, d in ((o, d_o), (S, d_S)) if d is not None], strict=True)
+    wanted = [x is not None and need for x, need in zip(inputs, ctx.needs_input_grad, strict=False)]
+    return differentiable_gradients(outputs, seeds, inputs, wanted)

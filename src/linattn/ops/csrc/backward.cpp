@@ -170,17 +170,6 @@ struct BackwardBlocks {
   }
 };
 
-// Gamma[i, j] = exp(G_i - G_j) for j <= i, zero above (one gate per token).
-void token_decays(const Gates& G, int c, int64_t C, float* Gam) {
-  for (int i = 0; i < c; ++i) {
-    float* row = Gam + static_cast<int64_t>(i) * C;
-    const float G_i = G.hi[i], L_i = G.lo[i];
-#pragma omp simd
-    for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
-    for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
-  }
-}
-
 // 1-3. The forward terms of the chunk, recomputed as the forward pass formed them: the gates
 //      (terms.h; without decay the rows are the inputs), Gamma, the rule's scores and
 //      pseudo-values (rules.h: U = v, or X = [W | U0] (the UT transform) and U = U0 - W S).
@@ -188,7 +177,7 @@ Recomputed recompute(const ChunkRows& x, const Dims& d, const Rule& rule, const 
                      BackwardBlocks& b) {
   const Terms t = b.terms(rule);
   GatedRows r = chunk_gates(x, d.kg, d.K, d.scale, b.w.zeros.data(), t);
-  if (d.kg == 1) token_decays(t.G, d.c, d.C, b.Gam.data());
+  if (d.kg == 1) token_decays(t.G, d.c, d.C, b.Gam.data(), t.eEnd);
   rule.scores(x, d.kg, d.K, d.scale, t, d.C, b.w);
   if (rule.pseudo_value_terms) rule.pseudo_value_terms(x, r, d.kg, d.K, d.V, d.C, t, b.w);
   Recomputed rc{t, r, b.Gam.data(), x.v, x.ldv};
@@ -346,7 +335,7 @@ void qk_channel_score_gradients(const ChunkRows& x, const ChunkGrads& g, const D
   std::fill(tg.dX, tg.dX + c * K, 0.0f);
   std::fill(tg.dY, tg.dY + c * K, 0.0f);
   channel_product_backward({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, lda, tg.dX,
-                           tg.dY, w);
+                           tg.dY, w, rc.t.eEnd);
   for (int i = 0; i < c; ++i) {
     const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K;

@@ -61,22 +61,26 @@ struct ForwardInputs {
   Sizes sz;
   const Rule& rule;
   int64_t kg;
-  at::Tensor q, k, v, beta, g;
-  const float *qp, *kp, *vp, *bp, *gp;
+  at::Tensor q, k, v, beta, g, u;  // u: the additive rule's bonus [HV, K] (RWKV-6), or undefined
+  const float *qp, *kp, *vp, *bp, *gp, *up;
 
   ForwardInputs(const Sizes& sizes, const Rule& update_rule, const at::Tensor& q_in,
                 const at::Tensor& k_in, const at::Tensor& v_in,
                 const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
-                int64_t gates)
+                int64_t gates, const std::optional<at::Tensor>& bonus)
       : sz(sizes), rule(update_rule), kg(gates), q(blas_rows(q_in)),
         k(blas_rows(k_in)), v(blas_rows(v_in)),
         beta(!rule.reads_beta ? at::Tensor()
              : rule.input_keys > 0 ? unit_rows(*beta_opt)
                                    : *beta_opt),
-        g(kg > 0 ? unit_rows(*g_opt) : at::Tensor()), qp(q.data_ptr<float>()),
+        g(kg > 0 ? unit_rows(*g_opt) : at::Tensor()),
+        u(bonus ? bonus->contiguous() : at::Tensor()), qp(q.data_ptr<float>()),
         kp(k.data_ptr<float>()), vp(v.data_ptr<float>()),
         bp(rule.reads_beta ? beta.data_ptr<float>() : nullptr),
-        gp(kg > 0 ? g.data_ptr<float>() : nullptr) {}
+        gp(kg > 0 ? g.data_ptr<float>() : nullptr), up(bonus ? u.data_ptr<float>() : nullptr) {}
+
+  // The bonus of value head p's head (u's row), or nullptr without one.
+  const float* bonus(int64_t p) const { return up ? up + (p % sz.HV) * sz.K : nullptr; }
 
   // The rows of chunk n (tokens [n C, n C + c)) of value head p; q and k of its q/k head,
   // read in place (grouped value heads share them); q's from row n C / R (R > 1: the chunk's
@@ -134,14 +138,20 @@ struct ForwardBlocks {
   }
 };
 
-// The terms of one chunk that do not read the state, into ``t``: the gates (terms.h) and the
-// rule's own (rules.h: the scores; the pseudo-values' terms, as the delta rule's UT transform);
-// the rows the later steps read.
-GatedRows chunk_terms(const ChunkRows& x, const ForwardInputs& in, float scale, const Terms& t,
-                      Scratch& w) {
+// The terms of one chunk of value head p that do not read the state, into ``t``: the gates
+// (terms.h) and the rule's own (rules.h: the scores, or with a bonus the exclusive read's and
+// the bonus; the pseudo-values' terms, as the delta rule's UT transform); the rows the later
+// steps read.
+GatedRows chunk_terms(const ChunkRows& x, const ForwardInputs& in, int64_t p, float scale,
+                      const Terms& t, Scratch& w) {
   const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C;
-  GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t);
-  in.rule.scores(x, in.kg, K, scale, t, C, w);
+  const float* u = in.bonus(p);
+  GatedRows r = chunk_gates(x, in.kg, K, scale, w.zeros.data(), t, u != nullptr);
+  if (u) {
+    bonus_scores(x, in.kg, K, scale, u, t, C, w);
+  } else {
+    in.rule.scores(x, in.kg, K, scale, t, C, w);
+  }
   if (in.rule.pseudo_value_terms) in.rule.pseudo_value_terms(x, r, in.kg, K, V, C, t, w);
   return r;
 }
@@ -184,7 +194,7 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
       float* S = Sp + p * KV;
       if (statep) std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
       const ChunkRows x = blocks.queries(in.rows(n, p));
-      const GatedRows r = chunk_terms(x, in, scale, t, blocks.w);
+      const GatedRows r = chunk_terms(x, in, p, scale, t, blocks.w);
       advance(x, in, t, r, S, chunk_rows(o, op, p / HV, p % HV, n * C / in.sz.R), o.stride(2));
     }
   }
@@ -239,7 +249,7 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
     ForwardBlocks blocks(in.sz, in.kg, in.rule.needs_Kd);
     for (int64_t s = lo; s < hi; ++s) {
-      chunk_terms(blocks.queries(in.rows(s / P, s % P)), in, scale, slots.at(s, blocks),
+      chunk_terms(blocks.queries(in.rows(s / P, s % P)), in, s % P, scale, slots.at(s, blocks),
                   blocks.w);
     }
   });
@@ -291,15 +301,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
-    c10::string_view gate, int64_t reads) {
+    c10::string_view gate, int64_t reads, const std::optional<at::Tensor>& bonus) {
   const Mechanism mech = parse_mechanism(kForwardOp, rule, gate);
   const std::pair<Sizes, int64_t> checked =
       forward_sizes(mech, q_in, k_in, v_in, beta_opt, g_opt, S0, scale_d, C64, reads);
   const Sizes& sz = checked.first;
   const int64_t kg = checked.second;
   const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
+  if (bonus) {  // RWKV-6's bonus, an option of the additive rule alone
+    const Checks check{kForwardOp};
+    TORCH_CHECK(mech.rule == &kAdditiveRule, kForwardOp, ": bonus is for the additive rule");
+    TORCH_CHECK(sz.R == 1, kForwardOp, ": bonus reads every row (reads = 1), got reads = ", sz.R);
+    check.shape("bonus", *bonus, {HV, K}, "[HV, K]");
+  }
   const float scale = static_cast<float>(scale_d);
-  const ForwardInputs in(sz, *mech.rule, q_in, k_in, v_in, beta_opt, g_opt, kg);
+  const ForwardInputs in(sz, *mech.rule, q_in, k_in, v_in, beta_opt, g_opt, kg, bonus);
 
   at::Tensor o = fresh_public(sz, V, in.q.options(), sz.queries());
   // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).

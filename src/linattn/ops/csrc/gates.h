@@ -16,14 +16,9 @@
 
 namespace linattn_native {
 
-// exp(x) for x <= 88, to about 2 ulp; results below the normal range are 0 (flushed, as the
-// PyTorch path flushes decays below the smallest normal number). Branch-free, so loops over it
-// vectorise: x = n ln 2 + r with |r| <= ln 2 / 2, exp(r) by its degree-7 Taylor polynomial.
-__attribute__((always_inline)) inline float exp_flush(float x) {
-  x = std::min(std::max(x, -104.0f), 88.0f);
-  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 2^23)
-  float r = std::fma(n, -0.693145752f, x);  // ln 2 in two parts: the product is exact
-  r = std::fma(n, -1.42860677e-06f, r);
+// 2^n exp(r) for an integer n (a float) and |r| <= ln 2 / 2: exp(r) by its degree-7 Taylor
+// polynomial, 2^n from the exponent bits; results below the normal range are 0 (flushed).
+__attribute__((always_inline)) inline float exp_reduced(float n, float r) {
   float p = 1.98412698e-04f;  // 1/7!
   p = std::fma(p, r, 1.38888889e-03f);
   p = std::fma(p, r, 8.33333333e-03f);
@@ -34,6 +29,29 @@ __attribute__((always_inline)) inline float exp_flush(float x) {
   p = std::fma(p, r, 1.0f);
   const int32_t e = std::max(static_cast<int32_t>(n) + 127, 0);  // biased exponent of 2^n
   return p * __builtin_bit_cast(float, e << 23);  // e = 0: 2^n below the normal range, 0
+}
+
+// exp(x) for x <= 88, to about 2 ulp; results below the normal range are 0 (flushed, as the
+// PyTorch path flushes decays below the smallest normal number). Branch-free, so loops over it
+// vectorise: x = n ln 2 + r with |r| <= ln 2 / 2, exp(r) by its degree-7 Taylor polynomial.
+__attribute__((always_inline)) inline float exp_flush(float x) {
+  x = std::min(std::max(x, -104.0f), 88.0f);
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 2^23)
+  float r = std::fma(n, -0.693145752f, x);  // ln 2 in two parts: the product is exact
+  r = std::fma(n, -1.42860677e-06f, r);
+  return exp_reduced(n, r);
+}
+
+// exp(hi + lo) for a pair (hi, lo) with |lo| far below |hi|'s ulp times 2^10 (``Gates``' pairs,
+// exact differences of them), as ``exp_flush`` but with lo added to the reduced argument: the
+// rounding of hi + lo to one float (an error of up to |hi| 2^-24 in the result, more than the
+// polynomial's for |hi| > 1) does not reach it.
+__attribute__((always_inline)) inline float exp_pair(float hi, float lo) {
+  const float x = std::min(std::max(hi, -104.0f), 88.0f);
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  float r = std::fma(n, -0.693145752f, x);
+  r = std::fma(n, -1.42860677e-06f, r) + lo;
+  return exp_reduced(n, r);
 }
 
 // A log-gate spread that the factored product exp(G_i - G_r) exp(G_r - G_j) can carry in float32:
@@ -62,6 +80,15 @@ struct Gates {
 // exp(G_i - G_j) from the pairs of G_i and G_j (``Gates``).
 __attribute__((always_inline)) inline float decay(float hi_i, float lo_i, float hi_j, float lo_j) {
   return exp_flush((hi_i - hi_j) + (lo_i - lo_j));
+}
+
+// exp(G_c - G_i) from the pairs of G_c and G_i for c >= i (so |hi_c| >= |hi_i|: G is
+// non-increasing), to about the polynomial's error: hi_c - hi_i and its rounding error exactly
+// (Fast2Sum), the error and the lo parts to ``exp_pair``.
+__attribute__((always_inline)) inline float end_decay(float hi_c, float lo_c, float hi_i,
+                                                      float lo_i) {
+  const float s = hi_c - hi_i, rounding = (-hi_i) - (s - hi_c);
+  return exp_pair(s, rounding + (lo_c - lo_i));
 }
 
 // Flush subnormal numbers to zero on this thread while alive (x86): decays deep below the normal

@@ -74,11 +74,13 @@ namespace linattn_native {
 // reads = R > 1: q [B, H, T / R, K] and o [B, HV, T / R, V], query i read after write row
 // i R + R - 1 (DeltaProduct: n_h writes per token, one read; ``Sizes``, checks.h), the outputs of
 // the other rows never formed.
+// bonus [HV, K] (the additive rule only, reads = 1): RWKV-6's read, o_t = S_{t-1}^T (scale q_t)
+// + scale (q_t^T Diag(u) k_t) v_t (rules/additive.cpp), the states as without it.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const std::optional<at::Tensor>& beta_opt, const std::optional<at::Tensor>& g_opt,
     const at::Tensor& S0, double scale_d, int64_t C64, bool keep, c10::string_view rule,
-    c10::string_view gate, int64_t reads);
+    c10::string_view gate, int64_t reads, const std::optional<at::Tensor>& bonus);
 
 // dq, dk [B, H, T, K], dv [B, HV, T, V], dbeta [B, HV, T] (empty for the additive rule), dg
 // [B, HV, T, kg] (empty without decay) and dS0 [B, HV, K, V], from the states ``chunk_forward``

@@ -17,7 +17,8 @@ namespace linattn_native {
 TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "chunk_forward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor S0, float scale,"
-      " int C, bool keep, str rule, str gate, int reads=1) -> (Tensor, Tensor, Tensor)");
+      " int C, bool keep, str rule, str gate, int reads=1, Tensor? bonus=None)"
+      " -> (Tensor, Tensor, Tensor)");
   m.def(
       "chunk_backward(Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g, Tensor states,"
       " Tensor d_o, Tensor dS_final, float scale, int C, str rule, str gate, int reads=1)"

@@ -16,17 +16,29 @@ struct Block {
   bool diagonal() const { return i0 == j0 && n == m; }
 };
 
+// The largest spread max_ch (G_i0 - G_{i0 + n - 1}) of the gates over rows [i0, i0 + n): the
+// largest exponent of a decay inside them (G is non-increasing down the rows).
+float gate_spread(const Gates& G, int64_t K, int i0, int n) {
+  const float* first = G.hi + static_cast<int64_t>(i0) * K;
+  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
+  float spread = 0.0f;
+  for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
+  return spread;
+}
+
+// Whether the c rows of a chunk are one block factored about their last row (``end_factored``):
+// the end decays exp(G_c - G) are given and the gates' spread fits the budget.
+bool end_factored(const Gates& G, int64_t kg, int c, const float* end) {
+  return end && gate_spread(G, kg, 0, c) <= kFactorBudget;
+}
+
 // The one halving recursion of the per-channel products (``_blockmath.direct_block_size``): the
 // diagonal block [i0, i0 + n) is one factored block when the gates' spread over it fits the
 // budget; otherwise its lower-left quarter is one, factored exactly about the last row of its
 // upper half, and its two diagonal halves recurse. ``block(b)`` computes (or differentiates) b.
 template <typename F>
 void factored_blocks(const Gates& G, int64_t K, int i0, int n, const F& block) {
-  const float* first = G.hi + static_cast<int64_t>(i0) * K;
-  const float* last = G.hi + static_cast<int64_t>(i0 + n - 1) * K;
-  float spread = 0.0f;
-  for (int c = 0; c < K; ++c) spread = std::max(spread, first[c] - last[c]);
-  if (spread <= kFactorBudget || n == 1) {
+  if (gate_spread(G, K, i0, n) <= kFactorBudget || n == 1) {
     block(Block{i0, n, i0, n, i0 + n / 2});
     return;
   }
@@ -36,12 +48,60 @@ void factored_blocks(const Gates& G, int64_t K, int i0, int n, const F& block) {
   factored_blocks(G, K, i0 + h, n - h, block);
 }
 
+// The blocks of a per-channel product of c rows: with the end decays (``end``: exp(G_c - G), the
+// chunk's eEnd) and a spread within the budget, the whole chunk is one block about its last row,
+// whose decays are the end decays and their reciprocals (``factor_row``: no exponential formed
+// again); else the halving recursion. ``block(b, end)`` computes (or differentiates) b, with the
+// end decays for the first kind (nullptr for the second).
+template <typename F>
+void product_blocks(const Gates& G, int64_t K, int c, const float* end, const F& block) {
+  if (end_factored(G, K, c, end)) {
+    block(Block{0, c, 0, c, c - 1}, end);
+  } else {
+    factored_blocks(G, K, 0, c, [&](const Block& b) { block(b, nullptr); });
+  }
+}
+
+// Row i of a diagonal block's factors: up = exp(G_i - G_r) into fx = x up (and f2 = x2 up),
+// down = exp(G_r - G_i) into fy = y down (and ex, ey: the decays, kDecays). From the end decays
+// (``end``: r the chunk's last row, so that down = end and x up = x / down, within the budget)
+// or, end nullptr, from the gates' pairs (d = G_i - G_r).
+template <bool kPair, bool kDecays>
+void factor_row(const float* x, const float* x_2, const float* yi, const float* Gi,
+                const float* Li, const float* Gr, const float* Lr, const float* end, int K,
+                float* fx, float* f2, float* fy, float* ex, float* ey) {
+  if (end) {  // fx = x / down: one rounding, as x up has (ex is not formed: dX divides alike)
+#pragma omp simd
+    for (int c = 0; c < K; ++c) {
+      const float down = end[c];
+      if constexpr (kDecays) ey[c] = down;
+      fx[c] = x[c] / down;
+      if constexpr (kPair) f2[c] = x_2[c] / down;
+      fy[c] = yi[c] * down;
+    }
+    return;
+  }
+#pragma omp simd
+  for (int c = 0; c < K; ++c) {
+    const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]), up = exp_flush(d);
+    const float down = exp_flush(-d);
+    if constexpr (kDecays) {
+      ex[c] = up;
+      ey[c] = down;
+    }
+    fx[c] = x[c] * up;
+    if constexpr (kPair) f2[c] = x_2[c] * up;
+    fy[c] = yi[c] * down;
+  }
+}
+
 // Block b's factored rows: Xf = x exp(G_i - G_r) (rows i0..) and Yf = y exp(G_r - G_j) (rows
 // j0..); kPair: X2f = x2 exp(G_i - G_r) too (in w.dXf); kDecays: the decays into Ex and Ey (for
-// the gradient). A diagonal block's exponents are d = G_i - G_r and -d, each formed once.
+// the gradient). A diagonal block's exponents are d = G_i - G_r and -d, each formed once
+// (``factor_row``; with ``end``, none: b is then the whole chunk about its last row).
 template <bool kPair, bool kDecays>
 void factor_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Block& b,
-                  Scratch& w) {
+                  Scratch& w, const float* end = nullptr) {
   const int64_t ref = static_cast<int64_t>(b.r) * K;
   const float *Gr = G.hi + ref, *Lr = G.lo + ref;
   const bool diagonal = b.diagonal();
@@ -51,20 +111,9 @@ void factor_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Blo
     const float *Gi = G.hi + row * K, *Li = G.lo + row * K;
     float *fx = w.Xf.data() + at, *f2 = w.dXf.data() + at, *ex = w.Ex.data() + at;
     if (diagonal) {  // the rows of y too, with the exponents' negatives
-      const float* yi = y.p + row * y.ld;
-      float *fy = w.Yf.data() + at, *ey = w.Ey.data() + at;
-#pragma omp simd
-      for (int c = 0; c < K; ++c) {
-        const float d = (Gi[c] - Gr[c]) + (Li[c] - Lr[c]), up = exp_flush(d);
-        const float down = exp_flush(-d);
-        if constexpr (kDecays) {
-          ex[c] = up;
-          ey[c] = down;
-        }
-        fx[c] = x[c] * up;
-        if constexpr (kPair) f2[c] = x_2[c] * up;
-        fy[c] = yi[c] * down;
-      }
+      factor_row<kPair, kDecays>(x, x_2, y.p + row * y.ld, Gi, Li, Gr, Lr,
+                                 end ? end + row * K : nullptr, static_cast<int>(K), fx, f2,
+                                 w.Yf.data() + at, ex, w.Ey.data() + at);
     } else {
 #pragma omp simd
       for (int c = 0; c < K; ++c) {
@@ -91,8 +140,9 @@ void factor_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Blo
 // Block b of A1 = alpha1 Xf Yf^T (and, kPair, of A2 = X2f Yf^T).
 template <bool kPair>
 void product_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Block& b,
-                   float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
-  factor_block<kPair, false>(x1, x2, y, G, K, b, w);
+                   float alpha1, float* A1, float* A2, int64_t lda, Scratch& w,
+                   const float* end) {
+  factor_block<kPair, false>(x1, x2, y, G, K, b, w, end);
   const int64_t at = b.i0 * lda + b.j0;
   gemm(false, true, b.n, b.m, K, alpha1, w.Xf.data(), K, w.Yf.data(), K, 0.0f, A1 + at, lda);
   if constexpr (kPair) {
@@ -101,19 +151,26 @@ void product_block(Rows x1, Rows x2, Rows y, const Gates& G, int64_t K, const Bl
 }
 
 // The gradient of block b's product, with the same factors: for dA the gradient of its rows,
-// dX_i += (alpha dA Yf)_i * exp(G_i - G_r) and dY_j += (alpha dA^T Xf)_j * exp(G_r - G_j).
+// dX_i += (alpha dA Yf)_i * exp(G_i - G_r) and dY_j += (alpha dA^T Xf)_j * exp(G_r - G_j) (with
+// ``end``, b the whole chunk about its last row: dX_i += (alpha dA Yf)_i / end_i).
 void product_block_backward(Rows x, Rows y, const Gates& G, int64_t K, const Block& b,
                             float alpha, const float* dA, int64_t lda, float* dX, float* dY,
-                            Scratch& w) {
-  factor_block<false, true>(x, x, y, G, K, b, w);
+                            Scratch& w, const float* end) {
+  factor_block<false, true>(x, x, y, G, K, b, w, end);
   const float* dAb = dA + b.i0 * lda + b.j0;
   gemm(false, false, b.n, K, b.m, alpha, dAb, lda, w.Yf.data(), K, 0.0f, w.dXf.data(), K);
   gemm(true, false, b.m, K, b.n, alpha, dAb, lda, w.Xf.data(), K, 0.0f, w.dYf.data(), K);
   for (int i = 0; i < b.n; ++i) {
     const float *d = w.dXf.data() + i * K, *e = w.Ex.data() + i * K;
     float* out = dX + static_cast<int64_t>(b.i0 + i) * K;
+    if (end) {  // exp(G_i - G_r) = 1 / end_i (``factor_row``)
+      const float* down = end + static_cast<int64_t>(b.i0 + i) * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) out[c] += d[c] * e[c];
+      for (int c = 0; c < K; ++c) out[c] += d[c] / down[c];
+    } else {
+#pragma omp simd
+      for (int c = 0; c < K; ++c) out[c] += d[c] * e[c];
+    }
   }
   for (int j = 0; j < b.m; ++j) {
     const float *d = w.dYf.data() + j * K, *e = w.Ey.data() + j * K;
@@ -177,21 +234,47 @@ void decay_rows(const Gates& G, int c, float* A1, float* A2, int64_t lda) {
   }
 }
 
+// ``decay_rows`` from the end decays (``end_factored``): exp(G_i - G_j) = end_j / end_i, below
+// the diagonal only (the diagonal's decay is 1: left as it is; the masks clear the rest). No
+// exponential: a division per entry.
+void end_decay_rows(const float* end, int c, float* A1, float* A2, int64_t lda) {
+  for (int i = 1; i < c; ++i) {
+    float *row1 = A1 + i * lda, *row2 = A2 ? A2 + i * lda : nullptr;
+    const float down = end[i];
+    if (row2) {
+#pragma omp simd
+      for (int j = 0; j < i; ++j) {
+        const float d = end[j] / down;
+        row1[j] *= d;
+        row2[j] *= d;
+      }
+    } else {
+#pragma omp simd
+      for (int j = 0; j < i; ++j) row1[j] *= end[j] / down;
+    }
+  }
+}
+
 }  // namespace
 
 void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int c, int64_t K,
-                      float alpha1, float* A1, float* A2, int64_t lda, Scratch& w) {
+                      float alpha1, float* A1, float* A2, int64_t lda, Scratch& w,
+                      const float* end) {
   if (kg <= 1) {
     gemm(false, true, c, c, K, alpha1, x1.p, x1.ld, y.p, y.ld, 0.0f, A1, lda);
     if (A2) gemm(false, true, c, c, K, 1.0f, x2.p, x2.ld, y.p, y.ld, 0.0f, A2, lda);
-    if (kg == 1) decay_rows(G, c, A1, A2, lda);
+    if (kg == 1 && end_factored(G, 1, c, end)) {
+      end_decay_rows(end, c, A1, A2, lda);
+    } else if (kg == 1) {
+      decay_rows(G, c, A1, A2, lda);
+    }
   } else if (A2) {
-    factored_blocks(G, K, 0, c, [&](const Block& b) {
-      product_block<true>(x1, x2, y, G, K, b, alpha1, A1, A2, lda, w);
+    product_blocks(G, K, c, end, [&](const Block& b, const float* e) {
+      product_block<true>(x1, x2, y, G, K, b, alpha1, A1, A2, lda, w, e);
     });
   } else {
-    factored_blocks(G, K, 0, c, [&](const Block& b) {
-      product_block<false>(x1, x1, y, G, K, b, alpha1, A1, nullptr, lda, w);
+    product_blocks(G, K, c, end, [&](const Block& b, const float* e) {
+      product_block<false>(x1, x1, y, G, K, b, alpha1, A1, nullptr, lda, w, e);
     });
   }
   for (int i = 0; i < c; ++i) {  // the causal masks: j <= i, and j < i for A2
@@ -220,10 +303,29 @@ void decayed_products_2x2(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gate
 }
 
 void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
-                              const float* dA, int64_t lda, float* dX, float* dY, Scratch& w) {
-  factored_blocks(G, K, 0, c, [&](const Block& b) {
-    product_block_backward(x, y, G, K, b, alpha, dA, lda, dX, dY, w);
+                              const float* dA, int64_t lda, float* dX, float* dY, Scratch& w,
+                              const float* end) {
+  product_blocks(G, K, c, end, [&](const Block& b, const float* e) {
+    product_block_backward(x, y, G, K, b, alpha, dA, lda, dX, dY, w, e);
   });
+}
+
+void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* end) {
+  const bool quotients = end_factored(G, 1, c, end);
+  for (int i = 0; i < c; ++i) {
+    float* row = Gam + static_cast<int64_t>(i) * ldg;
+    if (quotients) {  // end_j / end_i, the diagonal 1 exactly (``end_decay_rows``)
+      const float down = end[i];
+#pragma omp simd
+      for (int j = 0; j < i; ++j) row[j] = end[j] / down;
+      row[i] = 1.0f;
+    } else {
+      const float G_i = G.hi[i], L_i = G.lo[i];
+#pragma omp simd
+      for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
+    }
+    for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
+  }
 }
 
 // The gates' share of a decayed product's gradient: for M = X * Gamma (Gamma[i, j] =

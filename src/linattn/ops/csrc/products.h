@@ -7,7 +7,9 @@
 // decays exp(G_i - G_j). One gate per channel: the decay differs per channel and cannot leave the
 // sum; it is factored, exp(G_i - G_r) exp(G_r - G_j) about a reference row r, on blocks halved
 // until the gates' spread fits float32 (``kFactorBudget``, gates.h; ``factored_blocks``, the one
-// halving recursion, which the products and their gradients share).
+// halving recursion, which the products and their gradients share). Where the whole chunk fits,
+// r is its last row and both kinds of decay come from the chunk's end decays exp(G_c - G)
+// (``chunk_gates``'s eEnd) as quotients, with no exponential formed again (``end`` below).
 #pragma once
 
 #include <cstdint>
@@ -38,8 +40,14 @@ struct Rows {
 // A1 = alpha1 decayed(X1 Y^T) (j <= i), zero above, for c rows; and, when A2 is not nullptr, the
 // delta rule's second product A2 = decayed(X2 Y^T) (j < i) with every decay formed once for both
 // (A_qk and A_kk). kg = 0 (no gate), 1 (one log-gate per token) or K (one per channel); G [c, kg].
+// ``end``: the chunk's end decays exp(G_c - G) [c, kg] (``chunk_gates``'s eEnd, G_c the gates of
+// row c - 1), or nullptr. With them, where the gates' spread over the chunk fits the budget, every
+// decay is a quotient exp(G_i - G_j) = end_j / end_i (the product factored about the chunk's last
+// row) and no exponential is formed again; otherwise, and without them, the decays are formed
+// from G (the halving recursion for kg = K).
 void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int c, int64_t K,
-                      float alpha1, float* A1, float* A2, int64_t lda, Scratch& w);
+                      float alpha1, float* A1, float* A2, int64_t lda, Scratch& w,
+                      const float* end = nullptr);
 
 // Four per-channel decayed products (kg = K) of c rows sharing their factors' decays (the dplr
 // rule's A_q and, one row down, M_b): A1 = alpha1 [decayed(x1 y1^T) | decayed(x1 y2^T)] and
@@ -50,9 +58,15 @@ void decayed_products_2x2(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gate
                           int64_t lda, Scratch& w);
 
 // The gradient of a per-channel decayed product of c rows (kg = K), for dA masked as the product
-// was (the same blocks, the same halving): adds to dX and dY ([c, K]).
+// was (the same blocks, the same halving; ``end`` as for ``decayed_products``): adds to dX and
+// dY ([c, K]).
 void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
-                              const float* dA, int64_t lda, float* dX, float* dY, Scratch& w);
+                              const float* dA, int64_t lda, float* dX, float* dY, Scratch& w,
+                              const float* end = nullptr);
+
+// Gamma[i, j] = exp(G_i - G_j) for j <= i, zero above, c rows of row stride ldg (one gate per
+// token: the decays ``decayed_products`` multiplies A by; from ``end`` as there, when given).
+void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* end = nullptr);
 
 // The gates' share of a one-gate-per-token decayed product's gradient (adds to dG [c]).
 void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG);

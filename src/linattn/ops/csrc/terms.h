@@ -52,8 +52,9 @@ struct GatedRows {
 };
 
 // Step G, D, Qd, Ke, Kd into ``t`` (kg = 0: nothing is formed; the rows are the inputs).
-// ``zeros``: kg zeros.
+// ``zeros``: kg zeros. ``exclusive``: the read of the state before the token's write (RWKV-6's,
+// the additive rule with a bonus, rules.h), Qd_i = scale q_i exp(G_{i-1}) with G_{-1} = 0.
 GatedRows chunk_gates(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* zeros,
-                      const Terms& t);
+                      const Terms& t, bool exclusive = false);
 
 }  // namespace linattn_native

@@ -19,7 +19,7 @@ namespace {
 void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t, int64_t C,
             Scratch& w) {
   const Rows q{x.q, x.ldq}, k{x.k, x.ldk};
-  decayed_products(q, k, k, t.G, kg, x.c, K, scale, t.A, t.Akk, C, w);
+  decayed_products(q, k, k, t.G, kg, x.c, K, scale, t.A, t.Akk, C, w, t.eEnd);
 }
 
 // The UT transform: L = diag(beta) A_kk (j < i) into t.L, X = diag(beta) [Kd | v] into t.X [c,
@@ -132,7 +132,7 @@ void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   std::fill(tg.dX, tg.dX + c * K, 0.0f);
   std::fill(tg.dY, tg.dY + c * K, 0.0f);
   const Rows k{x.k, x.ldk};
-  channel_product_backward(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dX, tg.dY, w);
+  channel_product_backward(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dX, tg.dY, w, rc.t.eEnd);
   for (int i = 0; i < c; ++i) {
     const float* ki = x.k + i * x.ldk;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K;

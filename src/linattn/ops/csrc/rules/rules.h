@@ -89,6 +89,12 @@ struct Rule {
 };
 
 extern const Rule kAdditiveRule;  // additive.cpp
+
+// The additive rule's scores with a bonus u [K] (RWKV-6; additive.cpp), in place of
+// ``Rule::scores`` with ``chunk_gates``'s exclusive read: A[i, j] = scale sum q_i k_j
+// exp(G_{i-1} - G_j) (j < i), A[i, i] = scale sum q_i u k_i, into t.A.
+void bonus_scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* u,
+                  const Terms& t, int64_t C, Scratch& w);
 extern const Rule kDeltaRule;     // delta.cpp
 extern const Rule kDplrRule;      // dplr.cpp
 
