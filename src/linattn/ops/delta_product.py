@@ -164,7 +164,7 @@ def gated_delta_product(
     o, S = _engine.run(
         interleave_query(q, n), k, v, beta, interleave_gate(g, n), scale=scale, mode=mode,
         chunk_size=chunk_size, initial_state=initial_state,
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens * n,
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens * n, keep_dtype=True,
     )  # fmt: skip
     o = o[:, n - 1 :: n]  # [B, T n_h, HV, V] -> [B, T, HV, V]: the read after the last write
     return o.to(v.dtype), S if output_final_state else None

@@ -47,21 +47,31 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from linattn.dtypes import compute_dtype
 from linattn.ops import _native, tuning
 from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forward
 from linattn.ops.mechanism import GATES, RULES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
+LOW_DTYPES = (torch.bfloat16, torch.float16)  # inputs read in their dtype, computed in float32
 NATIVE_RULES = RULES  # the rules the fused C++ loop computes (``_fused``): csrc/rules/, each
 _MECHANISMS = {(rule, gate): Mechanism(rule, gate) for rule in RULES for gate in GATES}
 
 
-def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
-    """x must be a tensor of ``shape`` ([dims]) with q's dtype and device."""
+def _like(
+    name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str, state: bool = False
+) -> None:
+    """x must be a tensor of ``shape`` ([dims]) on q's device, with q's compute dtype: float64
+    as q; else float32, bfloat16 or float16 (each input read in its own dtype), and float32 for
+    a ``state`` (S0, the states, dS: always the compute dtype)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
-    if x.dtype != q.dtype or x.device != q.device:
-        raise TypeError(f"{name} must be {q.dtype} on {q.device} as q, got {x.dtype} on {x.device}")
+    dtype = compute_dtype(q.dtype)
+    allowed = (dtype,) if state or dtype == torch.float64 else (dtype, *LOW_DTYPES)
+    if x.dtype not in allowed or x.device != q.device:
+        want = " or ".join(str(d) for d in allowed)
+        raise TypeError(f"{name} must be {want} on {q.device} (q is {q.dtype}), got {x.dtype} on "
+                        f"{x.device}")  # fmt: skip
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
 
@@ -83,8 +93,17 @@ def schema_args(mech: Mechanism) -> tuple[str, str]:
 
 
 def _fused(q: Tensor, rule: str) -> bool:
-    """Whether the fused C++ loop runs this call: float32 CPU tensors, a rule it computes."""
+    """Whether the fused C++ loop runs this call: float32 (or bfloat16, float16) CPU tensors, a
+    rule it computes."""
+    if q.dtype in LOW_DTYPES:
+        return rule in NATIVE_RULES and q.device.type == "cpu" and _native.available()
     return rule in NATIVE_RULES and _native.applies(q)
+
+
+def _upcast(*xs: Tensor | None) -> tuple[Tensor | None, ...]:
+    """bfloat16 and float16 tensors of xs in float32 (the others, and None, as they are): the
+    PyTorch loop's inputs, which it computes in their dtype."""
+    return tuple(x.float() if x is not None and x.dtype in LOW_DTYPES else x for x in xs)
 
 
 def _check_inputs(
@@ -96,8 +115,11 @@ def _check_inputs(
 
     Grouped value heads: v, beta, g (and the states) have HV = G H heads, q and k H; value head
     j reads q/k head j // G in place (G = 1 the plain case)."""
-    if not isinstance(q, Tensor) or q.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"q must be a float32 or float64 tensor, got {getattr(q, 'dtype', q)}")
+    if not isinstance(q, Tensor) or q.dtype not in FLOAT_DTYPES + LOW_DTYPES:
+        raise TypeError(
+            "q must be a float32, float64, bfloat16 or float16 tensor, got "
+            f"{getattr(q, 'dtype', q)}"
+        )
     if q.dim() != 4:
         raise ValueError(f"q must have shape [B, H, T, K], got {tuple(q.shape)}")
     B, H, T, K = q.shape
@@ -158,10 +180,14 @@ def forward_kernel(
     q, k, v, beta, g, S0, scale: float, C: int, keep: bool, rule: str, gate: str
 ) -> tuple:
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
-    tensors where it is available, else the PyTorch group loop."""
+    tensors where it is available (bfloat16 and float16 inputs converted chunk by chunk inside
+    it), else the PyTorch group loop (on inputs converted to float32 first). o in v's dtype."""
     if _fused(q, rule):
         return _native.fused("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
-    return loop_forward(q, k, v, beta, g, S0, scale, C, mechanism(rule, gate), keep)
+    dtype = v.dtype
+    q, k, v, beta, g = _upcast(q, k, v, beta, g)
+    o, S, states = loop_forward(q, k, v, beta, g, S0, scale, C, mechanism(rule, gate), keep)
+    return o.to(dtype), S, states
 
 
 def backward_kernel(
@@ -187,7 +213,10 @@ def backward_kernel(
         dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
         return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
     mech = mechanism(rule, gate)
+    inputs = (q, k, v, beta, g)
+    q, k, v, beta, g, d_o = _upcast(q, k, v, beta, g, d_o)
     *grads, dS0 = loop_backward(q, k, v, beta, g, states, d_o, dS, scale, C, mech, tuple(needs))
+    grads = [None if d is None else d.to(x.dtype) for d, x in zip(grads, inputs, strict=True)]
     return (*(_public(x) for x in grads), dS0)
 
 
@@ -207,18 +236,18 @@ def chunk_forward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o, the final state and (keep) the state entering every chunk; see the module docstring."""
     B, _, HV, _, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
-    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
+    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]", state=True)
     return forward_kernel(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
 
 
 @chunk_forward.register_fake
 def _(q, k, v, beta, g, S0, scale, C, keep, rule, gate):
     B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
-    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
+    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]", state=True)
     n_chunks = _chunk_count(T, C)
-    o = q.new_empty(B, T, HV, V).transpose(1, 2)
-    states = q.new_empty(n_chunks, B * HV, K, V) if keep else q.new_empty(0)
-    return o, q.new_empty(B, HV, K, V), states
+    o = v.new_empty(B, T, HV, V).transpose(1, 2)  # in v's dtype
+    states = S0.new_empty(n_chunks, B * HV, K, V) if keep else S0.new_empty(0)
+    return o, S0.new_empty(B, HV, K, V), states
 
 
 def _chunk_count(T: int, C: int) -> int:
@@ -232,9 +261,9 @@ def _check_backward(
 ) -> None:
     B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     n_chunks = _chunk_count(T, C)
-    _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]")
+    _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]", True)
     _like("d_o", d_o, q, (B, HV, T, V), "[B, HV, T, V]")
-    _like("dS", dS, q, (B, HV, K, V), "[B, HV, K, V]")
+    _like("dS", dS, q, (B, HV, K, V), "[B, HV, K, V]", state=True)
 
 
 @torch.library.custom_op("linattn::chunk_backward", mutates_args=())
@@ -296,9 +325,14 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
     if d_S is None:  # the final state unused: zeros, as autograd materialised them
         d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
     if torch.is_grad_enabled():
-        # create_graph=True: gradients that can be differentiated again (issue 18).
-        args = (q, k, v, beta, g, S0, d_o, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
-        return (*differentiable_backward(*args), *_NUMBERS)
+        # create_graph=True: gradients that can be differentiated again (issue 18), in float32
+        # for bfloat16 and float16 inputs, each returned in its input's dtype.
+        inputs = (q, k, v, beta, g)
+        up = (*_upcast(q, k, v, beta, g), S0, *_upcast(d_o))
+        args = (*up, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
+        *grads, dS0 = differentiable_backward(*args)
+        grads = [None if d is None else d.to(x.dtype) for d, x in zip(grads, inputs, strict=True)]
+        return (*grads, dS0, *_NUMBERS)
     mech = schema_args(ctx.mech)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
@@ -350,7 +384,9 @@ def chunk(
     the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost."""
     B, _, T, K = k.shape
     HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
+    if initial_state is None:
+        initial_state = q.new_zeros(B, HV, K, V, dtype=compute_dtype(q.dtype))
+    S0 = initial_state
     inputs = (q, k, v, beta, g, S0)
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     # The kernels take chunks of min(C, T) tokens themselves: C is passed as given where it is
