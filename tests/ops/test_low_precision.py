@@ -166,6 +166,32 @@ def test_both_schedules(mech, schedule, monkeypatch):
     assert_same(mech, x, None, torch.float16, chunk_size=16)
 
 
+@needs_native
+@pytest.mark.parametrize("schedule", ["split", "fused"])
+def test_two_threads(schedule, monkeypatch):
+    """Each thread converts into its own blocks."""
+    monkeypatch.setenv("LINATTN_SCHEDULE", schedule)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = make(torch.bfloat16, B=2, T=45, seed=8)
+        assert_same("kda", x, torch.randn(2, 2, 8, 6), torch.bfloat16, chunk_size=8)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
+@pytest.mark.parametrize(("dtype", "tiny"), [(torch.float16, 3e-6), (torch.bfloat16, 1e-39)])
+def test_subnormal_inputs_convert_exactly(dtype, tiny):
+    """Subnormals of the input dtype are exact float32 values in the blocks, as they are in a
+    float32 copy (the kernels flush float32 subnormals, none of which these are for float16)."""
+    x = make(dtype, seed=2)
+    for name in ("q", "k", "v"):
+        x[name] = x[name].clone()
+        x[name].view(-1)[::3] = tiny
+    assert_same("gla", x, None, dtype, chunk_size=16)
+
+
 @pytest.mark.parametrize("mech", ["linear", "kda"])
 def test_the_pytorch_loop_takes_low_precision_too(mech, pytorch_loop):
     x = make(torch.bfloat16, seed=9)

@@ -34,6 +34,12 @@ PyTorch group loop (``chunk.loop_forward``, ``chunk.loop_backward``) for everyth
 GPUs, ``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compiled graph serves
 both.
 
+Dtypes: float64 throughout, or each of q, k, v, beta, g (and d_o) float32, bfloat16 or float16
+with the states (S0, states, dS, S, dS0) float32. The fused loop reads bfloat16 and float16 rows
+chunk by chunk into float32 blocks (``csrc/convert.h``: no whole-tensor float32 copy), the
+PyTorch loop converts them first; either way o comes back in v's dtype and each gradient in its
+input's, rounded once from the float32 arithmetic (issue 34, item 4).
+
 Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
 write into buffers autograd cannot record: the registered backward then differentiates the
 all-blocks form instead (``chunk.differentiable_backward``).

@@ -80,18 +80,9 @@ struct BackwardTensors {
 
   bool staged = false;  // some input is not float32: its chunks go through a thread's blocks
 
-  // The rows of chunk n of value head p (q and k: its q/k head), read in place where float32,
-  // else converted into ``stage``'s blocks 0-4 (convert.h).
+  // The rows of chunk n of value head p (``input_rows``, layout.h).
   ChunkRows rows(int64_t n, int64_t p, Staging& stage) const {
-    const int64_t b = p / sz.HV, h = p % sz.HV, hq = sz.qk_head(h), t0 = n * sz.C;
-    const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
-    const FloatRows qr = read_rows(q, b, hq, t0, c, stage.block(0));
-    const FloatRows kr = read_rows(k, b, hq, t0, c, stage.block(1));
-    const FloatRows vr = read_rows(v, b, h, t0, c, stage.block(2));
-    const FloatRows br = rule.reads_beta ? read_rows(beta, b, h, t0, c, stage.block(3))
-                                         : FloatRows{nullptr, 0};
-    const FloatRows gr = kg > 0 ? read_rows(g, b, h, t0, c, stage.block(4)) : FloatRows{nullptr, 0};
-    return {qr.p, kr.p, vr.p, qr.ld, kr.ld, vr.ld, br.p, br.ld, gr.p, gr.ld, c};
+    return input_rows(sz, q, k, v, beta, g, n, p, stage);
   }
 
   // Where the gradients of chunk n of value head p go (the gradients' rows where float32, else
@@ -123,10 +114,7 @@ struct BackwardTensors {
   }
 
   // One thread's blocks for the converted rows: five inputs, dO and five gradients.
-  Staging staging() const {
-    const int64_t width = std::max({sz.K, sz.V, rule.input_keys * sz.K, int64_t{1}});
-    return Staging(11, sz.C, width, staged);
-  }
+  Staging staging() const { return linattn_native::staging(sz, rule.input_keys, 11, staged); }
 
   Dims dims(int c) const { return {c, sz.K, sz.V, sz.C, kg, scale, rule.writes}; }
   const float* state(int64_t n, int64_t p) const {  // the state entering chunk n of head p
