@@ -5,8 +5,11 @@ o (and, backward, every input's gradient) in the input dtype from its blocks: no
 float32 copy. The arithmetic is float32 either way, so the results are those of converting the
 inputs to float32 first and the outputs back at the end (the former path): each test compares the
 two, for every mechanism, forward and gradients, with initial states, packed sequences, grouped
-value heads, odd strides, both schedules and the PyTorch loop. The ops' registration (schema,
-fake kernels, autograd) is checked with these dtypes too.
+value heads, odd strides, both schedules and the PyTorch loop: to the last unit of the low
+dtype, up to float32's rounding at each tensor's scale (``assert_rounded``: the BLAS may sum the
+same products in another order for rows at another stride, which a gradient that cancels to a
+small value shows in more than one of its own units). The ops' registration (schema, fake
+kernels, autograd) is checked with these dtypes too.
 """
 
 from __future__ import annotations
@@ -88,47 +91,56 @@ def run(mech: str, x: dict, S0, seed: int = 1, **options):
 
 
 def former(mech: str, x: dict, S0, dtype, **options):
-    """The former path: the inputs converted to float32 first, o rounded to ``dtype`` at the
-    end, and each gradient rounded to its input's dtype (what autograd of ``to`` did)."""
+    """The former path: the inputs converted to float32 first and o converted to ``dtype`` at
+    the end (so that the weighted sum and d_o are those of ``run``); o and the gradients as the
+    float32 arithmetic left them, before their rounding to ``dtype``."""
     x32 = {n: t.float() for n, t in x.items()}
     names = ("q", "k", "v", *MECHANISMS[mech][0])
     leaves = {n: x32[n].detach().requires_grad_() for n in names}
     S0 = None if S0 is None else S0.detach().requires_grad_()
     o, S = call(mech, {**x32, **leaves}, initial_state=S0, **options)
-    o = o.to(dtype)
     gen = torch.Generator().manual_seed(1)
-    w_o = torch.randn(o.shape, generator=gen).to(o.dtype)
+    w_o = torch.randn(o.shape, generator=gen).to(dtype)
     w_S = torch.randn(S.shape, generator=gen)
-    ((o * w_o).sum() + (S * w_S).sum()).backward()
-    grads = {n: t.grad.to(dtype) for n, t in leaves.items()}
+    ((o.to(dtype) * w_o).sum() + (S * w_S).sum()).backward()
+    grads = {n: t.grad for n, t in leaves.items()}
     if S0 is not None:
         grads["S0"] = S0.grad
     return o, S, grads
 
 
-def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The largest distance between a and b in units of the last place of their dtype (the
-    count of representable numbers between them; 0: equal)."""
-    assert a.dtype == b.dtype and a.shape == b.shape
-    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16}.get(a.dtype, torch.int32)
-    ia, ib = a.contiguous().view(bits).long(), b.contiguous().view(bits).long()
-    # sign-magnitude -> a monotone integer line
-    top = 1 << (8 * a.element_size() - 1)
-    ia = torch.where(ia < 0, -(ia + top), ia)
-    ib = torch.where(ib < 0, -(ib + top), ib)
-    return int((ia - ib).abs().max()) if a.numel() else 0
+MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
+FLOAT32_SCALE = 2.0**-17  # float32 rounding at a tensor's scale: 64 units of 2^-23
+
+
+def assert_rounded(low: torch.Tensor, ref: torch.Tensor, name: str) -> None:
+    """low is the float32 ``ref`` rounded to low's dtype: within one unit in the last place of
+    low's dtype at each element, plus float32's rounding at the tensor's scale (the BLAS may sum a
+    product of the same values in another order for rows at another stride, and a gradient that
+    cancels to a small value magnifies that in units of its own last place)."""
+    assert low.dtype in MANTISSA and ref.dtype == torch.float32, name
+    _, exponent = torch.frexp(ref)
+    unit = torch.ldexp(torch.ones_like(ref), exponent - 1 - MANTISSA[low.dtype])
+    if low.dtype == torch.float16:
+        unit = unit.clamp(min=2.0**-24)  # float16's subnormal step
+    bound = unit + FLOAT32_SCALE * ref.abs().max()
+    err = (low.float() - ref).abs()
+    assert bool((err <= bound).all()), f"{name}: {float((err / bound).max()):.2f} x the bound"
 
 
 def assert_same(mech, x, S0, dtype, **options):
     o, S, grads = run(mech, x, S0, **options)
     o_ref, S_ref, grads_ref = former(mech, x, S0, dtype, **options)
     assert o.dtype == dtype and S.dtype == torch.float32
-    assert ulps(o, o_ref) <= 1, "o"
-    assert ulps(S, S_ref) <= 4, "S"  # float32: the same products, at most a BLAS rounding apart
+    assert_rounded(o, o_ref, "o")
+    assert_rounded(S, S_ref, "S")
     for name, d in grads.items():
-        want = torch.float32 if name == "S0" else dtype
-        assert d.dtype == want, name
-        assert ulps(d, grads_ref[name]) <= (4 if name == "S0" else 1), name
+        assert d.dtype == (torch.float32 if name == "S0" else dtype), name
+        assert_rounded(d, grads_ref[name], name)
+
+
+def state(*shape, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 @needs_native
@@ -136,7 +148,7 @@ def assert_same(mech, x, S0, dtype, **options):
 @pytest.mark.parametrize("mech", list(MECHANISMS))
 def test_low_precision_equals_converting_first(mech, dtype):
     x = make(dtype)
-    S0 = torch.randn(1, 2, 8, 6)
+    S0 = state(1, 2, 8, 6)
     assert_same(mech, x, S0, dtype, chunk_size=16)
 
 
@@ -144,7 +156,7 @@ def test_low_precision_equals_converting_first(mech, dtype):
 @pytest.mark.parametrize("mech", ["linear", "gla", "kda", "dplr"])
 def test_grouped_heads_odd_strides_and_states(mech):
     x = make(torch.bfloat16, B=2, G=2, layout="odd", seed=3)
-    S0 = torch.randn(2, 4, 8, 6).transpose(2, 3).contiguous().transpose(2, 3)  # strided too
+    S0 = state(2, 4, 8, 6).transpose(2, 3).contiguous().transpose(2, 3)  # strided too
     assert_same(mech, x, S0, torch.bfloat16, chunk_size=8)
 
 
@@ -153,7 +165,7 @@ def test_grouped_heads_odd_strides_and_states(mech):
 def test_packed_sequences(mech):
     x = make(torch.bfloat16, T=41, seed=5)
     cu = torch.tensor([0, 5, 22, 41])
-    S0 = torch.randn(3, 2, 8, 6)
+    S0 = state(3, 2, 8, 6)
     assert_same(mech, x, S0, torch.bfloat16, chunk_size=8, cu_seqlens=cu)
 
 
@@ -175,7 +187,7 @@ def test_two_threads(schedule, monkeypatch):
     torch.set_num_threads(2)
     try:
         x = make(torch.bfloat16, B=2, T=45, seed=8)
-        assert_same("kda", x, torch.randn(2, 2, 8, 6), torch.bfloat16, chunk_size=8)
+        assert_same("kda", x, state(2, 2, 8, 6), torch.bfloat16, chunk_size=8)
     finally:
         torch.set_num_threads(threads)
 
@@ -195,7 +207,7 @@ def test_subnormal_inputs_convert_exactly(dtype, tiny):
 @pytest.mark.parametrize("mech", ["linear", "kda"])
 def test_the_pytorch_loop_takes_low_precision_too(mech, pytorch_loop):
     x = make(torch.bfloat16, seed=9)
-    assert_same(mech, x, torch.randn(1, 2, 8, 6), torch.bfloat16, chunk_size=16)
+    assert_same(mech, x, state(1, 2, 8, 6), torch.bfloat16, chunk_size=16)
 
 
 @needs_native
@@ -209,7 +221,30 @@ def test_mixed_dtypes_l2norm_keys():
     o_ref, S_ref = delta_rule(y["q"], y["k"], y["v"], y["beta"], y["gk"], use_qk_l2norm=True,
                               output_final_state=True, chunk_size=16)  # fmt: skip
     assert o.dtype == torch.bfloat16
-    assert ulps(o, o_ref.bfloat16()) <= 1 and ulps(S, S_ref) <= 4
+    assert_rounded(o, o_ref, "o")
+    assert_rounded(S, S_ref, "S")
+
+
+@pytest.mark.parametrize("mech", ["gla", "kda"])
+def test_double_backward(mech):
+    """create_graph=True: the all-blocks form's gradients on the inputs in float32, each
+    returned in its input's dtype, and differentiable again."""
+    x = make(torch.bfloat16, T=20, seed=12)
+    names = ("q", "k", "v", *MECHANISMS[mech][0])
+
+    def grads(dtype):
+        leaves = {n: x[n].to(dtype).detach().requires_grad_() for n in names}
+        o, _ = call(mech, {**x, **leaves}, chunk_size=8)
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(1))
+        first = torch.autograd.grad((o.to(torch.bfloat16) * w.bfloat16()).sum(),
+                                    list(leaves.values()), create_graph=True)  # fmt: skip
+        rounded = [d.to(torch.bfloat16) for d in first]  # as the bfloat16 call rounds them
+        second = torch.autograd.grad(sum(d.float().square().sum() for d in rounded),
+                                     leaves["q"])  # fmt: skip
+        return [*first, *second]
+
+    for a, b in zip(grads(torch.bfloat16), grads(torch.float32), strict=True):
+        assert_rounded(a, b, "gradient")
 
 
 def _low(x: dict, dtype) -> dict:

@@ -15,9 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.dtypes import compute_dtype
-
-LOW_DTYPES = (torch.bfloat16, torch.float16)  # read by the fused kernels in their dtype
+from linattn.dtypes import LOW_DTYPES, compute_dtype
 
 
 def to_internal(

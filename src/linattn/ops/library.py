@@ -53,13 +53,12 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from linattn.dtypes import compute_dtype
+from linattn.dtypes import LOW_DTYPES, compute_dtype
 from linattn.ops import _native, tuning
 from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forward
 from linattn.ops.mechanism import GATES, RULES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
-LOW_DTYPES = (torch.bfloat16, torch.float16)  # inputs read in their dtype, computed in float32
 NATIVE_RULES = RULES  # the rules the fused C++ loop computes (``_fused``): csrc/rules/, each
 _MECHANISMS = {(rule, gate): Mechanism(rule, gate) for rule in RULES for gate in GATES}
 
@@ -110,6 +109,11 @@ def _upcast(*xs: Tensor | None) -> tuple[Tensor | None, ...]:
     """bfloat16 and float16 tensors of xs in float32 (the others, and None, as they are): the
     PyTorch loop's inputs, which it computes in their dtype."""
     return tuple(x.float() if x is not None and x.dtype in LOW_DTYPES else x for x in xs)
+
+
+def _downcast(grads, inputs: tuple[Tensor | None, ...]) -> list[Tensor | None]:
+    """Each gradient (None: none) in its input's dtype (``_upcast``'s inputs)."""
+    return [None if d is None else d.to(x.dtype) for d, x in zip(grads, inputs, strict=True)]
 
 
 def _check_inputs(
@@ -222,8 +226,7 @@ def backward_kernel(
     inputs = (q, k, v, beta, g)
     q, k, v, beta, g, d_o = _upcast(q, k, v, beta, g, d_o)
     *grads, dS0 = loop_backward(q, k, v, beta, g, states, d_o, dS, scale, C, mech, tuple(needs))
-    grads = [None if d is None else d.to(x.dtype) for d, x in zip(grads, inputs, strict=True)]
-    return (*(_public(x) for x in grads), dS0)
+    return (*(_public(x) for x in _downcast(grads, inputs)), dS0)
 
 
 @torch.library.custom_op("linattn::chunk_forward", mutates_args=())
@@ -337,8 +340,7 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
         up = (*_upcast(q, k, v, beta, g), S0, *_upcast(d_o))
         args = (*up, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
         *grads, dS0 = differentiable_backward(*args)
-        grads = [None if d is None else d.to(x.dtype) for d, x in zip(grads, inputs, strict=True)]
-        return (*grads, dS0, *_NUMBERS)
+        return (*_downcast(grads, inputs), dS0, *_NUMBERS)
     mech = schema_args(ctx.mech)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
@@ -390,9 +392,9 @@ def chunk(
     the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost."""
     B, _, T, K = k.shape
     HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H
-    if initial_state is None:
-        initial_state = q.new_zeros(B, HV, K, V, dtype=compute_dtype(q.dtype))
     S0 = initial_state
+    if S0 is None:  # in the compute dtype, as a given state
+        S0 = q.new_zeros(B, HV, K, V, dtype=compute_dtype(q.dtype))
     inputs = (q, k, v, beta, g, S0)
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     # The kernels take chunks of min(C, T) tokens themselves: C is passed as given where it is
