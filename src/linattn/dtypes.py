@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+# Computed in float32; the fused CPU chunk kernels read and write them in place, chunk by chunk.
+LOW_DTYPES = (torch.bfloat16, torch.float16)
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; float32, bfloat16 and float16 are computed in float32."""

@@ -15,6 +15,7 @@ from linattn.ops import _native, delta_rule, gated_delta_product
 from linattn.ops.delta_product import interleave_gate, interleave_query, query_stride
 
 from .test_delta_product import GATE_KINDS, inputs
+from .test_low_precision import assert_rounded
 
 needs_native = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
@@ -93,6 +94,40 @@ def test_double_backward_equals_the_interleaved_rows():
     ]
     for a, b in zip(*second, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("schedule", ["fused", "split"])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_low_precision_l2norm_keys(create_graph, schedule, monkeypatch):
+    """bfloat16 inputs with use_qk_l2norm (q and k float32 inside, v, beta and g bfloat16: mixed
+    dtypes in one reads call, dO converted chunk by chunk before its rows are spread): o and the
+    gradients on the inputs as the float32 call's, rounded once to bfloat16; create_graph=True:
+    computed in float32, each in its input's dtype, and differentiable again."""
+    monkeypatch.setenv("LINATTN_SCHEDULE", schedule)
+    n = 2
+    x = inputs(B=1, T=6, H=1, HV=2, K=4, V=3, n=n, gate="channel", dtype=torch.float32)
+    x = {k: t.bfloat16() for k, t in x.items() if k != "S0"}
+    assert query_stride(x["q"].float(), x["v"], n, "chunk", 4, None) == n  # the path under test
+
+    def results(dtype):
+        leaves = {k: t.to(dtype).requires_grad_() for k, t in x.items()}
+        o, _ = gated_delta_product(*leaves.values(), num_householder=n, chunk_size=4,
+                                   use_qk_l2norm=True)  # fmt: skip
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
+        first = torch.autograd.grad((o.bfloat16() * w).sum(), list(leaves.values()),
+                                    create_graph=create_graph)  # fmt: skip
+        if not create_graph:
+            return [o, *first]
+        rounded = [d.bfloat16() for d in first]  # as the bfloat16 call rounds them
+        second = torch.autograd.grad(sum(d.float().square().sum() for d in rounded),
+                                     leaves["q"])  # fmt: skip
+        return [o, *first, *second]
+
+    got, want = results(torch.bfloat16), results(torch.float32)
+    for name, a, b in zip(("o", *x, "second")[: len(got)], got, want, strict=True):
+        assert a.dtype == torch.bfloat16, name
+        assert_rounded(a, b, name)
 
 
 def test_other_dtypes_modes_and_packed_sequences_repeat_the_queries():

@@ -164,7 +164,7 @@ def _bad(x: dict, name: str, value) -> dict:
 # (argument, bad value from the good inputs, error type, words of the message)
 BAD = [
     ("q", lambda x: x["q"][0], ValueError, "q must have shape \\[B, H, T, K\\]"),
-    ("q", lambda x: x["q"].to(torch.bfloat16), TypeError, "q must be a float32 or float64"),
+    ("q", lambda x: x["q"].to(torch.int32), TypeError, "q must be a float32, float64, bfloat16"),
     ("k", lambda x: x["k"][:, :, :5], ValueError, "k must have shape"),
     ("k", lambda x: x["k"].double(), TypeError, "k must be torch.float32"),
     ("v", lambda x: x["v"][:, :1], ValueError, "v must have shape"),
@@ -174,6 +174,8 @@ BAD = [
     ("g", lambda x: x["g"][..., :2], ValueError, "g must have shape"),
     ("g", lambda x: x["g"][:, :, :1], ValueError, "g must have shape"),
     ("S0", lambda x: x["S0"][:, :, :2], ValueError, "S0 must have shape"),
+    ("S0", lambda x: x["S0"].to(torch.bfloat16), TypeError, "S0 must be torch.float32 on"),
+    ("beta", lambda x: x["beta"].double(), TypeError, "beta must be torch.float32 or"),
 ]
 
 

@@ -313,11 +313,12 @@ BAD_FORWARD = [
     ("k", lambda a: a["k"][:, :, :5], "k must be of shape"),
     ("v", lambda a: a["v"][:1], "v must be of shape"),
     ("beta", lambda a: a["beta"][:, :, :3], "beta must be of shape"),
-    ("beta", lambda a: a["beta"].double(), "beta must be float32"),
+    ("beta", lambda a: a["beta"].double(), "beta must be float32, bfloat16 or float16"),
     ("g", lambda a: a["g"][..., :2], "g must be of shape"),
     ("g", lambda a: a["g"][:, :, :1], "g must be of shape"),
     ("S0", lambda a: a["S0"][:, :, :2], "S0 must be of shape"),
-    ("q", lambda a: a["q"].to(torch.bfloat16), "q must be float32"),
+    ("q", lambda a: a["q"].to(torch.int32), "q must be float32, bfloat16 or float16"),
+    ("S0", lambda a: a["S0"].to(torch.bfloat16), "S0 must be float32"),
 ]
 
 

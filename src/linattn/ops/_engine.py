@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.dtypes import compute_dtype  # noqa: F401 (``_engine.compute_dtype``, for the ops)
+from linattn.dtypes import compute_dtype  # ``_engine.compute_dtype``, for the ops too
 from linattn.ops import _native, _packed
 from linattn.ops._layout import to_internal
 from linattn.ops.library import chunk
@@ -126,7 +126,10 @@ def empty_forward(
     B, _, T, K = k.shape
     HV, V = v.shape[1], v.shape[-1]
     link = sum(x.sum() for x in (q, k, v, beta, g) if x is not None)  # 0: all are empty
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
+    if initial_state is None:
+        S0 = q.new_zeros(B, HV, K, V, dtype=compute_dtype(q.dtype))
+    else:
+        S0 = initial_state
     return torch.zeros_like(v) + link, S0 + link
 
 
@@ -144,8 +147,10 @@ def run(
     cu_seqlens: Tensor | None,
     rule: str | None = None,
     reads: int = 1,
+    keep_dtype: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Validated public tensors in, (o [B, T, HV, V] in the compute dtype, final state) out.
+    """Validated public tensors in, (o [B, T, HV, V] in the compute dtype, final state in the
+    compute dtype) out.
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; beta: [B, T, HV] or None (or, for ``rule`` "dplr",
     [B, T, HV, 2K] = [a | b]); ``rule``: the rule where the op names it (``Mechanism.of``); g:
@@ -155,6 +160,11 @@ def run(
     ``reads`` = R > 1 (the chunk form where ``library.reads_apply``, chunk_size a multiple of R,
     no cu_seqlens): q [B, T / R, H, K] read after the last of each R write rows, o
     [B, T / R, HV, V] (DeltaProduct's n_h writes per token).
+
+    ``keep_dtype`` (for a caller that only converts o to the input dtype): the chunk form reads
+    bfloat16 and float16 inputs in their dtype, converting them chunk by chunk inside the fused
+    kernels (no whole-tensor float32 copy), and o comes back in v's dtype, rounded once from
+    float32 as the conversion afterwards would round it (issue 34, item 4).
     """
     bounds = None if cu_seqlens is None else cu_seqlens.tolist()
     if mode == "chunk":
@@ -163,11 +173,12 @@ def run(
     # scale=None means 1/sqrt(K), as in the established library (the spec's plain form is 1.0).
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     mech = Mechanism.of(beta, g, rule)  # the row of the table, resolved once (``mechanism``)
+    keep_low = keep_dtype and mode == "chunk"
 
     def batch(q, k, v, beta, g, S0):  # one batch of equal-length sequences, public layout
         # [B, T, H, D] -> [B, H, T, D] views (no copy in the compute dtype); ``forward`` scales q.
-        q, k, v, beta, g = to_internal(q, k, v, beta=beta, g=g)
-        S0 = None if S0 is None else S0.to(q.dtype)
+        q, k, v, beta, g = to_internal(q, k, v, beta=beta, g=g, keep_low=keep_low)
+        S0 = None if S0 is None else S0.to(compute_dtype(q.dtype))
         o, S = forward(mode, mech, q, k, v, beta, g, S0, chunk_size, scale, reads)
         return o.transpose(1, 2), S
 

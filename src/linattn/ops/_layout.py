@@ -15,22 +15,31 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.dtypes import compute_dtype
+from linattn.dtypes import LOW_DTYPES, compute_dtype
 
 
 def to_internal(
-    *tensors: Tensor | None, beta: Tensor | None = None, g: Tensor | None = None
+    *tensors: Tensor | None,
+    beta: Tensor | None = None,
+    g: Tensor | None = None,
+    keep_low: bool = False,
 ) -> tuple[Tensor | None, ...]:
     """Public [B, T, H, ...] tensors -> internal [B, H, T, ...] views in the compute dtype
     (float64 for float64 inputs, float32 otherwise: no copy in that dtype): ``tensors`` (q, k, v,
     ...), then beta [B, H, T] and g [B, H, T, 1 | K] (a gate per head [B, T, H] as one shared
-    channel)."""
+    channel). ``keep_low``: bfloat16 and float16 tensors stay in their dtype (views, no copy),
+    for the fused chunk kernels, which convert them chunk by chunk (csrc/convert.h)."""
     dtype = compute_dtype(tensors[0].dtype)
-    out = [x.to(dtype).transpose(1, 2) for x in tensors]
+
+    def internal(x: Tensor) -> Tensor:
+        keep = keep_low and dtype == torch.float32 and x.dtype in LOW_DTYPES
+        return (x if keep else x.to(dtype)).transpose(1, 2)
+
+    out = [internal(x) for x in tensors]
     if beta is not None:
-        beta = beta.to(dtype).transpose(1, 2)  # [B, H, T]
+        beta = internal(beta)  # [B, H, T]
     if g is not None:
-        g = g.to(dtype).transpose(1, 2)
+        g = internal(g)
         g = g.unsqueeze(-1) if g.dim() == 3 else g  # [B, H, T, 1 | K]
     return (*out, beta, g)
 

@@ -90,5 +90,6 @@ def generalized_delta_rule(
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
         rule="dplr",
+        keep_dtype=True,  # o only converted to v's dtype below
     )
     return o.to(v.dtype), S if output_final_state else None

@@ -38,6 +38,12 @@ DeltaProduct's query rows (``reads`` = n_h, q with one row per n_h write rows) a
 of the C++ kernels only, taken by ``chunk(..., reads=n)`` in eager float32 CPU calls
 (``reads_apply``, ``_QueryRowsChunk``); traced and PyTorch calls repeat q on the write rows.
 
+Dtypes: float64 throughout, or each of q, k, v, beta, g (and d_o) float32, bfloat16 or float16
+with the states (S0, states, dS, S, dS0) float32. The fused loop reads bfloat16 and float16 rows
+chunk by chunk into float32 blocks (``csrc/convert.h``: no whole-tensor float32 copy), the
+PyTorch loop converts them first; either way o comes back in v's dtype and each gradient in its
+input's, rounded once from the float32 arithmetic (issue 34, item 4).
+
 Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
 write into buffers autograd cannot record: the registered backward then differentiates the
 all-blocks form instead (``chunk.differentiable_backward``).
@@ -51,6 +57,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from linattn.dtypes import LOW_DTYPES, compute_dtype
 from linattn.ops import _native, tuning
 from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forward
 from linattn.ops.mechanism import GATES, RULES, Mechanism
@@ -60,12 +67,20 @@ NATIVE_RULES = RULES  # the rules the fused C++ loop computes (``_fused``): csrc
 _MECHANISMS = {(rule, gate): Mechanism(rule, gate) for rule in RULES for gate in GATES}
 
 
-def _like(name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str) -> None:
-    """x must be a tensor of ``shape`` ([dims]) with q's dtype and device."""
+def _like(
+    name: str, x: Tensor, q: Tensor, shape: tuple[int, ...], dims: str, state: bool = False
+) -> None:
+    """x must be a tensor of ``shape`` ([dims]) on q's device, with q's compute dtype: float64
+    as q; else float32, bfloat16 or float16 (each input read in its own dtype), and float32 for
+    a ``state`` (S0, the states, dS: always the compute dtype)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
-    if x.dtype != q.dtype or x.device != q.device:
-        raise TypeError(f"{name} must be {q.dtype} on {q.device} as q, got {x.dtype} on {x.device}")
+    dtype = compute_dtype(q.dtype)
+    allowed = (dtype,) if state or dtype == torch.float64 else (dtype, *LOW_DTYPES)
+    if x.dtype not in allowed or x.device != q.device:
+        want = " or ".join(str(d) for d in allowed)
+        raise TypeError(f"{name} must be {want} on {q.device} (q is {q.dtype}), got {x.dtype} on "
+                        f"{x.device}")  # fmt: skip
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {dims} = {shape}, got {tuple(x.shape)}")
 
@@ -87,8 +102,22 @@ def schema_args(mech: Mechanism) -> tuple[str, str]:
 
 
 def _fused(q: Tensor, rule: str) -> bool:
-    """Whether the fused C++ loop runs this call: float32 CPU tensors, a rule it computes."""
+    """Whether the fused C++ loop runs this call: float32 (or bfloat16, float16) CPU tensors, a
+    rule it computes."""
+    if q.dtype in LOW_DTYPES:
+        return rule in NATIVE_RULES and q.device.type == "cpu" and _native.available()
     return rule in NATIVE_RULES and _native.applies(q)
+
+
+def _upcast(*xs: Tensor | None) -> tuple[Tensor | None, ...]:
+    """bfloat16 and float16 tensors of xs in float32 (the others, and None, as they are): the
+    PyTorch loop's inputs, which it computes in their dtype."""
+    return tuple(x.float() if x is not None and x.dtype in LOW_DTYPES else x for x in xs)
+
+
+def _downcast(grads, inputs: tuple[Tensor | None, ...]) -> list[Tensor | None]:
+    """Each gradient (None: none) in its input's dtype (``_upcast``'s inputs)."""
+    return [None if d is None else d.to(x.dtype) for d, x in zip(grads, inputs, strict=True)]
 
 
 def _check_inputs(
@@ -100,8 +129,11 @@ def _check_inputs(
 
     Grouped value heads: v, beta, g (and the states) have HV = G H heads, q and k H; value head
     j reads q/k head j // G in place (G = 1 the plain case)."""
-    if not isinstance(q, Tensor) or q.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"q must be a float32 or float64 tensor, got {getattr(q, 'dtype', q)}")
+    if not isinstance(q, Tensor) or q.dtype not in FLOAT_DTYPES + LOW_DTYPES:
+        raise TypeError(
+            "q must be a float32, float64, bfloat16 or float16 tensor, got "
+            f"{getattr(q, 'dtype', q)}"
+        )
     if q.dim() != 4:
         raise ValueError(f"q must have shape [B, H, T, K], got {tuple(q.shape)}")
     B, H, T, K = q.shape
@@ -162,10 +194,14 @@ def forward_kernel(
     q, k, v, beta, g, S0, scale: float, C: int, keep: bool, rule: str, gate: str
 ) -> tuple:
     """The work of ``chunk_forward`` on checked inputs: the fused C++ loop for float32 CPU
-    tensors where it is available, else the PyTorch group loop."""
+    tensors where it is available (bfloat16 and float16 inputs converted chunk by chunk inside
+    it), else the PyTorch group loop (on inputs converted to float32 first). o in v's dtype."""
     if _fused(q, rule):
         return _native.fused("chunk_forward")(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
-    return loop_forward(q, k, v, beta, g, S0, scale, C, mechanism(rule, gate), keep)
+    dtype = v.dtype
+    q, k, v, beta, g = _upcast(q, k, v, beta, g)
+    o, S, states = loop_forward(q, k, v, beta, g, S0, scale, C, mechanism(rule, gate), keep)
+    return o.to(dtype), S, states
 
 
 def backward_kernel(
@@ -191,8 +227,10 @@ def backward_kernel(
         dq, dk, dv, dbeta, dg, dS0 = run(q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate)
         return dq, dk, dv, None if beta is None else dbeta, None if g is None else dg, dS0
     mech = mechanism(rule, gate)
+    inputs = (q, k, v, beta, g)
+    q, k, v, beta, g, d_o = _upcast(q, k, v, beta, g, d_o)
     *grads, dS0 = loop_backward(q, k, v, beta, g, states, d_o, dS, scale, C, mech, tuple(needs))
-    return (*(_public(x) for x in grads), dS0)
+    return (*(_public(x) for x in _downcast(grads, inputs)), dS0)
 
 
 @torch.library.custom_op("linattn::chunk_forward", mutates_args=())
@@ -211,18 +249,18 @@ def chunk_forward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """o, the final state and (keep) the state entering every chunk; see the module docstring."""
     B, _, HV, _, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
-    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
+    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]", state=True)
     return forward_kernel(q, k, v, beta, g, S0, scale, C, keep, rule, gate)
 
 
 @chunk_forward.register_fake
 def _(q, k, v, beta, g, S0, scale, C, keep, rule, gate):
     B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
-    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]")
+    _like("S0", S0, q, (B, HV, K, V), "[B, HV, K, V]", state=True)
     n_chunks = _chunk_count(T, C)
-    o = q.new_empty(B, T, HV, V).transpose(1, 2)
-    states = q.new_empty(n_chunks, B * HV, K, V) if keep else q.new_empty(0)
-    return o, q.new_empty(B, HV, K, V), states
+    o = v.new_empty(B, T, HV, V).transpose(1, 2)  # in v's dtype
+    states = S0.new_empty(n_chunks, B * HV, K, V) if keep else S0.new_empty(0)
+    return o, S0.new_empty(B, HV, K, V), states
 
 
 def _chunk_count(T: int, C: int) -> int:
@@ -236,9 +274,9 @@ def _check_backward(
 ) -> None:
     B, _, HV, T, K, V = _check_inputs(q, k, v, beta, g, scale, C, rule, gate)
     n_chunks = _chunk_count(T, C)
-    _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]")
+    _like("states", states, q, (n_chunks, B * HV, K, V), "[ceil(T / C), B HV, K, V]", True)
     _like("d_o", d_o, q, (B, HV, T, V), "[B, HV, T, V]")
-    _like("dS", dS, q, (B, HV, K, V), "[B, HV, K, V]")
+    _like("dS", dS, q, (B, HV, K, V), "[B, HV, K, V]", state=True)
 
 
 @torch.library.custom_op("linattn::chunk_backward", mutates_args=())
@@ -300,9 +338,13 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
     if d_S is None:  # the final state unused: zeros, as autograd materialised them
         d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
     if torch.is_grad_enabled():
-        # create_graph=True: gradients that can be differentiated again (issue 18).
-        args = (q, k, v, beta, g, S0, d_o, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
-        return (*differentiable_backward(*args), *_NUMBERS)
+        # create_graph=True: gradients that can be differentiated again (issue 18), in float32
+        # for bfloat16 and float16 inputs, each returned in its input's dtype.
+        inputs = (q, k, v, beta, g)
+        up = (*_upcast(q, k, v, beta, g), S0, *_upcast(d_o))
+        args = (*up, d_S, ctx.scale, ctx.C, ctx.mech, ctx.needs_input_grad)
+        *grads, dS0 = differentiable_backward(*args)
+        return (*_downcast(grads, inputs), dS0, *_NUMBERS)
     mech = schema_args(ctx.mech)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (about 0.1 ms a call).
@@ -345,7 +387,8 @@ class _QueryRowsChunk(torch.autograd.Function):
     """The fused chunk loop with R = ``reads`` write rows per query row: q [B, H, T / R, K] and o
     [B, HV, T / R, V], query i read after write row i R + R - 1 (DeltaProduct's n_h writes per
     token, one read), the outputs of the other rows never formed (csrc/kernels.h). Eager float32
-    CPU only (``reads_apply``); the same context and gradients as ``_EagerChunk``."""
+    CPU q only (``reads_apply``; k, v, beta, g may be bfloat16 or float16, as with
+    use_qk_l2norm); the same context and gradients as ``_EagerChunk``."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, S0, scale, C, keep, rule, gate, reads):
@@ -364,13 +407,16 @@ class _QueryRowsChunk(torch.autograd.Function):
         if d_S is None:
             d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
         if torch.is_grad_enabled():  # create_graph=True: on the write rows, q on each of its
-            # group's rows, d_o zero on the rows not read (their dq is 0): [B, H(V), T, D]
+            # group's rows, d_o zero on the rows not read (their dq is 0): [B, H(V), T, D]; in
+            # float32 for bfloat16 and float16 inputs, each gradient in its input's dtype
+            inputs = (q, k, v, beta, g)
+            q, k, v, beta, g, d_o = _upcast(q, k, v, beta, g, d_o)
             q_rows = q.repeat_interleave(R, dim=2)
             d_rows = torch.stack([torch.zeros_like(d_o)] * (R - 1) + [d_o], dim=3).flatten(2, 3)
             args = (q_rows, k, v, beta, g, S0, d_rows, d_S, ctx.scale, ctx.C, ctx.mech)
-            dq, *grads = differentiable_backward(*args, ctx.needs_input_grad)
+            dq, *grads, dS0 = differentiable_backward(*args, ctx.needs_input_grad)
             dq = None if dq is None else dq.unflatten(2, (-1, R)).sum(3)  # [B, H, T / R, K]
-            return dq, *grads, *_NUMBERS, None
+            return *_downcast((dq, *grads), inputs), dS0, *_NUMBERS, None
         if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
             args = (q, k, v, beta, g, S0, ctx.scale, ctx.C, True, rule, gate, R)
             states = _native.fused("chunk_forward")(*args)[2]
@@ -403,7 +449,9 @@ def chunk(
     last of each R write rows, and o [B, HV, T / R, V] (``_QueryRowsChunk``)."""
     B, _, T, K = k.shape
     HV, V = v.shape[1], v.shape[-1]  # grouped value heads: HV = G H
-    S0 = initial_state if initial_state is not None else q.new_zeros(B, HV, K, V)
+    S0 = initial_state
+    if S0 is None:  # in the compute dtype, as a given state
+        S0 = q.new_zeros(B, HV, K, V, dtype=compute_dtype(q.dtype))
     inputs = (q, k, v, beta, g, S0)
     keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     # The kernels take chunks of min(C, T) tokens themselves: C is passed as given where it is

@@ -54,6 +54,7 @@
 #include "backward.h"
 #include "blas.h"
 #include "checks.h"
+#include "convert.h"
 #include "gates.h"
 #include "kernels.h"
 #include "layout.h"
@@ -77,45 +78,47 @@ struct BackwardTensors {
   Sizes sz;
   at::Tensor q, k, v, beta, g, d_o, states, dq, dk, dv, dg, dbeta, dS;
 
-  // The rows of chunk n of value head p (q and k: its q/k head, read in place; q's from row
-  // n C / R, ``BackwardBlocks::spread``).
-  ChunkRows rows(int64_t n, int64_t p) const {
-    const int64_t b = p / sz.HV, h = p % sz.HV, hq = sz.qk_head(h), t0 = n * sz.C;
-    const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
-    return {chunk_rows(q, q.data_ptr<float>(), b, hq, t0 / sz.R),
-            chunk_rows(k, k.data_ptr<float>(), b, hq, t0),
-            chunk_rows(v, v.data_ptr<float>(), b, h, t0),
-            q.stride(2),
-            k.stride(2),
-            v.stride(2),
-            rule.reads_beta ? chunk_rows(beta, beta.data_ptr<float>(), b, h, t0) : nullptr,
-            rule.reads_beta ? beta.stride(2) : 0,
-            kg > 0 ? chunk_rows(g, g.data_ptr<float>(), b, h, t0) : nullptr,
-            kg > 0 ? g.stride(2) : 0,
-            c};
+  bool staged = false;  // some input is not float32: its chunks go through a thread's blocks
+
+  // The rows of chunk n of value head p (``input_rows``, layout.h: q's from row n C / R,
+  // ``BackwardBlocks::spread``).
+  ChunkRows rows(int64_t n, int64_t p, Staging& stage) const {
+    return input_rows(sz, q, k, v, beta, g, n, p, stage);
   }
 
-  // Where the gradients of chunk n of value head p go, and its dO (dO and dq: from query row
-  // n C / R).
-  ChunkGrads grads(int64_t n, int64_t p) const {
+  // Where the gradients of chunk n of value head p go (the gradients' rows where float32, else
+  // ``stage``'s blocks 6-10, which ``store`` writes back), and its dO (block 5 where converted);
+  // dO and dq: the c / R query rows from row n C / R.
+  ChunkGrads grads(int64_t n, int64_t p, Staging& stage) const {
     const int64_t b = p / sz.HV, h = p % sz.HV, t0 = n * sz.C;
-    auto row = [&](const at::Tensor& x) { return chunk_rows(x, x.data_ptr<float>(), b, h, t0); };
-    auto query = [&](const at::Tensor& x) {
-      return chunk_rows(x, x.data_ptr<float>(), b, h, t0 / sz.R);
+    const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
+    const FloatRows dO = read_rows(d_o, b, h, t0 / sz.R, static_cast<int>(c / sz.R),
+                                   stage.block(5));
+    auto out = [&](const at::Tensor& x, int64_t slot, int64_t row) {
+      return output_rows(x, b, h, row, stage.block(slot));
     };
-    return {query(d_o),
-            d_o.stride(2),
-            query(dq),
-            row(dk),
-            row(dv),
-            rule.reads_beta ? row(dbeta) : nullptr,
-            kg > 0 ? row(dg) : nullptr,
-            dq.stride(2),
-            dk.stride(2),
-            dv.stride(2),
-            rule.reads_beta ? dbeta.stride(2) : 0,
-            kg > 0 ? dg.stride(2) : 0};
+    const auto [dQ, lddq] = out(dq, 6, t0 / sz.R);
+    const auto [dK, lddk] = out(dk, 7, t0);
+    const auto [dV, lddv] = out(dv, 8, t0);
+    const auto [dB, sdb] = rule.reads_beta ? out(dbeta, 9, t0) : std::pair<float*, int64_t>{};
+    const auto [dG, lddg] = kg > 0 ? out(dg, 10, t0) : std::pair<float*, int64_t>{};
+    return {dO.p, dO.ld, dQ, dK, dV, dB, dG, lddq, lddk, lddv, sdb, lddg};
   }
+
+  // The gradients of chunk n of value head p from ``grads``' blocks into the gradients that are
+  // not float32 (in their dtype; nothing for float32, written in place).
+  // (dq: its c / R query rows.)
+  void store(int64_t n, int64_t p, const ChunkGrads& g, int c) const {
+    const int64_t b = p / sz.HV, h = p % sz.HV, t0 = n * sz.C;
+    write_rows(dq, b, h, t0 / sz.R, static_cast<int>(c / sz.R), g.dQ);
+    write_rows(dk, b, h, t0, c, g.dK);
+    write_rows(dv, b, h, t0, c, g.dV);
+    if (rule.reads_beta) write_rows(dbeta, b, h, t0, c, g.dB);
+    if (kg > 0) write_rows(dg, b, h, t0, c, g.dg);
+  }
+
+  // One thread's blocks for the converted rows: five inputs, dO and five gradients.
+  Staging staging() const { return linattn_native::staging(sz, rule.input_keys, 11, staged); }
 
   Dims dims(int c) const { return {c, sz.K, sz.V, sz.C, kg, scale, rule.writes}; }
   const float* state(int64_t n, int64_t p) const {  // the state entering chunk n of head p
@@ -132,8 +135,11 @@ struct BackwardBlocks {
   std::vector<float> dA, dU, dRk, dQd, dKe, dX, dY, dG, dGe, dG_diag, dG_end;
   std::vector<float> Qx, dOx, dQx;  // R > 1: the query rows on the write rows (``spread``)
   int64_t R;
+  Staging stage;  // the converted rows of inputs and gradients that are not float32
 
-  BackwardBlocks(const Sizes& sz, int64_t kg, int64_t writes)
+  explicit BackwardBlocks(const BackwardTensors& t)
+      : BackwardBlocks(t.sz, t.kg, t.rule.writes, t.staging()) {}
+  BackwardBlocks(const Sizes& sz, int64_t kg, int64_t writes, Staging staging)
       : w(sz.C, sz.K, sz.V), Gam(kg == 1 ? sz.C * sz.C : 0), Aqk(writes * sz.C * sz.C),
         Akk(writes * sz.C * sz.C), L(sz.C * sz.C), X(writes * sz.C * (sz.K + sz.V)),
         U(writes * sz.C * sz.V), Qd(sz.C * sz.K), Ke(writes * sz.C * sz.K), Kd(sz.C * sz.K),
@@ -141,17 +147,26 @@ struct BackwardBlocks {
         dA(writes * sz.C * sz.C), dU(writes * sz.C * sz.V), dRk(sz.C * sz.K), dQd(sz.C * sz.K),
         dKe(writes * sz.C * sz.K), dX(sz.C * sz.K), dY(sz.C * sz.K), dG(eG.size()),
         dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()), Qx(sz.R > 1 ? sz.C * sz.K : 0, 0.0f),
-        dOx(sz.R > 1 ? sz.C * sz.V : 0, 0.0f), dQx(Qx.size()), R(sz.R) {}
+        dOx(sz.R > 1 ? sz.C * sz.V : 0, 0.0f), dQx(Qx.size()), R(sz.R),
+        stage(std::move(staging)) {}
 
   // x and g with their query rows on the write rows (R > 1): q_i and dO_i at row i R + R - 1 of
   // Qx and dOx, zeros at the others (never written), dq into dQx, so that every step runs as for
   // R = 1 on the numbers of the delta rule on the write rows with a zero dO at the rows not
-  // read (their dq rows come out exactly 0; ``gather_queries`` copies the query rows out).
+  // read (their dq rows come out exactly 0; ``gather_queries`` copies the query rows out). The
+  // rows are spread from x's and g's float32 rows (their own, or ``stage``'s conversion).
   void spread(ChunkRows& x, ChunkGrads& g, int64_t K, int64_t V) {
     if (R == 1) return;
-    spread_queries(x.c, R, K, x.q, x.ldq, Qx.data());
+    queries(x, K);
     spread_queries(x.c, R, V, g.dO, g.lddo, dOx.data());
-    x.q = Qx.data(), x.ldq = K, g.dO = dOx.data(), g.lddo = V, g.dQ = dQx.data(), g.lddq = K;
+    g.dO = dOx.data(), g.lddo = V, g.dQ = dQx.data(), g.lddq = K;
+  }
+
+  // x's query rows alone on the write rows (``spread``; the terms' recomputation reads no dO).
+  void queries(ChunkRows& x, int64_t K) {
+    if (R == 1) return;
+    spread_queries(x.c, R, K, x.q, x.ldq, Qx.data());
+    x.q = Qx.data(), x.ldq = K;
   }
 
   // Where the terms are written (terms.h; Kd formed for a rule that needs it only).
@@ -405,13 +420,13 @@ void chunk_step(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Ru
 // Every step of chunk n of head p (``chunk_step``), its query rows spread over its write rows
 // and dq's gathered back where R > 1 (``BackwardBlocks::spread``).
 void query_step(const BackwardTensors& t, int64_t n, int64_t p, float* dSn, BackwardBlocks& b) {
-  ChunkRows x = t.rows(n, p);
-  ChunkGrads g = t.grads(n, p);
-  float* dq = g.dQ;
-  const int64_t lddq = g.lddq;
+  ChunkRows x = t.rows(n, p, b.stage);
+  const ChunkGrads out = t.grads(n, p, b.stage);  // where the gradients go
+  ChunkGrads g = out;
   b.spread(x, g, t.sz.K, t.sz.V);
   chunk_step(x, g, t.dims(x.c), t.rule, t.state(n, p), dSn, b);
-  if (t.sz.R > 1) gather_queries(x.c, t.sz.R, t.sz.K, b.dQx.data(), dq, lddq);
+  if (t.sz.R > 1) gather_queries(x.c, t.sz.R, t.sz.K, b.dQx.data(), out.dQ, out.lddq);
+  t.store(n, p, out, x.c);  // the gradients not float32 into their tensors
 }
 
 // The split schedule's slots of the state-gradient chain (schedule.h): slot n P + p holds what
@@ -428,7 +443,7 @@ struct ChainSlots {
         ke_size(t.kg > 0 || writes > 1 ? padded(writes * t.sz.C * t.sz.K) : 0),
         gate_size(qd_size + ke_size + (t.kg > 0 ? padded(t.kg) : 0)),
         size(gate_size + CC + (has_W ? CK : 0)),
-        buffer(fresh({t.sz.N * t.sz.P, size}, t.q.options())) {}
+        buffer(fresh({t.sz.N * t.sz.P, size}, t.states.options())) {}
   float* slot(int64_t s) const { return buffer.data_ptr<float>() + s * size; }
 
   // Slot s from the recomputed terms of its chunk (c tokens).
@@ -454,8 +469,8 @@ void gradient_chain(const BackwardTensors& t, const ChainSlots& slots, int64_t p
   const bool gated = t.kg > 0;
   float* dS = t.dstate(p);
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
-    ChunkRows x = t.rows(n, p);
-    ChunkGrads g = t.grads(n, p);
+    ChunkRows x = t.rows(n, p, b.stage);
+    ChunkGrads g = t.grads(n, p, b.stage);  // dO alone is read here
     b.spread(x, g, K, V);
     const int64_t s = n * P + p, at = t.rule.state_row(x.c);
     std::memcpy(dSp + s * KV, dS, sizeof(float) * KV);
@@ -481,24 +496,23 @@ void gradient_chain(const BackwardTensors& t, const ChainSlots& slots, int64_t p
 void backward_split(const BackwardTensors& t) {
   const int64_t P = t.sz.P, N = t.sz.N, KV = t.sz.K * t.sz.V;
   const ChainSlots slots(t);
-  const at::Tensor dS_in = fresh({N, P, t.sz.K, t.sz.V}, t.q.options());  // dS' of every chunk
+  const at::Tensor dS_in = fresh({N, P, t.sz.K, t.sz.V}, t.dS.options());  // dS' of every chunk
   float* dSp = dS_in.data_ptr<float>();
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
-    BackwardBlocks b(t.sz, t.kg, t.rule.writes);
+    BackwardBlocks b(t);
     for (int64_t s = lo; s < hi; ++s) {
-      ChunkRows x = t.rows(s / P, s % P);
-      ChunkGrads g = t.grads(s / P, s % P);
-      b.spread(x, g, t.sz.K, t.sz.V);
+      ChunkRows x = t.rows(s / P, s % P, b.stage);
+      b.queries(x, t.sz.K);
       const Dims d = t.dims(x.c);
       slots.store(s, recompute(x, d, t.rule, t.state(s / P, s % P), b), d);
     }
   });
   parallel_tasks(P, [&](int64_t lo, int64_t hi) {
-    BackwardBlocks b(t.sz, t.kg, t.rule.writes);
+    BackwardBlocks b(t);
     for (int64_t p = lo; p < hi; ++p) gradient_chain(t, slots, p, dSp, b);
   });
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
-    BackwardBlocks b(t.sz, t.kg, t.rule.writes);
+    BackwardBlocks b(t);
     for (int64_t s = lo; s < hi; ++s) {
       // its own copy of dS', which the steps turn into dS
       query_step(t, s / P, s % P, dSp + s * KV, b);
@@ -508,20 +522,21 @@ void backward_split(const BackwardTensors& t) {
 
 // The fused schedule: heads [lo, hi) of a thread, chunk by chunk from the last.
 void backward_fused(const BackwardTensors& t, int64_t lo, int64_t hi) {
-  BackwardBlocks b(t.sz, t.kg, t.rule.writes);
+  BackwardBlocks b(t);
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
     for (int64_t p = lo; p < hi; ++p) query_step(t, n, p, t.dstate(p), b);
   }
 }
 
 // dq or dk per value head, d [B, HV, T, K] (a view of [B, T, HV, K]), summed over each group
-// of value heads into its q/k head: [B, H, T, K] (a view of [B, T, H, K]); d itself for
-// group = 1.
-at::Tensor group_sum(const at::Tensor& d, const Sizes& sz) {
+// of value heads into its q/k head: [B, H, T, K] (a view of [B, T, H, K]) in ``dtype`` (d is
+// float32 then: the sum is float32's, rounded once); d itself for group = 1.
+at::Tensor group_sum(const at::Tensor& d, const Sizes& sz, at::ScalarType dtype) {
   if (sz.group == 1) return d;
   // [B, HV, T, K] -> [B, T, HV, K] -> [B, T, H, group, K], summed over group -> [B, T, H, K]
   const int64_t T = d.size(2);  // T, or q's T / R rows
-  return d.transpose(1, 2).view({sz.B, T, sz.H, sz.group, sz.K}).sum(3).transpose(1, 2);
+  const at::Tensor sum = d.transpose(1, 2).view({sz.B, T, sz.H, sz.group, sz.K}).sum(3);
+  return sum.to(dtype).transpose(1, 2);
 }
 
 // The checks of a ``chunk_backward`` call: its sizes and the gate width kg.
@@ -537,7 +552,7 @@ std::pair<Sizes, int64_t> backward_sizes(const Mechanism& mech, const at::Tensor
   const int64_t B = sz.B, HV = sz.HV, T = sz.T, K = sz.K, V = sz.V;
   const int64_t kg = check.mechanism_inputs(mech, beta, g, B, HV, T, K);
   check.shape("states", states, {sz.N, sz.P, K, V}, "[ceil(T / C), B HV, K, V]");
-  check.shape("d_o", d_o, {B, HV, sz.queries(), V}, "[B, HV, T / reads, V]");
+  check.input_shape("d_o", d_o, {B, HV, sz.queries(), V}, "[B, HV, T / reads, V]");
   check.shape("dS_final", dS_final, {B, HV, K, V}, "[B, HV, K, V]");
   checked_scale(check, scale);
   return {sz, kg};
@@ -557,20 +572,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   BackwardTensors t{*mech.rule, kg, static_cast<float>(scale_d), sz};
   t.q = blas_rows(q_in), t.k = blas_rows(k_in), t.v = blas_rows(v_in);
   t.d_o = blas_rows(d_o_in), t.states = states_in.contiguous();
-  const at::TensorOptions options = t.q.options();
-  t.dq = fresh_public(sz, K, options, sz.queries()), t.dk = fresh_public(sz, K, options);
-  t.dv = fresh_public(sz, V, options);
+  const at::TensorOptions options = t.states.options();  // float32
+  // Each gradient in its input's dtype; dq, dk of grouped heads float32 until their group sum.
+  // dq: q's T / R rows.
+  const bool grouped = sz.group > 1;
+  t.dq = fresh_public(sz, K, grouped ? options : t.q.options(), sz.queries());
+  t.dk = fresh_public(sz, K, grouped ? options : t.k.options());
+  t.dv = fresh_public(sz, V, t.v.options());
   if (t.rule.reads_beta && t.rule.input_keys == 0) {  // beta [B, HV, T]
     t.beta = *beta_opt;
-    t.dbeta = at::empty({B, T, HV}, options).transpose(1, 2);
+    t.dbeta = at::empty({B, T, HV}, t.beta.options()).transpose(1, 2);
   } else if (t.rule.reads_beta) {  // the rule's inputs [B, HV, T, m K] ([a | b])
     t.beta = unit_rows(*beta_opt);
-    t.dbeta = fresh_public(sz, t.rule.input_keys * K, options);
+    t.dbeta = fresh_public(sz, t.rule.input_keys * K, t.beta.options());
   }
   if (kg > 0) {
     t.g = unit_rows(*g_opt);
-    t.dg = fresh_public(sz, kg, options);
+    t.dg = fresh_public(sz, kg, t.g.options());
   }
+  t.staged = any_staged({t.q, t.k, t.v, t.beta, t.g, t.d_o});
   t.dS = dS_final.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
   if (split_schedule(P)) {
     backward_split(t);
@@ -578,8 +598,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     parallel_tasks(P, [&](int64_t lo, int64_t hi) { backward_fused(t, lo, hi); });
   }
   auto none = [&] { return at::empty({0}, options); };  // one each: outputs must not alias
-  return {group_sum(t.dq, sz), group_sum(t.dk, sz), t.dv, t.rule.reads_beta ? t.dbeta : none(),
-          kg > 0 ? t.dg : none(), t.dS.view({B, HV, K, V})};
+  return {group_sum(t.dq, sz, t.q.scalar_type()),
+          group_sum(t.dk, sz, t.k.scalar_type()),
+          t.dv,
+          t.rule.reads_beta ? t.dbeta : none(),
+          kg > 0 ? t.dg : none(),
+          t.dS.view({B, HV, K, V})};
 }
 
 }  // namespace linattn_native

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "convert.h"
 #include "mechanism.h"
 #include "tuning.h"
 
@@ -31,11 +32,27 @@ struct Checks {
                 c10::DeviceTypeName(device), " tensor, got ", x.device());
   }
 
-  void shape(const char* name, const at::Tensor& x, at::IntArrayRef sizes,
-             const char* dims) const {
-    float32_cpu(name, x);
+  // An input the chunk kernels read chunk by chunk: float32 in place, bfloat16 or float16
+  // converted into float32 blocks (convert.h).
+  void input_cpu(const char* name, const at::Tensor& x) const {
+    TORCH_CHECK(x.defined(), op, ": ", name, " is undefined");
+    TORCH_CHECK(convertible(x.scalar_type()), op, ": ", name,
+                " must be float32, bfloat16 or float16, got ", x.scalar_type());
+    TORCH_CHECK(x.device().type() == device, op, ": ", name, " must be a ",
+                c10::DeviceTypeName(device), " tensor, got ", x.device());
+  }
+
+  void shape(const char* name, const at::Tensor& x, at::IntArrayRef sizes, const char* dims,
+             bool input = false) const {
+    input ? input_cpu(name, x) : float32_cpu(name, x);
     TORCH_CHECK(x.sizes() == sizes, op, ": ", name, " must be of shape ", dims, " = ", sizes,
                 ", got ", x.sizes());
+  }
+
+  // ``shape`` for an input of the chunk kernels (float32, bfloat16 or float16).
+  void input_shape(const char* name, const at::Tensor& x, at::IntArrayRef sizes,
+                   const char* dims) const {
+    shape(name, x, sizes, dims, true);
   }
 
   // beta and g as the mechanism has them: beta [B, HV, T] for a rule that reads it (the delta
@@ -47,15 +64,17 @@ struct Checks {
     TORCH_CHECK(beta.has_value() == m.rule->reads_beta, op, ": beta must be ",
                 m.rule->reads_beta ? "given" : "None", " for the ", m.rule->name, " rule");
     const int64_t keys = m.rule->input_keys;  // the dplr rule's [a | b]: 2
-    if (beta.has_value() && keys == 0) shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
+    if (beta.has_value() && keys == 0) input_shape("beta", *beta, {B, HV, T}, "[B, HV, T]");
     if (beta.has_value() && keys > 0) {
-      shape("beta", *beta, {B, HV, T, keys * K}, "[B, HV, T, 2 K] (the rule's inputs [a | b])");
+      input_shape("beta", *beta, {B, HV, T, keys * K},
+                  "[B, HV, T, 2 K] (the rule's inputs [a | b])");
     }
     TORCH_CHECK(g.has_value() == m.gated(), op, ": g must be ",
                 m.gated() ? "given for a gate" : "None without a gate");
     const int64_t kg = m.gate_width(K);
     if (g.has_value()) {
-      shape("g", *g, {B, HV, T, kg}, m.gate == Gate::kHead ? "[B, HV, T, 1]" : "[B, HV, T, K]");
+      const char* dims = m.gate == Gate::kHead ? "[B, HV, T, 1]" : "[B, HV, T, K]";
+      input_shape("g", *g, {B, HV, T, kg}, dims);
     }
     return kg;
   }
@@ -76,21 +95,21 @@ struct Sizes {
   int64_t R = 1;                              // write rows per query row
   Sizes(const Checks& check, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         int64_t C64, int64_t reads = 1) {
-    check.float32_cpu("q", q);
+    check.input_cpu("q", q);
     TORCH_CHECK(q.dim() == 4, check.op, ": q must be of shape [B, H, T, K], got ", q.sizes());
     TORCH_CHECK(reads >= 1, check.op, ": reads (write rows per query row) must be >= 1, got ",
                 reads);
     R = reads;
     B = q.size(0), H = q.size(1), T = q.size(2) * R, K = q.size(3);
-    check.shape("k", k, {B, H, T, K}, R == 1 ? "[B, H, T, K]" : "[B, H, T reads, K]");
-    check.float32_cpu("v", v);
+    check.input_shape("k", k, {B, H, T, K}, R == 1 ? "[B, H, T, K]" : "[B, H, T reads, K]");
+    check.input_cpu("v", v);
     TORCH_CHECK(v.dim() == 4, check.op, ": v must be of shape [B, HV, T, V], got ", v.sizes());
     HV = v.size(1), V = v.size(3);
     TORCH_CHECK((H == 0 && HV == 0) || (H > 0 && HV % H == 0), check.op,
                 ": v's heads HV = ", HV, " must be a multiple of q's and k's H = ", H,
                 " (grouped value heads)");
     group = H > 0 ? HV / H : 1;
-    check.shape("v", v, {B, HV, T, V}, "[B, HV, T, V]");
+    check.input_shape("v", v, {B, HV, T, V}, "[B, HV, T, V]");
     TORCH_CHECK(C64 >= 1, check.op, ": C (the chunk size) must be >= 1, got ", C64);
     C = std::min(C64, std::max<int64_t>(T, 1));
     TORCH_CHECK(C <= kMaxChunk, check.op, ": C = min(chunk size, T) = ", C, " exceeds ",

@@ -15,6 +15,7 @@
 
 #include "blas.h"
 #include "checks.h"
+#include "convert.h"
 #include "gates.h"
 #include "kernels.h"
 #include "layout.h"
@@ -56,13 +57,15 @@ void state_pass(int64_t n, int64_t kg, int64_t K, int64_t V, const float* D, con
   gemm(true, false, K, V, n, 1.0f, r.Kend, r.ldke, U, ldu, 1.0f, S, V);
 }
 
-// The inputs of a chunk-form call, checked, their rows where the BLAS reads them.
+// The inputs of a chunk-form call, checked, their rows where the BLAS reads them (float32), or
+// where they are converted from (bfloat16, float16: convert.h).
 struct ForwardInputs {
   Sizes sz;
   const Rule& rule;
   int64_t kg;
   at::Tensor q, k, v, beta, g, u;  // u: the additive rule's bonus [HV, K] (RWKV-6), or undefined
-  const float *qp, *kp, *vp, *bp, *gp, *up;
+  const float* up;  // u's numbers, or nullptr
+  bool staged;  // some input is not float32: its chunks are converted into a thread's blocks
 
   ForwardInputs(const Sizes& sizes, const Rule& update_rule, const at::Tensor& q_in,
                 const at::Tensor& k_in, const at::Tensor& v_in,
@@ -74,32 +77,21 @@ struct ForwardInputs {
              : rule.input_keys > 0 ? unit_rows(*beta_opt)
                                    : *beta_opt),
         g(kg > 0 ? unit_rows(*g_opt) : at::Tensor()),
-        u(bonus ? bonus->contiguous() : at::Tensor()), qp(q.data_ptr<float>()),
-        kp(k.data_ptr<float>()), vp(v.data_ptr<float>()),
-        bp(rule.reads_beta ? beta.data_ptr<float>() : nullptr),
-        gp(kg > 0 ? g.data_ptr<float>() : nullptr), up(bonus ? u.data_ptr<float>() : nullptr) {}
+        u(bonus ? bonus->contiguous() : at::Tensor()),
+        up(bonus ? u.data_ptr<float>() : nullptr),
+        staged(any_staged({q, k, v, beta, g})) {}
 
   // The bonus of value head p's head (u's row), or nullptr without one.
   const float* bonus(int64_t p) const { return up ? up + (p % sz.HV) * sz.K : nullptr; }
 
-  // The rows of chunk n (tokens [n C, n C + c)) of value head p; q and k of its q/k head,
-  // read in place (grouped value heads share them); q's from row n C / R (R > 1: the chunk's
-  // c / R query rows, which ``ForwardBlocks::queries`` spreads over its write rows).
-  ChunkRows rows(int64_t n, int64_t p) const {
-    const int64_t b = p / sz.HV, h = p % sz.HV, hq = sz.qk_head(h), t0 = n * sz.C;
-    const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
-    return {chunk_rows(q, qp, b, hq, t0 / sz.R),
-            chunk_rows(k, kp, b, hq, t0),
-            chunk_rows(v, vp, b, h, t0),
-            q.stride(2),
-            k.stride(2),
-            v.stride(2),
-            bp ? chunk_rows(beta, bp, b, h, t0) : nullptr,
-            bp ? beta.stride(2) : 0,
-            kg > 0 ? chunk_rows(g, gp, b, h, t0) : nullptr,
-            kg > 0 ? g.stride(2) : 0,
-            c};
+  // The rows of chunk n of value head p (``input_rows``, layout.h: q's from row n C / R, the
+  // chunk's c / R query rows, which ``ForwardBlocks::queries`` spreads over its write rows).
+  ChunkRows rows(int64_t n, int64_t p, Staging& stage) const {
+    return input_rows(sz, q, k, v, beta, g, n, p, stage);
   }
+
+  // One thread's blocks for the converted rows: the five inputs' and the outputs' (block 5).
+  Staging staging() const { return linattn_native::staging(sz, rule.input_keys, 6, staged); }
 };
 
 // One thread's blocks for the terms of one chunk (terms.h): products.h's scratch and the gates'.
@@ -107,19 +99,28 @@ struct ForwardBlocks {
   Scratch w;
   std::vector<float> Kd, eG, eEnd, D, Qx;
   int64_t R;
-  ForwardBlocks(const Sizes& sz, int64_t kg, bool needs_Kd)
-      : w(sz.C, sz.K, sz.V), Kd(needs_Kd && kg > 0 ? sz.C * sz.K : 0), eG(sz.C * kg),
-        eEnd(sz.C * kg), D(kg), Qx(sz.R > 1 ? sz.C * sz.K : 0, 0.0f), R(sz.R) {}
+  Staging stage;  // the converted rows of inputs and outputs that are not float32
+  ForwardBlocks(const ForwardInputs& in, int64_t kg, bool needs_Kd)
+      : w(in.sz.C, in.sz.K, in.sz.V), Kd(needs_Kd && kg > 0 ? in.sz.C * in.sz.K : 0),
+        eG(in.sz.C * kg), eEnd(in.sz.C * kg), D(kg),
+        Qx(in.sz.R > 1 ? in.sz.C * in.sz.K : 0, 0.0f), R(in.sz.R), stage(in.staging()) {}
 
   // x with its queries on the write rows (R > 1): q_i at row i R + R - 1 of Qx [C, K], zeros at
   // the others (never written), so that the terms (Qd, A_q) are formed as for R = 1 and the
-  // outputs read their query rows (``chunk_outputs``). R = 1: x itself.
+  // outputs read their query rows (``chunk_outputs``). R = 1: x itself. The queries are spread
+  // from x's float32 rows (q's own, or ``stage``'s conversion of them).
   ChunkRows queries(ChunkRows x) {
     if (R == 1) return x;
     const int64_t K = static_cast<int64_t>(w.zeros.size());
     spread_queries(x.c, R, K, x.q, x.ldq, Qx.data());
     x.q = Qx.data(), x.ldq = K;
     return x;
+  }
+
+  // The rows of chunk n of value head p as the terms read them: converted where not float32,
+  // the queries on the write rows.
+  ChunkRows rows(const ForwardInputs& in, int64_t n, int64_t p) {
+    return queries(in.rows(n, p, stage));
   }
 
   // The terms of a chunk, all in these blocks (A_kk scaled into L in place).
@@ -186,16 +187,18 @@ void advance(const ChunkRows& x, const ForwardInputs& in, const Terms& t, const 
 void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi, float* Sp,
                    float* statep, at::Tensor& o) {
   const int64_t K = in.sz.K, V = in.sz.V, C = in.sz.C, HV = in.sz.HV, P = in.sz.P, KV = K * V;
-  ForwardBlocks blocks(in.sz, in.kg, in.rule.needs_Kd);
+  ForwardBlocks blocks(in, in.kg, in.rule.needs_Kd);
   const Terms t = blocks.local();
-  float* op = o.data_ptr<float>();
   for (int64_t n = 0; n < in.sz.N; ++n) {
     for (int64_t p = lo; p < hi; ++p) {
       float* S = Sp + p * KV;
       if (statep) std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
-      const ChunkRows x = blocks.queries(in.rows(n, p));
+      const ChunkRows x = blocks.rows(in, n, p);
       const GatedRows r = chunk_terms(x, in, p, scale, t, blocks.w);
-      advance(x, in, t, r, S, chunk_rows(o, op, p / HV, p % HV, n * C / in.sz.R), o.stride(2));
+      const int64_t b = p / HV, h = p % HV, t0 = n * C / in.sz.R;  // o's query rows
+      const auto [O, ldo] = output_rows(o, b, h, t0, blocks.stage.block(5));
+      advance(x, in, t, r, S, O, ldo);
+      write_rows(o, b, h, t0, static_cast<int>(x.c / in.sz.R), O);
     }
   }
 }
@@ -214,7 +217,7 @@ struct TermSlots {
         d_size(kg > 0 ? padded(kg) : 0), a_size(padded(C * writes * C)),
         x_size(padded(writes * C * in.rule.x_cols(K, V))),
         size(qd_size + ke_size + d_size + a_size + x_size),
-        buffer(fresh({in.sz.N * in.sz.P, size}, in.q.options())) {}
+        buffer(fresh({in.sz.N * in.sz.P, size}, at::TensorOptions().dtype(at::kFloat))) {}
 
   // Slot s's terms; the rest (G, Kd, the gates' exponentials, A_kk and L) in ``blocks``.
   Terms at(int64_t s, ForwardBlocks& blocks) const {
@@ -247,36 +250,37 @@ void forward_split(const ForwardInputs& in, float scale, float* Sp, float* state
   const int64_t KV = K * V;
   const TermSlots slots(in);
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
-    ForwardBlocks blocks(in.sz, in.kg, in.rule.needs_Kd);
+    ForwardBlocks blocks(in, in.kg, in.rule.needs_Kd);
     for (int64_t s = lo; s < hi; ++s) {
-      chunk_terms(blocks.queries(in.rows(s / P, s % P)), in, s % P, scale, slots.at(s, blocks),
+      chunk_terms(blocks.rows(in, s / P, s % P), in, s % P, scale, slots.at(s, blocks),
                   blocks.w);
     }
   });
   parallel_tasks(P, [&](int64_t lo, int64_t hi) {
-    ForwardBlocks blocks(in.sz, 0, false);
+    ForwardBlocks blocks(in, 0, false);
     for (int64_t p = lo; p < hi; ++p) {
       float* S = Sp + p * KV;
       for (int64_t n = 0; n < N; ++n) {
         std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
-        const ChunkRows x = in.rows(n, p);
+        const ChunkRows x = in.rows(n, p, blocks.stage);
         const Terms t = slots.at(n * P + p, blocks);
         advance(x, in, t, slots.rows(x, scale, t), S, nullptr, 0);
       }
     }
   });
-  float* op = o.data_ptr<float>();
   parallel_tasks(N * P, [&](int64_t lo, int64_t hi) {
-    ForwardBlocks blocks(in.sz, 0, false);
+    ForwardBlocks blocks(in, 0, false);
     for (int64_t s = lo; s < hi; ++s) {
       const int64_t n = s / P, p = s % P;
-      const ChunkRows x = blocks.queries(in.rows(n, p));
+      const ChunkRows x = blocks.rows(in, n, p);
       const Terms t = slots.at(s, blocks);
       const auto [U, ldu] = values_at(x, in, t);  // U, as the state pass left it
-      float* O = chunk_rows(o, op, p / HV, p % HV, n * C / in.sz.R);
+      const int64_t b = p / HV, h = p % HV, t0 = n * C / in.sz.R;  // o's query rows
+      const auto [O, ldo] = output_rows(o, b, h, t0, blocks.stage.block(5));
       const int64_t writes = in.rule.writes;
       chunk_outputs(x.c, in.sz.R, writes * x.c, K, V, slots.rows(x, scale, t), statep + s * KV,
-                    t.A, writes * C, U, ldu, O, o.stride(2));
+                    t.A, writes * C, U, ldu, O, ldo);
+      write_rows(o, b, h, t0, static_cast<int>(x.c / in.sz.R), O);
     }
   });
 }
@@ -317,12 +321,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   const float scale = static_cast<float>(scale_d);
   const ForwardInputs in(sz, *mech.rule, q_in, k_in, v_in, beta_opt, g_opt, kg, bonus);
 
-  at::Tensor o = fresh_public(sz, V, in.q.options(), sz.queries());
+  at::Tensor o = fresh_public(sz, V, in.v.options(), sz.queries());  // in v's dtype
   // The running states, contiguous (a clone keeps the strides of a transposed S0 otherwise).
   at::Tensor S = S0.reshape({P, K, V}).clone(at::MemoryFormat::Contiguous);
   const bool split = split_schedule(P);  // the split schedule reads the saved states
-  at::Tensor states = keep || split ? fresh({N, P, K, V}, in.q.options())
-                                    : at::empty({0}, in.q.options());
+  at::Tensor states = keep || split ? fresh({N, P, K, V}, S0.options())
+                                    : at::empty({0}, S0.options());
   float* Sp = S.data_ptr<float>();
   float* statep = keep || split ? states.data_ptr<float>() : nullptr;
   if (split) {
@@ -332,7 +336,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
       forward_fused(in, scale, lo, hi, Sp, statep, o);
     });
   }
-  if (!keep) states = at::empty({0}, in.q.options());
+  if (!keep) states = at::empty({0}, S0.options());
   return {o, S.view({B, HV, K, V}), states};
 }
 

@@ -26,7 +26,10 @@
 // entering each chunk; ``chunk_backward`` (backward.cpp) differentiates them for every mechanism,
 // chunk by chunk from the last, each chunk recomputed from its saved state (memory linear in T).
 //
-// Inputs are float32, q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K]
+// Inputs are float32, bfloat16 or float16 (each in its own; a chunk's rows of the last two are
+// converted into float32 blocks as the chunk is reached, and o and the gradients written in their
+// input's dtype from blocks: convert.h; states, gates and all arithmetic are float32),
+// q, k [B, H, T, K], v [B, HV, T, V], beta [B, HV, T], g [B, HV, T, 1 | K]
 // (grouped value heads: HV = group H, value head j reads q/k head j / group in place; the backward
 // writes dq, dk per value head and sums each group at the end; group = 1 the plain case), each
 // with unit stride in its last dimension (any strides elsewhere: the [B, T, H, D] tensors of the
@@ -37,8 +40,9 @@
 //
 // reads = R > 1 (DeltaProduct: n_h writes per token, one read): q and o have one row per R write
 // rows, read after the last of them; each chunk's queries are spread over its write rows
-// (zeros between) so that steps 1-3 and 5 run as for R = 1, and step 4 forms the query rows'
-// outputs only (``Sizes``, checks.h; ``query_rows``, layout.h).
+// (zeros between; from the chunk's float32 rows, after a bfloat16 or float16 q's conversion) so
+// that steps 1-3 and 5 run as for R = 1, and step 4 forms the query rows' outputs only
+// (``Sizes``, checks.h; ``query_rows``, layout.h).
 //
 // The mechanism (the rule and the gate) is passed in the ops' schema and parsed once
 // (mechanism.h: the rule's name looked up in rules.h's table); nothing reads it from the tensors'
@@ -55,9 +59,9 @@
 // triangular (the UT transform's solves, by substitution), blas (the BLAS wrappers), schedule
 // (how the work is spread over the threads: fused per head, or split into (chunk, head) pairs),
 // block_cache (the output allocator), mechanism, checks and layout (the entry's mechanism and
-// checks, where a chunk's rows are), tuning.h (the machine-tuned constants, from
-// linattn/ops/tuning.py), step (the generation step) and ops.cpp (the torch.library
-// registration).
+// checks, where a chunk's rows are), convert (bfloat16 and float16 rows to and from float32),
+// tuning.h (the machine-tuned constants, from linattn/ops/tuning.py), step (the generation step)
+// and ops.cpp (the torch.library registration).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -5,11 +5,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "block_cache.h"
 #include "checks.h"
+#include "convert.h"
+#include "terms.h"
 
 namespace linattn_native {
 
@@ -62,10 +65,40 @@ inline T* chunk_rows(const at::Tensor& x, T* base, int64_t b, int64_t h, int64_t
 // The c / R query rows of m values, row i of x (row stride ldx) to row i R + R - 1 of y [c, m]
 // (``spread_queries``; the other rows of y untouched), and back (``gather_queries``).
 inline void spread_queries(int c, int64_t R, int64_t m, const float* x, int64_t ldx, float* y) {
-  for (int64_t i = 0; i < c / R; ++i) std::memcpy(y + (i * R + R - 1) * m, x + i * ldx, sizeof(float) * m);
+  for (int64_t i = 0; i < c / R; ++i) {
+    std::memcpy(y + (i * R + R - 1) * m, x + i * ldx, sizeof(float) * m);
+  }
 }
 inline void gather_queries(int c, int64_t R, int64_t m, const float* y, float* x, int64_t ldx) {
-  for (int64_t i = 0; i < c / R; ++i) std::memcpy(x + i * ldx, y + (i * R + R - 1) * m, sizeof(float) * m);
+  for (int64_t i = 0; i < c / R; ++i) {
+    std::memcpy(x + i * ldx, y + (i * R + R - 1) * m, sizeof(float) * m);
+  }
+}
+
+// The rows of chunk n (tokens [n C, n C + c)) of value head p: q and k of its q/k head (grouped
+// value heads share them), v, beta and g (undefined: none) of its own; each read in place where
+// float32, else converted into ``stage``'s blocks 0-4 (convert.h). q's rows from n C / R, c / R
+// of them (R > 1: the chunk's query rows, which the kernels spread over its write rows from these
+// float32 rows, ``spread_queries``).
+inline ChunkRows input_rows(const Sizes& sz, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& beta, const at::Tensor& g,
+                            int64_t n, int64_t p, Staging& stage) {
+  const int64_t b = p / sz.HV, h = p % sz.HV, hq = sz.qk_head(h), t0 = n * sz.C;
+  const int c = static_cast<int>(std::min<int64_t>(sz.C, sz.T - t0));
+  const FloatRows none{nullptr, 0};
+  const FloatRows qr = read_rows(q, b, hq, t0 / sz.R, static_cast<int>(c / sz.R), stage.block(0));
+  const FloatRows kr = read_rows(k, b, hq, t0, c, stage.block(1));
+  const FloatRows vr = read_rows(v, b, h, t0, c, stage.block(2));
+  const FloatRows br = beta.defined() ? read_rows(beta, b, h, t0, c, stage.block(3)) : none;
+  const FloatRows gr = g.defined() ? read_rows(g, b, h, t0, c, stage.block(4)) : none;
+  return {qr.p, kr.p, vr.p, qr.ld, kr.ld, vr.ld, br.p, br.ld, gr.p, gr.ld, c};
+}
+
+// A thread's ``Staging`` of ``slots`` blocks of C rows for a call's widest row (K, V, or the
+// rule's ``input_keys`` K), where ``staged`` (some input is not float32).
+inline Staging staging(const Sizes& sz, int64_t input_keys, int64_t slots, bool staged) {
+  const int64_t width = std::max({sz.K, sz.V, input_keys * sz.K, int64_t{1}});
+  return Staging(slots, sz.C, width, staged);
 }
 
 }  // namespace linattn_native
