@@ -17,6 +17,7 @@ n_h, with A_qk): what skipping them saves at most (the op still forms A_qk whole
 
     PYTHONPATH=src python benchmarks/delta_product.py                  # the issue's shape
     PYTHONPATH=src python benchmarks/delta_product.py --clock cpu --T 4096 --repeats 5
+    PYTHONPATH=src python benchmarks/delta_product.py --clock cpu --T 4096 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -33,20 +34,24 @@ from linattn.ops.delta_product import interleave_gate, interleave_query
 from linattn.reference.costs import delta_chunk_ops
 
 
-def make_inputs(T: int, H: int, K: int, V: int, n: int, seed: int = 0) -> dict:
-    """float32 [1, rows, H, D] inputs: unit keys, beta in (0, 1), a gate per head near 0.98."""
+def make_inputs(
+    T: int, H: int, K: int, V: int, n: int, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict:
+    """[1, rows, H, D] inputs in ``dtype`` (float32 values rounded once): unit keys, beta in
+    (0, 1), a gate per head near 0.98."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen)
 
-    return {
+    x = {
         "q": randn(1, T, H, K),
         "k": torch.nn.functional.normalize(randn(1, T * n, H, K), dim=-1),
         "v": randn(1, T * n, H, V),
         "beta": torch.rand(1, T * n, H, generator=gen),
         "g": torch.nn.functional.logsigmoid(randn(1, T, H) + 4.0),
     }
+    return {name: t.to(dtype) for name, t in x.items()}
 
 
 def dropped_output_share(n: int, C: int, K: int, V: int) -> float:
@@ -60,10 +65,11 @@ def measure(args: argparse.Namespace) -> list[dict]:
     torch.set_num_threads(args.threads)
     _timing.use_clock(args.clock)
     T, H, K, V, C = args.T, args.H, args.K, args.V, args.C
-    base = make_inputs(T, H, K, V, 1)
+    dtype = getattr(torch, args.dtype)
+    base = make_inputs(T, H, K, V, 1, dtype=dtype)
     rows = []
     for n in args.n:
-        x = make_inputs(T, H, K, V, n, seed=n)
+        x = make_inputs(T, H, K, V, n, seed=n, dtype=dtype)
         q_rows, g_rows = interleave_query(x["q"], n), interleave_gate(x["g"], n)
 
         def delta(x=base):
@@ -105,6 +111,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = measure(args)
@@ -112,7 +119,7 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     shape = f"T = {args.T}, H = {args.H}, K = {args.K}, V = {args.V}, C = {args.C}"
-    print(f"{shape}, {args.threads} thread(s), float32, forward, medians of {args.repeats} "
+    print(f"{shape}, {args.threads} thread(s), {args.dtype}, forward, medians of {args.repeats} "
           f"({args.clock} clock)")  # fmt: skip
     print("| n_h | delta rule ms | DeltaProduct ms | ratio | target | over delta_rule on the rows "
           "| unread outputs' share of the ops |")  # fmt: skip

@@ -1,9 +1,10 @@
-"""Gated DeltaProduct's chunk form reading q's T rows in place (issue 31's speed line): in float32
-on the CPU the fused C++ loop takes ``reads`` = n_h write rows per query row and forms no output
-at the writes that are not read. It must equal the delta rule run on the T n_h interleaved rows
-(q repeated, read at each token's last write) with the same chunks: forward, final state,
+"""Gated DeltaProduct's chunk form reading q's T rows in place (issue 31's speed line): on the CPU
+the fused C++ loop takes ``reads`` = n_h write rows per query row and forms no output at the
+writes that are not read. It must equal the delta rule run on the T n_h interleaved rows (q
+repeated, read at each token's last write) with the same chunks: forward, final state,
 gradients and double backward, both schedules, every gate, grouped heads and initial states;
-and the kernels' checks name ``reads`` and the shapes it implies."""
+bfloat16 and float16 inputs (issue 34 item 4: converted chunk by chunk) give the float32 results
+rounded once; and the kernels' checks name ``reads`` and the shapes it implies."""
 
 from __future__ import annotations
 
@@ -96,6 +97,40 @@ def test_double_backward_equals_the_interleaved_rows():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def low_precision_run(x: dict, n: int, chunk: int, dtype) -> list:
+    """o, S and the gradients of every input of ``gated_delta_product`` on ``x`` (S0 float32)
+    from one weighted sum of o (weights in ``dtype``, o rounded to it) and S."""
+    leaves = leaves_of(x)
+    q, k, v, beta, g, S0 = (leaves[name] for name in NAMES)
+    o, S = gated_delta_product(q, k, v, beta, g, num_householder=n, chunk_size=chunk,
+                               initial_state=S0, output_final_state=True)  # fmt: skip
+    gen = torch.Generator().manual_seed(1)
+    w_o = torch.randn(o.shape, generator=gen).to(dtype)
+    w_S = torch.randn(S.shape, generator=gen)
+    wrt = [t for t in leaves.values() if t is not None]
+    loss = (o.to(dtype) * w_o).sum() + (S * w_S).sum()
+    return [o, S, *torch.autograd.grad(loss, wrt)]
+
+
+@needs_native
+@pytest.mark.parametrize("schedule", ["fused", "split"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_low_precision_reads_the_query_rows_from_the_converted_chunks(dtype, schedule, monkeypatch):
+    """bfloat16 and float16 inputs take the in-place query rows too (spread from each chunk's
+    float32 conversion): o and every gradient are the float32 results on the converted inputs,
+    rounded once to the input dtype (``assert_rounded``); grouped heads, a partial last chunk."""
+    monkeypatch.setenv("LINATTN_SCHEDULE", schedule)
+    n = 3
+    x = inputs(B=2, T=11, H=2, HV=4, K=8, V=5, n=n, gate="channel", seed=2, dtype=torch.float32)
+    low = {k: t if k == "S0" else t.to(dtype) for k, t in x.items()}
+    assert query_stride(low["q"], low["v"], n, "chunk", 4 * n, None) == n  # the path under test
+    got = low_precision_run(low, n, 4 * n, dtype)
+    want = low_precision_run({k: t.float() for k, t in low.items()}, n, 4 * n, dtype)
+    for name, a, b in zip(("o", "S", *NAMES), got, want, strict=True):
+        assert a.dtype == (torch.float32 if name in ("S", "S0") else dtype), name
+        assert_rounded(a, b, name)
+
+
 @needs_native
 @pytest.mark.parametrize("schedule", ["fused", "split"])
 @pytest.mark.parametrize("create_graph", [False, True])
@@ -131,7 +166,7 @@ def test_low_precision_l2norm_keys(create_graph, schedule, monkeypatch):
 
 
 def test_other_dtypes_modes_and_packed_sequences_repeat_the_queries():
-    """Only eager float32 CPU chunk calls take the in-place query rows."""
+    """Only eager CPU chunk calls in float32, bfloat16 or float16 take the in-place query rows."""
     q, v = torch.zeros(1, 4, 1, 2), torch.zeros(1, 12, 1, 2)
     assert query_stride(q.double(), v, 3, "chunk", 63, None) == 1
     assert query_stride(q, v, 3, "recurrent", 63, None) == 1

@@ -97,9 +97,10 @@ def interleave_query(q: Tensor, n: int) -> Tensor:
 
 def query_stride(q: Tensor, v: Tensor, n: int, mode: str, chunk_size: int, cu_seqlens) -> int:
     """The write rows per query row the chunk form takes: n_h where the fused C++ loop reads q's
-    T rows in place (``library.reads_apply``: eager float32 on the CPU; chunk_size >= n_h; no
-    cu_seqlens; no empty dimension), forming no output at the writes not read (csrc/kernels.h,
-    ``reads``), over chunks of whole tokens (chunk_size rounded down to a multiple of n_h); else
+    T rows in place (``library.reads_apply``: eager float32, bfloat16 or float16 on the CPU;
+    chunk_size >= n_h; no cu_seqlens; no empty dimension), forming no output at the writes not
+    read (csrc/kernels.h, ``reads``), over chunks of whole tokens (chunk_size rounded down to a
+    multiple of n_h); else
     1: q repeated on each write row (``interleave_query``) and the outputs not read dropped
     afterwards. Equal either way, up to the rounding of the chunks' sums.
     """
@@ -140,7 +141,7 @@ def gated_delta_product(
         scale: multiplies q; None means 1 / sqrt(K).
         mode: "parallel", "recurrent" or "chunk" (as ``delta_rule``).
         chunk_size: rows (writes) per chunk of the chunk form, any int >= 1; where the fused
-            C++ loop reads q in place (float32 on the CPU, ``query_stride``), rounded down to a
+            C++ loop reads q in place (on the CPU, ``query_stride``), rounded down to a
             multiple of n_h (whole tokens: 63 rows for 64 at n_h = 3).
         initial_state: [B, HV, K, V] or None (zeros); [N, HV, K, V] with cu_seqlens.
         output_final_state: return the state after the last token (else None).

@@ -35,8 +35,9 @@ GPUs, ``LINATTN_NATIVE=0``). A trace never compiles the extension, and one compi
 both.
 
 DeltaProduct's query rows (``reads`` = n_h, q with one row per n_h write rows) are an argument
-of the C++ kernels only, taken by ``chunk(..., reads=n)`` in eager float32 CPU calls
-(``reads_apply``, ``_QueryRowsChunk``); traced and PyTorch calls repeat q on the write rows.
+of the C++ kernels only, taken by ``chunk(..., reads=n)`` in eager CPU calls in float32, bfloat16
+or float16 (``reads_apply``, ``_QueryRowsChunk``); traced and PyTorch calls repeat q on the write
+rows.
 
 Dtypes: float64 throughout, or each of q, k, v, beta, g (and d_o) float32, bfloat16 or float16
 with the states (S0, states, dS, S, dS0) float32. The fused loop reads bfloat16 and float16 rows
@@ -379,16 +380,17 @@ class _EagerChunk(torch.autograd.Function):
 
 def reads_apply(q: Tensor, rule: str) -> bool:
     """Whether ``chunk`` can take reads > 1 (query rows fewer than write rows) for this call:
-    eager float32 CPU tensors of a rule the fused C++ loop computes (its kernels' ``reads``)."""
-    return q.dtype == torch.float32 and _fused(q, rule) and not tracing(q)
+    eager float32, bfloat16 or float16 CPU tensors of a rule the fused C++ loop computes (its
+    kernels' ``reads``; a low dtype's query rows spread from their chunk's float32 rows)."""
+    return q.dtype in (torch.float32, *LOW_DTYPES) and _fused(q, rule) and not tracing(q)
 
 
 class _QueryRowsChunk(torch.autograd.Function):
     """The fused chunk loop with R = ``reads`` write rows per query row: q [B, H, T / R, K] and o
     [B, HV, T / R, V], query i read after write row i R + R - 1 (DeltaProduct's n_h writes per
-    token, one read), the outputs of the other rows never formed (csrc/kernels.h). Eager float32
-    CPU q only (``reads_apply``; k, v, beta, g may be bfloat16 or float16, as with
-    use_qk_l2norm); the same context and gradients as ``_EagerChunk``."""
+    token, one read), the outputs of the other rows never formed (csrc/kernels.h). Eager CPU
+    only (``reads_apply``; each input float32, bfloat16 or float16); the same context and
+    gradients as ``_EagerChunk``."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, S0, scale, C, keep, rule, gate, reads):
