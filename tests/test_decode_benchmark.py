@@ -11,11 +11,16 @@ from linattn.ops import _native
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
-def test_the_decode_benchmark_runs_and_reports_every_mechanism(tmp_path, capsys):
+def load_decode():
     spec = importlib.util.spec_from_file_location("decode", ROOT / "benchmarks" / "decode.py")
     decode = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(decode)
+    return decode
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
+def test_the_decode_benchmark_runs_and_reports_every_mechanism(tmp_path, capsys):
+    decode = load_decode()
     out = tmp_path / "decode.json"
     argv = ["--threads", "1", "--batches", "1", "--shapes", "small", "--turns", "2", "--out"]
     assert decode.main([*argv, str(out)]) == 0
@@ -26,3 +31,18 @@ def test_the_decode_benchmark_runs_and_reports_every_mechanism(tmp_path, capsys)
         assert ("kernel_ms" in r) == (r["mechanism"] != "dplr")
     printed = capsys.readouterr().out
     assert "small B 1 kda:" in printed and "<= 3.0x" in printed
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
+def test_the_paired_thread_scaling_is_measured_and_judged(tmp_path, capsys):
+    decode = load_decode()
+    out = tmp_path / "decode.json"
+    argv = ["--threads", "1,2", "--batches", "8", "--shapes", "small", "--turns", "2"]
+    assert decode.main([*argv, "--scaling-only", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["rows"] == []
+    assert [r["mechanism"] for r in result["scaling"]] == decode.MECHANISMS
+    for r in result["scaling"]:
+        assert r["step_speedup"] > 0 and r["pass_speedup"] > 0
+    printed = capsys.readouterr().out
+    assert "small B 8 kda: 2 threads" in printed and "(paired; the pass" in printed
