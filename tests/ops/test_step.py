@@ -123,6 +123,37 @@ def test_bad_input_is_named_and_leaves_the_state_untouched(x, state, error, mess
     assert torch.equal(state.detach(), before) or not torch.isfinite(before).all()
 
 
+@pytest.mark.parametrize(
+    "mechanism, name, value, message",
+    [
+        ("kda", "g", 1e-3, "g is a log-decay"),
+        ("kda", "g", float("nan"), "g contains NaN"),
+        ("gated_delta", "g", 1e-3, "g is a log-decay"),
+        ("kda", "beta", 2.0001, r"beta must lie in \[0, 2\]"),
+        ("kda", "beta", -1e-6, r"beta must lie in \[0, 2\]"),
+        ("gated_delta", "beta", float("nan"), "beta contains non-finite"),
+    ],
+)
+@pytest.mark.parametrize("where", [0, "middle", -1])
+def test_one_float32_value_out_of_range_is_found_by_the_fused_step(mechanism, name, value, message,
+                                                                   where):  # fmt: skip
+    # The fused step's checks count the values outside the range in one branch-free pass: one
+    # value anywhere (the first, one inside a vector's lanes, the last) must be found.
+    Bq, Hq, Kq = 3, 4, 37  # sizes that are no multiple of a vector's width
+    gen = torch.Generator().manual_seed(0)
+    x = {n: torch.randn(Bq, Hq, Kq, generator=gen) for n in ("q", "k", "v")}
+    x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
+    x["beta"] = torch.rand(Bq, Hq, generator=gen) * 2
+    x["g"] = -torch.rand(Bq, Hq, *([Kq] if mechanism == "kda" else []), generator=gen)
+    flat = x[name].view(-1)
+    flat[flat.numel() // 2 if where == "middle" else where] = value
+    state = torch.randn(Bq, Hq, Kq, Kq)
+    before = state.clone()
+    with pytest.raises(ValueError, match=message):
+        recurrent_step(state, **x)
+    assert torch.equal(state, before)
+
+
 def _leaves(x: dict, dtype) -> dict:
     """The same values in ``dtype``, as fresh leaves that require grad."""
     return {n: None if t is None else t.to(dtype).requires_grad_(True) for n, t in x.items()}

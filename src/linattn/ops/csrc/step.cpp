@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "checks.h"
@@ -94,6 +95,16 @@ bool all_finite(const float* x, int64_t n) {
   return acc == 0.0f;
 }
 
+// Whether n numbers all lie in [lo, hi] (NaN does not): a branch-free count, so that the loop
+// vectorises (a per-channel gate is B H K numbers a call, 32 K at Qwen3-Next's B 8: checked one
+// by one with an early exit it cost 20 us, serial before the parallel step).
+bool all_within(const float* x, int64_t n, float lo, float hi) {
+  float outside = 0.0f;
+#pragma omp simd reduction(+ : outside)
+  for (int64_t i = 0; i < n; ++i) outside += (x[i] >= lo && x[i] <= hi) ? 0.0f : 1.0f;
+  return outside == 0.0f;
+}
+
 // Whether the small inputs of a step are in range: every number finite, beta in [0, 2] (the
 // delta rule), every log-gate <= 0 (-inf: a reset). The state is not read here (step.h).
 bool inputs_in_range(const Mechanism& m, const at::Tensor& q, const at::Tensor& k,
@@ -104,13 +115,12 @@ bool inputs_in_range(const Mechanism& m, const at::Tensor& q, const at::Tensor& 
   };
   bool ok = finite(q) && finite(k) && finite(v);
   if (ok && beta.defined() && m.rule->input_keys == 0) {
-    const float* b = beta.data_ptr<float>();
-    for (int64_t i = 0; ok && i < beta.numel(); ++i) ok = b[i] >= 0.0f && b[i] <= 2.0f;
+    ok = all_within(beta.data_ptr<float>(), beta.numel(), 0.0f, 2.0f);
   }
   if (ok && beta.defined() && m.rule->input_keys > 0) ok = finite(beta);
   if (ok && b.defined()) ok = finite(b);
-  const float* gp = g.defined() ? g.data_ptr<float>() : nullptr;
-  for (int64_t i = 0; ok && gp && i < g.numel(); ++i) ok = gp[i] <= 0.0f;  // NaN fails too
+  const float inf = std::numeric_limits<float>::infinity();  // g = -inf: a reset
+  if (ok && g.defined()) ok = all_within(g.data_ptr<float>(), g.numel(), -inf, 0.0f);
   return ok;
 }
 
