@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn.layers.mixer import check_positive
-from linattn.ops.functional import causal_conv1d, decay_gate, l2norm
+from linattn.ops.conv import short_conv
+from linattn.ops.functional import decay_gate, l2norm
 
 __all__ = [
     "DecayGate",
@@ -53,12 +54,9 @@ class ShortConvolution(nn.Module):
 
     def forward(self, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x: [B, T, C], state: [B, C, kernel - 1] or None (zeros) -> (y: [B, T, C], new state)."""
-        x = x.transpose(1, 2)  # [B, T, C] -> [B, C, T]
         state = None if state is None else state.to(x.dtype)
         weight = self.weight.to(x.dtype)[:, 0]  # [C, 1, kernel] -> [C, kernel]
-        y, new_state = causal_conv1d(x, weight, state=state)  # [B, C, T], [B, C, kernel - 1]
-        y = F.silu(y) if self.activation == "silu" else y
-        return y.transpose(1, 2), new_state
+        return short_conv(x, weight, state, self.activation)  # [B, T, C], [B, C, kernel - 1]
 
 
 class GatedRMSNorm(nn.Module):

@@ -60,8 +60,8 @@
 // (how the work is spread over the threads: fused per head, or split into (chunk, head) pairs),
 // block_cache (the output allocator), mechanism, checks and layout (the entry's mechanism and
 // checks, where a chunk's rows are), convert (bfloat16 and float16 rows to and from float32),
-// tuning.h (the machine-tuned constants, from linattn/ops/tuning.py), step (the generation step)
-// and ops.cpp (the torch.library registration).
+// tuning.h (the machine-tuned constants, from linattn/ops/tuning.py), step (the generation step),
+// conv (the layers' short convolution) and ops.cpp (the torch.library registration).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -115,5 +115,22 @@ at::Tensor recurrent_step_meta(at::Tensor& state, const at::Tensor& q, const at:
                                c10::string_view rule, c10::string_view gate,
                                const std::optional<at::Tensor>& source,
                                const std::optional<at::Tensor>& b);
+
+// The short causal depthwise convolution, channels last (conv.cpp): x [B, T, C] (unit stride
+// over C), weight [C, W], bias [C] or None, state [B, C, S >= W - 1] or None (zeros), then SiLU
+// (``silu``); y [B, T, C]. The backward returns dx, dw, dbias (empty without bias) and dstate
+// (empty without state).
+at::Tensor short_conv_forward(const at::Tensor& x, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& state, bool silu);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> short_conv_backward(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& state, bool silu);
+at::Tensor short_conv_forward_meta(const at::Tensor& x, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& bias,
+                                   const std::optional<at::Tensor>& state, bool silu);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> short_conv_backward_meta(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& state, bool silu);
 
 }  // namespace linattn_native

@@ -26,6 +26,12 @@ TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "recurrent_step(Tensor(a!) state, Tensor q, Tensor k, Tensor v, Tensor? beta, Tensor? g,"
       " float scale, str rule, str gate, Tensor? source=None, Tensor? b=None) -> Tensor");
+  m.def(
+      "short_conv_forward(Tensor x, Tensor weight, Tensor? bias, Tensor? state, bool silu)"
+      " -> Tensor");
+  m.def(
+      "short_conv_backward(Tensor dy, Tensor x, Tensor weight, Tensor? bias, Tensor? state,"
+      " bool silu) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);
@@ -36,10 +42,14 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("chunk_forward", &chunk_forward);
   m.impl("chunk_backward", &chunk_backward);
   m.impl("recurrent_step", &recurrent_step);
+  m.impl("short_conv_forward", &short_conv_forward);
+  m.impl("short_conv_backward", &short_conv_backward);
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
   m.impl("recurrent_step", &recurrent_step_meta);
+  m.impl("short_conv_forward", &short_conv_forward_meta);
+  m.impl("short_conv_backward", &short_conv_backward_meta);
 }
 
 }  // namespace linattn_native
