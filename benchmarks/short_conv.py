@@ -15,14 +15,13 @@ convolution, in turns. The medians of the turns and their ratio; CPU time of thi
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 
 import linattn.ops.conv as conv
+from linattn.experiments import _timing
 from linattn.ops import _native
 
 SHAPES = [(32, 64, 64, 3), (32, 64, 192, 4), (1, 4096, 2048, 4), (4, 512, 2048, 4),
@@ -31,17 +30,11 @@ MECHANISMS = ["deltanet", "gated_deltanet", "kda", "mamba2", "hybrid"]
 
 
 def in_turns(fns: list[Callable[[], object]], turns: int, calls: int = 1) -> list[float]:
-    """The median CPU seconds per call of each of fns, timed in turns."""
-    samples: list[list[float]] = [[] for _ in fns]
+    """The median CPU seconds per call of each of fns (``calls`` calls a sample), in turns."""
     for fn in fns:
         fn()  # warm up
-    for _ in range(turns):
-        for fn, own in zip(fns, samples, strict=True):
-            start = time.process_time()
-            for _ in range(calls):
-                fn()
-            own.append((time.process_time() - start) / calls)
-    return [statistics.median(s) for s in samples]
+    batches = [lambda fn=fn: [fn() for _ in range(calls)] for fn in fns]
+    return [t / calls for t in _timing.medians_in_turns(batches, turns)]
 
 
 def with_conv(fused: bool, fn: Callable[[], object]) -> Callable[[], object]:
@@ -108,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     turns = 2 if args.quick else args.turns
     print(f"{args.threads} thread(s), CPU time, medians of {turns} turns")
-    convolutions(turns, SHAPES[:2] if args.quick else SHAPES)
-    if not args.quick:
-        training_steps(turns)
+    _timing.use_clock("cpu")
+    try:
+        convolutions(turns, SHAPES[:2] if args.quick else SHAPES)
+        if not args.quick:
+            training_steps(turns)
+    finally:
+        _timing.use_clock("wall")
     return 0
 
 
