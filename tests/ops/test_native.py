@@ -136,22 +136,46 @@ def test_gradients_from_its_saved_states(rule, gate, C):
         x["g"] = -budget / (min(C, 40) - 1) * jitter
         x["g"][:, :, 0] *= 0.97
         x["g"][:, :, 1] *= 1.03
-    names = [n for n in ("q", "k", "v", "beta", "g", "S0") if x[n] is not None]
-
-    def gradients(dtype):
-        leaves = {n: x[n].to(dtype, copy=True).requires_grad_() for n in names}
-        op = linear_attention if rule == "additive" else delta_rule
-        extra = (leaves.get("g"),) if rule == "additive" else (leaves["beta"], leaves.get("g"))
-        o, S = op(
-            leaves["q"], leaves["k"], leaves["v"], *extra, chunk_size=C,
-            initial_state=leaves["S0"], output_final_state=True,
-        )  # fmt: skip
-        (o.square().sum() + S.sum()).backward()
-        return {n: t.grad for n, t in leaves.items()}
-
-    fused, exact = gradients(torch.float32), gradients(torch.float64)
-    for n in names:
+    fused, exact = _gradients(x, rule, C, torch.float32), _gradients(x, rule, C, torch.float64)
+    for n in fused:
         # Steep gates too: dg is formed without the undecayed terms that cancel (issue 18).
+        assert rel_rms(fused[n], exact[n]) < 2e-6, n
+
+
+def _gradients(x, rule, C, dtype):
+    """The gradients of o.square().sum() + S.sum() for the inputs of ``x`` (make_inputs) in
+    ``dtype``: the fused kernels in float32, plain autograd in float64."""
+    names = [n for n in ("q", "k", "v", "beta", "g", "S0") if x[n] is not None]
+    leaves = {n: x[n].to(dtype, copy=True).requires_grad_() for n in names}
+    op = linear_attention if rule == "additive" else delta_rule
+    extra = (leaves.get("g"),) if rule == "additive" else (leaves["beta"], leaves.get("g"))
+    o, S = op(
+        leaves["q"], leaves["k"], leaves["v"], *extra, chunk_size=C,
+        initial_state=leaves["S0"], output_final_state=True,
+    )  # fmt: skip
+    (o.square().sum() + S.sum()).backward()
+    return {n: t.grad for n, t in leaves.items()}
+
+
+@needs_native
+@pytest.mark.parametrize(("gate", "C"), itertools.product([None, "scalar", "channel"], [16, 64]))
+def test_delta_rule_solves_at_every_block_width(gate, C):
+    # The UT transform's solves (csrc/triangular.cpp) take rows in groups of 4, then one by one,
+    # and columns in blocks of 4 SIMD vectors, then of 1, then one by one: K + V = 83 and V = 35
+    # reach every kind of block (64 + 16 + 3 and 2 x 16 + 3 columns with AVX-512), and T = 45 a
+    # last group of one row (C = 64) and a last chunk of 13 rows (C = 16).
+    x = make_inputs(B=1, T=45, H=2, K=48, V=35, gate=gate, rule="delta", state=True)
+    q, k, v, beta, g = internal(x, torch.float32)
+    run = _native.kernel("chunk_forward")
+    o, S, _ = run(
+        q, k, v, beta, g, x["S0"].float(), 0.5, min(C, 45), False, *schema_mechanism(beta, g)
+    )
+    q64, k64, v64, beta64, g64 = internal(x, torch.float64)
+    o64, S64 = chunk_forward(q64 * 0.5, k64, v64, beta64, g64, x["S0"], C, mechanism(x))
+    assert rel_rms(o, o64) < 2e-6 and rel_rms(S, S64) < 2e-6
+    fused = _gradients(x, "delta", C, torch.float32)
+    exact = _gradients(x, "delta", C, torch.float64)
+    for n in fused:
         assert rel_rms(fused[n], exact[n]) < 2e-6, n
 
 

@@ -78,7 +78,7 @@ struct BackwardTensors {
   Sizes sz;
   at::Tensor q, k, v, beta, g, d_o, states, dq, dk, dv, dg, dbeta, dS;
 
-  bool staged = false;  // some input is not float32: its chunks go through a thread's blocks
+  bool staged = false;  // some input goes through a thread's blocks (``any_staged``)
 
   // The rows of chunk n of value head p (``input_rows``, layout.h: q's from row n C / R,
   // ``BackwardBlocks::spread``).

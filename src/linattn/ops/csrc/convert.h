@@ -1,7 +1,8 @@
 // The inputs and outputs in bfloat16 or float16, read and written chunk by chunk (issue 34, item
-// 4): a chunk's rows of a float32 tensor are read and written in place; those of a bfloat16 or
-// float16 tensor are converted into a float32 block of the thread (``Staging``) as the chunk is
-// reached, and its outputs written back from one, so that no whole-tensor float32 copy is made.
+// 4): a chunk's rows of a float32 tensor are read and written in place (or, its rows apart,
+// copied through a block: ``read_rows``); those of a bfloat16 or float16 tensor are converted
+// into a float32 block of the thread (``Staging``) as the chunk is reached, and its outputs
+// written back from one, so that no whole-tensor float32 copy is made.
 // Every product, state and cumulative gate is float32 either way: the results are those of
 // converting the inputs to float32 first and the outputs back at the end (the same roundings,
 // round to nearest even, as PyTorch's ``Tensor.to``).
@@ -29,10 +30,18 @@ inline bool convertible(at::ScalarType type) {
   return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
 }
 
-// Whether any of the (defined) tensors xs is not float32: then a thread needs ``Staging``.
+// Whether x's rows [B, H, T(, D)] lie apart (a row stride other than the row width D, as in a
+// [B, T, H, D] tensor read per head): a float32 chunk of them is copied into a thread's block
+// (``read_rows``).
+inline bool spread_rows(const at::Tensor& x) {
+  return x.size(2) > 1 && x.stride(2) != (x.dim() > 3 ? x.size(3) : 1);
+}
+
+// Whether any of the (defined) tensors xs is read through ``Staging``: not float32, or float32
+// with its rows apart (``spread_rows``).
 inline bool any_staged(std::initializer_list<at::Tensor> xs) {
   for (const at::Tensor& x : xs) {
-    if (x.defined() && x.scalar_type() != at::kFloat) return true;
+    if (x.defined() && (x.scalar_type() != at::kFloat || spread_rows(x))) return true;
   }
   return false;
 }
@@ -98,11 +107,20 @@ inline int64_t row_offset(const at::Tensor& x, int64_t b, int64_t h, int64_t t0)
 inline int64_t row_width(const at::Tensor& x) { return x.dim() > 3 ? x.size(3) : 1; }
 
 // Rows [t0, t0 + c) of head (b, h) of x [B, H, T(, D)] (unit stride along D) as float32: x's own
-// rows for float32; else converted into ``block`` [c, D] (row stride D).
+// rows for float32 rows side by side (or without a ``block``); else copied (float32 rows apart,
+// ``spread_rows``) or converted into ``block`` [c, D] (row stride D). A copy is read again by
+// every product of the chunk from one block in the L1 cache: rows H D floats apart fall into a
+// few of its sets and evict each other (in a [B, T, H, 64] tensor with H = 8, 64 rows of 256
+// bytes map onto 8 of the 64 sets of a 32 KiB cache).
 inline FloatRows read_rows(const at::Tensor& x, int64_t b, int64_t h, int64_t t0, int c,
                            float* block) {
   const int64_t at = row_offset(x, b, h, t0), ld = x.stride(2), D = row_width(x);
-  if (x.scalar_type() == at::kFloat) return {x.const_data_ptr<float>() + at, ld};
+  if (x.scalar_type() == at::kFloat) {
+    const float* src = x.const_data_ptr<float>() + at;
+    if (!block || !spread_rows(x)) return {src, ld};
+    for (int i = 0; i < c; ++i) std::memcpy(block + i * D, src + i * ld, sizeof(float) * D);
+    return {block, D};
+  }
   if (x.scalar_type() == at::kBFloat16) {
     const auto* src = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()) + at;
     for (int i = 0; i < c; ++i) to_float(src + i * ld, D, block + i * D);
@@ -114,21 +132,27 @@ inline FloatRows read_rows(const at::Tensor& x, int64_t b, int64_t h, int64_t t0
 }
 
 // Where rows [t0, t0 + c) of head (b, h) of the output x are written as float32: x's own rows
-// for float32, else ``block`` (row stride D), which ``write_rows`` then converts into x.
+// for float32 rows side by side (or without a ``block``), else ``block`` (row stride D), which
+// ``write_rows`` then copies or converts into x (float32 rows apart: as ``read_rows``).
 inline std::pair<float*, int64_t> output_rows(const at::Tensor& x, int64_t b, int64_t h,
                                               int64_t t0, float* block) {
-  if (x.scalar_type() == at::kFloat) {
+  if (x.scalar_type() == at::kFloat && (!block || !spread_rows(x))) {
     return {x.data_ptr<float>() + row_offset(x, b, h, t0), x.stride(2)};
   }
   return {block, row_width(x)};
 }
 
 // The c rows of ``block`` (``output_rows``'s) into x's rows [t0, t0 + c) of head (b, h), in x's
-// dtype; nothing for float32 (written in place).
+// dtype; nothing where ``block`` is x's own rows (written in place).
 inline void write_rows(const at::Tensor& x, int64_t b, int64_t h, int64_t t0, int c,
                        const float* block) {
-  if (x.scalar_type() == at::kFloat) return;
   const int64_t at = row_offset(x, b, h, t0), ld = x.stride(2), D = row_width(x);
+  if (x.scalar_type() == at::kFloat) {
+    float* dst = x.data_ptr<float>() + at;
+    if (block == dst) return;
+    for (int i = 0; i < c; ++i) std::memcpy(dst + i * ld, block + i * D, sizeof(float) * D);
+    return;
+  }
   if (x.scalar_type() == at::kBFloat16) {
     auto* dst = reinterpret_cast<uint16_t*>(x.data_ptr<c10::BFloat16>()) + at;
     for (int i = 0; i < c; ++i) from_float(block + i * D, D, dst + i * ld);
@@ -138,10 +162,10 @@ inline void write_rows(const at::Tensor& x, int64_t b, int64_t h, int64_t t0, in
   }
 }
 
-// One thread's float32 blocks for the chunk rows of the tensors that are not float32: ``slots``
-// blocks of C rows of at most ``width`` values, each 64-byte aligned (as the rows of a float32
-// [B, T, H, 64] tensor are, so that the BLAS reads both alike); none where every tensor is
-// float32.
+// One thread's float32 blocks for the chunk rows of the tensors that are not float32 or whose
+// rows lie apart (``spread_rows``): ``slots`` blocks of C rows of at most ``width`` values, each
+// 64-byte aligned (as the rows of a float32 [B, T, H, 64] tensor are, so that the BLAS reads both
+// alike); none where every tensor is float32 with its rows side by side.
 class Staging {
  public:
   Staging(int64_t slots, int64_t C, int64_t width, bool needed)

@@ -65,7 +65,7 @@ struct ForwardInputs {
   int64_t kg;
   at::Tensor q, k, v, beta, g, u;  // u: the additive rule's bonus [HV, K] (RWKV-6), or undefined
   const float* up;  // u's numbers, or nullptr
-  bool staged;  // some input is not float32: its chunks are converted into a thread's blocks
+  bool staged;  // some input is read through a thread's blocks (``any_staged``, convert.h)
 
   ForwardInputs(const Sizes& sizes, const Rule& update_rule, const at::Tensor& q_in,
                 const at::Tensor& k_in, const at::Tensor& v_in,

@@ -77,7 +77,8 @@ inline void gather_queries(int c, int64_t R, int64_t m, const float* y, float* x
 
 // The rows of chunk n (tokens [n C, n C + c)) of value head p: q and k of its q/k head (grouped
 // value heads share them), v, beta and g (undefined: none) of its own; each read in place where
-// float32, else converted into ``stage``'s blocks 0-4 (convert.h). q's rows from n C / R, c / R
+// float32 with its rows side by side, else copied or converted into ``stage``'s blocks 0-4
+// (``read_rows``, convert.h). q's rows from n C / R, c / R
 // of them (R > 1: the chunk's query rows, which the kernels spread over its write rows from these
 // float32 rows, ``spread_queries``).
 inline ChunkRows input_rows(const Sizes& sz, const at::Tensor& q, const at::Tensor& k,
@@ -95,7 +96,8 @@ inline ChunkRows input_rows(const Sizes& sz, const at::Tensor& q, const at::Tens
 }
 
 // A thread's ``Staging`` of ``slots`` blocks of C rows for a call's widest row (K, V, or the
-// rule's ``input_keys`` K), where ``staged`` (some input is not float32).
+// rule's ``input_keys`` K), where ``staged`` (some input is not float32, or its rows lie apart:
+// ``any_staged``).
 inline Staging staging(const Sizes& sz, int64_t input_keys, int64_t slots, bool staged) {
   const int64_t width = std::max({sz.K, sz.V, input_keys * sz.K, int64_t{1}});
   return Staging(slots, sz.C, width, staged);

@@ -18,39 +18,23 @@
 // state shows in o (``o_j = sum_i q_i S_ij``: a NaN or an Inf in column j makes o_j NaN or Inf,
 // q_i = 0 included, 0 * Inf being NaN), which the loop checks, V numbers a head.
 //
-// The vectors are the compiler's vector extension (GCC and Clang, which build the extension):
-// written out, because the plain loops' accumulators over a block's columns were kept in memory,
-// not in registers (measured: 3-5x one pass over the state, against 1.5-3x now).
+// The vectors (simd.h) are written out, because the plain loops' accumulators over a block's
+// columns were kept in memory, not in registers (measured: 3-5x one pass over the state, against
+// 1.5-3x now).
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
+
+#include "simd.h"
 
 namespace linattn_native {
 
 #if defined(__AVX512F__)
-constexpr int kLanes = 16;     // floats in a SIMD vector
 constexpr int kBlockVecs = 8;  // vectors in a block of columns: 32 registers hold 3 blocks
-#elif defined(__AVX__)
-constexpr int kLanes = 8;
-constexpr int kBlockVecs = 4;  // 16 registers
 #else
-constexpr int kLanes = 4;
-constexpr int kBlockVecs = 4;
+constexpr int kBlockVecs = 4;  // 16 registers (AVX), or the generic vectors
 #endif
-
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Vec load(const float* p) {
-  Vec x;
-  std::memcpy(&x, p, sizeof x);  // an unaligned vector load
-  return x;
-}
-
-inline void store(float* p, Vec x) { std::memcpy(p, &x, sizeof x); }
-
-inline Vec splat(float x) { return Vec{} + x; }
 
 // One value head's step inputs, q and the decay prepared by step.cpp once per head.
 struct StepHead {
