@@ -62,13 +62,13 @@ def load_old(rev: str) -> object:
     return torch.ops.linattn_ab_old
 
 
-def mechanism_args(op: object, beta: torch.Tensor | None, gate: str) -> tuple[str, ...]:
+def mechanism_args(op: object, rule: str, gate: str) -> tuple[str, ...]:
     """The trailing ``rule, gate`` arguments where ``op``'s schema has them (issue 29 on), else
-    none (its kernels read the mechanism from beta and g)."""
+    none (its kernels read the mechanism from beta and g: the additive and delta rules only)."""
     names = [a.name for a in op.default._schema.arguments]
     if "rule" not in names:
         return ()
-    return ("additive" if beta is None else "delta", gate)
+    return (rule, gate)
 
 
 def inputs(T: int, H: int = 8, K: int = 64, gate_scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -83,6 +83,9 @@ def inputs(T: int, H: int = 8, K: int = 64, gate_scale: float = 1.0) -> dict[str
     x["beta"] = torch.sigmoid(torch.randn(1, T, H, generator=gen))
     x["g channel"] = gate_scale * F.logsigmoid(rows(K) + 4.0)
     x["g scalar"] = x["g channel"][..., :1].contiguous()
+    # the dplr rule's inputs [a | b]: a = -beta kk, b = kk, kk a unit direction other than k
+    kk = F.normalize(rows(K), dim=-1)
+    x["ab"] = torch.cat([-x["beta"][..., None] * kk, kk], -1)
     return {name: t.transpose(1, 2) for name, t in x.items()}
 
 
@@ -94,7 +97,12 @@ def main() -> None:
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
     parser.add_argument("--gate-scale", type=float, default=1.0, help="multiplies the log-gates")
     parser.add_argument("--threads", type=int, default=1, help="PyTorch's intra-op threads")
-    parser.add_argument("--mechanisms", nargs="*", help="the rows to time (default: all six)")
+    parser.add_argument(
+        "--mechanisms",
+        nargs="*",
+        help="the rows to time (default: the six of the additive and delta rules; the dplr "
+        "rule's, dplr dplr_head dplr_channel, on request)",
+    )
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -109,19 +117,24 @@ def main() -> None:
     x = inputs(args.T, gate_scale=args.gate_scale)
     H, K, scale, C = x["q"].shape[1], x["q"].shape[-1], x["q"].shape[-1] ** -0.5, 64
     S0 = torch.zeros(1, H, K, K)
-    mechanisms = {  # name: (beta, g, gate)
-        "linear": (None, None, "none"),
-        "scalar_decay": (None, x["g scalar"], "head"),
-        "gla": (None, x["g channel"], "channel"),
-        "delta": (x["beta"], None, "none"),
-        "gated_delta": (x["beta"], x["g scalar"], "head"),
-        "kda": (x["beta"], x["g channel"], "channel"),
+    mechanisms = {  # name: (rule, beta, g, gate)
+        "linear": ("additive", None, None, "none"),
+        "scalar_decay": ("additive", None, x["g scalar"], "head"),
+        "gla": ("additive", None, x["g channel"], "channel"),
+        "delta": ("delta", x["beta"], None, "none"),
+        "gated_delta": ("delta", x["beta"], x["g scalar"], "head"),
+        "kda": ("delta", x["beta"], x["g channel"], "channel"),
+        "dplr": ("dplr", x["ab"], None, "none"),
+        "dplr_head": ("dplr", x["ab"], x["g scalar"], "head"),
+        "dplr_channel": ("dplr", x["ab"], x["g channel"], "channel"),
     }
     if args.mechanisms:
         unknown = set(args.mechanisms) - set(mechanisms)
         if unknown:
             parser.error(f"--mechanisms: unknown {sorted(unknown)}; choose from {list(mechanisms)}")
         mechanisms = {name: mechanisms[name] for name in args.mechanisms}
+    else:  # the dplr rule's rows on request (issue 30 on)
+        mechanisms = {name: row for name, row in mechanisms.items() if row[0] != "dplr"}
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     row = "fwd+bwd" if args.backward else "fwd"
     threads = f"{args.threads} thread{'s' * (args.threads > 1)}"
@@ -131,14 +144,14 @@ def main() -> None:
     )
     print(f"| {row} | old min ms | new min ms | min / min | median of pair ratios | same bits |")
     print("|---|---:|---:|---:|---:|---|")
-    for name, (beta, g, gate) in mechanisms.items():
+    for name, (rule, beta, g, gate) in mechanisms.items():
         call = (x["q"], x["k"], x["v"], beta, g, S0, scale, C)
         times: dict[str, list[float]] = {"old": [], "new": []}
         results: dict[str, list[torch.Tensor]] = {}
         for pair in range(args.pairs + 1):  # the first pair warms up
             for label in ("old", "new") if pair % 2 else ("new", "old"):
                 lib = old if label == "old" else new
-                mech = mechanism_args(lib.chunk_forward, beta, gate)
+                mech = mechanism_args(lib.chunk_forward, rule, gate)
                 start = clock()
                 o, S, states = lib.chunk_forward(*call, args.backward, *mech)
                 grads = []

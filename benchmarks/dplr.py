@@ -35,6 +35,7 @@ ratios, not the times.
 
     PYTHONPATH=src python benchmarks/dplr.py                 # the issue's shape (a few minutes)
     PYTHONPATH=src python benchmarks/dplr.py --clock cpu --T 4096 --no-fla
+    PYTHONPATH=src python benchmarks/dplr.py --scaling-parts    # two threads, part by part
 """
 
 from __future__ import annotations
@@ -161,6 +162,48 @@ def scaling(x: dict, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def part_calls(args_: tuple, rule: str, gate: str, C: int) -> dict[str, Callable]:
+    """The forward without and with the saved states, and the backward alone (on states saved
+    once here)."""
+    ops = torch.ops.linattn_native
+    q, k, v, beta, g = args_
+    forward, _ = calls(args_, rule, gate, C)
+    S0 = q.new_zeros(q.shape[0], v.shape[1], q.shape[-1], v.shape[-1])
+    scale = q.shape[-1] ** -0.5
+    d_o = torch.randn(v.shape[0], v.shape[2], v.shape[1], v.shape[3]).transpose(1, 2)
+    dS = torch.randn(S0.shape)
+    _, _, states = ops.chunk_forward(q, k, v, beta, g, S0, scale, C, True, rule, gate)
+    return {
+        "forward": forward,
+        "forward_keep": lambda: ops.chunk_forward(q, k, v, beta, g, S0, scale, C, True, rule, gate),
+        "backward": lambda: ops.chunk_backward(
+            q, k, v, beta, g, states, d_o, dS, scale, C, rule, gate
+        ),
+    }
+
+
+def scaling_parts(x: dict, args: argparse.Namespace) -> list[dict]:
+    """Two threads over one for each part (``part_calls``) of the general DPLR rule and of the
+    kernels' delta rule, per gate, in turns, wall clock: where the two-thread line is lost."""
+    _timing.use_clock("wall")
+    rows = []
+    for rule in ("dplr", "delta"):
+        for gate in GATES:
+            made = dplr_args(x, gate, False) if rule == "dplr" else delta_args(x, gate)
+            row = {"rule": rule, "gate": gate}
+            for name, fn in part_calls(made, rule, gate, args.C).items():
+                one, two = medians_in_turns(
+                    [lambda fn=fn: (set_threads(1), fn()), lambda fn=fn: (set_threads(2), fn())],
+                    args.repeats,
+                )
+                row[name] = one / two
+            set_threads(1)
+            rows.append(row)
+            print(" | ".join(f"{v:.2f}" if isinstance(v, float) else v for v in row.values()))
+    _timing.use_clock(args.clock)
+    return rows
+
+
 def against_delta(x: dict, args: argparse.Namespace) -> list[dict]:
     """3. The DPLR rule on the delta rule's row over the kernels' delta rule, in turns."""
     rows = []
@@ -264,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fla-repeats", type=int, default=2)
     parser.add_argument("--clock", choices=sorted(_timing.CLOCKS), default="wall")
     parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument(
+        "--scaling-parts",
+        action="store_true",
+        help="only two threads over one for the forward, the forward keeping its states and the "
+        "backward apart, the dplr and delta rules (rule | gate | the three ratios)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
     if not _native.available():
@@ -272,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     _timing.use_clock(args.clock)
     set_threads(1)
     x = make_inputs(args.T, args.H, args.K, args.V)
+    if args.scaling_parts:
+        parts = scaling_parts(x, args)
+        if args.out:
+            args.out.write_text(json.dumps(parts, indent=2))
+        return 0
     roofs: list[float] = []
     rows = efficiency(x, args, roofs)
     roof = max(roofs)

@@ -117,6 +117,18 @@ struct BackwardTensors {
     if (kg > 0) write_rows(dg, b, h, t0, c, g.dg);
   }
 
+  // Ask the cache for chunk n of value head p's input rows, dO's, and its gradients' rows
+  // (layout.h; nothing past the first chunk or the last head).
+  void prefetch(int64_t n, int64_t p) const {
+    prefetch_inputs(sz, q, k, v, beta, g, n, p);
+    if (n < 0 || p >= sz.P) return;
+    const int64_t b = p / sz.HV, h = p % sz.HV, t0 = n * sz.C;
+    const int64_t c = std::min(sz.C, sz.T - t0);
+    prefetch_rows(d_o, b, h, t0 / sz.R, c / sz.R);
+    prefetch_rows(dq, b, h, t0 / sz.R, c / sz.R, true);
+    for (const at::Tensor* x : {&dk, &dv, &dbeta, &dg}) prefetch_rows(*x, b, h, t0, c, true);
+  }
+
   // One thread's blocks for the converted rows: five inputs, dO and five gradients.
   Staging staging() const { return linattn_native::staging(sz, rule.input_keys, 11, staged); }
 
@@ -524,7 +536,10 @@ void backward_split(const BackwardTensors& t) {
 void backward_fused(const BackwardTensors& t, int64_t lo, int64_t hi) {
   BackwardBlocks b(t);
   for (int64_t n = t.sz.N - 1; n >= 0; --n) {
-    for (int64_t p = lo; p < hi; ++p) query_step(t, n, p, t.dstate(p), b);
+    for (int64_t p = lo; p < hi; ++p) {
+      t.prefetch(p + 1 < hi ? n : n - 1, p + 1 < hi ? p + 1 : lo);  // the next chunk's rows
+      query_step(t, n, p, t.dstate(p), b);
+    }
   }
 }
 

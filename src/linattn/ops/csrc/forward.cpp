@@ -92,6 +92,15 @@ struct ForwardInputs {
 
   // One thread's blocks for the converted rows: the five inputs' and the outputs' (block 5).
   Staging staging() const { return linattn_native::staging(sz, rule.input_keys, 6, staged); }
+
+  // Ask the cache for chunk n of value head p's input rows and its output rows (layout.h).
+  void prefetch(int64_t n, int64_t p, const at::Tensor& o) const {
+    prefetch_inputs(sz, q, k, v, beta, g, n, p);
+    if (n < sz.N && p < sz.P) {
+      const int64_t t0 = n * sz.C;
+      prefetch_rows(o, p / sz.HV, p % sz.HV, t0 / sz.R, std::min(sz.C, sz.T - t0) / sz.R, true);
+    }
+  }
 };
 
 // One thread's blocks for the terms of one chunk (terms.h): products.h's scratch and the gates'.
@@ -191,6 +200,7 @@ void forward_fused(const ForwardInputs& in, float scale, int64_t lo, int64_t hi,
   const Terms t = blocks.local();
   for (int64_t n = 0; n < in.sz.N; ++n) {
     for (int64_t p = lo; p < hi; ++p) {
+      in.prefetch(p + 1 < hi ? n : n + 1, p + 1 < hi ? p + 1 : lo, o);  // the next chunk's rows
       float* S = Sp + p * KV;
       if (statep) std::memcpy(statep + (n * P + p) * KV, S, sizeof(float) * KV);
       const ChunkRows x = blocks.rows(in, n, p);

@@ -26,12 +26,6 @@ float gate_spread(const Gates& G, int64_t K, int i0, int n) {
   return spread;
 }
 
-// Whether the c rows of a chunk are one block factored about their last row (``end_factored``):
-// the end decays exp(G_c - G) are given and the gates' spread fits the budget.
-bool end_factored(const Gates& G, int64_t kg, int c, const float* end) {
-  return end && gate_spread(G, kg, 0, c) <= kFactorBudget;
-}
-
 // The one halving recursion of the per-channel products (``_blockmath.direct_block_size``): the
 // diagonal block [i0, i0 + n) is one factored block when the gates' spread over it fits the
 // budget; otherwise its lower-left quarter is one, factored exactly about the last row of its
@@ -181,16 +175,23 @@ void product_block_backward(Rows x, Rows y, const Gates& G, int64_t K, const Blo
 }
 
 // Block b's factored rows of a second right factor, Y2f = y2 exp(G_r - G_j) (rows j0..), into
-// w.dYf: the same numbers as ``factor_block``'s Yf of y2.
-void second_y_factor(Rows y2, const Gates& G, int64_t K, const Block& b, Scratch& w) {
+// w.dYf: the same numbers as ``factor_block``'s Yf of y2 (with ``end``, y2 end_j, as there).
+void second_y_factor(Rows y2, const Gates& G, int64_t K, const Block& b, Scratch& w,
+                     const float* end) {
   const int64_t ref = static_cast<int64_t>(b.r) * K;
   const float *Gr = G.hi + ref, *Lr = G.lo + ref;
   for (int j = 0; j < b.m; ++j) {
     const int64_t row = b.j0 + j;
     const float *Gj = G.hi + row * K, *Lj = G.lo + row * K, *yj = y2.p + row * y2.ld;
     float* fy = w.dYf.data() + static_cast<int64_t>(j) * K;
+    if (end) {
+      const float* down = end + row * K;
 #pragma omp simd
-    for (int c = 0; c < K; ++c) fy[c] = yj[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
+      for (int c = 0; c < K; ++c) fy[c] = yj[c] * down[c];
+    } else {
+#pragma omp simd
+      for (int c = 0; c < K; ++c) fy[c] = yj[c] * decay(Gr[c], Lr[c], Gj[c], Lj[c]);
+    }
   }
 }
 
@@ -199,9 +200,9 @@ void second_y_factor(Rows y2, const Gates& G, int64_t K, const Block& b, Scratch
 // X2f Y2f^T] (each second half c columns on).
 void quad_block(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gates& G, int64_t K,
                 const Block& b, int c, float alpha1, float alpha2, float* A1, float* A2,
-                int64_t lda, Scratch& w) {
-  factor_block<true, false>(x1, x2, y1, G, K, b, w);
-  second_y_factor(y2, G, K, b, w);
+                int64_t lda, Scratch& w, const float* end) {
+  factor_block<true, false>(x1, x2, y1, G, K, b, w, end);
+  second_y_factor(y2, G, K, b, w, end);
   const float *X1f = w.Xf.data(), *X2f = w.dXf.data(), *Yf = w.Yf.data(), *Y2f = w.dYf.data();
   const int64_t at = b.i0 * lda + b.j0;
   gemm(false, true, b.n, b.m, K, alpha1, X1f, K, Yf, K, 0.0f, A1 + at, lda);
@@ -257,6 +258,10 @@ void end_decay_rows(const float* end, int c, float* A1, float* A2, int64_t lda) 
 
 }  // namespace
 
+bool end_factored(const Gates& G, int64_t kg, int c, const float* end) {
+  return end && gate_spread(G, kg, 0, c) <= kFactorBudget;
+}
+
 void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int c, int64_t K,
                       float alpha1, float* A1, float* A2, int64_t lda, Scratch& w,
                       const float* end) {
@@ -289,9 +294,9 @@ void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int 
 
 void decayed_products_2x2(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gates& G, int c,
                           int64_t K, float alpha1, float alpha2, float* A1, float* A2,
-                          int64_t lda, Scratch& w) {
-  factored_blocks(G, K, 0, c, [&](const Block& b) {
-    quad_block(x1, x2, n2, y1, y2, G, K, b, c, alpha1, alpha2, A1, A2, lda, w);
+                          int64_t lda, Scratch& w, const float* end) {
+  product_blocks(G, K, c, end, [&](const Block& b, const float* e) {
+    quad_block(x1, x2, n2, y1, y2, G, K, b, c, alpha1, alpha2, A1, A2, lda, w, e);
   });
   for (int i = 0; i < c; ++i) {  // the causal masks, j <= i in each half
     for (float* row : {A1 + i * lda, i < n2 ? A2 + i * lda : nullptr}) {
@@ -310,20 +315,24 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
   });
 }
 
+void token_decay_row(const Gates& G, int i, int c, const float* quotients, float* row) {
+  if (quotients) {  // end_j / end_i, the diagonal 1 exactly (``end_decay_rows``)
+    const float down = quotients[i];
+#pragma omp simd
+    for (int j = 0; j < i; ++j) row[j] = quotients[j] / down;
+    row[i] = 1.0f;
+    return;
+  }
+  const float G_i = G.hi[i], L_i = G.lo[i];
+#pragma omp simd
+  for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
+}
+
 void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* end) {
-  const bool quotients = end_factored(G, 1, c, end);
+  const float* quotients = end_factored(G, 1, c, end) ? end : nullptr;
   for (int i = 0; i < c; ++i) {
     float* row = Gam + static_cast<int64_t>(i) * ldg;
-    if (quotients) {  // end_j / end_i, the diagonal 1 exactly (``end_decay_rows``)
-      const float down = end[i];
-#pragma omp simd
-      for (int j = 0; j < i; ++j) row[j] = end[j] / down;
-      row[i] = 1.0f;
-    } else {
-      const float G_i = G.hi[i], L_i = G.lo[i];
-#pragma omp simd
-      for (int j = 0; j < c; ++j) row[j] = decay(G_i, L_i, G.hi[j], G.lo[j]);
-    }
+    token_decay_row(G, i, c, quotients, row);
     for (int j = i + 1; j < c; ++j) row[j] = 0.0f;
   }
 }

@@ -52,10 +52,11 @@ void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int 
 // Four per-channel decayed products (kg = K) of c rows sharing their factors' decays (the dplr
 // rule's A_q and, one row down, M_b): A1 = alpha1 [decayed(x1 y1^T) | decayed(x1 y2^T)] and
 // A2 = alpha2 [decayed(x2 y1^T) | decayed(x2 y2^T)] on its first n2 rows (x2 read on all c),
-// each c-column half masked j <= i, the second half c columns on (row stride lda).
+// each c-column half masked j <= i, the second half c columns on (row stride lda). ``end`` as
+// for ``decayed_products``: with it, the factors are quotients of the end decays where they fit.
 void decayed_products_2x2(Rows x1, Rows x2, int n2, Rows y1, Rows y2, const Gates& G, int c,
                           int64_t K, float alpha1, float alpha2, float* A1, float* A2,
-                          int64_t lda, Scratch& w);
+                          int64_t lda, Scratch& w, const float* end = nullptr);
 
 // The gradient of a per-channel decayed product of c rows (kg = K), for dA masked as the product
 // was (the same blocks, the same halving; ``end`` as for ``decayed_products``): adds to dX and
@@ -64,9 +65,19 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
                               const float* dA, int64_t lda, float* dX, float* dY, Scratch& w,
                               const float* end = nullptr);
 
+// Whether the c rows of a chunk are one block factored about their last row: the end decays
+// exp(G_c - G) [c, kg] are given (``end``, not nullptr) and the gates' spread over the c rows
+// fits the budget, so that every decay inside the chunk is a quotient of two of them.
+bool end_factored(const Gates& G, int64_t kg, int c, const float* end);
+
 // Gamma[i, j] = exp(G_i - G_j) for j <= i, zero above, c rows of row stride ldg (one gate per
 // token: the decays ``decayed_products`` multiplies A by; from ``end`` as there, when given).
 void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* end = nullptr);
+
+// Row i of ``token_decays``' Gamma, its entries j <= i (the others unspecified): the quotients
+// end_j / end_i (1 on the diagonal) from ``quotients``, the end decays where ``end_factored``
+// holds, else (nullptr) exp(G_i - G_j) from G's pairs.
+void token_decay_row(const Gates& G, int i, int c, const float* quotients, float* row);
 
 // The gates' share of a one-gate-per-token decayed product's gradient (adds to dG [c]).
 void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG);

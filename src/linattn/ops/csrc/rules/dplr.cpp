@@ -45,6 +45,8 @@ void stacked_factors(const ChunkRows& x, int64_t K, Scratch& w) {
 // No gate or one per token: A_q = scale decayed(q Y^T) and M_b = -decayed(b_next Y^T) one row
 // down, each one product of the stacked Y (``stacked_factors``), then row i of A_q and row i + 1
 // of M_b times the same decays exp(G_i - G_j) and masked alike (j <= i in each c-column block).
+// The decays are the rows of Gamma (``token_decay_row``): quotients of the end decays where the
+// chunk is one factored block (as the delta rule's products), no exponential formed again.
 void stacked_products(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t,
                       int64_t lda, Scratch& w) {
   const int c = x.c;
@@ -56,13 +58,10 @@ void stacked_products(const ChunkRows& x, int64_t kg, int64_t K, float scale, co
          t.Akk + lda, lda);
   }
   float* e = w.Ex.data();  // row i's decays
+  const float* quotients = kg == 1 && end_factored(t.G, 1, c, t.eEnd) ? t.eEnd : nullptr;
   for (int i = 0; i < c; ++i) {
     float *rows[2] = {t.A + i * lda, i + 1 < c ? t.Akk + (i + 1) * lda : nullptr};
-    if (kg == 1) {
-      const float Gi = t.G.hi[i], Li = t.G.lo[i];
-#pragma omp simd
-      for (int j = 0; j < c; ++j) e[j] = decay(Gi, Li, t.G.hi[j], t.G.lo[j]);
-    }
+    if (kg == 1) token_decay_row(t.G, i, c, quotients, e);
     for (float* row : rows) {
       for (int block = 0; row && block < 2; ++block) {
         float* r = row + block * c;
@@ -95,7 +94,7 @@ void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms&
   std::fill(b_next + (c - 1) * K, b_next + c * K, 0.0f);
   std::fill(t.Akk, t.Akk + 2 * c, 0.0f);  // M_b's row 0
   decayed_products_2x2({x.q, x.ldq}, {b_next, K}, c - 1, {x.k, x.ldk}, a_rows(x), t.G, c, K,
-                       scale, -1.0f, t.A, t.Akk + lda, lda, w);
+                       scale, -1.0f, t.A, t.Akk + lda, lda, w, t.eEnd);
 }
 
 // The stacked write rows Ke = [k; a] exp(G_c - G) [2 c, K] into t.Ke, r.Kend pointed at them.
@@ -174,7 +173,8 @@ struct Factor {
 // The gradient of M = alpha decayed(x y^T) of n rows (j <= i; M and dM [n, n], row stride ld,
 // dM masked alike and used up) into x.d, y.d and the gates' share into dG [n, kg] (row i of x
 // and y at G_i), as the loop's A_qk (backward.cpp, step 6): the diagonal (no decay) kept out of
-// the per-channel gates' share.
+// the per-channel gates' share; per channel, the factors from the end decays where the chunk
+// fits (as ``scores`` formed them).
 void product_backward(Factor x, Factor y, int n, float alpha, const float* M, float* dM,
                       int64_t ld, const Dims& d, const Recomputed& rc, float* dG,
                       const TermGrads& tg, Scratch& w) {
@@ -197,7 +197,9 @@ void product_backward(Factor x, Factor y, int n, float alpha, const float* M, fl
   }
   std::fill(tg.dX, tg.dX + n * K, 0.0f);
   std::fill(tg.dY, tg.dY + n * K, 0.0f);
-  channel_product_backward(x.in, y.in, rc.t.G, K, n, alpha, dM, ld, tg.dX, tg.dY, w);
+  // the end decays are the whole chunk's (about its last row): fit over all its c rows
+  const float* end = end_factored(rc.t.G, K, d.c, rc.t.eEnd) ? rc.t.eEnd : nullptr;
+  channel_product_backward(x.in, y.in, rc.t.G, K, n, alpha, dM, ld, tg.dX, tg.dY, w, end);
   for (int i = 0; i < n; ++i) {
     const float *xi = x.in.p + i * x.in.ld, *yi = y.in.p + i * y.in.ld;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K, dd = diag[i];
@@ -302,6 +304,61 @@ void stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   }
 }
 
+// M_b's gradient per channel where the chunk is one factored block (``end_factored``; false,
+// nothing done, otherwise): as ``stacked_backward``, the two halves of dM side by side in one
+// product each, on the factors Xf = b_next / end (n = c - 1 rows, b_{i+1} about G_i) and Yf =
+// [k; a] end (2 c rows, in w.Y): dXf = -dM Yf, dYf = -dM^T Xf (in w.dY), back through the end
+// decays. The diagonals (no decay) go to the factors alone, out of the gates' share, as
+// ``product_backward``'s.
+bool channel_stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
+                              const Recomputed& rc, const TermGrads& tg, Scratch& w) {
+  const int c = d.c, n = c - 1, Ki = static_cast<int>(d.K);
+  const int64_t K = d.K, lda = d.lda();
+  const float* end = rc.t.eEnd;
+  if (!end_factored(rc.t.G, K, c, end)) return false;
+  float *dM = tg.dA + lda, *Xf = w.Xf.data(), *Yf = w.Y.data();  // dM: rows 1.. of dM_b
+  float *dXf = w.dXf.data(), *dYf = w.dY.data();
+  for (int i = 0; i < c; ++i) {
+    const float *ki = x.k + i * x.ldk, *ai = x.beta + i * x.sb, *e = end + i * K;
+    float *yk = Yf + i * K, *ya = Yf + (c + i) * K;
+#pragma omp simd
+    for (int ch = 0; ch < Ki; ++ch) {
+      yk[ch] = ki[ch] * e[ch];
+      ya[ch] = ai[ch] * e[ch];
+    }
+    if (i == n) break;
+    const float* bi = x.beta + (i + 1) * x.sb + K;
+    float *xi = Xf + i * K, *dbi = g.dB + (i + 1) * g.sdb + K;
+    float *dki = g.dK + i * g.lddk, *dai = g.dB + i * g.sdb, *dk = dM + i * lda + i;
+    const float dd_k = -dk[0], dd_a = -dk[c];  // the diagonals: b_{i+1} . k_i, b_{i+1} . a_i
+    dk[0] = dk[c] = 0.0f;
+#pragma omp simd
+    for (int ch = 0; ch < Ki; ++ch) {
+      xi[ch] = bi[ch] / e[ch];
+      dbi[ch] += dd_k * ki[ch] + dd_a * ai[ch];
+      dki[ch] += dd_k * bi[ch];
+      dai[ch] += dd_a * bi[ch];
+    }
+  }
+  gemm(false, false, n, Ki, 2 * c, -1.0f, dM, lda, Yf, K, 0.0f, dXf, K);
+  gemm(true, false, 2 * c, Ki, n, -1.0f, dM, lda, Xf, K, 0.0f, dYf, K);
+  for (int i = 0; i < n; ++i) {
+    const float *bi = x.beta + (i + 1) * x.sb + K, *ki = x.k + i * x.ldk, *ai = x.beta + i * x.sb;
+    const float *e = end + i * K, *dx = dXf + i * K, *dyk = dYf + i * K, *dya = dYf + (c + i) * K;
+    float *dbi = g.dB + (i + 1) * g.sdb + K, *dki = g.dK + i * g.lddk, *dai = g.dB + i * g.sdb;
+    float* dGi = tg.dG + i * K;
+#pragma omp simd
+    for (int ch = 0; ch < Ki; ++ch) {
+      const float gx = dx[ch] / e[ch], gk = dyk[ch] * e[ch], ga = dya[ch] * e[ch];
+      dbi[ch] += gx;
+      dki[ch] += gk;
+      dai[ch] += ga;
+      dGi[ch] += bi[ch] * gx - ki[ch] * gk - ai[ch] * ga;
+    }
+  }
+  return true;
+}
+
 // The solve's backward: R = T^T dU_b (in place), dv = dU_v + A_bk^T R, the read's gradient,
 // dA_bk = mask(R V^T) and dL = -mask(R U_b^T) (strict), each product's factors' gradients.
 void solve_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Recomputed& rc,
@@ -323,6 +380,7 @@ void solve_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, cons
     stacked_backward(x, g, d, rc, tg, w);
     return;
   }
+  if (channel_stacked_backward(x, g, d, rc, tg, w)) return;
   const Factor b_next{{x.beta + x.sb + K, x.sb}, g.dB + g.sdb + K, g.sdb};
   const Factor k{{x.k, x.ldk}, g.dK, g.lddk}, a{a_rows(x), g.dB, g.sdb};
   const float* M = rc.t.Akk + lda;
