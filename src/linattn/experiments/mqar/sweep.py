@@ -146,9 +146,9 @@ nine at T=64. A cell that solves stops early and skips its other lrs; one that d
 3 lrs x 500 steps. With about half the cells solving in 300-500 steps at their first lr, 2 fillers
 x 3 seeds come to about 4,000 s of CPU, 25-35 minutes on 2 quiet cores (measured, 2026-12-03,
 nothing else running: 3,488 s of CPU, 30.4 minutes wall; the hybrid 29% of the CPU, Mamba-2 13%,
-the Taylor map 11%; with the short convolution fused in C++ since, 2,815 s of CPU, 23.5 minutes of
-2 free cores); at T=128 the same grid would need about 1,000 steps a run (DeltaNet's,
-below) at 2.2x the cost per step: over 3 hours.
+the Taylor map 11%; with the short convolution fused in C++ since, 25.1 minutes wall and 2,934 s
+of CPU, the same machine quiet); at T=128 the same grid would need about 1,000 steps a run
+(DeltaNet's, below) at 2.2x the cost per step: over 3 hours.
 The gates' initialisation (issue 36, item 3). Gated DeltaNet, which contains DeltaNet, failed
 where DeltaNet solved (blank fillers, seeds 0 and 2: 0.107 and 0.051 after every lr, DeltaNet
 0.993 at both). The cause is the decays' initial step sizes with two heads: Mamba-2's and fla's
@@ -335,7 +335,7 @@ PRESETS: dict[str, Preset] = {
             "T=64, 8 key-value pairs, V=128, blank and random fillers, width 64, seeds 0 1 2, "
             "lrs 4.5e-3 1e-2 2e-3 (the best per seed), 500 steps of 32 for every mechanism, "
             "a run stops at 0.99, decays initialised with dt in [1e-4, 1e-2]; 2 worker processes: "
-            "about 25 minutes of 2 quiet CPU cores (2,815 s of CPU measured)"
+            "about 25 minutes of 2 quiet CPU cores (25.1 measured)"
         ),
         # the ratios of the earlier T=128 preset (pairs / T = 1/8, V = 2T) at half the length;
         # the cost per step is 0.4x of T=128's (sizing in the module docstring)
