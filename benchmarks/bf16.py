@@ -20,11 +20,11 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from linattn.experiments import _timing
+from linattn.experiments._args import kernel_timing_arguments
 from linattn.ops import delta_rule, linear_attention
 
 MECHANISMS = ("linear", "gla", "delta", "gated_deltanet", "kda")
@@ -125,16 +125,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--T", type=int, default=16_384)
-    parser.add_argument("--H", type=int, default=8)
-    parser.add_argument("--K", type=int, default=64, help="K = V")
-    parser.add_argument("--C", type=int, default=64, help="chunk size")
+    kernel_timing_arguments(parser, repeats=5)
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS))
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
-    parser.add_argument("--out", type=Path, help="write the result as JSON")
     args = parser.parse_args(argv)
     result = run(args)
     if args.out is not None:

@@ -21,11 +21,11 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from linattn.experiments import _timing
+from linattn.experiments._args import kernel_timing_arguments
 from linattn.experiments._timing import medians_in_turns
 from linattn.ops import linear_attention, rwkv6
 
@@ -126,15 +126,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--T", type=int, default=16_384)
-    parser.add_argument("--H", type=int, default=8)
-    parser.add_argument("--K", type=int, default=64, help="K = V")
-    parser.add_argument("--C", type=int, default=64, help="chunk size")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    kernel_timing_arguments(parser, repeats=7)
     parser.add_argument("--parts", action="store_true", help="time the pieces instead")
-    parser.add_argument("--out", type=Path, help="write the result as JSON")
     args = parser.parse_args(argv)
     result = run(args)
     if args.out is not None:

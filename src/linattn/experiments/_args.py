@@ -165,3 +165,17 @@ def input_file(option: str, path: str | Path, limit: int = MAX_INPUT_BYTES) -> P
             f"{human_bytes(limit)} an input file may be"
         )
     return path
+
+
+def kernel_timing_arguments(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """The options of the benchmarks that time one kernel shape against another in one process
+    (benchmarks/bf16.py, rwkv6.py): --T, --H, --K (= V), --C (the chunk size), --threads,
+    --repeats (``repeats`` by default), --clock (wall or this process's CPU time), --out."""
+    parser.add_argument("--T", type=int, default=16_384)
+    parser.add_argument("--H", type=int, default=8)
+    parser.add_argument("--K", type=int, default=64, help="K = V")
+    parser.add_argument("--C", type=int, default=64, help="chunk size")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--out", type=Path, help="write the result as JSON")
