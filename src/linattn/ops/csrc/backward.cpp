@@ -220,7 +220,7 @@ Recomputed recompute(const ChunkRows& x, const Dims& d, const Rule& rule, const 
 void value_gradient(int c, int64_t K, int64_t V, const float* Aq, int64_t lda, const float* dO,
                     int64_t lddo, const float* Ke, int64_t ldke, const float* dS, float* dU,
                     int64_t lddu) {
-  gemm(true, false, c, V, c, 1.0f, Aq, lda, dO, lddo, 0.0f, dU, lddu);
+  lower_transposed_times(c, c, V, 1.0f, Aq, lda, dO, lddo, 0.0f, dU, lddu);
   gemm(false, false, c, V, K, 1.0f, Ke, ldke, dS, V, 1.0f, dU, lddu);
 }
 
@@ -251,7 +251,7 @@ void output_gradients(const ChunkGrads& g, const Dims& d, const Recomputed& rc, 
     value_gradient(c, K, V, rc.t.A + at, lda, g.dO, g.lddo, rc.r.Kend + at * rc.r.ldke,
                    rc.r.ldke, dSn, tg.dU + at * tg.lddu, tg.lddu);
   }
-  gemm(false, true, c, n, Vi, 1.0f, g.dO, g.lddo, rc.U, rc.ldu, 0.0f, tg.dA, lda);
+  lower_products(c, c, n / c, Vi, 1.0f, g.dO, g.lddo, rc.U, rc.ldu, tg.dA, lda);  // masked below
   if (d.gated()) {
     gemm(false, true, c, Ki, Vi, 1.0f, g.dO, g.lddo, S, V, 0.0f, tg.dQd, K);
     gemm(false, true, n, Ki, Vi, 1.0f, rc.U, rc.ldu, dSn, V, 0.0f, tg.dKe, K);
@@ -342,8 +342,8 @@ void qk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
     product_gate_gradient(tg.dA, rc.t.A, lda, c, tg.dG);
     times_decays(c, tg.dA, lda, rc.Gam, C);
   }
-  gemm(false, false, c, Ki, c, d.scale, tg.dA, lda, x.k, x.ldk, 1.0f, g.dQ, g.lddq);
-  gemm(true, false, c, Ki, c, d.scale, tg.dA, lda, x.q, x.ldq, 1.0f, g.dK, g.lddk);
+  lower_times(c, c, 1, Ki, d.scale, tg.dA, lda, x.k, x.ldk, 1.0f, g.dQ, g.lddq);
+  lower_transposed_times(c, c, Ki, d.scale, tg.dA, lda, x.q, x.ldq, 1.0f, g.dK, g.lddk);
 }
 
 // 6, one gate per channel: the blocked backward of the factored product (products.h). The

@@ -54,6 +54,48 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   sgemm_(&opb, &opa, &ni, &mi, &ki, &alpha, B, &lb, A, &la, &beta, C, &lc);
 }
 
+namespace {
+
+// The rows [0, h) of a lower-blocked product that need only the columns [0, h) of each block: h
+// = c / 2 rounded down to whole 16-float cache lines (the blocks' columns and rows stay 64-byte
+// aligned where c's are), 0 below 32 (one product then).
+int64_t lower_split(int64_t m, int64_t c) {
+  const int64_t h = c / 32 * 16;
+  return std::min(h, m);
+}
+
+}  // namespace
+
+void lower_products(int64_t m, int64_t c, int64_t blocks, int64_t k, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+  const int64_t h = lower_split(m, c);
+  for (int64_t b = 0; b < blocks && h > 0; ++b) {
+    gemm(false, true, h, h, k, alpha, A, lda, B + b * c * ldb, ldb, 0.0f, C + b * c, ldc);
+  }
+  gemm(false, true, m - h, blocks * c, k, alpha, A + h * lda, lda, B, ldb, 0.0f, C + h * ldc,
+       ldc);
+}
+
+void lower_times(int64_t m, int64_t c, int64_t blocks, int64_t n, float alpha, const float* L,
+                 int64_t ldl, const float* U, int64_t ldu, float beta, float* C, int64_t ldc) {
+  const int64_t h = lower_split(m, c);
+  for (int64_t b = 0; b < blocks && h > 0; ++b) {
+    gemm(false, false, h, n, h, alpha, L + b * c, ldl, U + b * c * ldu, ldu, b == 0 ? beta : 1.0f,
+         C, ldc);
+  }
+  gemm(false, false, m - h, n, blocks * c, alpha, L + h * ldl, ldl, U, ldu, beta, C + h * ldc,
+       ldc);
+}
+
+void lower_transposed_times(int64_t m, int64_t r, int64_t n, float alpha, const float* L,
+                            int64_t ldl, const float* U, int64_t ldu, float beta, float* C,
+                            int64_t ldc) {
+  const int64_t h = std::min(lower_split(m, m), r);
+  gemm(true, false, h, n, r, alpha, L, ldl, U, ldu, beta, C, ldc);
+  gemm(true, false, m - h, n, r - h, alpha, L + h * ldl + h, ldl, U + h * ldu, ldu, beta,
+       C + h * ldc, ldc);
+}
+
 SequentialBlas::SequentialBlas()
     : saved(MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(1) : 0) {}
 

@@ -15,6 +15,28 @@ namespace linattn_native {
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// Products whose left factor or result is lower triangular in each c-column block (column j of a
+// block read only at rows i >= j), as a chunk's scores: the rows above the split (``lower_split``,
+// half of c) skip the block columns right of it, a quarter of each block's work.
+//
+// C[m, blocks c] = alpha A B^T (A [m, k], B [blocks c, k]): each block's columns j <= i at row i
+// are written (rows >= the split: all), the others above the split are left as they were: the
+// caller masks them.
+void lower_products(int64_t m, int64_t c, int64_t blocks, int64_t k, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc);
+
+// C[m, n] = alpha L U + beta C with L [m, blocks c] zero right of each block's diagonal (L[i, b c
+// + j] = 0 for j > i) and U [blocks c, n]: the zero columns are not read.
+void lower_times(int64_t m, int64_t c, int64_t blocks, int64_t n, float alpha, const float* L,
+                 int64_t ldl, const float* U, int64_t ldu, float beta, float* C, int64_t ldc);
+
+// C[m, n] = alpha L^T U + beta C with L [r, m] lower (L[j, i] = 0 for i > j, as a chunk's scores
+// or their gradient, r = m or one row less) and U [r, n]: C's rows from the split on read only
+// L's and U's rows from the split on.
+void lower_transposed_times(int64_t m, int64_t r, int64_t n, float alpha, const float* L,
+                            int64_t ldl, const float* U, int64_t ldu, float beta, float* C,
+                            int64_t ldc);
+
 // One BLAS thread on this thread while alive (MKL's thread-local setting; a no-op with another
 // BLAS): the kernels call the BLAS from their own threads (at::parallel_for), and a BLAS that ran
 // threads of its own under them would oversubscribe the cores.

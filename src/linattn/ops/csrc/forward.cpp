@@ -38,7 +38,11 @@ void chunk_outputs(int c, int64_t R, int64_t n, int64_t K, int64_t V, const Gate
                    float* O, int64_t ldo) {
   const QueryRows qr = query_rows(c, R, r.ldqr), ar = query_rows(c, R, lda);
   gemm(false, false, qr.rows, V, K, r.q_alpha, r.Qread + qr.first, qr.step, S, V, 0.0f, O, ldo);
-  gemm(false, false, ar.rows, V, n, 1.0f, A + ar.first, ar.step, U, ldu, 1.0f, O, ldo);
+  if (R == 1) {  // A_q lower in each c-column block (its causal mask): those columns alone
+    lower_times(c, c, n / c, V, 1.0f, A, lda, U, ldu, 1.0f, O, ldo);
+  } else {
+    gemm(false, false, ar.rows, V, n, 1.0f, A + ar.first, ar.step, U, ldu, 1.0f, O, ldo);
+  }
 }
 
 // Step D and the state pass: the state leaving the chunk, S <- D * S + Ke^T U over the n write

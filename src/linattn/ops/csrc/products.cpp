@@ -266,8 +266,9 @@ void decayed_products(Rows x1, Rows x2, Rows y, const Gates& G, int64_t kg, int 
                       float alpha1, float* A1, float* A2, int64_t lda, Scratch& w,
                       const float* end) {
   if (kg <= 1) {
-    gemm(false, true, c, c, K, alpha1, x1.p, x1.ld, y.p, y.ld, 0.0f, A1, lda);
-    if (A2) gemm(false, true, c, c, K, 1.0f, x2.p, x2.ld, y.p, y.ld, 0.0f, A2, lda);
+    // the masks below clear what the rows above the split leave unwritten (``lower_products``)
+    lower_products(c, c, 1, K, alpha1, x1.p, x1.ld, y.p, y.ld, A1, lda);
+    if (A2) lower_products(c, c, 1, K, 1.0f, x2.p, x2.ld, y.p, y.ld, A2, lda);
     if (kg == 1 && end_factored(G, 1, c, end)) {
       end_decay_rows(end, c, A1, A2, lda);
     } else if (kg == 1) {

@@ -34,11 +34,15 @@ namespace {
 // The rows of a in the rule's inputs [a | b] (b: K columns on).
 Rows a_rows(const ChunkRows& x) { return {x.beta, x.sb}; }
 
-// Y = [k; a] [2 c, K] into w.Y: the products' right factors, stacked.
-void stacked_factors(const ChunkRows& x, int64_t K, Scratch& w) {
+// Where the stacked factors Y = [k; a] [2 c, K] are: with no gate they are the write rows Ke
+// themselves (t.Ke, which ``stacked_keys`` then leaves as they are), else w.Y.
+float* stacked_at(int64_t kg, const Terms& t, Scratch& w) { return kg == 0 ? t.Ke : w.Y.data(); }
+
+// Y = [k; a] [2 c, K] into Y: the products' right factors, stacked.
+void stacked_factors(const ChunkRows& x, int64_t K, float* Y) {
   for (int i = 0; i < x.c; ++i) {
-    std::memcpy(w.Y.data() + i * K, x.k + i * x.ldk, sizeof(float) * K);
-    std::memcpy(w.Y.data() + (x.c + i) * K, x.beta + i * x.sb, sizeof(float) * K);
+    std::memcpy(Y + i * K, x.k + i * x.ldk, sizeof(float) * K);
+    std::memcpy(Y + (x.c + i) * K, x.beta + i * x.sb, sizeof(float) * K);
   }
 }
 
@@ -50,13 +54,11 @@ void stacked_factors(const ChunkRows& x, int64_t K, Scratch& w) {
 void stacked_products(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms& t,
                       int64_t lda, Scratch& w) {
   const int c = x.c;
-  stacked_factors(x, K, w);
-  gemm(false, true, c, 2 * c, K, scale, x.q, x.ldq, w.Y.data(), K, 0.0f, t.A, lda);
+  float* Y = stacked_at(kg, t, w);
+  stacked_factors(x, K, Y);
+  lower_products(c, c, 2, K, scale, x.q, x.ldq, Y, K, t.A, lda);
   std::fill(t.Akk, t.Akk + 2 * c, 0.0f);
-  if (c >= 2) {
-    gemm(false, true, c - 1, 2 * c, K, -1.0f, x.beta + x.sb + K, x.sb, w.Y.data(), K, 0.0f,
-         t.Akk + lda, lda);
-  }
+  lower_products(c - 1, c, 2, K, -1.0f, x.beta + x.sb + K, x.sb, Y, K, t.Akk + lda, lda);
   float* e = w.Ex.data();  // row i's decays
   const float* quotients = kg == 1 && end_factored(t.G, 1, c, t.eEnd) ? t.eEnd : nullptr;
   for (int i = 0; i < c; ++i) {
@@ -97,16 +99,14 @@ void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms&
                        scale, -1.0f, t.A, t.Akk + lda, lda, w, t.eEnd);
 }
 
-// The stacked write rows Ke = [k; a] exp(G_c - G) [2 c, K] into t.Ke, r.Kend pointed at them.
+// The stacked write rows Ke = [k; a] exp(G_c - G) [2 c, K] into t.Ke, r.Kend pointed at them
+// (with no gate, ``scores`` put them there as the factors Y).
 void stacked_keys(const ChunkRows& x, GatedRows& r, int64_t kg, int64_t K, const Terms& t) {
   const int c = x.c, Ki = static_cast<int>(K);
-  for (int i = 0; i < c; ++i) {
-    const float *ki = x.k + i * x.ldk, *ai = x.beta + i * x.sb;
-    float *kr = t.Ke + i * K, *ar = t.Ke + (c + i) * K;
-    if (kg == 0) {
-      std::memcpy(kr, ki, sizeof(float) * K);
-      std::memcpy(ar, ai, sizeof(float) * K);
-    } else if (kg == 1) {
+  for (int i = 0; i < c && kg > 0; ++i) {
+    const float* ai = x.beta + i * x.sb;
+    float* ar = t.Ke + (c + i) * K;
+    if (kg == 1) {
       const float e = t.eEnd[i];
 #pragma omp simd
       for (int ch = 0; ch < Ki; ++ch) ar[ch] = e * ai[ch];
@@ -149,7 +149,7 @@ void solve_terms(const ChunkRows& x, GatedRows& r, int64_t kg, int64_t K, int64_
       for (int ch = 0; ch < Ki; ++ch) wi[ch] = -bi[ch] * e[ch];
     }
   }
-  gemm(false, false, c, V, c, -1.0f, t.Akk, 2 * C, x.v, x.ldv, 0.0f, X + K, ldx);  // A_bk V
+  lower_times(c, c, 1, V, -1.0f, t.Akk, 2 * C, x.v, x.ldv, 0.0f, X + K, ldx);  // A_bk V
   unit_lower_solve(c, K + V, t.Akk + c, 2 * C, X, ldx);
 }
 
@@ -186,8 +186,8 @@ void product_backward(Factor x, Factor y, int n, float alpha, const float* M, fl
       product_gate_gradient(dM, M, ld, n, dG);
       times_decays(n, dM, ld, rc.Gam, d.C);
     }
-    gemm(false, false, n, Ki, n, alpha, dM, ld, y.in.p, y.in.ld, 1.0f, x.d, x.ld);
-    gemm(true, false, n, Ki, n, alpha, dM, ld, x.in.p, x.in.ld, 1.0f, y.d, y.ld);
+    lower_times(n, n, 1, Ki, alpha, dM, ld, y.in.p, y.in.ld, 1.0f, x.d, x.ld);
+    lower_transposed_times(n, n, Ki, alpha, dM, ld, x.in.p, x.in.ld, 1.0f, y.d, y.ld);
     return;
   }
   float* diag = tg.dG_diag;
@@ -291,8 +291,12 @@ void stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
     times_decays(n, dM + block * c, lda, rc.Gam, d.C);
   }
   const float* b_next = x.beta + x.sb + K;
-  gemm(false, false, n, Ki, 2 * c, -1.0f, dM, lda, w.Y.data(), K, 1.0f, g.dB + g.sdb + K, g.sdb);
-  gemm(true, false, 2 * c, Ki, n, -1.0f, dM, lda, b_next, x.sb, 0.0f, w.dY.data(), K);
+  const float* Y = stacked_at(d.kg, rc.t, w);  // [k; a], as ``scores`` left them
+  lower_times(n, c, 2, Ki, -1.0f, dM, lda, Y, K, 1.0f, g.dB + g.sdb + K, g.sdb);
+  for (int block = 0; block < 2; ++block) {  // dY's rows [k; a] = -(dM's block)^T b_next
+    lower_transposed_times(c, n, Ki, -1.0f, dM + block * c, lda, b_next, x.sb, 0.0f,
+                           w.dY.data() + block * c * K, K);
+  }
   for (int i = 0; i < c; ++i) {
     const float *dk_y = w.dY.data() + i * K, *da_y = w.dY.data() + (c + i) * K;
     float *dk_i = g.dK + i * g.lddk, *da_i = g.dB + i * g.sdb;
@@ -370,10 +374,10 @@ void solve_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, cons
   for (int i = 0; i < c; ++i) {
     std::memcpy(g.dV + i * g.lddv, tg.dU + i * tg.lddu, sizeof(float) * V);
   }
-  gemm(true, false, c, V, c, -1.0f, rc.t.Akk, lda, R, tg.lddu, 1.0f, g.dV, g.lddv);
+  lower_transposed_times(c, c, V, -1.0f, rc.t.Akk, lda, R, tg.lddu, 1.0f, g.dV, g.lddv);
   read_gradient(x, g, d, rc, R, tg.lddu, S, tg);
   // dM_b = -mask(R [V; U_b]^T) [c, 2 c]: rc.U is [V; U_b]
-  gemm(false, true, c, 2 * c, V, -1.0f, R, tg.lddu, rc.U, rc.ldu, 0.0f, tg.dA, lda);
+  lower_products(c, c, 2, V, -1.0f, R, tg.lddu, rc.U, rc.ldu, tg.dA, lda);
   strict_mask(c, tg.dA, lda);
   strict_mask(c, tg.dA + c, lda);
   if (!d.channel()) {
