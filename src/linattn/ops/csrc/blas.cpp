@@ -67,12 +67,12 @@ int64_t lower_split(int64_t m, int64_t c) {
 }  // namespace
 
 void lower_products(int64_t m, int64_t c, int64_t blocks, int64_t k, float alpha, const float* A,
-                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, float beta) {
   const int64_t h = lower_split(m, c);
   for (int64_t b = 0; b < blocks && h > 0; ++b) {
-    gemm(false, true, h, h, k, alpha, A, lda, B + b * c * ldb, ldb, 0.0f, C + b * c, ldc);
+    gemm(false, true, h, h, k, alpha, A, lda, B + b * c * ldb, ldb, beta, C + b * c, ldc);
   }
-  gemm(false, true, m - h, blocks * c, k, alpha, A + h * lda, lda, B, ldb, 0.0f, C + h * ldc,
+  gemm(false, true, m - h, blocks * c, k, alpha, A + h * lda, lda, B, ldb, beta, C + h * ldc,
        ldc);
 }
 

@@ -19,11 +19,12 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 // block read only at rows i >= j), as a chunk's scores: the rows above the split (``lower_split``,
 // half of c) skip the block columns right of it, a quarter of each block's work.
 //
-// C[m, blocks c] = alpha A B^T (A [m, k], B [blocks c, k]): each block's columns j <= i at row i
-// are written (rows >= the split: all), the others above the split are left as they were: the
-// caller masks them.
+// C[m, blocks c] = alpha A B^T + beta C (A [m, k], B [blocks c, k]): each block's columns j <= i
+// at row i are written (rows >= the split: all), the others above the split are left as they
+// were: the caller masks them.
 void lower_products(int64_t m, int64_t c, int64_t blocks, int64_t k, float alpha, const float* A,
-                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc);
+                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                    float beta = 0.0f);
 
 // C[m, n] = alpha L U + beta C with L [m, blocks c] zero right of each block's diagonal (L[i, b c
 // + j] = 0 for j > i) and U [blocks c, n]: the zero columns are not read.

@@ -110,8 +110,9 @@ void ut_transform_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& 
   unit_lower_solve_transposed(c, Vi, rc.t.L, C, tg.dU, tg.lddu);
   const float* dRv = tg.dU;
   gemm(false, true, c, Ki, Vi, -1.0f, dRv, tg.lddu, S, V, 0.0f, tg.dRk, K);
-  gemm(false, true, c, c, Ki, -1.0f, tg.dRk, K, W, ldx, 0.0f, tg.dA, C);
-  gemm(false, true, c, c, Vi, -1.0f, dRv, tg.lddu, U0, ldx, 1.0f, tg.dA, C);
+  // dT, read below the diagonal alone (``ut_transform_row`` clears the rest)
+  lower_products(c, c, 1, Ki, -1.0f, tg.dRk, K, W, ldx, tg.dA, C);
+  lower_products(c, c, 1, Vi, -1.0f, dRv, tg.lddu, U0, ldx, tg.dA, C, 1.0f);
   for (int i = 0; i < c; ++i) ut_transform_row(i, x, g, d, rc, tg);
 }
 
