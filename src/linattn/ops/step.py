@@ -116,16 +116,18 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None
     mechanism where the caller resolved it (the ops' ``Mechanism``; g then [B, H, 1 | K]); None:
     from beta and g as ``recurrent_step`` takes them. ``b``: the dplr rule's b [B, H, K], its a
     then in beta's slot."""
-    if not (isinstance(state, Tensor) and state.dtype == torch.float32 and _native.ready()):
+    # The cheapest tests first: this path is the whole per-call cost of a decoding step beside
+    # the kernel (issue 35: an elementwise op's overhead at most).
+    if not (isinstance(state, Tensor) and state.dtype is torch.float32 and state.is_cpu):
         return None
-    if state.device.type != "cpu" or state.numel() == 0 or torch.compiler.is_compiling():
+    if state.numel() == 0 or not _native.ready() or torch.compiler.is_compiling():
         return None  # an empty state (B, H, K or V = 0): the checked path's rules for it
     if type(scale) not in (float, int, type(None)):  # a bool, a tensor: ``_checks.scale`` says
         return None
-    if torch.is_grad_enabled() and any(
-        getattr(x, "requires_grad", False) for x in (state, q, k, v, beta, g, out, b)
-    ):
-        return None
+    if torch.is_grad_enabled():
+        for x in (state, q, k, v, beta, g, out, b):
+            if getattr(x, "requires_grad", False):
+                return None
     try:
         K = state.shape[2]
         s = 1.0 / math.sqrt(K) if scale is None else float(scale)
