@@ -342,8 +342,8 @@ void qk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
     product_gate_gradient(tg.dA, rc.t.A, lda, c, tg.dG);
     times_decays(c, tg.dA, lda, rc.Gam, C);
   }
-  lower_times(c, c, 1, Ki, d.scale, tg.dA, lda, x.k, x.ldk, 1.0f, g.dQ, g.lddq);
-  lower_transposed_times(c, c, Ki, d.scale, tg.dA, lda, x.q, x.ldq, 1.0f, g.dK, g.lddk);
+  lower_product_gradient(c, c, 1, Ki, d.scale, tg.dA, lda, x.q, x.ldq, x.k, x.ldk, g.dQ, g.lddq,
+                         1.0f, g.dK, g.lddk, 1.0f);
 }
 
 // 6, one gate per channel: the blocked backward of the factored product (products.h). The

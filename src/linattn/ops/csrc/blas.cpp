@@ -96,6 +96,17 @@ void lower_transposed_times(int64_t m, int64_t r, int64_t n, float alpha, const 
        C + h * ldc, ldc);
 }
 
+void lower_product_gradient(int64_t n, int64_t c, int64_t blocks, int64_t k, float alpha,
+                            const float* dM, int64_t ldm, const float* X, int64_t ldx,
+                            const float* Y, int64_t ldy, float* dX, int64_t lddx, float beta_x,
+                            float* dY, int64_t lddy, float beta_y) {
+  lower_times(n, c, blocks, k, alpha, dM, ldm, Y, ldy, beta_x, dX, lddx);
+  for (int64_t b = 0; b < blocks; ++b) {
+    lower_transposed_times(c, n, k, alpha, dM + b * c, ldm, X, ldx, beta_y, dY + b * c * lddy,
+                           lddy);
+  }
+}
+
 SequentialBlas::SequentialBlas()
     : saved(MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(1) : 0) {}
 

@@ -38,6 +38,15 @@ void lower_transposed_times(int64_t m, int64_t r, int64_t n, float alpha, const 
                             int64_t ldl, const float* U, int64_t ldu, float beta, float* C,
                             int64_t ldc);
 
+// The factors' gradients of a lower-blocked product M = alpha X Y^T (M [n, blocks c] lower in
+// each c-column block, X [n, k], Y [blocks c, k]; n = c or one row less) from its gradient dM,
+// masked alike: dX = alpha dM Y + beta_x dX and dY = alpha dM^T X + beta_y dY, block by block
+// (``lower_times``, ``lower_transposed_times``). dX and dY may be the same rows (M = alpha X X^T).
+void lower_product_gradient(int64_t n, int64_t c, int64_t blocks, int64_t k, float alpha,
+                            const float* dM, int64_t ldm, const float* X, int64_t ldx,
+                            const float* Y, int64_t ldy, float* dX, int64_t lddx, float beta_x,
+                            float* dY, int64_t lddy, float beta_y);
+
 // One BLAS thread on this thread while alive (MKL's thread-local setting; a no-op with another
 // BLAS): the kernels call the BLAS from their own threads (at::parallel_for), and a BLAS that ran
 // threads of its own under them would oversubscribe the cores.

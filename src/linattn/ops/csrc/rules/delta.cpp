@@ -126,8 +126,8 @@ void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
       product_gate_gradient(tg.dA, rc.t.Akk, C, c, tg.dG);
       for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) tg.dA[e] *= rc.Gam[e];
     }
-    lower_times(c, c, 1, Ki, 1.0f, tg.dA, C, x.k, x.ldk, 1.0f, g.dK, g.lddk);
-    lower_transposed_times(c, c, Ki, 1.0f, tg.dA, C, x.k, x.ldk, 1.0f, g.dK, g.lddk);
+    lower_product_gradient(c, c, 1, Ki, 1.0f, tg.dA, C, x.k, x.ldk, x.k, x.ldk, g.dK, g.lddk,
+                           1.0f, g.dK, g.lddk, 1.0f);
     return;
   }
   std::fill(tg.dX, tg.dX + c * K, 0.0f);

@@ -186,8 +186,8 @@ void product_backward(Factor x, Factor y, int n, float alpha, const float* M, fl
       product_gate_gradient(dM, M, ld, n, dG);
       times_decays(n, dM, ld, rc.Gam, d.C);
     }
-    lower_times(n, n, 1, Ki, alpha, dM, ld, y.in.p, y.in.ld, 1.0f, x.d, x.ld);
-    lower_transposed_times(n, n, Ki, alpha, dM, ld, x.in.p, x.in.ld, 1.0f, y.d, y.ld);
+    lower_product_gradient(n, n, 1, Ki, alpha, dM, ld, x.in.p, x.in.ld, y.in.p, y.in.ld, x.d, x.ld,
+                           1.0f, y.d, y.ld, 1.0f);
     return;
   }
   float* diag = tg.dG_diag;
@@ -292,11 +292,9 @@ void stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   }
   const float* b_next = x.beta + x.sb + K;
   const float* Y = stacked_at(d.kg, rc.t, w);  // [k; a], as ``scores`` left them
-  lower_times(n, c, 2, Ki, -1.0f, dM, lda, Y, K, 1.0f, g.dB + g.sdb + K, g.sdb);
-  for (int block = 0; block < 2; ++block) {  // dY's rows [k; a] = -(dM's block)^T b_next
-    lower_transposed_times(c, n, Ki, -1.0f, dM + block * c, lda, b_next, x.sb, 0.0f,
-                           w.dY.data() + block * c * K, K);
-  }
+  // db_next += -dM Y, and dY = -dM^T b_next [2 c, K] (the rows [k; a]) into w.dY
+  lower_product_gradient(n, c, 2, Ki, -1.0f, dM, lda, b_next, x.sb, Y, K, g.dB + g.sdb + K, g.sdb,
+                         1.0f, w.dY.data(), K, 0.0f);
   for (int i = 0; i < c; ++i) {
     const float *dk_y = w.dY.data() + i * K, *da_y = w.dY.data() + (c + i) * K;
     float *dk_i = g.dK + i * g.lddk, *da_i = g.dB + i * g.sdb;
@@ -344,8 +342,7 @@ bool channel_stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dim
       dai[ch] += dd_a * bi[ch];
     }
   }
-  gemm(false, false, n, Ki, 2 * c, -1.0f, dM, lda, Yf, K, 0.0f, dXf, K);
-  gemm(true, false, 2 * c, Ki, n, -1.0f, dM, lda, Xf, K, 0.0f, dYf, K);
+  lower_product_gradient(n, c, 2, Ki, -1.0f, dM, lda, Xf, K, Yf, K, dXf, K, 0.0f, dYf, K, 0.0f);
   for (int i = 0; i < n; ++i) {
     const float *bi = x.beta + (i + 1) * x.sb + K, *ki = x.k + i * x.ldk, *ai = x.beta + i * x.sb;
     const float *e = end + i * K, *dx = dXf + i * K, *dyk = dYf + i * K, *dya = dYf + (c + i) * K;
