@@ -13,7 +13,12 @@ inputs [a | b] in the beta slot), every speed a ratio measured in this process:
 2. two threads over one, forward and forward plus backward (8 heads: 4 a thread): >= 1.8;
 3. the DPLR rule with a = -beta k, b = k, v' = beta v (the delta rule's row of the table) over the
    kernels' own delta rule, in turns: <= 1.6 (and the gated rows: b = exp(g) k, Gated DeltaNet and
-   KDA, against theirs);
+   KDA, against theirs).
+
+The ratios of 2 and 3 are paired: each turn times the two calls a moment apart, and the median of
+the turns' own ratios is reported with their lowest and highest (a slow minute on a shared machine
+slows both calls of a turn and drops out of their ratio; before 2026-12-04 the ratio of the two
+medians was reported).
 4. fla's chunked PyTorch reference ``dplr_chunkwise`` (fla/ops/generalized_delta_rule/dplr/
    naive.py; its ``alpha`` reads, ours b; its ``beta`` writes, ours a; a per-channel gate) on the
    same inputs over ours, forward: >= 10 (fla at its chunk size 32 and at 64, the faster).
@@ -49,7 +54,12 @@ from pathlib import Path
 import torch
 
 from linattn.experiments import _timing
-from linattn.experiments._timing import matmul_rate, medians_in_turns
+from linattn.experiments._timing import (
+    matmul_rate,
+    medians_in_turns,
+    paired_ratios,
+    times_in_turns,
+)
 from linattn.ops import _native
 from linattn.reference.costs import delta_chunk_ops
 
@@ -144,20 +154,23 @@ def efficiency(x: dict, args: argparse.Namespace, roofs: list[float]) -> list[di
 
 def scaling(x: dict, args: argparse.Namespace) -> list[dict]:
     """2. Two threads over one, the general DPLR rule per gate, the counts in turns (wall-clock
-    time whatever ``--clock``: CPU time adds the threads')."""
+    time whatever ``--clock``: CPU time adds the threads'): the median of the turns' own ratios
+    (``paired_ratios``), with the lowest and highest."""
     _timing.use_clock("wall")
     rows = []
     for gate in GATES:
         forward, both = calls(dplr_args(x, gate, False), "dplr", gate, args.C)
-        times = {}
+        row: dict = {"gate": gate}
         for name, fn in (("forward", forward), ("forward_backward", both)):
-            one, two = medians_in_turns(
+            one, two = times_in_turns(
                 [lambda fn=fn: (set_threads(1), fn()), lambda fn=fn: (set_threads(2), fn())],
                 args.repeats,
             )
-            times[name] = one / two
+            ratios = paired_ratios(one, two)
+            row[f"{name}_speedup"] = ratios["median"]
+            row[f"{name}_speedup_range"] = [ratios["low"], ratios["high"]]
         set_threads(1)
-        rows.append({"gate": gate, **{f"{k}_speedup": v for k, v in times.items()}})
+        rows.append(row)
     _timing.use_clock(args.clock)
     return rows
 
@@ -205,19 +218,23 @@ def scaling_parts(x: dict, args: argparse.Namespace) -> list[dict]:
 
 
 def against_delta(x: dict, args: argparse.Namespace) -> list[dict]:
-    """3. The DPLR rule on the delta rule's row over the kernels' delta rule, in turns."""
+    """3. The DPLR rule on the delta rule's row over the kernels' delta rule, in turns: the
+    median of the turns' own ratios (``paired_ratios``), with the lowest and highest."""
     rows = []
     for gate in GATES:
         dplr_f, dplr_fb = calls(dplr_args(x, gate, True), "dplr", gate, args.C)
         delta_f, delta_fb = calls(delta_args(x, gate), "delta", gate, args.C)
-        t = medians_in_turns([dplr_f, delta_f, dplr_fb, delta_fb], args.repeats)
+        t = times_in_turns([dplr_f, delta_f, dplr_fb, delta_fb], args.repeats)
+        forward, both = paired_ratios(t[0], t[1]), paired_ratios(t[2], t[3])
         rows.append(
             {
                 "gate": gate,
-                "forward_ratio": t[0] / t[1],
-                "forward_backward_ratio": t[2] / t[3],
-                "delta_forward_s": t[1],
-                "delta_forward_backward_s": t[3],
+                "forward_ratio": forward["median"],
+                "forward_ratio_range": [forward["low"], forward["high"]],
+                "forward_backward_ratio": both["median"],
+                "forward_backward_ratio_range": [both["low"], both["high"]],
+                "delta_forward_s": _timing.median(t[1]),
+                "delta_forward_backward_s": _timing.median(t[3]),
             }
         )
     return rows
@@ -271,10 +288,24 @@ def report(result: dict) -> str:
             f"{1e3 * r['forward_backward_s']:.1f} | {r['forward_efficiency']:.2f} | "
             f"{r['forward_backward_efficiency']:.2f} |"
         )
-    lines += ["", "| gate | 2 threads / 1, forward (>= 1.8) | fwd+bwd |", "|---|---:|---:|"]
+
+    def paired(r: dict, key: str) -> str:
+        """A paired ratio: the median of the turns' ratios, and their range where kept."""
+        low_high = r.get(f"{key}_range")
+        spread = f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else ""
+        return f"{r[key]:.2f}{spread}"
+
+    lines += [
+        "",
+        "Paired ratios: the median of the turns' own ratios (lowest-highest).",
+        "",
+        "| gate | 2 threads / 1, forward (>= 1.8) | fwd+bwd |",
+        "|---|---:|---:|",
+    ]
     for r in result["scaling"]:
         lines.append(
-            f"| {r['gate']} | {r['forward_speedup']:.2f} | {r['forward_backward_speedup']:.2f} |"
+            f"| {r['gate']} | {paired(r, 'forward_speedup')} | "
+            f"{paired(r, 'forward_backward_speedup')} |"
         )
     lines += [
         "",
@@ -283,7 +314,8 @@ def report(result: dict) -> str:
     ]
     for r in result["delta"]:
         lines.append(
-            f"| {r['gate']} | {r['forward_ratio']:.2f} | {r['forward_backward_ratio']:.2f} |"
+            f"| {r['gate']} | {paired(r, 'forward_ratio')} | "
+            f"{paired(r, 'forward_backward_ratio')} |"
         )
     fla = result.get("fla")
     if fla:

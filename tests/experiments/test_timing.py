@@ -20,6 +20,24 @@ def test_medians_in_turns_alternate_the_calls():
     assert len(medians) == 2 and all(m >= 0 for m in medians)
 
 
+def test_times_in_turns_keep_each_turn():
+    calls = []
+    times = _timing.times_in_turns([lambda: calls.append("a"), lambda: calls.append("b")], 4)
+    assert calls == ["a", "b"] * 4
+    assert [len(t) for t in times] == [4, 4] and all(x >= 0 for t in times for x in t)
+
+
+def test_paired_ratios_are_the_turns_own():
+    # turns (2, 1), (4, 4), (9, 3): ratios 2, 1, 3; the medians' ratio would be 4 / 3
+    assert _timing.paired_ratios([2.0, 4.0, 9.0], [1.0, 4.0, 3.0]) == {
+        "median": 2.0,
+        "low": 1.0,
+        "high": 3.0,
+    }
+    with pytest.raises(ValueError):
+        _timing.paired_ratios([1.0, 2.0], [1.0])
+
+
 @pytest.mark.skipif(not _timing.memory_supported(), reason="needs Linux /proc")
 def test_peak_extra_bytes_counts_memory_an_earlier_call_left_in_the_cache():
     if not _native.available():

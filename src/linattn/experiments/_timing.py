@@ -55,16 +55,29 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tupl
     return median(times), times
 
 
-def medians_in_turns(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median time of each of ``fns``, called in turns (f1, f2, ..., f1, f2, ...) ``repeats``
-    times: on a shared machine all the medians then come from the same minutes."""
+def times_in_turns(fns: list[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """The times of each of ``fns``, called in turns (f1, f2, ..., f1, f2, ...) ``repeats``
+    times: entry i of each list comes from turn i, the calls of a turn a moment apart."""
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for fn, own in zip(fns, times, strict=True):
             start = clock()
             fn()
             own.append(clock() - start)
-    return [median(own) for own in times]
+    return times
+
+
+def medians_in_turns(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median time of each of ``fns``, called in turns (``times_in_turns``): on a shared
+    machine all the medians then come from the same minutes."""
+    return [median(own) for own in times_in_turns(fns, repeats)]
+
+
+def paired_ratios(top: list[float], bottom: list[float]) -> dict[str, float]:
+    """The ratios top[i] / bottom[i] of times taken in the same turn: their median, lowest and
+    highest (a slow minute moves both times of a turn alike, and drops out of their ratio)."""
+    ratios = sorted(t / b for t, b in zip(top, bottom, strict=True))
+    return {"median": median(ratios), "low": ratios[0], "high": ratios[-1]}
 
 
 def median(values: list[float]) -> float:
