@@ -8,6 +8,7 @@ against the same sequences run as a batch of the longest, padded (the cost of a 
 
     PYTHONPATH=src python benchmarks/packed.py               # one thread, three splits
     PYTHONPATH=src python benchmarks/packed.py --threads 2 --clock cpu
+    PYTHONPATH=src python benchmarks/packed.py --backward    # training: forward and backward
 """
 
 from __future__ import annotations
@@ -25,13 +26,18 @@ SPLITS = ((1024, 16), (256, 64), (64, 256))
 MECHANISMS = ("linear", "gated_deltanet", "kda")
 
 
-def call(mech: str, x: dict, cu: torch.Tensor | None) -> None:
-    """One forward of ``mech`` on x (tensors [B, T, H, D])."""
+def call(mech: str, x: dict, cu: torch.Tensor | None, backward: bool = False) -> None:
+    """One forward of ``mech`` on x (tensors [B, T, H, D]), and with ``backward`` the backward of
+    the outputs' sum (x's tensors then require gradients)."""
     if mech == "linear":
-        linear_attention(x["q"], x["k"], x["v"], cu_seqlens=cu)
+        o = linear_attention(x["q"], x["k"], x["v"], cu_seqlens=cu)[0]
     else:
         g = x["g"] if mech == "gated_deltanet" else x["gk"]
-        delta_rule(x["q"], x["k"], x["v"], x["beta"], g, cu_seqlens=cu)
+        o = delta_rule(x["q"], x["k"], x["v"], x["beta"], g, cu_seqlens=cu)[0]
+    if backward:
+        for t in x.values():
+            t.grad = None
+        o.sum().backward()
 
 
 def inputs(B: int, L: int, H: int, K: int, seed: int = 0) -> dict:
@@ -56,7 +62,9 @@ def packed(x: dict) -> dict:
     return {n: t.reshape(1, -1, *t.shape[2:]).clone() for n, t in x.items()}
 
 
-def row(mech: str, N: int, L: int, H: int, K: int, repeats: int, mixed: bool) -> dict:
+def row(
+    mech: str, N: int, L: int, H: int, K: int, repeats: int, mixed: bool, backward: bool = False
+) -> dict:
     if not mixed:
         x = inputs(N, L, H, K)
         cu = torch.arange(0, N * L + 1, L)
@@ -67,8 +75,11 @@ def row(mech: str, N: int, L: int, H: int, K: int, repeats: int, mixed: bool) ->
         x = inputs(N, int(lengths.max()), H, K)  # the dense batch: padded to the longest
         xp = {n: torch.cat([t[i, : int(lengths[i])] for i in range(N)])[None] for n, t in x.items()}
         cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    batch, pack = medians_in_turns([lambda: call(mech, x, None), lambda: call(mech, xp, cu)],
-                                   repeats)  # fmt: skip
+    for t in (*x.values(), *xp.values()):
+        t.requires_grad_(backward)
+    batch, pack = medians_in_turns(
+        [lambda: call(mech, x, None, backward), lambda: call(mech, xp, cu, backward)], repeats
+    )
     return {"mechanism": mech, "split": f"{N} x {L}" + (" mixed" if mixed else ""),
             "batch_ms": 1e3 * batch, "packed_ms": 1e3 * pack, "ratio": pack / batch}  # fmt: skip
 
@@ -80,14 +91,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     p.add_argument("--H", type=int, default=8)
     p.add_argument("--K", type=int, default=64)
+    p.add_argument("--backward", action="store_true", help="forward and backward (training)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     _timing.use_clock(args.clock)
-    print(f"threads {args.threads}, clock {args.clock}, T 16384, H {args.H}, K = V = {args.K}")
+    passes = "forward and backward" if args.backward else "forward"
+    print(f"threads {args.threads}, clock {args.clock}, T 16384, H {args.H}, K = V = {args.K}, "
+          f"{passes}")  # fmt: skip
     print(f"{'mechanism':<16}{'split':<16}{'batch ms':>10}{'packed ms':>11}{'packed/batch':>14}")
     for mech in MECHANISMS:
         for (N, L), mixed in [(s, False) for s in SPLITS] + [(SPLITS[1], True)]:
-            r = row(mech, N, L, args.H, args.K, args.repeats, mixed)
+            r = row(mech, N, L, args.H, args.K, args.repeats, mixed, args.backward)
             print(f"{mech:<16}{r['split']:<16}{r['batch_ms']:>10.1f}{r['packed_ms']:>11.1f}"
                   f"{r['ratio']:>14.2f}", flush=True)  # fmt: skip
     return 0

@@ -84,6 +84,22 @@ def test_gradients_through_the_batches(lengths):
     assert torch.autograd.gradcheck(f, (q, k, v, beta, g, S0))
 
 
+def test_second_derivatives_through_the_batches():
+    """The batches' gather and write-back are each other's gradients (``_packed._Gather``,
+    ``_Scatter``), differentiable in turn: lengths 3, 1, 2 make two batches and padding."""
+    lengths = [3, 1, 2]
+    x = make_inputs(B=1, T=sum(lengths), H=1, K=2, V=2, gate="channel", rule="delta")
+    q, k, v, beta, g = (x[n].clone().requires_grad_() for n in ("q", "k", "v", "beta", "g"))
+    S0 = torch.randn(len(lengths), 1, 2, 2, dtype=torch.float64, requires_grad=True)
+    cu = torch.tensor(bounds_of(lengths))
+
+    def f(q, k, v, beta, g, S0):
+        return delta_rule(q, k, v, beta, g, initial_state=S0, cu_seqlens=cu, chunk_size=2,
+                          output_final_state=True)  # fmt: skip
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v, beta, g, S0))
+
+
 def test_one_kernel_call_per_batch(monkeypatch):
     """The chunks of the sequences of a batch run in one call: 4 calls for the 8 sequences of
     LENGTHS, 1 for 64 sequences of equal length (a view, no copy)."""
