@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from linattn.experiments._timing import paired_ratios
 from linattn.ops import _native, recurrent_step
 
 SHAPES = {"qwen3_next": (16, 32, 128), "small": (8, 8, 64)}  # (q/k heads, value heads, K = V)
@@ -104,14 +105,12 @@ def measure(shape: str, B: int, threads: int, turns: int) -> list[dict]:
         fns += [direct] if direct is not None else []
         samples = in_turns(fns, calls, turns)
         ms = [1e3 * statistics.median(s) for s in samples]
-        ratio = statistics.median(t / p for t, p in zip(samples[1], samples[0], strict=True))
+        ratio = paired_ratios(samples[1], samples[0])["median"]
         row = {"shape": shape, "B": B, "threads": threads, "mechanism": mechanism}
         row.update(pass_ms=ms[0], step_ms=ms[1], ratio=ratio)
         if direct is not None:
             row["kernel_ms"] = ms[2]
-            row["kernel_ratio"] = statistics.median(
-                t / p for t, p in zip(samples[2], samples[0], strict=True)
-            )
+            row["kernel_ratio"] = paired_ratios(samples[2], samples[0])["median"]
         rows.append(row)
         print(line(row), flush=True)
     return rows
