@@ -81,18 +81,19 @@ LAYOUTS = {
 MECHANISMS = list(itertools.product(["additive", "delta"], [None, "scalar", "channel"]))
 
 
-def _inputs(T: int, rule: str, gate: str | None, layout, seed: int = 0, B: int = 2, H: int = 3):
-    """float32 q, k, v, beta, g, S0 ([B, T, H, 4], v [B, T, H, 5]) in ``layout``."""
+def _inputs(T: int, rule: str, gate: str | None, layout, seed: int = 0, B: int = 2, H: int = 3,
+            K: int = 4, V: int = 5):  # fmt: skip
+    """float32 q, k, v, beta, g, S0 ([B, T, H, K], v [B, T, H, V]) in ``layout``."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen)
 
-    x = {"q": randn(B, T, H, 4), "k": randn(B, T, H, 4) / 2, "v": randn(B, T, H, 5)}
+    x = {"q": randn(B, T, H, K), "k": randn(B, T, H, K) / K**0.5, "v": randn(B, T, H, V)}
     x["beta"] = 2 * torch.rand(B, T, H, generator=gen) if rule == "delta" else None
-    shape = {None: None, "scalar": (B, T, H), "channel": (B, T, H, 4)}[gate]
+    shape = {None: None, "scalar": (B, T, H), "channel": (B, T, H, K)}[gate]
     x["g"] = None if shape is None else torch.nn.functional.logsigmoid(randn(*shape) + 2)
-    x["S0"] = randn(B, H, 4, 5)
+    x["S0"] = randn(B, H, K, V)
     return {n: None if t is None else layout(t) for n, t in x.items()}
 
 
@@ -154,6 +155,18 @@ def test_every_layout_equals_the_float64_recurrence(layout, rule, gate, T):
         x = _inputs(T, rule, gate, LAYOUTS[layout])
         d_o = LAYOUTS[layout](torch.randn(*x["v"].shape, generator=torch.Generator()))
         _check_against_float64(x, rule, C, d_o)
+
+
+@needs_native
+@pytest.mark.parametrize(("K", "V"), [(16, 32), (32, 16), (16, 24), (20, 16)])
+@pytest.mark.parametrize(("rule", "gate"), [("additive", "scalar"), ("delta", "channel")])
+def test_rows_of_whole_cache_lines_written_past_the_cache(K, V, rule, gate):
+    # [B, T, H, D] outputs and gradients whose rows are whole 64-byte lines (D a multiple of 16
+    # floats) are written with non-temporal stores (csrc/convert.h, ``stream_rows``) on AVX-512
+    # machines; 24 and 20 are not (ordinary stores). Either way, the float64 recurrence's values.
+    x = _inputs(37, rule, gate, lambda t: t, K=K, V=V)
+    d_o = torch.randn(*x["v"].shape, generator=torch.Generator().manual_seed(1))
+    _check_against_float64(x, rule, 16, d_o)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

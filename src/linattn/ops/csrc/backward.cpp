@@ -125,8 +125,13 @@ struct BackwardTensors {
     const int64_t b = p / sz.HV, h = p % sz.HV, t0 = n * sz.C;
     const int64_t c = std::min(sz.C, sz.T - t0);
     prefetch_rows(d_o, b, h, t0 / sz.R, c / sz.R);
-    prefetch_rows(dq, b, h, t0 / sz.R, c / sz.R, true);
-    for (const at::Tensor* x : {&dk, &dv, &dbeta, &dg}) prefetch_rows(*x, b, h, t0, c, true);
+    const auto written = [&](const at::Tensor& x) {  // streamed rows are not read: no prefetch
+      return x.defined() && !(staged && streamed_rows(x));
+    };
+    if (written(dq)) prefetch_rows(dq, b, h, t0 / sz.R, c / sz.R, true);
+    for (const at::Tensor* x : {&dk, &dv, &dbeta, &dg}) {
+      if (written(*x)) prefetch_rows(*x, b, h, t0, c, true);
+    }
   }
 
   // One thread's blocks for the converted rows: five inputs, dO and five gradients.
