@@ -64,11 +64,11 @@ def weak(one: Callable[[], object], two: Callable[[], object], turns: int) -> di
     return medians | paired_ratios(times[2], times[1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--T", type=int, default=16384)
     parser.add_argument("--turns", type=int, default=11)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not native.available():
         raise SystemExit(f"the fused kernels are not available: {native.reason()}")
     x8 = inputs(args.T)  # [1, 8, T, ...] views of [1, T, 8, ...]
@@ -86,6 +86,7 @@ def main() -> None:
             f"| {name} | {r['one_ms']:.1f} | {r['two_ms']:.1f} | "
             f"{r['median']:.3f} ({r['low']:.2f}-{r['high']:.2f}) |"
         )
+    return rows
 
 
 if __name__ == "__main__":
