@@ -62,6 +62,20 @@ def load_old(rev: str) -> object:
     return torch.ops.linattn_ab_old
 
 
+# The rows: name -> (rule, the key of beta's input, of g's input (``inputs``; None: none), gate).
+ROWS = {
+    "linear": ("additive", None, None, "none"),
+    "scalar_decay": ("additive", None, "g scalar", "head"),
+    "gla": ("additive", None, "g channel", "channel"),
+    "delta": ("delta", "beta", None, "none"),
+    "gated_delta": ("delta", "beta", "g scalar", "head"),
+    "kda": ("delta", "beta", "g channel", "channel"),
+    "dplr": ("dplr", "ab", None, "none"),  # the dplr rule on the delta rule's row (issue 30)
+    "dplr_head": ("dplr", "ab", "g scalar", "head"),
+    "dplr_channel": ("dplr", "ab", "g channel", "channel"),
+}
+
+
 def mechanism_args(op: object, rule: str, gate: str) -> tuple[str, ...]:
     """The trailing ``rule, gate`` arguments where ``op``'s schema has them (issue 29 on), else
     none (its kernels read the mechanism from beta and g: the additive and delta rules only)."""
@@ -118,15 +132,7 @@ def main() -> None:
     H, K, scale, C = x["q"].shape[1], x["q"].shape[-1], x["q"].shape[-1] ** -0.5, 64
     S0 = torch.zeros(1, H, K, K)
     mechanisms = {  # name: (rule, beta, g, gate)
-        "linear": ("additive", None, None, "none"),
-        "scalar_decay": ("additive", None, x["g scalar"], "head"),
-        "gla": ("additive", None, x["g channel"], "channel"),
-        "delta": ("delta", x["beta"], None, "none"),
-        "gated_delta": ("delta", x["beta"], x["g scalar"], "head"),
-        "kda": ("delta", x["beta"], x["g channel"], "channel"),
-        "dplr": ("dplr", x["ab"], None, "none"),
-        "dplr_head": ("dplr", x["ab"], x["g scalar"], "head"),
-        "dplr_channel": ("dplr", x["ab"], x["g channel"], "channel"),
+        name: (rule, x.get(beta), x.get(g), gate) for name, (rule, beta, g, gate) in ROWS.items()
     }
     if args.mechanisms:
         unknown = set(args.mechanisms) - set(mechanisms)

@@ -16,52 +16,37 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
-from ab_kernels import inputs
+from ab_kernels import ROWS, inputs
 
-from linattn.experiments._timing import paired_ratios
+from linattn.experiments._timing import paired_ratios, times_in_turns
 from linattn.ops import native
-
-MECHANISMS = {  # name: (rule, beta's input, g's input, gate)
-    "linear": ("additive", None, None, "none"),
-    "scalar_decay": ("additive", None, "g scalar", "head"),
-    "gla": ("additive", None, "g channel", "channel"),
-    "delta": ("delta", "beta", None, "none"),
-    "gated_delta": ("delta", "beta", "g scalar", "head"),
-    "kda": ("delta", "beta", "g channel", "channel"),
-    "dplr": ("dplr", "ab", None, "none"),  # the dplr rule on the delta rule's row (issue 30)
-    "dplr_head": ("dplr", "ab", "g scalar", "head"),
-    "dplr_channel": ("dplr", "ab", "g channel", "channel"),
-}
 
 
 def forward(x: dict[str, torch.Tensor], name: str) -> Callable[[], object]:
     """The fused forward of mechanism ``name`` on x's heads (x in the kernels' layout)."""
-    rule, beta, g, gate = MECHANISMS[name]
+    rule, beta, g, gate = ROWS[name]
     H, K = x["q"].shape[1], x["q"].shape[-1]
     S0 = torch.zeros(1, H, K, K)
-    beta_x, g_x = (None if n is None else x[n] for n in (beta, g))
+    beta_x, g_x = x.get(beta), x.get(g)
     op = torch.ops.linattn_native.chunk_forward
     return lambda: op(x["q"], x["k"], x["v"], beta_x, g_x, S0, K**-0.5, 64, False, rule, gate)
 
 
+def on_threads(threads: int, fn: Callable[[], object]) -> Callable[[], object]:
+    """fn, called with ``threads`` intra-op threads."""
+    return lambda: (torch.set_num_threads(threads), fn())
+
+
 def weak(one: Callable[[], object], two: Callable[[], object], turns: int) -> dict[str, float]:
     """``one`` at 1 thread and ``two`` at 2, in turns: times and the per-turn ratios two / one."""
-    times: dict[int, list[float]] = {1: [], 2: []}
-    for threads, fn in ((1, one), (2, two)):  # warm up
-        torch.set_num_threads(threads)
-        fn()
-    for _ in range(turns):
-        for threads, fn in ((1, one), (2, two)):
-            torch.set_num_threads(threads)
-            start = time.perf_counter()
-            fn()
-            times[threads].append(time.perf_counter() - start)
-    medians = {f"{n}_ms": 1e3 * statistics.median(times[t]) for n, t in (("one", 1), ("two", 2))}
-    return medians | paired_ratios(times[2], times[1])
+    fns = [on_threads(1, one), on_threads(2, two)]
+    times_in_turns(fns, 1)  # warm up
+    times = times_in_turns(fns, turns)
+    one_ms, two_ms = (1e3 * statistics.median(t) for t in times)
+    return {"one_ms": one_ms, "two_ms": two_ms} | paired_ratios(times[1], times[0])
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -76,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     a = torch.randn(2048, 2048)
     b1, b2 = torch.randn(2048, 1024), torch.randn(2048, 2048)
     rows = {"matrix product": weak(lambda: a @ b1, lambda: a @ b2, args.turns)}
-    for name in MECHANISMS:
+    for name in ROWS:
         rows[name] = weak(forward(x4, name), forward(x8, name), args.turns)
     print(f"T = {args.T}, {args.turns} turns: 4 heads on 1 thread, then 8 heads on 2 threads")
     print("| work | 1 thread ms | 2 threads ms (twice the work) | ratio, median (low-high) |")

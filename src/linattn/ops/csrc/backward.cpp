@@ -125,12 +125,9 @@ struct BackwardTensors {
     const int64_t b = p / sz.HV, h = p % sz.HV, t0 = n * sz.C;
     const int64_t c = std::min(sz.C, sz.T - t0);
     prefetch_rows(d_o, b, h, t0 / sz.R, c / sz.R);
-    const auto written = [&](const at::Tensor& x) {  // streamed rows are not read: no prefetch
-      return x.defined() && !(staged && streamed_rows(x));
-    };
-    if (written(dq)) prefetch_rows(dq, b, h, t0 / sz.R, c / sz.R, true);
+    if (!streamed_output(dq, staged)) prefetch_rows(dq, b, h, t0 / sz.R, c / sz.R, true);
     for (const at::Tensor* x : {&dk, &dv, &dbeta, &dg}) {
-      if (written(*x)) prefetch_rows(*x, b, h, t0, c, true);
+      if (!streamed_output(*x, staged)) prefetch_rows(*x, b, h, t0, c, true);
     }
   }
 

@@ -157,6 +157,12 @@ inline bool streamed_rows(const at::Tensor& x) {
 #endif
 }
 
+// Whether rows of x written through a thread's blocks (``staged``: ``output_rows`` gives a block,
+// ``write_rows`` copies it) go past the cache: then they are not prefetched for writing.
+inline bool streamed_output(const at::Tensor& x, bool staged) {
+  return staged && x.defined() && streamed_rows(x);
+}
+
 // c rows of D floats (row stride ld) from block (row stride D) into dst with non-temporal
 // stores (``streamed_rows``): lines written whole and not read again by the kernel go to memory
 // without first being read into the cache (the read-for-ownership of an ordinary store: a fifth

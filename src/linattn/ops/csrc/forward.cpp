@@ -100,7 +100,7 @@ struct ForwardInputs {
   // Ask the cache for chunk n of value head p's input rows and its output rows (layout.h).
   void prefetch(int64_t n, int64_t p, const at::Tensor& o) const {
     prefetch_inputs(sz, q, k, v, beta, g, n, p);
-    if (n < sz.N && p < sz.P && !(staged && streamed_rows(o))) {  // streamed: not read
+    if (n < sz.N && p < sz.P && !streamed_output(o, staged)) {
       const int64_t t0 = n * sz.C;
       prefetch_rows(o, p / sz.HV, p % sz.HV, t0 / sz.R, std::min(sz.C, sz.T - t0) / sz.R, true);
     }
