@@ -23,6 +23,7 @@ from linattn.layers.delta import GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.modules import DecayGate
 from linattn.ops.checks import flag
 from linattn.ops.functional import l2norm, write_strength
+from linattn.ops.rules import dplr
 
 
 class Comba(GatedDeltaNet):
@@ -57,6 +58,7 @@ class Comba(GatedDeltaNet):
         if not math.isfinite(correction_factor):
             raise ValueError(f"correction_factor must be finite, got {correction_factor!r}")
         kwargs.setdefault("gate_activation", "sigmoid")
+        kwargs.setdefault("chunk_size", dplr.CHUNK_SIZE)  # the generalized rule's fastest
         super().__init__(d_model, n_heads, head_dim, **kwargs)
         H = n_heads
         inner_decay = flag("inner_decay", inner_decay)
@@ -106,6 +108,7 @@ class GatedDeltaNet2(KimiDeltaAttention):
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, **kwargs) -> None:
         kwargs.setdefault("gate_bias", True)
+        kwargs.setdefault("chunk_size", dplr.CHUNK_SIZE)  # the generalized rule's fastest
         super().__init__(d_model, n_heads, head_dim, **kwargs)
         H, HV, K, V = self.n_heads, self.num_v_heads, self.key_dim, self.head_dim
         self.b_proj = nn.Linear(d_model, H * K, bias=False)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from linattn.ops import checks as _checks
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
+from linattn.ops.rules import dplr
 
 
 def _per_value_head(x: Tensor, HV: int) -> Tensor:
@@ -44,7 +45,7 @@ def comba(
     *,
     scale: float | None = None,
     mode: str = "chunk",
-    chunk_size: int = 64,
+    chunk_size: int = dplr.CHUNK_SIZE,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
@@ -94,7 +95,7 @@ def rwkv7(
     *,
     scale: float | None = 1.0,
     mode: str = "chunk",
-    chunk_size: int = 64,
+    chunk_size: int = dplr.CHUNK_SIZE,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
@@ -141,7 +142,7 @@ def gated_deltanet2(
     *,
     scale: float | None = None,
     mode: str = "chunk",
-    chunk_size: int = 64,
+    chunk_size: int = dplr.CHUNK_SIZE,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
+from linattn.ops.rules import dplr
 
 
 def generalized_delta_rule(
@@ -19,7 +20,7 @@ def generalized_delta_rule(
     *,
     scale: float | None = None,
     mode: str = "chunk",
-    chunk_size: int = 64,
+    chunk_size: int = dplr.CHUNK_SIZE,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
@@ -58,7 +59,8 @@ def generalized_delta_rule(
             reset: the diagonal is 0 there; a b^T still acts).
         scale: multiplies q; None means 1 / sqrt(K).
         mode: "parallel", "recurrent" or "chunk" (as ``delta_rule``).
-        chunk_size: any int >= 1 (mode="chunk"; chunks of min(chunk_size, T) <= 8192 tokens).
+        chunk_size: any int >= 1 (mode="chunk"; chunks of min(chunk_size, T) <= 8192 tokens);
+            32 by default, the rule's fastest (``linattn.ops.rules.dplr.CHUNK_SIZE``).
         initial_state: [B, HV, K, V] or None (zeros); [N, HV, K, V] with cu_seqlens.
         output_final_state: return the state after the last token (else None).
         cu_seqlens: None or cumulative sequence lengths [N + 1] (B = 1): packed sequences.

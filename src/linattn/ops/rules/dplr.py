@@ -63,6 +63,15 @@ PRODUCTS: tuple[tuple[str, bool], ...] = ()  # its own have a on the right, not 
 DECAYED_KEYS = False  # reads Bd = b exp(G_{t-1}), not Kd
 STACKED = True  # writes along k and a: A_q = [A_qk | A_qa], Ke = [Ke; Ae], U = [V; U_b]
 
+# The default chunk size of the rule's public ops and layers (``generalized_delta_rule``, Comba,
+# RWKV-7, GDN-2). A chunk's products and solve grow as C^2 and the state's products as C: per
+# chunk 9 C^2 r + 7 C^2 d + 8 C r d (benchmarks/dplr.py) against the delta rule's 4 C^2 r +
+# 3 C^2 d + 6 C r d, so this rule's work per token is lowest at a shorter chunk. Measured on the
+# fused CPU kernels (benchmarks/README.md, "The dplr rule's chunk size"): 32 is faster than 64
+# by 10-25%, forward and forward plus backward, and within a few percent of 16 forward (16 is
+# slower with the backward). The rounding is the chunk form's at any size (the property suite).
+CHUNK_SIZE = 32
+
 
 def split(ab: Tensor) -> tuple[Tensor, Tensor]:
     """[..., 2K] -> (a, b), each [..., K] (views)."""
