@@ -29,8 +29,13 @@ def test_the_dplr_benchmark_reports_every_line(tmp_path, capsys):
         for key in ("forward_ratio", "forward_ratio_same_C", "forward_backward_ratio_same_C"):
             low, high = r[f"{key}_range"]
             assert 0 < low <= r[key] <= high
+    for r in result["scaling"]:
+        for key in ("forward_speedup", "forward_backward_speedup", "gemm_speedup"):
+            low, high = r[f"{key}_range"]
+            assert 0 < low <= r[key] <= high
     for r in result["efficiency"]:
         assert r["ops"] == 96 // 32 * 2 * bench.dplr_chunk_ops(32, 64, 64)
         assert r["forward_efficiency"] > 0 and r["forward_backward_efficiency"] > 0
     printed = capsys.readouterr().out
     assert "at its default C 64 and at C 32" in printed and "| channel |" in printed
+    assert "a matrix product, just after" in printed
