@@ -223,3 +223,27 @@ def test_a_header_newer_than_the_build_compiles_again(tmp_path, monkeypatch):
     os.utime(header, None)  # now: newer than the build
     os.utime(built, (old + 1, old + 1))
     assert _native._compiles(tmp_path, _native.build_name())
+
+
+def test_a_short_wait_for_the_lock_is_not_announced(tmp_path, capsys):
+    # Another process loading a cached build holds the lock a fraction of a second: no line
+    # (a sweep's workers start together); a wait past the grace period is announced.
+    import threading
+
+    def hold(seconds: float) -> threading.Thread:
+        fd = os.open(tmp_path / _native.LOCK_NAME, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        thread = threading.Thread(target=lambda: (time.sleep(seconds), os.close(fd)))
+        thread.start()
+        return thread
+
+    thread = hold(0.3)
+    with _native.compile_lock(tmp_path, timeout=60):
+        pass
+    thread.join()
+    assert capsys.readouterr().err == ""
+    thread = hold(_native.WAIT_GRACE_S + 0.5)
+    with _native.compile_lock(tmp_path, timeout=60):
+        pass
+    thread.join()
+    assert "waiting for another process's compile (at most 60 s)" in capsys.readouterr().err

@@ -73,6 +73,7 @@ LDFLAGS: list[str] = []
 
 LOCK_NAME = "linattn.lock"  # our lock in the build directory (torch's own is ``lock``)
 BUILD_TIMEOUT_S = 300.0  # the longest wait for another process's compile (LINATTN_BUILD_TIMEOUT)
+WAIT_GRACE_S = 2.0  # how long a wait for the lock lasts before it is announced (compile_lock)
 
 _state: dict[str, object] = {}
 _load_lock = threading.Lock()  # one loading thread per process (flock is per open file)
@@ -126,7 +127,11 @@ def compile_lock(directory: Path, timeout: float) -> Iterator[None]:
     system when this process ends, however it ends), waiting at most ``timeout`` seconds for
     another process that holds it; then ``TimeoutError``. Under it, a torch compile lock (the
     file ``lock``) is stale, left by a killed compile, and removed. Without ``fcntl`` (Windows),
-    torch's lock alone, as before."""
+    torch's lock alone, as before.
+
+    The wait is announced only once it has lasted ``WAIT_GRACE_S`` (or half the timeout): a
+    process that loads a cached build holds the lock for a fraction of a second (0.15 s here),
+    and processes started together (a sweep's workers) should not each print a line for that."""
     try:
         import fcntl
     except ImportError:
@@ -135,7 +140,8 @@ def compile_lock(directory: Path, timeout: float) -> Iterator[None]:
     path = directory / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        deadline, told = time.monotonic() + timeout, False
+        start, told = time.monotonic(), False
+        deadline, announce = start + timeout, start + min(WAIT_GRACE_S, timeout / 2)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -146,7 +152,7 @@ def compile_lock(directory: Path, timeout: float) -> Iterator[None]:
                         f"another process held the compile lock {path} for {timeout:g} s "
                         "(LINATTN_BUILD_TIMEOUT)"
                     ) from None
-                if not told:
+                if not told and time.monotonic() >= announce:
                     _say(f"waiting for another process's compile (at most {timeout:g} s) ...")
                     told = True
                 time.sleep(0.1)
