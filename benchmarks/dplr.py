@@ -59,8 +59,10 @@ import torch
 
 from linattn.experiments import _timing
 from linattn.experiments._timing import (
+    matmul_call,
     matmul_rate,
     medians_in_turns,
+    on_threads,
     paired_ratios,
     times_in_turns,
 )
@@ -166,19 +168,14 @@ def scaling(x: dict, args: argparse.Namespace) -> list[dict]:
     matrix product timed right after each gate's rows, what two threads give at that moment to
     work that scales (on a shared machine, less than 2 whenever the second core is busy)."""
     _timing.use_clock("wall")
-    n = _timing.ROOF_SIZE
-    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
-
-    def gemm():
-        torch.mm(a, b, out=out)
-
+    gemm = matmul_call()
     rows = []
     for gate in GATES:
         forward, both = calls(dplr_args(x, gate, False), "dplr", gate, args.C)
         row: dict = {"gate": gate}
         for name, fn in (("forward", forward), ("forward_backward", both), ("gemm", gemm)):
             one, two = times_in_turns(
-                [lambda fn=fn: (set_threads(1), fn()), lambda fn=fn: (set_threads(2), fn())],
+                [on_threads(1, fn), on_threads(2, fn)],
                 args.repeats,
             )
             ratios = paired_ratios(one, two)
@@ -221,7 +218,7 @@ def scaling_parts(x: dict, args: argparse.Namespace) -> list[dict]:
             row = {"rule": rule, "gate": gate}
             for name, fn in part_calls(made, rule, gate, args.C).items():
                 one, two = medians_in_turns(
-                    [lambda fn=fn: (set_threads(1), fn()), lambda fn=fn: (set_threads(2), fn())],
+                    [on_threads(1, fn), on_threads(2, fn)],
                     args.repeats,
                 )
                 row[name] = one / two

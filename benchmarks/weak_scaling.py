@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from ab_kernels import ROWS, inputs
 
-from linattn.experiments._timing import paired_ratios, times_in_turns
+from linattn.experiments._timing import on_threads, paired_ratios, times_in_turns
 from linattn.ops import native
 
 
@@ -33,11 +33,6 @@ def forward(x: dict[str, torch.Tensor], name: str) -> Callable[[], object]:
     beta_x, g_x = x.get(beta), x.get(g)
     op = torch.ops.linattn_native.chunk_forward
     return lambda: op(x["q"], x["k"], x["v"], beta_x, g_x, S0, K**-0.5, 64, False, rule, gate)
-
-
-def on_threads(threads: int, fn: Callable[[], object]) -> Callable[[], object]:
-    """fn, called with ``threads`` intra-op threads."""
-    return lambda: (torch.set_num_threads(threads), fn())
 
 
 def weak(one: Callable[[], object], two: Callable[[], object], turns: int) -> dict[str, float]:

@@ -87,12 +87,22 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-def matmul_rate(n: int = ROOF_SIZE, repeats: int = 5) -> float:
-    """Operations per second of one n x n float32 matrix product into a reused output (median)."""
+def matmul_call(n: int = ROOF_SIZE) -> Callable[[], object]:
+    """One n x n float32 matrix product into a reused output: 2 n^3 operations a call."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     out = torch.empty(n, n)
-    seconds, _ = median_time(lambda: torch.mm(a, b, out=out), repeats)
+    return lambda: torch.mm(a, b, out=out)
+
+
+def matmul_rate(n: int = ROOF_SIZE, repeats: int = 5) -> float:
+    """Operations per second of ``matmul_call(n)`` (median)."""
+    seconds, _ = median_time(matmul_call(n), repeats)
     return 2 * n**3 / seconds
+
+
+def on_threads(threads: int, fn: Callable[[], object]) -> Callable[[], object]:
+    """fn, called with ``threads`` intra-op threads (set before each call: for calls in turns)."""
+    return lambda: (torch.set_num_threads(threads), fn())
 
 
 def _status_kib(field: str) -> int:

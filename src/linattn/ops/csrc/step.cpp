@@ -141,10 +141,9 @@ struct StepCall {
     float *alpha = w, *qs = w + K;
     const float* qp = q + pq * K;
     // exp_flush (gates.h): vectorised, exp(-inf) = 0 exactly (a reset); a decay below float32's
-    // normal range is 0, as the chunk form's. Separate loops: one loop with both cases compiles
-    // to masked loads of g, which without a gate (g null) all but stop the core (a masked-off
-    // load of an unmapped address is an assist of its own on this machine: the ungated steps
-    // took 1.2x the gated ones).
+    // normal range is 0, as the chunk form's. Separate loops: one loop with both cases compiled
+    // to masked loads of g whatever kg, and without a gate (g null) each masked-off load of an
+    // unmapped address cost an assist (the ungated steps took 1.2x the gated ones).
     if (kg > 1) {
       const float* gp = g + p * kg;
 #pragma omp simd
