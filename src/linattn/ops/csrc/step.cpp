@@ -134,9 +134,9 @@ struct StepCall {
                        // (dplr's a, b apart), 0
 
   // Value head p's step (p over B H): its decay and scaled q prepared into w [3K], the rule's
-  // step from S_in [K, V] into its state S [K, V] (S_in = S: in place), o [V]; whether o (so the
-  // new state, step.h) is finite.
-  bool head(int64_t p, const float* S_in, float* S, float* o, float* w) const {
+  // step from S_in [K, V] into its state S [K, V] (S_in = S: in place), o [V], prefetching
+  // next (the next head's S_in, or nullptr); whether o (so the new state, step.h) is finite.
+  bool head(int64_t p, const float* S_in, const float* next, float* S, float* o, float* w) const {
     const int64_t pq = (p / H) * Hq + (p % H) / group;  // the q/k head of value head p
     float *alpha = w, *qs = w + K;
     const float* qp = q + pq * K;
@@ -157,7 +157,7 @@ struct StepCall {
     const float* rule_inputs = beta ? beta + p * beta_width : nullptr;
     // dplr's b: apart, or the second half of [a | b]
     const float* bp = b ? b + p * K : beta_width == 2 * K ? rule_inputs + K : nullptr;
-    const StepHead h{qs, k + pq * K, v + p * V, rule_inputs, bp, alpha, w + 2 * K, S_in};
+    const StepHead h{qs, k + pq * K, v + p * V, rule_inputs, bp, alpha, w + 2 * K, S_in, next};
     rule->step(h, K, V, S, o);
     return all_finite(o, V);
   }
@@ -231,7 +231,8 @@ at::Tensor recurrent_step(at::Tensor& state, const at::Tensor& q_in, const at::T
     std::vector<float> w(3 * K);
     bool ok = true;
     for (int64_t p = lo; p < hi; ++p) {
-      ok &= call.head(p, Sin + p * K * V, Sp + p * K * V, op + p * V, w.data());
+      const float* next = p + 1 < hi ? Sin + (p + 1) * K * V : nullptr;
+      ok &= call.head(p, Sin + p * K * V, next, Sp + p * K * V, op + p * V, w.data());
     }
     if (!ok) finite = false;
   });

@@ -46,6 +46,8 @@ struct StepHead {
   const float* alpha;  // [K] the decay exp(g) of each row (ones without a gate)
   float* scratch;      // [K] for the rule (the delta rule's alpha * k)
   const float* S_in;   // [K, V] the state entering the step: S itself (in place), or a source
+  const float* next;   // [K, V] the next head's state entering its step, or nullptr: fetched
+                       // into the L2 cache during this head's write pass (write_block)
 };
 
 // Calls f(vecs, j0, w) for each block of columns [j0, j0 + w) of V: vecs an
@@ -85,7 +87,11 @@ inline void read_block(const float* c, int64_t K, int64_t V, const float* S, int
 
 // S <- Diag(alpha) S_in + x u^T (+ y r^T with kLowRank) over the block's columns, and o [w] =
 // S^T q of the new block, in one pass; N vectors wide, or w < kLanes columns one by one (N = 0).
-// S_in: the state entering the step, S itself (in place) or another tensor's block.
+// S_in: the state entering the step, S itself (in place) or another tensor's block (h.S_in + j0).
+// The same block of the next head's state (h.next) is fetched into L2 meanwhile, a row per row
+// written: the next read pass then finds it there, its fetch overlapped with this pass's
+// arithmetic rather than after it (the two-pass rules' steps at Qwen3-Next's B 8, the state in
+// L3: 0.79-0.85 of the time without; benchmarks/README.md, "Prefetching the next head").
 template <int N, bool kLowRank>
 inline void write_block(const StepHead& h, const float* x, const float* u, const float* y,
                         const float* r, int64_t K, int64_t V, const float* S_in, float* S,
@@ -106,7 +112,12 @@ inline void write_block(const StepHead& h, const float* x, const float* u, const
       uu[n] = load(u + n * kLanes);
       rr[n] = kLowRank ? load(r + n * kLanes) : Vec{};
     }
+    const float* next = h.next ? h.next + (S_in - h.S_in) : nullptr;  // the block's columns
+    constexpr int kLine = 64 / sizeof(float);  // floats in a cache line
     for (int64_t i = 0; i < K; ++i) {
+      if (next) {  // a read (0), into L2 (locality 2: prefetcht1)
+        for (int f = 0; f < N * kLanes; f += kLine) __builtin_prefetch(next + i * V + f, 0, 2);
+      }
       const Vec ai = splat(h.alpha[i]), xi = splat(x[i]), qi = splat(h.q[i]);
       const Vec yi = splat(kLowRank ? y[i] : 0.0f);
       const float* in = S_in + i * V;
