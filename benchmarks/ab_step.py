@@ -26,22 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ab_kernels import load_old  # noqa: E402
-from decode import MECHANISMS, SHAPES, in_turns, token  # noqa: E402
+from decode import MECHANISMS, SHAPES, in_turns, step_args, token  # noqa: E402
 
 from linattn.experiments._timing import paired_ratios  # noqa: E402
 from linattn.ops import _native  # noqa: E402
-
-
-def step_args(x: dict, K: int) -> tuple:
-    """``recurrent_step``'s op arguments after (state, q, k, v): beta, g, scale, rule, gate,
-    source, b."""
-    beta, g, b = x.get("beta"), x.get("g"), None
-    if "a" in x:
-        rule, beta, b = "dplr", x["a"], x["b"]
-    else:
-        rule = "additive" if beta is None else "delta"
-    gate = "none" if g is None else "head" if g.dim() == 2 else "channel"
-    return beta, g, K**-0.5, rule, gate, None, b
 
 
 def stepping(op: object, states: list[torch.Tensor], args: tuple) -> Callable[[], None]:

@@ -14,8 +14,8 @@ and 8, on 1 and 2 threads:
 - qwen3_next: 32 value heads on 16 query/key heads, K = V = 128 (2 MiB of state a sequence);
 - small: 8 heads, K = V = 64 (128 KiB a sequence);
 
-it prints the step's time (the public call, and the fused C++ op called directly for the
-additive and delta rules: the Python entry's share), the pass's, their ratio (the median of the
+it prints the step's time (the public call, and the fused C++ op called directly: the Python
+entry's share), the pass's, their ratio (the median of the
 per-turn ratios), and at B 8 the speed-up of two threads over one, measured in paired turns (one
 thread, then two, a few milliseconds apart: ``thread_scaling``); with the issue's targets:
 at most 3x the pass at B 1, 2x at B 8, two threads at least 1.7x faster at B 8, and the
@@ -64,16 +64,21 @@ def token(mechanism: str, B: int, Hq: int, HV: int, K: int) -> dict:
     return x
 
 
-def kernel_call(state: torch.Tensor, x: dict) -> Callable[[], object] | None:
-    """The fused C++ op called directly (the additive and delta rules), or None."""
-    if "a" in x:
-        return None
-    beta, g = x.get("beta"), x.get("g")
-    rule = "additive" if beta is None else "delta"
+def step_args(x: dict, K: int) -> tuple:
+    """The fused op's arguments after (state, q, k, v) for the inputs ``x`` of ``token``: beta
+    (dplr: a), g, scale, rule, gate, source (None: in place), b."""
+    beta, g, b = x.get("beta"), x.get("g"), x.get("b")
+    rule = "dplr" if "a" in x else "additive" if beta is None else "delta"
+    beta = x["a"] if "a" in x else beta
     gate = "none" if g is None else "head" if g.dim() == 2 else "channel"
+    return beta, g, K**-0.5, rule, gate, None, b
+
+
+def kernel_call(state: torch.Tensor, x: dict) -> Callable[[], object]:
+    """The fused C++ op called directly (no Python entry, no checks in Python)."""
     op = torch.ops.linattn_native.recurrent_step.default
-    scale = state.shape[2] ** -0.5
-    return lambda: op(state, x["q"], x["k"], x["v"], beta, g, scale, rule, gate)
+    args = (x["q"], x["k"], x["v"], *step_args(x, state.shape[2]))
+    return lambda: op(state, *args)
 
 
 def in_turns(fns: list[Callable[[], object]], calls: int, turns: int) -> list[list[float]]:
@@ -100,17 +105,13 @@ def measure(shape: str, B: int, threads: int, turns: int) -> list[dict]:
     for mechanism in MECHANISMS:
         x = token(mechanism, B, Hq, HV, K)
         S = state.clone()
-        fns = [lambda S=S: S.mul_(1.0), lambda S=S, x=x: recurrent_step(S, **x)]
-        direct = kernel_call(S, x)
-        fns += [direct] if direct is not None else []
+        fns = [lambda S=S: S.mul_(1.0), lambda S=S, x=x: recurrent_step(S, **x), kernel_call(S, x)]
         samples = in_turns(fns, calls, turns)
         ms = [1e3 * statistics.median(s) for s in samples]
         ratio = paired_ratios(samples[1], samples[0])["median"]
         row = {"shape": shape, "B": B, "threads": threads, "mechanism": mechanism}
         row.update(pass_ms=ms[0], step_ms=ms[1], ratio=ratio)
-        if direct is not None:
-            row["kernel_ms"] = ms[2]
-            row["kernel_ratio"] = paired_ratios(samples[2], samples[0])["median"]
+        row.update(kernel_ms=ms[2], kernel_ratio=paired_ratios(samples[2], samples[0])["median"])
         rows.append(row)
         print(line(row), flush=True)
     return rows

@@ -28,7 +28,7 @@ def test_the_decode_benchmark_runs_and_reports_every_mechanism(tmp_path, capsys)
     assert [r["mechanism"] for r in rows] == decode.MECHANISMS
     for r in rows:
         assert r["step_ms"] > 0 and r["pass_ms"] > 0 and r["ratio"] > 0
-        assert ("kernel_ms" in r) == (r["mechanism"] != "dplr")
+        assert r["kernel_ms"] > 0 and r["kernel_ratio"] > 0
     printed = capsys.readouterr().out
     assert "small B 1 kda:" in printed and "<= 3.0x" in printed
 
