@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing.process import BaseProcess
 
 import torch
 
@@ -47,9 +48,13 @@ def run_jobs(
             for future in as_completed(futures):
                 record(future.result())
         except BaseException:
-            for future in futures:  # finished rows are saved; the rest resume next time
-                future.cancel()
-            stop_workers(pool)  # else leaving the ``with`` would wait for the running jobs
+            # Finished rows are saved; the rest resume next time. The pool's own thread cancels
+            # the pending jobs (a future cancelled here, in this thread, could still be failed
+            # there once the workers are stopped: CPython 3.11's ``terminate_broken`` then raised
+            # InvalidStateError and printed its traceback after our one-line message).
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_workers(processes)  # else leaving the ``with`` would wait for the running jobs
             raise
 
 
@@ -68,10 +73,11 @@ def sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Terminate the pool's worker processes (our own children; their jobs resume from their
-    checkpoints next time). ``_processes`` is private: without it the pool ends as it would."""
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
+def stop_workers(processes: Sequence[BaseProcess]) -> None:
+    """Terminate a pool's worker processes (our own children; their jobs resume from their
+    checkpoints next time). The pool's ``_processes`` is private: without it (an empty list) the
+    pool ends as it would."""
+    for process in processes:
         process.terminate()
 
 
