@@ -101,6 +101,22 @@ def test_the_papers_defaults_reach_the_mixers_of_those_names():
         assert block.mixer.conv is not None and block.mixer.g_proj is None
 
 
+def test_the_chunk_size_is_each_mixers_own_unless_set():
+    """chunk_size None (the default) leaves C to each mixer: 32 for the generalized delta rule's
+    layers (dplr.CHUNK_SIZE), 64 for the others; a value set applies to all."""
+    from linattn.models import CausalLM
+    from linattn.ops.rules import dplr
+
+    mixers = ("rwkv7", "comba", "gdn2", "mamba2", "kda", "linear", "mla", "conv")
+    own = {"rwkv7": dplr.CHUNK_SIZE, "comba": dplr.CHUNK_SIZE, "gdn2": dplr.CHUNK_SIZE,
+           "mamba2": 64, "kda": 64, "linear": 64, "mla": 64, "conv": 64}  # fmt: skip
+    model = CausalLM(LMConfig(vocab_size=8, d_model=16, n_heads=2, mixers=mixers))
+    assert LMConfig(vocab_size=8, d_model=16, n_heads=2).chunk_size is None
+    assert {m: b.mixer.chunk_size for m, b in zip(mixers, model.blocks, strict=True)} == own
+    forced = CausalLM(LMConfig(vocab_size=8, d_model=16, n_heads=2, mixers=mixers, chunk_size=16))
+    assert {block.mixer.chunk_size for block in forced.blocks} == {16}
+
+
 def test_forget_gate_off_builds_deltaproduct_without_its_decay():
     """forget_gate=False: the "deltaproduct" block's transition is the product of its n_h
     Householder matrices alone (no decay module, no decay parameters); on by default."""

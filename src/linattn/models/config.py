@@ -70,7 +70,10 @@ class LMConfig:
             x; False keeps the per-head RMSNorm alone; None (default): each mixer's own, its
             paper's and fla's (on, but off in ``"deltanet"``, DeltaNet's layer).
         gated_conv_size: kernel of the ``"conv"`` blocks (3, as Zoology's BaseConv).
-        chunk_size: block length C of the chunk form.
+        chunk_size: block length C of the chunk form; None (default): each mixer's own (64; 32
+            for ``"rwkv7"``, ``"comba"`` and ``"gdn2"``, the generalized delta rule's
+            ``dplr.CHUNK_SIZE``, at which its kernels run fastest); an integer: that C for every
+            mixer.
         rope, rope_base: rotary position embeddings in the attention blocks (``"softmax"``,
             ``"mla"``, ``"gated_attention"``).
         softmax_short_conv: the same short convolution (kernel ``conv_size``) + SiLU on q, k, v
@@ -126,7 +129,7 @@ class LMConfig:
     conv_size: int = 4
     output_gate: bool | None = None
     gated_conv_size: int = 3
-    chunk_size: int = 64
+    chunk_size: int | None = None
     rope: bool = True
     rope_base: float = 10000.0
     softmax_short_conv: bool = False
@@ -156,9 +159,11 @@ class LMConfig:
             if f.type in ("bool", bool) or (optional and value is not None):
                 # a truthy string ("no") would switch a feature on
                 setattr(self, f.name, flag(f"LMConfig.{f.name}", value))
-        names = ("vocab_size", "d_model", "n_heads", "conv_size", "gated_conv_size", "chunk_size")
-        for name in (*names, "taylor_dim"):
+        names = ("vocab_size", "d_model", "n_heads", "conv_size", "gated_conv_size", "taylor_dim")
+        for name in names:
             _positive_int(name, getattr(self, name))
+        if self.chunk_size is not None:  # None: each mixer's own
+            _positive_int("chunk_size", self.chunk_size)
         for name in ("gate_rank", "state_size", "expand", "n_groups", "num_householder"):
             _positive_int(name, getattr(self, name))
         self._check_head_layout()

@@ -24,8 +24,13 @@ from linattn.layers import (
 from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig
 
 
+def _chunk(c: LMConfig) -> dict:
+    """The chunk size where the config sets one (None: the layer's own default)."""
+    return {} if c.chunk_size is None else {"chunk_size": c.chunk_size}
+
+
 def _recurrent_kwargs(c: LMConfig) -> dict:
-    kwargs = dict(head_dim=c.head_size, conv_size=c.conv_size, chunk_size=c.chunk_size)
+    kwargs = dict(head_dim=c.head_size, conv_size=c.conv_size, **_chunk(c))
     kwargs["norm_eps"] = c.norm_eps
     # None: the layer's own default (its paper's and fla's), not one value for every mixer.
     for name in ("short_conv", "output_gate"):
@@ -47,7 +52,7 @@ def _rwkv7(c: LMConfig, index: int | None) -> RWKV7:
     """RWKV-7 as fla builds it (its LoRA widths, K = d_model / n_heads); the model's first rwkv7
     block (or a block built alone, ``index`` None) makes the values the later ones mix in."""
     first = index is None or index == c.mixers.index("rwkv7")
-    return RWKV7(c.d_model, c.n_heads, c.head_dim, first_layer=first, chunk_size=c.chunk_size)
+    return RWKV7(c.d_model, c.n_heads, c.head_dim, first_layer=first, **_chunk(c))
 
 
 # name -> builder; "linear", "taylor" and "scalar_decay" are one class, configured.
@@ -111,7 +116,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         rope=c.rope,
         rope_base=c.rope_base,
         norm_eps=c.norm_eps,
-        chunk_size=c.chunk_size,
+        **_chunk(c),
     ),
     "gated_attention": lambda c: GatedAttention(
         c.d_model,
@@ -121,7 +126,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         partial_rotary_factor=c.partial_rotary_factor if c.rope else 0.0,
         rope_base=c.rope_base,
         norm_eps=c.norm_eps,
-        chunk_size=c.chunk_size,
+        **_chunk(c),
     ),
     "mamba2": lambda c: Mamba2(
         c.d_model,
@@ -131,7 +136,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         c.mamba2_head_dim,
         c.n_groups,
         norm_eps=c.norm_eps,
-        chunk_size=c.chunk_size,
+        **_chunk(c),
         **(
             {}
             if c.dt_init_range is None
@@ -145,7 +150,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     "gdn2": lambda c: GatedDeltaNet2(
         c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
     ),
-    "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, c.chunk_size),
+    "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, **_chunk(c)),
 }
 assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS
 
