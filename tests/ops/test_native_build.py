@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -112,16 +113,18 @@ def test_the_compile_is_announced_on_stderr(tmp_path, monkeypatch, capsys):
     from torch.utils import cpp_extension
 
     calls = []
+    module = types.SimpleNamespace(recurrent_step=print)  # the Python module a build returns
     monkeypatch.setattr(_native, "build_directory", lambda: tmp_path)
-    monkeypatch.setattr(cpp_extension, "load", lambda **kw: calls.append(kw))
-    assert _native._compile_and_load(1.0).startswith("compiled in ")
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: calls.append(kw) or module)
+    how, step = _native._compile_and_load(1.0)
+    assert how.startswith("compiled in ") and step is print
     err = capsys.readouterr().err
     assert "linattn: compiling the fused CPU chunk kernels (csrc/, " in err and "once; " in err
     assert "this may take a minute or two" in err and "linattn: compiled in " in err
     assert calls[0]["build_directory"] == str(tmp_path)
     # A build newer than the source: loaded, nothing said.
     (tmp_path / f"{_native.build_name()}.so").touch()
-    assert _native._compile_and_load(1.0) == "loaded from the build cache"
+    assert _native._compile_and_load(1.0) == ("loaded from the build cache", print)
     assert capsys.readouterr().err == ""
 
 

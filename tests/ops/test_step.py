@@ -335,3 +335,34 @@ def test_a_cached_forward_of_the_generalized_rule_takes_the_fused_steps(monkeypa
     torch.testing.assert_close(o.double(), o64, rtol=0, atol=1e-5)
     torch.testing.assert_close(S_T.double(), S64, rtol=0, atol=1e-5)
     assert calls == (["dplr"] * T if _native.available() else [])
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_the_fast_path_calls_the_step_bound_directly_with_the_ops_bits(mechanism, monkeypatch):
+    # Issue 35: float32 on the CPU, nothing to differentiate, recurrent_step calls the kernel
+    # bound directly (``_native.fast_step``, csrc/python.cpp), not through torch.ops' schema
+    # parsing; the same C++ function as the registered op, so the same bits.
+    from linattn.ops import _native
+
+    if not _native.available():
+        pytest.skip("the fused CPU code is unavailable")
+    direct, calls = _native.fast_step(), []
+
+    def spy(*args):
+        calls.append(args[7])  # the rule
+        return direct(*args)
+
+    monkeypatch.setitem(_native._state, "step", spy)
+    x = {n: None if t is None else t.float() for n, t in inputs(mechanism, seed=3).items()}
+    S0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(4))
+    S_fast, S_op = S0.clone(), S0.clone()
+    o_fast = recurrent_step(S_fast, x["q"], x["k"], x["v"], x["beta"], x["g"])
+    assert calls == ["additive" if x["beta"] is None else "delta"]
+    gate = "none" if x["g"] is None else "head" if x["g"].dim() == 2 else "channel"
+    rule = calls[0]
+    op = torch.ops.linattn_native.recurrent_step.default
+    o_op = op(S_op, x["q"], x["k"], x["v"], x["beta"], x["g"], K**-0.5, rule, gate)
+    assert torch.equal(o_fast, o_op) and torch.equal(S_fast, S_op)
+    monkeypatch.setenv("LINATTN_NATIVE", "0")  # switched off: no direct call
+    recurrent_step(S0.clone(), x["q"], x["k"], x["v"], x["beta"], x["g"])
+    assert len(calls) == 1

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -172,8 +172,9 @@ def _compiles(directory: Path, name: str) -> bool:
     return not built.exists() or built.stat().st_mtime < newest
 
 
-def _compile_and_load(timeout: float) -> str:
-    """Compile (or find in the cache) and load the extension under ``compile_lock``; how."""
+def _compile_and_load(timeout: float) -> tuple[str, Callable[..., Tensor]]:
+    """Compile (or find in the cache) and load the extension under ``compile_lock``; how, and
+    the step bound directly (``fast_step``)."""
     from torch.utils import cpp_extension
 
     name, directory = build_name(), build_directory()
@@ -185,21 +186,21 @@ def _compile_and_load(timeout: float) -> str:
                 f"this may take a minute or two (cached in {directory}) ..."
             )
         start = time.monotonic()
-        cpp_extension.load(
+        module = cpp_extension.load(
             name=name,
             sources=[str(path) for path in SOURCES],
             extra_cflags=FLAGS,
             extra_ldflags=LDFLAGS,
             build_directory=str(directory),
-            is_python_module=False,
+            is_python_module=True,  # csrc/python.cpp; the ops register on loading too
             verbose=False,
         )
         seconds = time.monotonic() - start
     torch.ops.linattn_native.chunk_forward  # noqa: B018 (the op is registered)
     if compiles:
         _say(f"compiled in {seconds:.0f} s")
-        return f"compiled in {seconds:.0f} s"
-    return "loaded from the build cache"
+        return f"compiled in {seconds:.0f} s", module.recurrent_step
+    return "loaded from the build cache", module.recurrent_step
 
 
 def _load() -> None:
@@ -211,7 +212,7 @@ def _load() -> None:
         if "ok" in _state:
             return
         try:
-            how = _compile_and_load(timeout)
+            how, step = _compile_and_load(timeout)
         except Exception as error:  # no compiler, a failed build, a lock held too long
             why = "not built" if isinstance(error, TimeoutError) else "build failed"
             _state.update(ok=False, reason=f"{why}: {type(error).__name__}: {error}")
@@ -222,7 +223,7 @@ def _load() -> None:
                 stacklevel=3,
             )
             return
-        _state.update(ok=True, reason=how)
+        _state.update(ok=True, reason=how, step=step)
 
 
 def _enabled() -> bool:
@@ -297,6 +298,15 @@ def cache_bytes() -> int:
 def ready() -> bool:
     """True when the fused code is enabled and already loaded (never starts a build)."""
     return _enabled() and bool(_state.get("ok"))
+
+
+def fast_step():
+    """The op ``recurrent_step``'s CPU kernel bound directly (``csrc/python.cpp``: no parsing
+    of its arguments against the schema, 2.7 us a call through torch.ops), or None unless
+    ``ready()``: for ``linattn.ops.recurrent_step``'s eager fast path, which has just checked
+    that its tensors are float32 on the CPU with nothing to differentiate (the kernel checks
+    the rest)."""
+    return _state.get("step") if _enabled() and _state.get("ok") else None
 
 
 def recurrent_step(

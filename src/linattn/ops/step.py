@@ -108,19 +108,21 @@ def _fused_low_rank_step(state, q, k, v, a, b, g, scale, out) -> Tensor | None:
 
 def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None) -> Tensor | None:
     """The fast path: the fused C++ step for float32 CPU tensors of the additive or delta rule,
-    with nothing to differentiate, called directly (its checks, of every shape, dtype and
-    small input's values, are in the same C++ call, before anything is written: one pass over
-    the small inputs, no state-sized scan); o_t. None where it does not apply (the extension not
-    loaded yet, another dtype, a graph to record, a trace) or where the kernel refuses a shape or
-    a type: ``_checked_step`` then runs, and names what it refuses. ``rule`` and ``gate``: the
-    mechanism where the caller resolved it (the ops' ``Mechanism``; g then [B, H, 1 | K]); None:
-    from beta and g as ``recurrent_step`` takes them. ``b``: the dplr rule's b [B, H, K], its a
-    then in beta's slot."""
+    with nothing to differentiate, called directly (``_native.fast_step``, bound with pybind11:
+    torch.ops' parsing of the eleven arguments took 2.7 us a call) with its checks, of every
+    shape, dtype and small input's values, in the same C++ call, before anything is written
+    (one pass over the small inputs, no state-sized scan); o_t. None where it does not apply
+    (the extension not loaded yet, another dtype, a graph to record, a trace) or where the
+    kernel refuses a shape or a type: ``_checked_step`` then runs, and names what it refuses.
+    ``rule`` and ``gate``: the mechanism where the caller resolved it (the ops' ``Mechanism``; g
+    then [B, H, 1 | K]); None: from beta and g as ``recurrent_step`` takes them. ``b``: the dplr
+    rule's b [B, H, K], its a then in beta's slot."""
     # The cheapest tests first: this path is the whole per-call cost of a decoding step beside
     # the kernel (issue 35: an elementwise op's overhead at most).
     if not (isinstance(state, Tensor) and state.dtype is torch.float32 and state.is_cpu):
         return None
-    if state.numel() == 0 or not _native.ready() or torch.compiler.is_compiling():
+    kernel = _native.fast_step()  # None: the extension disabled or not loaded yet
+    if kernel is None or state.numel() == 0 or torch.compiler.is_compiling():
         return None  # an empty state (B, H, K or V = 0): the checked path's rules for it
     if type(scale) not in (float, int, type(None)):  # a bool, a tensor: ``_checks.scale`` says
         return None
@@ -136,7 +138,7 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None
         if rule is None:
             rule = "additive" if beta is None else "delta"
         target, source = (state, None) if out is None else (out, state)
-        o_t = _native.fused("recurrent_step")(target, q, k, v, beta, g, s, rule, gate, source, b)
+        o_t = kernel(target, q, k, v, beta, g, s, rule, gate, source, b)
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
         return None  # refused before any work: the checked path names the argument
     if o_t.dim() == 1:  # a value out of range: named below (an input: the state unchanged)
