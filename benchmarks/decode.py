@@ -75,8 +75,9 @@ def step_args(x: dict, K: int) -> tuple:
 
 
 def kernel_call(state: torch.Tensor, x: dict) -> Callable[[], object]:
-    """The fused C++ op called directly (no Python entry, no checks in Python)."""
-    op = torch.ops.linattn_native.recurrent_step.default
+    """The fused C++ step called directly (no Python entry, no checks in Python): bound with
+    pybind11 (``_native.fast_step``, what the public call's fast path calls), else the op."""
+    op = _native.fast_step() or torch.ops.linattn_native.recurrent_step.default
     args = (x["q"], x["k"], x["v"], *step_args(x, state.shape[2]))
     return lambda: op(state, *args)
 
