@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def test_builds_where_there_is_a_compiler(monkeypatch):
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler")
     assert _native.available(), _native.reason()
+
+
+@pytest.mark.parametrize("value", [None, "0", "1", "", "00", " 0", "no"])
+def test_the_switch_is_read_as_os_environ_reads_it(value, monkeypatch):
+    # The switch is read from os.environ's encoded pairs (fast) where CPython keeps them, with
+    # os.environ.get's meaning: off only for "0"; every change through os.environ seen at once.
+    if value is None:
+        monkeypatch.delenv("LINATTN_NATIVE", raising=False)
+    else:
+        monkeypatch.setenv("LINATTN_NATIVE", value)
+    expected = os.environ.get("LINATTN_NATIVE", "1") != "0"
+    assert _native._enabled() is expected
+    on = expected and _native._state.get("ok")  # the step bound directly only then
+    assert _native.fast_step() is (_native._state["step"] if on else None)
+    monkeypatch.setenv("LINATTN_NATIVE", "0" if expected else "1")
+    assert _native._enabled() is not expected
 
 
 def test_disabled_by_the_environment(monkeypatch):
