@@ -113,7 +113,7 @@ def test_the_compile_is_announced_on_stderr(tmp_path, monkeypatch, capsys):
     from torch.utils import cpp_extension
 
     calls = []
-    module = types.SimpleNamespace(recurrent_step=print)  # the Python module a build returns
+    module = types.SimpleNamespace(fast_step=print)  # the Python module a build returns
     monkeypatch.setattr(_native, "build_directory", lambda: tmp_path)
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: calls.append(kw) or module)
     how, step = _native._compile_and_load(1.0)

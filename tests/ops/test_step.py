@@ -339,9 +339,10 @@ def test_a_cached_forward_of_the_generalized_rule_takes_the_fused_steps(monkeypa
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_the_fast_path_calls_the_step_bound_directly_with_the_ops_bits(mechanism, monkeypatch):
-    # Issue 35: float32 on the CPU, nothing to differentiate, recurrent_step calls the kernel
-    # bound directly (``_native.fast_step``, csrc/python.cpp), not through torch.ops' schema
-    # parsing; the same C++ function as the registered op, so the same bits.
+    # Issue 35: float32 on the CPU, nothing to differentiate, recurrent_step takes its fast path
+    # in one call bound directly (``_native.fast_step``, csrc/python.cpp), not through torch.ops'
+    # schema parsing; the scale, rule and gate inferred there as in Python; the same step as the
+    # registered op (step.cpp), so the same bits.
     from linattn.ops import _native
 
     if not _native.available():
@@ -349,7 +350,7 @@ def test_the_fast_path_calls_the_step_bound_directly_with_the_ops_bits(mechanism
     direct, calls = _native.fast_step(), []
 
     def spy(*args):
-        calls.append(args[7])  # the rule
+        calls.append(args)
         return direct(*args)
 
     monkeypatch.setitem(_native._state, "step", spy)
@@ -357,9 +358,9 @@ def test_the_fast_path_calls_the_step_bound_directly_with_the_ops_bits(mechanism
     S0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(4))
     S_fast, S_op = S0.clone(), S0.clone()
     o_fast = recurrent_step(S_fast, x["q"], x["k"], x["v"], x["beta"], x["g"])
-    assert calls == ["additive" if x["beta"] is None else "delta"]
+    assert len(calls) == 1 and calls[0][0] is S_fast
     gate = "none" if x["g"] is None else "head" if x["g"].dim() == 2 else "channel"
-    rule = calls[0]
+    rule = "additive" if x["beta"] is None else "delta"
     op = torch.ops.linattn_native.recurrent_step.default
     o_op = op(S_op, x["q"], x["k"], x["v"], x["beta"], x["g"], K**-0.5, rule, gate)
     assert torch.equal(o_fast, o_op) and torch.equal(S_fast, S_op)

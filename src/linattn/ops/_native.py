@@ -199,8 +199,8 @@ def _compile_and_load(timeout: float) -> tuple[str, Callable[..., Tensor]]:
     torch.ops.linattn_native.chunk_forward  # noqa: B018 (the op is registered)
     if compiles:
         _say(f"compiled in {seconds:.0f} s")
-        return f"compiled in {seconds:.0f} s", module.recurrent_step
-    return "loaded from the build cache", module.recurrent_step
+        return f"compiled in {seconds:.0f} s", module.fast_step
+    return "loaded from the build cache", module.fast_step
 
 
 def _load() -> None:
@@ -322,11 +322,12 @@ def ready() -> bool:
 
 
 def fast_step():
-    """The op ``recurrent_step``'s CPU kernel bound directly (``csrc/python.cpp``: no parsing
-    of its arguments against the schema, 2.7 us a call through torch.ops), or None unless
-    ``ready()``: for ``linattn.ops.recurrent_step``'s eager fast path, which has just checked
-    that its tensors are float32 on the CPU with nothing to differentiate (the kernel checks
-    the rest)."""
+    """``linattn.ops.recurrent_step``'s eager fast path in one C++ call (``csrc/python.cpp``,
+    bound with pybind11, not through torch.ops), or None unless ``ready()``. Called as
+    ``(state, q, k, v, beta, g, scale, rule, gate, out, b)`` (scale, rule, gate: None to infer
+    them) on a float32 CPU state, it returns None where the path does not apply (a graph to
+    record, an empty state), else the step's o_t (an empty 1-D tensor: a value out of range);
+    a refused shape or type raises."""
     return _state.get("step") if _enabled_now() and _state.get("ok") else None
 
 

@@ -107,42 +107,31 @@ def _fused_low_rank_step(state, q, k, v, a, b, g, scale, out) -> Tensor | None:
 
 
 def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None) -> Tensor | None:
-    """The fast path: the fused C++ step for float32 CPU tensors of the additive or delta rule,
-    with nothing to differentiate, called directly (``_native.fast_step``, bound with pybind11:
-    torch.ops' parsing of the eleven arguments took 2.7 us a call) with its checks, of every
-    shape, dtype and small input's values, in the same C++ call, before anything is written
-    (one pass over the small inputs, no state-sized scan); o_t. None where it does not apply
-    (the extension not loaded yet, another dtype, a graph to record, a trace) or where the
-    kernel refuses a shape or a type: ``_checked_step`` then runs, and names what it refuses.
-    ``rule`` and ``gate``: the mechanism where the caller resolved it (the ops' ``Mechanism``; g
-    then [B, H, 1 | K]); None: from beta and g as ``recurrent_step`` takes them. ``b``: the dplr
-    rule's b [B, H, K], its a then in beta's slot."""
+    """The fast path: the fused C++ step for float32 CPU tensors with nothing to differentiate,
+    in one call bound with pybind11 (``_native.fast_step``, csrc/python.cpp: through torch.ops
+    the parsing of the op's eleven arguments took 2.7 us a call, and the path's own tests in
+    Python as long again), which checks every shape, dtype and small input's value before
+    anything is written (one pass over the small inputs, no state-sized scan); o_t. None where
+    it does not apply (the extension not loaded yet, another dtype, a graph to record, an empty
+    state, a trace) or where the kernel refuses a shape or a type: ``_checked_step`` then runs,
+    and names what it refuses. ``rule`` and ``gate``: the mechanism where the caller resolved it
+    (the ops' ``Mechanism``; g then [B, H, 1 | K]); None: from beta and g as ``recurrent_step``
+    takes them. ``b``: the dplr rule's b [B, H, K], its a then in beta's slot."""
     # The cheapest tests first: this path is the whole per-call cost of a decoding step beside
     # the kernel (issue 35: an elementwise op's overhead at most).
     if not (isinstance(state, Tensor) and state.dtype is torch.float32 and state.is_cpu):
         return None
     kernel = _native.fast_step()  # None: the extension disabled or not loaded yet
-    if kernel is None or state.numel() == 0 or torch.compiler.is_compiling():
-        return None  # an empty state (B, H, K or V = 0): the checked path's rules for it
+    if kernel is None or torch.compiler.is_compiling():
+        return None
     if type(scale) not in (float, int, type(None)):  # a bool, a tensor: ``_checks.scale`` says
         return None
-    if torch.is_grad_enabled():
-        for x in (state, q, k, v, beta, g, out, b):
-            if getattr(x, "requires_grad", False):
-                return None
     try:
-        K = state.shape[2]
-        s = 1.0 / math.sqrt(K) if scale is None else float(scale)
-        if gate is None:
-            gate = "none" if g is None else "head" if g.dim() == 2 else "channel"
-        if rule is None:
-            rule = "additive" if beta is None else "delta"
-        target, source = (state, None) if out is None else (out, state)
-        o_t = kernel(target, q, k, v, beta, g, s, rule, gate, source, b)
+        o_t = kernel(state, q, k, v, beta, g, scale, rule, gate, out, b)
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
         return None  # refused before any work: the checked path names the argument
-    if o_t.dim() == 1:  # a value out of range: named below (an input: the state unchanged)
-        _name_the_value_out_of_range(
+    if o_t is not None and o_t.dim() == 1:  # a value out of range: named below (an input:
+        _name_the_value_out_of_range(  # the state unchanged)
             state, q, k, v, beta if b is None else torch.cat([beta, b], -1), g
         )
     return o_t
