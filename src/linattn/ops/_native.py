@@ -244,12 +244,8 @@ def _environ_reader() -> Callable[[], bool]:
     return lambda: os.environ.get("LINATTN_NATIVE", "1") != "0"
 
 
-_enabled_now = _environ_reader()
-
-
-def _enabled() -> bool:
-    """False while ``LINATTN_NATIVE=0`` is set (read at every call, so it can be switched)."""
-    return _enabled_now()
+# False while ``LINATTN_NATIVE=0`` is set (read at every call, so it can be switched).
+_enabled: Callable[[], bool] = _environ_reader()
 
 
 def available() -> bool:
@@ -328,7 +324,7 @@ def fast_step():
     them) on a float32 CPU state, it returns None where the path does not apply (a graph to
     record, an empty state), else the step's o_t (an empty 1-D tensor: a value out of range);
     a refused shape or type raises."""
-    return _state.get("step") if _enabled_now() and _state.get("ok") else None
+    return _state.get("step") if _enabled() else None  # "step": set once loaded (``_load``)
 
 
 def recurrent_step(

@@ -92,7 +92,7 @@ inline void read_block(const float* c, int64_t K, int64_t V, const float* S, int
 // written: the next read pass then finds it there, its fetch overlapped with this pass's
 // arithmetic rather than after it (the two-pass rules' steps at Qwen3-Next's B 8, the state in
 // L3: 0.79-0.85 of the time without; benchmarks/README.md, "Prefetching the next head").
-template <int N, bool kLowRank>
+template <int N, bool kLowRank, bool kPrefetch = true>
 inline void write_block(const StepHead& h, const float* x, const float* u, const float* y,
                         const float* r, int64_t K, int64_t V, const float* S_in, float* S,
                         int64_t w, float* o) {
@@ -112,7 +112,8 @@ inline void write_block(const StepHead& h, const float* x, const float* u, const
       uu[n] = load(u + n * kLanes);
       rr[n] = kLowRank ? load(r + n * kLanes) : Vec{};
     }
-    const float* next = h.next ? h.next + (S_in - h.S_in) : nullptr;  // the block's columns
+    // the block's columns of the next head (kPrefetch false: a rule whose one pass streams)
+    const float* next = kPrefetch && h.next ? h.next + (S_in - h.S_in) : nullptr;
     constexpr int kLine = 64 / sizeof(float);  // floats in a cache line
     for (int64_t i = 0; i < K; ++i) {
       if (next) {  // a read (0), into L2 (locality 2: prefetcht1; 1 measured alike, 3, into L1,

@@ -23,12 +23,10 @@ void scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const Terms&
 // pass streams the state in order, so the next head is not prefetched (the hardware's stream
 // prefetch does it; the explicit one cost 3-5%).
 void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
-  StepHead streamed = h;
-  streamed.next = nullptr;
   column_blocks(V, [&](auto vecs, int64_t j0, int64_t w) {
     constexpr int N = decltype(vecs)::value;
-    write_block<N, false>(streamed, h.k, h.v + j0, nullptr, nullptr, K, V, h.S_in + j0, S + j0,
-                          w, o + j0);
+    write_block<N, false, false>(h, h.k, h.v + j0, nullptr, nullptr, K, V, h.S_in + j0, S + j0,
+                                 w, o + j0);
   });
 }
 
