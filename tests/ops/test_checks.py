@@ -105,17 +105,41 @@ def test_checks_run_before_work(x, monkeypatch):
         lin(x, mode="fused")
 
 
-def test_all_finite_settles_an_overflowing_sum_entry_by_entry():
-    """Finite entries whose sum overflows are finite; a NaN or an Inf anywhere is not."""
+@pytest.mark.parametrize(
+    "dtype,big", [(torch.float16, 3e4), (torch.bfloat16, 3e38), (torch.float32, 3e38),
+                  (torch.float64, 1e308)],
+)  # fmt: skip
+def test_all_finite_settles_an_overflowing_sum_entry_by_entry(dtype, big):
+    """Finite entries whose sum overflows are finite; a NaN or an Inf anywhere is not, in a
+    contiguous tensor or a strided one, at its first, middle or last entry."""
     from linattn.ops.checks import all_finite
 
-    huge = torch.full((4, 1000), 3e38, dtype=torch.float32)
+    huge = torch.full((4, 1001), big, dtype=dtype)
     assert not torch.isfinite(huge.sum())
-    assert all_finite(huge)
+    assert all_finite(huge) and all_finite(-huge) and all_finite(huge[:, ::3])
     for bad in (float("nan"), float("inf"), float("-inf")):
-        x = torch.randn(4, 1000)
-        x[2, 517] = bad
-        assert not all_finite(x)
+        for at in (0, 2002, 4003):
+            x = huge.clone()
+            x.view(-1)[at] = bad
+            assert not all_finite(x)
+            strided = torch.full((4004, 3), big, dtype=dtype)
+            strided[at, 1] = bad
+            assert not all_finite(strided[:, 1])
+
+
+def test_a_float16_input_whose_sum_overflows_is_accepted_and_its_nan_refused():
+    """A float16 v in [1, 2) in every entry (a positive-mean activation) sums past 65,504: the op
+    takes it, as the float32 copy of the same numbers, and still names a NaN in it."""
+    q, k = (torch.randn(1, 1024, 2, 32).mul(0.1).half() for _ in range(2))
+    v = (torch.rand(1, 1024, 2, 32) + 1).half()  # 65,536 entries >= 1: a sum past 65,504
+    assert not torch.isfinite(v.sum())
+    o, _ = linear_attention(q, k, v, mode="chunk")
+    o32, _ = linear_attention(q.float(), k.float(), v.float(), mode="chunk")
+    assert o.dtype == torch.float16
+    torch.testing.assert_close(o.float(), o32, rtol=2e-3, atol=2e-3)
+    v[0, 1000, 1, 7] = float("nan")
+    with pytest.raises(ValueError, match="v contains non-finite values"):
+        linear_attention(q, k, v, mode="chunk")
 
 
 @pytest.mark.parametrize("op", [lin, delta])
