@@ -411,3 +411,26 @@ def test_an_unused_output_has_a_zero_gradient(unused, create_graph, backend, G, 
 
     for alone, seeded in zip(grads(False), grads(True), strict=True):
         torch.testing.assert_close(alone, seeded, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rule", "gate"), MECHANISMS)
+def test_a_call_without_a_graph_skips_the_autograd_function(rule, gate, backend, monkeypatch):
+    # No input requires grad, or grad mode is off: ``chunk`` calls the kernel directly (no graph
+    # to record), with the bits of the recorded call; with a graph it goes through _EagerChunk.
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    x = _inputs(rule, gate, T=9)
+    mech = library.mechanism(*_mechanism(x))
+    args = [x[n] for n in ("q", "k", "v", "beta", "g", "S0")]
+    recorded = library.chunk(*args, 4, 0.5, mech)
+    assert all(t.requires_grad for t in recorded)
+    applied = []
+    monkeypatch.setattr(library._EagerChunk, "apply", lambda *a: applied.append(a))
+    detached = [None if t is None else t.detach() for t in args]
+    with torch.no_grad():
+        no_grad = library.chunk(*args, 4, 0.5, mech)
+    no_inputs = library.chunk(*detached, 4, 0.5, mech)
+    assert not applied
+    for outputs in (no_grad, no_inputs):
+        assert not any(t.requires_grad for t in outputs)
+        assert all(torch.equal(a, b.detach()) for a, b in zip(outputs, recorded, strict=True))
