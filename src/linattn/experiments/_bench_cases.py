@@ -1,7 +1,8 @@
 """The mechanisms `linattn bench` times: their inputs, their calls and their section-9 cost.
 
-Each mechanism of DESIGN.md's table is one call of a public op on float32 inputs laid out
-[B, T, H, D]. Operation counts come from the section-9 cost model (``linattn.reference.costs``):
+Each mechanism of the mechanism table (docs/design.md) is one call of a public op on float32
+inputs laid out [B, T, H, D]. Operation counts come from the section-9 cost model
+(``linattn.reference.costs``):
 
 - linear attention, scalar decay and per-channel decay (GLA): ``linear_training_ops(T, K, V, C)``;
 - the delta rule, Gated DeltaNet and KDA: ``delta_training_ops(T, K, V, C)``;

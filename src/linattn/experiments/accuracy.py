@@ -1,7 +1,8 @@
 """Accuracy of the PyTorch ops: every mechanism and form against the float64 oracle.
 
-For each row of the DESIGN.md table (linear attention, scalar decay, GLA, delta rule, Gated
-DeltaNet, KDA) and each form (parallel, recurrent, chunk), runs the op on one random problem in
+For each row of the mechanism table (docs/design.md: linear attention, scalar decay, GLA, delta
+rule, Gated DeltaNet, KDA) and each form (parallel, recurrent, chunk), runs the op on one random
+problem in
 float64, float32, bfloat16 and float16 and compares it with
 ``linattn.reference.gated.recurrence``: the largest absolute error for float64, the relative RMS
 error for the others (the low-precision inputs are rounded first and the oracle sees the rounded

@@ -7,8 +7,9 @@
     y_t = S_t^T C_t + D x_t                              (the D skip)
     out = out_proj(rmsnorm(y * silu(z)))                 (gate, then norm: norm_before_gate=False)
 
-The recurrence is linattn's scalar-decay linear attention (DESIGN.md's table, ``alpha_t I``) with
-q = C, k = B, v = dt * x, g = dt * A and scale 1 (no 1/sqrt(N)); B and C are shared by the
+The recurrence is linattn's scalar-decay linear attention (``alpha_t I`` in the mechanism table
+of docs/design.md) with q = C, k = B, v = dt * x, g = dt * A and scale 1 (no 1/sqrt(N)); B and C
+are shared by the
 ``H / n_groups`` heads of a group, and the norm runs over each group's ``d_inner / n_groups``
 channels. Options, defaults and initialisation follow the reference implementation
 (``mamba_ssm.modules.mamba2.Mamba2``; fla's ``Mamba2`` layer, transformers' ``Mamba2Mixer``):

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, fields
 from linattn.layers.modules import check_dt_range
 from linattn.ops.checks import flag
 
-# One name per mechanism of the spec (DESIGN.md's table); ``linattn.models.mixers`` builds them.
+# One name per mechanism of the spec (the mechanism table, docs/design.md);
+# ``linattn.models.mixers`` builds them.
 MIXERS = (
     "softmax",
     "linear",

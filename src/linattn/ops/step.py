@@ -40,7 +40,7 @@ def recurrent_step(
 ) -> Tensor:
     """One token of ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T (scale q_t)``; S in place.
 
-    The mechanism follows from the arguments, as in the ops (DESIGN.md's table):
+    The mechanism follows from the arguments, as in the ops (the mechanism table, docs/design.md):
 
     - beta None: the additive rule, w_t = v_t (linear attention; with g, its decayed forms);
     - beta [B, H]: the delta rule, w_t = beta_t (v_t - S^T k_t) read after the decay (section 7);

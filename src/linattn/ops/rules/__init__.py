@@ -1,6 +1,8 @@
-"""Update rules, one module each: what a mechanism's memory writes (DESIGN.md, "Rules are modules").
+"""Update rules, one module each: what a mechanism's memory writes (docs/design.md, "Rules are
+modules").
 
-Every mechanism of DESIGN.md's table is ``S_t = A_t S_{t-1} + k_t w_t^T``, read as
+Every mechanism of the mechanism table (docs/design.md) is ``S_t = A_t S_{t-1} + k_t w_t^T``,
+read as
 ``o_t = S_t^T q_t``. Its gate (none, one log-decay per head, one per key channel) is the diagonal
 part of A_t and is handled alike for every rule (the cumulative log-gates of ``_chunk_terms``);
 the rule is the rest: how a token's write reads the state, and so how a chunk's pseudo-values U

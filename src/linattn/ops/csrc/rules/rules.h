@@ -1,4 +1,5 @@
-// The update rules, a file each, and the one table of them (DESIGN.md: "Rules are modules"; spec
+// The update rules, a file each, and the one table of them (docs/design.md, "Rules are modules";
+// spec
 // section 8). The chunk loop (forward.cpp, backward.cpp) is written once for every rule and calls
 // a rule only through its ``Rule`` below, once per chunk (never per element); what differs
 // between the rules is in their files, in the spec's names:
