@@ -1,4 +1,4 @@
-"""The generalized delta rule's named forms: Comba, RWKV-7 and Gated DeltaNet-2 (issue 30).
+"""The generalized delta rule's named forms: Comba, RWKV-7 and Gated DeltaNet-2.
 
 Each mechanism here is the diagonal-plus-low-rank (DPLR) memory of ``generalized_delta_rule``
 with a parametrisation of its own:

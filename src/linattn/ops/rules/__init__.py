@@ -31,8 +31,8 @@ spec's names:
 
 The chunk loop (``chunk``) and the terms (``_chunk_terms``) call these and nothing else of a rule:
 a new rule is a new module here, ``Mechanism.rule`` naming it (``named``). A rule whose chunk
-writes along more vectors than its keys (the diagonal-plus-low-rank transition of issue 30,
-``dplr``, whose chunk writes Ke^T V + Ae^T U_b) stacks them along the chunk's token axis in its
+writes along more vectors than its keys (the diagonal-plus-low-rank transition, ``dplr``,
+whose chunk writes Ke^T V + Ae^T U_b) stacks them along the chunk's token axis in its
 ``pseudo_value_terms`` (Ke = [Ke; Ae], U = [V; U_b], A_qk = [A_qk, A_qa]), so that the loop's
 three steps, and their gradient, stay as they are; its own inputs ab = [a | b] travel where beta
 does.
