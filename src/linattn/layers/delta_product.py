@@ -1,4 +1,4 @@
-"""Gated DeltaProduct (Siems et al., 2025): n_h delta-rule writes per token (issue 31).
+"""Gated DeltaProduct (Siems et al., 2025): n_h delta-rule writes per token.
 
     S <- alpha_t S
     S <- S + beta_tj k_tj (v_tj - S^T k_tj)^T      for j = 1 .. n_h

@@ -83,8 +83,8 @@ class Mamba2(TokenMixer):
         conv_bias: a bias in the convolution (default); bias: biases in in_proj and out_proj.
         conv_init: if given, the convolution's weights start in U(-conv_init, conv_init).
         norm_eps: epsilon of the norm. chunk_size: block length C of the chunk form (64: on
-            the CPU a model of ``preset("mamba2")`` trained 1.16-1.22x slower at Mamba-2's GPU
-            default of 256, T 256-4,096, and no faster at 32 or 128).
+            the CPU a model of ``preset("mamba2")`` trains slower at Mamba-2's GPU default of
+            256, and no faster at 32 or 128).
     """
 
     def __init__(

@@ -112,7 +112,7 @@ class LMConfig:
             ``"mamba2"``), log-uniform in (lo, hi); None (default): each layer's own, Mamba-2's
             and fla's (1e-3, 1e-1). The initial decay per token is exp(-A dt) (A up to 16): with
             few heads every head may start forgetting fast (the MQAR ``cpu`` preset's models,
-            two heads, use (1e-4, 1e-2); issue 36).
+            two heads, use (1e-4, 1e-2)).
         norm_eps: epsilon of every RMSNorm.
         init_std: standard deviation of the normal initialisation of linear and embedding weights.
     """
