@@ -131,7 +131,7 @@ def compile_lock(directory: Path, timeout: float) -> Iterator[None]:
     torch's lock alone, as before.
 
     The wait is announced only once it has lasted ``WAIT_GRACE_S`` (or half the timeout): a
-    process that loads a cached build holds the lock for a fraction of a second (0.15 s here),
+    process that loads a cached build holds the lock for a fraction of a second,
     and processes started together (a sweep's workers) should not each print a line for that."""
     try:
         import fcntl
