@@ -197,8 +197,8 @@ def compute_bench(args: argparse.Namespace) -> dict:
                     rows.append(_row(args, mech, mode, T))
                     _progress(rows[-1])
     # One roof for the whole run: the highest measurement. A lower one means the machine was busy
-    # at that moment, and dividing by it would flatter the rows timed then (a roof of 89 GFLOP/s
-    # among 149-158 once turned 0.24 into 0.40), so every efficiency is taken against the best.
+    # at that moment, and dividing by it would flatter the rows timed then, so every efficiency
+    # is taken against the best.
     roof = max(roofs)
     for r in rows:
         r["roof_ops_per_s"] = roof
