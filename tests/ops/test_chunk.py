@@ -99,7 +99,7 @@ def test_ut_transform_terms_are_the_inverse_formula():
     internal = [t.transpose(1, 2) for t in (x["k"], x["v"], x["beta"])]  # [B, H, T, ...]
     terms = chunk_terms(None, *internal, None, 9, Mechanism("delta", "none"))
     assert terms.A_qk is None  # no output terms without q
-    torch.testing.assert_close(terms.I_plus_L[0, 0], torch.eye(9, dtype=k.dtype) + L, rtol=0,
+    torch.testing.assert_close(terms.own.I_plus_L[0, 0], torch.eye(9, dtype=k.dtype) + L, rtol=0,
                                atol=1e-14)  # fmt: skip
     torch.testing.assert_close(terms.W[0, 0], T @ k, rtol=0, atol=1e-12)
     torch.testing.assert_close(terms.U0[0, 0], T @ v, rtol=0, atol=1e-12)

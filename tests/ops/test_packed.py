@@ -123,7 +123,7 @@ def test_sequences_of_no_token_keep_their_initial_state():
 
     def forward(q, k, v, beta, g, S0):
         return _engine.run(q, k, v, beta, g, scale=None, mode="chunk", chunk_size=4,
-                           initial_state=S0, cu_seqlens=None)  # fmt: skip
+                           initial_state=S0, cu_seqlens=None, rule="delta")  # fmt: skip
 
     o, S = _packed.run([0, 4, 4, 7], (x["q"], x["k"], x["v"], x["beta"], None), S0, forward)
     torch.testing.assert_close(S[1], S0[1], rtol=0, atol=0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from linattn.ops import rules
 from linattn.ops.recurrent import step
 from linattn.reference.gated import transition, write
 
@@ -20,7 +21,7 @@ def test_one_step_is_transition_then_write(rule, gate):
     beta = torch.tensor([[0.7]], dtype=torch.float64) if rule == "delta" else None
     g = {None: None, "scalar": -torch.rand(1, 1, 1, generator=gen, dtype=torch.float64),
          "channel": -torch.rand(1, 1, 4, generator=gen, dtype=torch.float64)}[gate]  # fmt: skip
-    o, S_new = step(S, q, k, v, beta, g)
+    o, S_new = step(S, q, k, v, beta, g, rules.named(rule))
     g_t = None if g is None else (g[0, 0, 0].item() if gate == "scalar" else g[0, 0].numpy())
     b_t = None if beta is None else 0.7
     A = transition(k[0, 0].numpy(), b_t, g_t, rule=rule)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from linattn.experiments._timing import median_time
 from linattn.ops import delta_rule, recurrent_step
 from linattn.ops.recurrent import step
+from linattn.ops.rules import named
 from linattn.reference.costs import (
     delta_state_numbers,
     delta_step_ops,
@@ -26,6 +27,8 @@ from linattn.reference.costs import (
 )
 
 BYTES = 4  # float32
+
+DELTA = named("delta")  # the rule of the step timed alone
 
 
 def step_times(H: int, K: int, repeats: int) -> dict[str, float]:
@@ -48,7 +51,7 @@ def step_times(H: int, K: int, repeats: int) -> dict[str, float]:
             lambda: recurrent_step(state, q, k, v, beta), repeats, warmup=3
         )
         times["delta_kernel"], _ = median_time(
-            lambda: step(state, q, k, v, beta, None, inplace=True), repeats, warmup=3
+            lambda: step(state, q, k, v, beta, None, DELTA, inplace=True), repeats, warmup=3
         )
         q1, k1, v1, b1 = q[:, None], k[:, None], v[:, None], beta[:, None]  # [B, 1, H, D]
         times["delta_op"], _ = median_time(

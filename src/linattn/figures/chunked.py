@@ -42,7 +42,7 @@ def _chunk_matrices(q, k, v, b) -> tuple[np.ndarray, np.ndarray]:
     # (C, d) -> [1, 1, C, d]: one batch, one head, one chunk of C tokens
     q, k, v, b = (torch.from_numpy(x)[None, None] for x in (q, k, v, b))
     terms = chunk_terms(q, k, v, b, None, k.shape[2], Mechanism("delta", "none"))
-    return terms.I_plus_L[0, 0].numpy(), terms.A_qk[0, 0].numpy()
+    return terms.own.I_plus_L[0, 0].numpy(), terms.A_qk[0, 0].numpy()
 
 
 def _operator(ax, x: float, y: float, symbol: str) -> None:

@@ -14,6 +14,7 @@ from linattn.ops.delta_rule import delta_rule
 from linattn.ops.dplr_family import comba, gated_deltanet2, rwkv7
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.linear_attention import linear_attention
+from linattn.ops.rule_attention import rule_attention, rule_step
 from linattn.ops.rwkv6 import rwkv6
 from linattn.ops.softmax import softmax_attention
 from linattn.ops.step import recurrent_step
@@ -28,6 +29,8 @@ __all__ = [
     "generalized_delta_rule",
     "linear_attention",
     "recurrent_step",
+    "rule_attention",
+    "rule_step",
     "rwkv6",
     "rwkv7",
     "softmax_attention",

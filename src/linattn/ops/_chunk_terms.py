@@ -5,7 +5,7 @@ With G the cumulative log-gate inside each chunk (``[n, P, C, 1|K]``, or None wi
 
     Qd = q * exp(G)            Kd = k * exp(G)            Ke = k * exp(G_C - G)     D = exp(G_C)
     A_qk = decayed tril(q k^T) (j <= i), and the rule's own products (the delta rule's A_kk)
-    W, U0: the rule's pseudo-value terms (U = U0 - W S; ``rules``)
+    W, U0: the rule's pseudo-value terms (U = U0 - W S; ``rules``), with its own in ``own``
 
 The loop that uses them (U, then S_next = D S + Ke^T U, then O = Qd S + A_qk U) is ``chunk``'s;
 the terms are the same for the group loop (reused ``Buffers``), the all-blocks form
@@ -188,7 +188,14 @@ class Terms:
             strict = [strictly for _, strictly in named]
             self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor, groups)
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
-        self.rule.pseudo_value_terms(self)  # W, U0 (U = U0 - W S)
+        # The rule's own terms, typed (``rules.PseudoValueTerms``): U = U0 - W S, and a stacked
+        # rule's write directions and scores in place of the keys' own.
+        self.own = self.rule.pseudo_value_terms(self)
+        self.W, self.U0 = self.own.W, self.own.U0
+        if self.own.Ke is not None:
+            self.Ke = self.own.Ke
+        if self.own.A_qk is not None:
+            self.A_qk = self.own.A_qk
 
     def decayed_products(self, lefts: list[Tensor], right: Tensor, prefix: str) -> Products:
         """A rule's own causal products (``Products``, j <= i) of ``lefts`` by ``right``, with

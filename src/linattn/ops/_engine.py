@@ -93,7 +93,7 @@ def decode(
     [B, HV, T, V], S). None where it does not serve the call (not float32 on the CPU, a
     gradient to record): the recurrent form then runs. The dplr rule's [a | b] travels in
     beta's slot, as in the chunk op."""
-    if not _native.applies(q):
+    if not mech.rule.FUSED or not _native.applies(q):
         return None
     S = torch.empty(S0.shape, dtype=S0.dtype, device=S0.device)
     outputs, source = [], S0
@@ -145,7 +145,7 @@ def run(
     chunk_size: int,
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
-    rule: str | None = None,
+    rule: str,
     reads: int = 1,
     keep_dtype: bool = False,
 ) -> tuple[Tensor, Tensor]:
@@ -153,7 +153,8 @@ def run(
     compute dtype) out.
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; beta: [B, T, HV] or None (or, for ``rule`` "dplr",
-    [B, T, HV, 2K] = [a | b]); ``rule``: the rule where the op names it (``Mechanism.of``); g:
+    [B, T, HV, 2K] = [a | b]: the rule's slot); ``rule``: the rule the op names (never inferred
+    from the tensors); g:
     None, [B, T, HV] or [B, T, HV, K]; initial_state: [N, HV, K, V] or None (N = B, or the
     number of packed sequences). HV = groups * H: grouped value heads, value head j reading q/k
     head j // groups in place (every form takes q, k with H heads: no copy of them).

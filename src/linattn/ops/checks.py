@@ -247,6 +247,45 @@ def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
         )
 
 
+def rule_inputs(
+    rule, inputs: dict[str, object], *sizes: int, K: int, V: int, layout: str = "[B, T, HV"
+) -> None:
+    """A rule's per-token inputs (``rules.Rule.INPUTS``) as its op takes them by name: exactly
+    the declared names, each a floating tensor of shape ``sizes`` (+ its width K or V), finite,
+    in its declared range. ``layout`` opens the shape's words ("[B, T, HV" or, for a step,
+    "[B, HV")."""
+    declared = [x.name for x in rule.INPUTS]
+    unknown = [name for name in inputs if name not in declared]
+    if unknown:
+        raise TypeError(
+            f"the {rule.NAME} rule takes the inputs {declared}; got unexpected {unknown}"
+        )
+    missing = [name for name in declared if inputs.get(name) is None]
+    if missing:
+        raise TypeError(f"the {rule.NAME} rule needs the inputs {declared}; missing {missing}")
+    for spec in rule.INPUTS:
+        x = inputs[spec.name]
+        ranged = spec.low is not None or spec.high is not None
+        width = () if spec.width == "1" else (spec.size(K, V),)
+        tensor(spec.name, x, len(sizes) + len(width), finite=not ranged)
+        shape = (*sizes, *width)
+        words = layout + ("]" if not width else f", {spec.width}]")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{spec.name} must have shape {words} = {shape}, got {tuple(x.shape)}")
+        if not ranged or x.numel() == 0:
+            continue
+        low, high = value_range(spec.name, x)
+        below = spec.low is not None and low < spec.low
+        above = spec.high is not None and high > spec.high
+        if below or above:
+            bounds = f"[{spec.low if spec.low is not None else '-inf'}, "
+            bounds += f"{spec.high if spec.high is not None else 'inf'}]"
+            raise ValueError(
+                f"{spec.name} must lie in {bounds}; got range [{shown(low, x.dtype)}, "
+                f"{shown(high, x.dtype)}]"
+            )
+
+
 def vectors(name: str, x: object, *sizes: int, layout: str = "[B, T, HV, K]") -> None:
     """A per-token vector of each value head (the generalized rule's a, b): a finite floating
     tensor of shape ``sizes`` (``layout``)."""

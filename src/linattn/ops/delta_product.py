@@ -166,6 +166,7 @@ def gated_delta_product(
         q if R > 1 else interleave_query(q, n), k, v, beta, interleave_gate(g, n), scale=scale,
         mode=mode, chunk_size=chunk_size - chunk_size % R, initial_state=initial_state,
         cu_seqlens=None if cu_seqlens is None else cu_seqlens * n, reads=R, keep_dtype=True,
+        rule="delta",
     )  # fmt: skip
     if R == 1:
         o = o[:, n - 1 :: n]  # [B, T n_h, HV, V] -> [B, T, HV, V]: the read after the last write

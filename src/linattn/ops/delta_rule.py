@@ -84,6 +84,7 @@ def delta_rule(
         chunk_size=chunk_size,
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
+        rule="delta",
         keep_dtype=True,  # o only converted to v's dtype below
     )
     return o.to(v.dtype), S if output_final_state else None

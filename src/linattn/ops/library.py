@@ -59,12 +59,21 @@ from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from linattn.dtypes import LOW_DTYPES, compute_dtype
-from linattn.ops import _native, tuning
-from linattn.ops.chunk import differentiable_backward, loop_backward, loop_forward
+from linattn.ops import _native, rules, tuning
+from linattn.ops.chunk import (
+    chunk_forward as all_blocks_forward,
+)
+from linattn.ops.chunk import (
+    differentiable_backward,
+    loop_backward,
+    loop_forward,
+)
 from linattn.ops.mechanism import GATES, RULES, Mechanism
 
 FLOAT_DTYPES = (torch.float32, torch.float64)  # the compute dtypes (``_engine.compute_dtype``)
-NATIVE_RULES = RULES  # the rules the fused C++ loop computes (``_fused``): csrc/rules/, each
+# The rules the fused C++ loop computes (``_fused``): csrc/rules/, each; a user's rule runs the
+# PyTorch loop.
+NATIVE_RULES = tuple(name for name in RULES if rules.named(name).FUSED)
 _MECHANISMS = {(rule, gate): Mechanism(rule, gate) for rule in RULES for gate in GATES}
 
 
@@ -92,9 +101,10 @@ def mechanism(rule: str, gate: str) -> Mechanism:
     found = _MECHANISMS.get((rule, gate))
     if found is not None:
         return found
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    rules.named(rule)  # a registered rule (a user's), else ValueError naming the rules
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    return Mechanism(rule, gate)
 
 
 def schema_args(mech: Mechanism) -> tuple[str, str]:
@@ -149,13 +159,13 @@ def _check_inputs(
         )
     _like("v", v, q, (B, HV, T, V), "[B, HV, T, V]")
     mech = mechanism(rule, gate)
-    if (beta is not None) != (rule != "additive"):
-        given = "None" if rule == "additive" else "given"
+    # beta: the rule's slot, as the rule declares its inputs (``rules.Rule.INPUTS``).
+    slot = mech.rule.slot_shape(K, V)
+    if (beta is not None) != (slot is not None):
+        given = "None" if slot is None else "given"
         raise ValueError(f"beta must be {given} for the {rule} rule")
-    if rule == "delta":
-        _like("beta", beta, q, (B, HV, T), "[B, HV, T]")
-    elif rule == "dplr":
-        _like("beta", beta, q, (B, HV, T, 2 * K), "[B, HV, T, 2K] (= [a | b])")
+    if slot is not None:
+        _like("beta", beta, q, (B, HV, T, *slot), mech.rule.slot_layout())
     if (g is not None) != mech.decays:
         raise ValueError(f"g must be {'given' if mech.decays else 'None'} for the gate {gate!r}")
     if g is not None:
@@ -461,6 +471,13 @@ def chunk(
     # The kernels take chunks of min(C, T) tokens themselves: C is passed as given where it is
     # within their bound, so that a traced T stays symbolic (min(C, T) would specialise it).
     C = chunk_size if chunk_size <= tuning.MAX_CHUNK else min(chunk_size, T)
+    if keep and not mech.rule.HAND_WRITTEN:
+        # A rule without a backward of its own (a user's): the all-blocks form, every term
+        # recorded by autograd, which differentiates it (in float32 for bfloat16 and float16).
+        dtype = v.dtype
+        q, k, v, beta, g = _upcast(q, k, v, beta, g)
+        o, S = all_blocks_forward(q * scale, k, v, beta, g, S0, chunk_size, mech)
+        return o.to(dtype), S
     args = (q, k, v, beta, g, S0, float(scale), C, keep, *schema_args(mech))
     if reads > 1:
         o, S, _ = _QueryRowsChunk.apply(*args, reads)

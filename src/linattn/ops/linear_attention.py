@@ -81,6 +81,7 @@ def linear_attention(
         chunk_size=chunk_size,
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
+        rule="additive",
         keep_dtype=not normalize,  # the normaliser divides o in float32
     )
     if normalize:

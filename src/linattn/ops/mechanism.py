@@ -7,7 +7,7 @@ and b), and no gate, one log-decay per head (``g`` [B, T, H]) or one per key cha
 [B, T, H, K]). It resolves them here once, from the public shapes (internally a per-head gate is
 [B, H, T, 1], which a per-channel gate of K = 1 would look like), and passes the ``Mechanism``
 down: the chunk terms, the state loop, the affine maps and context parallelism read it instead of
-testing tensors for None or their last dimension for 1; ``rule`` is the rule's module
+testing tensors for None or their last dimension for 1; ``rule`` is the rule
 (``linattn.ops.rules``), ``rule_name`` its name (the ops' schema argument).
 
 | rule     | gate    | mechanism                                     |
@@ -26,26 +26,24 @@ testing tensors for None or their last dimension for 1; ``rule`` is the rule's m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 
 from torch import Tensor
 
 from linattn.ops import rules
 
 GATES = ("none", "head", "channel")
-RULES = ("additive", "delta", "dplr")  # the order of the table (``Mechanism.code``)
+RULES = rules.BUILT_IN  # the built-in rules, in the table's order (a user's follow: ``code``)
 
 
 @dataclass(frozen=True)
 class Mechanism:
-    """A rule (one of ``RULES``, by name) and a gate (one of ``GATES``)."""
+    """A rule (registered in ``linattn.ops.rules``, by name) and a gate (one of ``GATES``)."""
 
     rule_name: str
     gate: str
 
     def __post_init__(self) -> None:
-        if self.rule_name not in RULES:
-            raise ValueError(f"rule must be one of {RULES}, got {self.rule_name!r}")
+        rules.named(self.rule_name)  # a registered rule, else ValueError naming the rules
         if self.gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
 
@@ -60,8 +58,8 @@ class Mechanism:
         return cls(rule, gate)
 
     @property
-    def rule(self) -> ModuleType:
-        """The rule's module (``linattn.ops.rules``): its step, pseudo-values and their backward."""
+    def rule(self) -> rules.Rule:
+        """The rule (``linattn.ops.rules``): its step, pseudo-values and their backward."""
         return rules.named(self.rule_name)
 
     @property
@@ -71,5 +69,6 @@ class Mechanism:
 
     @property
     def code(self) -> int:
-        """0-8, the row of the module's table (the order of its rows): for descriptors."""
-        return 3 * RULES.index(self.rule_name) + GATES.index(self.gate)
+        """The row of the module's table (0-8 for the built-in rules, then a user's in the order
+        registered): for descriptors that ranks exchange."""
+        return 3 * rules.names().index(self.rule_name) + GATES.index(self.gate)

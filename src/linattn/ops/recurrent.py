@@ -14,8 +14,6 @@ j // groups (broadcast, no copy); groups = 1 the plain case.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 from torch import Tensor
 
@@ -33,8 +31,8 @@ def step(
     v_t: Tensor,
     beta_t: Tensor | None,
     g_t: Tensor | None,
+    rule: rules.Rule,
     inplace: bool = False,
-    rule: ModuleType | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One token: decay, then the rule's write (read, correct), then read. Returns (o_t, S_t).
 
@@ -49,11 +47,10 @@ def step(
         u_t = rule.write(S, k_t, v_t, beta_t)   (additive, dplr: v_t; delta: beta_t (v_t - S^T k_t))
         S <- S + k_t u_t^T (+ a_t r_t^T);   o_t = S^T q_t
 
-    ``rule``: the rule's module (``Mechanism.rule``, resolved by the caller); None for direct
-    calls: the delta rule where beta_t is given. ``inplace``: update S in its own memory (the
+    ``rule``: the rule (``Mechanism.rule``, resolved by the caller, never inferred from the
+    tensors). ``inplace``: update S in its own memory (the
     generation step: no new state per token).
     """
-    rule = rules.named("additive" if beta_t is None else "delta") if rule is None else rule
     state = S
     H = k_t.shape[1]
     heads = (H, S.shape[1] // max(H, 1))  # (H, groups): the value heads of each q/k head

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
-from linattn.ops import _engine, _native
+from linattn.ops import _engine, _native, rules
 from linattn.ops import checks as _checks
 from linattn.ops._bonus import bonus, shifted_bonus_backward_
 from linattn.ops._layout import to_internal
@@ -113,6 +113,7 @@ def _composite(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_fin
             initial_state=initial_state,
             cu_seqlens=None,
             **options,
+            rule="additive",
         )  # o_next[:, t] = the read of token t + 1, in the compute dtype
     else:
         o_next, S = _packed_pairs(q_next, kvg, initial_state, cu_seqlens, options)
@@ -153,7 +154,14 @@ def _packed_pairs(q_next, kvg, initial_state, cu_seqlens, options) -> tuple[Tens
     bounds = torch.cat([lengths.new_zeros(1), (lengths[runs] - 1).cumsum(0)])
     S0 = None if initial_state is None else initial_state.index_select(0, runs.to(S.device))
     o_next, S_runs = _engine.run(
-        q_next, *kvg[:2], None, kvg[2], initial_state=S0, cu_seqlens=bounds, **options
+        q_next,
+        *kvg[:2],
+        None,
+        kvg[2],
+        initial_state=S0,
+        cu_seqlens=bounds,
+        **options,
+        rule="additive",
     )
     return o_next, S.index_copy(0, runs.to(S.device), S_runs)
 
@@ -188,7 +196,7 @@ def _last_write(S: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None) -> Tens
     if g_t is not None:
         g_t = g_t.flatten(0, 1).to(S.dtype)
         g_t = g_t.unsqueeze(-1) if g_t.dim() == 2 else g_t  # [N, HV, 1|K]
-    _, S = step(S, k_t, k_t, v_t, None, g_t)
+    _, S = step(S, k_t, k_t, v_t, None, g_t, rule=rules.named("additive"))
     return S
 
 

@@ -38,6 +38,7 @@ from linattn.registry.cases import (
     delta_product_case,
     dplr_case,
     gdn2_case,
+    rule_case,
     rwkv6_case,
     rwkv7_case,
     softmax_case,
@@ -47,10 +48,11 @@ GATES = ("none", "head", "channel")
 FORMS = ("parallel", "recurrent", "chunk")
 
 
-def _resolve(path: str | None) -> Any:
-    """The object at "package.module:attribute" (imported on first use), or None."""
-    if path is None:
-        return None
+def _resolve(path: str | Any) -> Any:
+    """The object at "package.module:attribute" (imported on first use); a non-string (the
+    object itself, as a user's file registers it, or None) as it is."""
+    if not isinstance(path, str):
+        return path
     module, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module), attribute)
 
@@ -65,13 +67,13 @@ class Entry:
     gate: str
     transition: str
     write: str
-    op_path: str
-    reference_path: str
+    op_path: str | Any  # "package.module:attribute", or the callable itself
+    reference_path: str | Any
     case: Case = field(repr=False, compare=False)
     forms: tuple[str, ...] = FORMS
     fla_names: tuple[str, ...] = ()
     transformers_names: tuple[str, ...] = ()
-    layer_path: str | None = None
+    layer_path: str | Any = None
     mixer: str | None = None
     preset: str | None = None
     paper: str = ""
@@ -269,6 +271,7 @@ for _entry in (
 __all__ = [
     "Case",
     "Entry",
+    "rule_case",
     "FORMS",
     "GATES",
     "get",

@@ -82,7 +82,7 @@ def _state(x: Inputs, n: int, h: int) -> np.ndarray:
 
 
 def _common(mode: str, chunk_size: int, scale: float, x: Inputs) -> dict:
-    return dict(mode=mode, chunk_size=chunk_size, scale=scale, initial_state=x["S0"],
+    return dict(mode=mode, chunk_size=chunk_size, scale=scale, initial_state=x.get("S0"),
                 output_final_state=True)  # fmt: skip
 
 
@@ -352,3 +352,30 @@ def softmax_case() -> Case:
         return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
 
     return Case(inputs, call, oracle, "softmax")
+
+
+# --- any registered rule: linattn.testing's inputs and oracle ----------------------------------
+
+
+def rule_case(rule: str, gate: str = "none") -> Case:
+    """The case of a registered rule (a user's, say) with the gate ``gate``: inputs drawn in the
+    ranges it declares (``linattn.testing.make_inputs``), ``rule_attention``, and the rule's own
+    step in float64 as the oracle (``linattn.testing.oracle``)."""
+    from linattn import testing
+    from linattn.ops import rule_attention, rules
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        x = testing.make_inputs(rules.named(rule), B, T, H, K, V, gate, seed)
+        return {n: (None if t is None else t.to(dtype)) for n, t in x.items()}
+
+    def call(x, mode, chunk_size, scale):
+        own = {spec.name: x[spec.name] for spec in rules.named(rule).INPUTS}
+        return rule_attention(rule, x["q"], x["k"], x["v"], x["g"], **own,
+                              **_common(mode, chunk_size, scale, x))  # fmt: skip
+
+    def oracle(x, scale):
+        found = rules.named(rule)
+        x64 = {n: (None if t is None else t.double()) for n, t in x.items()}
+        return testing.oracle(found, x64, scale)
+
+    return Case(inputs, call, oracle, "delta" if rules.named(rule).READS_STATE else "linear")

@@ -1,36 +1,16 @@
-"""Update rules, one module each: what a mechanism's memory writes (docs/design.md, "Rules are
-modules").
+"""Update rules, one module each, and the table of rules (docs/design.md, "Rules are modules").
 
 Every mechanism of the mechanism table (docs/design.md) is ``S_t = A_t S_{t-1} + k_t w_t^T``,
-read as
-``o_t = S_t^T q_t``. Its gate (none, one log-decay per head, one per key channel) is the diagonal
-part of A_t and is handled alike for every rule (the cumulative log-gates of ``_chunk_terms``);
-the rule is the rest: how a token's write reads the state, and so how a chunk's pseudo-values U
-(what the chunk writes, ``S <- D S + Ke^T U``) come from its values. A rule module defines, in the
-spec's names:
-
-    write(S, k_t, v_t, beta_t) -> u_t         the step: one token's write, read from the decayed
-                                              state S (``recurrent.step`` adds k_t u_t^T)
-    entering_write(S, beta_t)                 the step's write that reads the state entering the
-                                              token, before its decay: (a_t, b_t^T S) of the
-                                              generalized rule, None for the others
-    READS_STATE                               whether a chunk's U depends on the state entering it
-    PRODUCTS                                  the decayed causal products the rule needs besides
-                                              A_qk: (left factor's name, strictly causal) pairs,
-                                              each times k on the right (``_chunk_terms.Products``)
-    DECAYED_KEYS                              whether it reads Kd = K exp(G) (``terms.Kd``)
-    pseudo_value_terms(terms)                 the state-independent terms W, U0 of every chunk
-                                              (U = U0 - W S), set on ``terms``
-    pseudo_values(terms, S, j=None, out=None) U of chunk j entering with S (or of every chunk)
-    state_gradient_(terms, j, dU_j, dS_j)     dS_j += (dU_j / dS_j)^T dU_j, in place
-    pseudo_value_backward(terms, dU, S)       (dv, dbeta, dKd, [dA of each of PRODUCTS])
-    STACKED                                   whether the chunk writes along stacked directions
-                                              (dplr); such a rule also defines
-    gradients(terms, dQd, dA_q, dKe, dD, dU, S)   (dq, dk, dv, dbeta, dg): ``Terms.gradients``
-                                              for its stacked terms
+read as ``o_t = S_t^T q_t``. Its gate (none, one log-decay per head, one per key channel) is the
+diagonal part of A_t and is handled alike for every rule (the cumulative log-gates of
+``_chunk_terms``); the rule is the rest: how a token's write reads the state, and so how a
+chunk's pseudo-values U (what the chunk writes, ``S <- D S + Ke^T U``) come from its values. Each
+rule is an instance of a ``Rule`` subclass (``base``: the typed interface, with what a rule
+declares and defines), registered here by its name.
 
 The chunk loop (``chunk``) and the terms (``_chunk_terms``) call these and nothing else of a rule:
-a new rule is a new module here, ``Mechanism.rule`` naming it (``named``). A rule whose chunk
+a new rule is a new module here, or a file of the user's that calls ``register`` (see
+docs/adding-a-mechanism.md); ``Mechanism.rule`` finds it by name (``named``). A rule whose chunk
 writes along more vectors than its keys (the diagonal-plus-low-rank transition, ``dplr``,
 whose chunk writes Ke^T V + Ae^T U_b) stacks them along the chunk's token axis in its
 ``pseudo_value_terms`` (Ke = [Ke; Ae], U = [V; U_b], A_qk = [A_qk, A_qa]), so that the loop's
@@ -46,19 +26,62 @@ does.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from linattn.ops.rules import additive, delta, dplr
-from linattn.ops.rules.base import read
+from linattn.ops.rules.base import Input, PseudoValueTerms, Rule, read
 
-__all__ = ["additive", "delta", "dplr", "named", "read"]
+__all__ = [
+    "Input",
+    "PseudoValueTerms",
+    "Rule",
+    "additive",
+    "delta",
+    "dplr",
+    "named",
+    "names",
+    "read",
+    "register",
+    "unregister",
+]
 
-_MODULES = {module.NAME: module for module in (additive, delta, dplr)}
+_RULES: dict[str, Rule] = {rule.NAME: rule for rule in (additive.RULE, delta.RULE, dplr.RULE)}
+BUILT_IN = tuple(_RULES)
 
 
-def named(name: str) -> ModuleType:
-    """The rule module of that name: "additive", "delta" or "dplr"."""
+def named(name: str) -> Rule:
+    """The rule registered under ``name`` ("additive", "delta", "dplr" or a user's)."""
     try:
-        return _MODULES[name]
-    except KeyError:
-        raise ValueError(f"rule must be one of {tuple(_MODULES)}, got {name!r}") from None
+        return _RULES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"rule must be one of {names()}, got {name!r}") from None
+
+
+def names() -> tuple[str, ...]:
+    """Every registered rule's name: the built-in ones first, in the table's order."""
+    return tuple(_RULES)
+
+
+def register(rule: Rule, *, replace: bool = False) -> Rule:
+    """Add a user's rule (an instance of a ``Rule`` subclass) under its ``NAME``; returns it.
+
+    A registered rule runs every form of the chunk algebra on the PyTorch backend (the fused
+    C++ kernels serve the built-in rules only); ``replace`` allows a new definition under a
+    name registered before (a built-in rule is never replaced)."""
+    if not isinstance(rule, Rule):
+        raise TypeError(f"rule must be an instance of a linattn.ops.rules.Rule subclass, got "
+                        f"{type(rule).__name__}")  # fmt: skip
+    name = getattr(rule, "NAME", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"rule.NAME must be a name (an identifier), got {name!r}")
+    if name in BUILT_IN or (name in _RULES and not replace):
+        raise ValueError(f"a rule named {name!r} is registered already")
+    if rule.FUSED:
+        raise ValueError(f"rule {name!r}: FUSED is for the built-in rules, whose C++ kernels exist")
+    _RULES[name] = rule
+    return rule
+
+
+def unregister(name: str) -> None:
+    """Remove a user's rule (a built-in rule stays)."""
+    if name in BUILT_IN:
+        raise ValueError(f"the built-in rule {name!r} cannot be removed")
+    _RULES.pop(named(name).NAME)

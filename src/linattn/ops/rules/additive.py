@@ -12,36 +12,27 @@ from __future__ import annotations
 
 from torch import Tensor
 
-NAME = "additive"
-READS_STATE = False  # U = V: the chunk's write does not depend on the state entering it
-PRODUCTS: tuple[tuple[str, bool], ...] = ()  # no decayed product beyond A_qk
-DECAYED_KEYS = False  # no Kd = K exp(G)
-STACKED = False  # writes along its keys alone (``_chunk_terms.Terms.gradients``)
+from linattn.ops.rules.base import PseudoValueTerms, Rule
 
 
-def entering_write(S: Tensor, beta_t: Tensor | None) -> None:
-    """No write reads the state entering the token."""
+class AdditiveRule(Rule):
+    """u_t = v_t: no input of its own, U = V."""
+
+    NAME = "additive"
+    READS_STATE = False  # U = V: the chunk's write does not depend on the state entering it
+    FUSED = True
+
+    def write(self, S: Tensor, k_t: Tensor, v_t: Tensor, x_t: Tensor | None) -> Tensor:
+        """u_t = v_t (the step's write; S, k_t and x_t are not read)."""
+        return v_t
+
+    def pseudo_value_terms(self, terms) -> PseudoValueTerms:
+        """U0 = V, W = 0 (None)."""
+        return PseudoValueTerms(W=None, U0=terms.v)
+
+    def pseudo_value_backward(self, terms, dU: Tensor, S: Tensor) -> tuple:
+        """dv = dU; no input, no Kd, no product of the rule's own."""
+        return dU, None, None, []
 
 
-def write(S: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor | None) -> Tensor:
-    """u_t = v_t (the step's write; S, k_t and beta_t are not read)."""
-    return v_t
-
-
-def pseudo_value_terms(terms) -> None:
-    """U0 = V, W = 0 (stored as None)."""
-    terms.W, terms.U0 = None, terms.v
-
-
-def pseudo_values(terms, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
-    """U = V of chunk j (or of every chunk), whatever S."""
-    return terms.v if j is None else terms.v[j]
-
-
-def state_gradient_(terms, j: int, dU_j: Tensor, dS_j: Tensor) -> None:
-    """U does not depend on S: nothing to add."""
-
-
-def pseudo_value_backward(terms, dU: Tensor, S: Tensor) -> tuple:
-    """dv = dU; no beta, no Kd, no product of the rule's own."""
-    return dU, None, None, []
+RULE = AdditiveRule()

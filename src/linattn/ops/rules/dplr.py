@@ -51,17 +51,13 @@ gradient (``gradients``, which ``Terms.gradients`` hands a stacked rule): the so
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from linattn.ops._blockmath import GateSum, decay_exp
-from linattn.ops.rules.base import read
-
-NAME = "dplr"
-READS_STATE = True  # U_b = U0 - W S
-PRODUCTS: tuple[tuple[str, bool], ...] = ()  # its own have a on the right, not k: ``_products``
-DECAYED_KEYS = False  # reads Bd = b exp(G_{t-1}), not Kd
-STACKED = True  # writes along k and a: A_q = [A_qk | A_qa], Ke = [Ke; Ae], U = [V; U_b]
+from linattn.ops.rules.base import Input, PseudoValueTerms, Rule, read
 
 # The default chunk size of the rule's public ops and layers (``generalized_delta_rule``, Comba,
 # RWKV-7, GDN-2). A chunk's products and solve grow as C^2 and the state's products as C: per
@@ -73,22 +69,28 @@ STACKED = True  # writes along k and a: A_q = [A_qk | A_qa], Ke = [Ke; Ae], U = 
 CHUNK_SIZE = 32
 
 
+@dataclass
+class DplrTerms(PseudoValueTerms):
+    """The stacked terms (the module docstring): U0 = [V; T A_bk V], W = [0; -T Bd], Ke = [Ke;
+    Ae], A_qk = [A_qk | A_qa], with what the backward reads: b_up (b one token up), A_bk, Bd,
+    M = I - A_ba, X = M^{-1} [A_bk V | Bd], Ae, the exclusive decay exp(G_{t-1}) (None without a
+    gate) and the products' own ``Products`` (P_bk, P_a)."""
+
+    b_up: Tensor | None = None
+    A_bk: Tensor | None = None
+    Bd: Tensor | None = None
+    M: Tensor | None = None
+    X: Tensor | None = None
+    Ae: Tensor | None = None
+    eGx: Tensor | None = None  # noqa: N815 (exp(G) of the spec's names)
+    P_bk: object = None
+    P_a: object = None
+
+
 def split(ab: Tensor) -> tuple[Tensor, Tensor]:
     """[..., 2K] -> (a, b), each [..., K] (views)."""
     K = ab.shape[-1] // 2
     return ab[..., :K], ab[..., K:]
-
-
-def entering_write(S: Tensor, ab_t: Tensor) -> tuple[Tensor, Tensor]:
-    """(a_t, u_t = S^T b_t), S the state entering the token (before its decay): the write
-    a_t u_t^T. ab_t [..., 2K]; S [..., K, V]."""
-    a_t, b_t = split(ab_t)
-    return a_t, read(S, b_t)
-
-
-def write(S: Tensor, k_t: Tensor, v_t: Tensor, ab_t: Tensor) -> Tensor:
-    """u_t = v_t: the write k_t v_t^T (the low-rank part is ``entering_write``'s)."""
-    return v_t
 
 
 def _shift_up(x: Tensor) -> Tensor:
@@ -101,116 +103,120 @@ def _shift_down(x: Tensor) -> Tensor:
     return torch.cat([torch.zeros_like(x[..., :1, :]), x[..., :-1, :]], dim=-2)
 
 
-def _products(terms, b_up: Tensor, a: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(A_bk, A_ba, A_qa): the strictly lower products of b with the exclusive left gate, and the
-    causal A_qa (None without q). Their ``Products`` are kept for the backward pass."""
-    terms.P_bk = terms.decayed_products([b_up], terms.k, "bk")
-    lefts = [b_up] if terms.q is None else [b_up, terms.q]
-    terms.P_a = terms.decayed_products(lefts, a, "a")
-    A_qa = None if terms.q is None else terms.P_a.As[1]
-    return _shift_down(terms.P_bk.As[0]), _shift_down(terms.P_a.As[0]), A_qa
-
-
-def pseudo_value_terms(terms) -> None:
-    """U0 = [V; T A_bk V], W = [0; -T Bd] (T = (I - A_ba)^{-1}) and the stacked Ke, A_q (the
-    module docstring), set on ``terms``."""
-    a, b = split(terms.beta)  # [n, P, C, K] each
-    C, V = a.shape[-2], terms.v.shape[-1]
-    b_up = _shift_up(b)  # row t: b_{t+1}
-    A_bk, A_ba, A_qa = _products(terms, b_up, a)  # [n, P, C, C]
-    Bd, terms.eGx = b, None
-    if terms.G is not None:  # b * exp(G_{t-1}): the exclusive gate, exponents <= 0
-        terms.eGx = decay_exp(_exclusive(terms.G).value().to(b.dtype), terms.floor)
-        Bd = b * terms.eGx
-    eye = torch.eye(C, dtype=a.dtype, device=a.device)
-    R = torch.cat([A_bk @ terms.v, Bd], dim=-1)  # [n, P, C, V + K]
-    M = eye - A_ba  # unit lower triangular
-    X = torch.linalg.solve_triangular(M, R, upper=False, unitriangular=True)
-    terms.b_up, terms.A_bk, terms.Bd, terms.M, terms.X = b_up, A_bk, Bd, M, X
-    terms.U0 = torch.cat([terms.v, X[..., :V]], dim=-2)  # [n, P, 2C, V]
-    terms.W = torch.cat([torch.zeros_like(Bd), -X[..., V:]], dim=-2)  # [n, P, 2C, K]
-    terms.Ae = a if terms.eEnd is None else a * terms.eEnd  # a * exp(G_C - G)
-    terms.Ke = torch.cat([terms.Ke, terms.Ae], dim=-2)  # [n, P, 2C, K]
-    if A_qa is not None:
-        terms.A_qk = torch.cat([terms.A_qk, A_qa], dim=-1)  # [n, P, C, 2C]
-
-
 def _exclusive(G: GateSum) -> GateSum:
     """G_{t-1} for every row t of G [..., C, 1|K] (0 on the first row): the decay of the state
     a token's b reads (``_blockmath.GateSum``: both parts shifted)."""
     return G.map(_shift_down)
 
 
-def pseudo_values(terms, S: Tensor, j: int | None = None, out: Tensor | None = None) -> Tensor:
-    """U = U0 - W S = [V; U_b] of chunk j entering with S [P, K, V] ([P, 2C, V]), or of every
-    chunk (j None, S [n, P, K, V]: [n, P, 2C, V])."""
-    if j is not None:
-        return torch.baddbmm(terms.U0[j], terms.W[j], S, alpha=-1, out=out)
-    # [n, P, 2C, .] -> [n P, 2C, .]: one batched product for every chunk
-    U0, W = terms.U0, terms.W
-    U = torch.baddbmm(U0.flatten(0, 1), W.flatten(0, 1), S.flatten(0, 1), alpha=-1)
-    return U.view(U0.shape)
+class DplrRule(Rule):
+    """A_t = Diag(exp g_t) + a_t b_t^T: the inputs a, b [K] each, packed as [a | b]."""
+
+    NAME = "dplr"
+    INPUTS = (Input("a", "K"), Input("b", "K"))
+    READS_STATE = True  # U_b = U0 - W S
+    PRODUCTS = ()  # its own have a on the right, not k: ``_products``
+    DECAYED_KEYS = False  # reads Bd = b exp(G_{t-1}), not Kd
+    STACKED = True  # writes along k and a: A_q = [A_qk | A_qa], Ke = [Ke; Ae], U = [V; U_b]
+    CHUNK_SIZE = CHUNK_SIZE
+    FUSED = True
+
+    def entering_write(self, S: Tensor, x_t: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(a_t, u_t = S^T b_t), S the state entering the token (before its decay): the write
+        a_t u_t^T. x_t = [a_t | b_t] [..., 2K]; S [..., K, V]."""
+        a_t, b_t = split(x_t)
+        return a_t, read(S, b_t)
+
+    def write(self, S: Tensor, k_t: Tensor, v_t: Tensor, x_t: Tensor | None) -> Tensor:
+        """u_t = v_t: the write k_t v_t^T (the low-rank part is ``entering_write``'s)."""
+        return v_t
+
+    def pseudo_value_terms(self, terms) -> DplrTerms:
+        """U0 = [V; T A_bk V], W = [0; -T Bd] (T = (I - A_ba)^{-1}) and the stacked Ke, A_q (the
+        module docstring)."""
+        a, b = split(terms.beta)  # [n, P, C, K] each
+        C, V = a.shape[-2], terms.v.shape[-1]
+        b_up = _shift_up(b)  # row t: b_{t+1}
+        # The strictly lower products of b with the exclusive left gate, and the causal A_qa.
+        P_bk = terms.decayed_products([b_up], terms.k, "bk")
+        P_a = terms.decayed_products([b_up] if terms.q is None else [b_up, terms.q], a, "a")
+        A_bk, A_ba = _shift_down(P_bk.As[0]), _shift_down(P_a.As[0])  # [n, P, C, C]
+        Bd, eGx = b, None
+        if terms.G is not None:  # b * exp(G_{t-1}): the exclusive gate, exponents <= 0
+            eGx = decay_exp(_exclusive(terms.G).value().to(b.dtype), terms.floor)
+            Bd = b * eGx
+        eye = torch.eye(C, dtype=a.dtype, device=a.device)
+        R = torch.cat([A_bk @ terms.v, Bd], dim=-1)  # [n, P, C, V + K]
+        M = eye - A_ba  # unit lower triangular
+        X = torch.linalg.solve_triangular(M, R, upper=False, unitriangular=True)
+        Ae = a if terms.eEnd is None else a * terms.eEnd  # a * exp(G_C - G)
+        return DplrTerms(
+            W=torch.cat([torch.zeros_like(Bd), -X[..., V:]], dim=-2),  # [n, P, 2C, K]
+            U0=torch.cat([terms.v, X[..., :V]], dim=-2),  # [n, P, 2C, V]
+            Ke=torch.cat([terms.Ke, Ae], dim=-2),  # [n, P, 2C, K]
+            A_qk=None if terms.q is None else torch.cat([terms.A_qk, P_a.As[1]], dim=-1),
+            b_up=b_up, A_bk=A_bk, Bd=Bd, M=M, X=X, Ae=Ae, eGx=eGx, P_bk=P_bk, P_a=P_a,
+        )  # fmt: skip
+
+    def pseudo_value_backward(self, terms, dU: Tensor, S: Tensor) -> tuple:
+        """(dv, dBd, dA_bk, dA_ba) from dU = [dU_v; dU_b] [n, P, 2C, V] and the states S entering
+        the chunks [n, P, K, V].
+
+        U_b = X_v + X_b S (U0_b = X_v, W_b = -X_b) with X = M^{-1} [A_bk V | Bd], M = I - A_ba:
+        dX = [dU_b | dU_b S^T], dR = M^{-T} dX (one solve), dA_ba = -dM = dR X^T and
+        dA_bk = dR_v V^T (both strictly lower), dv = dU_v + A_bk^T dR_v, dBd = dR_b.
+        """
+        own = terms.own
+        C, V = terms.k.shape[-2], terms.v.shape[-1]
+        dU_v, dU_b = dU[..., :C, :], dU[..., C:, :]
+        dX = torch.cat([dU_b, dU_b @ S.transpose(-1, -2)], dim=-1)  # [n, P, C, V + K]
+        dR = torch.linalg.solve_triangular(
+            own.M.transpose(-1, -2), dX, upper=True, unitriangular=True
+        )
+        dA_ba = (dR @ own.X.transpose(-1, -2)).tril_(-1)  # [n, P, C, C]
+        dR_v = dR[..., :V]
+        dA_bk = (dR_v @ terms.v.transpose(-1, -2)).tril_(-1)
+        dv = dU_v + own.A_bk.transpose(-1, -2) @ dR_v
+        return dv, dR[..., V:], dA_bk, dA_ba
+
+    def gradients(self, terms, dQd, dA_q, dKe, dD, dU: Tensor, S: Tensor) -> tuple:
+        """(dq, dk, dv, d[a | b], dg) from the gradients of the stacked terms
+        (``Terms.gradients``): dA_q = [dA_qk | dA_qa] [n, P, C, 2C], dKe = [dKe; dAe]
+        [n, P, 2C, K], dU [n, P, 2C, V].
+
+        The products' gradients (``Products.backward``, their undecayed diagonals kept apart as
+        the terms keep A_qk's), the shifts undone (A_bk[t] = P_bk[t - 1]: dP_bk = dA_bk moved up
+        a row; b_up[t] = b[t + 1]: db = db_up moved down), and the gates: dG = sum over each
+        product of left * dleft - right * dright, plus Bd's exclusive gate (dG_{t-1} += dBd_t
+        Bd_t) and Ae's share of the decays to the chunk's end (as Ke's).
+        """
+        own = terms.own
+        C = terms.k.shape[-2]
+        q, k, b_up = terms.q, terms.k, own.b_up
+        a, _ = split(terms.beta)
+        dA_qk, dA_qa = dA_q[..., :C], dA_q[..., C:]
+        dKe_k, dAe = dKe[..., :C, :], dKe[..., C:, :]
+        dv, dBd, dA_bk, dA_ba = self.pseudo_value_backward(terms, dU, S)
+        dP_bk, dP_ba = _shift_up(dA_bk), _shift_up(dA_ba)
+        diags = [terms.diagonal(x) for x in (dA_qk, dA_qa, dP_bk, dP_ba)]
+        (dq,), dk = terms.products.backward([dA_qk])
+        (db_up,), dk_b = own.P_bk.backward([dP_bk])
+        (db_up_a, dq_a), da = own.P_a.backward([dP_ba, dA_qa])
+        dq, dk, db_up = dq + dq_a, dk + dk_b, db_up + db_up_a
+        dg = None
+        if terms.mech.decays:
+            dG = q * dq - k * dk + b_up * db_up - a * da + _shift_up(dBd * own.Bd)
+            _, d_qa, d_bk, d_ba = diags  # the diagonals: no decay, no share of dG
+            dq, da = dq + d_qa * a, da + d_qa * q + d_ba * b_up
+            dk, db_up = dk + d_bk * b_up, db_up + d_bk * k + d_ba * a
+            da = da + dAe * terms.eEnd
+            dG_ae = dAe * own.Ae  # Ae's share of the decays to the chunk's end
+            dq, dk, dg = terms.gate_gradients(dq, dk, dG, diags[0], dQd, dKe_k, None, dD, dG_ae)
+            db = _shift_down(db_up) + dBd * own.eGx
+        else:
+            dq, dk, da = dq + dQd, dk + dKe_k, da + dAe
+            db = _shift_down(db_up) + dBd
+        return dq, dk, dv, torch.cat([da, db], dim=-1), dg
 
 
-def state_gradient_(terms, j: int, dU_j: Tensor, dS_j: Tensor) -> None:
-    """U_j = U0_j - W_j S_j: dS_j -= W_j^T dU_j."""
-    dS_j.baddbmm_(terms.W[j].transpose(-1, -2), dU_j, alpha=-1)
-
-
-def pseudo_value_backward(terms, dU: Tensor, S: Tensor) -> tuple:
-    """(dv, dBd, dA_bk, dA_ba) from dU = [dU_v; dU_b] [n, P, 2C, V] and the states S entering the
-    chunks [n, P, K, V].
-
-    U_b = X_v + X_b S (U0_b = X_v, W_b = -X_b) with X = M^{-1} [A_bk V | Bd], M = I - A_ba:
-    dX = [dU_b | dU_b S^T], dR = M^{-T} dX (one solve), dA_ba = -dM = dR X^T and
-    dA_bk = dR_v V^T (both strictly lower), dv = dU_v + A_bk^T dR_v, dBd = dR_b.
-    """
-    C, V = terms.k.shape[-2], terms.v.shape[-1]
-    dU_v, dU_b = dU[..., :C, :], dU[..., C:, :]
-    dX = torch.cat([dU_b, dU_b @ S.transpose(-1, -2)], dim=-1)  # [n, P, C, V + K]
-    dR = torch.linalg.solve_triangular(
-        terms.M.transpose(-1, -2), dX, upper=True, unitriangular=True
-    )
-    dA_ba = (dR @ terms.X.transpose(-1, -2)).tril_(-1)  # [n, P, C, C]
-    dR_v = dR[..., :V]
-    dA_bk = (dR_v @ terms.v.transpose(-1, -2)).tril_(-1)
-    dv = dU_v + terms.A_bk.transpose(-1, -2) @ dR_v
-    return dv, dR[..., V:], dA_bk, dA_ba
-
-
-def gradients(terms, dQd, dA_q, dKe, dD, dU: Tensor, S: Tensor) -> tuple:
-    """(dq, dk, dv, d[a | b], dg) from the gradients of the stacked terms (``Terms.gradients``):
-    dA_q = [dA_qk | dA_qa] [n, P, C, 2C], dKe = [dKe; dAe] [n, P, 2C, K], dU [n, P, 2C, V].
-
-    The products' gradients (``Products.backward``, their undecayed diagonals kept apart as the
-    terms keep A_qk's), the shifts undone (A_bk[t] = P_bk[t - 1]: dP_bk = dA_bk moved up a row;
-    b_up[t] = b[t + 1]: db = db_up moved down), and the gates: dG = sum over each product of
-    left * dleft - right * dright, plus Bd's exclusive gate (dG_{t-1} += dBd_t Bd_t) and Ae's
-    share of the decays to the chunk's end (as Ke's).
-    """
-    C = terms.k.shape[-2]
-    q, k, b_up = terms.q, terms.k, terms.b_up
-    a, _ = split(terms.beta)
-    dA_qk, dA_qa = dA_q[..., :C], dA_q[..., C:]
-    dKe_k, dAe = dKe[..., :C, :], dKe[..., C:, :]
-    dv, dBd, dA_bk, dA_ba = pseudo_value_backward(terms, dU, S)
-    dP_bk, dP_ba = _shift_up(dA_bk), _shift_up(dA_ba)
-    diags = [terms.diagonal(x) for x in (dA_qk, dA_qa, dP_bk, dP_ba)]
-    (dq,), dk = terms.products.backward([dA_qk])
-    (db_up,), dk_b = terms.P_bk.backward([dP_bk])
-    (db_up_a, dq_a), da = terms.P_a.backward([dP_ba, dA_qa])
-    dq, dk, db_up = dq + dq_a, dk + dk_b, db_up + db_up_a
-    dG = None
-    if terms.mech.decays:
-        dG = q * dq - k * dk + b_up * db_up - a * da + _shift_up(dBd * terms.Bd)
-        _, d_qa, d_bk, d_ba = diags  # the diagonals: no decay, no share of dG
-        dq, da = dq + d_qa * a, da + d_qa * q + d_ba * b_up
-        dk, db_up = dk + d_bk * b_up, db_up + d_bk * k + d_ba * a
-        da = da + dAe * terms.eEnd
-        dG_ae = dAe * terms.Ae  # Ae's share of the decays to the chunk's end
-        dq, dk, dg = terms.gate_gradients(dq, dk, dG, diags[0], dQd, dKe_k, None, dD, dG_ae)
-        db = _shift_down(db_up) + dBd * terms.eGx
-    else:
-        dq, dk, da, dg = dq + dQd, dk + dKe_k, da + dAe, None
-        db = _shift_down(db_up) + dBd
-    return dq, dk, dv, torch.cat([da, db], dim=-1), dg
+RULE = DplrRule()
