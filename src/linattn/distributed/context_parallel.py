@@ -352,7 +352,7 @@ def linear_attention(
     v_cols = 0 if error else V + int(normalize)
     needs_grad = _needs_grad(k, v, g, initial_state)
     options = (scale, "normalize", normalize)
-    mech = None if error else Mechanism.of(None, g)
+    mech = None if error else Mechanism.of(None, g, "additive")
     local = _descriptor(q, v_cols, mech, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     # Step 2: this slice's map, in the compute dtype (the ones column is the normaliser's value).

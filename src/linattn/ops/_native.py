@@ -336,7 +336,7 @@ def recurrent_step(
     beta: Tensor | None,
     g: Tensor | None,
     scale: float,
-    rule: str | None = None,
+    rule: str,
     source: Tensor | None = None,
 ) -> Tensor | None:
     """One generation step on float32 CPU tensors (``linattn.ops.recurrent_step``'s fused path):
@@ -344,13 +344,11 @@ def recurrent_step(
     of range: an input (NaN or Inf, beta outside [0, 2], g > 0; the state unchanged) or the state
     (not finite entering or leaving the step, found in its pass: the step has run).
 
-    ``rule``: "additive", "delta" or "dplr" (beta then [B, H, 2K] = [a | b]); None: "delta"
-    where beta is given, else "additive". The gate follows g: None, [B, H] or [B, H, 1] one
+    ``rule``: a built-in rule's name (its inputs in beta's slot: the delta rule's beta [B, H],
+    the dplr rule's [a | b] [B, H, 2K]). The gate follows g: None, [B, H] or [B, H, 1] one
     per head, [B, H, K] one per key channel. ``source``: the state entering the step, read from
     it (the new state written into ``state``); None: in place."""
     B, H = state.shape[:2]
-    if rule is None:
-        rule = "additive" if beta is None else "delta"
     gate = "none"
     if g is not None:
         gate = "head" if g.dim() == 2 or g.shape[-1] == 1 else "channel"
