@@ -21,6 +21,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # name -> module that implements it; the module's docstring's first line is the help text.
 COMMANDS: dict[str, str] = {
@@ -38,9 +39,34 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one error format: ``linattn CMD: error: ...`` on one line.
+
+    A bad value (a type or a choice refused: ``--T -1``, ``--mechanisms nope``) is not a wrong
+    usage, and the usage block printed before it would bury the one line that matters; only an
+    unknown option or a missing or extra argument, where the usage is the help, prints it.
+    """
+
+    _bad_value = False
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> object:
+        # Every conversion and choice check of a value passes through here (argparse's own hook).
+        try:
+            return super()._get_values(action, arg_strings)
+        except argparse.ArgumentError:
+            self._bad_value = True
+            raise
+
+    def error(self, message: str) -> NoReturn:
+        """Exit with status 2: one line for a bad value, argparse's usage and line otherwise."""
+        if self._bad_value:
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subparser per entry of ``COMMANDS``."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="linattn",
         description="Attention as matrix algebra: recompute the spec's checks, tables and figures.",
     )
