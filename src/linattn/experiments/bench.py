@@ -428,10 +428,10 @@ def efficiency_note(rows: list[dict]) -> str:
 
 def bench_markdown(result: dict) -> str:
     """The benchmark as Markdown tables."""
-    cfg = result["config"]
+    cfg, threads = result["config"], _threads(result["machine"]["threads"])
     lines = [
         f"**linattn bench** (float32, B = {cfg['B']}, H = {cfg['H']}, K = {cfg['K']}, "
-        f"V = {cfg['V']}, chunk size {cfg['chunk_size']}, {_threads(result['machine']['threads'])}; "
+        f"V = {cfg['V']}, chunk size {cfg['chunk_size']}, {threads}; "
         f"medians of {cfg['clock']} time; {_roof_text(result)}; "
         f"{result['machine'].get('malloc', 'malloc defaults')}; "
         f"chunk form: {result['machine'].get('chunk_loop', 'PyTorch group loop')})",
