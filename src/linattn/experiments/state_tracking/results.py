@@ -76,7 +76,9 @@ def results_table(summaries: Sequence[dict]) -> str:
             spread = f" ({s['low'][i]:.2f}-{s['high'][i]:.2f})" if len(s["seeds"]) > 1 else ""
             cells.append(f"{s['mean'][i]:.2f}{spread}")
         lines.append(
-            f"| {s['task']} | {label(s)} | {len(s['seeds'])} | " + " | ".join(cells) + " |"
+            f"| {s['task']} | {label(s)} (`{s['mechanism']}`) | {len(s['seeds'])} | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines)
 
