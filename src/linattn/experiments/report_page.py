@@ -337,7 +337,7 @@ def _state_tracking_section(report: Report) -> list[str]:
         ]
     return [
         _source(report.state_tracking_source, report.state_tracking_note),
-        f"<p>{_e(STATE_TRACKING_SETUP)}</p>",
+        f"<p>{_e(report.state_tracking_setup)}</p>",
         _figure(
             "state-tracking",
             "State tracking. Per-token accuracy against the test length, one panel per task, "
@@ -347,13 +347,6 @@ def _state_tracking_section(report: Report) -> list[str]:
         ),
         markdown_to_html(results_table(report.state_tracking)),
     ]
-
-
-STATE_TRACKING_SETUP = (
-    "Word problems (parity, sums modulo m, permutation groups), a label at every token, trained "
-    "at 64 tokens and tested at longer ones (linattn state-tracking); accuracy per token, mean "
-    "over seeds (lowest-highest)."
-)
 
 
 def _numbers_and_machine(report: Report) -> list[str]:
@@ -467,7 +460,7 @@ def _state_tracking_markdown(report: Report) -> list[str]:
         *lines,
         f"From `{report.state_tracking_source}` {report.state_tracking_note}.",
         "",
-        STATE_TRACKING_SETUP,
+        report.state_tracking_setup,
         "",
         "![State tracking](figures/state-tracking.png)",
         "",
