@@ -301,7 +301,7 @@ def test_bench_merge_of_a_device_or_an_oversized_file(tmp_path, capsys):
         assert err.startswith(f"linattn bench: error: --merge {path} {reason}"), err
 
 
-@pytest.mark.parametrize("flag", ["--bench", "--mqar"])
+@pytest.mark.parametrize("flag", ["--bench", "--mqar", "--state-tracking"])
 def test_report_refuses_a_device_as_input_before_verify(flag, tmp_path, monkeypatch, capsys):
     from linattn.experiments import report
 

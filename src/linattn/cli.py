@@ -64,14 +64,22 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one subparser per entry of ``COMMANDS``."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with one subparser per entry of ``COMMANDS``.
+
+    ``only``: the one command whose module is imported and whose options are added; the others
+    are listed by name. Importing every module takes seconds (torch, scipy), and a command that
+    fails on a bad input file should fail before that cost, not after it.
+    """
     parser = Parser(
         prog="linattn",
         description="Attention as matrix algebra: recompute the spec's checks, tables and figures.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name)
+            continue
         module = importlib.import_module(module_name)
         summary = (module.__doc__ or name).strip().splitlines()[0]
         command = sub.add_parser(
@@ -87,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None  # else: the help lists them all
     try:
-        args = build_parser().parse_args(argv)  # imports every command's module: seconds
+        args = build_parser(only).parse_args(argv)
     except KeyboardInterrupt:
         print("linattn: interrupted", file=sys.stderr)
         return 130

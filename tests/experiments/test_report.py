@@ -13,6 +13,7 @@ import pytest
 
 from linattn import cli
 from linattn.experiments import costs, report, table1, verify
+from linattn.experiments.report_contents import Report
 from linattn.experiments.report_page import markdown_to_html, render_html, render_markdown
 from linattn.figures import SPEC_FIGURES
 
@@ -158,7 +159,7 @@ def small_report(**changes):
         mqar_source="runs/mqar.jsonl",
     )
     fields.update(changes)
-    return report.Report(**fields)
+    return Report(**fields)
 
 
 def test_absent_results_are_said_so():

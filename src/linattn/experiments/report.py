@@ -33,17 +33,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from linattn.experiments import costs as costs_command
-from linattn.experiments import table1 as table1_command
-from linattn.experiments import verify as verify_command
 from linattn.experiments._args import input_file, positive_int
-from linattn.experiments.report_contents import Report
-from linattn.experiments.report_page import render_html, render_markdown
 from linattn.experiments.report_setup import state_tracking_setup
-from linattn.figures.legibility import legible_width, png_css_width
+
+if TYPE_CHECKING:
+    from linattn.experiments.report_contents import Report
 
 TABLE1_NS = (8, 16, 32, 64, 128)
 TABLE1_R = 32
@@ -169,7 +167,15 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
     ``inputs``: the measured results as ``read_inputs`` returns them (read from ``args`` when
     None)."""
     inputs = read_inputs(args) if inputs is None else inputs
+    # Imported here, not above: they bring torch and scipy, seconds that a bad input file (read
+    # first, by read_inputs) should not wait for.
+    from linattn.experiments import costs as costs_command
+    from linattn.experiments import table1 as table1_command
+    from linattn.experiments import verify as verify_command
+    from linattn.experiments.report_contents import Report
+    from linattn.experiments.state_tracking import results
     from linattn.figures import SPEC_FIGURES, numbers, plots
+    from linattn.figures.legibility import legible_width, png_css_width
 
     start = time.perf_counter()
     figures_dir = out / "figures"
@@ -216,6 +222,8 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
         begin("benchmark, recall")
         for name, value in inputs.items():
             setattr(report, name, value)
+        if report.state_tracking is not None:  # the rows, summarised over seeds
+            report.state_tracking = results.aggregate(report.state_tracking)
         draw_results(report, figures_dir)
         bar.update(2)
         report.widths = {p.stem: png_css_width(p) for p in figures_dir.glob("*.png")}
@@ -231,17 +239,15 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
 def read_inputs(args: argparse.Namespace) -> dict:
     """The benchmark, recall and state-tracking results, read and validated now (before any
     work): the ``Report`` fields they fill, with the notes that say which file and why."""
-    from linattn.experiments.mqar.sweep import read_results
-    from linattn.experiments.state_tracking import results
-    from linattn.figures import plots
+    from linattn.experiments._results_files import load_bench, load_mqar, read_results
 
     fields = {}
     bench, fields["bench_source"], fields["bench_note"] = read_input(
-        args.bench, BENCH_FILES, plots.load_bench, "bench", "--bench"
+        args.bench, BENCH_FILES, load_bench, "bench", "--bench"
     )
     fields["bench"] = bench
     mqar, fields["mqar_source"], fields["mqar_note"] = read_input(
-        args.mqar, MQAR_FILES, plots.load_mqar, "mqar", "--mqar"
+        args.mqar, MQAR_FILES, load_mqar, "mqar", "--mqar"
     )
     fields["mqar"] = mqar
     rows, fields["state_tracking_source"], fields["state_tracking_note"] = read_input(
@@ -251,7 +257,7 @@ def read_inputs(args: argparse.Namespace) -> dict:
         "state-tracking",
         "--state-tracking",
     )
-    fields["state_tracking"] = None if rows is None else results.aggregate(rows)
+    fields["state_tracking"] = rows  # summarised over seeds by build_report
     fields["state_tracking_setup"] = "" if rows is None else state_tracking_setup(rows)
     return fields
 
@@ -271,7 +277,11 @@ def read_input(
     """
     source, note = results_file(given, files)
     if given is not None:
-        return load(input_file(flag, given)), str(given), note
+        try:
+            return load(input_file(flag, given)), str(given), note
+        except ValueError as error:
+            message = str(error)
+            raise ValueError(message if message.startswith(flag) else f"{flag} {message}") from None
     if not source.exists():
         return None, str(source), missing_note(None, files, command, flag)
     data = load(input_file("the results file", source))
@@ -346,7 +356,10 @@ def write_files(report: Report, out: Path) -> None:
     """index.html, report.md, and the computed data as JSON under data/."""
     data = out / "data"
     data.mkdir(exist_ok=True)
-    (data / "verify.json").write_text(verify_command.to_json(report.checks) + "\n")
+    from linattn.experiments.report_page import render_html, render_markdown
+    from linattn.experiments.verify import to_json
+
+    (data / "verify.json").write_text(to_json(report.checks) + "\n")
     (data / "table1.json").write_text(json.dumps(report.table1_rows, indent=2) + "\n")
     (data / "costs.json").write_text(json.dumps(report.costs, indent=2) + "\n")
     (out / "report.md").write_text(render_markdown(report))
@@ -412,8 +425,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    out = prepare_out_dir(Path(args.out), args.force)
     inputs = read_inputs(args)  # every input file read and validated before any work
+    out = prepare_out_dir(Path(args.out), args.force)
     args.argv = _argv(args)
     staging, created = staging_dir(out)
     try:

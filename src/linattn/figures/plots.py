@@ -30,7 +30,6 @@ task (accuracy >= ``SOLVED``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,6 +39,12 @@ from typing import Any
 import numpy as np
 
 from linattn import reference
+from linattn.experiments._results_files import (  # noqa: F401 (re-exported: the formats above)
+    _number,
+    bench_results,
+    load_bench,
+    load_mqar,
+)
 from linattn.figures import style
 
 TABLE1_SERIES = (
@@ -80,51 +85,6 @@ def table1_plot(rows: Sequence[dict], out_dir: Path | str, r: int = 32) -> list[
     ax.legend(frameon=False, loc="upper left")
     fig.tight_layout()
     return style.save(fig, out_dir, "table1")
-
-
-def load_bench(path: Path | str) -> dict | None:
-    """The benchmark file (format in the module docstring), or None when it does not exist."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if isinstance(data, dict) and "results" not in data and isinstance(data.get("rows"), list):
-        data = bench_results(data)
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, list) or not results:
-        raise ValueError(f"{path}: expected an object with a non-empty list 'results'")
-    for index, row in enumerate(results):
-        if (
-            not isinstance(row, dict)
-            or not _number(row.get("T"))
-            or not _number(row.get("seconds"))
-        ):
-            raise ValueError(f"{path}: results[{index}] needs numbers 'T' and 'seconds'")
-        if "name" not in row and "method" not in row:
-            raise ValueError(f"{path}: results[{index}] needs a 'name' (or a 'method')")
-    return data
-
-
-def bench_results(run: dict) -> dict:
-    """What ``linattn bench`` writes (``{"config", "rows", ...}``) as the plot's data (above)."""
-    data = {"meta": run.get("config", {}), "results": _bench_rows(run["rows"])}
-    for key in ("machine", "roof_ops_per_s"):  # where it was measured: the report says so
-        if key in run:
-            data[key] = run[key]
-    return data
-
-
-def _bench_rows(rows: list) -> list:
-    """``linattn bench``'s rows as the results above: one forward pass per (mechanism, mode, T)."""
-    return [
-        {"name": f"{row['mechanism']}, {row['mode']}", "T": row["T"], "seconds": row["forward_s"]}
-        if isinstance(row, dict) and {"mechanism", "mode", "T", "forward_s"} <= row.keys()
-        else row
-        for row in rows
-    ]
 
 
 def bench_series(data: dict) -> dict[str, list[tuple[float, float]]]:
@@ -276,29 +236,6 @@ def scaling_figure(result: dict) -> Any:
     return fig
 
 
-def load_mqar(path: Path | str) -> list[dict] | None:
-    """The recall results, one JSON object a line (format in the module docstring), or None."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {number}: not valid JSON ({error})") from None
-        if not isinstance(row, dict) or not (row.get("mechanism") or row.get("mixer")):
-            raise ValueError(f"{path}, line {number}: needs a 'mechanism'")
-        if not _number(row.get("state_numbers")) or not _number(row.get("accuracy")):
-            raise ValueError(f"{path}, line {number}: needs numbers 'state_numbers', 'accuracy'")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: no results")
-    return rows
-
-
 # A recall run counts as solving MQAR at this held-out accuracy (the tables' "solved").
 SOLVED = 0.9
 
@@ -381,7 +318,3 @@ def mqar_figure(rows: Sequence[dict], title: str = "Multi-query associative reca
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
     fig.legend(frameon=False, loc="outside right upper", title="mechanism")
     return fig
-
-
-def _number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
