@@ -216,7 +216,8 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
             )
             bar.update()
         begin("table 1 plot, numbers files")
-        plots.table1_plot(rows, figures_dir, TABLE1_R)
+        for narrow in (False, True):  # and drawn again for a phone's column
+            plots.table1_plot(rows, figures_dir, TABLE1_R, narrow=narrow)
         report.numbers_files = [p.name for p in numbers.write_numbers(out / "numbers")]
         bar.update()
         begin("benchmark, recall")
@@ -312,12 +313,14 @@ def draw_results(report: Report, figures_dir: Path) -> None:
     from linattn.experiments.state_tracking import results
     from linattn.figures import plots, style
 
-    if report.bench is not None:
-        plots.bench_plot(report.bench, figures_dir)
-    if report.mqar is not None:
-        plots.mqar_plot(report.mqar, figures_dir)
-    if report.state_tracking is not None:
-        style.save(results.figure(report.state_tracking), figures_dir, "state-tracking")
+    for narrow, suffix in ((False, ""), (True, "-narrow")):  # and drawn again for a phone
+        if report.bench is not None:
+            plots.bench_plot(report.bench, figures_dir, narrow=narrow)
+        if report.mqar is not None:
+            plots.mqar_plot(report.mqar, figures_dir, narrow=narrow)
+        if report.state_tracking is not None:
+            figure = results.figure(report.state_tracking, narrow=narrow)
+            style.save(figure, figures_dir, "state-tracking" + suffix)
 
 
 def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str]:
