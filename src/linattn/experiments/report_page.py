@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # At most this wide (CSS pixels), the page is a phone's: tables as cards, the narrow figures.
 NARROW_PX = 600
 # A table with more columns than this is shown as cards on a phone.
-CARD_COLUMNS = 4
+CARD_COLUMNS = 3
 
 STYLE = f"""
 *, *::before, *::after {{ box-sizing: border-box; }}
@@ -57,6 +57,7 @@ nav li {{ display: inline-block; white-space: nowrap; margin: 0 1em .3em 0; }}
                    padding: .3em .6em; }}
   table.cards td {{ border: 0; padding: .1em 0; min-width: 0; text-align: left; }}
   table.cards td[data-label]::before {{ content: attr(data-label) ": "; font-weight: bold; }}
+  table.cards td:empty {{ display: none; }}
   /* Figures drawn for the narrow screen (NAME-narrow.png) fill the column. */
   figure.narrow img {{ min-width: 0 !important; }}
 }}
