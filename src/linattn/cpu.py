@@ -1,4 +1,4 @@
-"""CPU settings that make the chunk forms faster: glibc's allocator keeps freed memory (issue 5).
+"""CPU settings that make the chunk forms faster: glibc's allocator keeps freed memory.
 
 The chunk form's group loop creates and frees tensors of about a megabyte many thousands of times
 per call (the products, gates and gradients of each cache-sized group). glibc serves such sizes
@@ -41,9 +41,8 @@ DESCRIPTION = "glibc malloc tuned: mmap threshold 32 MiB, trim threshold 2 GiB, 
 def tune_malloc() -> bool:
     """Apply ``MALLOC_SETTINGS`` with glibc's ``mallopt``; False where there is no glibc.
 
-    Measured (T = 16,384, B = 1, H = 8, K = V = 64, this project's 2-core machine, runs in turns):
-    linear attention's forward + backward 1.15-1.4x faster on two threads; the other mechanisms,
-    and every mechanism on one thread, within the machine's noise (``benchmarks/README.md``).
+    It helps where the PyTorch loop's page faults dominate (linear attention's forward and
+    backward on two threads); elsewhere it changes little (``benchmarks/README.md``).
     """
     name = ctypes.util.find_library("c")
     if name is None:

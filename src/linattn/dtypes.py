@@ -1,8 +1,9 @@
-"""The compute-dtype rule (DESIGN.md): float64 stays float64; every other dtype computes in float32.
+"""The compute-dtype rule: float64 stays float64; every other dtype computes in float32.
 
 States, cumulative gates and feature maps accumulate in the compute dtype of their input; outputs
 come back in the input dtype. The ops, layers, feature maps, context parallelism and the
-compatibility wrappers all take the dtype from ``compute_dtype``, so the rule is written once.
+compatibility wrappers all take the dtype from ``compute_dtype``, so the rule is written once
+(docs/design.md, "Layout and dtypes").
 """
 
 from __future__ import annotations

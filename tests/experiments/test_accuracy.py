@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from linattn.experiments.accuracy import MECHANISMS, accuracy_markdown, compute_accuracy
+from linattn import registry
+from linattn.experiments.accuracy import accuracy_markdown, compute_accuracy
 
 
 def test_accuracy_table_within_the_issue_bounds():
     rows = compute_accuracy(T=70, K=4, V=3)
-    assert len(rows) == 3 * len(MECHANISMS)
+    assert len(rows) == sum(len(e.forms) for e in registry.mechanisms())
+    assert {(r["name"], r["form"]) for r in rows} == {
+        (e.name, form) for e in registry.mechanisms() for form in e.forms
+    }
     for r in rows:
         assert r["float64"] < 1e-10, r
         assert r["float32"] < 1e-5, r

@@ -60,23 +60,31 @@ def test_tiny_run_writes_json_markdown_and_plot(tiny_bench_args, tmp_path, capsy
 
 
 def test_operation_counts_follow_section_9():
-    from linattn.reference.costs import delta_training_ops, linear_training_ops
+    from linattn.reference.costs import (
+        delta_training_ops,
+        dplr_training_ops,
+        linear_training_ops,
+    )
 
     for name, count in (
         ("linear", linear_training_ops),
         ("gla", linear_training_ops),
         ("delta", delta_training_ops),
         ("kda", delta_training_ops),
+        ("rwkv7", dplr_training_ops),
     ):
-        mech = cases.BY_NAME[name]
+        mech = cases.by_name(name)
         assert cases.forward_ops(mech, 2, 128, 3, 16, 16, 32) == 2 * 3 * count(128, 16, 16, 32)
-    assert cases.forward_ops(cases.BY_NAME["softmax"], 1, 128, 2, 16, 16, 32) == 2 * 4 * 128**2 * 16
+    assert cases.forward_ops(cases.by_name("softmax"), 1, 128, 2, 16, 16, 32) == 2 * 4 * 128**2 * 16
+    # DeltaProduct: the delta rule over its T n_h write rows
+    product = cases.forward_ops(cases.by_name("delta_product"), 1, 128, 2, 16, 16, 32)
+    assert product == 2 * delta_training_ops(256, 16, 16, 32)
 
 
 def test_inputs_are_in_the_ops_ranges():
-    for mech in cases.MECHANISMS:
+    for mech in cases.mechanisms():
         x = cases.make_inputs(mech, 1, 16, 2, 8, 8)
-        assert x["q"].dtype == torch.float32 and x["v"].shape == (1, 16, 2, 8)
+        assert x["v"].dtype == torch.float32 and x["v"].shape[-2:] == (2, 8)
         if "beta" in x:
             assert bool(((x["beta"] >= 0) & (x["beta"] <= 2)).all())
         if "g" in x:
@@ -84,7 +92,7 @@ def test_inputs_are_in_the_ops_ranges():
 
 
 def test_fla_comparison_when_installed():
-    mech = cases.BY_NAME["delta"]
+    mech = cases.by_name("delta")
     if cases.fla_reference(mech) is None:
         pytest.skip("fla-core is not installed")
     x = cases.make_inputs(mech, 1, 64, 2, 16, 16)
@@ -153,7 +161,7 @@ def test_fla_and_ours_are_timed_in_turns(monkeypatch):
     monkeypatch.setattr(cases, "call", ours)
     monkeypatch.setattr(cases, "fla_reference", lambda mech: theirs)
     monkeypatch.setattr(cases, "prepare_fla", lambda inputs: inputs)
-    fla = bench._time_fla(cases.BY_NAME["delta"], {}, 4, 3)
+    fla = bench._time_fla(cases.by_name("delta"), {}, 4, 3)
     assert calls == ["fla", "ours"] + ["ours", "fla"] * 3  # the check, then three turns
     assert fla["fla_speedup"] == fla["fla_forward_s"] / fla["fla_ours_forward_s"]
     assert fla["fla_max_abs_diff"] == 0.5

@@ -9,7 +9,8 @@ from linattn.layers import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 
 
 def literal_recurrence(q, k, v, beta, g):
-    """S <- Diag(alpha) S; S <- S + beta k (v - S^T k)^T; o = S^T q / sqrt(K) (DESIGN.md)."""
+    """S <- Diag(alpha) S; S <- S + beta k (v - S^T k)^T; o = S^T q / sqrt(K) (docs/design.md,
+    "The mechanism table")."""
     B, T, H, K = q.shape
     S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype)
     out = []

@@ -1,6 +1,7 @@
 """An independent float64 recurrence for the property tests: a plain loop over tokens.
 
-Written from DESIGN.md's table, not from the library (``linattn.reference`` included), so that it
+Written from the mechanism table (docs/design.md), not from the library (``linattn.reference``
+included), so that it
 can check every form of every op: S_t = A_t S_{t-1} + k_t w_t^T, o_t = S_t^T (scale q_t), with the
 decay applied first and the delta rule's error read from the decayed state:
 

@@ -67,7 +67,8 @@ def test_no_exponent_exceeds_the_budget(op, gate, dtype, pytorch_loop):
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 def test_every_exponent_is_non_positive_beyond_the_budget(op, gate):
     # Every log-decay below -2 budget: no two tokens fit a direct block, so the per-channel
-    # products halve down to single tokens and every exponent evaluated is <= 0 (DESIGN.md).
+    # products halve down to single tokens and every exponent evaluated is <= 0 (docs/design.md,
+    # "Gates").
     x = make_inputs(T=150, gate=gate, rule="delta" if op == "delta" else "additive")
     g = x["g"] - 2.2 * _blockmath.factor_budget(torch.float64)
     seen, o = _largest_exponents(lambda: _run(op, x, g))

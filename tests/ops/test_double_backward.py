@@ -3,7 +3,8 @@
 The chunk op's backward writes its first-order gradients into buffers (the group loop, and for
 float32 on the CPU, C++); with grad mode on it recomputes them through plain autograd instead
 (``chunk.differentiable_backward``). Checked here: ``gradgradcheck`` in float64 for every
-mechanism of DESIGN.md's table and every form, with an initial state, packed sequences and the
+mechanism of the mechanism table (docs/design.md) and every form, with an initial state, packed
+sequences and the
 normaliser, and float32 double backward (fused C++ forward and PyTorch loop) against float64.
 """
 

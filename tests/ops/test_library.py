@@ -20,7 +20,7 @@ needs_native = pytest.mark.skipif(
     not _native.available(), reason=f"fused forward unavailable: {_native.reason()}"
 )
 
-# (rule, gate): the six mechanisms of DESIGN.md's table and the generalized delta rule's three.
+# (rule, gate): the nine rows of the mechanism table (docs/design.md).
 MECHANISMS = [(r, g) for r in ("additive", "delta", "dplr") for g in (None, "scalar", "channel")]
 BACKENDS = [pytest.param("1", id="fused", marks=needs_native), pytest.param("0", id="loop")]
 # opcheck's checks: schema, fake kernel and autograd registration for every mechanism in every

@@ -1,4 +1,4 @@
-"""The recurrent step against one literal step of the DESIGN.md table."""
+"""The recurrent step against one literal step of the mechanism table (docs/design.md)."""
 
 from __future__ import annotations
 

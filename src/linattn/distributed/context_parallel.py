@@ -400,8 +400,9 @@ def generalized_delta_rule(
 ) -> tuple[Tensor, Tensor | None]:
     """Context-parallel ``linattn.ops.generalized_delta_rule`` (IPLR, DPLR, RWKV-7's transition).
 
-    S_t = (Diag(exp g_t) + a_t b_t^T) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t) (issue 30's
-    rule; b reads the state entering the token). Each slice's map M_p = prod_t A_t has the WY form
+    S_t = (Diag(exp g_t) + a_t b_t^T) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t) (the
+    generalized delta rule; b reads the state entering the token). Each slice's map
+    M_p = prod_t A_t has the WY form
     Diag(exp G) + Ae^T (I - A_ba)^{-1} Bd (``linattn.ops.rules.dplr``), [B, H, K, K], exchanged
     between ranks.
 

@@ -1,7 +1,8 @@
 """The affine map of a slice of tokens, S_out = M S_in + N, and how maps compose (spec section 8).
 
-Every mechanism of DESIGN.md's table updates its state as S_t = A_t S_{t-1} + k_t w_t^T, so a
-whole slice of tokens acts on the state it receives as an affine map. Its size, [B, H, K, K] and
+Every mechanism of the mechanism table (docs/design.md) updates its state as
+S_t = A_t S_{t-1} + k_t w_t^T, so a whole slice of tokens acts on the state it receives as an
+affine map. Its size, [B, H, K, K] and
 [B, H, K, V], does not depend on the slice length: this is what context parallelism exchanges.
 The map is ``linattn.ops.affine.affine_map``'s, from the chunk terms, linear in the slice length.
 

@@ -1,11 +1,13 @@
 """The mechanisms `linattn bench` times: their inputs, their calls and their section-9 cost.
 
-Each mechanism of DESIGN.md's table is one call of a public op on float32 inputs laid out
-[B, T, H, D]. Operation counts come from the section-9 cost model (``linattn.reference.costs``):
+Every mechanism of the registry (``linattn.registry``) is one call of its public op on float32
+inputs laid out [B, T, H, D], made by its entry's case (``linattn.registry.cases``). Operation
+counts come from the section-9 cost model (``linattn.reference.costs``), by the case's cost family:
 
-- linear attention, scalar decay and per-channel decay (GLA): ``linear_training_ops(T, K, V, C)``;
-- the delta rule, Gated DeltaNet and KDA: ``delta_training_ops(T, K, V, C)``;
-- softmax attention: ``softmax_training_ops(T, K)`` = 4 T^2 K, the full (unmasked) count of the
+- "linear" (the additive rule, gated or not): ``linear_training_ops(T, K, V, C)``;
+- "delta" (the delta rule; DeltaProduct over its T n_h write rows): ``delta_training_ops``;
+- "dplr" (the generalized delta rule): ``dplr_training_ops``;
+- "softmax": ``softmax_training_ops(T, K)`` = 4 T^2 K, the full (unmasked) count of the
   spec; a causal kernel that skips the masked half does about half of it;
 
 per head, times B H. The decays add only elementwise work, so a decayed mechanism is counted as its
@@ -18,79 +20,64 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from linattn.ops import delta_rule, linear_attention
+from linattn import registry
 from linattn.reference.costs import (
     delta_training_ops,
+    dplr_training_ops,
     linear_training_ops,
     softmax_training_ops,
 )
+from linattn.registry import Entry as Mechanism
 
 BACKWARD_FACTOR = 3  # forward + backward = 3 x forward (see the module docstring)
+_TRAINING_OPS = {
+    "linear": linear_training_ops,
+    "delta": delta_training_ops,
+    "dplr": dplr_training_ops,
+}
 
 
-@dataclass(frozen=True)
-class Mechanism:
-    """One row family of the benchmark: name, which op, which gate and which cost formula."""
-
-    name: str
-    title: str
-    family: str  # "softmax", "linear" or "delta": the op and the cost formula
-    gate: str | None  # None, "scalar" ([B, T, H]) or "channel" ([B, T, H, K])
+def mechanisms() -> tuple[Mechanism, ...]:
+    """The registry's mechanisms, in its order (a user's registrations included)."""
+    return registry.mechanisms()
 
 
-MECHANISMS = (
-    Mechanism("softmax", "softmax attention (SDPA, causal)", "softmax", None),
-    Mechanism("linear", "linear attention", "linear", None),
-    Mechanism("scalar_decay", "linear attention, scalar decay (Mamba-2)", "linear", "scalar"),
-    Mechanism("gla", "linear attention, per-channel decay (GLA)", "linear", "channel"),
-    Mechanism("delta", "delta rule (DeltaNet)", "delta", None),
-    Mechanism("gated_delta", "gated delta rule (Gated DeltaNet)", "delta", "scalar"),
-    Mechanism("kda", "Kimi Delta Attention", "delta", "channel"),
-)
-BY_NAME = {m.name: m for m in MECHANISMS}
+def by_name(name: str) -> Mechanism:
+    """The registry entry ``name``."""
+    return registry.get(name)
+
+
+def quadratic(mech: Mechanism) -> bool:
+    """Whether the mechanism has no fixed memory (softmax attention): its cost grows as T^2,
+    so that the bench caps its T and times its one form alone."""
+    return mech.case.cost == "softmax"
 
 
 def make_inputs(
     mech: Mechanism, B: int, T: int, H: int, K: int, V: int, seed: int = 0
 ) -> dict[str, Tensor]:
-    """Random float32 inputs [B, T, H, D] of the kind the mechanism is trained with.
+    """Random float32 inputs [B, T, H, D] of the kind the mechanism is trained with (its case's:
+    unit keys, write strengths and log-decays of a trained model's range), without an initial
+    state."""
+    import torch
 
-    Keys are unit vectors (as DeltaNet's l2-normalised keys), beta = sigmoid(normal) in (0, 1),
-    log-decays g = log sigmoid(normal + 4) in about [-0.1, 0] (alpha near one, as trained).
-    """
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    inputs = {"q": q, "k": k, "v": v}
-    if mech.family == "delta":
-        inputs["beta"] = torch.sigmoid(torch.randn(B, T, H, generator=gen))
-    if mech.gate is not None:
-        shape = (B, T, H) if mech.gate == "scalar" else (B, T, H, K)
-        inputs["g"] = F.logsigmoid(torch.randn(*shape, generator=gen) + 4.0)
-    return inputs
+    inputs = mech.case.inputs(B, T, H, K, V, seed=seed, dtype=torch.float32)
+    inputs.pop("S0", None)
+    return {name: x for name, x in inputs.items() if x is not None}
 
 
 def call(mech: Mechanism, inputs: dict[str, Tensor], mode: str, chunk_size: int) -> Tensor:
     """The mechanism's output o [B, T, H, V] on ``inputs`` (the form ``mode``)."""
-    if mech.family == "softmax":
-        # [B, T, H, D] -> [B, H, T, D] views: SDPA's layout.
-        q, k, v = (inputs[x].transpose(1, 2) for x in "qkv")
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
-    g = inputs.get("g")
-    if mech.family == "linear":
-        return linear_attention(
-            inputs["q"], inputs["k"], inputs["v"], g, mode=mode, chunk_size=chunk_size
-        )[0]
-    return delta_rule(
-        inputs["q"], inputs["k"], inputs["v"], inputs["beta"], g, mode=mode, chunk_size=chunk_size
-    )[0]
+    K = inputs["k"].shape[-1]
+    return mech.case.call(_with_gate(inputs), mode, chunk_size, default_scale(K))[0]
+
+
+def _with_gate(inputs: dict[str, Tensor]) -> dict:
+    """``inputs`` with g and S0 as None where absent (the cases read them by name)."""
+    return {"g": None, "S0": None, **inputs}
 
 
 def forward_ops(mech: Mechanism, B: int, T: int, H: int, K: int, V: int, chunk_size: int) -> int:
@@ -99,13 +86,10 @@ def forward_ops(mech: Mechanism, B: int, T: int, H: int, K: int, V: int, chunk_s
     The cost model has one head dimension d for the values; K = V here, and r = K features.
     """
     C = min(chunk_size, T)
-    if mech.family == "softmax":
-        per_head = softmax_training_ops(T, K)
-    elif mech.family == "linear":
-        per_head = linear_training_ops(T, K, V, C)
-    else:
-        per_head = delta_training_ops(T, K, V, C)
-    return B * H * per_head
+    if quadratic(mech):
+        return B * H * softmax_training_ops(T, K)
+    rows = T * mech.case.rows_per_token
+    return B * H * _TRAINING_OPS[mech.case.cost](rows, K, V, min(C, rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,39 +102,58 @@ def fla_reference(mech: Mechanism) -> Callable[[dict[str, Tensor], int], Tensor]
     The returned callable takes our inputs and a chunk size and returns o [B, T, H, V]; the layout
     changes it needs are made on its own inputs, which ``prepare_fla`` builds outside the timing.
     """
+    loader = _FLA_NAIVE.get(mech.name)
+    if loader is None:
+        return None
     try:
-        if mech.name == "linear":
-            from fla.ops.linear_attn.naive import naive_chunk_linear_attn
-
-            return lambda x, C: naive_chunk_linear_attn(x["q"], x["k"], x["v"])
-        if mech.name == "scalar_decay":
-            from fla.ops.simple_gla.naive import naive_chunk_simple_gla
-
-            return lambda x, C: naive_chunk_simple_gla(
-                x["q"], x["k"], x["v"], x["g"], chunk_size=C
-            )[0]
-        if mech.name == "delta":
-            from fla.ops.delta_rule.naive import delta_rule_chunkwise
-
-            # [B, H, T, D] layout (prepared outside the timing); the scale 1/sqrt(K) is its own.
-            return lambda x, C: delta_rule_chunkwise(
-                x["q_bh"], x["k_bh"], x["v_bh"], x["beta_bh"], chunk_size=C
-            )[0].transpose(1, 2)
-        if mech.name == "gated_delta":
-            from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
-
-            return lambda x, C: naive_chunk_gated_delta_rule(
-                x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=C
-            )[0]
-        if mech.name == "kda":
-            from fla.ops.kda.naive import naive_chunk_kda
-
-            return lambda x, C: naive_chunk_kda(
-                x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=C
-            )[0]
+        return loader()
     except ImportError:  # fla-core (or triton, which its import needs) is not installed
         return None
-    return None
+
+
+def _fla_linear():
+    from fla.ops.linear_attn.naive import naive_chunk_linear_attn
+
+    return lambda x, C: naive_chunk_linear_attn(x["q"], x["k"], x["v"])
+
+
+def _fla_scalar_decay():
+    from fla.ops.simple_gla.naive import naive_chunk_simple_gla
+
+    return lambda x, C: naive_chunk_simple_gla(x["q"], x["k"], x["v"], x["g"], chunk_size=C)[0]
+
+
+def _fla_delta():
+    from fla.ops.delta_rule.naive import delta_rule_chunkwise
+
+    # [B, H, T, D] layout (prepared outside the timing); the scale 1/sqrt(K) is its own.
+    return lambda x, C: delta_rule_chunkwise(
+        x["q_bh"], x["k_bh"], x["v_bh"], x["beta_bh"], chunk_size=C
+    )[0].transpose(1, 2)
+
+
+def _fla_gated_delta():
+    from fla.ops.gated_delta_rule.naive import naive_chunk_gated_delta_rule
+
+    return lambda x, C: naive_chunk_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=C
+    )[0]
+
+
+def _fla_kda():
+    from fla.ops.kda.naive import naive_chunk_kda
+
+    return lambda x, C: naive_chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=C)[0]
+
+
+# The mechanisms whose fla-core naive chunked function the bench times against ours.
+_FLA_NAIVE = {
+    "linear": _fla_linear,
+    "scalar_decay": _fla_scalar_decay,
+    "delta": _fla_delta,
+    "gated_delta": _fla_gated_delta,
+    "kda": _fla_kda,
+}
 
 
 def prepare_fla(inputs: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -1,6 +1,6 @@
 """Several runs of `linattn bench` as one table: the median of every measured number, row by row.
 
-On a shared machine one run's numbers move by 10-50% from minute to minute, and not all rows of a
+On a shared machine one run's numbers move a lot from minute to minute, and not all rows of a
 run alike; the median over runs of one configuration is steadier. Each run's efficiencies are taken
 against that run's own roof (``bench.compute_bench``), and the merged efficiency of a row is the
 median of those ratios, not a ratio of medians.

@@ -17,7 +17,7 @@ from linattn.experiments._timing import peak_extra_bytes
 
 def measure(job: dict) -> int:
     """Peak extra resident bytes of one forward (or forward + backward) call."""
-    mech = cases.BY_NAME[job["mechanism"]]
+    mech = cases.by_name(job["mechanism"])
     shape = (job["B"], job["T"], job["H"], job["K"], job["V"])
     inputs = cases.make_inputs(mech, *shape)
     if job["backward"]:

@@ -1,11 +1,10 @@
-"""Accuracy of the PyTorch ops: every mechanism and form against the float64 oracle.
+"""Accuracy of the PyTorch ops: every registered mechanism and form against its float64 oracle.
 
-For each row of the DESIGN.md table (linear attention, scalar decay, GLA, delta rule, Gated
-DeltaNet, KDA) and each form (parallel, recurrent, chunk), runs the op on one random problem in
-float64, float32, bfloat16 and float16 and compares it with
-``linattn.reference.gated.recurrence``: the largest absolute error for float64, the relative RMS
-error for the others (the low-precision inputs are rounded first and the oracle sees the rounded
-values).
+For each mechanism of the registry (``linattn.registry``) and each of its forms (parallel,
+recurrent, chunk), runs the op on one random problem of its case (``linattn.registry.cases``) in
+float64, float32, bfloat16 and float16 and compares it with the entry's float64 oracle: the largest
+absolute error for float64, the relative RMS error for the others (the low-precision inputs are
+rounded first and the oracle sees the rounded values).
 """
 
 from __future__ import annotations
@@ -13,23 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
+from linattn import registry
 from linattn.experiments._args import check_memory, nonnegative_int, positive_int
-from linattn.ops import delta_rule, linear_attention
-from linattn.reference.gated import recurrence
 
-MECHANISMS = {  # name: (rule, gate shape)
-    "linear attention": ("additive", None),
-    "scalar decay (Mamba-2)": ("additive", "scalar"),
-    "per-channel decay (GLA)": ("additive", "channel"),
-    "delta rule": ("delta", None),
-    "Gated DeltaNet": ("delta", "scalar"),
-    "KDA": ("delta", "channel"),
-}
-FORMS = (("parallel", 1), ("recurrent", 1), ("chunk", 64))
+CHUNK_SIZE = 64
 DTYPES = {
     "float64": torch.float64,
     "float32": torch.float32,
@@ -38,70 +26,37 @@ DTYPES = {
 }
 
 
-def _problem(rule, gate, T, K, V, seed):
-    """float64 q, k (unit length), v, beta in [0, 2], g = logsigmoid(N(2, 1)), an initial state."""
-    gen = torch.Generator().manual_seed(seed)
-    x = {
-        "q": torch.randn(1, T, 2, K, generator=gen, dtype=torch.float64),
-        "k": F.normalize(torch.randn(1, T, 2, K, generator=gen, dtype=torch.float64), dim=-1),
-        "v": torch.randn(1, T, 2, V, generator=gen, dtype=torch.float64),
-        "beta": 2 * torch.rand(1, T, 2, generator=gen, dtype=torch.float64),
-        "S0": torch.randn(1, 2, K, V, generator=gen, dtype=torch.float64),
-    }
-    shape = {None: None, "scalar": (1, T, 2), "channel": (1, T, 2, K)}[gate]
-    x["g"] = None if shape is None else F.logsigmoid(torch.randn(shape, generator=gen) + 2.0)
-    if rule != "delta":
-        x["beta"] = None
-    return x
-
-
-def _oracle(x, rule, scale):
-    """o [1, T, H, V] from the literal recurrence, head by head, float64."""
-    n = {k: (None if t is None else t.double().numpy()) for k, t in x.items()}
-    heads = []
-    for h in range(n["q"].shape[2]):
-        o, _ = recurrence(
-            n["q"][0, :, h], n["k"][0, :, h], n["v"][0, :, h],
-            None if n["beta"] is None else n["beta"][0, :, h],
-            None if n["g"] is None else n["g"][0, :, h],
-            rule=rule, scale=scale, initial_state=n["S0"][0, h],
-        )  # fmt: skip
-        heads.append(o)
-    return torch.from_numpy(np.stack(heads, axis=1)[None])
+def _errors(entry: registry.Entry, T: int, K: int, V: int, seed: int) -> dict[str, dict]:
+    """{form: {dtype name: error}} of one mechanism on one problem (B = 1, two heads)."""
+    x64 = entry.case.inputs(1, T, 2, K, V, seed=seed, dtype=torch.float64)
+    scale = K**-0.5
+    errors: dict[str, dict[str, float]] = {form: {} for form in entry.forms}
+    for dname, dtype in DTYPES.items():
+        x = {k: (None if t is None else t.to(dtype)) for k, t in x64.items()}
+        ref, _ = entry.case.oracle(x, scale)
+        for form in entry.forms:
+            o, _ = entry.case.call(x, form, CHUNK_SIZE, scale)
+            diff = o.double() - ref
+            if dtype == torch.float64:
+                errors[form][dname] = float(diff.abs().max())
+            else:
+                errors[form][dname] = float(diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
+    return errors
 
 
 def compute_accuracy(T: int = 1000, K: int = 16, V: int = 16, seed: int = 0) -> list[dict]:
-    """One row per (mechanism, form): errors for each dtype against the float64 oracle."""
-    scale = K**-0.5
+    """One row per (mechanism, form) of the registry: errors for each dtype against the oracle."""
     rows = []
-    for name, (rule, gate) in MECHANISMS.items():
-        x64 = _problem(rule, gate, T, K, V, seed)
-        errors: dict[str, dict[str, float]] = {form: {} for form, _ in FORMS}
-        for dname, dtype in DTYPES.items():
-            x = {k: (None if t is None else t.to(dtype)) for k, t in x64.items()}
-            ref = _oracle(x, rule, scale)
-            for form, C in FORMS:
-                kw = dict(mode=form, chunk_size=C, initial_state=x["S0"], scale=scale)
-                if rule == "delta":
-                    o, _ = delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], **kw)
-                else:
-                    o, _ = linear_attention(x["q"], x["k"], x["v"], x["g"], **kw)
-                diff = o.double() - ref
-                if dtype == torch.float64:
-                    errors[form][dname] = float(diff.abs().max())
-                else:
-                    errors[form][dname] = float(
-                        diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()
-                    )
-        for form, _ in FORMS:
-            rows.append({"mechanism": name, "form": form, **errors[form]})
+    for entry in registry.mechanisms():
+        for form, errors in _errors(entry, T, K, V, seed).items():
+            rows.append({"mechanism": entry.title, "name": entry.name, "form": form, **errors})
     return rows
 
 
 def accuracy_markdown(rows: list[dict], T: int = 1000, K: int = 16, V: int = 16) -> str:
     """The rows as a Markdown table."""
     lines = [
-        f"T = {T}, K = {K}, V = {V}, two heads, an initial state; chunk size 64.",
+        f"T = {T}, K = {K}, V = {V}, two heads, an initial state; chunk size {CHUNK_SIZE}.",
         "",
         "| mechanism | form | float64 max abs error | float32 rel RMS | bfloat16 rel RMS "
         "| float16 rel RMS |",

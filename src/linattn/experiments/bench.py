@@ -106,7 +106,7 @@ def _time_fla(mech, inputs, C, repeats) -> dict | None:
 
 def _max_T(args, mech, mode) -> int:
     """The longest T timed for this mechanism and form (quadratic forms are capped)."""
-    if mech.family == "softmax":
+    if cases.quadratic(mech):
         return args.softmax_max_T
     return {"chunk": max(args.T), "parallel": args.parallel_max_T}.get(mode, args.recurrent_max_T)
 
@@ -186,19 +186,19 @@ def compute_bench(args: argparse.Namespace) -> dict:
     roofs = []
     rows = []
     for name in args.mechanisms:
-        mech = cases.BY_NAME[name]
+        mech = cases.by_name(name)
         # Measured again before each mechanism (the load of a shared machine drifts); the run's
         # roof is the highest of these (below).
         roofs.append(matmul_rate())
-        modes = ("chunk",) if mech.family == "softmax" else args.modes
+        modes = ("chunk",) if cases.quadratic(mech) else args.modes
         for mode in modes:
             for T in args.T:
                 if T <= _max_T(args, mech, mode):
                     rows.append(_row(args, mech, mode, T))
                     _progress(rows[-1])
     # One roof for the whole run: the highest measurement. A lower one means the machine was busy
-    # at that moment, and dividing by it would flatter the rows timed then (a roof of 89 GFLOP/s
-    # among 149-158 once turned 0.24 into 0.40), so every efficiency is taken against the best.
+    # at that moment, and dividing by it would flatter the rows timed then, so every efficiency
+    # is taken against the best.
     roof = max(roofs)
     for r in rows:
         r["roof_ops_per_s"] = roof
@@ -291,10 +291,10 @@ def compute_scaling(args: argparse.Namespace) -> dict:
     before = torch.get_num_threads()
     roofs: dict[int, list[float]] = {n: [] for n in counts}
     table = [
-        _ScalingCase(args, cases.BY_NAME[name], T, counts)
+        _ScalingCase(args, cases.by_name(name), T, counts)
         for name in args.mechanisms
         for T in args.T
-        if T <= _max_T(args, cases.BY_NAME[name], "chunk")
+        if T <= _max_T(args, cases.by_name(name), "chunk")
     ]
     try:
         for i in range(args.repeats):
@@ -491,7 +491,7 @@ def bench_plot(result: dict, path: Path) -> bool:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``linattn bench``."""
-    names = [m.name for m in cases.MECHANISMS]
+    names = [m.name for m in cases.mechanisms()]
     add = parser.add_argument
     add("--T", type=int_list, default=[1024, 4096, 16384, 65536], help="sequence lengths")
     add("--B", type=positive_int, default=1, help="batch size")

@@ -387,7 +387,8 @@ def chunked_delta_checks() -> list[Check]:
 
 
 def _dplr_draws() -> tuple[np.ndarray, ...]:
-    """Issue 30's inputs: Q, K (unit), V, b (unit), a = -beta b + noise, a gate per channel."""
+    """The generalized delta rule's inputs: Q, K (unit), V, b (unit), a = -beta b + noise, a gate
+    per channel."""
     rng = np.random.default_rng(30)
     Q, K, b = (unit(rng.standard_normal((64, 8))) for _ in range(3))
     V = rng.standard_normal((64, 8))
@@ -398,7 +399,7 @@ def _dplr_draws() -> tuple[np.ndarray, ...]:
 
 
 def dplr_checks() -> list[Check]:
-    """Issue 30: the generalized delta rule, A_t = Diag(exp g_t) + a_t b_t^T. Its chunk form
+    """The generalized delta rule, A_t = Diag(exp g_t) + a_t b_t^T. Its chunk form
     equals the recurrence; the WY form of C transitions is their product; with the delta rule's
     a, b it is the delta rule (and with the gate, Gated DeltaNet and KDA)."""
     Q, K, V, a, b, g, beta = _dplr_draws()
@@ -434,7 +435,7 @@ def _dplr_rows(Q, K, V, g, beta) -> list[Check]:
 
 
 def delta_product_checks() -> list[Check]:
-    """Issue 31: Gated DeltaProduct, n_h delta-rule writes a token and one read. With n_h = 1 it
+    """Gated DeltaProduct, n_h delta-rule writes a token and one read. With n_h = 1 it
     is the delta rule (and Gated DeltaNet); with n_h = 3 its token loop equals the delta rule on
     the 3 T interleaved rows read at each token's last write (the chunk form, C = 5 and 16 rows;
     with a gate at each token's first write, the recurrence), and one token's transition is the
@@ -479,7 +480,7 @@ def delta_product_checks() -> list[Check]:
 
 
 def rwkv6_checks() -> list[Check]:
-    """Issue 31: RWKV-6, the additive rule read before the token's write plus a bonus u. Its chunk
+    """RWKV-6, the additive rule read before the token's write plus a bonus u. Its chunk
     form (a strictly lower intra-chunk matrix, the bonus on the diagonal) equals the token loop;
     without decay and with u = 1 it reads S_t, and so is linear attention."""
     Q, K, V, _, _, g, _ = _dplr_draws()
@@ -1023,7 +1024,7 @@ _DECAY_GRID = [
 
 
 def _reflection_checks(k: np.ndarray) -> list[Check]:
-    """Issue 32: I - beta k k^T has eigenvalues 1 (K - 1 times) and 1 - beta; at beta = 2 it is
+    """I - beta k k^T has eigenvalues 1 (K - 1 times) and 1 - beta; at beta = 2 it is
     a reflection (orthogonal, determinant -1)."""
     checks = []
     for beta in (0.5, 2.0):
@@ -1043,7 +1044,7 @@ def _reflection_checks(k: np.ndarray) -> list[Check]:
 
 
 def _parity_checks(rng: np.random.Generator, n: int) -> list[Check]:
-    """Issue 32: beta_t = 2 x_t tracks parity exactly; no transition in [0, 1] separates it."""
+    """beta_t = 2 x_t tracks parity exactly; no transition in [0, 1] separates it."""
     x = rng.integers(0, 2, n)
     parity = np.cumsum(x) % 2
     reads = state_tracking.parity_by_reflection(x, rng.standard_normal(4))
@@ -1077,7 +1078,7 @@ def _parity_checks(rng: np.random.Generator, n: int) -> list[Check]:
 
 
 def _permutation_check(rng: np.random.Generator, n: int, length: int) -> Check:
-    """Issue 32: DeltaProduct with n_h = n - 1 transposition writes tracks a word of S_n."""
+    """DeltaProduct with n_h = n - 1 transposition writes tracks a word of S_n."""
     perms = state_tracking.random_permutations(rng, length, n)
     reads = rng.integers(0, n, length)
     out, S = state_tracking.permutation_by_reflections(perms, reads)
@@ -1093,7 +1094,7 @@ def _permutation_check(rng: np.random.Generator, n: int, length: int) -> Check:
 
 
 def state_tracking_checks() -> list[Check]:
-    """Issue 32: what a fixed memory computes, by construction (Grazzi et al. 2025; Siems et al.
+    """What a fixed memory computes, by construction (Grazzi et al. 2025; Siems et al.
     2025): reflections track parity and permutations; transitions in [0, 1] cannot."""
     rng = np.random.default_rng(32)
     _, _, k, _ = _section71_draws()
@@ -1137,7 +1138,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     overwrite_checks,
     stored_pair_checks,
     hybrid_cache_checks,
-    state_tracking_checks,  # not the spec's: issue 32
+    state_tracking_checks,  # not the spec's: the state-tracking papers' claims
 )
 
 

@@ -1,7 +1,7 @@
 """Figure 9: the roadmap, every method's update rule in one notation, and the hybrid (spec 10).
 
-The update rules are those of DESIGN.md's table, S_t = A_t S_{t-1} + k_t w_t^T, written in the
-notation of Kimi Team (2025). The hybrid's memory is computed from the cost model of
+The update rules are those of the mechanism table (docs/design.md), S_t = A_t S_{t-1} + k_t w_t^T,
+written in the notation of Kimi Team (2025). The hybrid's memory is computed from the cost model of
 ``linattn.reference`` (``kv_cache_numbers``, ``delta_state_numbers``).
 """
 

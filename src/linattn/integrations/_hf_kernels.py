@@ -6,7 +6,7 @@ beta, chunk_size, initial_state, output_final_state, use_qk_l2norm_in_kernel)``)
 fallback returns, and computes it with the public ops ``linattn.ops.delta_rule``,
 ``linear_attention`` (the chunk form, for prefill) and ``recurrent_step`` (the decoding step).
 
-Every mechanism is one row of the spec's table (DESIGN.md):
+Every mechanism is one row of the spec's table (docs/design.md, "The mechanism table"):
 
 - Gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo-Hybrid, ...): S_t = alpha_t (I - beta_t k_t k_t^T)
   S_{t-1} + beta_t k_t v_t^T, g [B, T, HV] (sections 7, 8, 10);

@@ -1,11 +1,12 @@
-"""Gated DeltaProduct (Siems et al., 2025): n_h delta-rule writes per token (issue 31).
+"""Gated DeltaProduct (Siems et al., 2025): n_h delta-rule writes per token.
 
     S <- alpha_t S
     S <- S + beta_tj k_tj (v_tj - S^T k_tj)^T      for j = 1 .. n_h
     o_t = S^T q_t / sqrt(K)
 
 The token's transition is alpha_t prod_j (I - beta_tj k_tj k_tj^T): a product of n_h generalized
-Householder matrices (DESIGN.md's table, last row), rank n_h instead of Gated DeltaNet's one.
+Householder matrices (DeltaProduct, beside the mechanism table of docs/design.md), rank n_h
+instead of Gated DeltaNet's one.
 The layer is Gated DeltaNet's with n_h keys, values and write strengths per token, as fla 0.6.0's
 ``fla.layers.GatedDeltaProduct`` builds it: ``k_proj`` and ``v_proj`` n_h times wider, laid out
 [write, head, channel]; ``beta = sigmoid(b_proj x)`` per write and value head (times 2 with

@@ -7,8 +7,9 @@
     y_t = S_t^T C_t + D x_t                              (the D skip)
     out = out_proj(rmsnorm(y * silu(z)))                 (gate, then norm: norm_before_gate=False)
 
-The recurrence is linattn's scalar-decay linear attention (DESIGN.md's table, ``alpha_t I``) with
-q = C, k = B, v = dt * x, g = dt * A and scale 1 (no 1/sqrt(N)); B and C are shared by the
+The recurrence is linattn's scalar-decay linear attention (``alpha_t I`` in the mechanism table
+of docs/design.md) with q = C, k = B, v = dt * x, g = dt * A and scale 1 (no 1/sqrt(N)); B and C
+are shared by the
 ``H / n_groups`` heads of a group, and the norm runs over each group's ``d_inner / n_groups``
 channels. Options, defaults and initialisation follow the reference implementation
 (``mamba_ssm.modules.mamba2.Mamba2``; fla's ``Mamba2`` layer, transformers' ``Mamba2Mixer``):
@@ -82,8 +83,8 @@ class Mamba2(TokenMixer):
         conv_bias: a bias in the convolution (default); bias: biases in in_proj and out_proj.
         conv_init: if given, the convolution's weights start in U(-conv_init, conv_init).
         norm_eps: epsilon of the norm. chunk_size: block length C of the chunk form (64: on
-            the CPU a model of ``preset("mamba2")`` trained 1.16-1.22x slower at Mamba-2's GPU
-            default of 256, T 256-4,096, and no faster at 32 or 128).
+            the CPU a model of ``preset("mamba2")`` trains slower at Mamba-2's GPU default of
+            256, and no faster at 32 or 128).
     """
 
     def __init__(

@@ -23,7 +23,8 @@ StateSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """States accumulate in float32, or in float64 when the model is float64 (DESIGN.md)."""
+    """States accumulate in float32, or in float64 when the model is float64 (docs/design.md,
+    "Layout and dtypes")."""
     return compute_dtype(dtype)
 
 

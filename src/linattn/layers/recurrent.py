@@ -6,7 +6,8 @@
 
 The subclasses (``LinearAttention``, ``DeltaNet``, ``GatedDeltaNet``, ``KimiDeltaAttention``) only
 say what differs: the transition and the write of the memory ``S_t = A_t S_{t-1} + k_t w_t^T``
-(the table of DESIGN.md), in ``recurrence``; and the memory's shape, in ``memory_shape``.
+(the mechanism table of docs/design.md), in ``recurrence``; and the memory's shape, in
+``memory_shape``.
 """
 
 from __future__ import annotations

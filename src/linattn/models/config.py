@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, fields
 from linattn.layers.modules import check_dt_range
 from linattn.ops.checks import flag
 
-# One name per mechanism of the spec (DESIGN.md's table); ``linattn.models.mixers`` builds them.
+# One name per mechanism of the spec (the mechanism table, docs/design.md);
+# ``linattn.models.mixers`` builds them.
 MIXERS = (
     "softmax",
     "linear",
@@ -111,7 +112,7 @@ class LMConfig:
             ``"mamba2"``), log-uniform in (lo, hi); None (default): each layer's own, Mamba-2's
             and fla's (1e-3, 1e-1). The initial decay per token is exp(-A dt) (A up to 16): with
             few heads every head may start forgetting fast (the MQAR ``cpu`` preset's models,
-            two heads, use (1e-4, 1e-2); issue 36).
+            two heads, use (1e-4, 1e-2)).
         norm_eps: epsilon of every RMSNorm.
         init_std: standard deviation of the normal initialisation of linear and embedding weights.
     """

@@ -156,10 +156,10 @@ def as_gate_sum(G: Tensor | GateSum) -> GateSum:
 def gate_sums(g: Tensor) -> GateSum:
     """G = cumsum of the floored gates (``gate_floor``) along the tokens (-2), in float64.
 
-    float32 gates: one float64 sum (each partial sum keeps float32's accuracy, issue 18). float64
+    float32 gates: one float64 sum (each partial sum keeps float32's accuracy). float64
     gates: a plain float64 sum loses |G| eps in every difference G_i - G_j, which grows with the
     sequence after resets or steep gates (|G| reaches 745 a reset: 1e-12 at T = 1,000 in the
-    parallel form; issue 33). Compensated: hi = the gates rounded to multiples of ``GRID``, whose
+    parallel form). Compensated: hi = the gates rounded to multiples of ``GRID``, whose
     sums are exact, and lo = the remainders (each below GRID / 2), whose sum is small and rounds
     little; hi + lo is the sum to about 1e-16 |G_i - G_j| in every difference.
     """
@@ -188,11 +188,12 @@ def decay_exp_(x: Tensor, floor: float | None = None) -> Tensor:
     """exp of non-positive exponents, in place; with ``floor``, those below it give exact zeros.
 
     An exponent below ``subnormal_floor`` gives a subnormal number (or zero), which costs about 40
-    times as much in ``exp`` and slows every product that takes it (measured: GLA and KDA with
-    steep gates 6-10x slower than with gentle ones). Flushed to zero, such a decay changes the terms
-    it scales by less than the smallest normal number times their other factors, far below the
-    rounding of any term that is not itself negligible (what a CPU's flush-to-zero mode does, for
-    these numbers only). The chunk terms pass a floor only for groups whose decay reaches it.
+    times as much in ``exp`` and slows every product that takes it (GLA and KDA with steep gates
+    would run several times slower than with gentle ones). Flushed to zero, such a decay changes
+    the terms it scales by less than the smallest normal number times their other factors, far
+    below the rounding of any term that is not itself negligible (what a CPU's flush-to-zero mode
+    does, for these numbers only). The chunk terms pass a floor only for groups whose decay
+    reaches it.
     """
     if floor is not None:
         x.masked_fill_(x < floor, -math.inf)
@@ -243,9 +244,8 @@ class ChannelProducts:
     quadrants between them come from halving (the module docstring). The exponentials are shared by
     the products (A_qk and A_kk of the delta rule have the same k on the right). Nothing of a level
     is kept: the forward pass scales in place and the backward pass computes the level again.
-    Measured, the tensors a kept level needs cost more than its exponentials: every one is fresh
-    memory whose pages fault in (the forward products of 8 chunks of 8 heads took 5.8 ms keeping
-    them, 2.0 ms not).
+    The tensors a kept level needs cost more than its exponentials: every one is fresh memory
+    whose pages fault in.
     """
 
     def __init__(

@@ -28,8 +28,7 @@ def bonus(
     K]. reads: None, [B, T, HV, V], or [B, T - 1, HV, V] for tokens 1 .. T - 1 with ``first``
     [B, 1, HV, V] for token 0. Computed in blocks of ``BONUS_BLOCK`` tokens (split, then one
     concatenation): whole-sequence temporaries (k u, q k u, and their gradients) would each be
-    fresh memory, whose page faults cost more than the arithmetic (measured at T = 16,384, one
-    thread: the forward 15 ms in blocks, about 75 ms not; GLA's 115 ms).
+    fresh memory, whose page faults cost more than the arithmetic.
     """
     u = u.to(dtype) * scale
     if q.dim() == 3 or q.shape[1] == 0:

@@ -27,9 +27,10 @@ The gates' exponents here are <= 0 (G_i and G_C - G_i are sums of gates, g <= 0)
 products bound theirs by ``_blockmath.factor_budget`` instead (see there). Each gate is floored at
 ``_blockmath.gate_floor`` (its decay is exactly 0 there; a reset, g = -inf, becomes finite) and G
 is summed in float64, every exponent a float64 difference rounded once to the compute dtype: a
-float32 G would lose the small gates after a large one (issue 18). float64 gates are summed
+float32 G would lose the small gates after a large one. float64 gates are summed
 compensated (``_blockmath.gate_sums``: an exact part and a remainder), so that the differences
-keep float64's accuracy however large G grows after resets or steep gates (issue 33).
+keep float64's accuracy however large G grows after resets or steep gates (docs/design.md,
+"Gates").
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def run(
     ``keep_dtype`` (for a caller that only converts o to the input dtype): the chunk form reads
     bfloat16 and float16 inputs in their dtype, converting them chunk by chunk inside the fused
     kernels (no whole-tensor float32 copy), and o comes back in v's dtype, rounded once from
-    float32 as the conversion afterwards would round it (issue 34, item 4).
+    float32 as the conversion afterwards would round it.
     """
     bounds = None if cu_seqlens is None else cu_seqlens.tolist()
     if mode == "chunk":

@@ -1,12 +1,13 @@
 """The fused CPU chunk form (``csrc/``), compiled on first use.
 
 The op ``chunk_forward`` runs the chunk form's forward pass chunk by chunk in C++, every block of a
-chunk in the cache, with the products on the BLAS that PyTorch links (issue 5: the PyTorch group
-loop spends most of its time moving group-sized tensors through memory, not multiplying). It is the
+chunk in the cache, with the products on the BLAS that PyTorch links (the PyTorch group loop
+spends most of its time moving group-sized tensors through memory, not multiplying). It is the
 same algebra as the PyTorch chunk loop (``chunk``) and is checked against it and against float64 in
 ``tests/ops/test_native.py``. The op ``chunk_backward`` fuses the backward pass of every mechanism
-of DESIGN.md's table the same way, from the chunk states this forward saves (``library`` calls both
-through ``kernel``). ``recurrent_step`` is the generation step with its checks in one call.
+of the mechanism table (docs/design.md) the same way, from the chunk states this forward saves
+(``library`` calls both through ``kernel``). ``recurrent_step`` is the generation step with its
+checks in one call.
 
 The sources (``csrc/**/*.cpp`` and their headers; ``csrc/kernels.h`` says which file holds what) are
 compiled together with ``torch.utils.cpp_extension`` the first time they are needed, with the
@@ -58,8 +59,8 @@ DEFINES = {
 }
 # The C++ standard: cpp_extension's. -fopenmp: at::parallel_for is a header template whose
 # ``#pragma omp parallel`` is compiled into the extension (PyTorch's OpenMP backend): without the
-# flag the pragma is ignored and every "parallel" loop runs on the calling thread alone (issue
-# 21: two threads gained 1.0-1.17x, the matrix product 1.7x). No -fopenmp at the link (with it,
+# flag the pragma is ignored and every "parallel" loop runs on the calling thread alone, and
+# only the BLAS's own threads scale. No -fopenmp at the link (with it,
 # a second load of the same build in one process aborted on a duplicate TORCH_LIBRARY): the
 # extension's libgomp.so.1 is the one torch has loaded (one OpenMP runtime in the process).
 FLAGS = [
@@ -130,7 +131,7 @@ def compile_lock(directory: Path, timeout: float) -> Iterator[None]:
     torch's lock alone, as before.
 
     The wait is announced only once it has lasted ``WAIT_GRACE_S`` (or half the timeout): a
-    process that loads a cached build holds the lock for a fraction of a second (0.15 s here),
+    process that loads a cached build holds the lock for a fraction of a second,
     and processes started together (a sweep's workers) should not each print a line for that."""
     try:
         import fcntl
@@ -229,11 +230,11 @@ def _load() -> None:
 def _environ_reader() -> Callable[[], bool]:
     """``os.environ.get("LINATTN_NATIVE", "1") != "0"`` as a function, read at every call.
 
-    ``os.environ.get`` encodes the key and decodes the value on every call: 0.7 us, a fifth of
+    ``os.environ.get`` encodes the key and decodes the value on every call, a sizeable share of
     the Python around a decoding step. CPython's ``os.environ`` keeps the encoded pairs in a
     dict (``_data``, with ``encodekey`` / ``encodevalue``; every change made through
-    ``os.environ`` lands there, as before), which is read directly where it has that form
-    (0.06 us); elsewhere, ``os.environ.get``."""
+    ``os.environ`` lands there, as before), which is read directly where it has that form (a
+    dict lookup, no encoding); elsewhere, ``os.environ.get``."""
     data = getattr(os.environ, "_data", None)
     try:
         key, zero = os.environ.encodekey("LINATTN_NATIVE"), os.environ.encodevalue("0")

@@ -18,12 +18,11 @@ into batches whose shortest member is at least ``FILL`` of the longest, so that 
 1 - FILL of the work; a batch's inputs are gathered in one pass each, its outputs written back in
 one (``index_copy_`` into the packed output). The packed output and final states are taken from
 the extension's cached blocks (``_native.empty``): written row by row into fresh memory, the
-write-back cost more than the kernels themselves (each page faulted in and zeroed first; with
-mixed lengths, 256 sequences of 32-96 tokens: 126 ms a call of linear attention's, against 78 ms
-of kernels). The gather and the write-back are an autograd function each (``_Gather``,
+write-back cost more than the kernels themselves (each page faulted in and zeroed first). The
+gather and the write-back are an autograd function each (``_Gather``,
 ``_Scatter``), each the other's gradient: autograd's own gradient of the indexing made a zero
-tensor the size of a whole input for each batch, then summed them (training on those sequences
-took 2.0-3.6 times as long as on the padded batch; now 0.68-0.85 times).
+tensor the size of a whole input for each batch, then summed them, so that training on packed
+sequences cost more than on the same sequences padded into one batch.
 """
 
 from __future__ import annotations

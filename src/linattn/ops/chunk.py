@@ -85,7 +85,7 @@ def _next_state(S, D_j, KeT_j, U_j, N_j, out) -> Tensor:
     """S_{j+1} = D_j S_j + Ke_j^T U_j (into ``out``); N_j = Ke_j^T U_j where already formed.
 
     Two small batched products a chunk (the affine form S_{j+1} = M_j S_j + N_j would need one,
-    but M = D - Ke^T W costs one more product a chunk: measured, no faster on one thread).
+    but M = D - Ke^T W costs one more product a chunk, which the saved one does not repay).
     """
     if N_j is not None:
         return torch.add(N_j, S, out=out) if D_j is None else torch.addcmul(N_j, D_j, S, out=out)

@@ -7,8 +7,8 @@ xs: the last W - 1 inputs of ``state`` [B, C, S] (zeros without one), then x [B,
 hold ([B, T, C], as the projections write it), which DeltaNet's, Gated DeltaNet's, KDA's and
 Mamba-2's ``ShortConvolution`` run on q, k and v before the mixer. In float32 on the CPU it is
 one pass of ``csrc/conv.cpp`` forward and one backward (z recomputed there, nothing saved but the
-inputs): no transposes, no SiLU pass of its own, and 2-3x faster than the convolution PyTorch
-runs for a depthwise filter of 3 or 4 taps (``benchmarks/README.md``). Elsewhere (float64,
+inputs): no transposes and no SiLU pass of its own, which PyTorch's convolution for a depthwise
+filter of 3 or 4 taps needs (``benchmarks/README.md``). Elsewhere (float64,
 bfloat16, GPUs, a trace, the extension unavailable, T = 0, a second derivative) the PyTorch
 formula runs; both are tested against it.
 """

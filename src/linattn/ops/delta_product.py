@@ -1,4 +1,4 @@
-"""Gated DeltaProduct: n_h delta-rule writes per token, one read (Siems et al. 2025; issue 31).
+"""Gated DeltaProduct: n_h delta-rule writes per token, one read (Siems et al. 2025).
 
 Per token t, with alpha_t = exp(g_t) (no gate, one per head or one per key channel, as
 ``delta_rule``'s g):

@@ -1,4 +1,4 @@
-"""The generalized delta rule's named forms: Comba, RWKV-7 and Gated DeltaNet-2 (issue 30).
+"""The generalized delta rule's named forms: Comba, RWKV-7 and Gated DeltaNet-2.
 
 Each mechanism here is the diagonal-plus-low-rank (DPLR) memory of ``generalized_delta_rule``
 with a parametrisation of its own:
@@ -6,7 +6,8 @@ with a parametrisation of its own:
     S_t = Diag(exp g_t) S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T,    o_t = S_t^T (scale q_t)
 
 (the transition A_t = Diag(exp g_t) + a_t b_t^T; b reads the state entering the token, a is the
-direction the read is written along; spec section 8 generalised, DESIGN.md's table). A named form
+direction the read is written along; spec section 8 generalised, the mechanism table of
+docs/design.md). A named form
 only builds a, b and the write from the mechanism's own inputs and calls
 ``generalized_delta_rule``: its forms ("chunk", "recurrent", "parallel"), dtypes, ``cu_seqlens``,
 initial and final states, grouped value heads and gradients are that op's.

@@ -30,7 +30,8 @@ def generalized_delta_rule(
     b_t reads the state entering the token (S_{t-1}, not decayed by g_t) and a_t is the
     direction the read is written along; the write k_t v_t^T has no strength of its own. The
     transition's diagonal is the gate: none (IPLR, I + a b^T), one log-decay per head or one per
-    key channel (DPLR). The rows of DESIGN.md's delta family are special cases:
+    key channel (DPLR). The delta rule's rows of the mechanism table (docs/design.md) are
+    special cases:
 
     | mechanism        | g        | a          | b                 | v       |
     |------------------|----------|------------|-------------------|---------|

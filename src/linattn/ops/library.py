@@ -43,7 +43,7 @@ Dtypes: float64 throughout, or each of q, k, v, beta, g (and d_o) float32, bfloa
 with the states (S0, states, dS, S, dS0) float32. The fused loop reads bfloat16 and float16 rows
 chunk by chunk into float32 blocks (``csrc/convert.h``: no whole-tensor float32 copy), the
 PyTorch loop converts them first; either way o comes back in v's dtype and each gradient in its
-input's, rounded once from the float32 arithmetic (issue 34, item 4).
+input's, rounded once from the float32 arithmetic (docs/design.md, "Layout and dtypes").
 
 Double backward (``create_graph=True``) does not go through ``chunk_backward``, whose kernels
 write into buffers autograd cannot record: the registered backward then differentiates the
@@ -339,7 +339,7 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
     if d_S is None:  # the final state unused: zeros, as autograd materialised them
         d_S = torch.zeros(S0.shape, dtype=S0.dtype, device=S0.device)
     if torch.is_grad_enabled():
-        # create_graph=True: gradients that can be differentiated again (issue 18), in float32
+        # create_graph=True: gradients that can be differentiated again, in float32
         # for bfloat16 and float16 inputs, each returned in its input's dtype.
         inputs = (q, k, v, beta, g)
         up = (*_upcast(q, k, v, beta, g), S0, *_upcast(d_o))
@@ -348,7 +348,7 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
         return (*_downcast(grads, inputs), dS0, *_NUMBERS)
     mech = schema_args(ctx.mech)
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
-    # dispatcher's Python layers around a custom op (about 0.1 ms a call).
+    # dispatcher's Python layers around a custom op (a cost per call that a short sequence feels).
     traced = tracing(d_o)
     if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
         forward = chunk_forward if traced else forward_kernel
@@ -445,9 +445,9 @@ def chunk(
     [B, H, T, V] and the final state. The states of the
     chunks are kept only where a gradient can flow back. Traced (torch.compile, torch.export):
     the op itself; eager: its kernel and backward called directly (``_EagerChunk``), which saves
-    the 0.1-0.2 ms a call that the dispatcher's Python layers around a custom op cost; eager with
+    the per-call cost of the dispatcher's Python layers around a custom op; eager with
     no graph to record (grad mode off, or no input that requires grad): the kernel alone, without
-    the autograd.Function's layers (the op at T 64, H 8, K = V = 64 in 0.92-0.97 of the time).
+    the autograd.Function's layers, which a short sequence would pay for nothing.
 
     ``reads`` = R > 1 (where ``reads_apply``; C a multiple of R): q has T / R rows, read after the
     last of each R write rows, and o [B, HV, T / R, V] (``_QueryRowsChunk``)."""

@@ -67,7 +67,8 @@ def linear_attention(
     N = _checks.seqlens(cu_seqlens, B, T)
     _checks.state(initial_state, N, HV, K, V + 1 if normalize else V)
     if normalize:
-        # The normaliser is the same recurrence on a column of ones (DESIGN.md).
+        # The normaliser is the same recurrence on a column of ones (docs/design.md, "The
+        # mechanism table").
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     o, S = _engine.run(
         q,

@@ -1,4 +1,5 @@
-"""Which row of DESIGN.md's table a call is: the rule and the gate, resolved once (spec 5, 7, 10).
+"""Which row of the mechanism table a call is: the rule and the gate, resolved once (spec 5, 7, 10;
+docs/design.md, "The mechanism table").
 
 The public op knows from its arguments which mechanism it runs: the additive rule (no ``beta``),
 the delta rule (``beta`` given) or the generalized delta rule (``generalized_delta_rule``: its a

@@ -1,4 +1,5 @@
-"""The recurrent form: one token at a time (spec sections 5 and 7; DESIGN.md's table).
+"""The recurrent form: one token at a time (spec sections 5 and 7; docs/design.md, "Three forms
+that agree").
 
 Every mechanism is ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T q_t``; ``step`` applies the gate
 and the rule's write (``rules``: the one place of each rule's step), and one call of it is the

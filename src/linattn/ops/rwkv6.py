@@ -5,7 +5,8 @@
 
 (Peng et al. 2024, "Eagle and Finch"; fla 0.6.0's ``naive_recurrent_rwkv6``, whose w is our g: a
 log-decay per key channel, applied to the state after it is read). The memory is the additive
-rule's with a gate (DESIGN.md's table: GLA); only the read differs, and it is one token late.
+rule's with a gate (GLA in the mechanism table, docs/design.md); only the read differs, and it
+is one token late.
 
 The additive rule run on every token's query but the first and every token's write but the last
 reads each state one token early: the tokens q_{t+1} and (k_t, v_t, g_t), t = 1 .. T - 1, give

@@ -5,8 +5,8 @@ forms of ``linear_attention`` and ``delta_rule`` accept T = 1 with an initial st
 returns a new state and checks and relayouts whole sequences; ``recurrent_step`` is the lean call
 for that loop (spec section 9: the cost of a step is fixed, 4 r d-type work on a fixed state,
 whatever the number of tokens seen). Every input is validated before the state is written; the
-state itself is checked by the fused step's pass (a non-finite state shows in o_t, issue 35), by
-one reduction before the PyTorch step.
+state itself is checked by the fused step's pass (a non-finite state shows in o_t, so no
+state-sized scan comes before it), by one reduction before the PyTorch step.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def recurrent_step(
 ) -> Tensor:
     """One token of ``S_t = A_t S_{t-1} + k_t w_t^T``, ``o_t = S_t^T (scale q_t)``; S in place.
 
-    The mechanism follows from the arguments, as in the ops (DESIGN.md's table):
+    The mechanism follows from the arguments, as in the ops (the mechanism table, docs/design.md):
 
     - beta None: the additive rule, w_t = v_t (linear attention; with g, its decayed forms);
     - beta [B, H]: the delta rule, w_t = beta_t (v_t - S^T k_t) read after the decay (section 7);
@@ -109,8 +109,8 @@ def _fused_low_rank_step(state, q, k, v, a, b, g, scale, out) -> Tensor | None:
 def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None) -> Tensor | None:
     """The fast path: the fused C++ step for float32 CPU tensors with nothing to differentiate,
     in one call bound with pybind11 (``_native.fast_step``, csrc/python.cpp: through torch.ops
-    the parsing of the op's eleven arguments took 2.7 us a call, and the path's own tests in
-    Python as long again), which checks every shape, dtype and small input's value before
+    the parsing of the op's eleven arguments, and the path's own tests in Python, cost more than
+    a small step's work), which checks every shape, dtype and small input's value before
     anything is written (one pass over the small inputs, no state-sized scan); o_t. None where
     it does not apply (the extension not loaded yet, another dtype, a graph to record, an empty
     state, a trace) or where the kernel refuses a shape or a type: ``_checked_step`` then runs,
@@ -118,7 +118,7 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None
     (the ops' ``Mechanism``; g then [B, H, 1 | K]); None: from beta and g as ``recurrent_step``
     takes them. ``b``: the dplr rule's b [B, H, K], its a then in beta's slot."""
     # The cheapest tests first: this path is the whole per-call cost of a decoding step beside
-    # the kernel (issue 35: an elementwise op's overhead at most).
+    # the kernel, which should cost no more than an elementwise op's overhead.
     if not (isinstance(state, Tensor) and state.dtype is torch.float32 and state.is_cpu):
         return None
     kernel = _native.fast_step()  # None: the extension disabled or not loaded yet

@@ -81,7 +81,7 @@ __all__ = [
     "transition_product",
     "wy_transition",
     "householder_spectrum",
-    # 10 (issue 30): the generalized delta rule
+    # 10: the generalized delta rule
     "dplr_recurrence",
     "dplr_transition",
     # 7.3

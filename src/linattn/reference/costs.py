@@ -40,6 +40,18 @@ def delta_training_ops(n: int, r: int, d: int, C: int) -> int:
     return n * (4 * C * r + 3 * C * d + 6 * r * d)
 
 
+def dplr_training_ops(n: int, r: int, d: int, C: int) -> int:
+    """The generalized delta rule in blocks of C: n (9 C r + 7 C d + 8 r d).
+
+    Per chunk, the products A_qk, A_qa, A_bk, A_ba (each 2 C^2 r) and the solve for the reads
+    (C^2 (r + d)), the outputs and pseudo-values (5 C^2 d, the stacked A_q U over 2C rows
+    included) and the state's products over the stacked 2C rows (8 C r d): section 8's count
+    for the diagonal-plus-low-rank write (``linattn.ops.rules.dplr``).
+    """
+    n, r, d, C = _sizes(n=n, r=r, d=d, C=C)
+    return n * (9 * C * r + 7 * C * d + 8 * r * d)
+
+
 def linear_chunk_ops(C: int, r: int, d: int) -> int:
     """Section 8: one chunk of the additive rule costs 2 C^2 (r + d) + 4 C r d."""
     C, r, d = _sizes(C=C, r=r, d=d)

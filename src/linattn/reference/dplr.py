@@ -1,4 +1,4 @@
-"""The generalized delta rule (issue 30): a diagonal-plus-low-rank transition, taken literally.
+"""The generalized delta rule: a diagonal-plus-low-rank transition, taken literally.
 
     S_t = A_t S_{t-1} + k_t v_t^T,    A_t = Diag(exp g_t) + a_t b_t^T,    o_t = S_t^T (scale q_t)
 

@@ -1,4 +1,5 @@
-"""The float64 oracle for every gated and delta-rule op: the DESIGN.md table, taken literally.
+"""The float64 oracle for every gated and delta-rule op: the mechanism table, taken literally
+(docs/design.md, "The mechanism table").
 
 One memory ``S_t`` (K x V) for one head, updated as ``S_t = A_t S_{t-1} + k_t w_t^T`` and read as
 ``o_t = S_t^T (scale q_t)``:

@@ -1,4 +1,4 @@
-"""RWKV-6 (issue 31), taken literally: the additive rule with a gate, read before the token's write,
+"""RWKV-6, taken literally: the additive rule with a gate, read before the token's write,
 plus a bonus u on the token itself.
 
     o_t = (S_{t-1} + Diag(u) k_t v_t^T)^T (scale q_t),    S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T

@@ -1,4 +1,4 @@
-"""State tracking by construction (issue 32): what a fixed memory can compute while it reads.
+"""State tracking by construction: what a fixed memory can compute while it reads.
 
 A product of transitions whose eigenvalues lie in [0, 1] cannot flip a sign; the delta rule with
 beta in [0, 2] has the eigenvalue 1 - beta in [-1, 1] (section 7.2), and at beta = 2 its transition

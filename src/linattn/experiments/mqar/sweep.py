@@ -54,126 +54,63 @@ fillers were cells (one row per mechanism and width) have the same fields and re
 row is one seed's run. A rerun of the same sweep skips cells whose ``config_hash`` is already in
 the file and resumes an interrupted cell from its checkpoint.
 
-Why this model and these fillers (measured 2026-11-30 on the 2-core machine, 1 torch thread per
-run; T=128, 16 pairs, V=256, batch 32, d_model 64, held-out accuracy on 256 sequences; chance is
-1/128). Our first models, two mechanism blocks each followed by a SwiGLU MLP, recurrent mixers
-with their output gates, and random filler tokens, left no recurrent mechanism off the MQAR
-plateau: DeltaNet stayed at chance for 1,500 steps across learning rates, batch sizes, heads,
-widths, initialisation scales, pair-count mixtures and blank fillers; only softmax attention
-(with a short convolution on q, k, v) recalled. The gradients were not at fault (the chunked and
-recurrent forms of the whole model give the same gradients to 1e-15 in float64). Rebuilding
-Zoology's model changed that, each part measured on DeltaNet at lr 3e-3, 600 steps (a 600-step
-cosine), random fillers:
-
-    conv block + DeltaNet, no MLP, no output gate      0.588
-    the same with DeltaNet's output gate               0.198
-    the same with the MLPs                             0.008 (chance)
-    one DeltaNet block alone (no conv block)           0.046
+Why this model and these fillers. The first models (two mechanism blocks, each followed by a SwiGLU
+MLP, recurrent mixers with their output gates, random fillers) left every recurrent mechanism on
+the MQAR plateau: DeltaNet stayed at chance across learning rates, batch sizes, heads, widths,
+initialisation scales, pair-count mixtures and blank fillers, while softmax attention recalled.
+The gradients were not at fault (the chunked and recurrent forms of the whole model give the same
+gradients to rounding in float64). Rebuilding Zoology's model, part by part, is what let DeltaNet
+recall: the conv block in front, no MLP and no output gate each mattered (with the MLPs, DeltaNet
+was back at chance).
 
 The fillers: with random tokens from the whole vocabulary between the queries (Zoology's
-``random_non_queries``), 8.2% of the queries at V=256 find their key repeated in the filler before
-them, followed by a random token (2.2% at V=1024, 0.23% at V=8192; counted over 2,000 generated
-sequences). A memory that overwrites a key's value on every new write (the delta rule) then
-answers the filler's token, unless the model learns not to write the filler's repeats: we first
-took this for a ceiling near 0.92, but at T=64, V=128 (8.6% of the queries) DeltaNet reached
-0.921, 0.980 and 0.809 with seeds 0, 1, 2 (issue 36's run), so it is a hurdle, not a cap.
-Zoology's DeltaNet-era sweeps run ``random_non_queries=False``; the earlier preset did too (filler
-token 0; DeltaNet then reached 0.994 at step 900 of a 1,500-step cosine); the ``cpu`` preset now
-runs both fillers.
+``random_non_queries``), some queries find their key repeated in the filler before them, followed
+by a random token (fewer as V grows). A memory that overwrites a key's value on every new write
+(the delta rule) then answers the filler's token, unless the model learns not to write the
+filler's repeats. This is a hurdle, not a cap: DeltaNet clears it with some seeds. Zoology's
+DeltaNet-era sweeps run ``random_non_queries=False``; the ``cpu`` preset runs both fillers.
 
-The rest of the recipe, each number one run (seed 0 unless said): softmax attention needs lr 1e-2
-(0.992 at step 400; at 3e-3 with its own short convolution as well, 0.020 at step 800; with both the
-conv block and its own short convolution at 1e-2, 0.029), so it keeps ``softmax_short_conv`` off
-and gets 1e-2 (``mechanism_lrs``). The recurrent mechanisms get 3e-3 (KDA at 2e-3: 0.540 after
-1,200 steps; at 4e-3 and 6e-3: 0.913 and 0.781 after 1,000; with its sigmoid output gate at 3e-3:
-0.792).
+Learning rates: softmax attention needs a larger one than the recurrent mechanisms, and recalls
+without its own short convolution, so it keeps ``softmax_short_conv`` off; the recurrent
+mechanisms do best near 3e-3. Gated DeltaNet and KDA climb more slowly than DeltaNet once they
+leave the plateau, and a short schedule can run out under 0.99. Single runs say little here: the
+step at which a run leaves the plateau moves with every detail (gate initialisation, the short
+convolution, the number of heads, the pair counts, weight decay), so the calibration runs are
+evidence, not rankings.
 
-Steps (``mechanism_steps``). DeltaNet reaches 0.99 on a 1,000-step cosine (0.990 at step 1,000 with
-seed 0, 0.992 at step 900 with seed 1). Gated DeltaNet and KDA climb more slowly once they leave the
-plateau and stall under 0.99 as a 1,000-step cosine runs out: Gated DeltaNet 0.987 / 0.983 (seeds 0
-/ 1), KDA 0.968 / 0.828; KDA 0.983 after a 1,500-step cosine. On a 2,000-step cosine both reach it:
-Gated DeltaNet 0.991 at step 900 (seed 0) and 0.993 at step 1,100 (seed 1), KDA 0.991 at step 1,300
-(seed 0) and 0.990 at step 1,700 (seed 1); on a 3,000-step cosine 0.991 at step 1,200 and 0.992 at
-step 1,800 (seed 0). So these two get 2,000 steps and, like every pair, stop at 0.99. The
-preset with ``--seed 1`` at d=64: softmax 0.990, DeltaNet 0.992, Gated DeltaNet 0.993, KDA 0.990,
-the hybrid 0.994. (These Gated DeltaNet numbers were measured with its earlier layer, values as
-wide as keys and ``A ~ U(1, 16)``; with today's, the paper's and fla's, values twice as wide as
-keys and ``A ~ U(0, 16)``, the 2,000-step cpu preset gives 0.958 at d=64 (seed 0; 0.991 at step
-1,600 with seed 1) and 0.848 at d=32.)
+The hybrid puts its softmax block first, right after the conv block (placed last, it recalled
+far less); its learning rate decides more than anything else in this sweep, and a sweep
+over learning rates per width, Zoology's answer, would multiply the hybrid's share of the budget
+(its steps cost several times a two-block model's).
 
-Tried on Gated DeltaNet / KDA (d=64, a 1,000-step cosine, seed 0, against 0.987 / 0.968) and not
-kept: decay gates that start slower (Mamba-2's initial step sizes ``dt`` drawn from [1e-4, 1e-2]
-instead of [1e-3, 1e-1]) 0.061 / 0.947, or faster ([1e-2, 1e-1]) 0.977 / 0.029; no short
-convolution in the mixer (``short_conv=False``) 0.957 / 0.965; one head of 64 instead of two of 32
-0.009 / 0.842; training on 24 pairs 0.910 / 0.626; Zoology-style mixtures of pair counts (4, 8,
-16, 16 in each batch) 0.975 / 0.910; no weight decay 0.980 / 0.906. At d=128 (two heads of 64):
-0.948 / 0.995. One run says little here: the step at which a run leaves the plateau moves with
-every detail, so these are not rankings of the settings, only evidence that none of them does
-what a longer schedule does.
+Where the models miss: queries whose pair was written shortly before them are the hard ones, not
+distant ones, so the misses are not the decay forgetting; the queries sit densely right after
+the context and the convolutions mix neighbours. The Mamba-2 mixer (N = 64, expand 2, head dim
+64, two heads) stayed on the plateau with this recipe.
 
-The hybrid puts its softmax block first, right after the conv block (these two probes, at lr 3e-3
-and 800 steps, had the softmax block's own short convolution on, unlike the preset): ``conv,
-softmax, kda, kda, kda`` reached 0.814 and ``conv, kda, kda, kda, softmax`` 0.180 (0.019 at lr
-1e-2). Its learning rate decides more than anything else in this sweep. With the preset's model
-(d=32 / d=64, 1,000 steps): 3e-3 0.047 / 0.053, 4.5e-3 0.048 / 0.998 (the preset's run, at 0.99 by
-step 600), 6e-3 0.819 / 0.100 (the previous preset's run). With the softmax block's short
-convolution on: 3e-3 0.043 / 0.933 (seed 1 at d=32: 0.033), 4.5e-3 0.035 / 0.988; the softmax block
-at 1e-2 and the KDA blocks at 3e-3 (one optimiser, two parameter groups) 0.024 / 0.823. The preset
-runs 4.5e-3, the only one of the three at which the width-64 hybrid recalls; Zoology's answer, a
-sweep over learning rates keeping the best per width, would triple the hybrid's share of the budget
-(its steps cost 3-5x a two-block model's).
+The earlier ``cpu`` preset (T=128, 16 pairs, V=256, widths 32 and 64, one seed, its own lr and
+steps per mechanism) gave verdicts that moved with the seed, so the preset became a grid of seeds,
+lrs and fillers with one budget for all; to fit that on 2 cores the task was halved at the same
+ratios (pairs / T = 1/8, V = 2T) and the widths cut to 64. A cell that solves stops early and
+skips its other lrs; one that does not runs 3 lrs x 500 steps.
 
-Where the width-64 models of a 1,000-step run miss (1,000 fresh sequences, 16,000 queries;
-accuracy by the number of tokens between a pair's value and its query: < 32 / 32-63 / 64-95 /
-96-127): DeltaNet 0.988 / 0.994 / 0.999 / 0.999, Gated DeltaNet 0.976 / 0.986 / 0.999 / 0.996, KDA
-0.962 / 0.972 / 0.988 / 0.985. Short gaps are the hard ones, not long ones: the misses are not the
-decay forgetting; the queries sit densely right after the context and the convolutions mix
-neighbours.
+The gates' initialisation. Gated DeltaNet, which contains DeltaNet, failed where DeltaNet solved.
+The cause is the decays' initial step sizes with two heads: Mamba-2's and fla's initialisation
+draws each head's A from U(0, 16) and dt log-uniform in [1e-3, 1e-1], an initial decay
+exp(-A dt) per token from about 0.99 down to 0.2; a model of 16 or more heads always has slow
+heads, a model of two often has none, and then the pairs, written 20 to 60 tokens before their
+queries, are forgotten before the model learns to keep them. With dt in [1e-4, 1e-2] the same
+runs solved. The preset initialises every data-dependent decay so (``LMConfig.dt_init_range``:
+scalar decay, Gated DeltaNet, KDA, Mamba-2 and the hybrid's KDA blocks alike); the layers' own
+default stays fla's.
 
-The Mamba-2 mixer (the cpu preset's recipe, added 2026-12-01: N = 64, expand 2, head dim 64, two
-heads, so 4,672 / 8,960 numbers per layer at d_model 32 / 64) stayed on the plateau: 0.009 / 0.023
-after 1,000 steps at lr 3e-3; a probe at lr 1e-2 (width 64) gave 0.036.
+``workers=2`` runs two pairs at a time, one thread each, the costliest first (blocks x width x
+steps as the guess; per-pair numbers do not depend on the worker count). Chunk 32: at T=128,
+chunks of 16, 32 and 64 cost about the same, while one block of 128 and the recurrent form cost
+more.
 
-The calibration notes above are of the earlier ``cpu`` preset (T=128, 16 pairs, V=256, widths 32
-and 64, one seed, its own lr and steps per mechanism). Issue 36 showed that its verdicts moved
-with the seed, so the preset became a grid of seeds, lrs and fillers with one budget for all; to
-fit that on 2 cores the task was halved at the same ratios (pairs / T = 1/8, V = 2T) and the
-widths cut to 64. Sizing (2026-12-03, CPU time per training step at d_model 64, batch 32, 1
-thread, measured with six other engineers' jobs on the 2 cores, so an upper bound; T=128 / T=64):
-softmax 58 / 24 ms, linear 94 / 35, taylor 144 / 62, scalar_decay 85 / 36, deltanet 90 / 40,
-gated_deltanet 116 / 55, kda 100 / 50, mamba2 113 / 59, hybrid 273 / 143: 0.50 s per step of all
-nine at T=64. A cell that solves stops early and skips its other lrs; one that does not runs
-3 lrs x 500 steps. With about half the cells solving in 300-500 steps at their first lr, 2 fillers
-x 3 seeds come to about 4,000 s of CPU, 25-35 minutes on 2 quiet cores (measured, 2026-12-03,
-nothing else running: 3,488 s of CPU, 30.4 minutes wall; the hybrid 29% of the CPU, Mamba-2 13%,
-the Taylor map 11%; with the short convolution fused in C++ since, 25.1 minutes wall and 2,934 s
-of CPU, the same machine quiet); at T=128 the same grid would need about 1,000 steps a run
-(DeltaNet's, below) at 2.2x the cost per step: over 3 hours.
-The gates' initialisation (issue 36, item 3). Gated DeltaNet, which contains DeltaNet, failed
-where DeltaNet solved (blank fillers, seeds 0 and 2: 0.107 and 0.051 after every lr, DeltaNet
-0.993 at both). The cause is the decays' initial step sizes with two heads: Mamba-2's and fla's
-initialisation draws each head's A from U(0, 16) and dt log-uniform in [1e-3, 1e-1], an initial
-decay exp(-A dt) per token from about 0.99 down to 0.2; a model of 16 or more heads always has
-slow heads, a model of two often has none, and then the pairs, written 20 to 60 tokens before
-their queries, are forgotten before the model learns to keep them (seed 0: A = 14.5, 8.7 and
-mean dt 0.022, a decay near 0.8 per token). With dt 10x smaller, [1e-4, 1e-2], the same runs
-(lr 4.5e-3, 500 steps) solved: Gated DeltaNet 0.990 (seed 0) and 0.977 (seed 2), KDA 0.955
-(seed 0; 0.746 before), 27-28 s of CPU each. The preset initialises every data-dependent decay
-so (``LMConfig.dt_init_range``: scalar decay, Gated DeltaNet, KDA, Mamba-2 and the hybrid's
-KDA blocks alike); the layers' own default stays fla's.
-
-The one calibration run of the new task (DeltaNet, d_model 64, blank fillers, lr 3e-3, seed 0):
-held-out accuracy 0.055, 0.729, 0.971, 0.989, 0.996 at steps 100 to 500 (25 s of CPU).
-
-Cost of the earlier preset (milliseconds per training step, 1 thread, the other core busy;
-d_model 32 / 64): softmax 32
-/ 59, linear 62 / 91, taylor 213 / 213, scalar_decay 64 / 99, deltanet 78 / 98, gated_deltanet 87
-/ 123, kda 128 / 133, hybrid 360 / 477. Its run (2026-11-30, ``linattn mqar --preset cpu
---no-progress``): 16.2 minutes wall, 1,905 s of CPU (196%), 0.9 GB peak; the pairs that reach 0.99
-stop early (``stop_accuracy``). ``workers=2`` runs two pairs at a time, one thread each, the
-costliest first (blocks x width x steps as the guess; per-pair numbers do not depend on the worker
-count). Chunk 32: at T=128, chunks of 16, 32 and 64 cost about the same, 128 (one block) up to 2x
-more, the recurrent form 2-7x more.
+The calibration runs behind these choices, with their numbers, are in
+``benchmarks/from-the-code.md``.
 """
 
 from __future__ import annotations
@@ -338,8 +275,8 @@ PRESETS: dict[str, Preset] = {
             "a run stops at 0.99, decays initialised with dt in [1e-4, 1e-2]; 2 worker processes: "
             "about 25 minutes of 2 quiet CPU cores (25.1 measured)"
         ),
-        # the ratios of the earlier T=128 preset (pairs / T = 1/8, V = 2T) at half the length;
-        # the cost per step is 0.4x of T=128's (sizing in the module docstring)
+        # the ratios of the earlier T=128 preset (pairs / T = 1/8, V = 2T) at half the length,
+        # so that the grid of seeds, lrs and fillers fits on 2 cores (the module docstring)
         task=MQARTask(vocab_size=128, seq_len=64, n_kv=8, random_non_queries=False),
         train=TrainConfig(
             steps=500,
@@ -360,7 +297,8 @@ PRESETS: dict[str, Preset] = {
         seeds=(0, 1, 2),
         fillers=("blank", "random"),
         # chunk 32: the fastest block length of the chunked forms at T=128 (two chunks at T=64);
-        # the decays' initial step sizes 10x below fla's (issue 36: the module docstring)
+        # the decays' initial step sizes a tenth of fla's, so that two heads still have a slow
+        # one (the module docstring)
         model_options={"chunk_size": 32, "dt_init_range": (1e-4, 1e-2), **ZOOLOGY_BLOCKS},
     ),
     "zoology": Preset(

@@ -1,4 +1,4 @@
-"""State tracking (issue 32): word problems of finite groups, trained and tested for length.
+"""State tracking: word problems of finite groups, trained and tested for length.
 
 - ``tasks``: the groups (parity, mod3, mod5, S3, A5, S5) and the data (``StateTask``).
 - ``sweep``: mechanisms, presets ``smoke``/``default``/``paper``, one cell's training and tests,

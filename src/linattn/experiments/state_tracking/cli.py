@@ -8,12 +8,8 @@ can (a reflection), and DeltaProduct's n_h writes per token compose larger group
 
   smoke    seconds: two tasks, three mechanisms, 2 steps (the tests run it)
   default  parity, mod3 and S3 on every mechanism, A5 on DeltaNet [0, 2] and DeltaProduct
-           n_h = 2, 3, 4; 3 seeds, 1,000 steps after a curriculum over lengths: 2,214 s of
-           CPU measured (the cells' own, on a shared machine), 18.5 minutes on 2 free cores,
-           plus the first compile of the CPU kernels (planned from the CPU time per cell
-           measured at 1,000 steps with the curriculum: 17 s for one block of DeltaNet or
-           softmax attention, 33 s for two, 28, 35 and 39 s for DeltaProduct n_h = 2, 3, 4;
-           7-11 s per one-block cell at 400 steps without it)
+           n_h = 2, 3, 4; 3 seeds, 1,000 steps after a curriculum over lengths: about 20
+           minutes on 2 free cores, plus the first compile of the CPU kernels
   paper    every task, one and two layers, 5 seeds, the papers' widths and steps (for a GPU)
 
 Results are appended to a JSON lines file (one object per cell; schema in

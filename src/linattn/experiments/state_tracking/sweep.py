@@ -64,7 +64,7 @@ MECHANISMS: dict[str, tuple[tuple[str, ...], dict]] = {
         for n in (2, 3, 4)
         if "deltaproduct" in MIXERS
     },
-    # RWKV-7: the generalized delta rule, Diag(w_t) - kappa_t (kappa_t * a_t)^T (issue 30)
+    # RWKV-7: the generalized delta rule, Diag(w_t) - kappa_t (kappa_t * a_t)^T
     **({"rwkv7": (("rwkv7",), {})} if "rwkv7" in MIXERS else {}),
     "softmax": (("softmax",), {}),
 }

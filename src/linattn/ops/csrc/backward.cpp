@@ -14,7 +14,7 @@
 //                         A_kk's two factors (dK and the gates' share)
 //   gate_gradients        dg: the reversed cumulative sum of dG, Ke's prefix sum
 //
-// Every mechanism of DESIGN.md's table, chunk by chunk from
+// Every mechanism of the mechanism table (docs/design.md), chunk by chunk from
 // the last, from the states the forward pass saved: without decay (kg = 0: linear attention and,
 // with beta, the delta rule: every gate below is 1 and dg is not formed), one log-gate per token
 // (kg = 1: scalar decay, Mamba-2 style, and with beta Gated DeltaNet) or one per channel (kg = K:

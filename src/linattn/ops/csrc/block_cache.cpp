@@ -23,14 +23,14 @@ namespace {
 
 // A cache of the large blocks of memory the kernels' outputs live in (as PyTorch's CUDA caching
 // allocator keeps GPU memory). Memory that goes back to the system comes back zeroed by the kernel
-// at its first touch: measured on this project's machine, 5 of linear attention's 44 ms forward at
-// T = 16,384 went to zeroing its fresh 32 MiB output. A block freed by its tensor is kept here, up
+// at its first touch, a noticeable share of a long forward pass that writes a fresh output. A
+// block freed by its tensor is kept here, up
 // to LINATTN_CACHE_MIB in all (default kCacheMib, tuning.h; 0 keeps nothing), and serves the next
 // output of the same size (training repeats its sizes every step). A request that finds no block
 // of its size first returns every kept block to the system, so that the cache never adds to a
 // peak of memory; ``cache_release`` empties it. Blocks are mapped on 2 MiB boundaries and backed
 // by 2 MiB pages where the kernel allows it (transparent huge pages in "madvise" mode): the first
-// touch of a fresh 32 MiB tensor then costs 4 ms instead of 15 ms.
+// touch of a fresh large tensor then faults in 512 times fewer pages.
 class BlockCache {
  public:
   static constexpr size_t kHuge = size_t{1} << 21;

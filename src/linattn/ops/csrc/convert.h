@@ -1,5 +1,6 @@
-// The inputs and outputs in bfloat16 or float16, read and written chunk by chunk (issue 34, item
-// 4): a chunk's rows of a float32 tensor are read and written in place (or, its rows apart,
+// The inputs and outputs in bfloat16 or float16, read and written chunk by chunk (no
+// whole-tensor float32 copy; docs/design.md, "Layout and dtypes"): a chunk's rows of a float32
+// tensor are read and written in place (or, its rows apart,
 // copied through a block: ``read_rows``); those of a bfloat16 or float16 tensor are converted
 // into a float32 block of the thread (``Staging``) as the chunk is reached, and its outputs
 // written back from one, so that no whole-tensor float32 copy is made.

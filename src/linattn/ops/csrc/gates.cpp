@@ -7,7 +7,8 @@ namespace {
 
 // One row of ``cumulative_gates``: (hi, lo) = (hi_prev, lo_prev) + max(g, floor), the rounding of
 // hi_prev + g kept in lo (Knuth's TwoSum, exact in float32 arithmetic: cheaper here than a double
-// sum, which measured 20% of GLA's forward pass). Not inlined, and the floor a parameter: GCC
+// sum, which would be a large share of GLA's forward pass). Not inlined, and the floor a
+// parameter: GCC
 // vectorises the loop only so (with kGateFloor folded in, it does not).
 __attribute__((noinline)) void cumulative_row(const float* __restrict g, int64_t kg,
                                               const float* __restrict hi_prev,

@@ -70,8 +70,7 @@ constexpr float kGateFloor = -104.278931f;
 // large sums would lose the rest; from the pairs, (hi_i - hi_j) + (lo_i - lo_j) is the exact
 // difference to float32 rounding however large G is (hi_i - hi_j is exact where the two are
 // within a factor 2, else rounded once), at the cost of two float operations more per exponent
-// (a double difference costs more: measured, 30% more per exponential, against 0-10% for the
-// pair; in GLA's forward pass 3% in all).
+// (a double difference adds more per exponential than the pair's two float operations do).
 struct Gates {
   float* hi;
   float* lo;

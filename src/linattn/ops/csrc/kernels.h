@@ -1,4 +1,5 @@
-// The chunk form fused chunk by chunk on the CPU (spec sections 5.1 and 8; DESIGN.md's table).
+// The chunk form fused chunk by chunk on the CPU (spec sections 5.1 and 8; docs/design.md,
+// "Backends").
 //
 // The same algebra as the PyTorch chunk loop ``chunk`` (its module docstring gives the equations),
 // computed chunk by chunk with every block of a chunk in the cache: for each chunk of c <= C tokens

@@ -116,7 +116,7 @@ inline void prefetch_rows(const at::Tensor& x, int64_t b, int64_t h, int64_t t0,
 // ``prefetch_rows`` of what ``input_rows`` reads of chunk n of value head p (nothing past the
 // last chunk or head): asked for while the chunk before it is computed, its rows' first loads
 // find them in the cache instead of waiting on memory (a head's rows lie H D apart in the
-// [B, T, H, D] layout; measured, a tenth of the forward's time went to those loads).
+// [B, T, H, D] layout, and waiting on those loads was a sizeable share of the forward's time).
 inline void prefetch_inputs(const Sizes& sz, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& beta, const at::Tensor& g,
                             int64_t n, int64_t p) {

@@ -1,4 +1,5 @@
-// Which row of DESIGN.md's table a chunk-form call runs: the update rule and the gate, passed in
+// Which row of the mechanism table (docs/design.md) a chunk-form call runs: the update rule and
+// the gate, passed in
 // the ops' schema (``str rule, str gate``, as ``linattn.ops.mechanism.Mechanism`` resolved them at
 // the public op) and parsed once at the entry point. Nothing below reads the mechanism from the
 // tensors: whether beta and g are given, and g's width, are checked against it instead.

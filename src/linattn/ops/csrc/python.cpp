@@ -1,7 +1,7 @@
 // The extension as a Python module: the eager fast path of ``linattn.ops.recurrent_step`` bound
 // directly (pybind11; ``_native.fast_step``). A call through torch.ops parses each of the op's
-// eleven arguments against its schema before the dispatcher runs it: 2.7 us an (empty) call,
-// where a direct binding takes 0.9 us, on a step whose whole work can be a few microseconds; and
+// eleven arguments against its schema before the dispatcher runs it, several times what a direct
+// binding costs, on a step whose whole work can be a few microseconds; and
 // the fast path's own tests (a graph to record? the scale, rule and gate to infer) take
 // microseconds in Python. Everything else (torch.compile, the fake kernel, opcheck, other
 // callers) goes through the registered op (ops.cpp): the same step, step.cpp.

@@ -56,7 +56,7 @@ void parallel_tasks(int64_t n, const F& body) {
 
 // How many distinct threads ``parallel_tasks`` runs n tasks on: the check that the kernels'
 // parallel loops really are parallel (without OpenMP compiled into the extension, at::parallel_for
-// runs every task on the calling thread; issue 21's cause).
+// runs every task on the calling thread, and the kernels would silently use one core).
 inline int64_t threads_used(int64_t n) {
   std::vector<char> seen(static_cast<size_t>(std::max(at::get_num_threads(), 1)), 0);
   parallel_tasks(n, [&](int64_t, int64_t) {

@@ -18,9 +18,9 @@
 // state shows in o (``o_j = sum_i q_i S_ij``: a NaN or an Inf in column j makes o_j NaN or Inf,
 // q_i = 0 included, 0 * Inf being NaN), which the loop checks, V numbers a head.
 //
-// The vectors (simd.h) are written out, because the plain loops' accumulators over a block's
-// columns were kept in memory, not in registers (measured: 3-5x one pass over the state, against
-// 1.5-3x now).
+// The vectors (simd.h) are written out, because the compiler kept the plain loops' accumulators
+// over a block's columns in memory, not in registers, and the step then cost several passes over
+// the state instead of about one.
 #pragma once
 
 #include <cstdint>
@@ -116,8 +116,8 @@ inline void write_block(const StepHead& h, const float* x, const float* u, const
     const float* next = kPrefetch && h.next ? h.next + (S_in - h.S_in) : nullptr;
     constexpr int kLine = 64 / sizeof(float);  // floats in a cache line
     for (int64_t i = 0; i < K; ++i) {
-      if (next) {  // a read (0), into L2 (locality 2: prefetcht1; 1 measured alike, 3, into L1,
-                   // 1.08-1.21x slower than 2)
+      if (next) {  // a read (0), into L2 (locality 2: prefetcht1; 1 is as good, 3, into L1,
+                   // is slower)
         for (int f = 0; f < N * kLanes; f += kLine) __builtin_prefetch(next + i * V + f, 0, 2);
       }
       const Vec ai = splat(h.alpha[i]), xi = splat(x[i]), qi = splat(h.q[i]);

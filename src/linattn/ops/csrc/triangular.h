@@ -1,13 +1,12 @@
 // The UT transform's triangular solves (spec section 8), written out: forward substitution on
 // chunks of C <= 64 or so rows whose right-hand sides [c, K + V] stay in the L1 cache.
 //
-// Why not the BLAS's strsm: on blocks this small it cost 3x a matrix product of twice its
-// operations (MKL, 64 x 64 into 64 x 128: 37 us against 12 us), and two threads running it at
-// once each ran 1.25x slower than one alone (the delta rule's forward pass, one process per
-// core), which held the delta rule's two-thread speed-up at 1.4-1.5x (issue 21). Substitution
-// keeps a block of columns of a group of rows in registers while it subtracts the rows above
-// them, each row above loaded once for the group (issue 34: row by row, a load per fused
-// multiply-add, the solve ran at a third of a matrix product's rate).
+// Why not the BLAS's strsm: on blocks this small it costs more than a matrix product of twice
+// its operations, and two threads running it at once each run slower than one alone,
+// which limits the delta rule's two-thread speed-up. Substitution keeps a block of columns of a
+// group of rows in registers while it subtracts the rows above them, each row above loaded once
+// for the group (row by row, a load per fused multiply-add, the solve would run well below a
+// matrix product's rate).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// The machine-tuned constants of the kernels, from ``linattn/ops/tuning.py`` (how each was
-// measured is written there): ``_native.py`` passes them as -D defines when it compiles, and they
+// The machine-tuned constants of the kernels, from ``linattn/ops/tuning.py`` (why each has its
+// value is written there): ``_native.py`` passes them as -D defines when it compiles, and they
 // are part of the build's name, so a changed value builds anew. They change speed and memory,
 // never results. Constants that are mathematics (the gate floor, the factor budget) are in gates.h.
 #pragma once

@@ -1,6 +1,8 @@
-"""Update rules, one module each: what a mechanism's memory writes (DESIGN.md, "Rules are modules").
+"""Update rules, one module each: what a mechanism's memory writes (docs/design.md, "Rules are
+modules").
 
-Every mechanism of DESIGN.md's table is ``S_t = A_t S_{t-1} + k_t w_t^T``, read as
+Every mechanism of the mechanism table (docs/design.md) is ``S_t = A_t S_{t-1} + k_t w_t^T``,
+read as
 ``o_t = S_t^T q_t``. Its gate (none, one log-decay per head, one per key channel) is the diagonal
 part of A_t and is handled alike for every rule (the cumulative log-gates of ``_chunk_terms``);
 the rule is the rest: how a token's write reads the state, and so how a chunk's pseudo-values U
@@ -29,8 +31,8 @@ spec's names:
 
 The chunk loop (``chunk``) and the terms (``_chunk_terms``) call these and nothing else of a rule:
 a new rule is a new module here, ``Mechanism.rule`` naming it (``named``). A rule whose chunk
-writes along more vectors than its keys (the diagonal-plus-low-rank transition of issue 30,
-``dplr``, whose chunk writes Ke^T V + Ae^T U_b) stacks them along the chunk's token axis in its
+writes along more vectors than its keys (the diagonal-plus-low-rank transition, ``dplr``,
+whose chunk writes Ke^T V + Ae^T U_b) stacks them along the chunk's token axis in its
 ``pseudo_value_terms`` (Ke = [Ke; Ae], U = [V; U_b], A_qk = [A_qk, A_qa]), so that the loop's
 three steps, and their gradient, stay as they are; its own inputs ab = [a | b] travel where beta
 does.

@@ -2,7 +2,7 @@
 
     S_t = A_t S_{t-1} + k_t v_t^T,        A_t = Diag(exp g_t) + a_t b_t^T
 
-(spec sections 7, 8 and 10; issue 30). b_t reads the state entering the token, S_{t-1}, not
+(spec sections 7, 8 and 10). b_t reads the state entering the token, S_{t-1}, not
 decayed by g_t; a_t is the direction that read is written along; the write k_t v_t^T has no
 strength of its own (the delta rule's beta goes into a and v: a = -beta k, b = k, v' = beta v is
 the delta rule, and with b = exp(g) k its gated forms). The gate is none (IPLR: D = I), one per
@@ -66,10 +66,10 @@ STACKED = True  # writes along k and a: A_q = [A_qk | A_qa], Ke = [Ke; Ae], U = 
 # The default chunk size of the rule's public ops and layers (``generalized_delta_rule``, Comba,
 # RWKV-7, GDN-2). A chunk's products and solve grow as C^2 and the state's products as C: per
 # chunk 9 C^2 r + 7 C^2 d + 8 C r d (benchmarks/dplr.py) against the delta rule's 4 C^2 r +
-# 3 C^2 d + 6 C r d, so this rule's work per token is lowest at a shorter chunk. Measured on the
-# fused CPU kernels (benchmarks/README.md, "The dplr rule's chunk size"): 32 is faster than 64
-# by 10-25%, forward and forward plus backward, and within a few percent of 16 forward (16 is
-# slower with the backward). The rounding is the chunk form's at any size (the property suite).
+# 3 C^2 d + 6 C r d, so this rule's work per token is lowest at a shorter chunk: 32 was the
+# fastest size on the fused CPU kernels, forward and with the backward (benchmarks/README.md,
+# "The dplr rule's chunk size"; benchmarks/from-the-code.md). The rounding is the chunk form's at
+# any size (the property suite).
 CHUNK_SIZE = 32
 
 

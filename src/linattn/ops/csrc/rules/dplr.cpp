@@ -1,4 +1,4 @@
-// The generalized delta rule (issue 30; spec section 8 generalized): a diagonal-plus-low-rank
+// The generalized delta rule (spec section 8 generalized): a diagonal-plus-low-rank
 // transition, S_t = Diag(exp g_t) S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T, read o = S^T q. b
 // reads the state entering the token (not decayed by g_t); a is the direction it is written along.
 // The beta slot carries the rule's inputs [a | b] [c, 2 K] per chunk (row stride sb).

@@ -1,4 +1,5 @@
-// The update rules, a file each, and the one table of them (DESIGN.md: "Rules are modules"; spec
+// The update rules, a file each, and the one table of them (docs/design.md, "Rules are modules";
+// spec
 // section 8). The chunk loop (forward.cpp, backward.cpp) is written once for every rule and calls
 // a rule only through its ``Rule`` below, once per chunk (never per element); what differs
 // between the rules is in their files, in the spec's names:
@@ -7,7 +8,7 @@
 //   delta.cpp     S <- S + k beta (v - S^T k)^T: the scores A_qk and A_kk, the UT transform
 //                 (I + L) [W | U0] = diag(beta) [Kd | V] with L = diag(beta) A_kk, the
 //                 pseudo-values U = U0 - W S, and the backward of each.
-//   dplr.cpp      S <- Diag(exp g) S + a (b^T S) + k v^T (issue 30, the generalized delta rule):
+//   dplr.cpp      S <- Diag(exp g) S + a (b^T S) + k v^T (the generalized delta rule):
 //                 the scores A_qk, A_qa (j <= i), A_bk, A_ba (j < i, b's gate exclusive), one
 //                 unit-lower-triangular solve (I - A_ba) [W | U0] = [-Bd | A_bk V], the
 //                 pseudo-values U_b = U0 - W S, stacked under V: U = [V; U_b], Ke = [Ke; Ae].
