@@ -110,7 +110,7 @@ def test_the_wheel_runs_its_kernels_without_a_compiler(tmp_path):
     assert not result["ready"] and result["fused_ops"] == [] and result["error"] < 1e-4
     lines = [line for line in done.stderr.splitlines() if line.startswith("linattn:")]
     assert lines == [
-        "linattn: the fused CPU kernels are not installed (no binary was built with this "
+        "linattn: the fused CPU kernels are unavailable (no binary was built with this "
         "package, and no C++ compiler is found to build them): the PyTorch loop runs; "
         + lines[0].split("the PyTorch loop runs; ", 1)[1]
     ]

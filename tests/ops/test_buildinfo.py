@@ -100,9 +100,10 @@ def test_the_plan_follows_the_installed_binary(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith(
-        "linattn: the fused CPU kernels are not installed (no binary was built with this "
+        "linattn: the fused CPU kernels are unavailable (no binary was built with this "
         "package, and no C++ compiler is found to build them): the PyTorch loop runs; to get "
-        "them, reinstall linattn where a C++ compiler is found (pip install --no-build-isolation"
+        "them, where a C++ compiler is found, run `linattn build` or reinstall linattn (pip "
+        "install --no-build-isolation --force-reinstall --no-deps"
     )
     monkeypatch.setenv("LINATTN_NATIVE", "0")  # chosen: nothing said
     _native.announce()
@@ -115,7 +116,7 @@ def test_an_installed_package_without_a_binary_runs_the_loop(monkeypatch):
     monkeypatch.setattr(_native, "source_tree", lambda: False)
     monkeypatch.delenv("LINATTN_NATIVE", raising=False)
     assert not _native.available()
-    assert _native.reason().startswith("not installed: no binary was built with this package")
+    assert _native.reason().startswith("unavailable: no binary was built with this package")
 
 
 @needs_native

@@ -71,9 +71,8 @@ BUILD_TIMEOUT_S = 1200.0  # the longest wait for another process's compile (LINA
 WAIT_GRACE_S = 2.0  # how long a wait for the lock lasts before it is announced (compile_lock)
 WAIT_REPEAT_S = 30.0  # then how often the wait says how long it has lasted
 HOW_TO_GET = (
-    "to get them, reinstall linattn where a C++ compiler is found "
-    "(pip install --no-build-isolation --force-reinstall --no-deps <this checkout or sdist>), "
-    "or run `linattn build`"
+    "to get them, where a C++ compiler is found, run `linattn build` or reinstall linattn "
+    "(pip install --no-build-isolation --force-reinstall --no-deps <its checkout or sdist>)"
 )
 
 _state: dict[str, object] = {}
@@ -335,7 +334,7 @@ def _load(compile_anywhere: bool = False) -> None:
                 why = f"the installed binary did not load ({type(error).__name__}: {error})"
                 how = "compile" if source_tree() and compiler() else "loop"
         if how == "loop" and not compile_anywhere:
-            _state.update(ok=False, reason=f"not installed: {why}")
+            _state.update(ok=False, reason=f"unavailable: {why}")
             return
         try:
             text, path, module = _compile_and_load(timeout, why)
@@ -406,9 +405,7 @@ def announce() -> None:
         return
     how, _, why = plan()
     if how == "loop":
-        _say(
-            f"the fused CPU kernels are not installed ({why}): the PyTorch loop runs; {HOW_TO_GET}"
-        )
+        _say(f"the fused CPU kernels are unavailable ({why}): the PyTorch loop runs; {HOW_TO_GET}")
 
 
 def applies(q: Tensor) -> bool:
