@@ -18,7 +18,7 @@ def test_build_reports_the_ready_kernels(capsys):
     assert main(["build"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("linattn build: the fused CPU chunk kernels are ready (")
-    assert str(_native.build_directory()) in out and "from float64 (relative)" in out
+    assert str(_native.location()) in out and "from float64 (relative)" in out
     error = float(out.rsplit(" is ", 1)[1].split()[0])
     assert error <= build.CHECK_TOLERANCE
 

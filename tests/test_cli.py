@@ -166,9 +166,9 @@ def test_cp_bytes_json_is_checked_before_the_ranks_start(tmp_path, monkeypatch, 
     parent = tmp_path / "a-file"
     parent.write_text("")
     path = parent / "rows.json"
-    assert cli.main(["cp-bytes", "--json", str(path)]) == 2
+    assert cli.main(["cp-bytes", "--json-out", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err == f"linattn cp-bytes: error: --json {path}: {parent} is a file, not a folder\n"
+    assert err == f"linattn cp-bytes: error: --json-out {path}: {parent} is a file, not a folder\n"
 
 
 @pytest.mark.slow
@@ -301,7 +301,7 @@ def test_bench_merge_of_a_device_or_an_oversized_file(tmp_path, capsys):
         assert err.startswith(f"linattn bench: error: --merge {path} {reason}"), err
 
 
-@pytest.mark.parametrize("flag", ["--bench", "--mqar"])
+@pytest.mark.parametrize("flag", ["--bench", "--mqar", "--state-tracking"])
 def test_report_refuses_a_device_as_input_before_verify(flag, tmp_path, monkeypatch, capsys):
     from linattn.experiments import report
 
@@ -311,3 +311,22 @@ def test_report_refuses_a_device_as_input_before_verify(flag, tmp_path, monkeypa
     assert capsys.readouterr().err == (
         f"linattn report: error: {flag} /dev/zero is not a regular file\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["table1", "--ns", "8,abc"], False),  # a bad value: one line
+        (["bench", "--mechanisms", "nope"], False),
+        (["cp-bytes", "--mechanisms", "nope"], False),  # a refused choice
+        (["verify", "--nonsense"], True),  # the usage itself is wrong: the usage helps
+    ],
+)
+def test_one_error_line_and_a_usage_block_only_for_a_wrong_usage(argv, usage, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith("usage: ") == usage, err
+    if not usage:
+        assert err.startswith(f"linattn {argv[0]}: error: ") and err.count("\n") == 1, err

@@ -37,12 +37,13 @@ def run(*args: str | Path, cwd: Path, env: dict | None = None) -> subprocess.Com
 
 
 def copy_project(to: Path) -> Path:
-    """The files an sdist is built from (pyproject, README, LICENSE, src/), without build output."""
+    """The files an sdist is built from (pyproject, setup.py, README, LICENSE, src/), without
+    build output."""
     to.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, to / name)
-    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc", "_kernels*.so")
     shutil.copytree(ROOT / "src", to / "src", ignore=skip)
     return to
 

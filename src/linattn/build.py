@@ -1,12 +1,14 @@
-"""Build the fused CPU chunk kernels (csrc/) ahead of time and report the result.
+"""Load, or build, the fused CPU chunk kernels (csrc/) now, check them and report the result.
 
-The chunk form's float32 CPU path compiles ``src/linattn/ops/csrc/*.cpp`` on its first use
-(a minute or two, cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). This
-command does it now: it compiles (or loads the cached build), runs one small forward and backward
-pass of the gated delta rule through it against the float64 recurrent form, and prints where the
-build is and how it went. Exit status 0 when the kernels are ready, 1 when they are not (no
-compiler, a failed build, ``LINATTN_NATIVE=0``, another process's compile held the lock longer
-than ``LINATTN_BUILD_TIMEOUT`` seconds): the chunk form then runs its PyTorch loop.
+The package build compiles ``src/linattn/ops/csrc/*.cpp`` into the package; where that binary is
+missing or does not fit (other sources, another torch), a source tree compiles them on first use
+(cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache``). This command loads the installed
+binary, or else compiles (or loads the cached build), in an installed package too; it then runs one
+small forward and backward pass of the gated delta rule through the kernels against the float64
+recurrent form, and prints which binary it is and how it went. Exit status 0 when the kernels are
+ready, 1 when they are not (no compiler, a failed build, ``LINATTN_NATIVE=0``, another process's
+compile held the lock longer than ``LINATTN_BUILD_TIMEOUT`` seconds): the chunk form then runs
+its PyTorch loop.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def self_check() -> float:
 def run(args: argparse.Namespace) -> int:
     """Build or load the kernels, check them, print the result; 0 when they are ready."""
     start = time.monotonic()
+    native.load(compile_anywhere=True)  # an installed package compiles here too
     ready = native.available()
     seconds = time.monotonic() - start
     if not ready:
@@ -70,14 +73,14 @@ def run(args: argparse.Namespace) -> int:
     if not error <= CHECK_TOLERANCE:
         print(
             "linattn build: error: the fused CPU chunk kernels "
-            f"({native.build_directory()}) failed their check: {error:.1e} from float64, "
+            f"({native.location()}) failed their check: {error:.1e} from float64, "
             f"more than {CHECK_TOLERANCE:g}",
             file=sys.stderr,
         )
         return 1
     print(
         f"linattn build: the fused CPU chunk kernels are ready ({native.reason()}; "
-        f"{seconds:.1f} s) in {native.build_directory()}; a float32 forward and backward pass "
+        f"{seconds:.1f} s); a float32 forward and backward pass "
         f"through them is {error:.1e} from float64 (relative)"
     )
     return 0

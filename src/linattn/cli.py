@@ -21,6 +21,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # name -> module that implements it; the module's docstring's first line is the help text.
 COMMANDS: dict[str, str] = {
@@ -38,14 +39,47 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one subparser per entry of ``COMMANDS``."""
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """argparse with one error format: ``linattn CMD: error: ...`` on one line.
+
+    A bad value (a type or a choice refused: ``--T -1``, ``--mechanisms nope``) is not a wrong
+    usage, and the usage block printed before it would bury the one line that matters; only an
+    unknown option or a missing or extra argument, where the usage is the help, prints it.
+    """
+
+    _bad_value = False
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> object:
+        # Every conversion and choice check of a value passes through here (argparse's own hook).
+        try:
+            return super()._get_values(action, arg_strings)
+        except argparse.ArgumentError:
+            self._bad_value = True
+            raise
+
+    def error(self, message: str) -> NoReturn:
+        """Exit with status 2: one line for a bad value, argparse's usage and line otherwise."""
+        if self._bad_value:
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        super().error(message)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with one subparser per entry of ``COMMANDS``.
+
+    ``only``: the one command whose module is imported and whose options are added; the others
+    are listed by name. Importing every module takes seconds (torch, scipy), and a command that
+    fails on a bad input file should fail before that cost, not after it.
+    """
+    parser = Parser(
         prog="linattn",
         description="Attention as matrix algebra: recompute the spec's checks, tables and figures.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name)
+            continue
         module = importlib.import_module(module_name)
         summary = (module.__doc__ or name).strip().splitlines()[0]
         command = sub.add_parser(
@@ -61,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the subcommand, return its exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None  # else: the help lists them all
     try:
-        args = build_parser().parse_args(argv)  # imports every command's module: seconds
+        args = build_parser(only).parse_args(argv)
     except KeyboardInterrupt:
         print("linattn: interrupted", file=sys.stderr)
         return 130

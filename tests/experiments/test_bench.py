@@ -284,3 +284,22 @@ def test_scaling_speedup_is_the_median_of_paired_ratios(tiny_bench_args, monkeyp
     assert one["forward_s"] == 3 and two["forward_s"] == 2
     assert two["forward_speedup"] == 2.0
     assert one["forward_speedup"] == 1.0
+
+
+def test_an_efficiency_above_one_is_explained_and_one_thread_is_singular():
+    """The causal softmax kernel skips half the spec's 4 T^2 d: its efficiency can pass 1, and
+    the table says why; a one-thread run says "1 thread"."""
+    row = {"mechanism": "softmax", "mode": "chunk", "T": 4096, "forward_s": 0.01,
+           "forward_rate": 2e11, "forward_efficiency": 1.19}  # fmt: skip
+    result = {
+        "config": {"B": 1, "H": 8, "K": 64, "V": 64, "chunk_size": 64, "clock": "wall"},
+        "machine": {"threads": 1},
+        "roof_ops_per_s": 1.6e11,
+        "rows": [row],
+        "generation": [],
+    }
+    text = bench.bench_markdown(result)
+    assert "1 thread;" in text and "1 threads" not in text
+    assert "Efficiency above 1 (softmax chunk at T = 4,096)" in text
+    assert "skips the blocks above the diagonal" in text
+    assert bench.efficiency_note([{**row, "forward_efficiency": 0.9}]) == ""

@@ -21,7 +21,7 @@ def main(monkeypatch, worker_env):
 def test_cp_bytes_at_4096_and_65536_tokens(main, tmp_path, capsys):
     out = tmp_path / "bytes.json"
     argv = ["--lengths", "4096", "65536", "--mechanisms", "linear", "deltanet"]
-    assert main([*argv, "--json", str(out)]) == 0
+    assert main([*argv, "--json-out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert {(r["mechanism"], r["T"]) for r in rows} == {
         (m, T) for m in ("linear", "deltanet") for T in (4096, 65536)
@@ -38,3 +38,12 @@ def test_cp_bytes_at_4096_and_65536_tokens(main, tmp_path, capsys):
 def test_cp_bytes_rejects_bad_options(main, capsys):
     assert main(["--nproc", "0"]) == 2
     assert "--nproc must be >= 1" in capsys.readouterr().err
+
+
+def test_cp_bytes_json_prints_the_rows_to_stdout(main, capsys):
+    """``--json`` means what it means in every command: JSON on stdout (a file is --json-out)."""
+    argv = ["--lengths", "64", "--mechanisms", "linear", "--nproc", "1", "--json"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["world_size"] == 1
+    assert [(r["mechanism"], r["T"]) for r in printed["rows"]] == [("linear", 64)]

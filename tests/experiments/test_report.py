@@ -13,6 +13,7 @@ import pytest
 
 from linattn import cli
 from linattn.experiments import costs, report, table1, verify
+from linattn.experiments.report_contents import Report
 from linattn.experiments.report_page import markdown_to_html, render_html, render_markdown
 from linattn.figures import SPEC_FIGURES
 
@@ -158,7 +159,7 @@ def small_report(**changes):
         mqar_source="runs/mqar.jsonl",
     )
     fields.update(changes)
-    return report.Report(**fields)
+    return Report(**fields)
 
 
 def test_absent_results_are_said_so():
@@ -185,22 +186,109 @@ def test_markdown_to_html_escapes():
     assert "<code>run_x ^2</code>" in markdown_to_html("`run_x ^2`")  # code is left as it is
 
 
-def test_an_existing_report_is_not_overwritten(built):
-    out = built[0]
-    before = (out / "index.html").read_text()
-    status, stdout, stderr = run_cli(["report", "--out", str(out)])
+def test_a_folder_it_did_not_write_needs_force(built, tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    status, stdout, stderr = run_cli(["report", "--out", str(foreign)])
     assert status == 2 and stdout == ""
-    assert "already exists and is not empty; pass --force" in stderr
-    assert (out / "index.html").read_text() == before
+    assert "holds files that linattn report did not write; pass --force" in stderr
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    assert (built[0] / report.MARKER).is_file()  # a report marks itself, for the next run
 
 
-def test_force_and_empty_directories_are_accepted(tmp_path):
+def fake_build(calls):
+    """A stand-in for build_report that writes a page naming the call: the tests below are about
+    where the report lands, not what it holds."""
+    from types import SimpleNamespace
+
+    def build(args, out, inputs=None):
+        calls.append(out)
+        (out / "index.html").write_text(f"call {len(calls)}")
+        (out / report.MARKER).write_text("")
+        return SimpleNamespace(checks=[], seconds=0.0)
+
+    return build
+
+
+def test_running_again_replaces_its_own_report(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(report, "build_report", fake_build(calls))
+    out = tmp_path / "report"
+    assert run_cli(["report", "--out", str(out)])[0] == 0
+    (out / "stale.png").write_text("from the first run")
+    status, stdout, stderr = run_cli(["report", "--out", str(out)])  # no --force
+    assert status == 0, stderr
+    assert (out / "index.html").read_text() == "call 2" and not (out / "stale.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # nothing left beside it
+    assert calls[1].parent == tmp_path and calls[1].name.startswith(".report.partial-")
+
+
+def test_force_writes_into_a_foreign_folder_and_keeps_its_other_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "build_report", fake_build([]))
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert run_cli(["report", "--out", str(out), "--force"])[0] == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "index.html").is_file()
+
+
+def test_a_failure_while_building_leaves_no_folder(tmp_path, monkeypatch):
+    def fail(args, out, inputs=None):
+        (out / "index.html").write_text("half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "build_report", fail)
+    status, _, stderr = run_cli(["report", "--out", str(tmp_path / "new" / "report")])
+    assert status == 2 and "No space left on device" in stderr
+    assert list(tmp_path.iterdir()) == []  # neither the report nor the folder made for it
+
+
+@pytest.mark.parametrize("content", ["root:x:0:0:root:/root:/bin/bash\n", '{"results": []}'])
+def test_a_bad_bench_file_fails_before_any_work_and_leaves_nothing(content, tmp_path, monkeypatch):
+    def work_began(*args):
+        raise AssertionError("the report began its work before reading --bench")
+
+    monkeypatch.setattr(verify, "run_checks", work_began)
+    monkeypatch.setattr(report, "build_report", work_began)
+    bad = tmp_path / "passwd"
+    bad.write_text(content)
+    status, stdout, stderr = run_cli(["report", "--out", str(tmp_path / "r"), "--bench", str(bad)])
+    assert status == 2 and stdout == ""
+    assert stderr.startswith("linattn report: error: ") and stderr.count("\n") == 1, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["passwd"]
+
+
+def test_smoke_rows_of_a_run_never_replace_the_committed_results(tmp_path):
+    run, committed = tmp_path / "runs" / "mqar.jsonl", tmp_path / "committed.jsonl"
+    row = {"mechanism": "deltanet", "state_numbers": 4096, "accuracy": 0.9, "preset": "cpu"}
+    committed.write_text(json.dumps(row) + "\n")
+    os.utime(committed, (1, 1))
+    run.parent.mkdir()
+    smoke = {**row, "accuracy": 0.031, "preset": "smoke"}
+    run.write_text(json.dumps(smoke) + "\n")  # newer, but a smoke run: the committed rows
+    from linattn.figures.plots import load_mqar as load
+
+    rows, source, note = report.read_input(None, (run, committed), load, "mqar", "--mqar")
+    assert rows == [row] and source == str(committed)
+    assert "holds 1 rows of the smoke preset" in note and f"--mqar {run}" in note
+    rows, source, _ = report.read_input(run, (run, committed), load, "mqar", "--mqar")
+    assert rows == [smoke] and source == str(run)  # given explicitly: shown as it is
+    run.write_text(json.dumps(smoke) + "\n" + json.dumps({**row, "accuracy": 0.5}) + "\n")
+    rows, source, note = report.read_input(None, (run, committed), load, "mqar", "--mqar")
+    assert rows == [{**row, "accuracy": 0.5}] and "without its smoke rows" in note
+
+
+def test_force_and_empty_directories_are_accepted_and_nothing_is_created(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "old.txt").write_text("old")
     assert report.prepare_out_dir(tmp_path / "full", force=True) == tmp_path / "full"
     (tmp_path / "empty").mkdir()
     assert report.prepare_out_dir(tmp_path / "empty", force=False) == tmp_path / "empty"
-    assert report.prepare_out_dir(tmp_path / "new" / "deep", force=False).is_dir()
+    assert (
+        report.prepare_out_dir(tmp_path / "new" / "deep", force=False) == tmp_path / "new" / "deep"
+    )
+    assert not (tmp_path / "new").exists()  # checked, not made: made only once the work is done
 
 
 def test_a_file_is_not_a_report_directory(tmp_path):

@@ -17,6 +17,8 @@ import pytest
 
 from linattn import cli
 from linattn.experiments import report, report_browser, table1
+from linattn.experiments._results_files import read_results
+from linattn.experiments.state_tracking import results as state_tracking_results
 from linattn.figures import SPEC_FIGURES, legibility, plots, render_spec_figures, style
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,15 +56,28 @@ def test_no_horizontal_overflow(seen):
     assert result["overflowing"] == []  # nothing sticks out, outside the tables' scroll boxes
 
 
+PLOTS = ("table1", "bench", "mqar", "state-tracking")
+
+
+def shown_file(image: dict) -> str:
+    """The name (no suffix) of the file an image shows: NAME-narrow on a phone, for a plot."""
+    return Path(image["current"] or image["src"]).stem
+
+
 def test_every_image_loads_and_fits(seen):
-    # An image fits the viewport, or scrolls sideways inside its own box (a figure kept at its
-    # legible width on a phone: see test_every_figure_is_legible_as_shown).
+    # A spec figure fits the viewport, or scrolls sideways inside its own box (kept at its
+    # legible width on a phone: see test_every_figure_is_legible_as_shown). A data plot always
+    # fits, legends and all: on a phone it is the drawing made for that width.
     width, result = seen
     names = {Path(image["src"]).stem for image in result["images"]}
-    assert {"softmax-attention-products", "series-roadmap", "table1", "bench", "mqar"} <= names
+    assert {"softmax-attention-products", "series-roadmap", *PLOTS} <= names
     for image in result["images"]:
         assert image["loaded"], image
         assert image["shown"] > 0 and (image["inside"] or image["scrolls"]), image
+    for image in (i for i in result["images"] if Path(i["src"]).stem in PLOTS):
+        assert image["inside"], (width, image)
+        narrow = shown_file(image).endswith("-narrow")
+        assert narrow == (width < 600), (width, image)
 
 
 @pytest.fixture(scope="module")
@@ -93,20 +108,27 @@ def plots_kept(tmp_path_factory):
     out = tmp_path_factory.mktemp("plots-kept")
     results = ROOT / "benchmarks" / "results"
     rows = table1.compute_table1(TABLE1_R, report.TABLE1_NS, 2)
+    tracked = state_tracking_results.aggregate(
+        read_results(ROOT / "benchmarks" / "results" / "state-tracking-default.jsonl")
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(style, "SVG_FONTTYPE", "none")
-        plots.table1_plot(rows, out, TABLE1_R)
-        plots.bench_plot(plots.load_bench(results / "bench.json"), out)
-        plots.mqar_plot(plots.load_mqar(results / "mqar-cpu.jsonl"), out)
+        for narrow, suffix in ((False, ""), (True, "-narrow")):
+            plots.table1_plot(rows, out, TABLE1_R, narrow=narrow)
+            plots.bench_plot(plots.load_bench(results / "bench.json"), out, narrow=narrow)
+            plots.mqar_plot(plots.load_mqar(results / "mqar-cpu.jsonl"), out, narrow=narrow)
+            figure = state_tracking_results.figure(tracked, narrow=narrow)
+            style.save(figure, out, "state-tracking" + suffix)
     return out
 
 
 def test_every_plot_is_legible_as_shown(seen, plots_kept):
-    # The Table 1, benchmark and recall plots follow the nine figures' rule: at 390 px they keep
-    # their legible width and scroll sideways instead of shrinking to a quarter.
+    # The Table 1, benchmark, recall and state-tracking plots, legends and all, at the width
+    # Chromium shows them: on a phone the drawing made for it, whole on the screen.
     width, result = seen
-    shown = {Path(image["src"]).stem: image["shown"] for image in result["images"]}
-    for name in ("table1", "bench", "mqar"):
+    shown = {shown_file(image): image["shown"] for image in result["images"]}
+    for name in PLOTS:
+        name += "-narrow" if width < 600 else ""
         px = legibility.text_px_at(plots_kept / f"{name}.svg", shown[name])
         print(f"{name} at {width} px: shown {shown[name]:.0f} px, text {px:.1f} px")
         assert px >= legibility.MINIMUM_PX - 0.05, (name, width, px)
@@ -133,14 +155,22 @@ def test_every_table_is_legible(seen):
 
 def test_the_checks_table_reads_on_a_phone(seen):
     # The verdict beside the name, inside the screen (not "PA" at its edge); the name column not
-    # squeezed, so that no row grows to many lines.
+    # squeezed. On a phone each check is a card: every value of it on the screen.
     width, result = seen
     checks = result["tables"][0]
     assert checks["header"][:3] == ["#", "Check", "Verdict"]
     number, name, verdict = checks["columns"][:3]
     assert verdict["right"] <= width - legibility.PADDING_PX + 0.5, (width, verdict)
     assert name["narrowest"] >= 200, (width, name)
-    assert checks["tallest_row"] <= 200, (width, checks["tallest_row"])
+    if width >= 600:
+        assert checks["tallest_row"] <= 200, (width, checks["tallest_row"])
+
+
+def test_every_table_value_is_on_the_screen(seen):
+    # No table hides a column past the right edge: at 390 px the wide ones are cards.
+    width, result = seen
+    for table in result["tables"]:
+        assert table["right"] <= width - legibility.PADDING_PX + 0.5, (width, table["section"])
 
 
 def test_no_console_error(seen):

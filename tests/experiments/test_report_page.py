@@ -12,6 +12,7 @@ import pytest
 
 from linattn import cli
 from linattn.experiments import costs, report, report_setup, table1, verify
+from linattn.experiments.report_contents import Report
 from linattn.experiments.report_page import _bench_rows, render_html, render_markdown
 from linattn.figures import legibility, plots, style
 
@@ -38,7 +39,7 @@ def small_report(**changes):
         mqar_source="runs/mqar.jsonl",
     )
     fields.update(changes)
-    return report.Report(**fields)
+    return Report(**fields)
 
 
 def committed_report(**changes):

@@ -113,7 +113,7 @@ def test_equals_the_float64_engine(rule, gate, C):
 
 @needs_native
 @pytest.mark.parametrize(
-    ("rule", "gate"), itertools.product(["additive", "delta"], [None, "scalar", "channel"])
+    ("rule", "gate"), list(itertools.product(["additive", "delta"], [None, "scalar", "channel"]))
 )
 def test_equals_the_pytorch_loop_in_float32(rule, gate, monkeypatch):
     x = make_inputs(B=1, T=300, H=4, K=16, V=16, gate=gate, rule=rule, state=True)
@@ -175,7 +175,9 @@ def _gradients(x, rule, C, dtype):
 
 
 @needs_native
-@pytest.mark.parametrize(("gate", "C"), itertools.product([None, "scalar", "channel"], [16, 64]))
+@pytest.mark.parametrize(
+    ("gate", "C"), list(itertools.product([None, "scalar", "channel"], [16, 64]))
+)
 def test_delta_rule_solves_at_every_block_width(gate, C):
     # The UT transform's solves (csrc/triangular.cpp) take rows in groups of 4, then one by one,
     # and columns in blocks of 4 SIMD vectors, then of 1, then one by one: K + V = 83 and V = 35

@@ -58,7 +58,8 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-dim", type=int, default=16, help="K (default 16)")
     parser.add_argument("--value-dim", type=int, default=16, help="V (default 16)")
     parser.add_argument("--chunk-size", type=int, default=64)
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--json-out", default=None, help="also write the rows to this JSON file")
 
 
 def _inputs(mechanism: str, T: int, args: argparse.Namespace, seed: int) -> dict:
@@ -115,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     _options(parser)
     parser.add_argument("--timeout", type=float, default=600.0, help="process group timeout, s")
     args = parser.parse_args(argv)
-    if args.json:
-        output_file("--json", args.json)  # before the process group: nothing to measure in vain
+    if args.json_out:
+        # Before the process group: nothing to measure in vain.
+        output_file("--json-out", args.json_out)
     ld.init_process_group("gloo", timeout=args.timeout)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         rows = [measure(m, T, args) for m in args.mechanisms for T in args.lengths]
-        if rank == 0:
+        if rank == 0 and args.json:
+            print(json.dumps({"world_size": world, "rows": rows}, indent=1))
+        elif rank == 0:
             B, H, K, V = args.batch, args.heads, args.key_dim, args.value_dim
             print(
                 f"bytes each rank contributes to collectives, forward + backward; {world} ranks, "
@@ -137,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['bytes_maps']:>10}{r['bytes_map_grads']:>11}{r['bytes']:>10}"
                     f"{r['seconds']:>9}"
                 )
-            if args.json:
-                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                with open(args.json, "w") as f:
-                    json.dump({"world_size": world, "rows": rows}, f, indent=1)
+        if rank == 0 and args.json_out:
+            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.json_out, "w") as f:
+                json.dump({"world_size": world, "rows": rows}, f, indent=1)
     finally:
         dist.destroy_process_group()
     return 0
@@ -176,13 +180,15 @@ def run(args: argparse.Namespace) -> int:
         + [f"--value-dim {args.value_dim}"]
     )
     check_memory(sizes, memory_needed(args))
-    if args.json:
-        output_file("--json", args.json)  # here, once, not in a traceback from every rank
+    if args.json_out:
+        output_file("--json-out", args.json_out)  # here, once, not in a traceback from every rank
     forwarded = ["--lengths", *map(str, args.lengths), "--mechanisms", *args.mechanisms]
     for name in ("batch", "heads", "key_dim", "value_dim", "chunk_size"):
         forwarded += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.json_out:
+        forwarded += ["--json-out", args.json_out]
     if args.json:
-        forwarded += ["--json", args.json]
+        forwarded.append("--json")
     argv = ["-m", "linattn.experiments.cp_bytes", *forwarded]
     results = run_local(argv, args.nproc, deadline=3600)
     print(results[0].output, end="")

@@ -10,8 +10,13 @@ which file it used and the setup and machine it records, and writes ``DIR/index.
 self-contained page, the figures beside it, nothing fetched from the network) and
 ``DIR/report.md``.
 
-An existing, non-empty DIR is not overwritten without ``--force``. The last line printed is the path
-of ``DIR/index.html``; the exit status is 1 if a check fails (the report is written all the same).
+Every input file is read and validated before any work, and the report is built in a hidden
+folder beside DIR that takes DIR's place only when it is complete: a failure leaves no partial
+folder. Running it again over its own earlier output replaces that output; a non-empty DIR that it
+did not write needs ``--force``. Results of a ``smoke`` preset (a two-step check of the code, not a
+measurement) in your latest run never replace the committed results unless the file is given
+(``--mqar``, ``--state-tracking``). The last line printed is the path of ``DIR/index.html``; the
+exit status is 1 if a check fails (the report is written all the same).
 """
 
 from __future__ import annotations
@@ -22,20 +27,21 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from linattn.experiments import costs as costs_command
-from linattn.experiments import table1 as table1_command
-from linattn.experiments import verify as verify_command
 from linattn.experiments._args import input_file, positive_int
-from linattn.experiments.report_contents import Report
-from linattn.experiments.report_page import render_html, render_markdown
-from linattn.figures.legibility import legible_width, png_css_width
+from linattn.experiments.report_setup import state_tracking_setup
+
+if TYPE_CHECKING:
+    from linattn.experiments.report_contents import Report
 
 TABLE1_NS = (8, 16, 32, 64, 128)
 TABLE1_R = 32
@@ -63,28 +69,71 @@ STATE_TRACKING_FILES = (
 )
 
 
-def prepare_out_dir(out: Path, force: bool) -> Path:
-    """Create ``out`` (or accept it empty, or with ``force``) and check it is writable.
+# The file that marks a folder as a report this command wrote: a later run may replace it whole.
+MARKER = ".linattn-report"
+SMOKE = "smoke"  # the presets whose rows are a check of the code, not a measurement
 
-    Raises ``ValueError`` with a clear message: ``out`` is a file, exists with files in it and
-    ``force`` is off, cannot be created, or cannot be written.
+
+def prepare_out_dir(out: Path, force: bool) -> Path:
+    """Check, before any work, that ``out`` can take the report; create nothing. Returns ``out``.
+
+    ``out`` may be missing, empty, an earlier report (it holds ``MARKER``), or, with ``force``,
+    any folder. Raises ``ValueError`` with a clear message: ``out`` is a file, holds files that
+    this command did not write and ``force`` is off, or its folder cannot be written.
     """
     if out.exists() and not out.is_dir():
         raise ValueError(f"the report path {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file() and not force:
         raise ValueError(
-            f"the report directory {out} already exists and is not empty; "
-            "pass --force to overwrite it, or choose another --out"
+            f"the report directory {out} holds files that linattn report did not write; "
+            "pass --force to write into it, or choose another --out"
         )
+    parent = out.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if not parent.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
         # Probe with a real file: os.access does not see read-only mounts or some ACLs.
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".linattn-probe-"):
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".linattn-probe-"):
             pass
     except OSError as error:
         reason = error.strerror or str(error)
         raise ValueError(f"cannot write the report to {out}: {reason}") from None
     return out
+
+
+def staging_dir(out: Path) -> tuple[Path, Path | None]:
+    """A new hidden folder beside ``out`` to build the report in, and the highest folder above
+    it that had to be created for it (None if none), so that a failure can remove both."""
+    parent, created = out.resolve().parent, None
+    for folder in [parent, *parent.parents]:
+        if folder.exists():
+            break
+        created = folder
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=parent)), created
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Put the finished report at ``out``: it replaces an empty folder or an earlier report
+    whole; into a folder it did not write (``--force``) its files are moved one by one."""
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        for item in staging.iterdir():
+            target = out / item.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(item, target)
+        staging.rmdir()
+        return
+    old = None
+    if out.exists():
+        # Moved aside first, so that out is never missing the report for longer than a rename.
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.resolve().parent))
+        os.replace(out, old / out.name)
+    os.replace(staging, out)
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def environment() -> dict[str, str]:
@@ -112,9 +161,21 @@ def _module_version(package: str) -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def build_report(args: argparse.Namespace, out: Path) -> Report:
-    """Compute, draw and gather everything, with one progress bar on stderr."""
+def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None) -> Report:
+    """Compute, draw and gather everything into ``out``, with one progress bar on stderr.
+
+    ``inputs``: the measured results as ``read_inputs`` returns them (read from ``args`` when
+    None)."""
+    inputs = read_inputs(args) if inputs is None else inputs
+    # Imported here, not above: they bring torch and scipy, seconds that a bad input file (read
+    # first, by read_inputs) should not wait for.
+    from linattn.experiments import costs as costs_command
+    from linattn.experiments import table1 as table1_command
+    from linattn.experiments import verify as verify_command
+    from linattn.experiments.report_contents import Report
+    from linattn.experiments.state_tracking import results
     from linattn.figures import SPEC_FIGURES, numbers, plots
+    from linattn.figures.legibility import legible_width, png_css_width
 
     start = time.perf_counter()
     figures_dir = out / "figures"
@@ -155,11 +216,16 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
             )
             bar.update()
         begin("table 1 plot, numbers files")
-        plots.table1_plot(rows, figures_dir, TABLE1_R)
+        for narrow in (False, True):  # and drawn again for a phone's column
+            plots.table1_plot(rows, figures_dir, TABLE1_R, narrow=narrow)
         report.numbers_files = [p.name for p in numbers.write_numbers(out / "numbers")]
         bar.update()
         begin("benchmark, recall")
-        gather_results(args, report, figures_dir)
+        for name, value in inputs.items():
+            setattr(report, name, value)
+        if report.state_tracking is not None:  # the rows, summarised over seeds
+            report.state_tracking = results.aggregate(report.state_tracking)
+        draw_results(report, figures_dir)
         bar.update(2)
         report.widths = {p.stem: png_css_width(p) for p in figures_dir.glob("*.png")}
         # Every figure and plot keeps its legible width on a narrow screen (figures.legibility).
@@ -171,43 +237,90 @@ def build_report(args: argparse.Namespace, out: Path) -> Report:
     return report
 
 
-def gather_results(args: argparse.Namespace, report: Report, figures_dir: Path) -> None:
-    """The benchmark and recall results into ``report``, with the note saying which file (or
-    where none was found), and their plots."""
-    from linattn.figures import plots
+def read_inputs(args: argparse.Namespace) -> dict:
+    """The benchmark, recall and state-tracking results, read and validated now (before any
+    work): the ``Report`` fields they fill, with the notes that say which file and why."""
+    from linattn.experiments._results_files import load_bench, load_mqar, read_results
 
-    source, report.bench_note = results_file(args.bench, BENCH_FILES)
-    report.bench, report.bench_source = plots.load_bench(source), str(source)
-    if report.bench is None:
-        report.bench_note = missing_note(args.bench, BENCH_FILES, "bench", "--bench")
-    else:
-        plots.bench_plot(report.bench, figures_dir)
-    source, report.mqar_note = results_file(args.mqar, MQAR_FILES)
-    report.mqar, report.mqar_source = plots.load_mqar(source), str(source)
-    if report.mqar is None:
-        report.mqar_note = missing_note(args.mqar, MQAR_FILES, "mqar", "--mqar")
-    else:
-        plots.mqar_plot(report.mqar, figures_dir)
-    gather_state_tracking(report, figures_dir)
+    fields = {}
+    bench, fields["bench_source"], fields["bench_note"] = read_input(
+        args.bench, BENCH_FILES, load_bench, "bench", "--bench"
+    )
+    fields["bench"] = bench
+    mqar, fields["mqar_source"], fields["mqar_note"] = read_input(
+        args.mqar, MQAR_FILES, load_mqar, "mqar", "--mqar"
+    )
+    fields["mqar"] = mqar
+    rows, fields["state_tracking_source"], fields["state_tracking_note"] = read_input(
+        getattr(args, "state_tracking", None),
+        STATE_TRACKING_FILES,
+        lambda path: read_results(Path(path)) or None,
+        "state-tracking",
+        "--state-tracking",
+    )
+    fields["state_tracking"] = rows  # summarised over seeds by build_report
+    fields["state_tracking_setup"] = "" if rows is None else state_tracking_setup(rows)
+    return fields
 
 
-def gather_state_tracking(report: Report, figures_dir: Path) -> None:
-    """The state-tracking results (``linattn state-tracking``): the newer of your run and the
-    committed default run, summarised over seeds, and their figure."""
-    from linattn.experiments.mqar.sweep import read_results
+def read_input(
+    given: Path | None,
+    files: tuple[Path, ...],
+    load: Callable[[Path], object],
+    command: str,
+    flag: str,
+) -> tuple[object, str, str]:
+    """(the results, or None; the file they come from; the note saying which file and why).
+
+    ``given`` is read as it is. Otherwise ``results_file`` picks the newer of your latest run and
+    the committed copy; rows of a smoke preset in your run are left out, and a run that holds
+    nothing else gives way to the committed results.
+    """
+    source, note = results_file(given, files)
+    if given is not None:
+        try:
+            return load(input_file(flag, given)), str(given), note
+        except ValueError as error:
+            message = str(error)
+            raise ValueError(message if message.startswith(flag) else f"{flag} {message}") from None
+    if not source.exists():
+        return None, str(source), missing_note(None, files, command, flag)
+    data = load(input_file("the results file", source))
+    if source != files[0] or not isinstance(data, list):
+        return data, str(source), note
+    measured = [row for row in data if row.get("preset") != SMOKE]
+    if len(measured) == len(data):
+        return data, str(source), note
+    why = (
+        f"your latest run at {source} holds {len(data) - len(measured)} rows of the {SMOKE} "
+        f"preset, a check of the code rather than a measurement (pass {flag} {source} to show "
+        "them)"
+    )
+    if measured:
+        return measured, str(source), f"(your latest run, without its {SMOKE} rows: {why})"
+    committed = next((path for path in files[1:] if path.exists()), None)
+    if committed is None:
+        return None, str(source), f"nothing but {SMOKE}-preset rows: {why}"
+    return (
+        load(input_file("the results file", committed)),
+        str(committed),
+        (f"(the results committed with the code: {why})"),
+    )
+
+
+def draw_results(report: Report, figures_dir: Path) -> None:
+    """The plots of the benchmark, recall and state-tracking results the report holds."""
     from linattn.experiments.state_tracking import results
-    from linattn.figures import style
+    from linattn.figures import plots, style
 
-    source, report.state_tracking_note = results_file(None, STATE_TRACKING_FILES)
-    report.state_tracking_source = str(source)
-    rows = read_results(source) if source.is_file() else []
-    if not rows:
-        report.state_tracking_note = missing_note(
-            None, STATE_TRACKING_FILES, "state-tracking", "runs/state-tracking.jsonl"
-        )
-        return
-    report.state_tracking = results.aggregate(rows)
-    style.save(results.figure(report.state_tracking), figures_dir, "state-tracking")
+    for narrow, suffix in ((False, ""), (True, "-narrow")):  # and drawn again for a phone
+        if report.bench is not None:
+            plots.bench_plot(report.bench, figures_dir, narrow=narrow)
+        if report.mqar is not None:
+            plots.mqar_plot(report.mqar, figures_dir, narrow=narrow)
+        if report.state_tracking is not None:
+            figure = results.figure(report.state_tracking, narrow=narrow)
+            style.save(figure, figures_dir, "state-tracking" + suffix)
 
 
 def results_file(given: Path | None, files: tuple[Path, ...]) -> tuple[Path, str]:
@@ -246,11 +359,15 @@ def write_files(report: Report, out: Path) -> None:
     """index.html, report.md, and the computed data as JSON under data/."""
     data = out / "data"
     data.mkdir(exist_ok=True)
-    (data / "verify.json").write_text(verify_command.to_json(report.checks) + "\n")
+    from linattn.experiments.report_page import render_html, render_markdown
+    from linattn.experiments.verify import to_json
+
+    (data / "verify.json").write_text(to_json(report.checks) + "\n")
     (data / "table1.json").write_text(json.dumps(report.table1_rows, indent=2) + "\n")
     (data / "costs.json").write_text(json.dumps(report.costs, indent=2) + "\n")
     (out / "report.md").write_text(render_markdown(report))
     (out / "index.html").write_text(render_html(report))
+    (out / MARKER).write_text("written by linattn report; a later run replaces this folder\n")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -262,7 +379,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="directory for index.html, report.md and the figures (default: report)",
     )
     parser.add_argument(
-        "--force", action="store_true", help="write into --out even if it already holds files"
+        "--force",
+        action="store_true",
+        help="write into --out even if it holds files that linattn report did not write (an "
+        "earlier report is replaced without it)",
     )
     parser.add_argument(
         "--bench",
@@ -278,6 +398,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"recall results to include (default: the newer of {MQAR_FILES[0]} and the "
         "committed benchmarks/results/mqar-cpu.jsonl, here or in the clone)",
+    )
+    parser.add_argument(
+        "--state-tracking",
+        type=Path,
+        default=None,
+        help=f"state-tracking results to include (default: the newer of "
+        f"{STATE_TRACKING_FILES[0]} and the committed "
+        "benchmarks/results/state-tracking-default.jsonl; smoke-preset rows of your run are "
+        "shown only when the file is given here)",
     )
     parser.add_argument(
         "--table1-repetitions",
@@ -299,12 +428,16 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    for flag in ("bench", "mqar"):  # a given input is a readable file, before verify runs
-        if getattr(args, flag) is not None:
-            input_file(f"--{flag}", getattr(args, flag))
-    args.argv = _argv(args)
+    inputs = read_inputs(args)  # every input file read and validated before any work
     out = prepare_out_dir(Path(args.out), args.force)
-    report = build_report(args, out)
+    args.argv = _argv(args)
+    staging, created = staging_dir(out)
+    try:
+        report = build_report(args, staging, inputs)
+        publish(staging, out)
+    except BaseException:
+        shutil.rmtree(created or staging, ignore_errors=True)
+        raise
     failed = [check.name for check in report.checks if not check.passed]
     print(
         f"{len(report.checks) - len(failed)} of {len(report.checks)} checks passed; "
@@ -323,7 +456,9 @@ def _argv(args: argparse.Namespace) -> list[str]:
         words.append("--force")
     if args.table1_repetitions != 200:
         words += ["--table1-repetitions", str(args.table1_repetitions)]
-    for flag, value in (("--bench", args.bench), ("--mqar", args.mqar)):
+    given = (("--bench", args.bench), ("--mqar", args.mqar))
+    given += (("--state-tracking", getattr(args, "state_tracking", None)),)
+    for flag, value in given:
         if value is not None:
             words += [flag, str(value)]
     if args.quiet:

@@ -61,6 +61,7 @@ PROBE = r"""<script>
       tallest = Math.max(tallest, row.getBoundingClientRect().height);
       [...row.cells].forEach((cell, i) => {
         const box = cell.getBoundingClientRect();
+        if (!box.width) return;  // hidden: a phone's cards hide the header row
         columns[i] = columns[i] || {narrowest: Infinity, right: 0};
         columns[i].narrowest = Math.min(columns[i].narrowest, box.width);
         columns[i].right = Math.max(columns[i].right, box.right);
@@ -86,10 +87,17 @@ PROBE = r"""<script>
     }
     const images = [...document.images].map((img) => ({
       src: img.getAttribute("src"), loaded: img.complete && img.naturalWidth > 0,
+      // the file shown: a <picture> gives a phone NAME-narrow.png for the same <img>
+      current: img.currentSrc ? decodeURIComponent(new URL(img.currentSrc).pathname) : "",
       shown: img.getBoundingClientRect().width, natural: img.naturalWidth,
       inside: img.getBoundingClientRect().right <= width + 0.5, scrolls: !!img.closest(".scroll"),
     }));
     const tables = [...document.querySelectorAll("table")].map(tableReport);
+    // Every cell's right edge, to see that a phone's cards keep each value on the screen.
+    for (const [i, table] of [...document.querySelectorAll("table")].entries()) {
+      tables[i].right = Math.max(0, ...[...table.querySelectorAll("td")]
+        .map((cell) => cell.getBoundingClientRect().right));
+    }
     const result = {viewport: width, page: document.documentElement.scrollWidth,
                     height: document.documentElement.scrollHeight, images, overflowing: out,
                     tables, errors};

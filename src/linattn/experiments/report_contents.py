@@ -34,6 +34,7 @@ class Report:
     state_tracking: list[dict] | None = None
     state_tracking_source: str = ""
     state_tracking_note: str = ""
+    state_tracking_setup: str = ""  # how the rows shown were trained and tested, from the rows
     seconds: float = 0.0
     widths: dict[str, int] = field(default_factory=dict)  # figure name: natural CSS width
     legible: dict[str, int] = field(default_factory=dict)  # figure name: narrowest legible width

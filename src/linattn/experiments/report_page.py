@@ -19,6 +19,11 @@ from linattn.figures.legibility import COLUMN_PX, PADDING_PX
 if TYPE_CHECKING:
     from linattn.experiments.report_contents import Report
 
+# At most this wide (CSS pixels), the page is a phone's: tables as cards, the narrow figures.
+NARROW_PX = 600
+# A table with more columns than this is shown as cards on a phone.
+CARD_COLUMNS = 3
+
 STYLE = f"""
 *, *::before, *::after {{ box-sizing: border-box; }}
 body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: {COLUMN_PX}px;
@@ -43,6 +48,19 @@ pre {{ background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
 .note {{ color: #555; font-style: italic; }}
 nav ul {{ padding: 0; margin: 0; }}
 nav li {{ display: inline-block; white-space: nowrap; margin: 0 1em .3em 0; }}
+@media (max-width: {NARROW_PX}px) {{
+  /* A phone: a wide table becomes one card per row, each value under its column's name, so
+     that every column is read without scrolling sideways. */
+  table.cards, table.cards tbody, table.cards tr, table.cards td {{ display: block; }}
+  table.cards tr:first-child {{ display: none; }}
+  table.cards tr {{ border: 1px solid #ccc; border-radius: 4px; margin: 0 0 .6em;
+                   padding: .3em .6em; }}
+  table.cards td {{ border: 0; padding: .1em 0; min-width: 0; text-align: left; }}
+  table.cards td[data-label]::before {{ content: attr(data-label) ": "; font-weight: bold; }}
+  table.cards td:empty {{ display: none; }}
+  /* Figures drawn for the narrow screen (NAME-narrow.png) fill the column. */
+  figure.narrow img {{ min-width: 0 !important; }}
+}}
 """
 NAV = (
     '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
@@ -102,35 +120,67 @@ def _cells(line: str) -> list[str]:
 def _table(lines: list[str]) -> str:
     header, body = _cells(lines[0]), [_cells(line) for line in lines[2:]]
     rows = ["<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in header) + "</tr>"]
+    labels = [_label(_inline(c)) for c in header]
     for row in body:
+        cells = zip(row, labels + [""] * (len(row) - len(labels)), strict=False)
         rows.append(
-            "<tr>"
-            + "".join(
-                f'<td class="num">{_inline(c)}</td>' if _numeric(c) else f"<td>{_inline(c)}</td>"
-                for c in row
-            )
-            + "</tr>"
+            "<tr>" + "".join(_td(_inline(c), label, _numeric(c)) for c, label in cells) + "</tr>"
         )
-    return '<div class="scroll"><table>' + "".join(rows) + "</table></div>"
+    return _boxed("".join(rows), len(header))
+
+
+def _label(header_html: str) -> str:
+    """A column's name as plain text, for a card's labels (``data-label``)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", header_html))
+
+
+def _td(content_html: str, label: str = "", numeric: bool = False, css: str = "") -> str:
+    """One cell: its content, its column's name (``data-label``: a card's label on a phone)."""
+    classes = " ".join(filter(None, ["num" if numeric else "", css]))
+    attributes = (f' class="{classes}"' if classes else "") + (
+        f' data-label="{_e(label)}"' if label else ""
+    )
+    return f"<td{attributes}>{content_html}</td>"
+
+
+def _boxed(rows_html: str, columns: int) -> str:
+    """A table in its own scrolling box; a wide one (more than ``CARD_COLUMNS`` columns) is
+    shown as cards on a phone."""
+    cards = ' class="cards"' if columns > CARD_COLUMNS else ""
+    return f'<div class="scroll"><table{cards}>{rows_html}</table></div>'
 
 
 def _numeric(cell: str) -> bool:
     return bool(re.fullmatch(r"-?[\d,.]+", cell))
 
 
-def _figure(name: str, caption: str, width: int | None = None, legible: int | None = None) -> str:
+def _figure(
+    name: str,
+    caption: str,
+    width: int | None = None,
+    legible: int | None = None,
+    narrow: bool = False,
+) -> str:
     """One figure with its caption, id ``fig-NAME``; the image links its full-size SVG.
 
     ``width`` (CSS pixels) is the figure's natural size; the page scales it down to the column,
     but not below ``legible``, the width at which its smallest text is still readable
-    (``legibility.legible_width``): on a narrower screen it scrolls sideways in its own box.
+    (``legibility.legible_width``): on a narrower screen it scrolls sideways in its own box,
+    unless ``narrow``: then a phone is shown ``NAME-narrow.png``, drawn legible at its width.
     """
     title, _, rest = caption.partition(". ")
     size = f' width="{width}"' if width else ""
     size += f' style="min-width: {legible}px"' if legible else ""
+    image = f'<img src="figures/{_e(name)}.png"{size} alt="{_e(caption)}">'
+    if narrow:  # a phone gets the drawing made for its width: legends below, panels stacked
+        image = (
+            f'<picture><source media="(max-width: {NARROW_PX}px)" '
+            f'srcset="figures/{_e(name)}-narrow.png">{image}</picture>'
+        )
+    css = ' class="narrow"' if narrow else ""
     return (
-        f'<figure id="fig-{_e(name)}"><div class="scroll"><a href="figures/{_e(name)}.svg">'
-        f'<img src="figures/{_e(name)}.png"{size} alt="{_e(caption)}"></a></div>'
+        f'<figure id="fig-{_e(name)}"{css}>'
+        f'<div class="scroll"><a href="figures/{_e(name)}.svg">{image}</a></div>'
         f"<figcaption><b>{_e(title)}.</b> {_e(rest)} "
         f'<a href="figures/{_e(name)}.svg">Full-size SVG</a></figcaption></figure>'
     )
@@ -143,21 +193,24 @@ def _error(x: float) -> str:
 def _checks_html(report: Report) -> str:
     """The checks as a table: the verdict beside the name, so that a phone shows both without
     scrolling (the name keeps a readable width; the other columns scroll in the table's box)."""
-    rows = [
-        "<tr><th>#</th><th>Check</th><th>Verdict</th><th>Largest error</th><th>Tolerance</th>"
-        "<th>Printed with it</th></tr>"
-    ]
+    header = ("#", "Check", "Verdict", "Largest error", "Tolerance", "Printed with it")
+    rows = ["<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"]
     for index, check in enumerate(report.checks, start=1):
         verdict = (
             '<span class="pass">PASS</span>' if check.passed else '<span class="fail">FAIL</span>'
         )
+        tolerance = "" if not check.tolerance else _error(check.tolerance)
         rows.append(
-            f'<tr><td class="num">{index}</td><td class="check">{_e(check.name)}</td>'
-            f'<td class="verdict">{verdict}</td><td class="num">{_error(check.error)}</td>'
-            f'<td class="num">{"" if not check.tolerance else _error(check.tolerance)}</td>'
-            f'<td class="detail">{_e(check.detail)}</td></tr>'
+            "<tr>"
+            + _td(str(index), header[0], numeric=True)
+            + _td(_e(check.name), css="check")
+            + _td(verdict, css="verdict")
+            + _td(_error(check.error), header[3], numeric=True)
+            + _td(tolerance, header[4], numeric=True)
+            + _td(_e(check.detail), header[5] if check.detail else "", css="detail")
+            + "</tr>"
         )
-    return '<div class="scroll"><table>' + "".join(rows) + "</table></div>"
+    return _boxed("".join(rows), len(header))
 
 
 def _bench_rows(report: Report) -> list[tuple[str, str, str]]:
@@ -191,16 +244,17 @@ def _simple_table(
 ) -> str:
     """A table with one header row (none when ``header`` is None)."""
     head = "" if header is None else "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
+    labels = list(header or ())
     body = "".join(
         "<tr>"
         + "".join(
-            f'<td class="num">{_e(c)}</td>' if numbers and _numeric(c) else f"<td>{_e(c)}</td>"
-            for c in row
+            _td(_e(c), labels[i] if i < len(labels) else "", numbers and _numeric(c))
+            for i, c in enumerate(row)
         )
         + "</tr>"
         for row in rows
     )
-    return f'<div class="scroll"><table>{head}{body}</table></div>'
+    return _boxed(head + body, len(labels))
 
 
 def _passed(report: Report) -> tuple[int, int]:
@@ -241,6 +295,7 @@ def render_html(report: Report) -> str:
             "of stored pairs n, with the two theory curves (dotted).",
             report.widths.get("table1"),
             report.legible.get("table1"),
+            "table1-narrow" in report.widths,
         ),
         _printed("table1", report.table1_text),
         '<h2 id="costs">Costs</h2>',
@@ -299,6 +354,7 @@ def _bench_section(report: Report) -> list[str]:
             "one marker per form (right).",
             report.widths.get("bench"),
             report.legible.get("bench"),
+            "bench-narrow" in report.widths,
         ),
         _simple_table(("series", "T", "milliseconds"), _bench_rows(report)),
     ]
@@ -320,6 +376,7 @@ def _recall_section(report: Report) -> list[str]:
             "(the mean over the seeds; bars from their min to their max).",
             report.widths.get("mqar"),
             report.legible.get("mqar"),
+            "mqar-narrow" in report.widths,
         ),
         _simple_table(MQAR_COLUMNS, _mqar_rows(report)),
     ]
@@ -337,23 +394,17 @@ def _state_tracking_section(report: Report) -> list[str]:
         ]
     return [
         _source(report.state_tracking_source, report.state_tracking_note),
-        f"<p>{_e(STATE_TRACKING_SETUP)}</p>",
+        f"<p>{_e(report.state_tracking_setup)}</p>",
         _figure(
             "state-tracking",
             "State tracking. Per-token accuracy against the test length, one panel per task, "
             "the mean over seeds and the band from the lowest to the highest seed.",
             report.widths.get("state-tracking"),
             report.legible.get("state-tracking"),
+            "state-tracking-narrow" in report.widths,
         ),
         markdown_to_html(results_table(report.state_tracking)),
     ]
-
-
-STATE_TRACKING_SETUP = (
-    "Word problems (parity, sums modulo m, permutation groups), a label at every token, trained "
-    "at 64 tokens and tested at longer ones (linattn state-tracking); accuracy per token, mean "
-    "over seeds (lowest-highest)."
-)
 
 
 def _numbers_and_machine(report: Report) -> list[str]:
@@ -467,7 +518,7 @@ def _state_tracking_markdown(report: Report) -> list[str]:
         *lines,
         f"From `{report.state_tracking_source}` {report.state_tracking_note}.",
         "",
-        STATE_TRACKING_SETUP,
+        report.state_tracking_setup,
         "",
         "![State tracking](figures/state-tracking.png)",
         "",

@@ -86,3 +86,32 @@ def _lr_sweep(rows: Sequence[dict]) -> str:
     """ "lr sweep 0.002, 0.0045, 0.01 (the best per seed)"; "" without sweeps in the rows."""
     lrs = sorted({x["lr"] for r in rows for x in r.get("lr_sweep", [])})
     return f"lr sweep {', '.join(f'{lr:g}' for lr in lrs)} (the best per seed)" if lrs else ""
+
+
+def state_tracking_setup(rows: Sequence[dict]) -> str:
+    """One sentence: how the state-tracking rows shown were trained and tested, from the rows
+    themselves (so that a run with other lengths or steps is not described as the default)."""
+    lengths = sorted({int(n) for row in rows for n in row.get("accuracy", {})})
+    parts = [
+        _values("preset", rows, "preset"),
+        _values("tasks", rows, "task"),
+        _values("trained at", rows, "train_len") + (" tokens" if _has(rows, "train_len") else ""),
+        _values("curriculum step every", rows, "curriculum_every"),
+        _values("steps", rows, "steps"),
+        _values("d_model", rows, "d_model"),
+        _values("heads", rows, "n_heads"),
+        _values("lr", rows, "lr"),
+        _values("batch", rows, "batch_size"),
+        _values("seeds", rows, "seed"),
+        "tested at " + ", ".join(f"{n:,}" for n in lengths) + " tokens" if lengths else "",
+    ]
+    return (
+        "Word problems (parity, sums modulo m, permutation groups), a label at every token "
+        "(linattn state-tracking). Setup: "
+        + ", ".join(part for part in parts if part)
+        + "; accuracy per token, the mean over seeds (lowest-highest)."
+    )
+
+
+def _has(rows: Iterable[dict], key: str) -> bool:
+    return any(key in row for row in rows)

@@ -30,7 +30,6 @@ task (accuracy >= ``SOLVED``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,7 +39,26 @@ from typing import Any
 import numpy as np
 
 from linattn import reference
+from linattn.experiments._results_files import (  # noqa: F401 (re-exported: the formats above)
+    _number,
+    bench_results,
+    load_bench,
+    load_mqar,
+)
 from linattn.figures import style
+
+# The width in inches of a plot drawn for a phone: at most the width (4.5 inches, 434 CSS px) at
+# which a 358 px column (a 390 px screen less its margins) still shows SMALLEST_TEXT at 11 px.
+NARROW_WIDTH = 4.2
+
+
+def dodged(xs: Sequence[float], index: int, count: int, spread: float = 0.05) -> list[float]:
+    """``xs`` on a log axis moved sideways by ``index`` of ``count`` series (a factor of
+    2**(spread * offset)): series that share an x stay side by side instead of hiding each other.
+    A drawing aid only: the tables give the exact values."""
+    factor = 2 ** (spread * (index - (count - 1) / 2))
+    return [x * factor for x in xs]
+
 
 TABLE1_SERIES = (
     ("additive", "additive rule", style.KEY, "o", "-"),
@@ -50,16 +68,19 @@ TABLE1_SERIES = (
 )
 
 
-def table1_plot(rows: Sequence[dict], out_dir: Path | str, r: int = 32) -> list[Path]:
+def table1_plot(
+    rows: Sequence[dict], out_dir: Path | str, r: int = 32, narrow: bool = False
+) -> list[Path]:
     """Table 1 (spec 7.3) as the read error of each memory against n, with the two theory curves.
 
-    ``rows`` are those of ``linattn.experiments.table1.compute_table1``.
+    ``rows`` are those of ``linattn.experiments.table1.compute_table1``. ``narrow``: drawn for a
+    phone's column (``NARROW_WIDTH`` inches, the legend below), as ``table1-narrow``.
     """
     if len(rows) == 0 or any("n" not in row for row in rows):
         raise ValueError("rows must be a non-empty list of Table 1 rows, each with its 'n'")
     plt = style.pyplot()
     ns = np.array([row["n"] for row in rows])
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, ax = plt.subplots(figsize=(NARROW_WIDTH, 4.2) if narrow else (7.5, 4.6))
     grid = np.unique(np.geomspace(max(1, ns.min()), ns.max(), 200).astype(int))
     theory = np.array([reference.recall_theory(int(n), r) for n in grid])
     ax.plot(grid, theory[:, 0], color=style.KEY, lw=1, ls=":", label="theory, additive")
@@ -76,55 +97,14 @@ def table1_plot(rows: Sequence[dict], out_dir: Path | str, r: int = 32) -> list[
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("pairs stored, $n$")
     ax.set_ylabel("root-mean-square read error")
-    ax.set_title(f"Table 1: read error of three memories, $r = d = {r}$")
-    ax.legend(frameon=False, loc="upper left")
+    title = f"Table 1: read error of three memories, $r = d = {r}$"
+    ax.set_title(title.replace(", ", ",\n") if narrow else title)
+    if narrow:
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    else:
+        ax.legend(frameon=False, loc="upper left")
     fig.tight_layout()
-    return style.save(fig, out_dir, "table1")
-
-
-def load_bench(path: Path | str) -> dict | None:
-    """The benchmark file (format in the module docstring), or None when it does not exist."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
-    if isinstance(data, dict) and "results" not in data and isinstance(data.get("rows"), list):
-        data = bench_results(data)
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, list) or not results:
-        raise ValueError(f"{path}: expected an object with a non-empty list 'results'")
-    for index, row in enumerate(results):
-        if (
-            not isinstance(row, dict)
-            or not _number(row.get("T"))
-            or not _number(row.get("seconds"))
-        ):
-            raise ValueError(f"{path}: results[{index}] needs numbers 'T' and 'seconds'")
-        if "name" not in row and "method" not in row:
-            raise ValueError(f"{path}: results[{index}] needs a 'name' (or a 'method')")
-    return data
-
-
-def bench_results(run: dict) -> dict:
-    """What ``linattn bench`` writes (``{"config", "rows", ...}``) as the plot's data (above)."""
-    data = {"meta": run.get("config", {}), "results": _bench_rows(run["rows"])}
-    for key in ("machine", "roof_ops_per_s"):  # where it was measured: the report says so
-        if key in run:
-            data[key] = run[key]
-    return data
-
-
-def _bench_rows(rows: list) -> list:
-    """``linattn bench``'s rows as the results above: one forward pass per (mechanism, mode, T)."""
-    return [
-        {"name": f"{row['mechanism']}, {row['mode']}", "T": row["T"], "seconds": row["forward_s"]}
-        if isinstance(row, dict) and {"mechanism", "mode", "T", "forward_s"} <= row.keys()
-        else row
-        for row in rows
-    ]
+    return style.save(fig, out_dir, "table1-narrow" if narrow else "table1")
 
 
 def bench_series(data: dict) -> dict[str, list[tuple[float, float]]]:
@@ -148,12 +128,12 @@ def _split_series(name: str) -> tuple[str, str]:
     return (mechanism, form) if mechanism and form in FORM_STYLES else (name, "")
 
 
-def bench_plot(data: dict, out_dir: Path | str) -> list[Path]:
-    """``bench_figure`` as ``out_dir/bench.png`` and ``.svg``."""
-    return style.save(bench_figure(data), out_dir, "bench")
+def bench_plot(data: dict, out_dir: Path | str, narrow: bool = False) -> list[Path]:
+    """``bench_figure`` as ``out_dir/bench.png`` and ``.svg`` (``bench-narrow``: for a phone)."""
+    return style.save(bench_figure(data, narrow), out_dir, "bench-narrow" if narrow else "bench")
 
 
-def bench_figure(data: dict) -> Any:
+def bench_figure(data: dict, narrow: bool = False) -> Any:
     """The benchmark's time of one forward pass (a matplotlib Figure), the legends beside the
     axes: the series timed at several lengths against T, log-log, one colour per mechanism and
     one line style per form; when some series were timed at one length only (the parallel and
@@ -167,13 +147,20 @@ def bench_figure(data: dict) -> Any:
     lines = {name: points for name, points in series.items() if name not in lone}
     mechanisms = list(dict.fromkeys(_split_series(name)[0] for name in series))
     colours = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(mechanisms)}
-    if lone and lines:
+    if lone and lines and narrow:  # a phone: the two panels one above the other
+        fig, (ax, side) = plt.subplots(
+            2, 1, figsize=(NARROW_WIDTH, 8.6), layout="constrained", height_ratios=(1.4, 1)
+        )
+        _lone_panel(side, series, lone, mechanisms, colours)
+    elif lone and lines:
         fig, (ax, side) = plt.subplots(
             1, 2, figsize=(11.2, 4.8), layout="constrained", width_ratios=(1.6, 1)
         )
         _lone_panel(side, series, lone, mechanisms, colours)
     else:
-        fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+        fig, ax = plt.subplots(
+            figsize=(NARROW_WIDTH, 5.0) if narrow else (9.5, 4.8), layout="constrained"
+        )
     forms = _lines_panel(ax, lines or series, colours)
     for form in (_split_series(name)[1] for name in lone):
         forms += [form] if form and form not in forms else []
@@ -182,8 +169,17 @@ def bench_figure(data: dict) -> Any:
         Line2D([], [], color=style.INK, ls=FORM_STYLES[f][0], marker=FORM_STYLES[f][1], label=f)
         for f in forms
     ]
-    fig.legend(handles=by_mechanism, title="mechanism", frameon=False, loc="outside right upper")
-    fig.legend(handles=by_form, title="form", frameon=False, loc="outside right lower")
+    if narrow:  # below the panels, side by side: beside them they would take half the width
+        fig.legend(handles=by_mechanism, title="mechanism", frameon=False, loc="outside lower left")
+        fig.legend(handles=by_form, title="form", frameon=False, loc="outside lower right")
+    else:
+        fig.legend(
+            handles=by_mechanism, title="mechanism", frameon=False, loc="outside right upper"
+        )
+        fig.legend(handles=by_form, title="form", frameon=False, loc="outside right lower")
+    if narrow:
+        ax.set_title("Benchmark:\none forward pass")
+        ax.tick_params(axis="x", labelrotation=30)
     return fig
 
 
@@ -276,29 +272,6 @@ def scaling_figure(result: dict) -> Any:
     return fig
 
 
-def load_mqar(path: Path | str) -> list[dict] | None:
-    """The recall results, one JSON object a line (format in the module docstring), or None."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {number}: not valid JSON ({error})") from None
-        if not isinstance(row, dict) or not (row.get("mechanism") or row.get("mixer")):
-            raise ValueError(f"{path}, line {number}: needs a 'mechanism'")
-        if not _number(row.get("state_numbers")) or not _number(row.get("accuracy")):
-            raise ValueError(f"{path}, line {number}: needs numbers 'state_numbers', 'accuracy'")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: no results")
-    return rows
-
-
 # A recall run counts as solving MQAR at this held-out accuracy (the tables' "solved").
 SOLVED = 0.9
 
@@ -351,22 +324,34 @@ def mqar_series(rows: Sequence[dict]) -> dict[str, list[tuple[float, float, int]
     }
 
 
-def mqar_plot(rows: Sequence[dict], out_dir: Path | str) -> list[Path]:
-    """``mqar_figure`` as ``out_dir/mqar.png`` and ``.svg``."""
-    return style.save(mqar_figure(rows), out_dir, "mqar")
+def mqar_plot(rows: Sequence[dict], out_dir: Path | str, narrow: bool = False) -> list[Path]:
+    """``mqar_figure`` as ``out_dir/mqar.png`` and ``.svg`` (``mqar-narrow``: for a phone)."""
+    return style.save(
+        mqar_figure(rows, narrow=narrow), out_dir, "mqar-narrow" if narrow else "mqar"
+    )
 
 
-def mqar_figure(rows: Sequence[dict], title: str = "Multi-query associative recall") -> Any:
+def mqar_figure(
+    rows: Sequence[dict], title: str = "Multi-query associative recall", narrow: bool = False
+) -> Any:
     """Recall accuracy against the state size of one block: one colour per mechanism (dashed with
     random fillers), the mean over the runs (seeds) with bars from their min to their max, the
-    legend beside the axes (a matplotlib Figure)."""
+    legend beside the axes (below them when ``narrow``: drawn for a phone). Series that share a
+    state size are drawn side by side (``dodged``), so that none hides another."""
     plt = style.pyplot()
-    fig, ax = plt.subplots(figsize=(9.0, 4.8), layout="constrained")
+    fig, ax = plt.subplots(
+        figsize=(NARROW_WIDTH, 7.0) if narrow else (9.0, 4.8), layout="constrained"
+    )
     colours: dict[str, str] = {}
-    for name, points in mqar_points(rows).items():
+    points_by_name = mqar_points(rows)
+    sharing: dict[float, list[str]] = defaultdict(list)
+    for name, points in points_by_name.items():
+        for x, _ in points:
+            sharing[x].append(name)
+    for name, points in points_by_name.items():
         mechanism = name.split(",")[0]
         colour = colours.setdefault(mechanism, PALETTE[len(colours) % len(PALETTE)])
-        state = [x for x, _ in points]
+        state = [dodged([x], sharing[x].index(name), len(sharing[x]))[0] for x, _ in points]
         mean = np.array([s["mean"] for _, s in points])
         low = mean - np.array([s["min"] for _, s in points])
         high = np.array([s["max"] for _, s in points]) - mean
@@ -377,11 +362,14 @@ def mqar_figure(rows: Sequence[dict], title: str = "Multi-query associative reca
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("state of one block (numbers; KV cache for softmax)")
     ax.set_ylabel("recall accuracy (mean; bars: min to max)")
-    ax.set_title(title)
+    ax.set_title(title.replace(" associative", "\nassociative") if narrow else title)
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
-    fig.legend(frameon=False, loc="outside right upper", title="mechanism")
+    if narrow:
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())  # 3x10^3, 4x10^3, ... collide there
+        ax.set_ylabel("recall accuracy\n(mean; bars: min to max)")
+        ax.set_xlabel("state of one block\n(numbers; KV cache for softmax)")
+    where = "outside lower center" if narrow else "outside right upper"
+    fig.legend(frameon=False, loc=where, title="mechanism")
     return fig
-
-
-def _number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -15,6 +15,8 @@ from linattn.ops._native import (
     build_directory,
     cache_bytes,
     cache_release,
+    load,
+    location,
     reason,
 )
 
@@ -26,5 +28,7 @@ __all__ = [
     "build_directory",
     "cache_bytes",
     "cache_release",
+    "load",
+    "location",
     "reason",
 ]

@@ -48,6 +48,8 @@ def test_the_table_is_computed_from_the_rows(tmp_path):
     table = results.results_table(results.aggregate(edited))
     assert f"{(0.123 + first[1]['accuracy']['16']) / 2:.2f} (" in table.splitlines()[2]
     assert table.splitlines()[0] == "| task | mechanism | seeds | T = 8 | T = 16 |"
+    # the table names each mechanism as the log and --mechanisms do, beside its title
+    assert "| DeltaNet [0, 2] (`deltanet_neg`) |" in table
     path = results.plot_results(summaries, tmp_path / "fig.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
 

@@ -146,7 +146,11 @@ def run(args: argparse.Namespace) -> int:
         f"task: vocab {t.vocab_size}, seq_len {t.seq_len}, {t.n_kv} key-value pairs, "
         f"{' and '.join(preset.filler_names())} fillers; widths {list(preset.widths)}; "
         f"seeds {list(preset.seeds)}; "
-        + (f"{preset.workers} workers x {threads} thread(s)" if parallel else f"{threads} threads")
+        + (
+            f"{preset.workers} workers x {threads} thread(s)"
+            if parallel
+            else f"{threads} thread{'' if threads == 1 else 's'}"
+        )
     )
     print(f"budget: {budget_text(preset)}", flush=True)
     started = time.perf_counter()

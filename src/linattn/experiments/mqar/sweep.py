@@ -128,6 +128,7 @@ import torch
 from torch import nn
 
 from linattn.experiments._pool import run_jobs
+from linattn.experiments._results_files import read_results  # noqa: F401 (re-exported)
 from linattn.experiments.mqar.data import FILLERS, MQARTask, filler_name
 from linattn.experiments.mqar.summary import results_table, summarize  # noqa: F401 (re-exported)
 from linattn.experiments.mqar.train import TrainConfig, train
@@ -379,32 +380,6 @@ def same_model(row: dict, model: nn.Module) -> bool:
     hash cannot see change when a layer's definition does (Gated DeltaNet's values became twice
     as wide as its keys, as the paper's layer, with the same configuration)."""
     return row.get("params") == sum(p.numel() for p in model.parameters())
-
-
-def read_results(path: Path) -> list[dict]:
-    """All rows of a results file (missing file: none); ``ValueError`` naming the file and line.
-
-    A partial last line (a run killed while appending) is refused, not skipped: the file is the
-    record of finished runs, and the user decides whether to delete that line.
-    """
-    if not path.exists():
-        return []
-    rows = []
-    with path.open() as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"results file {path}, line {number}: not valid JSON ({error.msg}); "
-                    "delete or repair that line"
-                ) from None
-            if not isinstance(row, dict):
-                raise ValueError(f"results file {path}, line {number}: not a JSON object")
-            rows.append(row)
-    return rows
 
 
 def append_result(path: Path, row: dict) -> None:

@@ -76,34 +76,46 @@ def results_table(summaries: Sequence[dict]) -> str:
             spread = f" ({s['low'][i]:.2f}-{s['high'][i]:.2f})" if len(s["seeds"]) > 1 else ""
             cells.append(f"{s['mean'][i]:.2f}{spread}")
         lines.append(
-            f"| {s['task']} | {label(s)} | {len(s['seeds'])} | " + " | ".join(cells) + " |"
+            f"| {s['task']} | {label(s)} (`{s['mechanism']}`) | {len(s['seeds'])} | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines)
 
 
-def figure(summaries: Sequence[dict], title: str = "State tracking") -> Any:
+# One marker per mechanism as well as one colour: lines at chance (A5's) lie on top of each other.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+
+
+def figure(summaries: Sequence[dict], title: str = "State tracking", narrow: bool = False) -> Any:
     """Accuracy against test length, one panel per task, one line per mechanism (mean over seeds,
-    the band from the lowest to the highest seed)."""
+    the band from the lowest to the highest seed). The lines of one panel are drawn side by side
+    (``plots.dodged``) with a marker each, so that lines on top of each other stay apart.
+    ``narrow``: drawn for a phone, one panel a row and the legend below."""
     from linattn.figures import style
-    from linattn.figures.plots import PALETTE
+    from linattn.figures.plots import NARROW_WIDTH, PALETTE, dodged
 
     plt = style.pyplot()
     tasks = list(dict.fromkeys(s["task"] for s in summaries))
     mechanisms = list(dict.fromkeys(s["mechanism"] for s in summaries))
-    cols = min(3, len(tasks))  # at most three panels a row: the report's column is 1,100 px
+    cols = 1 if narrow else min(3, len(tasks))  # at most three a row: the column is 1,100 px
     rows = -(-len(tasks) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.3 * cols + 2.2, 2.8 * rows + 0.6),
-                             layout="constrained", squeeze=False, sharey=True)  # fmt: skip
+    size = (NARROW_WIDTH, 2.6 * rows + 2.4) if narrow else (2.3 * cols + 2.2, 2.8 * rows + 0.6)
+    fig, axes = plt.subplots(rows, cols, figsize=size, layout="constrained", squeeze=False,
+                             sharey=True)  # fmt: skip
     panels = axes.ravel()
     for ax in panels[len(tasks) :]:
         ax.set_axis_off()
     for ax, task in zip(panels, tasks, strict=False):
-        for s in (s for s in summaries if s["task"] == task):
-            colour = PALETTE[mechanisms.index(s["mechanism"]) % len(PALETTE)]
+        mine = [s for s in summaries if s["task"] == task]
+        for index, s in enumerate(mine):
+            which = mechanisms.index(s["mechanism"])
+            colour = PALETTE[which % len(PALETTE)]
             style_ = "--" if s["n_layers"] > 1 else "-"
-            ax.plot(s["lengths"], s["mean"], style_, marker="o", ms=3, color=colour, lw=1.5,
-                    label=label(s))  # fmt: skip
-            ax.fill_between(s["lengths"], s["low"], s["high"], color=colour, alpha=0.12, lw=0)
+            lengths = dodged(s["lengths"], index, len(mine), spread=0.08)
+            ax.plot(lengths, s["mean"], style_, marker=MARKERS[which % len(MARKERS)], ms=4,
+                    color=colour, lw=1.5, label=label(s))  # fmt: skip
+            ax.fill_between(lengths, s["low"], s["high"], color=colour, alpha=0.12, lw=0)
         ax.set_xscale("log", base=2)
         ax.set_title(task)
         ax.set_xlabel("test length")
@@ -112,7 +124,8 @@ def figure(summaries: Sequence[dict], title: str = "State tracking") -> Any:
         row[0].set_ylabel("per-token accuracy")
     axes[0][0].set_ylim(-0.03, 1.03)
     handles = {h.get_label(): h for ax in panels for h in ax.get_lines()}
-    fig.legend(list(handles.values()), list(handles), frameon=False, loc="outside right upper")
+    where = "outside lower center" if narrow else "outside right upper"
+    fig.legend(list(handles.values()), list(handles), frameon=False, loc=where)
     fig.suptitle(title)
     return fig
 

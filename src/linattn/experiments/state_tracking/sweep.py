@@ -274,7 +274,8 @@ def run_cell(
     path = None
     if checkpoint_dir is not None:
         path = checkpoint_dir / f"{preset.name}-{task}-{mechanism}-L{n_layers}-s{seed}-{key}.pt"
-    desc = f"{task} {mechanism} x{n_layers} seed {seed}"
+    # The log names the mechanism as --mechanisms takes it and as the table titles it.
+    desc = f"{task} {mechanism} ({LABELS.get(mechanism, mechanism)}) x{n_layers} seed {seed}"
     result = train(model, state_task, config, checkpoint=path, progress=progress, desc=desc)
     started = time.perf_counter()
     accuracy = {}
