@@ -5,8 +5,9 @@ chunk in the cache, with the products on the BLAS that PyTorch links (the PyTorc
 most of its time moving group-sized tensors through memory, not multiplying). It is the same
 algebra as the PyTorch chunk loop (``chunk``) and is checked against it and against float64 in
 ``tests/ops/test_native.py``. The op ``chunk_backward`` fuses the backward pass of every mechanism
-of the mechanism table (docs/design.md) the same way, from the chunk states this forward saves (``library`` calls both through
-``kernel``). ``recurrent_step`` is the generation step with its checks in one call.
+of the mechanism table (docs/design.md) the same way, from the chunk states this forward saves
+(``library`` calls both through ``kernel``). ``recurrent_step`` is the generation step with its
+checks in one call.
 
 Where the binary comes from, in order:
 
