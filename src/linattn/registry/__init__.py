@@ -23,13 +23,17 @@ entry's forms against its oracle, and the documentation site has a page per entr
 makes its inputs, calls its op and runs its oracle is its ``case`` (``linattn.registry.cases``).
 
 A mechanism defined outside the package joins the table with ``register`` (see
-docs/adding-a-mechanism.md).
+docs/adding-a-mechanism.md); the files named in the environment's ``LINATTN_PLUGINS`` are run when
+this module is first imported (``load_plugins``), so that the commands see their mechanisms.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from linattn.registry.cases import (
@@ -289,10 +293,43 @@ __all__ = [
     "get",
     "mechanisms",
     "names",
+    "load_plugins",
+    "mixers",
     "register",
     "unregister",
     "with_fla_name",
+    "with_mixer",
 ]
+
+PLUGINS_VARIABLE = "LINATTN_PLUGINS"
+_LOADED: set[str] = set()
+
+
+def load_plugins(paths: str | None = None) -> list[str]:
+    """Run the Python files named in ``paths`` (default: the environment's ``LINATTN_PLUGINS``,
+    separated by ``os.pathsep``), once each, and call each one's ``register()`` if it defines
+    one; returns the files run now. A plugin is how a rule written outside the package reaches
+    the ``linattn`` commands and their worker processes, which import this module and so run it
+    too: ``LINATTN_PLUGINS=my_rule.py linattn accuracy`` has the rule's rows."""
+    paths = os.environ.get(PLUGINS_VARIABLE, "") if paths is None else paths
+    loaded = []
+    for path in filter(None, paths.split(os.pathsep)):
+        file = Path(path).expanduser().resolve()
+        if str(file) in _LOADED:
+            continue
+        if not file.is_file():
+            raise ValueError(f"{PLUGINS_VARIABLE}: {path!r} is not a file")
+        spec = importlib.util.spec_from_file_location(f"linattn_plugin_{file.stem}", file)
+        module = importlib.util.module_from_spec(spec)
+        _LOADED.add(str(file))  # before running it: a plugin that imports linattn runs once
+        spec.loader.exec_module(module)
+        if callable(getattr(module, "register", None)):
+            module.register()
+        loaded.append(str(file))
+    return loaded
+
+
+load_plugins()
 
 
 def __getattr__(name: str) -> Any:

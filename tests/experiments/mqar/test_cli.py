@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from linattn import cli
-from linattn.experiments.mqar.sweep import MECHANISMS, PRESETS
+from linattn.experiments.mqar.sweep import CURATED, PRESETS
 
 
 def main(argv: list[str]) -> int:
@@ -22,7 +22,7 @@ def test_smoke_preset_end_to_end(tmp_path, capsys) -> None:
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = [json.loads(line) for line in results.read_text().splitlines()]
-    assert [r["mechanism"] for r in rows] == list(MECHANISMS)
+    assert [r["mechanism"] for r in rows] == list(CURATED)
     for row in rows:
         assert row["preset"] == "smoke" and row["steps"] == 2 and 0.0 <= row["accuracy"] <= 1.0
         assert len(row["state_numbers_per_block"]) == row["n_layers"]
@@ -142,3 +142,24 @@ def test_seed_and_seeds_together_are_refused(capsys) -> None:
         main(["mqar", "--preset", "smoke", "--seed", "1", "--seeds", "2"])
     assert exit_info.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_plugin_mechanism_trains_from_the_command_line(tmp_path) -> None:
+    # A rule written outside the package (examples/), named to the command by LINATTN_PLUGINS:
+    # the registry runs the file on import, so the command and its workers know the mechanism.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "implicit_delta_rule.py"
+    results = tmp_path / "mqar.jsonl"
+    env = {**os.environ, "LINATTN_PLUGINS": str(example)}
+    argv = [sys.executable, "-m", "linattn", "mqar", "--preset", "smoke", "--mechanisms",
+            "implicit_delta", "--results", str(results), "--plot", "none",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--no-progress"]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["mechanism"] for r in rows] == ["implicit_delta"]
+    assert rows[0]["mixers"] == ["conv", "implicit_delta"] and rows[0]["state_numbers"] > 0

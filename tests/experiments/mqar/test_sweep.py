@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from linattn import registry
 from linattn.experiments.mqar import data, sweep
 from linattn.experiments.mqar.data import MQARTask
-from linattn.experiments.mqar.sweep import MECHANISMS, PRESETS, Preset, run_sweep
+from linattn.experiments.mqar.sweep import CURATED, MECHANISMS, PRESETS, Preset, run_sweep
 from linattn.experiments.mqar.train import TrainConfig
 
 from .conftest import TinyGRU
@@ -168,7 +169,9 @@ def test_presets_are_consistent() -> None:
     zoo = PRESETS["zoology"]
     assert zoo.task.vocab_size == 8192 and max(zoo.widths) == 512 and len(zoo.lrs) > 1
     for preset in PRESETS.values():
-        assert set(preset.mechanisms) == set(MECHANISMS)
+        assert set(preset.mechanisms) == set(CURATED)
+    # every other registered mixer may be named, in the same model
+    assert set(registry.mixers()) <= set(MECHANISMS) and set(CURATED) <= set(MECHANISMS)
     assert MECHANISMS["hybrid"] == ("conv", "softmax", "kda", "kda", "kda")
     # Zoology's MQAR model: a gated convolution block in front, then the mechanism; blocks
     # without MLPs or output gates; fillers without keys (so no key is rewritten before its query)

@@ -127,6 +127,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from linattn import registry
 from linattn.experiments._pool import run_jobs
 from linattn.experiments._results_files import read_results  # noqa: F401 (re-exported)
 from linattn.experiments.mqar.data import FILLERS, MQARTask, filler_name
@@ -148,9 +149,16 @@ _SINGLE = (
     "kda",
     "mamba2",
 )
-MECHANISMS: dict[str, tuple[str, ...]] = {
+CURATED: dict[str, tuple[str, ...]] = {
     **{name: ("conv", name) for name in _SINGLE},
     "hybrid": ("conv", "softmax", "kda", "kda", "kda"),
+}
+# What ``--mechanisms`` may name: the curated list that the presets run, then every other
+# mechanism of the registry that has a mixer (a user's too: ``LINATTN_PLUGINS``), in the same
+# model (a "conv" block, then the mechanism's).
+MECHANISMS: dict[str, tuple[str, ...]] = {
+    **CURATED,
+    **{m: ("conv", m) for m in registry.mixers() if m not in CURATED},
 }
 
 # The blocks of Zoology's MQAR sweeps that train on a CPU budget: no MLP after the mixers (several
@@ -176,7 +184,7 @@ class Preset:
     task: MQARTask
     train: TrainConfig
     widths: tuple[int, ...]
-    mechanisms: tuple[str, ...] = tuple(MECHANISMS)
+    mechanisms: tuple[str, ...] = tuple(CURATED)
     lrs: tuple[float, ...] = (1e-3,)
     n_heads: int = 2
     model_options: dict = field(default_factory=lambda: dict(ZOOLOGY_BLOCKS))

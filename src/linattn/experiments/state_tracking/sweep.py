@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from linattn import registry
 from linattn.experiments._pool import run_jobs
 from linattn.experiments.mqar.sweep import append_result, read_results
 from linattn.experiments.mqar.train import TrainConfig, evaluate, train
@@ -79,6 +80,12 @@ LABELS = {
     "rwkv7": "RWKV-7",
     "softmax": "softmax (RoPE)",
 }
+# Every other mechanism of the registry with a mixer (a user's too: ``LINATTN_PLUGINS``) may be
+# named as well, with its own options; the presets run the ones above.
+for _mixer in registry.mixers():
+    if _mixer not in MECHANISMS:
+        MECHANISMS[_mixer] = ((_mixer,), {})
+        LABELS[_mixer] = registry.with_mixer(_mixer).title
 BASE_OPTIONS = {"short_conv": False, "max_seq_len": None, "chunk_size": 32}
 
 
