@@ -21,7 +21,7 @@ namespace linattn_native {
 // The gate on the state: none, one log-decay per head, or one per key channel.
 enum class Gate { kNone, kHead, kChannel };
 
-// The update rule (one of rules.h's ``kRules``) and the gate.
+// The update rule (one of rules.h's ``rule_table()``) and the gate.
 struct Mechanism {
   const Rule* rule;
   Gate gate;
@@ -40,7 +40,7 @@ inline Mechanism parse_mechanism(const char* op, c10::string_view rule, c10::str
   Mechanism m{find_rule(rule), Gate::kNone};
   if (!m.rule) {
     std::string names;  // the table's: "additive", "delta"
-    for (const Rule* r : kRules) {
+    for (const Rule* r : rule_table()) {
       names += std::string(names.empty() ? "\"" : ", \"") + r->name + "\"";
     }
     TORCH_CHECK(false, op, ": rule must be one of ", names, ", got \"", rule, "\"");

@@ -26,6 +26,9 @@ does.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from linattn.ops.rules import additive, delta, dplr
 from linattn.ops.rules.base import Input, PseudoValueTerms, Rule, read
 
@@ -44,7 +47,20 @@ __all__ = [
     "unregister",
 ]
 
-_RULES: dict[str, Rule] = {rule.NAME: rule for rule in (additive.RULE, delta.RULE, dplr.RULE)}
+
+
+def _built_in() -> dict[str, Rule]:
+    """The rules of this package's modules (every module but ``base`` defines one, ``RULE``), in
+    the order of their names: a new built-in rule is a new module, and no list to edit."""
+    found = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name != "base":
+            rule = importlib.import_module(f"{__name__}.{info.name}").RULE
+            found[rule.NAME] = rule
+    return found
+
+
+_RULES: dict[str, Rule] = _built_in()
 BUILT_IN = tuple(_RULES)
 
 

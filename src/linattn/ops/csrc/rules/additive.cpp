@@ -58,7 +58,7 @@ void bonus_scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const 
   }
 }
 
-extern const Rule kAdditiveRule{.name = "additive",
+const Rule kAdditiveRule{.name = "additive",
                                 .reads_beta = false,
                                 .needs_Kd = false,
                                 .writes = 1,
@@ -71,5 +71,6 @@ extern const Rule kAdditiveRule{.name = "additive",
                                 .pseudo_values = nullptr,
                                 .backward = nullptr,
                                 .step = step};
+const RuleEntry kAdditiveRuleEntry{kAdditiveRule};  // its row of rules.h's table
 
 }  // namespace linattn_native

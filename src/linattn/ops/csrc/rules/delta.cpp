@@ -172,7 +172,7 @@ void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
 
 }  // namespace
 
-extern const Rule kDeltaRule{.name = "delta",
+const Rule kDeltaRule{.name = "delta",
                              .reads_beta = true,
                              .needs_Kd = true,
                              .writes = 1,
@@ -185,5 +185,6 @@ extern const Rule kDeltaRule{.name = "delta",
                              .pseudo_values = pseudo_values,
                              .backward = backward,
                              .step = step};
+const RuleEntry kDeltaRuleEntry{kDeltaRule};  // its row of rules.h's table
 
 }  // namespace linattn_native

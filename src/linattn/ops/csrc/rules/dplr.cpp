@@ -417,7 +417,7 @@ void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
 
 }  // namespace
 
-extern const Rule kDplrRule{.name = "dplr",
+const Rule kDplrRule{.name = "dplr",
                             .reads_beta = true,
                             .needs_Kd = false,
                             .writes = 2,
@@ -430,5 +430,6 @@ extern const Rule kDplrRule{.name = "dplr",
                             .pseudo_values = pseudo_values,
                             .backward = backward,
                             .step = step};
+const RuleEntry kDplrRuleEntry{kDplrRule};  // its row of rules.h's table
 
 }  // namespace linattn_native

@@ -1,6 +1,5 @@
 // The update rules, a file each, and the one table of them (docs/design.md, "Rules are modules";
-// spec
-// section 8). The chunk loop (forward.cpp, backward.cpp) is written once for every rule and calls
+// spec section 8). The chunk loop (forward.cpp, backward.cpp) is written once for every rule and calls
 // a rule only through its ``Rule`` below, once per chunk (never per element); what differs
 // between the rules is in their files, in the spec's names:
 //
@@ -16,15 +15,16 @@
 // Each file also defines its rule's generation step (``Rule::step``, on step.h's passes).
 //
 // The gate (none, one per head, one per key channel) is a parameter of every term (kg), not a rule.
-// A new rule is a new file here that defines its ``Rule`` (its functions file-local), and a line
-// in ``kRules`` below; the op schema's ``rule`` string is looked up there (mechanism.h), and
-// nothing else names a rule. Its file name must differ from every other source's: the build names
+// A new rule is a new file here that defines its ``Rule`` (its functions file-local) and adds it
+// to ``rule_table()`` below with a ``RuleEntry`` of its own: no list to edit. The op schema's
+// ``rule`` string is looked up there (mechanism.h), and nothing else names a rule. Its file name must differ from every other source's: the build names
 // each object file after its source's name.
 #pragma once
 
 #include <c10/util/string_view.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "../backward.h"
 #include "../step.h"
@@ -92,22 +92,28 @@ struct Rule {
   int64_t state_row(int64_t c) const { return (writes - 1) * c; }
 };
 
-extern const Rule kAdditiveRule;  // additive.cpp
-
 // The additive rule's scores with a bonus u [K] (RWKV-6; additive.cpp), in place of
 // ``Rule::scores`` with ``chunk_gates``'s exclusive read: A[i, j] = scale sum q_i k_j
 // exp(G_{i-1} - G_j) (j < i), A[i, i] = scale sum q_i u k_i, into t.A.
 void bonus_scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const float* u,
                   const Terms& t, int64_t C, Scratch& w);
-extern const Rule kDeltaRule;     // delta.cpp
-extern const Rule kDplrRule;      // dplr.cpp
 
-// The table of the rules, the one place that lists them.
-inline const Rule* const kRules[] = {&kAdditiveRule, &kDeltaRule, &kDplrRule};
+// The table of the rules. Each rule's file adds its own entry when the extension loads (a
+// namespace-scope ``RuleEntry``), so that a new rule is one new file in rules/ and no list to
+// edit elsewhere. The table is a function's static, built on first use whatever the order in
+// which the files' entries are constructed.
+inline std::vector<const Rule*>& rule_table() {
+  static std::vector<const Rule*> table;
+  return table;
+}
+
+struct RuleEntry {
+  explicit RuleEntry(const Rule& rule) { rule_table().push_back(&rule); }
+};
 
 // The rule named ``name``, or nullptr.
 inline const Rule* find_rule(c10::string_view name) {
-  for (const Rule* rule : kRules) {
+  for (const Rule* rule : rule_table()) {
     if (name == rule->name) return rule;
   }
   return nullptr;
