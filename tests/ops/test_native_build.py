@@ -115,13 +115,22 @@ def test_a_waiting_process_names_the_holder_and_loads_its_build(tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    lines: list[str] = []  # the child's stderr, read as it comes
+    reader = threading.Thread(target=lambda: lines.extend(iter(child.stderr.readline, b"")))
+    reader.start()
     try:
-        time.sleep(_native.WAIT_GRACE_S + 6)  # the child starts (torch: a few s) and waits
-        assert child.poll() is None, child.communicate()
+        # The child starts (torch: seconds, more on a loaded machine) and waits: the build is
+        # finished only once it has said so, however long its start took.
+        deadline = time.monotonic() + 120
+        while not any(b"waiting for process" in line for line in lines):
+            assert child.poll() is None and time.monotonic() < deadline, b"".join(lines)
+            time.sleep(0.2)
         _finish_build(directory)
     finally:
         os.close(fd)
-    out, err = (s.decode() for s in child.communicate(timeout=120))
+    out = child.communicate(timeout=120)[0].decode()
+    reader.join()
+    err = b"".join(lines).decode()
     assert child.returncode == 0, err
     assert f"waiting for process {os.getpid()} (alive; holding it since " in err
     assert "while it compiles the fused CPU kernels: " in err and " s so far, at most 1200 s" in err

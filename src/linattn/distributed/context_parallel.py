@@ -33,7 +33,9 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import math
 
 import torch
@@ -378,121 +380,65 @@ def linear_attention(
     )
 
 
-def delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor | None = None,
-    *,
-    scale: float | None = None,
-    mode: str = "chunk",
-    chunk_size: int = 64,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    use_qk_l2norm: bool = False,
-    group: dist.ProcessGroup | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """Context-parallel ``linattn.ops.delta_rule`` (delta rule, Gated DeltaNet, KDA).
+def _generated(op, rule_name: str, *, covers: str, map_form: str):
+    """The context-parallel version of the public op ``op`` of the rule ``rule_name``: its own
+    signature plus ``group``, its own docstring after a paragraph on what the ranks exchange.
+    The op's arguments named as the rule's declared inputs (``Rule.INPUTS``) are the rule's;
+    every rank checks them as ``rule_attention`` does (steps 1-3), then runs ``op`` on its slice
+    from the incoming state (step 4). ``cu_seqlens`` is refused (one call is one sequence)."""
+    signature = inspect.signature(op)
+    rule = rules.named(rule_name)
+    own_names = [spec.name for spec in rule.INPUTS]
 
-    S_t = A_t S_{t-1} + beta_t k_t v_t^T with A_t = I - beta_t k_t k_t^T (g None),
-    alpha_t (I - beta_t k_t k_t^T) (g [B, T, H]) or (I - beta_t k_t k_t^T) Diag(alpha_t)
-    (g [B, T, H, K]); o_t = S_t^T (scale q_t) (sections 7, 8, 10). Each slice's map has the compact
-    WY form M_p = prod_t A_t (section 8), [B, H, K, K], exchanged between ranks.
+    @functools.wraps(op)
+    def context_parallel(*args, group: dist.ProcessGroup | None = None, **kwargs):
+        x = signature.bind(*args, **kwargs)
+        x.apply_defaults()
+        x = x.arguments
+        if x.get("cu_seqlens") is not None:
+            raise ValueError("cu_seqlens (packed sequences) is not supported with context "
+                             "parallelism: one call is one sequence per batch row")  # fmt: skip
+        own = {name: x[name] for name in own_names}
 
-    Args:
-        q, k: [B, T_p, H, K]; v: [B, T_p, H, V]; beta: [B, T_p, H] in [0, 2]; g: None, [B, T_p, H]
-            or [B, T_p, H, K] (<= 0), the same kind on every rank. T_p may differ between ranks.
-        scale, mode, chunk_size, use_qk_l2norm: as in ``linattn.ops.delta_rule``.
-        initial_state: S_0 [B, H, K, V] or None, the same on every rank (gradient summed over
-            ranks).
-        output_final_state: return the state after this rank's slice.
-        group: the process group (None: the default group).
+        def check_own(B: int, T: int, H: int, K: int, V: int) -> None:
+            _checks.rule_inputs(rule, own, B, T, H, K=K, V=V)
+            if "use_qk_l2norm" in x:
+                _checks.flag("use_qk_l2norm", x["use_qk_l2norm"])
 
-    Returns:
-        o [B, T_p, H, V] for this slice, and the state after it (or None).
-    """
+        l2 = x.get("use_qk_l2norm") is True  # checked by check_own on every rank first
+        options = (x["scale"], *(("use_qk_l2norm", l2) if "use_qk_l2norm" in x else ()))
+        S_in = _incoming_rule_state(
+            (x["q"], x["k"], x["v"], x["g"]), rule, own, check_own, options, mode=x["mode"],
+            chunk_size=x["chunk_size"], scale=x["scale"], initial_state=x["initial_state"],
+            output_final_state=x["output_final_state"], group=group, use_qk_l2norm=l2,
+        )  # fmt: skip
+        return op(**{**x, "initial_state": S_in})
 
-    def check_beta(B: int, T: int, H: int, K: int, V: int) -> None:
-        _checks.beta(beta, B, T, H)
-        _checks.flag("use_qk_l2norm", use_qk_l2norm)
-
-    S_in = _incoming_rule_state(
-        (q, k, v, g), rules.named("delta"), {"beta": beta}, check_beta,
-        (scale, "use_qk_l2norm", bool(use_qk_l2norm)), mode=mode, chunk_size=chunk_size,
-        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        group=group, use_qk_l2norm=bool(use_qk_l2norm),
+    context_parallel.__signature__ = signature.replace(
+        parameters=[
+            *signature.parameters.values(),
+            inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation="dist.ProcessGroup | None"),
+        ]
     )  # fmt: skip
-    return ops.delta_rule(
-        q,
-        k,
-        v,
-        beta,
-        g,
-        scale=scale,
-        mode=mode,
-        chunk_size=chunk_size,
-        initial_state=S_in,
-        output_final_state=output_final_state,
-        use_qk_l2norm=use_qk_l2norm,
+    context_parallel.__doc__ = (
+        f"Context-parallel ``linattn.ops.{op.__name__}`` ({covers}): this rank's slice of one "
+        f"long sequence.\n\n    Each slice's map S -> M_p S + N_p, {map_form}, is exchanged "
+        "between ranks (section 8; the module docstring: q, k, v, g and the rule's inputs are\n"
+        "    this rank's tokens [B, T_p, ...], T_p may differ between ranks; initial_state is\n"
+        "    the same on every rank; ``group``: the process group, None the default; the final\n"
+        "    state is the one after this rank's slice). The op's own documentation follows.\n\n"
+        f"    {op.__doc__}"
     )
+    return context_parallel
 
 
-def generalized_delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    g: Tensor | None = None,
-    *,
-    scale: float | None = None,
-    mode: str = "chunk",
-    chunk_size: int = 64,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    group: dist.ProcessGroup | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """Context-parallel ``linattn.ops.generalized_delta_rule`` (IPLR, DPLR, RWKV-7's transition).
-
-    S_t = (Diag(exp g_t) + a_t b_t^T) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t) (the
-    generalized delta rule; b reads the state entering the token). Each slice's map
-    M_p = prod_t A_t has the WY form
-    Diag(exp G) + Ae^T (I - A_ba)^{-1} Bd (``linattn.ops.rules.dplr``), [B, H, K, K], exchanged
-    between ranks.
-
-    Args:
-        q, k: [B, T_p, H, K]; v: [B, T_p, H, V]; a, b: [B, T_p, H, K]; g: None, [B, T_p, H] or
-            [B, T_p, H, K] (<= 0), the same kind on every rank. T_p may differ between ranks.
-        scale, mode, chunk_size: as in ``linattn.ops.generalized_delta_rule``.
-        initial_state: S_0 [B, H, K, V] or None, the same on every rank (gradient summed over
-            ranks).
-        output_final_state: return the state after this rank's slice.
-        group: the process group (None: the default group).
-
-    Returns:
-        o [B, T_p, H, V] for this slice, and the state after it (or None).
-    """
-
-    def check_ab(B: int, T: int, H: int, K: int, V: int) -> None:
-        _checks.vectors("a", a, B, T, H, K)
-        _checks.vectors("b", b, B, T, H, K)
-
-    S_in = _incoming_rule_state(
-        (q, k, v, g), rules.named("dplr"), {"a": a, "b": b}, check_ab, (scale,), mode=mode,
-        chunk_size=chunk_size, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, group=group,
-    )  # fmt: skip
-    return ops.generalized_delta_rule(
-        q,
-        k,
-        v,
-        a,
-        b,
-        g,
-        scale=scale,
-        mode=mode,
-        chunk_size=chunk_size,
-        initial_state=S_in,
-        output_final_state=output_final_state,
-    )
+delta_rule = _generated(
+    ops.delta_rule, "delta", covers="delta rule, Gated DeltaNet, KDA",
+    map_form="the compact WY form of prod_t A_t, [B, H, K, K]",
+)  # fmt: skip
+generalized_delta_rule = _generated(
+    ops.generalized_delta_rule, "dplr", covers="IPLR, DPLR, RWKV-7's transition",
+    map_form="Diag(exp G) + Ae^T (I - A_ba)^{-1} Bd per chunk (``linattn.ops.rules.dplr``), "
+    "[B, H, K, K]",
+)  # fmt: skip

@@ -278,8 +278,8 @@ def rule_inputs(
         below = spec.low is not None and low < spec.low
         above = spec.high is not None and high > spec.high
         if below or above:
-            bounds = f"[{spec.low if spec.low is not None else '-inf'}, "
-            bounds += f"{spec.high if spec.high is not None else 'inf'}]"
+            low_text = "-inf" if spec.low is None else f"{spec.low:g}"
+            bounds = f"[{low_text}, {'inf' if spec.high is None else f'{spec.high:g}'}]"
             raise ValueError(
                 f"{spec.name} must lie in {bounds}; got range [{shown(low, x.dtype)}, "
                 f"{shown(high, x.dtype)}]"

@@ -6,6 +6,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
+from linattn.ops._arguments import check_op
 from linattn.ops.functional import l2norm
 
 
@@ -61,16 +62,12 @@ def delta_rule(
         o: [B, T, HV, V] in the input dtype; final_state [B, HV, K, V] (or [N, HV, K, V]) in float32
         (float64 for float64 inputs), or None.
     """
-    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
-    _checks.beta(beta, B, T, HV)
-    _checks.gate(g, B, T, HV, K)
-    chunk_size = _checks.options(mode, chunk_size)
-    _checks.scale(scale)
-    output_final_state = _checks.flag("output_final_state", output_final_state)
-    use_qk_l2norm = _checks.flag("use_qk_l2norm", use_qk_l2norm)
-    N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, HV, K, V)
-    if use_qk_l2norm:
+    checked = check_op(
+        q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        initial_state=initial_state, own=lambda B, T, HV, K, V: _checks.beta(beta, B, T, HV),
+    )  # fmt: skip
+    if _checks.flag("use_qk_l2norm", use_qk_l2norm):
         dtype = _engine.compute_dtype(q.dtype)
         q, k = l2norm(q.to(dtype)), l2norm(k.to(dtype))
     o, S = _engine.run(
@@ -81,10 +78,10 @@ def delta_rule(
         g,
         scale=scale,
         mode=mode,
-        chunk_size=chunk_size,
+        chunk_size=checked.chunk_size,
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
         rule="delta",
         keep_dtype=True,  # o only converted to v's dtype below
     )
-    return o.to(v.dtype), S if output_final_state else None
+    return o.to(v.dtype), S if checked.output_final_state else None

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
+from linattn.ops._arguments import check_op
 from linattn.ops.rules import dplr
 
 
@@ -70,15 +71,16 @@ def generalized_delta_rule(
         o: [B, T, HV, V] in v's dtype; final_state [B, HV, K, V] (or [N, HV, K, V]) in float32
         (float64 for float64 inputs), or None.
     """
-    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
-    _checks.vectors("a", a, B, T, HV, K)
-    _checks.vectors("b", b, B, T, HV, K)
-    _checks.gate(g, B, T, HV, K)
-    chunk_size = _checks.options(mode, chunk_size)
-    _checks.scale(scale)
-    output_final_state = _checks.flag("output_final_state", output_final_state)
-    N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, HV, K, V)
+
+    def own(B: int, T: int, HV: int, K: int, V: int) -> None:
+        _checks.vectors("a", a, B, T, HV, K)
+        _checks.vectors("b", b, B, T, HV, K)
+
+    checked = check_op(
+        q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        initial_state=initial_state, own=own,
+    )  # fmt: skip
     dtype = _engine.compute_dtype(q.dtype)
     ab = torch.cat([a.to(dtype), b.to(dtype)], dim=-1)  # [B, T, HV, 2K]: the ops' beta slot
     o, S = _engine.run(
@@ -89,10 +91,10 @@ def generalized_delta_rule(
         g,
         scale=scale,
         mode=mode,
-        chunk_size=chunk_size,
+        chunk_size=checked.chunk_size,
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
         rule="dplr",
         keep_dtype=True,  # o only converted to v's dtype below
     )
-    return o.to(v.dtype), S if output_final_state else None
+    return o.to(v.dtype), S if checked.output_final_state else None

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
+from linattn.ops._arguments import check_op
 
 
 def linear_attention(
@@ -58,14 +59,13 @@ def linear_attention(
         o: [B, T, HV, V] in the input dtype; final_state: [B, HV, K, V(+1)] (or [N, ...]) in float32
         (float64 for float64 inputs), or None.
     """
-    B, T, H, HV, K, V = _checks.grouped_qkv(q, k, v)
-    _checks.gate(g, B, T, HV, K)
-    chunk_size = _checks.options(mode, chunk_size)
-    _checks.scale(scale)
     normalize = _checks.flag("normalize", normalize)
-    output_final_state = _checks.flag("output_final_state", output_final_state)
-    N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, HV, K, V + 1 if normalize else V)
+    checked = check_op(
+        q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        initial_state=initial_state, state_columns=int(normalize),
+    )  # fmt: skip
+    V = checked.V
     if normalize:
         # The normaliser is the same recurrence on a column of ones (docs/design.md, "The
         # mechanism table").
@@ -78,7 +78,7 @@ def linear_attention(
         g,
         scale=scale,
         mode=mode,
-        chunk_size=chunk_size,
+        chunk_size=checked.chunk_size,
         initial_state=initial_state,
         cu_seqlens=cu_seqlens,
         rule="additive",
@@ -86,4 +86,4 @@ def linear_attention(
     )
     if normalize:
         o = o[..., :V] / o[..., V:]
-    return o.to(q.dtype), S if output_final_state else None
+    return o.to(q.dtype), S if checked.output_final_state else None

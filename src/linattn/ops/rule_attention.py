@@ -17,6 +17,7 @@ from torch import Tensor
 
 from linattn.ops import _engine, rules
 from linattn.ops import checks as _checks
+from linattn.ops._arguments import check_op
 from linattn.ops.step import _check_out, _check_shapes, _pytorch_step
 
 
@@ -74,21 +75,22 @@ def rule_attention(
         float32 (float64 for float64 inputs), or None.
     """
     found = _rule(rule)
-    B, T, _, HV, K, V = _checks.grouped_qkv(q, k, v)
-    _checks.rule_inputs(found, inputs, B, T, HV, K=K, V=V)
-    _checks.gate(g, B, T, HV, K)
-    chunk_size = _checks.options(mode, found.CHUNK_SIZE if chunk_size is None else chunk_size)
-    _checks.scale(scale)
-    output_final_state = _checks.flag("output_final_state", output_final_state)
-    N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(initial_state, N, HV, K, V)
+
+    def own(B: int, T: int, HV: int, K: int, V: int) -> None:
+        _checks.rule_inputs(found, inputs, B, T, HV, K=K, V=V)
+
+    checked = check_op(
+        q, k, v, g, mode=mode, chunk_size=found.CHUNK_SIZE if chunk_size is None else chunk_size,
+        scale=scale, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        initial_state=initial_state, own=own,
+    )  # fmt: skip
     slot = found.pack(inputs, _engine.compute_dtype(q.dtype))  # [B, T, HV(, width)]: one slot
     o, S = _engine.run(
         q, k, v, slot, g,
-        scale=scale, mode=mode, chunk_size=chunk_size, initial_state=initial_state,
+        scale=scale, mode=mode, chunk_size=checked.chunk_size, initial_state=initial_state,
         cu_seqlens=cu_seqlens, rule=found.NAME, keep_dtype=True,
     )  # fmt: skip
-    return o.to(v.dtype), S if output_final_state else None
+    return o.to(v.dtype), S if checked.output_final_state else None
 
 
 def rule_step(

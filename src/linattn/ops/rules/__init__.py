@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 
-
 def _built_in() -> dict[str, Rule]:
     """The rules of this package's modules (every module but ``base`` defines one, ``RULE``), in
     the order of their names: a new built-in rule is a new module, and no list to edit."""
