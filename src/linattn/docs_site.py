@@ -455,10 +455,12 @@ const measure = (doc) => {
     const name = el.className ? "." + String(el.className).split(" ")[0] : "";
     if (!inside) overflowing.push(el.tagName.toLowerCase() + name + " " + Math.round(box.right));
   }
-  const code = [...doc.querySelectorAll(".md-content pre > code")].map((el) => ({
-    fits: el.scrollWidth <= el.clientWidth + 1, scrolls: scrolls(el),
-    right: Math.round(el.getBoundingClientRect().right),
-  }));
+  // A code block fits when nothing of it is hidden and it ends on the screen.
+  const code = [...doc.querySelectorAll(".md-content pre > code")].map((el) => {
+    const right = el.getBoundingClientRect().right;
+    return {fits: el.scrollWidth <= el.clientWidth + 1 && right <= width + 0.5,
+            scrolls: scrolls(el), right: Math.round(right)};
+  });
   const images = [...doc.querySelectorAll(".md-content img")].map((img) => ({
     src: img.getAttribute("src"), loaded: img.complete && img.naturalWidth > 0,
     shown: img.currentSrc ? new URL(img.currentSrc).pathname : "",
