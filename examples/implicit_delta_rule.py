@@ -74,6 +74,7 @@ def register() -> registry.Entry:
             "implicit_delta", "implicit delta rule (per-channel decay)", "implicit_delta",
             "channel", "(I - eps_t k_t k_t^T) Diag(alpha_t)", "eps_t v_t",
             implicit_delta_rule, None, registry.rule_case("implicit_delta", "channel"),
+            mixer="implicit_delta",  # LMConfig(mixers=...) builds it as linattn.layers.RuleMixer
             paper="Liu et al. (2024), the step it approximates", section="7.1",
         )
     )  # fmt: skip

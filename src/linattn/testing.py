@@ -11,7 +11,12 @@ built-in rules pass): on random inputs drawn in the ranges the rule declares, it
 3. the gradients of every input (the rule's included) in the chunk and parallel forms against
    the recurrent form's, and one float64 ``gradcheck`` of the chunk form;
 4. packed sequences (``cu_seqlens``) against the sequences run one by one;
-5. ``rule_step`` token by token against the recurrent form.
+5. ``rule_step`` token by token against the recurrent form;
+6. context parallelism's algebra in one process: the affine map S -> M S + N of a first slice
+   of the tokens (``linattn.distributed.maps.slice_map``, what the ranks exchange) carries the
+   initial state to the state after that slice, and the second slice run from it ends where the
+   whole sequence does (``linattn.distributed.rule_attention`` runs the same maps across
+   processes).
 
 It raises ``AssertionError`` naming the check and the error; it returns the largest error of
 each check. Shapes are small: it runs in seconds on a CPU.
@@ -142,6 +147,7 @@ def check_rule(
             _check_gradients(found, x, scale, gate, 100 * tolerance, errors)
             _check_packed(found, x, scale, gate, tolerance, errors)
             _check_steps(found, x, scale, gate, tolerance, errors)
+            _check_slice_maps(found, x, scale, gate, tolerance, errors)
     _check_gradcheck(found, K, V, errors)
     return errors
 
@@ -194,6 +200,27 @@ def _check_steps(rule, x, scale, gate, tolerance, errors) -> None:
         o_t = rule_step(rule.NAME, state, **token, g=g_t, scale=scale, **own)
         _expect(f"rule_step output, gate {gate}", _error(o_t, o_ref[:, t]), tolerance, errors)
     _expect(f"rule_step state, gate {gate}", _error(state, S_ref), tolerance, errors)
+
+
+def _check_slice_maps(rule, x, scale, gate, tolerance, errors) -> None:
+    """The first 5 tokens as one slice's map, folded into S_0; the rest run from it."""
+    from linattn.distributed import maps  # context parallelism's maps, imported only here
+    from linattn.ops.mechanism import Mechanism
+
+    cut = 5
+    first = {n: (t if t is None or n == "S0" else t[:, :cut]) for n, t in x.items()}
+    rest = {n: (t if t is None or n == "S0" else t[:, cut:]) for n, t in x.items()}
+    slot = rule.pack({spec.name: first[spec.name] for spec in rule.INPUTS}, torch.float64)
+    M, N = maps.slice_map(
+        first["k"], first["v"], slot, first["g"], Mechanism(rule.NAME, gate), chunk_size=4
+    )
+    S_cut = maps.apply(M, N, x["S0"])
+    _, S_want = _call(rule, first, "recurrent", 1, scale)
+    _expect(f"slice map, gate {gate}", _error(S_cut, S_want), tolerance, errors)
+    o, S = _call(rule, {**rest, "S0": S_cut}, "chunk", 4, scale)
+    o_all, S_all = _call(rule, x, "recurrent", 1, scale)
+    _expect(f"slice map, then the rest, gate {gate}", _error(o, o_all[:, cut:]), tolerance, errors)
+    _expect(f"slice map, final state, gate {gate}", _error(S, S_all), tolerance, errors)
 
 
 def _check_gradcheck(rule, K: int, V: int, errors) -> None:

@@ -8,7 +8,9 @@ op, back-propagates its part of the loss, and saves outputs, states and gradient
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+from pathlib import Path
 
 import torch
 
@@ -24,7 +26,22 @@ CASES = [
     ("iplr", "generalized_delta_rule", "dplr", None, False),
     ("dplr_head", "generalized_delta_rule", "dplr", "scalar", False),
     ("dplr", "generalized_delta_rule", "dplr", "channel", False),
+    # A rule written outside the package (examples/implicit_delta_rule.py), through the generic
+    # ``rule_attention``: context parallelism needs nothing of a rule but its registration.
+    ("implicit_delta", "rule_attention", "implicit_delta", "channel", False),
 ]
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "implicit_delta_rule.py"
+
+
+def register_example():
+    """Register the example's rule (idempotent); returns its module."""
+    spec = importlib.util.spec_from_file_location("example_implicit_delta_rule", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.register()
+    return module
+
+
 DTYPES = (torch.float64, torch.float32)
 B, H, K, V = 2, 2, 4, 3
 CHUNK = 4
@@ -45,6 +62,8 @@ def make_case(name: str, T: int, dtype: torch.dtype, seed: int = 0) -> dict:
     x = {"q": q, "k": k, "v": v, "beta": None, "g": None}
     if rule == "delta":
         x["beta"] = 2 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    if rule == "implicit_delta":  # any strength >= 0
+        x["beta"] = 3 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
     if rule == "dplr":  # near the delta rule's a = -beta k, b = k, not on it
         beta = torch.rand(B, T, H, 1, generator=gen, dtype=torch.float64)
         x["a"] = -beta * k + 0.05 * randn(B, T, H, K)
@@ -62,7 +81,12 @@ def make_case(name: str, T: int, dtype: torch.dtype, seed: int = 0) -> dict:
 
 def call(name: str, fn, x: dict, initial_state, **kwargs):
     """Run ``fn`` (an op or its context-parallel version) on the case's inputs."""
-    _, _, rule, _, normalize = next(c for c in CASES if c[0] == name)
+    _, fn_name, rule, _, normalize = next(c for c in CASES if c[0] == name)
+    if fn_name == "rule_attention":
+        return fn(
+            rule, x["q"], x["k"], x["v"], x["g"], beta=x["beta"], chunk_size=CHUNK,
+            initial_state=initial_state, output_final_state=True, **kwargs,
+        )  # fmt: skip
     if rule == "dplr":
         return fn(
             x["q"],
@@ -153,6 +177,7 @@ def count_bytes(rank: int) -> dict:
 def main(out_dir: str, lengths: list[int]) -> None:
     import linattn.distributed as ld
 
+    register_example()
     ld.init_process_group("gloo", timeout=60)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     assert world == len(lengths), (world, lengths)

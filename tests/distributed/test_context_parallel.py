@@ -1,7 +1,8 @@
 """Context-parallel ops on 2 and 4 gloo processes over loopback equal the single-process op.
 
 Every case of ``cp_worker.CASES`` (linear attention with and without decay and normaliser, the
-delta rule, Gated DeltaNet, KDA, the generalized delta rule with each gate), in float64 and
+delta rule, Gated DeltaNet, KDA, the generalized delta rule with each gate, and a rule written
+outside the package through ``rule_attention``), in float64 and
 float32, with slices of unequal length: outputs,
 the state after every slice, and the gradients of every input (and of the replicated initial
 state, summed over ranks) against one process running the whole sequence.
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from linattn import ops
+from linattn import ops, registry
 from linattn.experiments.launch import run_local
+from linattn.ops import rules
 
 from . import cp_worker
 from .cp_worker import CASES, DTYPES, call, leaves, make_case
@@ -127,7 +129,7 @@ def expected_bytes(name: str, world: int) -> dict[str, int]:
     M = (
         cp_worker.B
         * cp_worker.H
-        * (cp_worker.K * cp_worker.K if rule in ("delta", "dplr") else per_head)
+        * (cp_worker.K * cp_worker.K if rules.named(rule).READS_STATE else per_head)
     )
     L = M + N
     return {"descriptor": 12 * 8, "maps": 4 * L, "map_grads": 4 * (world * L + N)}
@@ -142,12 +144,21 @@ def check_bytes(per_rank: list[dict]) -> None:
                 assert counts[(name, T)] == want, (name, p, T, counts[(name, T)], want)
 
 
-def test_two_ranks_unequal_slices(tmp_path, worker_env):
+@pytest.fixture
+def example_rule():
+    """The user rule of examples/ registered here too (the workers register their own)."""
+    cp_worker.register_example()
+    yield
+    registry.unregister("implicit_delta")
+    rules.unregister("implicit_delta")
+
+
+def test_two_ranks_unequal_slices(tmp_path, worker_env, example_rule):
     run_and_compare([9, 14], tmp_path, worker_env)
 
 
 @pytest.mark.slow
-def test_four_ranks_unequal_slices(tmp_path, worker_env):
+def test_four_ranks_unequal_slices(tmp_path, worker_env, example_rule):
     run_and_compare([5, 1, 9, 8], tmp_path, worker_env)
 
 

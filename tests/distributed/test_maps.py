@@ -15,8 +15,12 @@ from ..ops.cases import oracle, rel_rms
 from ..ops.reset_cases import reset_inputs
 from .cp_worker import CASES, make_case
 
-# (name, delta rule?)
-NAMES = [(name, rule == "delta") for name, _, rule, _, normalize in CASES if not normalize]
+# (name, delta rule?); the user rule's maps are checked by linattn.testing.check_rule
+NAMES = [
+    (name, rule == "delta")
+    for name, fn, rule, _, normalize in CASES
+    if not normalize and fn != "rule_attention"
+]
 
 
 def slice_map(x: dict, delta: bool, chunk_size: int = 4):

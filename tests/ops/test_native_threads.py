@@ -98,7 +98,7 @@ def test_step_at_a_large_batch_equal_on_every_thread_count(beta, gate, threads):
     for n in (1, 2, 3):
         threads(n)
         S = state.clone()
-        o = _native.recurrent_step(S, q, k, v, b, g, 0.5)
+        o = _native.recurrent_step(S, q, k, v, b, g, 0.5, "delta" if beta else "additive")
         results.append((o, S))
     for o, S in results[1:]:
         assert torch.equal(o, results[0][0]) and torch.equal(S, results[0][1])
@@ -122,7 +122,7 @@ def test_step_finds_a_non_finite_state_in_every_block(threads, n):
     state = torch.zeros(B, H, K, V)
     state[-1, -1, -1, -1] = float("nan")
     q = k = torch.zeros(B, H, K)
-    out = _native.recurrent_step(state, q, k, torch.ones(B, H, V), None, None, 1.0)
+    out = _native.recurrent_step(state, q, k, torch.ones(B, H, V), None, None, 1.0, "additive")
     assert out is None
     assert state[-1, -1, -1, -1].isnan() and state.isnan().sum() == 1
 

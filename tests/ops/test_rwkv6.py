@@ -455,7 +455,7 @@ def test_the_kernels_bonus_is_checked():
     for rule, beta, u, match in [
         ("additive", None, torch.zeros(2, 3), "bonus must be of shape"),
         ("additive", None, torch.zeros(2, 4, dtype=torch.float64), "bonus must be float32"),
-        ("delta", torch.rand(1, 2, 5), torch.zeros(2, 4), "bonus is for the additive rule"),
+        ("delta", torch.rand(1, 2, 5), torch.zeros(2, 4), "bonus is not an option of the delta"),
     ]:
         with pytest.raises(RuntimeError, match=match):
             run(q, k, v, beta, None, S0, 0.5, 4, False, rule, "none", bonus=u)

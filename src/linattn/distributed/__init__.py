@@ -1,6 +1,7 @@
 """linattn beyond one process: context parallelism on torch.distributed (library code only).
 
-- ``linear_attention``, ``delta_rule``: context-parallel versions of the ops; each rank of a
+- ``linear_attention``, ``delta_rule``, ``generalized_delta_rule`` and ``rule_attention`` (any
+  registered rule, a user's too): context-parallel versions of the ops; each rank of a
   process group holds a contiguous slice of one long sequence and the ranks exchange only the
   slices' affine maps S -> M S + N (spec section 8), whose size does not depend on the slice length.
 - ``init_process_group``: torchrun's environment plus a timeout after which a rank waiting for a
@@ -22,6 +23,7 @@ from linattn.distributed.context_parallel import (
     delta_rule,
     generalized_delta_rule,
     linear_attention,
+    rule_attention,
 )
 
 __all__ = [
@@ -32,4 +34,5 @@ __all__ = [
     "generalized_delta_rule",
     "init_process_group",
     "linear_attention",
+    "rule_attention",
 ]

@@ -44,7 +44,9 @@ from linattn import ops
 from linattn.distributed import collectives, maps
 from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
+from linattn.ops import rules
 from linattn.ops.mechanism import Mechanism
+from linattn.ops.rule_attention import _rule
 
 _DTYPES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 # The fields of the shape descriptor each rank contributes (int64), in order.
@@ -58,8 +60,8 @@ _MEANING = {
     "H": "H",
     "K": "K",
     "V": "V (with normalize: V + 1)",
-    "kind": "mechanism (Mechanism.code: 0-2 additive, 3-5 delta rule, 6-8 dplr; gate none, "
-    "per head, per channel)",
+    "kind": "mechanism (Mechanism.code: 3 x the rule's index in linattn.ops.rules.names() + the "
+    "gate's: none, per head, per channel)",
     "dtype": "dtype",
     "initial_state": "initial state (0 none, 1 given, 2 given with grad)",
     "state_values": "initial_state values (a checksum of its bytes: pass the same S_0 everywhere)",
@@ -202,8 +204,8 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
 
 def _incoming_rule_state(
     inputs: tuple,
-    own: tuple,
-    rule: str,
+    rule: rules.Rule,
+    own: dict[str, Tensor],
     check_own,
     options: tuple,
     *,
@@ -215,19 +217,19 @@ def _incoming_rule_state(
     group,
     use_qk_l2norm: bool = False,
 ) -> Tensor:
-    """Steps 1-3 for a state-reading rule (the delta rule, the generalized delta rule): check this
-    rank's inputs (``check_own(B, T, H, K)``: the rule's own, ``own``), agree with the other
-    ranks, compute this slice's map (M_p in WY form, [B, H, K, K]) and fold the maps before it.
+    """Steps 1-3 for any rule: check this rank's inputs (``check_own(B, T, H, K, V)``: the
+    rule's own, ``own`` by their declared names), agree with the other ranks, compute this
+    slice's map (M_p: [B, H, K, K] for a rule whose writes read the state, else its diagonal) and
+    fold the maps before it.
 
-    ``inputs``: (q, k, v, g) as the public op takes them; ``own``: (beta,) for the delta rule,
-    (a, b) for the generalized one (the ops' beta slot: beta or [a | b]).
+    ``inputs``: (q, k, v, g) as the public op takes them.
     """
     q, k, v, g = inputs
     error = None
     try:
         _, _, _, K, V = _checks.qkv(q, k, v)
         B, T, H = q.shape[:3]
-        check_own(B, T, H, K)
+        check_own(B, T, H, K, V)
         _checks.gate(g, B, T, H, K)
         chunk_size = _checks.options(mode, chunk_size)
         _checks.scale(scale)
@@ -235,17 +237,70 @@ def _incoming_rule_state(
         _checks.state(initial_state, B, H, K, V)
     except (ValueError, TypeError) as e:
         error = f"{type(e).__name__}: {e}"
-    needs_grad = _needs_grad(k, v, *own, g, initial_state)
-    mech = None if error else Mechanism.of(own[0], g, rule)
+    needs_grad = _needs_grad(k, v, *own.values(), g, initial_state)
+    mech = None if error else Mechanism.of(None, g, rule.NAME)
     local = _descriptor(q, 0 if error else V, mech, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
-    dtype = compute_dtype(q.dtype)
-    own = own[0] if len(own) == 1 else torch.cat([x.to(dtype) for x in own], dim=-1)
+    slot = rule.pack(own, compute_dtype(q.dtype))  # [B, T, H(, width)]: the rule's one slot
     M, N = maps.slice_map(
-        k.to(dtype), v, own, g, mech, chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm
-    )
-    S0 = None if initial_state is None else initial_state.to(dtype)
+        k.to(compute_dtype(q.dtype)), v, slot, g, mech,
+        chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm,
+    )  # fmt: skip
+    S0 = None if initial_state is None else initial_state.to(compute_dtype(q.dtype))
     return _incoming_state(M, N, S0, group)
+
+
+def rule_attention(
+    rule: str | rules.Rule,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    group: dist.ProcessGroup | None = None,
+    **inputs: Tensor,
+) -> tuple[Tensor, Tensor | None]:
+    """Context-parallel ``linattn.ops.rule_attention``: any registered rule (a built-in one or a
+    user's), this rank's slice of one long sequence.
+
+    S_t = A_t S_{t-1} + k_t w_t^T, o_t = S_t^T (scale q_t), with the slices' affine maps
+    S -> M_p S + N_p (``linattn.distributed.maps``, from the rule's own chunk terms) exchanged
+    between ranks (section 8).
+
+    Args:
+        rule: a rule's name in ``linattn.ops.rules`` or a registered ``Rule``.
+        q, k: [B, T_p, H, K]; v: [B, T_p, H, V]; g: None, [B, T_p, H] or [B, T_p, H, K] (<= 0),
+            the same kind on every rank. T_p may differ between ranks.
+        scale, mode, chunk_size: as in ``linattn.ops.rule_attention``.
+        initial_state: S_0 [B, H, K, V] or None, the same on every rank (gradient summed over
+            ranks).
+        output_final_state: return the state after this rank's slice.
+        group: the process group (None: the default group).
+        **inputs: the rule's per-token inputs by their declared names, [B, T_p, H(, width)].
+
+    Returns:
+        o [B, T_p, H, V] for this slice, and the state after it (or None).
+    """
+    found = _rule(rule)
+    chunk_size = found.CHUNK_SIZE if chunk_size is None else chunk_size
+
+    def check_own(B: int, T: int, H: int, K: int, V: int) -> None:
+        _checks.rule_inputs(found, inputs, B, T, H, K=K, V=V)
+
+    S_in = _incoming_rule_state(
+        (q, k, v, g), found, inputs, check_own, (scale,), mode=mode, chunk_size=chunk_size,
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        group=group,
+    )  # fmt: skip
+    return ops.rule_attention(
+        found, q, k, v, g, scale=scale, mode=mode, chunk_size=chunk_size, initial_state=S_in,
+        output_final_state=output_final_state, **inputs,
+    )  # fmt: skip
 
 
 def linear_attention(
@@ -297,7 +352,7 @@ def linear_attention(
     v_cols = 0 if error else V + int(normalize)
     needs_grad = _needs_grad(k, v, g, initial_state)
     options = (scale, "normalize", normalize)
-    mech = None if error else Mechanism.of(None, g)
+    mech = None if error else Mechanism.of(None, g, "additive")
     local = _descriptor(q, v_cols, mech, initial_state, options, needs_grad, error)
     _agree(local, error, group, q.device if isinstance(q, Tensor) else None)
     # Step 2: this slice's map, in the compute dtype (the ones column is the normaliser's value).
@@ -358,12 +413,12 @@ def delta_rule(
         o [B, T_p, H, V] for this slice, and the state after it (or None).
     """
 
-    def check_beta(B: int, T: int, H: int, K: int) -> None:
+    def check_beta(B: int, T: int, H: int, K: int, V: int) -> None:
         _checks.beta(beta, B, T, H)
         _checks.flag("use_qk_l2norm", use_qk_l2norm)
 
     S_in = _incoming_rule_state(
-        (q, k, v, g), (beta,), "delta", check_beta,
+        (q, k, v, g), rules.named("delta"), {"beta": beta}, check_beta,
         (scale, "use_qk_l2norm", bool(use_qk_l2norm)), mode=mode, chunk_size=chunk_size,
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         group=group, use_qk_l2norm=bool(use_qk_l2norm),
@@ -419,12 +474,12 @@ def generalized_delta_rule(
         o [B, T_p, H, V] for this slice, and the state after it (or None).
     """
 
-    def check_ab(B: int, T: int, H: int, K: int) -> None:
+    def check_ab(B: int, T: int, H: int, K: int, V: int) -> None:
         _checks.vectors("a", a, B, T, H, K)
         _checks.vectors("b", b, B, T, H, K)
 
     S_in = _incoming_rule_state(
-        (q, k, v, g), (a, b), "dplr", check_ab, (scale,), mode=mode,
+        (q, k, v, g), rules.named("dplr"), {"a": a, "b": b}, check_ab, (scale,), mode=mode,
         chunk_size=chunk_size, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, group=group,
     )  # fmt: skip

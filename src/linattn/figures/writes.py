@@ -113,11 +113,12 @@ def overwrite(out_dir: Path | str) -> list[Path]:
     fig = plt.figure(figsize=(11, 5.0))
     ax = style.blank_axes(fig)
     rows = {"additive": 4.6, "delta": 0.0}
+    labels = {"additive": "additive rule", "delta": "delta rule\n($\\beta = 1$)"}
     for name, y in rows.items():
         ax.text(
             -0.4,
             y + 1.0,
-            "additive rule" if name == "additive" else "delta rule\n($\\beta = 1$)",
+            labels[name],
             ha="right",
             va="center",
             fontsize=13,

@@ -20,6 +20,8 @@ and in recurrent mode for a one-token decoding step.
   value channel (Gated DeltaNet-2).
 - ``RWKV7``: RWKV-7 "Goose" time mixing (token shift, LoRA gates, value residual, group norm
   and the current token's bonus) around the generalized delta rule.
+- ``RuleMixer``: any registered rule (a user's too) with a gate, its inputs projected from x
+  into the ranges the rule declares.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
@@ -35,6 +37,7 @@ from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
 from linattn.layers.recurrent import RecurrentMixer
+from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.softmax import SoftmaxAttention
 
@@ -56,6 +59,7 @@ __all__ = [
     "Mamba2",
     "RecurrentMixer",
     "RWKV7",
+    "RuleMixer",
     "ShortConvolution",
     "SoftmaxAttention",
     "TokenMixer",

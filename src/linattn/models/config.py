@@ -34,6 +34,16 @@ ATTENTION_MIXERS = ("softmax", "mla", "gated_attention")
 # (``linattn.layers.GatedConvolution``, Zoology's BaseConv) that the MQAR models put in front.
 AUXILIARY_MIXERS = ("conv",)
 
+
+def known_mixers() -> tuple[str, ...]:
+    """``MIXERS``, ``AUXILIARY_MIXERS`` and the mixer names of mechanisms registered since
+    (``linattn.registry.register``: a user's rule, built as ``linattn.layers.RuleMixer``)."""
+    from linattn import registry  # the registry's entries name layers: imported when needed
+
+    extra = tuple(m for m in registry.mixers() if m not in MIXERS + AUXILIARY_MIXERS)
+    return MIXERS + AUXILIARY_MIXERS + extra
+
+
 # Fields that change neither the parameters' shapes nor what the state means.
 _NOT_IN_FINGERPRINT = ("max_seq_len", "chunk_size", "init_std", "dt_init_range")
 
@@ -185,11 +195,11 @@ class LMConfig:
         self.mixers = tuple(self.mixers)
         if not self.mixers:
             raise ValueError("LMConfig.mixers must name at least one mixer")
+        known = known_mixers()
         for i, name in enumerate(self.mixers):
-            if name not in MIXERS + AUXILIARY_MIXERS:
+            if name not in known:
                 raise ValueError(
-                    f"LMConfig.mixers[{i}] is {name!r}, an unknown mixer; choose from "
-                    f"{MIXERS + AUXILIARY_MIXERS}"
+                    f"LMConfig.mixers[{i}] is {name!r}, an unknown mixer; choose from {known}"
                 )
         if "mamba2" in self.mixers:
             self._check_mamba2()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from linattn import registry
 from linattn.layers import (
     RWKV7,
     Comba,
@@ -18,10 +19,11 @@ from linattn.layers import (
     LinearAttention,
     Mamba2,
     MultiHeadLatentAttention,
+    RuleMixer,
     SoftmaxAttention,
     TokenMixer,
 )
-from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig
+from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig, known_mixers
 
 
 def _chunk(c: LMConfig) -> dict:
@@ -156,10 +158,19 @@ assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS
 
 
 def build_mixer(name: str, config: LMConfig, index: int | None = None) -> TokenMixer:
-    """The token mixer called ``name`` (one of ``MIXERS`` or ``"conv"``) with the sizes of
+    """The token mixer called ``name`` (one of ``MIXERS``, ``"conv"`` or a registered mechanism's
+    mixer name, ``linattn.registry``) with the sizes of
     ``config``; ``index``: its block in ``config.mixers`` (RWKV-7's first block differs)."""
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown mixer {name!r}; choose from {MIXERS + AUXILIARY_MIXERS}")
     if name == "rwkv7":
         return _rwkv7(config, index)
-    return _BUILDERS[name](config)
+    if name in _BUILDERS:
+        return _BUILDERS[name](config)
+    entry = registry.with_mixer(name)
+    if entry is None or entry.rule is None:
+        raise ValueError(f"unknown mixer {name!r}; choose from {known_mixers()}")
+    if entry.layer is not None:  # the user's own layer, built with the config's sizes
+        return entry.layer(config.d_model, config.n_heads, **_recurrent_kwargs(config))
+    return RuleMixer(
+        config.d_model, config.n_heads, rule=entry.rule, gate=entry.gate,
+        **_recurrent_kwargs(config), **_dt_kwargs(config),
+    )  # fmt: skip

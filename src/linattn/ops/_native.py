@@ -5,8 +5,9 @@ chunk in the cache, with the products on the BLAS that PyTorch links (the PyTorc
 most of its time moving group-sized tensors through memory, not multiplying). It is the same
 algebra as the PyTorch chunk loop (``chunk``) and is checked against it and against float64 in
 ``tests/ops/test_native.py``. The op ``chunk_backward`` fuses the backward pass of every mechanism
-of the mechanism table (docs/design.md) the same way, from the chunk states this forward saves (``library`` calls both through
-``kernel``). ``recurrent_step`` is the generation step with its checks in one call.
+of the mechanism table (docs/design.md) the same way, from the chunk states this forward saves
+(``library`` calls both through ``kernel``). ``recurrent_step`` is the generation step with its
+checks in one call.
 
 Where the binary comes from, in order:
 
@@ -478,7 +479,7 @@ def recurrent_step(
     beta: Tensor | None,
     g: Tensor | None,
     scale: float,
-    rule: str | None = None,
+    rule: str,
     source: Tensor | None = None,
 ) -> Tensor | None:
     """One generation step on float32 CPU tensors (``linattn.ops.recurrent_step``'s fused path):
@@ -486,13 +487,11 @@ def recurrent_step(
     of range: an input (NaN or Inf, beta outside [0, 2], g > 0; the state unchanged) or the state
     (not finite entering or leaving the step, found in its pass: the step has run).
 
-    ``rule``: "additive", "delta" or "dplr" (beta then [B, H, 2K] = [a | b]); None: "delta"
-    where beta is given, else "additive". The gate follows g: None, [B, H] or [B, H, 1] one
+    ``rule``: a built-in rule's name (its inputs in beta's slot: the delta rule's beta [B, H],
+    the dplr rule's [a | b] [B, H, 2K]). The gate follows g: None, [B, H] or [B, H, 1] one
     per head, [B, H, K] one per key channel. ``source``: the state entering the step, read from
     it (the new state written into ``state``); None: in place."""
     B, H = state.shape[:2]
-    if rule is None:
-        rule = "additive" if beta is None else "delta"
     gate = "none"
     if g is not None:
         gate = "head" if g.dim() == 2 or g.shape[-1] == 1 else "channel"

@@ -23,7 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
+from linattn.ops import rules
 from linattn.ops._layout import to_internal
 from linattn.ops.chunk import chunk_terms, forward_chunks
 from linattn.ops.delta_product import householder_count, interleave_gate
@@ -137,19 +139,22 @@ def chunk_affine_map(
     n = householder_count(num_householder)
     if n > 1:
         g = _product_gate(beta, g, (B, T, H, K), n)
-    rule = None
+    given = {"beta": beta, "a": a, "b": b}
+    rule = rules.taking(frozenset(name for name, x in given.items() if x is not None))
     if a is not None or b is not None:
         if a is None or b is None or beta is not None:
             raise ValueError("a and b come together, and without beta (the generalized rule)")
         _checks.vectors("a", a, B, T, H, K, layout="[B, T, H, K]")
         _checks.vectors("b", b, B, T, H, K, layout="[B, T, H, K]")
-        beta, rule = torch.cat([a, b.to(a.dtype)], dim=-1), "dplr"  # [B, T, H, 2K]
     elif beta is not None:
         _checks.beta(beta, B, T, H)
     if n == 1:
         _checks.gate(g, B, T, H, K)
-    mech = Mechanism.of(beta, g, rule)
-    M, N = affine_map(*to_internal(k, v, beta=beta, g=g), mech)
+    slot = rule.pack(
+        {name: x for name, x in given.items() if x is not None}, compute_dtype(k.dtype)
+    )
+    mech = Mechanism.of(None, g, rule.NAME)
+    M, N = affine_map(*to_internal(k, v, beta=slot, g=g), mech)
     return full_matrix(M, N, mech), N
 
 

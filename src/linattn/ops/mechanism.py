@@ -50,11 +50,12 @@ class Mechanism:
     @classmethod
     def of(cls, beta: Tensor | None, g: Tensor | None, rule: str | None = None) -> Mechanism:
         """From the public arguments: beta [B, T, H] or None; g None, [B, T, H] or [B, T, H, K];
-        ``rule`` where the op names it (else the delta rule where beta is given, else additive).
+        ``rule`` where the op names it (else the built-in rule whose declared inputs are beta
+        alone, or none: ``rules.taking``).
         """
         gate = "none" if g is None else "head" if g.dim() == 3 else "channel"
         if rule is None:
-            rule = "delta" if beta is not None else "additive"
+            rule = rules.taking(frozenset() if beta is None else frozenset({"beta"})).NAME
         return cls(rule, gate)
 
     @property

@@ -292,7 +292,7 @@ def _internal(q, k, v, g, S0, C: int) -> tuple:
     qi, ki, vi, _, gi = to_internal(q, k, v, g=g)
     S_in = S0 if S0 is not None else q.new_zeros(B, HV, q.shape[-1], V)
     C = C if C <= MAX_CHUNK else min(C, T)
-    return qi, ki, vi, gi, S_in, C, schema_args(Mechanism.of(None, g))
+    return qi, ki, vi, gi, S_in, C, schema_args(Mechanism.of(None, g, "additive"))
 
 
 def _fused_loop(q, k, v, g, u, S0, scale: float, C: int, keep: bool) -> tuple:

@@ -22,6 +22,13 @@ from linattn.ops._bonus import bonus as bonus_term
 from linattn.ops.recurrent import step
 
 STATE_DTYPES = (torch.float32, torch.float64)
+# The built-in rule a step's keyword inputs name, by what each rule declares (``Rule.INPUTS``),
+# resolved once here: keyed by (beta given, a and b given).
+_RULE_OF_INPUTS = {
+    (False, False): rules.taking(frozenset()).NAME,
+    (True, False): rules.taking(frozenset({"beta"})).NAME,
+    (False, True): rules.taking(frozenset({"a", "b"})).NAME,
+}
 
 
 def recurrent_step(
@@ -89,7 +96,9 @@ def recurrent_step(
     if bonus is not None:  # RWKV-6: the read before the write, then the additive rule's step
         o_t = None
     elif a is None and b is None:
-        o_t = fused_step(state, q, k, v, beta, g, scale, out)
+        o_t = fused_step(
+            state, q, k, v, beta, g, scale, out, _RULE_OF_INPUTS[beta is not None, False]
+        )
     elif beta is None and isinstance(a, Tensor) and isinstance(b, Tensor):
         o_t = _fused_low_rank_step(state, q, k, v, a, b, g, scale, out)
     else:
@@ -103,10 +112,10 @@ def _fused_low_rank_step(state, q, k, v, a, b, g, scale, out) -> Tensor | None:
     """``fused_step`` of the generalized rule: a in beta's slot, b apart (the kernel checks both
     and reads them in place: no concatenation per token); None where it does not apply (then
     the checked path names what it refuses)."""
-    return fused_step(state, q, k, v, a, g, scale, out, rule="dplr", b=b)
+    return fused_step(state, q, k, v, a, g, scale, out, _RULE_OF_INPUTS[False, True], b=b)
 
 
-def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None) -> Tensor | None:
+def fused_step(state, q, k, v, beta, g, scale, out, rule, gate=None, b=None) -> Tensor | None:
     """The fast path: the fused C++ step for float32 CPU tensors with nothing to differentiate,
     in one call bound with pybind11 (``_native.fast_step``, csrc/python.cpp: through torch.ops
     the parsing of the op's eleven arguments, and the path's own tests in Python, cost more than
@@ -114,9 +123,10 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule=None, gate=None, b=None
     anything is written (one pass over the small inputs, no state-sized scan); o_t. None where
     it does not apply (the extension not loaded yet, another dtype, a graph to record, an empty
     state, a trace) or where the kernel refuses a shape or a type: ``_checked_step`` then runs,
-    and names what it refuses. ``rule`` and ``gate``: the mechanism where the caller resolved it
-    (the ops' ``Mechanism``; g then [B, H, 1 | K]); None: from beta and g as ``recurrent_step``
-    takes them. ``b``: the dplr rule's b [B, H, K], its a then in beta's slot."""
+    and names what it refuses. ``rule``: the rule's name, resolved by the caller (the ops'
+    ``Mechanism``, or ``recurrent_step`` from the inputs it was given); ``gate``: the mechanism's
+    (g then [B, H, 1 | K]), None: from g's shape. ``b``: the dplr rule's b [B, H, K], its a then
+    in beta's slot."""
     # The cheapest tests first: this path is the whole per-call cost of a decoding step beside
     # the kernel, which should cost no more than an elementwise op's overhead.
     if not (isinstance(state, Tensor) and state.dtype is torch.float32 and state.is_cpu):
@@ -176,7 +186,7 @@ def _checked_step(state, q, k, v, beta, g, scale, a, b, out, bonus=None) -> Tens
     _checks.gate(g, B, H, K, layout="[B, H]", values=not fused)
     _checks.scale(scale)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
-    rule = "dplr" if ab is not None else "additive" if beta is None else "delta"
+    rule = _RULE_OF_INPUTS[beta is not None, ab is not None]
     beta = beta if ab is None else ab  # the rule's inputs: dplr's [a | b] [B, H, 2K]
     if fused:
         # float32 on the CPU: the values' checks and the step in one C++ call (``_native``).

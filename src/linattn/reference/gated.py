@@ -22,27 +22,45 @@ from __future__ import annotations
 import numpy as np
 
 
+def _decay(dim: int, g_t) -> np.ndarray:
+    """Diag(alpha_t): I without a gate, alpha_t I for one gate per head, Diag(alpha_t) per key."""
+    if g_t is None:
+        return np.eye(dim)
+    alpha = np.exp(np.asarray(g_t, dtype=np.float64))
+    return alpha * np.eye(dim) if alpha.ndim == 0 else np.diag(alpha)
+
+
+# The table's two columns per rule, literally: A_t from (k_t, beta_t, the decay) and w_t from
+# (v_t, beta_t). The delta rule's decay is applied first: (I - beta k k^T) acts on the decayed
+# state.
+TRANSITIONS = {
+    "additive": lambda k_t, beta_t, decay: decay,
+    "delta": lambda k_t, beta_t, decay: (np.eye(len(k_t)) - beta_t * np.outer(k_t, k_t)) @ decay,
+}
+WRITES = {
+    "additive": lambda v_t, beta_t: v_t,
+    "delta": lambda v_t, beta_t: beta_t * v_t,
+}
+
+NEEDS_BETA = frozenset({"delta"})
+
+
+def _known(rule: str) -> None:
+    if rule not in TRANSITIONS:
+        raise ValueError(f"rule must be one of {sorted(TRANSITIONS)}, got {rule!r}")
+
+
 def transition(k_t, beta_t=None, g_t=None, *, rule="additive"):
     """The K x K matrix A_t of one step (the table in the module docstring)."""
+    _known(rule)
     k_t = np.asarray(k_t, dtype=np.float64)
-    dim = k_t.shape[0]
-    if g_t is None:
-        decay = np.eye(dim)
-    else:
-        alpha = np.exp(np.asarray(g_t, dtype=np.float64))
-        decay = alpha * np.eye(dim) if alpha.ndim == 0 else np.diag(alpha)
-    if rule == "additive":
-        return decay
-    if rule == "delta":
-        # The decay is applied first; (I - beta k k^T) then acts on the decayed state.
-        return (np.eye(dim) - beta_t * np.outer(k_t, k_t)) @ decay
-    raise ValueError(f"rule must be 'additive' or 'delta', got {rule!r}")
+    return TRANSITIONS[rule](k_t, beta_t, _decay(k_t.shape[0], g_t))
 
 
 def write(v_t, beta_t=None, *, rule="additive"):
     """The write w_t of one step: v_t (additive rule) or beta_t v_t (delta rule)."""
-    v_t = np.asarray(v_t, dtype=np.float64)
-    return v_t if rule == "additive" else beta_t * v_t
+    _known(rule)
+    return WRITES[rule](np.asarray(v_t, dtype=np.float64), beta_t)
 
 
 def recurrence(q, k, v, beta=None, g=None, *, rule="additive", scale=1.0, initial_state=None):
@@ -52,8 +70,9 @@ def recurrence(q, k, v, beta=None, g=None, *, rule="additive", scale=1.0, initia
     initial_state: [K, V] or None (zeros). Returns O [T, V] and the final state [K, V], float64.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    if rule == "delta" and beta is None:
-        raise ValueError("beta is required for rule='delta'")
+    _known(rule)
+    if beta is None and rule in NEEDS_BETA:
+        raise ValueError(f"beta is required for rule={rule!r}")
     S = np.zeros((k.shape[1], v.shape[1]))
     if initial_state is not None:
         S = np.array(initial_state, dtype=np.float64)

@@ -12,7 +12,9 @@ inputs. Its entry names everything a user or a tool needs to find it:
     forms                  the forms the op computes ("parallel", "recurrent", "chunk")
     fla_names              fla 0.6.0's entry points that ``linattn.compat`` serves with it
     transformers_names     transformers' model types whose layers run on it
-    layer, mixer, preset   the ``nn.Module`` layer, its ``LMConfig.mixers`` name, a preset
+    layer, mixer, preset   the ``nn.Module`` layer, its ``LMConfig.mixers`` name, a preset (a
+                           user's entry with a mixer name and no layer is built as
+                           ``linattn.layers.RuleMixer`` of its rule and gate)
     paper, section         where it is defined: the paper, and the spec section
 
 The tools read this table and nothing else: ``linattn accuracy`` has a row per entry and form,
@@ -136,6 +138,16 @@ def names() -> tuple[str, ...]:
 def mechanisms() -> tuple[Entry, ...]:
     """Every registered entry, in the table's order (a user's registrations at the end)."""
     return tuple(_ENTRIES.values())
+
+
+def with_mixer(mixer: str) -> Entry | None:
+    """The entry whose ``mixer`` is ``mixer`` (an ``LMConfig.mixers`` name), or None."""
+    return next((e for e in _ENTRIES.values() if e.mixer == mixer), None)
+
+
+def mixers() -> tuple[str, ...]:
+    """The ``LMConfig.mixers`` names of the registered mechanisms that have one."""
+    return tuple(e.mixer for e in _ENTRIES.values() if e.mixer is not None)
 
 
 def with_fla_name(fla_name: str) -> Entry | None:

@@ -328,7 +328,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> chunk_forward(
   const int64_t B = sz.B, HV = sz.HV, K = sz.K, V = sz.V, P = sz.P, N = sz.N;
   if (bonus) {  // RWKV-6's bonus, an option of the additive rule alone
     const Checks check{kForwardOp};
-    TORCH_CHECK(mech.rule == &kAdditiveRule, kForwardOp, ": bonus is for the additive rule");
+    TORCH_CHECK(mech.rule->takes_bonus, kForwardOp, ": bonus is not an option of the ",
+                mech.rule->name, " rule");
     TORCH_CHECK(sz.R == 1, kForwardOp, ": bonus reads every row (reads = 1), got reads = ", sz.R);
     check.shape("bonus", *bonus, {HV, K}, "[HV, K]");
   }

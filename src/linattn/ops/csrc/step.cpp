@@ -105,8 +105,9 @@ bool all_within(const float* x, int64_t n, float lo, float hi) {
   return outside == 0.0f;
 }
 
-// Whether the small inputs of a step are in range: every number finite, beta in [0, 2] (the
-// delta rule), every log-gate <= 0 (-inf: a reset). The state is not read here (step.h).
+// Whether the small inputs of a step are in range: every number finite, the beta slot's in the
+// rule's range (``Rule::input_low``, ``input_high``), every log-gate <= 0 (-inf: a reset). The
+// state is not read here (step.h).
 bool inputs_in_range(const Mechanism& m, const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& beta, const at::Tensor& b,
                      const at::Tensor& g) {
@@ -114,10 +115,10 @@ bool inputs_in_range(const Mechanism& m, const at::Tensor& q, const at::Tensor& 
     return all_finite(x.data_ptr<float>(), x.numel());
   };
   bool ok = finite(q) && finite(k) && finite(v);
-  if (ok && beta.defined() && m.rule->input_keys == 0) {
-    ok = all_within(beta.data_ptr<float>(), beta.numel(), 0.0f, 2.0f);
+  if (ok && beta.defined()) {
+    ok = finite(beta) &&
+         all_within(beta.data_ptr<float>(), beta.numel(), m.rule->input_low, m.rule->input_high);
   }
-  if (ok && beta.defined() && m.rule->input_keys > 0) ok = finite(beta);
   if (ok && b.defined()) ok = finite(b);
   const float inf = std::numeric_limits<float>::infinity();  // g = -inf: a reset
   if (ok && g.defined()) ok = all_within(g.data_ptr<float>(), g.numel(), -inf, 0.0f);

@@ -40,6 +40,7 @@ __all__ = [
     "names",
     "read",
     "register",
+    "taking",
     "unregister",
 ]
 
@@ -53,6 +54,16 @@ def named(name: str) -> Rule:
         return _RULES[name]
     except (KeyError, TypeError):
         raise ValueError(f"rule must be one of {names()}, got {name!r}") from None
+
+
+def taking(inputs: frozenset[str]) -> Rule:
+    """The built-in rule whose declared per-token inputs (``Rule.INPUTS``) are exactly
+    ``inputs``: how ``recurrent_step`` and ``chunk_affine_map``, which take the built-in rules'
+    inputs as keywords, resolve their rule once (a user's rule is named: ``rule_step``)."""
+    for name in BUILT_IN:
+        if frozenset(x.name for x in _RULES[name].INPUTS) == inputs:
+            return _RULES[name]
+    raise ValueError(f"no rule takes exactly the inputs {sorted(inputs)}")
 
 
 def names() -> tuple[str, ...]:

@@ -58,7 +58,18 @@ void bonus_scores(const ChunkRows& x, int64_t kg, int64_t K, float scale, const 
   }
 }
 
-extern const Rule kAdditiveRule{
-    "additive", false, false, 1, 0, scores, nullptr, nullptr, nullptr, step};
+extern const Rule kAdditiveRule{.name = "additive",
+                                .reads_beta = false,
+                                .needs_Kd = false,
+                                .writes = 1,
+                                .input_keys = 0,
+                                .input_low = 0.0f,
+                                .input_high = 0.0f,
+                                .takes_bonus = true,
+                                .scores = scores,
+                                .pseudo_value_terms = nullptr,
+                                .pseudo_values = nullptr,
+                                .backward = nullptr,
+                                .step = step};
 
 }  // namespace linattn_native

@@ -172,7 +172,18 @@ void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
 
 }  // namespace
 
-extern const Rule kDeltaRule{
-    "delta", true, true, 1, 0, scores, ut_transform, pseudo_values, backward, step};
+extern const Rule kDeltaRule{.name = "delta",
+                             .reads_beta = true,
+                             .needs_Kd = true,
+                             .writes = 1,
+                             .input_keys = 0,
+                             .input_low = 0.0f,  // beta in [0, 2]: I - beta k k^T contracts
+                             .input_high = 2.0f,
+                             .takes_bonus = false,
+                             .scores = scores,
+                             .pseudo_value_terms = ut_transform,
+                             .pseudo_values = pseudo_values,
+                             .backward = backward,
+                             .step = step};
 
 }  // namespace linattn_native

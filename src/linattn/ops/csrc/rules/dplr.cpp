@@ -20,6 +20,8 @@
 // that its second half is the solve's L = -A_ba, and with no gate or one per head the products
 // of q and of b are one matrix product each, with the stacked right factors Y = [k; a].
 
+#include <limits>
+
 #include "rules.h"
 
 #include <algorithm>
@@ -415,7 +417,18 @@ void step(const StepHead& h, int64_t K, int64_t V, float* S, float* o) {
 
 }  // namespace
 
-extern const Rule kDplrRule{
-    "dplr", true, false, 2, 2, scores, solve_terms, pseudo_values, backward, step};
+extern const Rule kDplrRule{.name = "dplr",
+                            .reads_beta = true,
+                            .needs_Kd = false,
+                            .writes = 2,
+                            .input_keys = 2,
+                            .input_low = -std::numeric_limits<float>::infinity(),  // [a | b]:
+                            .input_high = std::numeric_limits<float>::infinity(),  // finite
+                            .takes_bonus = false,
+                            .scores = scores,
+                            .pseudo_value_terms = solve_terms,
+                            .pseudo_values = pseudo_values,
+                            .backward = backward,
+                            .step = step};
 
 }  // namespace linattn_native

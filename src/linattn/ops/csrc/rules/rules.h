@@ -53,6 +53,9 @@ struct Rule {
   bool needs_Kd;       // the terms form Kd = k exp(G) (terms.h) for it
   int writes;          // write vectors per token: 1 (k), 2 (k and a: stacked rows)
   int64_t input_keys;  // the beta slot: 0, beta [B, HV, T]; m > 0, [B, HV, T, m K] ([a | b]: 2)
+  float input_low;     // the range of the beta slot's numbers, checked by the step (every number
+  float input_high;    // finite too): [0, 2] for the delta rule's beta, unbounded for [a | b]
+  bool takes_bonus;    // RWKV-6's bonus u may be added to its read (the forward's ``bonus``)
 
   // The scores of a chunk into t: A_qk = scale decayed(q k^T) (j <= i) into t.A, and any of the
   // rule's own (the delta rule's A_kk into t.Akk), every decay formed once for all.
