@@ -83,6 +83,8 @@ def test_every_marker_in_the_pages_is_one_the_generator_fills():
     for page in (ROOT / "docs").rglob("*.md"):
         for name in docs_site.MARKER.findall(page.read_text()):
             assert name in parts, (page, name)
+    for name, text in parts.items():  # the report's own words stay in the report
+        assert "this report" not in text and "Machine, below" not in text, name
     for plot in ("bench", "mqar", "state-tracking"):  # drawn wide, and again for a phone
         assert images[f"{docs_site.FIGURES_DIR}/{plot}.png"].startswith(b"\x89PNG")
         assert images[f"{docs_site.FIGURES_DIR}/{plot}-narrow.png"].startswith(b"\x89PNG")

@@ -123,7 +123,7 @@ def mechanism_page(entry: Any, accuracy: Sequence[dict], bench: dict | None) -> 
         f"Registry name `{entry.name}` (`linattn.registry.get({entry.name!r})`). This page is "
         "generated from the registry entry and the committed results when the site is built.",
         "",
-        "| | |",
+        "| field | value |",
         "|---|---|",
         *(f"| {key} | {value} |" for key, value in rows),
         "",
@@ -148,10 +148,10 @@ def accuracy_section(name: str, accuracy: Sequence[dict]) -> list[str]:
         f"Computed when this site was built, by `linattn accuracy --T {ACCURACY_T} --K "
         f"{ACCURACY_K} --V {ACCURACY_V} --seed {ACCURACY_SEED}` (B = 1, two heads, an initial "
         "state, chunk size 64): each form against the float64 oracle, the largest absolute error "
-        "in float64, the error's RMS relative to the oracle's in the other dtypes (the inputs "
+        "in float64, and in the other dtypes the error's RMS relative to the oracle's (the inputs "
         "rounded to the dtype first).",
         "",
-        "| form | float64 max abs error | float32 rel RMS | bfloat16 rel RMS | float16 rel RMS |",
+        "| form | float64 | float32 | bfloat16 | float16 |",
         "|---|---:|---:|---:|---:|",
         *(
             f"| {r['form']} | {r['float64']:.1e} | {r['float32']:.1e} | {r['bfloat16']:.1e} "
@@ -196,15 +196,16 @@ def speed_section(name: str, bench: dict | None) -> list[str]:
 
 
 def mechanism_table(entries: Sequence[Any], pages: str = "") -> str:
-    """The registry as a Markdown table, each title a link to ``pages + NAME.md``."""
+    """The registry as a Markdown table, each title a link to ``pages + NAME.md``: the name,
+    the transition and write, the rule and gate (the forms are on each page)."""
     lines = [
-        "| mechanism | name | transition `A_t` | write `w_t` | rule | gate | forms |",
-        "|---|---|---|---|---|---|---|",
+        "| mechanism | transition `A_t` | write `w_t` | rule, gate |",
+        "|---|---|---|---|",
     ]
     for e in entries:
         lines.append(
-            f"| [{e.title}]({pages}{e.name}.md) | `{e.name}` | `{e.transition}` | `{e.write}` "
-            f"| {e.rule or '-'} | {e.gate} | {', '.join(e.forms)} |"
+            f"| [{e.title}]({pages}{e.name}.md) (`{e.name}`) | `{e.transition}` | `{e.write}` "
+            f"| {e.rule or 'none'}, {e.gate} |"
         )
     return "\n".join(lines)
 
@@ -250,20 +251,29 @@ def _figure_png(draw: Callable[[bool], Any]) -> tuple[bytes, bytes]:
     return out[0], out[1]
 
 
+def _measured_on(setup: str) -> str:
+    """A setup sentence of the report without its pointer to the report's own Machine table."""
+    return re.sub(
+        r"; (not necessarily the machine this report|this report's machine).*$", ".", setup
+    )
+
+
 def bench_table(bench: dict) -> str:
     """Every chunk-form row of the benchmark, with the softmax comparison and peak memory."""
     from linattn import registry
 
-    titles = {e.name: e.title for e in registry.mechanisms()}
+    names = set(registry.names())
     lines = [
-        "| mechanism | form | T | forward ms | forward efficiency | forward + backward ms "
-        "| forward + backward efficiency | peak MiB, forward + backward | softmax time / this |",
+        "| mechanism | form | T | fwd ms | fwd eff. | fwd+bwd ms | fwd+bwd eff. "
+        "| peak MiB fwd+bwd | softmax / this |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in bench["rows"]:
         peak = row.get("forward_backward_peak_bytes")
+        name = row["mechanism"]
+        link = f"[{name}](../{MECHANISMS_DIR}/{name}.md)" if name in names else name
         lines.append(
-            f"| {titles.get(row['mechanism'], row['mechanism'])} | {row['mode']} | {row['T']:,} "
+            f"| {link} | {row['mode']} | {row['T']:,} "
             f"| {_ms(row.get('forward_s'))} | {_ratio(row.get('forward_efficiency'))} "
             f"| {_ms(row.get('forward_backward_s'))} "
             f"| {_ratio(row.get('forward_backward_efficiency'))} "
@@ -309,7 +319,8 @@ def benchmark_content(root: Path = ROOT) -> tuple[dict[str, str], dict[str, byte
     if bench_path.is_file():
         bench = json.loads(bench_path.read_text())
         data = bench_results(bench)
-        parts["bench-setup"] = source(bench_path) + " " + report_setup.bench_setup(data)
+        setup = _measured_on(report_setup.bench_setup(data))
+        parts["bench-setup"] = source(bench_path) + " " + setup
         parts["bench-table"] = bench_table(bench)
         parts["bench-generation"] = generation_table(bench)
         parts["bench-plot"] = _picture("bench", "time of one forward pass against T")
@@ -321,7 +332,7 @@ def benchmark_content(root: Path = ROOT) -> tuple[dict[str, str], dict[str, byte
     if rows:
         from linattn.experiments.mqar.data import filler_name
 
-        parts["mqar-setup"] = source(mqar_path) + " " + report_setup.mqar_setup(rows)
+        parts["mqar-setup"] = source(mqar_path) + " " + _measured_on(report_setup.mqar_setup(rows))
         tables = []
         for fillers in dict.fromkeys(filler_name(row) for row in rows):
             mine = [row for row in rows if filler_name(row) == fillers]
