@@ -505,6 +505,8 @@ const search = (doc, query) => new Promise((resolve) => {
 let index = 0;
 frame.addEventListener("load", async () => {
   const doc = frame.contentDocument;
+  // The empty frame may report its own load (about:blank) after this listener is attached.
+  if (!doc || doc.location.href === "about:blank") return;
   results[pages[index]] = measure(doc);
   index += 1;
   if (index < pages.length) { frame.src = pages[index]; return; }
@@ -580,11 +582,14 @@ def inspect_site(
         f"http://127.0.0.1:{server.server_address[1]}/{harness.name}",
     ]  # fmt: skip
     try:
-        subprocess.run(command, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     finally:
         server.shutdown()
         server.server_close()
         harness.unlink()
     if not posted:
-        raise RuntimeError(f"the probe did not report at {width} px: a page did not load")
+        raise RuntimeError(
+            f"the probe did not report at {width} px: a page did not load "
+            f"({chromium} exited with {run.returncode}: {run.stderr[-1000:]})"
+        )
     return json.loads(posted[0])
