@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.ops import rules
-from linattn.ops.rule_attention import _rule, rule_attention, rule_step
+from linattn.ops.rule_attention import rule_attention, rule_step
 
 GATES = ("none", "head", "channel")
 
@@ -133,7 +133,7 @@ def check_rule(
     ``tolerance`` bounds every float64 difference (forms, states, steps, packed sequences)
     relative to the values' own size (the inputs are O(1)); gradients get 100 times as much.
     """
-    found = _rule(rule)
+    found = rules.resolve(rule)
     errors: dict[str, float] = {}
     scale = K**-0.5
     for seed in seeds:

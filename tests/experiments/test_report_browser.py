@@ -17,9 +17,9 @@ import pytest
 
 from linattn import cli
 from linattn.experiments import report, report_browser, table1
-from linattn.experiments._results_files import read_results
 from linattn.experiments.state_tracking import results as state_tracking_results
 from linattn.figures import SPEC_FIGURES, legibility, plots, render_spec_figures, style
+from linattn.results_files import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "runs" / "browser"

@@ -48,7 +48,6 @@ from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
 from linattn.ops import rules
 from linattn.ops.mechanism import Mechanism
-from linattn.ops.rule_attention import _rule
 
 _DTYPES = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 # The fields of the shape descriptor each rank contributes (int64), in order.
@@ -288,7 +287,7 @@ def rule_attention(
     Returns:
         o [B, T_p, H, V] for this slice, and the state after it (or None).
     """
-    found = _rule(rule)
+    found = rules.resolve(rule)
     chunk_size = found.CHUNK_SIZE if chunk_size is None else chunk_size
 
     def check_own(B: int, T: int, H: int, K: int, V: int) -> None:

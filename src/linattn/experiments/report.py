@@ -240,7 +240,7 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
 def read_inputs(args: argparse.Namespace) -> dict:
     """The benchmark, recall and state-tracking results, read and validated now (before any
     work): the ``Report`` fields they fill, with the notes that say which file and why."""
-    from linattn.experiments._results_files import load_bench, load_mqar, read_results
+    from linattn.results_files import load_bench, load_mqar, read_results
 
     fields = {}
     bench, fields["bench_source"], fields["bench_note"] = read_input(

@@ -39,13 +39,13 @@ from typing import Any
 import numpy as np
 
 from linattn import reference
-from linattn.experiments._results_files import (  # noqa: F401 (re-exported: the formats above)
-    _number,
+from linattn.figures import style
+from linattn.results_files import (  # noqa: F401 (re-exported: the formats above)
     bench_results,
+    is_number,
     load_bench,
     load_mqar,
 )
-from linattn.figures import style
 
 # The width in inches of a plot drawn for a phone: at most the width (4.5 inches, 434 CSS px) at
 # which a 358 px column (a 390 px screen less its margins) still shows SMALLEST_TEXT at 11 px.

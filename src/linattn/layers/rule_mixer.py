@@ -26,7 +26,6 @@ from linattn.layers.modules import DecayGate
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.ops import rules
 from linattn.ops.functional import l2norm
-from linattn.ops.rule_attention import _rule
 
 # The layer's gate kinds by the registry's names (``DecayGate``'s kinds: Mamba-2's per head, KDA's
 # per key channel).
@@ -72,7 +71,7 @@ class RuleMixer(RecurrentMixer):
         dt_init_range: tuple[float, float] = (1e-3, 1e-1),
         **kwargs,
     ) -> None:
-        found = _rule(rule)  # a registered rule, else the error names it
+        found = rules.resolve(rule)  # a registered rule, else the error names it
         if gate not in _DECAY_KINDS:
             raise ValueError(f"gate must be one of {tuple(_DECAY_KINDS)}, got {gate!r}")
         super().__init__(d_model, n_heads, **kwargs)

@@ -21,20 +21,6 @@ from linattn.ops._arguments import check_op
 from linattn.ops.step import _check_out, _check_shapes, _pytorch_step
 
 
-def _rule(rule: object) -> rules.Rule:
-    """The registered rule named ``rule`` (or the registered instance itself)."""
-    if isinstance(rule, rules.Rule):
-        found = rules.named(rule.NAME)
-        if found is not rule:
-            raise ValueError(f"rule {rule.NAME!r} is not registered (linattn.ops.rules.register)")
-        return found
-    if not isinstance(rule, str):
-        raise TypeError(
-            f"rule must be a rule's name or a registered Rule, got {type(rule).__name__}"
-        )
-    return rules.named(rule)
-
-
 def rule_attention(
     rule: str | rules.Rule,
     q: Tensor,
@@ -74,7 +60,7 @@ def rule_attention(
         o: [B, T, HV, V] in v's dtype; the final state [B, HV, K, V] (or [N, HV, K, V]) in
         float32 (float64 for float64 inputs), or None.
     """
-    found = _rule(rule)
+    found = rules.resolve(rule)
 
     def own(B: int, T: int, HV: int, K: int, V: int) -> None:
         _checks.rule_inputs(found, inputs, B, T, HV, K=K, V=V)
@@ -112,7 +98,7 @@ def rule_step(
     or [B, HV, K | V]. With grad mode on and an input that requires grad, the update is
     recorded (as ``recurrent_step``'s): o_t and the state are differentiable.
     """
-    found = _rule(rule)
+    found = rules.resolve(rule)
     B, HV, K, V = _check_shapes(state, q, k, v)
     _check_out(out, state)
     _checks.rule_inputs(found, inputs, B, HV, K=K, V=V, layout="[B, HV")

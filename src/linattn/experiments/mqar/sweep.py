@@ -129,10 +129,10 @@ from torch import nn
 
 from linattn import registry
 from linattn.experiments._pool import run_jobs
-from linattn.experiments._results_files import read_results  # noqa: F401 (re-exported)
 from linattn.experiments.mqar.data import FILLERS, MQARTask, filler_name
 from linattn.experiments.mqar.summary import results_table, summarize  # noqa: F401 (re-exported)
 from linattn.experiments.mqar.train import TrainConfig, train
+from linattn.results_files import read_results  # noqa: F401 (re-exported)
 
 # Zoology's MQAR model (Arora et al. 2023; HazyResearch/zoology, experiments/models_repo.py):
 # two blocks, a gated short convolution ("BaseConv", kernel 3) and then the sequence mixer. We build

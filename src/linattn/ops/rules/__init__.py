@@ -43,6 +43,7 @@ __all__ = [
     "names",
     "read",
     "register",
+    "resolve",
     "taking",
     "unregister",
 ]
@@ -69,6 +70,20 @@ def named(name: str) -> Rule:
         return _RULES[name]
     except (KeyError, TypeError):
         raise ValueError(f"rule must be one of {names()}, got {name!r}") from None
+
+
+def resolve(rule: str | Rule) -> Rule:
+    """The registered rule named ``rule``, or ``rule`` itself where it is the registered instance
+    (an instance that is not the one registered under its name is refused)."""
+    if isinstance(rule, Rule):
+        if _RULES.get(rule.NAME) is not rule:
+            raise ValueError(f"rule {rule.NAME!r} is not registered (linattn.ops.rules.register)")
+        return rule
+    if not isinstance(rule, str):
+        raise TypeError(
+            f"rule must be a rule's name or a registered Rule, got {type(rule).__name__}"
+        )
+    return named(rule)
 
 
 def taking(inputs: frozenset[str]) -> Rule:

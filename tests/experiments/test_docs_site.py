@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from linattn import docs_site, registry
-from linattn.experiments import report_browser
+from linattn import registry
+from linattn.experiments import docs_site, report_browser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = (1280, 390)
 PUBLIC = ("ops", "layers", "models", "compat", "registry", "testing", "integrations")
 

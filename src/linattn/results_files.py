@@ -4,7 +4,8 @@ lines, and the JSON lines of the sweeps: ``read_results``), in formats documente
 
 A module of its own, with no import of torch, scipy or matplotlib: ``linattn report`` reads its
 input files before any work, and a bad one should fail in a fraction of a second, not after the
-seconds those imports take.
+seconds those imports take. Library code (the plots, the documentation site) and the experiments
+read the files through it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def load_bench(path: Path | str) -> dict | None:
     for index, row in enumerate(results):
         if (
             not isinstance(row, dict)
-            or not _number(row.get("T"))
-            or not _number(row.get("seconds"))
+            or not is_number(row.get("T"))
+            or not is_number(row.get("seconds"))
         ):
             raise ValueError(f"{path}: results[{index}] needs numbers 'T' and 'seconds'")
         if "name" not in row and "method" not in row:
@@ -74,7 +75,7 @@ def load_mqar(path: Path | str) -> list[dict] | None:
             raise ValueError(f"{path}, line {number}: not valid JSON ({error})") from None
         if not isinstance(row, dict) or not (row.get("mechanism") or row.get("mixer")):
             raise ValueError(f"{path}, line {number}: needs a 'mechanism'")
-        if not _number(row.get("state_numbers")) or not _number(row.get("accuracy")):
+        if not is_number(row.get("state_numbers")) or not is_number(row.get("accuracy")):
             raise ValueError(f"{path}, line {number}: needs numbers 'state_numbers', 'accuracy'")
         rows.append(row)
     if not rows:
@@ -82,7 +83,7 @@ def load_mqar(path: Path | str) -> list[dict] | None:
     return rows
 
 
-def _number(x: object) -> bool:
+def is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository the site is built from
+ROOT = Path(__file__).resolve().parents[3]  # the repository the site is built from
 RESULTS = ROOT / "benchmarks" / "results"
 BENCH_FILE = RESULTS / "bench.json"
 MQAR_FILE = RESULTS / "mqar-cpu.jsonl"
@@ -303,10 +303,10 @@ def benchmark_content(root: Path = ROOT) -> tuple[dict[str, str], dict[str, byte
     """The generated parts of the benchmark pages: ``{marker: Markdown}`` and ``{path under the
     docs: PNG bytes}``, from the committed results under ``root/benchmarks/results``."""
     from linattn.experiments import report_setup
-    from linattn.experiments._results_files import bench_results, load_mqar, read_results
     from linattn.experiments.mqar.summary import results_table as mqar_table
     from linattn.experiments.state_tracking import results as st
     from linattn.figures import plots
+    from linattn.results_files import bench_results, load_mqar, read_results
 
     results = root / "benchmarks" / "results"
     parts: dict[str, str] = {}
