@@ -7,17 +7,17 @@ check (``own``); the errors name the user's arguments.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from linattn.ops import checks as _checks
 
 
-@dataclass(frozen=True)
-class Checked:
+class Checked(NamedTuple):
     """What the checks found: the sizes, the chunk size as an int, output_final_state as a bool.
 
     B, T: batch and tokens; H, HV: query/key and value heads; K, V: key and value sizes; N: the
-    sequences (B, or the packed sequences of ``cu_seqlens``)."""
+    sequences (B, or the packed sequences of ``cu_seqlens``). A tuple: it is made on every call,
+    and a frozen dataclass's constructor costs several times a tuple's."""
 
     B: int
     T: int

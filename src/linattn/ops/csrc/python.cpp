@@ -11,6 +11,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "kernels.h"
 
@@ -26,7 +27,7 @@ namespace {
 std::optional<at::Tensor> fast_step(at::Tensor state, const at::Tensor& q, const at::Tensor& k,
                                     const at::Tensor& v, const std::optional<at::Tensor>& beta,
                                     const std::optional<at::Tensor>& g,
-                                    std::optional<double> scale, const std::string& rule,
+                                    std::optional<double> scale, std::string_view rule,
                                     std::optional<std::string> gate,
                                     std::optional<at::Tensor> out,
                                     const std::optional<at::Tensor>& b) {
@@ -48,7 +49,9 @@ std::optional<at::Tensor> fast_step(at::Tensor state, const at::Tensor& q, const
     source = state;
     state = *out;
   }
-  return linattn_native::recurrent_step(state, q, k, v, beta, g, s, rule, *gate, source, b);
+  return linattn_native::recurrent_step(state, q, k, v, beta, g, s,
+                                        c10::string_view(rule.data(), rule.size()), *gate,
+                                        source, b);
 }
 
 }  // namespace
