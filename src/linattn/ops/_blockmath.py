@@ -377,6 +377,7 @@ def scalar_decay(
     out: Tensor | None,
     floor: float | None = None,
     dtype: torch.dtype | None = None,
+    gates: Tensor | None = None,
 ) -> Tensor:
     """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> out [..., C, C].
 
@@ -384,11 +385,16 @@ def scalar_decay(
     evaluated above 0, and the result is cut to 0 there after it. ``floor``: see ``decay_exp_``.
     G may be float64 for a float32 ``out``: the differences are then taken in float64 and rounded
     once (the module docstring). ``out`` None (``differentiable``): new tensors in ``dtype``, none
-    changed in place after its exponential.
+    changed in place after its exponential; with ``gates`` (the floored g that G sums), the
+    gradient goes to them by ``PairDecay``.
     """
     G = as_gate_sum(G)
     Gt = G.map(lambda x: x.transpose(-1, -2))
     if out is None:
+        if gates is not None:  # the value from G, its gradient to the gates (``PairDecay``)
+            with torch.no_grad():
+                decay = scalar_decay(G.map(Tensor.detach), None, floor, dtype)
+            return PairDecay.apply(gates, decay)
         exponents = torch.tril(G.minus(Gt)).to(dtype)  # [..., C, C]
         return torch.tril(decay_exp_(exponents, floor))
     if G.hi.dtype == out.dtype and G.lo is None:
@@ -396,6 +402,52 @@ def scalar_decay(
     else:
         out.copy_(G.minus(Gt))
     return decay_exp_(out.tril_(), floor).tril_()
+
+
+def pair_crossings(X: Tensor) -> Tensor:
+    """sum_{i >= m > j} X_ij for every row m of X [..., C, C]: [..., C, 1].
+
+    The gradient of one log-gate per token from the decays exp(G_i - G_j) of a product's pairs
+    (X_ij = dA_ij A_ij): g_m is in the exponent of the pairs across it, j < m <= i. Formed as
+    the row sums of G_i's shares less the column sums of G_j's, then summed over m (dg = reversed
+    cumsum of dG), every pair on both sides of m would cancel in float32 (exactly, not in its
+    rounding): a pair inside a run of zero gates (DeltaProduct's writes of one token) is
+    undecayed, its share of order one, and it swamps the dg of a steep gate elsewhere, which is
+    of order exp(g). Summed over the pairs across m alone, dg keeps its own relative accuracy.
+    """
+    Y = X.flip(-2).cumsum(-2).flip(-2)  # Y_mj = sum_{i >= m} X_ij
+    return Y.tril(-1).sum(-1, keepdim=True)
+
+
+class PairDecay(torch.autograd.Function):
+    """exp(G_i - G_j) on j <= i for autograd (``scalar_decay``'s all-blocks form), whose gradient
+    goes to the gates g themselves by ``pair_crossings``, not through G = cumsum(g).
+
+    forward(g, decay): ``decay`` is the value (formed from G as ``scalar_decay`` forms it), g
+    [..., C, 1] the floored gates it is a function of. The output is saved, so that the backward
+    pass (differentiable ops of it) is itself differentiable for double backward.
+    """
+
+    @staticmethod
+    def forward(ctx, g: Tensor, decay: Tensor) -> Tensor:  # noqa: D102
+        out = decay.clone()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_decay: Tensor) -> tuple[Tensor, None]:  # noqa: D102
+        (decay,) = ctx.saved_tensors
+        return pair_crossings(d_decay * decay), None
+
+
+def sums_after(g: Tensor) -> Tensor:
+    """sum_{m > i} g_m for every row i of g [..., C, K], in float64: the exponent of exp(G_C -
+    G_i) as a sum of the gates it holds, so that autograd's gradient of each gate is the sum of
+    the shares of the rows before it (each a term across it), not G_C's share less G_i's (which
+    cancel for the rows after a run of zero gates, as ``pair_crossings`` says)."""
+    g = g.to(torch.float64)
+    after = torch.flip(torch.cumsum(torch.flip(g, dims=(-2,)), dim=-2), dims=(-2,))
+    return torch.cat([after[..., 1:, :], torch.zeros_like(after[..., :1, :])], dim=-2)
 
 
 def unit_lower_inverse(A: Tensor, out: Tensor | None = None) -> Tensor:

@@ -3,6 +3,7 @@
 #include "products.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "blas.h"
 
@@ -339,21 +340,26 @@ void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* e
 }
 
 // The gates' share of a decayed product's gradient: for M = X * Gamma (Gamma[i, j] =
-// exp(G_i - G_j), causal: j <= i, or j < i when strict) and its gradient dM, row i of dM * M adds
-// to dG_i and column i subtracts from it. dM and M are [c, ld] row-major, zero above the mask.
-// The diagonal (no decay) adds to its row and subtracts from its column the same number: it is
-// skipped, so that its rounding (as large as the undecayed term) does not reach dg.
-void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG) {
-  for (int i = 0; i < c; ++i) {
-    const float *dMi = dM + i * ld, *Mi = M + i * ld;
-    float row = 0.0f;
-#pragma omp simd reduction(+ : row)
-    for (int j = 0; j < i; ++j) {
-      const float m = dMi[j] * Mi[j];
-      row += m;
-      dG[j] -= m;
+// exp(G_i - G_j), causal: j <= i, or j < i when strict) and its gradient dM, the pair (i, j)
+// holds g_m for j < m <= i, so dg_m gets sum_{i >= m > j} dM_ij M_ij, added to pairs[m]. dM and
+// M are [c, ld] row-major, zero above the mask. Each pair is summed into the gates across it
+// alone: as row i's share of G_i less column j's share of G_j, summed over m >= i (dg is the
+// reversed cumulative sum of dG), a pair on both sides of m would cancel in float32, and an
+// undecayed one (a run of zero gates: DeltaProduct's writes of one token) would swamp the dg of
+// a steep gate, of the order of exp(g). The diagonal crosses no gate.
+void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* pairs) {
+  thread_local std::vector<float> below;  // below[j] = sum_{i >= m} dM_ij M_ij, m going down
+  below.assign(static_cast<size_t>(std::max(c, 0)), 0.0f);
+  float* col = below.data();
+  for (int m = c - 1; m >= 1; --m) {
+    const float *dMm = dM + m * ld, *Mm = M + m * ld;
+    float across = 0.0f;
+#pragma omp simd reduction(+ : across)
+    for (int j = 0; j < m; ++j) {
+      col[j] += dMm[j] * Mm[j];
+      across += col[j];
     }
-    dG[i] += row;
+    pairs[m] += across;
   }
 }
 

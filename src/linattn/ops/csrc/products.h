@@ -79,8 +79,9 @@ void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* e
 // holds, else (nullptr) exp(G_i - G_j) from G's pairs.
 void token_decay_row(const Gates& G, int i, int c, const float* quotients, float* row);
 
-// The gates' share of a one-gate-per-token decayed product's gradient (adds to dG [c]).
-void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG);
+// The gates' share of a one-gate-per-token decayed product's gradient: sum_{i >= m > j} of
+// dM_ij M_ij added to pairs[m] (a term of dg_m itself, not of dG; pairs [c]).
+void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* pairs);
 
 // dM *= Gamma on the first c columns of c rows (dM row stride ldm, Gamma ldg): the gradient of a
 // one-gate-per-token product's undecayed factors.

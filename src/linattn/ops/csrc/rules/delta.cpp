@@ -123,7 +123,7 @@ void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   const int64_t K = d.K, C = d.C;
   if (!d.channel()) {
     if (d.gated()) {
-      product_gate_gradient(tg.dA, rc.t.Akk, C, c, tg.dG);
+      product_gate_gradient(tg.dA, rc.t.Akk, C, c, tg.dGx);
       for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) tg.dA[e] *= rc.Gam[e];
     }
     lower_product_gradient(c, c, 1, Ki, 1.0f, tg.dA, C, x.k, x.ldk, x.k, x.ldk, g.dK, g.lddk,

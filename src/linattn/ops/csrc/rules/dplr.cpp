@@ -172,7 +172,7 @@ struct Factor {
 
 // The gradient of M = alpha decayed(x y^T) of n rows (j <= i; M and dM [n, n], row stride ld,
 // dM masked alike and used up) into x.d, y.d and the gates' share into dG [n, kg] (row i of x
-// and y at G_i), as the loop's A_qk (backward.cpp, step 6): the diagonal (no decay) kept out of
+// and y at G_i; one gate per token: into tg.dGx, ``product_gate_gradient``), as the loop's A_qk (backward.cpp, step 6): the diagonal (no decay) kept out of
 // the per-channel gates' share; per channel, the factors from the end decays where the chunk
 // fits (as ``scores`` formed them).
 void product_backward(Factor x, Factor y, int n, float alpha, const float* M, float* dM,
@@ -183,7 +183,7 @@ void product_backward(Factor x, Factor y, int n, float alpha, const float* M, fl
   if (n <= 0) return;
   if (!d.channel()) {
     if (d.gated()) {
-      product_gate_gradient(dM, M, ld, n, dG);
+      product_gate_gradient(dM, M, ld, n, tg.dGx);
       times_decays(n, dM, ld, rc.Gam, d.C);
     }
     lower_product_gradient(n, n, 1, Ki, alpha, dM, ld, x.in.p, x.in.ld, y.in.p, y.in.ld, x.d, x.ld,
@@ -287,7 +287,7 @@ void stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   float* dM = tg.dA + lda;  // rows 1.. of dM_b: the view of b_next
   const float* M = rc.t.Akk + lda;
   for (int block = 0; d.gated() && block < 2; ++block) {
-    product_gate_gradient(dM + block * c, M + block * c, lda, n, tg.dG);
+    product_gate_gradient(dM + block * c, M + block * c, lda, n, tg.dGx);
     times_decays(n, dM + block * c, lda, rc.Gam, d.C);
   }
   const float* b_next = x.beta + x.sb + K;
