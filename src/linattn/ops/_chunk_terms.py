@@ -99,7 +99,7 @@ class Products:
         self.lefts, self.b, self.strict = lefts, b, strict
         self.channel = self.decay = self.gate_share = None
         if gate == "channel":
-            self.channel = ChannelProducts(lefts, b, G, strict, buffers, floor)
+            self.channel = ChannelProducts(lefts, b, G, strict, buffers, floor, gates)
             self.As = self.channel.As
             return
         C = b.shape[-2]
@@ -119,10 +119,13 @@ class Products:
 
         The dA_p are fresh tensors of the caller's: masked (and decayed) in place. With one gate
         per head, the gates' share is kept in ``gate_share`` [..., C, 1] (``pair_crossings``: a
-        term of dg itself, not of dG), which the factors' a da - b db no longer carry to dG.
+        term of dg itself, not of dG), which the factors' a da - b db no longer carry to dG; with
+        one per channel, [..., C, K] (``ChannelProducts.backward``).
         """
         if self.channel is not None:
-            return self.channel.backward(dAs)
+            das, db = self.channel.backward(dAs)
+            self.gate_share = self.channel.gate_share
+            return das, db
         if self.decay is not None:
             X = sum(dA * A for dA, A in zip(dAs, self.As, strict=True))
             self.gate_share = pair_crossings(X)
@@ -266,15 +269,10 @@ class Terms:
         diag = self.diagonal(dA_qk)
         dv, dbeta, dKd, dAs = self.rule.pseudo_value_backward(self, dU, S)
         (dq, *das), dk = self.products.backward([dA_qk, *dAs])
-        # The decay inside the products: dG = sum_p a_p * da_p - b * db (see ``Products``), per
-        # channel; one gate per head has its share in ``gate_share``, a term of dg.
-        dG = None
-        if self.mech.decays and self.mech.gate == "channel":
-            dG = self.q * dq - self.k * dk
+        # The decay inside the products has its share in ``gate_share``, a term of dg itself
+        # (``Products.backward``), not of dG.
         grads = {"q": dq, "k": dk}
         for (name, _), da in zip(self.rule.PRODUCTS, das, strict=True):
-            if dG is not None:
-                dG.add_(getattr(self, name) * da)
             grads[name] = grads[name] + da
         dq, dk = grads["q"], grads["k"]
         if not self.mech.decays:
@@ -285,7 +283,7 @@ class Terms:
                 dk.add_(dKd)
             return dq, dk, dv, dbeta, None
         share = self.products.gate_share
-        dq, dk, dg = self.gate_gradients(dq, dk, dG, diag, dQd, dKe, dKd, dD, pairs=share)
+        dq, dk, dg = self.gate_gradients(dq, dk, None, diag, dQd, dKe, dKd, dD, pairs=share)
         return dq, dk, dv, dbeta, dg
 
     def diagonal(self, dA: Tensor) -> Tensor | None:
@@ -307,9 +305,9 @@ class Terms:
         """The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C); (dq, dk, dg).
 
         dKe: the keys' rows [n, P, C, K]; ``dG_more``: a stacked rule's own share of the gates
-        that decay to the chunk's end, as Ke's (dplr's Ae = a e^(G_C - G)), or None. dG: the
-        products' share of G (per channel), or None; ``pairs``: their share of g itself (one
-        gate per head: the products' ``gate_share`` summed), or None."""
+        that decay to the chunk's end, as Ke's (dplr's Ae = a e^(G_C - G)), or None. dG: a
+        rule's own share of G, or None; ``pairs``: the products' share of g itself (their
+        ``gate_share`` summed), or None."""
         C = self.k.shape[-2]
         dq = dq + diag * self.k + dQd * self.eG
         dk = dk + diag * self.q + dKe * self.eEnd

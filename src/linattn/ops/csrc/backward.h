@@ -48,7 +48,8 @@ struct Recomputed {
 // rule's own block where U reads the state; the additive rule's dU is dv itself), dR_k, dQd
 // [c, K], dKe [writes c, K], the per-channel products' dX, dY [c, K], and the gates': dG [c, kg]
 // per row, dGe (Ke's share), dG_diag [c] (A_qk's diagonal), dG_end [kg] (G_c's share), and
-// dGx [c] (one gate per token: the products' share of dg itself, ``product_gate_gradient``).
+// dGx [c, kg] (the products' share of dg itself: ``product_gate_gradient``,
+// ``channel_gate_share``).
 struct TermGrads {
   float* dA;
   float* dU;

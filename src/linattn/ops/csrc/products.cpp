@@ -317,6 +317,53 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
   });
 }
 
+namespace {
+
+// The gates' share of the pairs of rows [i0, i0 + n) (``channel_gate_share``): the lower-left
+// quarter about r, the last row of the upper half (exponents <= 0 both sides), then each half.
+void quarter_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int i0, int n, float alpha,
+                        const float* dA, int64_t lda, float* share, Scratch& w) {
+  if (n <= 1) return;
+  const int h = n / 2, Ki = static_cast<int>(K);
+  const Block b{i0 + h, n - h, i0, h, i0 + h - 1};
+  factor_block<false, false>(x, x, y, G, K, b, w);
+  const float* dAb = dA + b.i0 * lda + b.j0;
+  gemm(false, false, b.n, K, b.m, alpha, dAb, lda, w.Yf.data(), K, 0.0f, w.dXf.data(), K);
+  gemm(true, false, b.m, K, b.n, alpha, dAb, lda, w.Xf.data(), K, 0.0f, w.dYf.data(), K);
+  // Lower rows m: the pairs i >= m, alpha_i = Xf_i dXf_i (the last row first).
+  float* sum = w.Ex.data();  // [K], a running sum
+  std::fill(sum, sum + K, 0.0f);
+  for (int i = b.n - 1; i >= 0; --i) {
+    const float *f = w.Xf.data() + i * K, *d = w.dXf.data() + i * K;
+    float* out = share + static_cast<int64_t>(b.i0 + i) * K;
+#pragma omp simd
+    for (int c = 0; c < Ki; ++c) {
+      sum[c] += f[c] * d[c];
+      out[c] += sum[c];
+    }
+  }
+  // Upper rows m: the pairs j < m, beta_j = Yf_j dYf_j (the first row gets none).
+  std::fill(sum, sum + K, 0.0f);
+  for (int j = 0; j < b.m; ++j) {
+    const float *f = w.Yf.data() + j * K, *d = w.dYf.data() + j * K;
+    float* out = share + static_cast<int64_t>(b.j0 + j) * K;
+#pragma omp simd
+    for (int c = 0; c < Ki; ++c) {
+      out[c] += sum[c];
+      sum[c] += f[c] * d[c];
+    }
+  }
+  quarter_gate_share(x, y, G, K, i0, h, alpha, dA, lda, share, w);
+  quarter_gate_share(x, y, G, K, i0 + h, n - h, alpha, dA, lda, share, w);
+}
+
+}  // namespace
+
+void channel_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
+                        const float* dA, int64_t lda, float* share, Scratch& w) {
+  quarter_gate_share(x, y, G, K, 0, c, alpha, dA, lda, share, w);
+}
+
 void token_decay_row(const Gates& G, int i, int c, const float* quotients, float* row) {
   if (quotients) {  // end_j / end_i, the diagonal 1 exactly (``end_decay_rows``)
     const float down = quotients[i];
