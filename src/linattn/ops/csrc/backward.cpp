@@ -367,7 +367,8 @@ void qk_channel_score_gradients(const ChunkRows& x, const ChunkGrads& g, const D
   std::fill(tg.dY, tg.dY + c * K, 0.0f);
   channel_product_backward({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, lda, tg.dX,
                            tg.dY, w, rc.t.eEnd);
-  channel_gate_share({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, lda, tg.dGx, w);
+  channel_gate_share({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, lda, tg.dGx, w,
+                     rc.t.eEnd);
   for (int i = 0; i < c; ++i) {
     const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K;

@@ -319,11 +319,47 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
 
 namespace {
 
-// The gates' share of the pairs of rows [i0, i0 + n) (``channel_gate_share``): the lower-left
-// quarter about r, the last row of the upper half (exponents <= 0 both sides), then each half.
+// The gates' share of the pairs of a diagonal block b of n rows whose gates' spread fits the
+// budget, from its factors about one row (``factor_block``; with ``end``, the whole chunk about
+// its last row): share[m] += sum_{i >= m} Xf_i P_i(m), P_i(m) = alpha sum_{j < m} dA_ij Yf_j,
+// P_i grown a column at a time. Each sum holds only pairs across m (no halving, no exponential
+// beyond the factors').
+void direct_gate_share(Rows x, Rows y, const Gates& G, int64_t K, const Block& b, float alpha,
+                       const float* dA, int64_t lda, float* share, Scratch& w, const float* end) {
+  factor_block<false, false>(x, x, y, G, K, b, w, end);
+  const int n = b.n, Ki = static_cast<int>(K);
+  float *P = w.dXf.data(), *sum = w.Ex.data();  // P [n, K]; sum [K]
+  std::fill(P, P + static_cast<int64_t>(n) * K, 0.0f);
+  for (int m = 1; m < n; ++m) {
+    const float* yf = w.Yf.data() + static_cast<int64_t>(m - 1) * K;
+    std::fill(sum, sum + K, 0.0f);
+    for (int i = m; i < n; ++i) {
+      const float a = alpha * dA[(b.i0 + i) * lda + b.i0 + m - 1];
+      const float* xf = w.Xf.data() + static_cast<int64_t>(i) * K;
+      float* Pi = P + static_cast<int64_t>(i) * K;
+#pragma omp simd
+      for (int c = 0; c < Ki; ++c) {
+        Pi[c] += a * yf[c];
+        sum[c] += xf[c] * Pi[c];
+      }
+    }
+    float* out = share + static_cast<int64_t>(b.i0 + m) * K;
+#pragma omp simd
+    for (int c = 0; c < Ki; ++c) out[c] += sum[c];
+  }
+}
+
+// The gates' share of the pairs of rows [i0, i0 + n) (``channel_gate_share``): within the budget
+// one direct block; else the lower-left quarter about r, the last row of the upper half
+// (exponents <= 0 both sides), then each half.
 void quarter_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int i0, int n, float alpha,
                         const float* dA, int64_t lda, float* share, Scratch& w) {
   if (n <= 1) return;
+  if (gate_spread(G, K, i0, n) <= kFactorBudget) {
+    const Block d{i0, n, i0, n, i0 + n / 2};
+    direct_gate_share(x, y, G, K, d, alpha, dA, lda, share, w, nullptr);
+    return;
+  }
   const int h = n / 2, Ki = static_cast<int>(K);
   const Block b{i0 + h, n - h, i0, h, i0 + h - 1};
   factor_block<false, false>(x, x, y, G, K, b, w);
@@ -360,7 +396,12 @@ void quarter_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int i0, int n
 }  // namespace
 
 void channel_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
-                        const float* dA, int64_t lda, float* share, Scratch& w) {
+                        const float* dA, int64_t lda, float* share, Scratch& w,
+                        const float* end) {
+  if (end_factored(G, K, c, end)) {  // the whole chunk about its last row, from the end decays
+    direct_gate_share(x, y, G, K, Block{0, c, 0, c, c - 1}, alpha, dA, lda, share, w, end);
+    return;
+  }
   quarter_gate_share(x, y, G, K, 0, c, alpha, dA, lda, share, w);
 }
 

@@ -134,7 +134,7 @@ void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   std::fill(tg.dY, tg.dY + c * K, 0.0f);
   const Rows k{x.k, x.ldk};
   channel_product_backward(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dX, tg.dY, w, rc.t.eEnd);
-  channel_gate_share(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dGx, w);
+  channel_gate_share(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dGx, w, rc.t.eEnd);
   for (int i = 0; i < c; ++i) {
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K;
     float* dk_i = g.dK + i * g.lddk;

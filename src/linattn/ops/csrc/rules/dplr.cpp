@@ -200,7 +200,7 @@ void product_backward(Factor x, Factor y, int n, float alpha, const float* M, fl
   // the end decays are the whole chunk's (about its last row): fit over all its c rows
   const float* end = end_factored(rc.t.G, K, d.c, rc.t.eEnd) ? rc.t.eEnd : nullptr;
   channel_product_backward(x.in, y.in, rc.t.G, K, n, alpha, dM, ld, tg.dX, tg.dY, w, end);
-  channel_gate_share(x.in, y.in, rc.t.G, K, n, alpha, dM, ld, dG, w);
+  channel_gate_share(x.in, y.in, rc.t.G, K, n, alpha, dM, ld, dG, w, end);
   for (int i = 0; i < n; ++i) {
     const float *xi = x.in.p + i * x.in.ld, *yi = y.in.p + i * y.in.ld;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K, dd = diag[i];
@@ -355,8 +355,8 @@ bool channel_stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dim
   }
   // The gates' share, pair by pair (``channel_gate_share``; it reuses w's factor blocks).
   const Rows b_next{x.beta + x.sb + K, x.sb};
-  channel_gate_share(b_next, {x.k, x.ldk}, rc.t.G, K, n, -1.0f, dM, lda, tg.dGx, w);
-  channel_gate_share(b_next, a_rows(x), rc.t.G, K, n, -1.0f, dM + c, lda, tg.dGx, w);
+  channel_gate_share(b_next, {x.k, x.ldk}, rc.t.G, K, n, -1.0f, dM, lda, tg.dGx, w, end);
+  channel_gate_share(b_next, a_rows(x), rc.t.G, K, n, -1.0f, dM + c, lda, tg.dGx, w, end);
   return true;
 }
 
