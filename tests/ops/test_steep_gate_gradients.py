@@ -227,3 +227,14 @@ def test_gated_deltanet2_two_tokens_one_channel(mode, backend):
             want = _gate_gradient(x, op, torch.float64, "recurrent")
             got = _gate_gradient(x, op, torch.float32, mode, chunk_size=64)
             assert _relative(got, want) < 3e-5, (scale, seed)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_gate_gradient_over_whole_factored_chunks(rule, backend):
+    # Gates within the factor budget over 32-token chunks, zero on every other token: each
+    # chunk's pairs in one factored block, taken in runs of rows (the fused kernels' products
+    # with the rows before and after a run) as well as within them.
+    x, op = _case(rule, -2.0, 0, zeros=True, T=40)
+    want = _gate_gradient(x, op, torch.float64, "recurrent")
+    got = _gate_gradient(x, op, torch.float32, "chunk", chunk_size=32)
+    assert _relative(got, want) < 5e-6

@@ -319,33 +319,79 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
 
 namespace {
 
+// The rows of ``direct_gate_share``'s blocks: the pairs of a block's rows with the rows before and
+// after it are products (gemm), those inside it a loop.
+constexpr int kShareRows = 16;
+
 // The gates' share of the pairs of a diagonal block b of n rows whose gates' spread fits the
 // budget, from its factors about one row (``factor_block``; with ``end``, the whole chunk about
-// its last row): share[m] += sum_{i >= m} Xf_i P_i(m), P_i(m) = alpha sum_{j < m} dA_ij Yf_j,
-// P_i grown a column at a time. Each sum holds only pairs across m (no halving, no exponential
-// beyond the factors').
+// its last row): share[m] += sum_{i >= m, j < m} alpha dA_ij Xf_i Yf_j, every term a pair across
+// m. For m in a run [s, e) of kShareRows rows: the pairs with j < s are sum_{i >= m} Xf_i Q_i,
+// Q = alpha dA[:, :s] Yf[:s] (its rows i >= e summed once for the run, W); those with i >= e and
+// s <= j < m are sum_{s <= j < m} Yf_j U_j, U = alpha dA[e:, s:e]^T Xf[e:]; those inside the run
+// a loop (P_i = alpha sum_{s <= j < m} dA_ij Yf_j grown a column at a time).
 void direct_gate_share(Rows x, Rows y, const Gates& G, int64_t K, const Block& b, float alpha,
                        const float* dA, int64_t lda, float* share, Scratch& w, const float* end) {
   factor_block<false, false>(x, x, y, G, K, b, w, end);
   const int n = b.n, Ki = static_cast<int>(K);
-  float *P = w.dXf.data(), *sum = w.Ex.data();  // P [n, K]; sum [K]
-  std::fill(P, P + static_cast<int64_t>(n) * K, 0.0f);
-  for (int m = 1; m < n; ++m) {
-    const float* yf = w.Yf.data() + static_cast<int64_t>(m - 1) * K;
-    std::fill(sum, sum + K, 0.0f);
-    for (int i = m; i < n; ++i) {
-      const float a = alpha * dA[(b.i0 + i) * lda + b.i0 + m - 1];
-      const float* xf = w.Xf.data() + static_cast<int64_t>(i) * K;
-      float* Pi = P + static_cast<int64_t>(i) * K;
+  const float *Xf = w.Xf.data(), *Yf = w.Yf.data();
+  const float* dA0 = dA + b.i0 * lda + b.i0;  // the block's pair (i, j) at dA0[i lda + j]
+  float *Q = w.dXf.data(), *U = w.dYf.data(), *P = w.Ey.data(), *Cs = w.Ex.data();  // [n, K]
+  thread_local std::vector<float> sums;
+  sums.resize(static_cast<size_t>(2 * K));
+  float *W = sums.data(), *Bm = W + K;
+  for (int s = 0; s < n; s += kShareRows) {
+    const int e = std::min(s + kShareRows, n), nb = e - s;
+    std::fill(W, W + K, 0.0f);
+    std::fill(Cs, Cs + nb * K, 0.0f);
+    if (s > 0) {  // Q_i for the rows i >= s (row i at Q + (i - s) K)
+      gemm(false, false, n - s, K, s, alpha, dA0 + s * lda, lda, Yf, K, 0.0f, Q, K);
+      for (int i = e; i < n; ++i) {
+        const float *xf = Xf + i * K, *q = Q + (i - s) * K;
 #pragma omp simd
-      for (int c = 0; c < Ki; ++c) {
-        Pi[c] += a * yf[c];
-        sum[c] += xf[c] * Pi[c];
+        for (int c = 0; c < Ki; ++c) W[c] += xf[c] * q[c];
+      }
+      std::fill(Bm, Bm + K, 0.0f);  // Cs[m - s] = sum_{m <= i < e} Xf_i Q_i
+      for (int i = e - 1; i >= s; --i) {
+        const float *xf = Xf + i * K, *q = Q + (i - s) * K;
+        float* cs = Cs + (i - s) * K;
+#pragma omp simd
+        for (int c = 0; c < Ki; ++c) {
+          Bm[c] += xf[c] * q[c];
+          cs[c] = Bm[c];
+        }
       }
     }
-    float* out = share + static_cast<int64_t>(b.i0 + m) * K;
+    if (e < n) {
+      gemm(true, false, nb, K, n - e, alpha, dA0 + e * lda + s, lda, Xf + e * K, K, 0.0f, U, K);
+    } else {
+      std::fill(U, U + nb * K, 0.0f);
+    }
+    std::fill(P, P + nb * K, 0.0f);
+    std::fill(Bm, Bm + K, 0.0f);
+    for (int m = s; m < e; ++m) {
+      if (m > s) {  // column m - 1 of the run enters
+        const float *yf = Yf + (m - 1) * K, *u = U + (m - 1 - s) * K;
 #pragma omp simd
-    for (int c = 0; c < Ki; ++c) out[c] += sum[c];
+        for (int c = 0; c < Ki; ++c) Bm[c] += yf[c] * u[c];
+        for (int i = m; i < e; ++i) {
+          const float a = alpha * dA0[i * lda + m - 1];
+          float* Pi = P + (i - s) * K;
+#pragma omp simd
+          for (int c = 0; c < Ki; ++c) Pi[c] += a * yf[c];
+        }
+      }
+      if (m == 0) continue;  // no pair across the first row
+      float* out = share + static_cast<int64_t>(b.i0 + m) * K;
+      const float* cs = Cs + (m - s) * K;
+#pragma omp simd
+      for (int c = 0; c < Ki; ++c) out[c] += W[c] + cs[c] + Bm[c];
+      for (int i = m; i < e; ++i) {
+        const float *xf = Xf + i * K, *Pi = P + (i - s) * K;
+#pragma omp simd
+        for (int c = 0; c < Ki; ++c) out[c] += xf[c] * Pi[c];
+      }
+    }
   }
 }
 

@@ -70,9 +70,10 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
 // dA_ij x_i y_j exp(G_i - G_j) (per channel) is added to share[m] (a term of dg itself, [c, K]).
 // The pairs are taken by the halving (every exponent <= 0) down to blocks whose gates fit the
 // budget (with ``end``, as ``channel_product_backward``: the whole chunk about its last row),
-// each taken directly, the pairs to the gates across them alone: as x dX - y dY summed into dG, the pairs on both sides of a gate
-// would cancel in float32, and an undecayed one (a run of zero gates: DeltaProduct's writes of
-// one token) would swamp the dg of a steep gate, of the order of exp(g).
+// each taken directly, every pair to the gates across it alone. As x dX - y dY summed into dG,
+// the pairs on both sides of a gate would cancel in float32, and an undecayed one (a run of zero
+// gates: DeltaProduct's writes of one token) would swamp the dg of a steep gate, of the order of
+// exp(g).
 void channel_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
                         const float* dA, int64_t lda, float* share, Scratch& w,
                         const float* end = nullptr);
