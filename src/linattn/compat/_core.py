@@ -151,6 +151,18 @@ def check_neg_eigval(allow_neg_eigval: bool, use_beta_sigmoid_in_kernel: bool) -
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
 
 
+def in_kernel(g, beta, gate, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
+    """(g, beta) as fla's kernels see them when they form them inside: ``gate`` (a function of
+    g, or None: g as given) for ``use_gate_in_kernel``, and beta through a sigmoid (times 2 with
+    ``allow_neg_eigval``) for ``use_beta_sigmoid_in_kernel``. One place for every family that
+    takes these options (Gated DeltaNet's gate, KDA's, ...)."""
+    if gate is not None:
+        g = gate(g)
+    if use_beta_sigmoid_in_kernel:
+        beta = sigmoid_beta(beta, allow_neg_eigval)
+    return g, beta
+
+
 def check_chunk_size(chunk_size: object, allowed: tuple[int, ...] | None, what: str) -> int:
     """fla's chunk sizes: ``allowed`` values, or any power of 2 when ``allowed`` is None."""
     if chunk_size is None:
