@@ -47,11 +47,11 @@ from torch import nn
 
 from linattn import registry
 from linattn.experiments._pool import run_jobs
-from linattn.results_files import read_results
 from linattn.experiments.mqar.sweep import append_result
 from linattn.experiments.mqar.train import TrainConfig, evaluate, train
 from linattn.experiments.state_tracking.tasks import GROUPS, StateTask
 from linattn.models.config import MIXERS
+from linattn.results_files import read_results
 
 NEG = {"allow_neg_eigval": True}
 MECHANISMS: dict[str, tuple[tuple[str, ...], dict]] = {
