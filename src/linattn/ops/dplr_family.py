@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
+from linattn.ops._arguments import check_op
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.rules import dplr
 
@@ -78,6 +80,15 @@ def comba(
             f"p must have k's shape [B, T, H, K] = {tuple(k.shape)}, got {tuple(p.shape)}"
         )
     _checks.beta(beta, B, T, HV, values=False)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
+            q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            initial_state=initial_state,
+        )  # fmt: skip
+        chosen = _backends.choose("comba", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     a = -beta.unsqueeze(-1) * _per_value_head(k, HV)  # [B, T, HV, K]
     return generalized_delta_rule(
         q, k, beta.unsqueeze(-1) * v, a, _per_value_head(p, HV), g,
@@ -126,6 +137,15 @@ def rwkv7(
     _checks.gate(w, B, T, HV, K, values=False)  # its values (<= 0, -inf a reset): the op's g
     if w.dim() != 4:
         raise ValueError(f"w must have shape [B, T, H, K] = {(B, T, HV, K)}, got {tuple(w.shape)}")
+    if _backends.wanted(r):  # the op's arguments by name: none reassigned before this line
+        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
+            r, k, v, w, mode=mode, chunk_size=chunk_size, scale=scale,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            initial_state=initial_state,
+        )  # fmt: skip
+        chosen = _backends.choose("rwkv7", r, w, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     return generalized_delta_rule(
         r, k, v, b, a, w,
         scale=scale, mode=mode, chunk_size=chunk_size, initial_state=initial_state,
@@ -175,6 +195,15 @@ def gated_deltanet2(
                 f"{(B, T, HV, last)}, got {tuple(x.shape)}"
             )
     _checks.gate(g, B, T, HV, K)  # <= 0 before exp(g) enters b
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
+            q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            initial_state=initial_state,
+        )  # fmt: skip
+        chosen = _backends.choose("gated_deltanet2", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     k_v = _per_value_head(k, HV)  # [B, T, HV, K]
     return generalized_delta_rule(
         q, k, w * v, -k_v, g.exp() * b * k_v, g,
