@@ -60,6 +60,9 @@ ALIASES = {
     "g": ("g", "gk", "w"),
     "use_qk_l2norm": ("use_qk_l2norm_in_kernel",),
 }
+# An op whose arguments compat passes under other names: fla's generalized delta rule reads the
+# state with its a and writes along its b, the reverse of linattn's (compat swaps them).
+SWAPPED = {"generalized_delta_rule": {"a": "b", "b": "a"}}
 # The op's numerical options, not part of what is computed: fla's kernels choose their own.
 NUMERICAL = frozenset({"mode", "chunk_size"})
 
@@ -150,8 +153,10 @@ def _make_route(entry, fla_name: str, op: Callable) -> Route:
 
     takes = frozenset(inspect.signature(getattr(compat, fla_name)).parameters)
     params = inspect.signature(op).parameters
-    names = {}
+    names = dict(SWAPPED.get(_op_name(entry), {}))
     for name in params:
+        if name in names:
+            continue
         found = next((a for a in ALIASES.get(name, (name,)) if a in takes), None)
         if found is not None and found not in names.values():
             names[name] = found
@@ -192,9 +197,7 @@ def table() -> dict[str, tuple[Route, ...]]:
     """Every registered mechanism that fla has -> its routes (the dispatch table)."""
     from linattn import registry
 
-    return {
-        e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names
-    }
+    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
 
 
 def gaps() -> tuple[str, ...]:
