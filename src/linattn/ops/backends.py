@@ -237,7 +237,7 @@ def fla_function(fla_name: str) -> Callable:
 def on_gpu(q: Tensor) -> bool:
     """Whether "auto" sends q's call to fla (a CUDA tensor); a name of its own so that tests
     without a GPU can stand in for the device."""
-    return q.device.type == "cuda"
+    return q.is_cuda  # a property read in C: cheaper than building q.device
 
 
 _WARNED: set[str] = set()
