@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from linattn import registry
+from linattn import dispatch, registry
 from linattn.ops import backend, backends
 
 
@@ -64,8 +64,8 @@ def main() -> None:
     with backend("torch"):
         rows["wanted, torch"] = per_call_ns(lambda: backends.wanted(q), args.calls, args.repeats)
     # fla's import and functions stood in for: the decision is timed, no kernel is run.
-    backends.fla_ready = lambda: True
-    backends.fla_function = lambda name: name
+    dispatch.fla_ready = lambda: True
+    dispatch.fla_function = lambda name: name
     with backend("fla"):
         assert backends.choose("delta_rule", q, g, given)[0] == "chunk_gated_delta_rule"
         rows["choose, fla (routes cached)"] = per_call_ns(

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("tests.fla_interpreter")
 pytest.importorskip("fla.ops")
 
-from linattn import ops, registry  # noqa: E402
+from linattn import dispatch, ops, registry  # noqa: E402
 from linattn.ops import backends  # noqa: E402
 
 from .helpers import assert_same, outputs_and_grads  # noqa: E402
@@ -49,8 +49,8 @@ NO_BACKWARD = {"iplr"}
 
 
 def test_every_mechanism_fla_has_is_dispatched_here():
-    assert set(EXPECTED) == set(backends.table())
-    assert backends.gaps() == ("softmax",)
+    assert set(EXPECTED) == set(dispatch.table())
+    assert dispatch.gaps() == ("softmax",)
 
 
 def _leaves(entry, dtype):
@@ -86,9 +86,9 @@ def _check(name, monkeypatch):
     cu = torch.tensor([0, 7, 20])
     op = _op(entry, cu_seqlens=cu)
     called = []
-    original = backends.fla_function
+    original = dispatch.fla_function
     monkeypatch.setattr(
-        backends, "fla_function", lambda n: called.append(n) or original(n)
+        dispatch, "fla_function", lambda n: called.append(n) or original(n)
     )  # records fla's entry point; still fla's own kernel
     exact = {n: t.double() for n, t in leaves.items()}
     if name in NO_BACKWARD:

@@ -581,7 +581,7 @@ def test_enable_on_a_machine_with_cuda_leaves_flas_kernels_to_cuda_tensors(monke
     (``linattn.ops.backend``) reaches fla's function, not the wrapper."""
     import fla.ops
 
-    from linattn.ops import backends
+    from linattn import dispatch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     fla_fn = fla.ops.chunk_gated_delta_rule
@@ -590,7 +590,7 @@ def test_enable_on_a_machine_with_cuda_leaves_flas_kernels_to_cuda_tensors(monke
     try:
         wrapper = fla.ops.chunk_gated_delta_rule
         assert wrapper is not fla_fn and wrapper.__wrapped__ is fla_fn
-        assert backends.fla_function("chunk_gated_delta_rule") is fla_fn
+        assert dispatch.fla_function("chunk_gated_delta_rule") is fla_fn
         o_cpu, S_cpu = wrapper(**x, output_final_state=True)
         want_cpu = compat.chunk_gated_delta_rule(**x, output_final_state=True)
         assert torch.equal(o_cpu, want_cpu[0]) and torch.equal(S_cpu, want_cpu[1])

@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from linattn import compat, ops, registry
+from linattn import compat, dispatch, ops, registry
 from linattn.ops import _native, backends
 
 
@@ -42,14 +42,14 @@ def asymmetric(x):
     return x
 
 
-ROUTES = [(name, route) for name, found in backends.table().items() for route in found]
+ROUTES = [(name, route) for name, found in dispatch.table().items() for route in found]
 
 
 def test_the_table_covers_every_registered_mechanism_fla_has_and_lists_the_gaps():
-    table = backends.table()
+    table = dispatch.table()
     assert set(table) == {e.name for e in registry.mechanisms() if e.fla_names}
     assert all(table.values()), [name for name, found in table.items() if not found]
-    assert backends.gaps() == ("softmax",)  # fla 0.6.0 has every other mechanism
+    assert dispatch.gaps() == ("softmax",)  # fla 0.6.0 has every other mechanism
     for name, found in table.items():
         assert {r.fla_name for r in found} <= set(registry.get(name).fla_names)
 
@@ -97,8 +97,8 @@ def _fake_fla(monkeypatch, calls):
 
         return run
 
-    monkeypatch.setattr(backends, "fla_ready", lambda: True)
-    monkeypatch.setattr(backends, "fla_function", function)
+    monkeypatch.setattr(dispatch, "fla_ready", lambda: True)
+    monkeypatch.setattr(dispatch, "fla_function", function)
 
 
 def _gated_delta(dtype=torch.float32):
@@ -156,7 +156,7 @@ def test_float32_delta_rule_takes_flas_recurrent_kernel(monkeypatch):
 
 def test_auto_on_gpu_falls_back_once_with_a_warning_and_fla_refuses_clearly(monkeypatch):
     monkeypatch.setattr(backends, "on_gpu", lambda q: True)
-    monkeypatch.setattr(backends, "fla_ready", lambda: "fla does not import (test)")
+    monkeypatch.setattr(dispatch, "fla_ready", lambda: "fla does not import (test)")
     monkeypatch.setattr(backends, "_WARNED", set())
     entry, x = _gated_delta()
     with pytest.warns(RuntimeWarning, match="fla does not import"):
