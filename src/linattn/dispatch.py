@@ -28,6 +28,15 @@ from linattn import compat, registry
 # Facts about fla 0.6.0's kernels that its signatures do not say.
 # Its chunk kernels that assert q is not float32 ("does not support float32").
 FLA_REFUSES_FLOAT32 = frozenset({"chunk_delta_rule", "chunk_gated_delta_product"})
+# Its entry points without a backward (an autograd function whose backward raises, or none):
+# a call that records gradients takes another route or stays on linattn.
+FLA_NO_BACKWARD = frozenset(
+    {
+        "chunk_iplr_delta_rule", "fused_recurrent_dplr_delta_rule",
+        "fused_recurrent_gated_delta_rule", "fused_recurrent_gdn", "fused_recurrent_comba",
+        "fused_recurrent_kda", "fused_recurrent_rwkv7", "fused_recurrent_gdn2",
+    }
+)  # fmt: skip
 # Its entry points that take grouped value heads (HV = G * H: "GVA"); the others need HV = H.
 FLA_GROUPED = frozenset(
     {
@@ -195,7 +204,13 @@ def resolve(op_name: str, q: Tensor, g: Tensor | None, given: dict[str, object])
     mode = given.get("mode", "chunk")
     if mode == "recurrent":  # a decoding step: fla's recurrent kernel first
         candidates = sorted(candidates, key=lambda r: not r.fla_name.startswith("fused_"))
+    grads = torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in given.values()
+    )
     for route in candidates:
+        if grads and route.fla_name in FLA_NO_BACKWARD:
+            reasons.append(f"{route.fla_name} has no backward")
+            continue
         if q.dtype == torch.float32 and route.fla_name in FLA_REFUSES_FLOAT32:
             reasons.append(f"{route.fla_name} refuses float32")
             continue
@@ -208,3 +223,36 @@ def resolve(op_name: str, q: Tensor, g: Tensor | None, given: dict[str, object])
             continue
         return fla_function(route.fla_name), kwargs
     return "; ".join(reasons)
+
+
+def op_name(entry) -> str:
+    """The name of ``entry``'s op in ``linattn.ops`` ("delta_rule" for Gated DeltaNet)."""
+    return _op_name(entry)
+
+
+def arguments(entry, inputs: dict[str, Tensor | None], **extra: object) -> dict[str, object]:
+    """The op's arguments by name for a registry case's ``inputs`` (``Entry.case.inputs``): the
+    op's defaults, the case's tensors, its state "S0" as the initial state, the final state
+    asked for, then ``extra``."""
+    params = inspect.signature(entry.op).parameters
+    out = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+    out.update({n: t for n, t in inputs.items() if n in params})
+    out.update(initial_state=inputs["S0"], output_final_state=True, **extra)
+    return out
+
+
+def call(entry, given: dict[str, object]):
+    """``entry``'s op called with the arguments ``given`` by name (positional ones in order)."""
+    params = inspect.signature(entry.op).parameters
+    positional = [given[n] for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keywords = {n: given[n] for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    return entry.op(*positional, **keywords)
+
+
+def resolve_call(entry, given: dict[str, object]):
+    """``resolve`` for ``entry``'s op called with ``given``: its query (q, or RWKV-7's r) and
+    its gate (g, or RWKV-7's w) found by name."""
+    params = inspect.signature(entry.op).parameters
+    query = next(iter(params))
+    gate = "g" if "g" in params else "w"
+    return resolve(_op_name(entry), given[query], given.get(gate), given)

@@ -8,7 +8,6 @@ kernels on these routes: tests/compat/test_dispatch_vs_fla.py.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import pytest
@@ -17,21 +16,8 @@ import torch
 from linattn import compat, dispatch, ops, registry
 from linattn.ops import _native, backends
 
-
-def given(entry, x, **extra):
-    """The op's arguments by name for the registry case's inputs ``x`` (its defaults, then x)."""
-    params = inspect.signature(entry.op).parameters
-    out = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
-    out.update({n: t for n, t in x.items() if n in params})
-    out.update(initial_state=x["S0"], output_final_state=True, **extra)
-    return out
-
-
-def call(entry, arguments):
-    params = inspect.signature(entry.op).parameters
-    positional = [arguments[n] for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    keywords = {n: arguments[n] for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    return entry.op(*positional, **keywords)
+given = dispatch.arguments  # the op's arguments by name for a registry case's inputs
+call = dispatch.call  # the op called with them
 
 
 def asymmetric(x):
@@ -213,3 +199,21 @@ def test_torch_backend_turns_the_fused_kernels_off():
     o, S = call(entry, given(entry, x))
     torch.testing.assert_close(o, o_loop, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(S, S_loop, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_recording_gradients_avoids_flas_kernels_without_a_backward(monkeypatch):
+    calls = []
+    _fake_fla(monkeypatch, calls)
+    entry, x = _gated_delta()
+    x = {n: t.requires_grad_() for n, t in x.items()}
+    with ops.backend("fla"):
+        call(entry, given(entry, x, mode="recurrent"))  # fla's recurrent kernel has no backward
+    assert calls == ["chunk_gated_delta_rule"]
+    entry = registry.get("iplr")
+    x = entry.case.inputs(1, 10, 2, 8, 4, 1, torch.float32)
+    x["q"].requires_grad_()
+    with ops.backend("fla"):
+        call(entry, given(entry, x))  # fla's IPLR chunk kernel has no backward
+    with torch.no_grad(), ops.backend("fla"):
+        call(entry, given(entry, x))
+    assert calls[1:] == ["fused_recurrent_iplr_delta_rule", "chunk_iplr_delta_rule"]
