@@ -11,6 +11,7 @@ fla's recurrent kernel, and DeltaProduct is run in float16 (to float16's roundin
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import pytest
@@ -127,3 +128,32 @@ def test_auto_on_a_gpu_runs_flas_kernel(monkeypatch):
         x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["S0"], output_final_state=True
     )
     assert torch.equal(o, o_fla) and torch.equal(S, S_fla)
+
+
+@pytest.mark.parametrize("layer", ["GatedDeltaNet", "KimiDeltaAttention", "Comba"])
+def test_a_layer_trains_through_flas_kernels_unchanged(layer, monkeypatch):
+    """One model, every device: linattn's layer, unchanged, run on fla's kernels (forward, the
+    input's and every weight's gradient) agrees with the same layer run in float64."""
+    import linattn.layers
+
+    called = []
+    original = dispatch.fla_function
+    monkeypatch.setattr(dispatch, "fla_function", lambda n: called.append(n) or original(n))
+    torch.manual_seed(0)
+    model = getattr(linattn.layers, layer)(32, 2, 16)
+    x = torch.randn(1, 20, 32)
+    exact = copy.deepcopy(model).double()  # before any gradient lands on the weights
+
+    def run(module, inputs):
+        inputs = inputs.clone().requires_grad_()
+        out = module(inputs)[0]
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        (out * weights.to(out.dtype)).sum().backward()
+        grads = [inputs.grad] + [p.grad for p in module.parameters()]
+        return [out.detach()] + grads
+
+    with ops.backend("fla"):
+        got = run(model, x)
+    want = run(exact, x.double())
+    assert called, "the layer never reached fla's kernels"
+    assert_same(got, want, TOL, layer)
