@@ -130,7 +130,14 @@ def test_auto_on_a_gpu_runs_flas_kernel(monkeypatch):
     assert torch.equal(o, o_fla) and torch.equal(S, S_fla)
 
 
-@pytest.mark.parametrize("layer", ["GatedDeltaNet", "KimiDeltaAttention", "Comba"])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        "GatedDeltaNet",
+        pytest.param("KimiDeltaAttention", marks=pytest.mark.slow),  # about 10 s each
+        pytest.param("Comba", marks=pytest.mark.slow),
+    ],
+)
 def test_a_layer_trains_through_flas_kernels_unchanged(layer, monkeypatch):
     """One model, every device: linattn's layer, unchanged, run on fla's kernels (forward, the
     input's and every weight's gradient) agrees with the same layer run in float64."""
