@@ -217,3 +217,28 @@ def test_a_call_recording_gradients_avoids_flas_kernels_without_a_backward(monke
     with torch.no_grad(), ops.backend("fla"):
         call(entry, given(entry, x))
     assert calls[1:] == ["fused_recurrent_iplr_delta_rule", "chunk_iplr_delta_rule"]
+
+
+def test_a_block_in_another_thread_leaves_this_one_on_auto(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(backends, "on_gpu", lambda q: False)
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        with ops.backend("fla"):
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        q = torch.zeros(1, 2, 1, 4)
+        assert backends.current() == "auto" and not backends.wanted(q)
+        with ops.backend("fla"):
+            assert backends.wanted(q)
+    finally:
+        release.set()
+        thread.join()
+    assert backends._open == [0]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -36,6 +37,11 @@ from torch import Tensor
 BACKENDS = ("auto", "fla", "torch", "native")
 DISPATCH = "linattn.dispatch"  # the routes to fla (module docstring)
 _current: ContextVar[str] = ContextVar("linattn_backend", default="auto")
+# The backend blocks open in any thread or task. While there are none every call is "auto", and
+# the per-call decision reads this count, not the ContextVar: cheaper, and a plain global that
+# torch.compile traces (it cannot trace ContextVar.get).
+_open = [0]
+_open_lock = threading.Lock()
 
 
 def current() -> str:
@@ -55,15 +61,21 @@ def backend(name: str) -> Iterator[None]:
     """
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    with _open_lock:
+        _open[0] += 1
     token = _current.set(name)
     try:
         yield
     finally:
         _current.reset(token)
+        with _open_lock:
+            _open[0] -= 1
 
 
 def loop_only() -> bool:
     """Whether the fused CPU kernels are off for this call (``backend("torch")``)."""
+    if not _open[0]:
+        return False
     if torch.compiler.is_compiling():  # dynamo cannot trace ContextVar.get (module docstring)
         return False
     return _current.get() == "torch"
@@ -89,6 +101,8 @@ def wanted(q: Tensor) -> bool:
     """Whether this call may go to fla: the decision the ops make on every call, so it reads the
     backend, q's dtype and (for "auto") its device only. float64 never goes: fla computes in
     float32, and float64 stays exact on linattn's loop."""
+    if not _open[0]:  # no block open anywhere: "auto"
+        return on_gpu(q) and q.dtype != torch.float64
     if torch.compiler.is_compiling():  # dynamo cannot trace ContextVar.get (module docstring)
         return False
     name = _current.get()
