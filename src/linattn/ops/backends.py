@@ -102,7 +102,7 @@ def wanted(q: Tensor) -> bool:
     backend, q's dtype and (for "auto") its device only. float64 never goes: fla computes in
     float32, and float64 stays exact on linattn's loop."""
     if not _open[0]:  # no block open anywhere: "auto"
-        return on_gpu(q) and q.dtype != torch.float64
+        return on_gpu(q) and q.dtype != torch.float64 and not torch.compiler.is_compiling()
     if torch.compiler.is_compiling():  # dynamo cannot trace ContextVar.get (module docstring)
         return False
     name = _current.get()
