@@ -86,11 +86,7 @@ def _check(name, monkeypatch):
     leaves = _leaves(entry, dtype)
     cu = torch.tensor([0, 7, 20])
     op = _op(entry, cu_seqlens=cu)
-    called = []
-    original = dispatch.fla_function
-    monkeypatch.setattr(
-        dispatch, "fla_function", lambda n: called.append(n) or original(n)
-    )  # records fla's entry point; still fla's own kernel
+    called = _recorded(monkeypatch)
     exact = {n: t.double() for n, t in leaves.items()}
     if name in NO_BACKWARD:
         with torch.inference_mode():
@@ -143,9 +139,7 @@ def test_a_layer_trains_through_flas_kernels_unchanged(layer, monkeypatch):
     input's and every weight's gradient) agrees with the same layer run in float64."""
     import linattn.layers
 
-    called = []
-    original = dispatch.fla_function
-    monkeypatch.setattr(dispatch, "fla_function", lambda n: called.append(n) or original(n))
+    called = _recorded(monkeypatch)
     torch.manual_seed(0)
     model = getattr(linattn.layers, layer)(32, 2, 16)
     x = torch.randn(1, 20, 32)
@@ -164,3 +158,44 @@ def test_a_layer_trains_through_flas_kernels_unchanged(layer, monkeypatch):
     want = run(exact, x.double())
     assert called, "the layer never reached fla's kernels"
     assert_same(got, want, TOL, layer)
+
+
+def _recorded(monkeypatch):
+    """The fla entry points the dispatch resolves, recorded (still fla's own kernels)."""
+    called = []
+    original = dispatch.fla_function
+    monkeypatch.setattr(dispatch, "fla_function", lambda n: called.append(n) or original(n))
+    return called
+
+
+def test_grouped_value_heads_go_to_flas_kernel(monkeypatch):
+    """Gated DeltaNet with two value heads per query head (Qwen3-Next's layout): fla's kernel
+    takes them, forward and gradients as the float64 op."""
+    called = _recorded(monkeypatch)
+    entry = registry.get("gated_delta")
+    x = entry.case.inputs(1, 20, 1, 16, 16, 0, torch.float32)
+    y = entry.case.inputs(1, 20, 2, 16, 16, 1, torch.float32)
+    leaves = {"q": x["q"], "k": x["k"], "v": y["v"], "beta": y["beta"], "g": y["g"],
+              "S0": y["S0"]}  # fmt: skip
+    op = _op(entry)
+    with ops.backend("fla"):
+        got, dgot = outputs_and_grads(op, leaves)
+    want, dwant = outputs_and_grads(op, {n: t.double() for n, t in leaves.items()})
+    assert called == ["chunk_gated_delta_rule"]
+    assert_same(got, want, TOL, "grouped")
+    for n in leaves:
+        assert_same([dgot[n]], [dwant[n]], TOL, f"grouped d{n}")
+
+
+def test_a_decoding_step_runs_flas_recurrent_kernel(monkeypatch):
+    """One token from a state, no gradient (a generation step): fla's recurrent kernel."""
+    called = _recorded(monkeypatch)
+    entry = registry.get("kda")
+    x = entry.case.inputs(1, 1, 2, 16, 16, 0, torch.float32)
+    op = _op(entry, mode="recurrent")
+    with torch.no_grad():
+        with ops.backend("fla"):
+            got = op(**x)
+        want = op(**{n: t.double() for n, t in x.items()})
+    assert called == ["fused_recurrent_kda"]
+    assert_same(list(got), list(want), TOL, "decoding step")
