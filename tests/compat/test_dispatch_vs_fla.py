@@ -168,23 +168,53 @@ def _recorded(monkeypatch):
     return called
 
 
-def test_grouped_value_heads_go_to_flas_kernel(monkeypatch):
-    """Gated DeltaNet with two value heads per query head (Qwen3-Next's layout): fla's kernel
-    takes them, forward and gradients as the float64 op."""
+def _grouped(entry):
+    """The case's inputs with two value heads per query head (Qwen3-Next's layout)."""
+    x = entry.case.inputs(1, 20, 1, 16, 16, 0, torch.float32)  # q, k (and Comba's p): H = 1
+    leaves = entry.case.inputs(1, 20, 2, 16, 16, 1, torch.float32)  # the rest: HV = 2
+    return {n: x[n] if n in ("q", "k", "p") else t for n, t in leaves.items() if t is not None}
+
+
+@pytest.mark.parametrize("name", ["gated_delta", "kda", "comba"])
+def test_grouped_value_heads_go_to_flas_kernel(name, monkeypatch):
+    """Grouped value heads where fla's chunk kernel takes them (``dispatch.FLA_GROUPED``):
+    forward and gradients as the float64 op."""
     called = _recorded(monkeypatch)
-    entry = registry.get("gated_delta")
-    x = entry.case.inputs(1, 20, 1, 16, 16, 0, torch.float32)
-    y = entry.case.inputs(1, 20, 2, 16, 16, 1, torch.float32)
-    leaves = {"q": x["q"], "k": x["k"], "v": y["v"], "beta": y["beta"], "g": y["g"],
-              "S0": y["S0"]}  # fmt: skip
+    entry = registry.get(name)
+    leaves = _grouped(entry)
     op = _op(entry)
     with ops.backend("fla"):
         got, dgot = outputs_and_grads(op, leaves)
     want, dwant = outputs_and_grads(op, {n: t.double() for n, t in leaves.items()})
-    assert called == ["chunk_gated_delta_rule"]
+    assert called == [EXPECTED[name]]
     assert_same(got, want, TOL, "grouped")
     for n in leaves:
         assert_same([dgot[n]], [dwant[n]], TOL, f"grouped d{n}")
+
+
+@pytest.mark.parametrize("name", ["comba", "gdn2"])
+def test_grouped_value_heads_go_to_flas_recurrent_kernel(name, monkeypatch):
+    """Grouped value heads, no gradient, through fla's recurrent kernels that take them."""
+    called = _recorded(monkeypatch)
+    entry = registry.get(name)
+    leaves = _grouped(entry)
+    op = _op(entry, mode="recurrent")
+    with torch.no_grad():
+        with ops.backend("fla"):
+            got = op(**leaves)
+        want = op(**{n: t.double() for n, t in leaves.items()})
+    assert called == [f"fused_recurrent_{name}"]
+    assert_same(list(got), list(want), TOL, "grouped recurrent")
+
+
+def test_grouped_value_heads_stay_off_flas_kernels_that_refuse_them():
+    """fla's chunk GLA refuses grouped heads and its chunk DPLR kernel aborts on them: with a
+    gradient to record (their recurrent kernels then have none or take no groups) fla is refused
+    before any kernel runs."""
+    for name in ("gla", "dplr"):
+        leaves = {n: t.requires_grad_() for n, t in _grouped(registry.get(name)).items()}
+        with ops.backend("fla"), pytest.raises(ValueError, match="as many value heads"):
+            _op(registry.get(name))(**leaves)
 
 
 def test_a_decoding_step_runs_flas_recurrent_kernel(monkeypatch):
