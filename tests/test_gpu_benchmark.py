@@ -33,6 +33,7 @@ def test_the_gpu_benchmark_runs_end_to_end_in_its_smoke_form(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["setup"]["smoke"] and result["setup"]["device"] == "cpu (smoke)"
+    assert result["setup"]["check_T"] < 32  # the check ran on inputs cut from the longest T
     names = list(dispatch.table())
     assert list(result["checks"]) == names
     for name, check in result["checks"].items():
