@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,26 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from linattn import registry
-from linattn.ops import delta_rule, rules
+from linattn.ops import delta_rule
 from linattn.testing import check_rule
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def implicit_delta():
-    module = _load("implicit_delta_rule")
-    entry = module.register()
-    yield module, entry
-    registry.unregister("implicit_delta")
-    rules.unregister("implicit_delta")
 
 
 def test_the_user_rule_passes_the_property_checks(implicit_delta):
@@ -40,7 +23,7 @@ def test_the_user_rule_passes_the_property_checks(implicit_delta):
 
 
 def test_with_unit_keys_it_is_the_delta_rule_of_strength_beta_over_1_plus_beta(implicit_delta):
-    module, _ = implicit_delta
+    module = implicit_delta
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 40, 2, 8, generator=gen, dtype=torch.float64)
     k = F.normalize(torch.randn(1, 40, 2, 8, generator=gen, dtype=torch.float64), dim=-1)
@@ -54,7 +37,7 @@ def test_with_unit_keys_it_is_the_delta_rule_of_strength_beta_over_1_plus_beta(i
 
 
 def test_its_bad_input_is_named(implicit_delta):
-    module, _ = implicit_delta
+    module = implicit_delta
     q = torch.randn(1, 4, 1, 3)
     with pytest.raises(ValueError, match=r"beta must lie in \[0, inf\]"):
         module.implicit_delta_rule(q, q, q, -torch.ones(1, 4, 1))
@@ -66,7 +49,7 @@ def test_its_entry_appears_in_the_tools(implicit_delta):
     from linattn.experiments import _bench_cases
     from linattn.experiments.accuracy import compute_accuracy
 
-    _, entry = implicit_delta
+    entry = registry.get("implicit_delta")
     rows = [r for r in compute_accuracy(T=30, K=4, V=3) if r["name"] == "implicit_delta"]
     assert [r["form"] for r in rows] == ["parallel", "recurrent", "chunk"]
     assert max(r["float64"] for r in rows) < 1e-12

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -87,27 +88,38 @@ def is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def read_results(path: Path) -> list[dict]:
+def read_results(path: Path, check: Callable[[dict], None] | None = None) -> list[dict]:
     """All rows of a results file (missing file: none); ``ValueError`` naming the file and line.
 
     A partial last line (a run killed while appending) is refused, not skipped: the file is the
-    record of finished runs, and the user decides whether to delete that line.
+    record of finished runs, and the user decides whether to delete that line. So is a line
+    that is not UTF-8 text (another file given by mistake), read line by line as bytes so that
+    the error can name the line, and a row that ``check`` refuses (its ``ValueError`` message).
     """
     if not path.exists():
         return []
     rows = []
-    with path.open() as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"results file {path}, line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{where}: not UTF-8 text (a binary file?)") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(
-                    f"results file {path}, line {number}: not valid JSON ({error.msg}); "
-                    "delete or repair that line"
+                    f"{where}: not valid JSON ({error.msg}); delete or repair that line"
                 ) from None
             if not isinstance(row, dict):
-                raise ValueError(f"results file {path}, line {number}: not a JSON object")
+                raise ValueError(f"{where}: not a JSON object")
+            if check is not None:
+                try:
+                    check(row)
+                except ValueError as error:
+                    raise ValueError(f"{where}: {error}; delete or repair that line") from None
             rows.append(row)
     return rows

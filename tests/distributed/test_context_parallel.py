@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from linattn import ops, registry
+from linattn import ops
 from linattn.experiments.launch import run_local
 from linattn.ops import rules
 
@@ -144,21 +144,12 @@ def check_bytes(per_rank: list[dict]) -> None:
                 assert counts[(name, T)] == want, (name, p, T, counts[(name, T)], want)
 
 
-@pytest.fixture
-def example_rule():
-    """The user rule of examples/ registered here too (the workers register their own)."""
-    cp_worker.register_example()
-    yield
-    registry.unregister("implicit_delta")
-    rules.unregister("implicit_delta")
-
-
-def test_two_ranks_unequal_slices(tmp_path, worker_env, example_rule):
+def test_two_ranks_unequal_slices(tmp_path, worker_env, implicit_delta):
     run_and_compare([9, 14], tmp_path, worker_env)
 
 
 @pytest.mark.slow
-def test_four_ranks_unequal_slices(tmp_path, worker_env, example_rule):
+def test_four_ranks_unequal_slices(tmp_path, worker_env, implicit_delta):
     run_and_compare([5, 1, 9, 8], tmp_path, worker_env)
 
 

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-from linattn import registry
 from linattn.layers import RuleMixer
 from linattn.layers.rule_mixer import into_range
 from linattn.models import CausalLM, LMConfig
 from linattn.ops import rules
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "implicit_delta_rule.py"
-
-
-@pytest.fixture
-def implicit_delta():
-    spec = importlib.util.spec_from_file_location("example_implicit_delta_rule", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.register()
-    yield module
-    registry.unregister("implicit_delta")
-    rules.unregister("implicit_delta")
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,6 @@ CASES = [
     ("chunk_size", lambda x: {"chunk_size": 0}),
     ("chunk_size", lambda x: {"chunk_size": -3}),
     ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([0, 5, 3, 8])}),
-    ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([0, 5, 5, 8])}),
     ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([0, 5, 7])}),
     ("cu_seqlens", lambda x: {"cu_seqlens": torch.tensor([1, 5, 8])}),
     ("initial_state", lambda x: {"initial_state": torch.zeros(1, 2, 4, 4)}),

@@ -21,6 +21,8 @@ import torch
 
 from linattn.ops import _native, delta_rule, linear_attention, recurrent_step, softmax_attention
 
+from . import entry_cases
+
 LENGTHS = (7, 9, 13)  # three lengths, none a multiple of the chunk size
 
 
@@ -183,3 +185,27 @@ def test_torch_export_of_a_layer_with_a_dynamic_length(layer, monkeypatch):
         for length in (5, 70):  # one chunk and two (chunk_size 64)
             x = torch.randn(2, length, 16)
             torch.testing.assert_close(program.module()(x)[0], module(x)[0])
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        op if op in ("delta_rule", "rwkv7") else pytest.param(op, marks=pytest.mark.slow)
+        for op in entry_cases.OPS
+    ],
+)
+def test_a_variable_scale_compiles_under_fullgraph(op):
+    # dynamic=True traces a float argument as a symbol: the finiteness of scale went through
+    # math.isfinite(float(s)), which dynamo cannot trace under fullgraph. It is traced into the
+    # graph now; the chunk op's schema still takes scale as a constant (a guard per value).
+    torch._dynamo.reset()
+    run = entry_cases.call(op)
+
+    def fn(x, scale):
+        return run(x, scale=scale, mode="chunk", chunk_size=4, output_final_state=True)
+
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True, backend=_counter())
+    x = entry_cases.inputs(op, 8, dtype=torch.float32)
+    for scale in (0.5, 0.7):
+        for a, b in zip(compiled(x, scale), fn(x, scale), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

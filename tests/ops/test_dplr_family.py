@@ -201,3 +201,41 @@ def test_checks_name_the_argument():
         rwkv7(r, w[..., 0], k, v, a, b)
     with pytest.raises(ValueError, match="g is a log-decay"):
         gated_deltanet2(x["q"], x["k"], x["v"], -x["gk"], x["erase"], x["write"])
+
+
+def test_errors_name_the_argument_folded_into_another():
+    """beta (Comba), b and w (GDN-2) and RWKV-7's w are folded into the generalized rule's own
+    inputs: each is checked under its own name first (NaN, range, shape), and another dtype is
+    converted as the delta rule's beta is, not reported as q, k, v's."""
+    x = _inputs()
+    q, k, v, p, g = x["q"], x["k"], x["v"], x["p"], x["g"]
+    nan = x["beta"].clone()
+    nan[0, 3, 1] = torch.nan
+    with pytest.raises(ValueError, match="beta contains non-finite"):
+        comba(q, k, v, p, nan, g)
+    for bad in (5.0, -3.0):  # Comba with p = k, g None is the delta rule: beta in [0, 2]
+        with pytest.raises(ValueError, match=r"beta must lie in \[0, 2\]"):
+            comba(q, k, v, p, torch.full_like(x["beta"], bad), g)
+    f32 = {n: t.float() for n, t in x.items()}
+    o, _ = comba(f32["q"], f32["k"], f32["v"], f32["p"], x["beta"], f32["g"])  # float64 beta
+    want, _ = comba(f32["q"], f32["k"], f32["v"], f32["p"], f32["beta"], f32["g"])
+    assert o.dtype == torch.float32 and torch.equal(o, want)
+    args = (f32["q"], f32["k"], f32["v"], f32["gk"])
+    o, _ = gated_deltanet2(*args, x["erase"], x["write"])  # float64 b and w
+    assert torch.equal(o, gated_deltanet2(*args, f32["erase"], f32["write"])[0])
+    nan = x["write"].clone()
+    nan[1, 2, 3, 0] = torch.inf
+    with pytest.raises(ValueError, match="w contains non-finite"):
+        gated_deltanet2(q, k, v, x["gk"], x["erase"], nan)
+    r, w, k, v, a, b = _rwkv7_inputs(x)
+    for bad, message in ((-w, "w is a log-decay"), (w * torch.nan, "w contains NaN")):
+        with pytest.raises(ValueError, match=message):
+            rwkv7(r, bad, k, v, a, b)
+    with pytest.raises(TypeError, match="w must be a torch.Tensor, got list"):
+        rwkv7(r, w.tolist(), k, v, a, b)
+    nan = r.clone()
+    nan[0, 1, 0, 0] = torch.nan
+    with pytest.raises(ValueError, match="r contains non-finite"):
+        rwkv7(nan, w, k, v, a, b)
+    with pytest.raises(TypeError, match="w must be a torch.Tensor, got NoneType"):
+        rwkv7(r, None, k, v, a, b)

@@ -7,6 +7,7 @@ import torch
 
 from linattn.ops import _engine, _packed, delta_rule, generalized_delta_rule, linear_attention
 
+from . import entry_cases
 from .cases import make_inputs
 
 # Lengths that group with padding (16, 15, 14 | 9, 8 | 3, 3 | 1 with FILL = 7/8), in mixed order.
@@ -116,8 +117,8 @@ def test_one_kernel_call_per_batch(monkeypatch):
 
 
 def test_sequences_of_no_token_keep_their_initial_state():
-    """The ops refuse empty packed sequences (cu_seqlens strictly increasing), but an op built on
-    the engine may pass one (``_packed.run`` directly): its state is its initial state."""
+    """An op built on the engine may pass an empty sequence (``_packed.run`` directly): its
+    state is its initial state."""
     x = make_inputs(B=1, T=7, rule="delta")
     S0 = torch.randn(3, 2, 4, 3, dtype=torch.float64)
 
@@ -129,3 +130,31 @@ def test_sequences_of_no_token_keep_their_initial_state():
     torch.testing.assert_close(S[1], S0[1], rtol=0, atol=0)
     o2, S2 = forward(x["q"][:, 4:], x["k"][:, 4:], x["v"][:, 4:], x["beta"][:, 4:], None, S0[2:])
     torch.testing.assert_close(o[:, 4:], o2, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", entry_cases.OPS)
+@pytest.mark.parametrize("mode", ["chunk", "recurrent", "parallel"])
+@pytest.mark.parametrize("lengths", [[2, 0, 4], [0, 3, 0, 3, 0], [0, 0]])
+def test_empty_pieces(op, mode, lengths):
+    """Packed sequences of no token (cu_seqlens [0, 2, 2, 6], as fla accepts): no output rows,
+    the initial state passed through as the final state (its gradient too); the others as
+    without the empty ones."""
+    bounds = bounds_of(lengths)
+    kept = [n for n, L in enumerate(lengths) if L]
+    x = entry_cases.inputs(op, bounds[-1], N=len(lengths))
+    x = {name: t.requires_grad_() for name, t in x.items()}
+    run = entry_cases.call(op)
+    kw = dict(mode=mode, chunk_size=2, output_final_state=True)
+    o, S = run(x, cu_seqlens=torch.tensor(bounds), **kw)
+    assert o.shape[1] == bounds[-1]
+    empty = [n for n in range(len(lengths)) if n not in kept]
+    torch.testing.assert_close(S[empty], x["initial_state"][empty], rtol=0, atol=0)
+    (o.sum() + (S * torch.arange(1.0, S.numel() + 1).view(S.shape)).sum()).backward()
+    want = torch.arange(1.0, S.numel() + 1, dtype=torch.float64).view(S.shape)[empty]
+    torch.testing.assert_close(x["initial_state"].grad[empty], want, rtol=0, atol=0)
+    if not kept:
+        return
+    y = {n: t.detach() for n, t in x.items()} | {"initial_state": x["initial_state"][kept]}
+    o2, S2 = run(y, cu_seqlens=torch.tensor(bounds_of([lengths[n] for n in kept])), **kw)
+    torch.testing.assert_close(o, o2, rtol=0, atol=1e-12)
+    torch.testing.assert_close(S[kept], S2, rtol=0, atol=1e-12)

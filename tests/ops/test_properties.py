@@ -899,7 +899,6 @@ BAD_INPUTS = [
     Bad(
         "cu-end", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": torch.tensor([0, p.T + 1])}
     ),
-    Bad("cu-repeat", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": bounds(p, 0)}),
     Bad("cu-decrease", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": bounds(p, p.T + 1)}),
     Bad("cu-2d", "cu_seqlens", ValueError, lambda p, x: {"cu_seqlens": bounds(p)[None]}),
     Bad("cu-list", "cu_seqlens", TypeError, lambda p, x: {"cu_seqlens": [0, p.T]}),

@@ -367,3 +367,40 @@ def test_the_fast_path_calls_the_step_bound_directly_with_the_ops_bits(mechanism
     monkeypatch.setenv("LINATTN_NATIVE", "0")  # switched off: no direct call
     recurrent_step(S0.clone(), x["q"], x["k"], x["v"], x["beta"], x["g"])
     assert len(calls) == 1
+
+
+def _low_rank_and_bonus(rule: str) -> dict:
+    gen = torch.Generator().manual_seed(7)
+    if rule == "dplr":
+        a = -torch.nn.functional.normalize(torch.randn(B, H, K, generator=gen), dim=-1)
+        return {"a": a, "b": -0.5 * a}
+    return {"bonus": torch.randn(H, K, generator=gen)} if rule == "bonus" else {}
+
+
+@pytest.mark.parametrize("mechanism", [*MECHANISMS, "dplr", "bonus"])
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_out_on_the_state_is_refused_on_both_paths(mechanism, native, monkeypatch):
+    # The fused step (float32, the extension loaded by a first step) ran out=state in place,
+    # where the PyTorch step refused it: both refuse it, the state untouched.
+    monkeypatch.setenv("LINATTN_NATIVE", native)
+    base = "linear" if mechanism in ("dplr", "bonus") else mechanism
+    x = inputs(base, dtype=torch.float32) | _low_rank_and_bonus(mechanism)
+    state = torch.randn(B, H, K, V)
+    recurrent_step(state.clone(), **x)  # loads the kernels where they are used
+    before = state.clone()
+    with pytest.raises(ValueError, match="out must not overlap the state"):
+        recurrent_step(state, **x, out=state)
+    assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("name", ["beta", "g"])
+@pytest.mark.parametrize("mechanism", ["gated_delta", "dplr"])
+def test_a_list_for_beta_or_g_is_refused_by_name(name, mechanism):
+    x = inputs("gated_delta") | _low_rank_and_bonus(mechanism)
+    if mechanism == "dplr":
+        if name == "beta":
+            return  # the generalized rule has no beta
+        x["beta"] = None
+    x[name] = x[name].tolist()
+    with pytest.raises(TypeError, match=f"{name} must be a torch.Tensor, got list"):
+        recurrent_step(torch.randn(B, H, K, V, dtype=torch.float64), **x)

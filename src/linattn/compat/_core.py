@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import checks as _checks
 from linattn.ops import delta_rule, linear_attention
 from linattn.ops.functional import decay_gate, write_strength
 
@@ -45,28 +46,38 @@ def promote(*xs: Tensor | None) -> torch.dtype:
     return torch.float32 if dtype is None else dtype
 
 
-def check(q: object, k: object, v: object, **named: tuple[object, tuple[str, ...]]) -> None:
+def check(
+    q: object,
+    k: object,
+    v: object,
+    qkv_names: tuple[str, str, str] = ("q", "k", "v"),
+    **named: tuple[object, tuple[str, ...]],
+) -> None:
     """fla's argument checks, before any shape is read or broadcast (the ops' own come after).
 
-    q, k: [B, T, H, K] and v: [B, T, HV, V] (HV a multiple of H) floating tensors; every other
-    argument ``name=(x, layouts)``: None, or a floating tensor of one of ``layouts``, written in
-    those sizes ("[B, T, HV]", "[HV]", "[B, T, HV, K]", ...). Nothing broadcasts: fla's kernels
-    index every argument by these sizes. fla's messages where fla has them.
+    q, k: [B, T, H, K] and v: [B, T, HV, V] (HV a multiple of H) floating tensors, named
+    ``qkv_names`` (RWKV's r for q); every other argument ``name=(x, layouts)``: None, or a
+    floating tensor of one of ``layouts``, written in those sizes ("[B, T, HV]", "[HV]",
+    "[B, T, HV, K]", ...). Nothing broadcasts: fla's kernels index every argument by these
+    sizes. fla's messages where fla has them.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    for name, x in zip(qkv_names, (q, k, v), strict=True):
         check_tensor(name, x)
         if x.dim() != 4:
             raise ValueError(f"{name} must have shape [B, T, H, D], got {tuple(x.shape)}")
     if q.shape != k.shape:
-        raise ValueError(f"q and k must have the same shape, got q={q.shape} vs k={k.shape}")
+        qn, kn = qkv_names[:2]
+        raise ValueError(
+            f"{qn} and {kn} must have the same shape, got {qn}={q.shape} vs {kn}={k.shape}"
+        )
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if v.shape[:2] != (B, T):
         raise ValueError("v must be of shape (batch size, seq len, num of head, head dim).")
     if (HV % H if H else HV) != 0:
         raise ValueError(
-            f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), but "
-            f"got HV % H = {HV % H if H else HV}"
+            f"v: For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), "
+            f"but got HV % H = {HV % H if H else HV}"
         )
     sizes = {"B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V}
     for name, (x, layouts) in named.items():
@@ -88,8 +99,28 @@ def check_tensor(name: str, x: object) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
 
 
-def check_varlen(q: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor | None) -> None:
-    """fla's checks of packed sequences: B = 1 and one initial state per sequence."""
+def check_state(initial_state: object, layout: str = "[N, HV, K, V]") -> None:
+    """initial_state: None or a floating tensor of ``layout``'s rank ([N, HV, K, V], or V-first),
+    checked before it is converted (an integer or complex state refused, not cast) or
+    transposed; the op checks its shape and values."""
+    if initial_state is None:
+        return
+    check_tensor("initial_state", initial_state)
+    if initial_state.dim() != layout.count(",") + 1:
+        raise ValueError(
+            f"initial_state must have shape {layout}, got {tuple(initial_state.shape)}"
+        )
+
+
+def check_varlen(
+    q: Tensor,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+    state_layout: str = "[N, HV, K, V]",
+) -> None:
+    """fla's checks of packed sequences: B = 1 and one initial state per sequence (the state's
+    type and rank first, ``check_state``, and cu_seqlens itself, before it counts them)."""
+    check_state(initial_state, state_layout)
     if cu_seqlens is None:
         return
     if q.shape[0] != 1:
@@ -97,6 +128,8 @@ def check_varlen(q: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor | N
             f"cu_seqlens: the batch size is expected to be 1 rather than {q.shape[0]} when using "
             "cu_seqlens (flatten variable-length inputs first)"
         )
+    # cu_seqlens itself (type, dtype, order, ends) before the states are counted by it
+    _checks.seqlens(cu_seqlens, 1, q.shape[1])
     if initial_state is not None and initial_state.shape[0] != len(cu_seqlens) - 1:
         raise ValueError(
             f"initial_state: the number of initial states is expected to be equal to the number "
@@ -116,6 +149,18 @@ def check_cp(cp_context: object) -> None:
 def check_neg_eigval(allow_neg_eigval: bool, use_beta_sigmoid_in_kernel: bool) -> None:
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+
+
+def in_kernel(g, beta, gate, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
+    """(g, beta) as fla's kernels see them when they form them inside: ``gate`` (a function of
+    g, or None: g as given) for ``use_gate_in_kernel``, and beta through a sigmoid (times 2 with
+    ``allow_neg_eigval``) for ``use_beta_sigmoid_in_kernel``. One place for every family that
+    takes these options (Gated DeltaNet's gate, KDA's, ...)."""
+    if gate is not None:
+        g = gate(g)
+    if use_beta_sigmoid_in_kernel:
+        beta = sigmoid_beta(beta, allow_neg_eigval)
+    return g, beta
 
 
 def check_chunk_size(chunk_size: object, allowed: tuple[int, ...] | None, what: str) -> int:
@@ -331,8 +376,10 @@ def run_op(
     initial_state=, output_final_state=, cu_seqlens=) -> (o, S)`` with fla's conventions (the
     module docstring): ``inputs`` are the op's per-token tensors [B, T, ...] (or None), promoted
     with q, k, v to one dtype; ``out`` is "q" or "v", whose dtype o takes, or that dtype."""
-    for name, x in (("q", q), ("k", k), ("v", v), *inputs.items()):
-        floating_tensor(name, x)  # before promote, which would cast an integer tensor silently
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x)  # before promote, which would cast an integer tensor silently
+    for name, x in inputs.items():
+        floating_tensor(name, x)
     check_varlen(q, initial_state, cu_seqlens)
     dtype = promote(q, k, v, *inputs.values())
     out_dtype = out if isinstance(out, torch.dtype) else q.dtype if out == "q" else v.dtype
@@ -380,17 +427,18 @@ def chunk_states(run, q, k, v, per_token, S0, cu_seqlens, C, state_v_first):
     chunk (fla's ``return_intermediate_states``): ``run(q, k, v, *per_token, S)`` on one chunk
     of one sequence; h [B, NT, HV, K, V] (V-first with state_v_first) in k's dtype."""
     bounds = [0, q.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
+    B, HV, K, V = q.shape[0], v.shape[2], k.shape[3], v.shape[3]
+    shape = (B, HV, V, K) if state_v_first else (B, HV, K, V)
     outs, finals, h = [], [], []
     for n in range(len(bounds) - 1):
         S = None if S0 is None else (S0 if cu_seqlens is None else S0[n : n + 1])
         for s in range(bounds[n], bounds[n + 1], C):
             e = min(s + C, bounds[n + 1])
-            B, HV, K, V = q.shape[0], v.shape[2], k.shape[3], v.shape[3]
-            shape = (B, HV, V, K) if state_v_first else (B, HV, K, V)
             h.append(q.new_zeros(shape, dtype=torch.float32) if S is None else S)
             part = [x[:, s:e] for x in (q, k, v, *per_token)]
             o, S = run(*part, S)
             outs.append(o)
-        finals.append(S)
+        # a sequence of no token (an empty piece of cu_seqlens) ends in the state it starts in
+        finals.append(q.new_zeros(shape, dtype=compute_dtype(q.dtype)) if S is None else S)
     h = torch.stack(h, dim=1).to(k.dtype)  # [B, NT, HV, K, V]
     return torch.cat(outs, dim=1), torch.cat(finals, dim=0), h

@@ -32,6 +32,14 @@ def _comba_columns(q, k, v, p, beta, g, *, initial_state, **common):
     return _core.join_columns(o, S, HV, V)
 
 
+def _check(q: object, k: object, v: object, p: object, g: object, beta: object) -> None:
+    """fla's shapes of Comba's tensors (``_core.check``), before p or beta is read."""
+    _core.check(
+        q, k, v, p=(p, ("[B, T, H, K]",)), g=(g, ("[B, T, HV]",)),
+        beta=(beta, ("[B, T, HV]", "[B, T, HV, V]")),
+    )  # fmt: skip
+
+
 def _prepare(q, k, v, p, beta, use_l2norm):
     """p None -> k, beta None -> ones [B, T, HV]; q, k, p l2-normalised in the compute dtype."""
     p = k if p is None else p
@@ -39,6 +47,15 @@ def _prepare(q, k, v, p, beta, use_l2norm):
     if use_l2norm:
         q, k, p = (l2norm(x.to(compute_dtype(x.dtype))) for x in (q, k, p))
     return q, k, p, beta
+
+
+def _check_heads(q: Tensor, k: Tensor, p: Tensor) -> None:
+    """fla's assert in ``chunk_comba`` on p's heads, with fla's message (v's: ``_core.check``)."""
+    if q.shape[2] != k.shape[2] or q.shape[2] != p.shape[2]:
+        raise ValueError(
+            f"q, k and p must have the same number of heads, but got q.shape[2]={q.shape[2]}, "
+            f"k.shape[2]={k.shape[2]} and p.shape[2]={p.shape[2]}"
+        )
 
 
 def chunk_comba(
@@ -57,18 +74,9 @@ def chunk_comba(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``chunk_comba`` (the module docstring): the chunk form."""
     _core.floating_qkv(q, k, v)
-    p = k if p is None else p
-    if q.shape[2] != k.shape[2] or q.shape[2] != p.shape[2]:
-        raise ValueError(
-            f"q, k and p must have the same number of heads, but got q.shape[2]={q.shape[2]}, "
-            f"k.shape[2]={k.shape[2]} and p.shape[2]={p.shape[2]}"
-        )
-    H, HV = q.shape[2], v.shape[2]
-    if H and HV % H != 0:
-        raise ValueError(
-            f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), but "
-            f"got HV % H = {HV % H}"
-        )
+    if isinstance(p, Tensor) and all(x.dim() == 4 for x in (q, k, p)):
+        _check_heads(q, k, p)
+    _check(q, k, v, p, g, beta)
     out = q.dtype
     q, k, p, beta = _prepare(q, k, v, p, beta, use_qk_l2norm_in_kernel)
     return _core.run_op(
@@ -92,7 +100,7 @@ def fused_recurrent_comba(
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """fla's ``fused_recurrent_comba``: the token loop (decoding); beta may be [B, T, HV, V]."""
-    _core.floating_qkv(q, k, v)
+    _check(q, k, v, p, g, beta)
     out = q.dtype
     q, k, p, beta = _prepare(q, k, v, p, beta, use_qk_l2norm_in_kernel)
     return _core.run_op(

@@ -23,14 +23,6 @@ from torch import Tensor
 from linattn.compat import _core
 
 
-def _gates(g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, neg):
-    if use_gate_in_kernel:
-        g = _core.gdn_gate(g, A_log, dt_bias)
-    if use_beta_sigmoid_in_kernel:
-        beta = _core.sigmoid_beta(beta, neg)
-    return g, beta
-
-
 def chunk_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -74,9 +66,8 @@ def chunk_gated_delta_rule(
     if use_gate_in_kernel and A_log is None:
         raise ValueError("A_log must be provided when use_gate_in_kernel=True.")
     _core.check_neg_eigval(allow_neg_eigval, use_beta_sigmoid_in_kernel)
-    g, beta = _gates(
-        g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval
-    )
+    gate = (lambda x: _core.gdn_gate(x, A_log, dt_bias)) if use_gate_in_kernel else None
+    g, beta = _core.in_kernel(g, beta, gate, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return _core.run(
         q, k, v, delta=True, mode="chunk", beta=beta, g=g, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state,
@@ -127,9 +118,8 @@ def fused_recurrent_gated_delta_rule(
                 "`g` (raw pre-activation) must be provided when `use_gate_in_kernel=True`."
             )
     _core.check_neg_eigval(allow_neg_eigval, use_beta_sigmoid_in_kernel)
-    g, beta = _gates(
-        g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval
-    )
+    gate = (lambda x: _core.gdn_gate(x, A_log, dt_bias)) if use_gate_in_kernel else None
+    g, beta = _core.in_kernel(g, beta, gate, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return _core.run(
         q, k, v, delta=True, mode="recurrent", beta=beta, g=g, gk=gk, gv=gv, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state,

@@ -36,6 +36,12 @@ def _prepare(q, k, g, use_l2norm, use_gate, A_log, dt_bias, lower_bound):
     return q, k, g
 
 
+def _check_types(g: object, b: object, w: object) -> None:
+    """g, b, w floating tensors, before their shapes are read."""
+    for name, x in (("g", g), ("b", b), ("w", w)):
+        _core.check_tensor(name, x)
+
+
 def _check_chunk_shapes(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor):
     """fla's asserts in ``chunk_gdn2``, as ValueError."""
     if not q.shape == k.shape == g.shape:
@@ -114,6 +120,7 @@ def chunk_gdn2(
     _core.check_varlen(q, initial_state, cu_seqlens)
     _core.check_state_dtype(q, initial_state)
     A_log, dt_bias = _check_chunk_options(kwargs, use_gate_in_kernel, safe_gate, lower_bound)
+    _check_types(g, b, w)
     _check_chunk_shapes(q, k, v, g, b, w)
     out = q.dtype
     q, k, g = _prepare(q, k, g, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
@@ -162,6 +169,7 @@ def fused_recurrent_gdn2(
     _core.floating_qkv(q, k, v)
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
     _core.check_varlen(q, initial_state, cu_seqlens)
+    _check_types(g, b, w)
     if b.shape != (*v.shape[:3], k.shape[-1]):
         raise ValueError(
             f"b must have shape [B, T, HV, K]; got {tuple(b.shape)} "

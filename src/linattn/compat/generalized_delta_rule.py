@@ -24,19 +24,23 @@ from linattn.ops.generalized_delta_rule import generalized_delta_rule
 RCP_LN2 = 1 / math.log(2)  # fla's gate_bound_is_safe works in log2 units
 
 
+GATES = ("gk", "w")  # the log-decays' names (fla's DPLR gk, RWKV-7's w)
+
+
 def check_vectors(k: Tensor, v: Tensor, **named: Tensor | None) -> None:
-    """a, b (and gk) [B, T, HV, K], checked under fla's names before a and b are swapped."""
+    """a, b (and the gate gk, or RWKV-7's w) [B, T, HV, K], checked under fla's names before a
+    and b are swapped and the gate passed as the op's g: the gate's values too (<= 0, no NaN),
+    which the op would report as g's."""
     if not all(isinstance(x, Tensor) and x.dim() == 4 for x in (k, v)):
         return  # the op names k or v
-    for name, x in named.items():
-        if x is None:
+    sizes = (*v.shape[:3], k.shape[-1])
+    for name, x in named.items():  # each required: None refused by name
+        if name in GATES:
+            _checks.gate(x, *sizes, name=name, channel_only=True)
             continue
-        _checks.tensor(name, x, 4, finite=name != "gk")
-        if x.shape != (*v.shape[:3], k.shape[-1]):
-            raise ValueError(
-                f"{name} must have shape [B, T, H, K] = {(*v.shape[:3], k.shape[-1])}, got "
-                f"{tuple(x.shape)}"
-            )
+        _checks.tensor(name, x, 4)
+        if x.shape != sizes:
+            raise ValueError(f"{name} must have shape [B, T, H, K] = {sizes}, got {tuple(x.shape)}")
 
 
 def dplr_chunk_size(chunk_size: int | None, lower_bound: float | None) -> int:
@@ -144,6 +148,7 @@ def fused_recurrent_iplr_delta_rule(
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """fla's ``fused_recurrent_iplr_delta_rule``: the token loop; ``scale`` must be positive."""
+    _checks.scale(scale)  # a number before it is compared
     if scale is not None and not scale > 0:
         raise ValueError("scale must be positive")
     check_vectors(k, v, a=a, b=b)

@@ -25,7 +25,7 @@ def fused_recurrent_hgrn(
         _core.check_tensor(name, t)
         if t.dim() != 3 or t.shape != x.shape:
             raise ValueError(f"{name} must have shape [B, T, D] as x, got {tuple(t.shape)}")
-    _core.check_varlen(x, initial_state, cu_seqlens)
+    _core.check_varlen(x, initial_state, cu_seqlens, "[N, D]")
     ones = torch.ones_like(x, dtype=_core.promote(x, g)).unsqueeze(-1)  # q = k = 1: [B, T, D, 1]
     S0 = None if initial_state is None else initial_state[..., None, None]  # [N, D, 1, 1]
     o, S = _core.run(

@@ -43,15 +43,6 @@ def kda_gate(
     return lower_bound * torch.sigmoid(x if A_log is None else torch.exp(A_log) * x)
 
 
-def _prepare(g, beta, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-             lower_bound, A_log, dt_bias):  # fmt: skip
-    if use_gate_in_kernel:
-        g = kda_gate(g, A_log, dt_bias, lower_bound)
-    if use_beta_sigmoid_in_kernel:
-        beta = _core.sigmoid_beta(beta, allow_neg_eigval)
-    return g, beta
-
-
 def chunk_kda(
     q: Tensor,
     k: Tensor,
@@ -116,8 +107,8 @@ def chunk_kda(
         raise ValueError(f"g must have shape [B, T, HV, K]={[B, T, HV, K]}, got {list(g.shape)}")
     if tuple(beta.shape) != (B, T, HV):
         raise ValueError(f"beta must have shape [B, T, HV]={[B, T, HV]}, got {list(beta.shape)}")
-    g, beta = _prepare(g, beta, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                       allow_neg_eigval, lower_bound, A_log, dt_bias)  # fmt: skip
+    gate = (lambda x: kda_gate(x, A_log, dt_bias, lower_bound)) if use_gate_in_kernel else None
+    g, beta = _core.in_kernel(g, beta, gate, use_beta_sigmoid_in_kernel, allow_neg_eigval)
 
     def run(q, k, v, g, beta, S0, final=output_final_state, varlen=cu_seqlens):
         return _core.run(
@@ -163,8 +154,8 @@ def fused_recurrent_kda(
     state_v_first = _core.renamed_layout(kwargs, state_v_first)
     _core.check(q, k, v, g=(g, ("[B, T, HV, K]",)), beta=(beta, ("[B, T, HV]",)))
     _core.check_neg_eigval(allow_neg_eigval, use_beta_sigmoid_in_kernel)
-    g, beta = _prepare(g, beta, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                       allow_neg_eigval, lower_bound, A_log, dt_bias)  # fmt: skip
+    gate = (lambda x: kda_gate(x, A_log, dt_bias, lower_bound)) if use_gate_in_kernel else None
+    g, beta = _core.in_kernel(g, beta, gate, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return _core.run(
         q, k, v, delta=True, mode="recurrent", beta=beta, g=g, scale=scale,
         initial_state=initial_state, output_final_state=output_final_state,

@@ -13,14 +13,18 @@ from __future__ import annotations
 from torch import Tensor
 
 from linattn.compat import _core
+from linattn.ops import checks as _checks
 from linattn.ops import rwkv6
 
 
 def _run(r, k, v, w, u, *, mode: str, **options) -> tuple[Tensor, Tensor | None]:
-    """fla's checks (r, k, v, w [B, T, H, K], u [H, K]), then ``rwkv6`` through ``run_op``."""
-    _core.check(r, k, v, w=(w, ("[B, T, HV, K]",)), u=(u, ("[HV, K]",)))
+    """fla's checks (r, k, v, w [B, T, H, K], u [H, K]), then ``rwkv6`` through ``run_op``;
+    r and w under their own names (finite; a log-decay <= 0), which the op calls q and g."""
+    _core.check(r, k, v, ("r", "k", "v"), w=(w, ("[B, T, HV, K]",)), u=(u, ("[HV, K]",)))
     if w is None or u is None:
         raise TypeError(f"{'w' if w is None else 'u'} must be a torch.Tensor, got NoneType")
+    _checks.tensor("r", r, 4)
+    _checks.gate(w, *w.shape[:3], k.shape[-1], name="w", channel_only=True)
 
     def op(q, k, v, g, **common):
         return rwkv6(q, k, v, g, u, **common)

@@ -15,10 +15,21 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from linattn.compat import _core
 from linattn.compat.generalized_delta_rule import (
+    check_vectors,
     chunk_dplr_delta_rule,
     fused_recurrent_dplr_delta_rule,
 )
+from linattn.ops import checks as _checks
+
+
+def _check(r: object, w: object, k: object, v: object, **vectors: object) -> None:
+    """RWKV-7's tensors under RWKV-7's names (r, w, kk), before they are passed on under the
+    DPLR rule's (q, gk, a): r [B, T, H, K] finite, w a log-decay [B, T, H, K] (<= 0)."""
+    _core.check(r, k, v, ("r", "k", "v"))
+    _checks.tensor("r", r, 4)
+    check_vectors(k, v, w=w, **vectors)
 
 
 def chunk_rwkv7(
@@ -40,6 +51,7 @@ def chunk_rwkv7(
     lower_bound: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``chunk_rwkv7``: ``chunk_dplr_delta_rule(q=r, k, v, a, b, gk=w, ...)``."""
+    _check(r, w, k, v, a=a, b=b)
     return chunk_dplr_delta_rule(
         q=r, k=k, v=v, a=a, b=b, gk=w, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -61,6 +73,7 @@ def fused_recurrent_rwkv7(
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_recurrent_rwkv7``: ``fused_recurrent_dplr_delta_rule(q=r, ..., gk=w)``."""
+    _check(r, w, k, v, a=a, b=b)
     return fused_recurrent_dplr_delta_rule(
         q=r, k=k, v=v, a=a, b=b, gk=w, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -82,6 +95,7 @@ def fused_mul_recurrent_rwkv7(
 ) -> tuple[Tensor, Tensor | None]:
     """fla's ``fused_mul_recurrent_rwkv7``: the DPLR token loop with a = -kk (it reads) and
     b = kk * a (the direction); scale 1.0 by default, None meaning 1 / sqrt(K)."""
+    _check(r, w, k, v, kk=kk, a=a)
     return fused_recurrent_dplr_delta_rule(
         q=r, k=k, v=v, a=-kk, b=kk * a, gk=w, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, reverse=reverse, cu_seqlens=cu_seqlens,

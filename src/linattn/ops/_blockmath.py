@@ -256,6 +256,7 @@ class ChannelProducts:
         strict: list[bool],
         buffers=fresh,
         floor: float | None = None,
+        gates: Tensor | None = None,
     ) -> None:
         self.C, self.strict = b.shape[-2], strict
         self.buffers = buffers  # where the exponentials and products go (``fresh`` or reused)
@@ -266,7 +267,13 @@ class ChannelProducts:
         # g = 0 on padding: no wider spread
         self.G = as_gate_sum(G).map(lambda x: _pad_pow2(x, C2, value_last=True))
         self.dtype = b.dtype  # of the products; G may be float64 (the module docstring)
-        self.F = direct_block_size(self.G.value(), self.dtype)
+        self.gate_share = None  # the gates' share of the products' gradient (``backward``)
+        # ``gates`` (autograd records the products): the floored g that G sums. The halving's
+        # exponents are then sums of the gates each holds (``_level``), and no block is direct
+        # (F = 1: each pair in one quadrant), so that autograd gives each gate the shares of the
+        # pairs across it alone (``pair_crossings``).
+        self.gates = None if gates is None else _pad_pow2(gates.to(torch.float64), C2)
+        self.F = 1 if gates is not None else direct_block_size(self.G.value(), self.dtype)
         if self.F == C2:  # the whole block in one product per left factor
             a_s, b_s = self._direct()
             shape = (*self.b.shape[:-1], C2)  # [..., C2, C2]
@@ -295,20 +302,29 @@ class ChannelProducts:
             A.tril_(-1 if strictly else 0)
         self.As = [A[..., : self.C, : self.C] for A in As]
 
-    def _sizes(self) -> list[int]:
-        """The halving levels: quadrants of s x s for s = F, 2 F, 4 F, ... below the padded C."""
-        F, C2 = self.F, self.b.shape[-2]
+    def _sizes(self, F: int | None = None) -> list[int]:
+        """The halving levels: quadrants of s x s for s = F, 2 F, 4 F, ... below the padded C
+        (F: ``self.F`` by default)."""
+        F, C2 = self.F if F is None else F, self.b.shape[-2]
         return [F << i for i in range(max(0, (C2 // F - 1).bit_length()))]
 
     def _level(self, s: int) -> tuple[Tensor, Tensor, list[Tensor], Tensor]:
         """exp(G_i - G_r) on the lower halves, exp(G_r - G_j) on the upper halves (r: the first
         row of the lower half, so both exponents are <= 0), the lefts' lower halves and b's upper
         halves, for the 2s-token blocks: each [..., C / (2s), s, K]."""
+        lefts, b_up = [_halves(a, s)[0] for a in self.lefts], _halves(self.b, s)[1]
+        if self.gates is not None:  # sum_{r < m <= i} g_m and sum_{j < m <= r} g_m
+            g_low, g_up = _halves(self.gates, s)
+            low = torch.cat([torch.zeros_like(g_low[..., :1, :]), g_low[..., 1:, :]], dim=-2)
+            up = torch.cat([g_up[..., 1:, :], g_low[..., :1, :]], dim=-2)
+            up = torch.flip(torch.cumsum(torch.flip(up, dims=(-2,)), dim=-2), dims=(-2,))
+            e_low = decay_exp(torch.cumsum(low, dim=-2).to(self.dtype), self.floor)
+            return e_low, decay_exp(up.to(self.dtype), self.floor), lefts, b_up
         G_low, G_up = (self.G.map(lambda x, i=i: _halves(x, s)[i]) for i in (0, 1))
         ref = G_low.map(lambda x: x[..., :1, :])  # [..., m, 1, K]
         e_low = exp_difference(G_low, ref, self.dtype, self.floor)  # rows at or after r
         e_up = exp_difference(ref, G_up, self.dtype, self.floor)  # rows before r
-        return e_low, e_up, [_halves(a, s)[0] for a in self.lefts], _halves(self.b, s)[1]
+        return e_low, e_up, lefts, b_up
 
     def _direct_exponentials(self) -> tuple[Tensor, Tensor]:
         """exp(G_i - G_r) and exp(G_r - G_i) for every row i, r the middle row of i's F-block
@@ -332,25 +348,43 @@ class ChannelProducts:
         return a_s, scaled(e_b, self.b, self.buffers)
 
     def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
-        """([da_p], db) for upstream gradients dA_p [..., C, C] (only the causal parts count)."""
+        """([da_p], db) for upstream gradients dA_p [..., C, C] (only the causal parts count),
+        and the gates' share of them in ``gate_share`` [..., C, K] (a term of dg itself).
+
+        The gates' share: each pair (i, j) holds g_m for j < m <= i in its exponent, and its share
+        goes to those gates alone (as ``pair_crossings``): a quadrant of the halving with
+        reference row r has alpha_i = a_i da_i (its rows i >= r) and beta_j = b_j db_j (j < r);
+        g_m gets sum_{i >= m} alpha_i for m > r, sum_{j < m} beta_j for m <= r. The pairs of the
+        direct blocks are taken by the halving's levels inside the blocks, for this share alone.
+        As a da - b db summed into G, the pairs on both sides of a gate would cancel in float32,
+        and an undecayed one (a run of zero gates) swamp the dg of a steep gate.
+        """
         pad = self.b.shape[-2] - self.C
         dAs = [torch.nn.functional.pad(dA, (0, pad, 0, pad)) if pad else dA for dA in dAs]
         das = [torch.zeros_like(a) for a in self.lefts]
         db = torch.zeros_like(self.b)
-        for s in self._sizes():
+        share = torch.zeros_like(self.b)
+        for s in self._sizes(1):
             e_low, e_up, a_lows, b_up = self._level(s)
             b_s = b_up * e_up
-            db_s = 0
+            db_s = alpha = 0
             for dA, da, a_low in zip(dAs, das, a_lows, strict=True):
                 a = a_low * e_low
                 dQ = _quadrants(dA, s)  # [..., m, s, s]
                 if s <= SMALL_QUADRANT:
-                    _halves(da, s)[0].add_((dQ.unsqueeze(-1) * b_s.unsqueeze(-3)).sum(-2) * e_low)
+                    da_s = (dQ.unsqueeze(-1) * b_s.unsqueeze(-3)).sum(-2) * e_low
                     db_s = db_s + (dQ.unsqueeze(-1) * a.unsqueeze(-2)).sum(-3)
                 else:
-                    _halves(da, s)[0].add_((dQ @ b_s) * e_low)
+                    da_s = (dQ @ b_s) * e_low
                     db_s = db_s + dQ.transpose(-1, -2) @ a
-            _halves(db, s)[1].add_(db_s * e_up)
+                alpha = alpha + a_low * da_s
+                if s >= self.F:
+                    _halves(da, s)[0].add_(da_s)
+            db_s = db_s * e_up
+            if s >= self.F:
+                _halves(db, s)[1].add_(db_s)
+            _level_share(share, s, alpha, b_up * db_s)
+        self.gate_share = share[..., : self.C, :]
         if self.F > 1:
             # The direct blocks: their upstream gradient masked to the causal part, then
             # da = (dA b~) e_a and db = (dA^T a~) e_b blockwise.
@@ -372,11 +406,23 @@ class ChannelProducts:
         return [da[..., : self.C, :] for da in das], db[..., : self.C, :]
 
 
+def _level_share(share: Tensor, s: int, alpha: Tensor, beta: Tensor) -> None:
+    """Add the gates' share of one halving level to ``share`` [..., C, K] (``ChannelProducts.
+    backward``): alpha [..., m, s, K] of the lower halves' rows, beta of the upper halves'."""
+    low, up = _halves(share, s)
+    after = torch.flip(torch.cumsum(torch.flip(alpha, dims=(-2,)), dim=-2), dims=(-2,))
+    low[..., 1:, :] += after[..., 1:, :]  # m > r: sum_{i >= m} alpha_i
+    before = torch.cumsum(beta, dim=-2)
+    low[..., :1, :] += before[..., -1:, :]  # m = r: every pair
+    up[..., 1:, :] += before[..., :-1, :]  # m < r: sum_{j < m} beta_j
+
+
 def scalar_decay(
     G: Tensor | GateSum,
     out: Tensor | None,
     floor: float | None = None,
     dtype: torch.dtype | None = None,
+    gates: Tensor | None = None,
 ) -> Tensor:
     """exp(G_i - G_j) on j <= i, 0 above the diagonal; G [..., C, 1] -> out [..., C, C].
 
@@ -384,11 +430,16 @@ def scalar_decay(
     evaluated above 0, and the result is cut to 0 there after it. ``floor``: see ``decay_exp_``.
     G may be float64 for a float32 ``out``: the differences are then taken in float64 and rounded
     once (the module docstring). ``out`` None (``differentiable``): new tensors in ``dtype``, none
-    changed in place after its exponential.
+    changed in place after its exponential; with ``gates`` (the floored g that G sums), the
+    gradient goes to them by ``PairDecay``.
     """
     G = as_gate_sum(G)
     Gt = G.map(lambda x: x.transpose(-1, -2))
     if out is None:
+        if gates is not None:  # the value from G, its gradient to the gates (``PairDecay``)
+            with torch.no_grad():
+                decay = scalar_decay(G.map(Tensor.detach), None, floor, dtype)
+            return PairDecay.apply(gates, decay)
         exponents = torch.tril(G.minus(Gt)).to(dtype)  # [..., C, C]
         return torch.tril(decay_exp_(exponents, floor))
     if G.hi.dtype == out.dtype and G.lo is None:
@@ -396,6 +447,52 @@ def scalar_decay(
     else:
         out.copy_(G.minus(Gt))
     return decay_exp_(out.tril_(), floor).tril_()
+
+
+def pair_crossings(X: Tensor) -> Tensor:
+    """sum_{i >= m > j} X_ij for every row m of X [..., C, C]: [..., C, 1].
+
+    The gradient of one log-gate per token from the decays exp(G_i - G_j) of a product's pairs
+    (X_ij = dA_ij A_ij): g_m is in the exponent of the pairs across it, j < m <= i. Formed as
+    the row sums of G_i's shares less the column sums of G_j's, then summed over m (dg = reversed
+    cumsum of dG), every pair on both sides of m would cancel in float32 (exactly, not in its
+    rounding): a pair inside a run of zero gates (DeltaProduct's writes of one token) is
+    undecayed, its share of order one, and it swamps the dg of a steep gate elsewhere, which is
+    of order exp(g). Summed over the pairs across m alone, dg keeps its own relative accuracy.
+    """
+    Y = X.flip(-2).cumsum(-2).flip(-2)  # Y_mj = sum_{i >= m} X_ij
+    return Y.tril(-1).sum(-1, keepdim=True)
+
+
+class PairDecay(torch.autograd.Function):
+    """exp(G_i - G_j) on j <= i for autograd (``scalar_decay``'s all-blocks form), whose gradient
+    goes to the gates g themselves by ``pair_crossings``, not through G = cumsum(g).
+
+    forward(g, decay): ``decay`` is the value (formed from G as ``scalar_decay`` forms it), g
+    [..., C, 1] the floored gates it is a function of. The output is saved, so that the backward
+    pass (differentiable ops of it) is itself differentiable for double backward.
+    """
+
+    @staticmethod
+    def forward(ctx, g: Tensor, decay: Tensor) -> Tensor:  # noqa: D102
+        out = decay.clone()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_decay: Tensor) -> tuple[Tensor, None]:  # noqa: D102
+        (decay,) = ctx.saved_tensors
+        return pair_crossings(d_decay * decay), None
+
+
+def sums_after(g: Tensor) -> Tensor:
+    """sum_{m > i} g_m for every row i of g [..., C, K], in float64: the exponent of exp(G_C -
+    G_i) as a sum of the gates it holds, so that autograd's gradient of each gate is the sum of
+    the shares of the rows before it (each a term across it), not G_C's share less G_i's (which
+    cancel for the rows after a run of zero gates, as ``pair_crossings`` says)."""
+    g = g.to(torch.float64)
+    after = torch.flip(torch.cumsum(torch.flip(g, dims=(-2,)), dim=-2), dims=(-2,))
+    return torch.cat([after[..., 1:, :], torch.zeros_like(after[..., :1, :])], dim=-2)
 
 
 def unit_lower_inverse(A: Tensor, out: Tensor | None = None) -> Tensor:

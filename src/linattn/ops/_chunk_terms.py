@@ -46,8 +46,10 @@ from linattn.ops._blockmath import (
     fresh,
     gate_floor,
     gate_sums,
+    pair_crossings,
     scalar_decay,
     subnormal_floor,
+    sums_after,
 )
 from linattn.ops.mechanism import Mechanism
 
@@ -92,18 +94,19 @@ class Products:
         buffers=fresh,
         floor: float | None = None,
         groups: int = 1,
+        gates: Tensor | None = None,
     ):
         self.lefts, self.b, self.strict = lefts, b, strict
-        self.channel = self.decay = None
+        self.channel = self.decay = self.gate_share = None
         if gate == "channel":
-            self.channel = ChannelProducts(lefts, b, G, strict, buffers, floor)
+            self.channel = ChannelProducts(lefts, b, G, strict, buffers, floor, gates)
             self.As = self.channel.As
             return
         C = b.shape[-2]
         shape = (*b.shape[:-1], C)  # [..., C, C]
         if gate == "head":  # [..., C, C], zero above the diagonal
             out = buffers("decay", b, shape)
-            self.decay = scalar_decay(G, out=out, floor=floor, dtype=b.dtype)
+            self.decay = scalar_decay(G, out=out, floor=floor, dtype=b.dtype, gates=gates)
         self.As = []
         for p, (a, strictly) in enumerate(zip(lefts, strict, strict=True)):
             P = shared_product(a, b, groups, buffers(f"A{p}", a, shape))
@@ -114,10 +117,18 @@ class Products:
     def backward(self, dAs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
         """([da_p], db) for the upstream gradients dA_p (only their causal parts are used).
 
-        The dA_p are fresh tensors of the caller's: masked (and decayed) in place.
+        The dA_p are fresh tensors of the caller's: masked (and decayed) in place. With one gate
+        per head, the gates' share is kept in ``gate_share`` [..., C, 1] (``pair_crossings``: a
+        term of dg itself, not of dG), which the factors' a da - b db no longer carry to dG; with
+        one per channel, [..., C, K] (``ChannelProducts.backward``).
         """
         if self.channel is not None:
-            return self.channel.backward(dAs)
+            das, db = self.channel.backward(dAs)
+            self.gate_share = self.channel.gate_share
+            return das, db
+        if self.decay is not None:
+            X = sum(dA * A for dA, A in zip(dAs, self.As, strict=True))
+            self.gate_share = pair_crossings(X)
         das, db = [], None
         for dA, a, strictly in zip(dAs, self.lefts, self.strict, strict=True):
             dP = dA.tril_(-1 if strictly else 0) if self.decay is None else dA.mul_(self.decay)
@@ -175,7 +186,7 @@ class Terms:
     ):
         self.q, self.k, self.v, self.beta, self.g = q, k, v, beta, g
         self.mech, self.rule, self.buffers = mech, mech.rule, buffers
-        self.G = self.eG = self.eEnd = self.D = None
+        self.G = self.eG = self.eEnd = self.D = self.gates = None
         self.Qd, self.Ke = q, k
         self.Kd = k if self.rule.DECAYED_KEYS else None
         floor = self.floor = self._gates() if mech.decays else None
@@ -186,7 +197,9 @@ class Terms:
         if named:
             lefts = [getattr(self, name) for name, _ in named]
             strict = [strictly for _, strictly in named]
-            self.products = Products(lefts, k, self.G, strict, mech.gate, buffers, floor, groups)
+            self.products = Products(
+                lefts, k, self.G, strict, mech.gate, buffers, floor, groups, self.gates
+            )
         self.A_qk = None if q is None else self.products.As[0]  # [n, P, C, C]
         # The rule's own terms, typed (``rules.PseudoValueTerms``): U = U0 - W S, and a stacked
         # rule's write directions and scores in place of the keys' own.
@@ -206,7 +219,7 @@ class Terms:
             buffers = _prefixed(self.buffers, prefix)
         strict = [False] * len(lefts)
         gate = self.mech.gate
-        return Products(lefts, right, self.G, strict, gate, buffers, self.floor)
+        return Products(lefts, right, self.G, strict, gate, buffers, self.floor, gates=self.gates)
 
     def _gates(self) -> float | None:
         """G, exp(G), exp(G_C - G), D = exp(G_C) and Qd, Ke (and Kd where the rule reads it);
@@ -226,7 +239,13 @@ class Terms:
         if torch.compiler.is_compiling() or not G_last.min().item() < floor:
             floor = None
         self.eG = decay_exp(self.G.value().to(g.dtype), floor, out=buffers("eG", g))  # <= 1
-        self.eEnd = exp_difference(G_end, self.G, g.dtype, floor)
+        if buffers is differentiable:
+            # Autograd differentiates the exponents: G_C - G_i would give each gate G_C's share
+            # less G_i's (``_blockmath.sums_after``), and G_i - G_j likewise (``PairDecay``).
+            self.gates = g.clamp(min=gate_floor(g.dtype))
+            self.eEnd = decay_exp(sums_after(self.gates).to(g.dtype), floor)
+        else:
+            self.eEnd = exp_difference(G_end, self.G, g.dtype, floor)
         self.D = decay_exp(G_last.to(g.dtype), floor).transpose(-1, -2)  # [n, P, 1|K, 1]
         self.Qd = None if q is None else torch.mul(q, self.eG, out=buffers("Qd", q))
         self.Ke = torch.mul(k, self.eEnd, out=buffers("Ke", k))
@@ -250,12 +269,10 @@ class Terms:
         diag = self.diagonal(dA_qk)
         dv, dbeta, dKd, dAs = self.rule.pseudo_value_backward(self, dU, S)
         (dq, *das), dk = self.products.backward([dA_qk, *dAs])
-        # The decay inside the products: dG = sum_p a_p * da_p - b * db (see ``Products``).
-        dG = None if not self.mech.decays else self.q * dq - self.k * dk
+        # The decay inside the products has its share in ``gate_share``, a term of dg itself
+        # (``Products.backward``), not of dG.
         grads = {"q": dq, "k": dk}
         for (name, _), da in zip(self.rule.PRODUCTS, das, strict=True):
-            if dG is not None:
-                dG.add_(getattr(self, name) * da)
             grads[name] = grads[name] + da
         dq, dk = grads["q"], grads["k"]
         if not self.mech.decays:
@@ -265,7 +282,8 @@ class Terms:
             if dKd is not None:
                 dk.add_(dKd)
             return dq, dk, dv, dbeta, None
-        dq, dk, dg = self.gate_gradients(dq, dk, dG, diag, dQd, dKe, dKd, dD)
+        share = self.products.gate_share
+        dq, dk, dg = self.gate_gradients(dq, dk, None, diag, dQd, dKe, dKd, dD, pairs=share)
         return dq, dk, dv, dbeta, dg
 
     def diagonal(self, dA: Tensor) -> Tensor | None:
@@ -282,16 +300,18 @@ class Terms:
         return diag
 
     def gate_gradients(
-        self, dq, dk, dG, diag, dQd, dKe, dKd, dD, dG_more: Tensor | None = None
+        self, dq, dk, dG, diag, dQd, dKe, dKd, dD, dG_more: Tensor | None = None, pairs=None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The gates: Qd = q e^G, Kd = k e^G, Ke = k e^(G_C - G), D = e^(G_C); (dq, dk, dg).
 
         dKe: the keys' rows [n, P, C, K]; ``dG_more``: a stacked rule's own share of the gates
-        that decay to the chunk's end, as Ke's (dplr's Ae = a e^(G_C - G)), or None."""
+        that decay to the chunk's end, as Ke's (dplr's Ae = a e^(G_C - G)), or None. dG: a
+        rule's own share of G, or None; ``pairs``: the products' share of g itself (their
+        ``gate_share`` summed), or None."""
         C = self.k.shape[-2]
         dq = dq + diag * self.k + dQd * self.eG
         dk = dk + diag * self.q + dKe * self.eEnd
-        dG = dG + dQd * self.Qd
+        dG = dQd * self.Qd if dG is None else dG + dQd * self.Qd
         # Ke_i depends on the gates after i only: its share is a prefix sum (below), not G_C's
         # share less G_i's, whose rounding would be that of the undecayed Ke_C.
         dG_ke = dKe * self.Ke[..., :C, :]  # the keys' rows (a stacked rule's Ke has more)
@@ -308,4 +328,6 @@ class Terms:
         # plus Ke's share sum_{l < i}; a floored gate has the floor's gradient, 0 (``gate_floor``).
         dg = torch.flip(torch.cumsum(torch.flip(dG, dims=(-2,)), dim=-2), dims=(-2,))
         dg[..., 1:, :] += torch.cumsum(dG_ke[..., :-1, :], dim=-2)
+        if pairs is not None:
+            dg += pairs
         return dq, dk, dg.masked_fill_(self.g <= gate_floor(self.g.dtype), 0.0)

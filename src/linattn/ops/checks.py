@@ -143,18 +143,19 @@ def qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
 
 
 def grouped_qkv(
-    q: object, k: object, v: object, writes: int = 1
+    q: object, k: object, v: object, writes: int = 1, q_name: str = "q"
 ) -> tuple[int, int, int, int, int, int]:
-    """q, k: [B, T, H, K], v: [B, T, HV, V] with HV = G * H (grouped value heads; value head j
+    """q, k: [B, T, H, K], v: [B, T, HV, V] (grouped value heads; value head j
     reads q/k head j // G), one dtype; returns (B, T, H, HV, K, V). HV = H is the plain case.
     ``writes`` > 1: k and v have T writes rows (DeltaProduct), their shapes checked by the caller
-    with its own message (``delta_product.writes_shapes``)."""
-    tensor("q", q, 4)
+    with its own message (``delta_product.writes_shapes``). ``q_name``: q as the op's user
+    passes it (RWKV's r), in every message."""
+    tensor(q_name, q, 4)
     tensor("k", k, 4)
     tensor("v", v, 4)
     if writes == 1 and q.shape != k.shape:
         raise ValueError(
-            f"q and k must have the same shape [B, T, H, K], got {tuple(q.shape)} and "
+            f"{q_name} and k must have the same shape [B, T, H, K], got {tuple(q.shape)} and "
             f"{tuple(k.shape)}"
         )
     B, T, H, K = q.shape
@@ -162,12 +163,13 @@ def grouped_qkv(
     if (writes == 1 and v.shape[:2] != q.shape[:2]) or (HV % H if H else HV) != 0:
         raise ValueError(
             f"v must have shape [B, T, HV, V] with B, T = {(B, T)} and HV a multiple of H = {H} "
-            f"(grouped value heads: value head j pairs with q/k head j // (HV // H)), got "
-            f"{tuple(v.shape)}"
+            f"(grouped value heads: value head j pairs with {q_name}/k head j // (HV // H)), "
+            f"got {tuple(v.shape)}"
         )
+    names = f"{q_name}, k, v"
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    head_sizes("q, k, v", K, v.shape[3])
+        raise TypeError(f"{names} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    head_sizes(names, K, v.shape[3])
     return B, T, H, HV, K, v.shape[3]
 
 
@@ -193,7 +195,14 @@ def kv(k: object, v: object) -> tuple[int, int, int, int, int]:
     return (*k.shape, v.shape[3])
 
 
-def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True) -> None:
+def gate(
+    g: object,
+    *sizes: int,
+    layout: str = "[B, T, H]",
+    values: bool = True,
+    name: str = "g",
+    channel_only: bool = False,
+) -> None:
     """g: None, [B, T, H] (scalar decay per head) or [B, T, H, K] (per channel), all <= 0.
 
     Any g <= 0 is accepted, -inf included (a reset: alpha = exp(-inf) = 0, the state is forgotten
@@ -201,29 +210,36 @@ def gate(g: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True)
 
     ``sizes`` are (B, T, H, K); a generation step passes (B, H, K) with ``layout="[B, H]"``.
     ``values=False`` checks the type and shape only (the caller checks the values itself).
+    ``name``: the argument as the caller's user passed it (RWKV's ``w``), in every message;
+    ``channel_only``: only [..., K] is accepted, and g is required (a gate per key channel, as
+    RWKV's: None refused).
     """
-    if g is None:
+    if g is None and not channel_only:
         return
     *lead, K = sizes
     lead = tuple(lead)
     channel = layout[:-1] + ", K]"
     ndim = g.dim() if isinstance(g, torch.Tensor) else 0
-    tensor("g", g, len(lead) + 1 if ndim == len(lead) + 1 else len(lead), finite=False)
-    if tuple(g.shape) not in (lead, (*lead, K)):
-        raise ValueError(
-            f"g must be None, {layout} = {lead} or {channel} = {(*lead, K)}, got {tuple(g.shape)}"
+    # the rank any (the shape's message says what is wanted), or one of the two ranks
+    rank = ndim if channel_only else len(lead) + 1 if ndim == len(lead) + 1 else len(lead)
+    tensor(name, g, rank, finite=False)
+    if tuple(g.shape) not in (((*lead, K),) if channel_only else (lead, (*lead, K))):
+        shapes = f"{channel} = {(*lead, K)}"
+        wanted = (
+            f"have shape {shapes}" if channel_only else f"be None, {layout} = {lead} or {shapes}"
         )
+        raise ValueError(f"{name} must {wanted}, got {tuple(g.shape)}")
     if not values or g.numel() == 0:
         return
     # -inf is accepted: a reset, the decay exp(-inf) = 0 exactly (the state is forgotten there).
     if compiling():
-        traced((g.detach() <= 0).all(), "g is a log-decay and must be <= 0 (and not NaN)")
+        traced((g.detach() <= 0).all(), f"{name} is a log-decay and must be <= 0 (and not NaN)")
         return
     low, high = (float(t) for t in torch.aminmax(g.detach()))
     if math.isnan(low) or math.isnan(high):
-        raise ValueError("g contains NaN")
+        raise ValueError(f"{name} contains NaN")
     if high > 0:
-        raise ValueError(f"g is a log-decay and must be <= 0; got max {shown(high, g.dtype)}")
+        raise ValueError(f"{name} is a log-decay and must be <= 0; got max {shown(high, g.dtype)}")
 
 
 def beta(b: object, *sizes: int, layout: str = "[B, T, H]", values: bool = True) -> None:
@@ -332,14 +348,20 @@ def scale(s: object) -> None:
         return
     if isinstance(s, bool) or not isinstance(s, (int, float)):
         raise TypeError(f"scale must be None or a float, got {type(s).__name__}")
-    if not math.isfinite(float(s)):
+    if compiling():
+        # torch.compile(dynamic=True) traces a float argument as a symbol, whose value is not
+        # known here: the check goes into the graph (``traced``)
+        traced(torch.isfinite(torch.scalar_tensor(s, dtype=torch.float64)), "scale must be finite")
+    elif not math.isfinite(float(s)):
         raise ValueError(f"scale must be finite, got {s}")
 
 
 def seqlens(cu_seqlens: object, B: int, T: int) -> int:
-    """cu_seqlens: None or a 1-D integer tensor 0 = c_0 < c_1 < ... < c_N = T, with B == 1.
+    """cu_seqlens: None or a 1-D integer tensor 0 = c_0 <= c_1 <= ... <= c_N = T, with B == 1.
 
-    Returns the number of sequences (B when cu_seqlens is None).
+    A sequence may be empty (c_n = c_{n+1}), as fla's packed batches allow: it has no output
+    rows, and its final state is its initial state. Returns the number of sequences (B when
+    cu_seqlens is None).
     """
     if cu_seqlens is None:
         return B
@@ -357,8 +379,8 @@ def seqlens(cu_seqlens: object, B: int, T: int) -> int:
         raise ValueError(
             f"cu_seqlens must start at 0 and end at T = {T}, got {cu_seqlens.tolist()}"
         )
-    if bool((cu_seqlens[1:] <= cu_seqlens[:-1]).any()):
-        raise ValueError(f"cu_seqlens must be strictly increasing, got {cu_seqlens.tolist()}")
+    if bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()):
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {cu_seqlens.tolist()}")
     return cu_seqlens.numel() - 1
 
 

@@ -79,7 +79,9 @@ def comba(
         raise ValueError(
             f"p must have k's shape [B, T, H, K] = {tuple(k.shape)}, got {tuple(p.shape)}"
         )
-    _checks.beta(beta, B, T, HV, values=False)
+    # beta in [0, 2], as the delta rule's (Comba with p = k and g None is the delta rule), and
+    # named before it is folded into v and a, whose checks would name them instead.
+    _checks.beta(beta, B, T, HV)
     if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
         check_op(  # the checks generalized_delta_rule would run, before fla's kernel
             q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
@@ -89,9 +91,10 @@ def comba(
         chosen = _backends.choose("comba", q, g, locals())
         if chosen is not None:
             return _backends.run(chosen, v.dtype)
-    a = -beta.unsqueeze(-1) * _per_value_head(k, HV)  # [B, T, HV, K]
+    beta = beta.to(v.dtype).unsqueeze(-1)  # another dtype converted, as the delta rule's beta
+    a = -beta * _per_value_head(k, HV)  # [B, T, HV, K]
     return generalized_delta_rule(
-        q, k, beta.unsqueeze(-1) * v, a, _per_value_head(p, HV), g,
+        q, k, beta * v, a, _per_value_head(p, HV), g,
         scale=scale, mode=mode, chunk_size=chunk_size, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
@@ -131,12 +134,11 @@ def rwkv7(
     Returns:
         (o [B, T, H, V], final state [N, H, K, V] or None), as ``generalized_delta_rule``.
     """
-    B, T, H, HV, K, V = _checks.grouped_qkv(r, k, v)  # r is the op's q
+    B, T, H, HV, K, V = _checks.grouped_qkv(r, k, v, q_name="r")  # r is the op's q
     for name, x in (("a", a), ("b", b)):  # checked under RWKV-7's names (swapped below)
         _checks.vectors(name, x, B, T, HV, K, layout="[B, T, H, K]")
-    _checks.gate(w, B, T, HV, K, values=False)  # its values (<= 0, -inf a reset): the op's g
-    if w.dim() != 4:
-        raise ValueError(f"w must have shape [B, T, H, K] = {(B, T, HV, K)}, got {tuple(w.shape)}")
+    # a log-decay per key channel (<= 0, -inf a reset), checked under its own name: the op's g
+    _checks.gate(w, B, T, HV, K, layout="[B, T, H]", name="w", channel_only=True)
     if _backends.wanted(r):  # the op's arguments by name: none reassigned before this line
         check_op(  # the checks generalized_delta_rule would run, before fla's kernel
             r, k, v, w, mode=mode, chunk_size=chunk_size, scale=scale,
@@ -205,8 +207,11 @@ def gated_deltanet2(
         if chosen is not None:
             return _backends.run(chosen, v.dtype)
     k_v = _per_value_head(k, HV)  # [B, T, HV, K]
+    # b and w in v's dtype (another converted, as the delta rule's beta): folded into the
+    # op's b and v, their dtype would be reported as q, k, v's
+    b, w = b.to(v.dtype), w.to(v.dtype)
     return generalized_delta_rule(
-        q, k, w * v, -k_v, g.exp() * b * k_v, g,
+        q, k, w * v, -k_v, g.to(v.dtype).exp() * b * k_v, g,
         scale=scale, mode=mode, chunk_size=chunk_size, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip

@@ -106,6 +106,9 @@ def _composite(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_fin
                cu_seqlens) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """``rwkv6`` on every form and dtype (checked inputs, scale a number): the additive rule's
     ``linear_attention`` forms on the inputs paired one token apart (the module docstring)."""
+    if cu_seqlens is not None and bool((cu_seqlens[1:] == cu_seqlens[:-1]).any()):
+        return _skipping_empty(q, k, v, g, u, scale, mode, chunk_size, initial_state,
+                               output_final_state, cu_seqlens)  # fmt: skip
     T = q.shape[1]
     q_next, kvg, reads, last = _paired(q, (k, v, g), cu_seqlens)  # views unless packed
     options = dict(scale=scale, mode=mode, chunk_size=chunk_size)
@@ -127,6 +130,30 @@ def _composite(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_fin
         k_t, v_t, g_t = (None if x is None else x.index_select(1, last) for x in (k, v, g))
         S = _last_write(S, k_t, v_t, g_t)
     return o.to(q.dtype), S if output_final_state else None
+
+
+def _skipping_empty(q, k, v, g, u, scale, mode, chunk_size, initial_state, output_final_state,
+                    cu_seqlens) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """``_composite`` on packed sequences some of which have no token: the others run, and an
+    empty one's final state is its initial state (zeros without one). Run as they are, an empty
+    sequence's first token and last write would be indexed at its neighbour's (or past T)."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    kept = (lengths > 0).nonzero().squeeze(1).to(q.device)
+    N, HV, K, V = lengths.numel(), v.shape[2], k.shape[3], v.shape[3]
+    dtype = compute_dtype(q.dtype)
+    if initial_state is None:
+        S = q.new_zeros(N, HV, K, V, dtype=dtype)
+    else:
+        S = initial_state.to(dtype)
+    if kept.numel() == 0:  # T = 0: no token at all
+        return q.new_zeros(1, 0, HV, V), S if output_final_state else None
+    bounds = torch.cat([cu_seqlens[:1], cu_seqlens[1:][lengths > 0]])
+    S0 = None if initial_state is None else initial_state.index_select(0, kept)
+    o, S_kept = _composite(q, k, v, g, u, scale, mode, chunk_size, S0, output_final_state,
+                           bounds)  # fmt: skip
+    if not output_final_state:
+        return o, None
+    return o, S.index_copy(0, kept, S_kept.to(dtype))
 
 
 def _check(q, k, v, g, u, scale, initial_state, cu_seqlens) -> tuple[int, int]:

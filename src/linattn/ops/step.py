@@ -142,6 +142,8 @@ def fused_step(state, q, k, v, beta, g, scale, out, rule, gate=None, b=None) -> 
         return None
     if type(scale) not in (float, int, type(None)):  # a bool, a tensor: ``_checks.scale`` says
         return None
+    if out is not None and isinstance(out, Tensor) and out.data_ptr() == state.data_ptr():
+        return None  # the kernel would step in place; the checked path refuses out on the state
     try:
         o_t = kernel(state, q, k, v, beta, g, scale, rule, gate, out, b)
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
@@ -180,7 +182,8 @@ def _checked_step(state, q, k, v, beta, g, scale, a, b, out, bonus=None) -> Tens
         if out is not None:  # the step on out, from the state
             state = out.copy_(state)
         return _bonus_step(state, q, k, v, beta, g, scale, ab, bonus)
-    inputs = [x for x in (state, q, k, v, beta, g, ab, out) if x is not None]
+    # tensors only: beta and g are checked below, each named (a list's error, not an attribute's)
+    inputs = [x for x in (state, q, k, v, beta, g, ab, out) if isinstance(x, Tensor)]
     graph = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
     # Traced (torch.compile): the PyTorch step, whose ops the graph holds; the fused C++ step is
     # no registered op (and loading it takes a lock that dynamo cannot enter).

@@ -21,15 +21,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import replace
 
 import torch
 
-from linattn.experiments._args import output_dir, output_file
+from linattn.experiments._args import nonnegative_int, output_dir, output_file, positive_int
 from linattn.experiments.state_tracking.results import aggregate, plot_results, results_table
 from linattn.experiments.state_tracking.sweep import MECHANISMS, PRESETS, run_sweep
 from linattn.experiments.state_tracking.tasks import GROUPS
+
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
+
+
+def seed_number(text: str) -> int:
+    """An argparse type: a seed, an integer in [0, 2**63 - 1] (torch's generator's range; a
+    larger one failed in torch.manual_seed, after the first cells had run)."""
+    value = nonnegative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer <= 2**63 - 1, got {value}")
+    return value
+
+
+def thread_count(text: str) -> int:
+    """An argparse type: torch threads per worker, in [1, the CPUs here] (torch's thread pool
+    is not bounded itself: 100,000 threads crashed the process inside torch)."""
+    value = positive_int(text)
+    cpus = os.cpu_count() or 1
+    if value > cpus:
+        raise argparse.ArgumentTypeError(f"expected at most the {cpus} CPUs here, got {value}")
+    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +62,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"subset of: {', '.join(GROUPS)}")  # fmt: skip
     parser.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS), metavar="NAME",
                         help=f"subset of: {', '.join(MECHANISMS)}")  # fmt: skip
-    parser.add_argument("--seeds", nargs="+", type=int, metavar="S", help="seeds (default: 0 1 2)")
+    parser.add_argument(
+        "--seeds", nargs="+", type=seed_number, metavar="S", help="seeds (default: 0 1 2)"
+    )
     parser.add_argument("--steps", type=int, help="training steps per cell (default: preset's)")
     parser.add_argument("--results", default="runs/state-tracking.jsonl",
                         help="JSON lines file to append to")  # fmt: skip
@@ -50,7 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where cells save and resume ('none': no checkpoints)")  # fmt: skip
     parser.add_argument("--fresh", action="store_true", help="retrain every cell of the preset")
     parser.add_argument("--workers", type=int, help="cells trained at once (default: preset's)")
-    parser.add_argument("--threads", type=int, help="torch threads per worker (default 1)")
+    parser.add_argument("--threads", type=thread_count, help="torch threads per worker (default 1; "
+                        "at most the CPUs here)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -94,9 +119,14 @@ def run(args: argparse.Namespace) -> int:
         if args.checkpoint_dir == "none"
         else output_dir("--checkpoint-dir", args.checkpoint_dir)
     )
+    if plot_path is not None:  # matplotlib found before any training, not after every cell
+        from linattn.figures import style
+
+        try:
+            style.pyplot()
+        except ImportError as error:
+            raise ValueError(f"--plot: {error}; or pass --plot none") from None
     preset = build_preset(args)
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     threads = args.threads or 1
     if preset.workers == 1:
         torch.set_num_threads(threads)

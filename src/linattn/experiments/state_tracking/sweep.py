@@ -47,7 +47,8 @@ from torch import nn
 
 from linattn import registry
 from linattn.experiments._pool import run_jobs
-from linattn.experiments.mqar.sweep import append_result, read_results
+from linattn.results_files import read_results
+from linattn.experiments.mqar.sweep import append_result
 from linattn.experiments.mqar.train import TrainConfig, evaluate, train
 from linattn.experiments.state_tracking.tasks import GROUPS, StateTask
 from linattn.models.config import MIXERS
@@ -239,6 +240,30 @@ def build_model(preset: Preset, task: str, mechanism: str, n_layers: int) -> nn.
     return CausalLM(config)
 
 
+# The fields of a results row that the sweep, the table and the figure read, with their types.
+ROW_FIELDS = {"config_hash": str, "task": str, "mechanism": str, "n_layers": int, "seed": int,
+              "accuracy": dict}  # fmt: skip
+
+
+def check_row(row: dict) -> None:
+    """A results row's fields that are read (``ROW_FIELDS``; accuracy: test length -> a number
+    in [0, 1]), each of its type, or a ``ValueError`` naming the field: a row edited by hand, or
+    another command's, would otherwise fail inside the table or the figure."""
+    for name, kind in ROW_FIELDS.items():
+        value = row.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(
+                f"field {name!r} must be {kind.__name__}, got {type(value).__name__} {value!r}"
+            )
+    for length, value in row["accuracy"].items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (length.isdigit() and number and 0 <= value <= 1):
+            raise ValueError(
+                f"field 'accuracy' must map test lengths to accuracies in [0, 1], got "
+                f"{length!r}: {value!r}"
+            )
+
+
 def config_hash(preset: Preset, task: str, mechanism: str, n_layers: int, seed: int) -> str:
     """A short hash of everything that determines one cell's numbers."""
     train_settings = replace(preset.train, seed=seed).to_dict()
@@ -340,7 +365,8 @@ def run_sweep(
     """
     results_path = Path(results_path)
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    done = {} if fresh else {r.get("config_hash"): r for r in read_results(results_path)}
+    earlier = [] if fresh else read_results(results_path, check=check_row)
+    done = {r["config_hash"]: r for r in earlier}
     if fresh and ckpt is not None:
         for old in ckpt.glob(f"{preset.name}-*.pt"):
             old.unlink()

@@ -35,7 +35,7 @@
 // Gamma[i, j] = exp(G_i - G_j), (dA * Gamma) K and (dA * Gamma)^T Q times scale; for kg = K, block
 // by block as ``channel_diagonal`` forms the product. The gates: dG = dQd * Qd (+ beta dR_k * Kd)
 // row by row; each product's share off its diagonal (X * dX - Y * dY for its factors X, Y; for
-// kg = 1 the row sums of dM * M less its column sums, ``product_gate_gradient``); and
+// kg = 1 the sums of dM * M over the pairs across each gate, ``product_gate_gradient``); and
 // D <dS', S> (row by row of S) for G_c. With kg = 1 each term is summed over the channels. dg is
 // the reversed cumulative sum of dG inside the chunk (G_i = g_1 + ... + g_i) plus Ke's share,
 // sum_{i < t} dKe_i * Ke_i. Terms without decay (the products' diagonals, Ke_c) never enter dg:
@@ -146,7 +146,7 @@ struct BackwardTensors {
 struct BackwardBlocks {
   Scratch w;
   std::vector<float> Gam, Aqk, Akk, L, X, U, Qd, Ke, Kd, eG, eEnd, D;
-  std::vector<float> dA, dU, dRk, dQd, dKe, dX, dY, dG, dGe, dG_diag, dG_end;
+  std::vector<float> dA, dU, dRk, dQd, dKe, dX, dY, dG, dGe, dG_diag, dG_end, dGx;
   std::vector<float> Qx, dOx, dQx;  // R > 1: the query rows on the write rows (``spread``)
   int64_t R;
   Staging stage;  // the converted rows of inputs and gradients that are not float32
@@ -160,7 +160,8 @@ struct BackwardBlocks {
         eG(sz.C * std::max<int64_t>(kg, 1)), eEnd(eG.size()), D(std::max<int64_t>(kg, 1)),
         dA(writes * sz.C * sz.C), dU(writes * sz.C * sz.V), dRk(sz.C * sz.K), dQd(sz.C * sz.K),
         dKe(writes * sz.C * sz.K), dX(sz.C * sz.K), dY(sz.C * sz.K), dG(eG.size()),
-        dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()), Qx(sz.R > 1 ? sz.C * sz.K : 0, 0.0f),
+        dGe(eG.size()), dG_diag(sz.C), dG_end(D.size()), dGx(eG.size()),
+        Qx(sz.R > 1 ? sz.C * sz.K : 0, 0.0f),
         dOx(sz.R > 1 ? sz.C * sz.V : 0, 0.0f), dQx(Qx.size()), R(sz.R),
         stage(std::move(staging)) {}
 
@@ -195,7 +196,7 @@ struct BackwardBlocks {
     const bool own = rule.reads_state();
     return {dA.data(),  own ? dU.data() : g.dV, own ? V : g.lddv, dRk.data(), dQd.data(),
             dKe.data(), dX.data(), dY.data(), dG.data(), dGe.data(), dG_diag.data(),
-            dG_end.data()};
+            dG_end.data(), dGx.data()};
   }
 };
 
@@ -281,6 +282,7 @@ void read_gate_gradients(const Dims& d, const Recomputed& rc, const float* S, co
   const int64_t K = d.K, V = d.V, kg = d.kg;
   const bool channel = d.channel();
   std::fill(tg.dG_end, tg.dG_end + kg, 0.0f);
+  std::fill(tg.dGx, tg.dGx + c * kg, 0.0f);
   for (int ch = 0; ch < Ki; ++ch) {
     const float *Sr = S + ch * V, *dSr = dSn + ch * V;
     float sS = 0.0f;
@@ -341,16 +343,16 @@ void qk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
     }
   }
   if (d.gated()) {
-    product_gate_gradient(tg.dA, rc.t.A, lda, c, tg.dG);
+    product_gate_gradient(tg.dA, rc.t.A, lda, c, tg.dGx);
     times_decays(c, tg.dA, lda, rc.Gam, C);
   }
   lower_product_gradient(c, c, 1, Ki, d.scale, tg.dA, lda, x.q, x.ldq, x.k, x.ldk, g.dQ, g.lddq,
                          1.0f, g.dK, g.lddk, 1.0f);
 }
 
-// 6, one gate per channel: the blocked backward of the factored product (products.h). The
-// diagonal of dA (no decay) is taken out of it and added to dq and dk alone: its shares of q dX
-// and k dY cancel, and their rounding would reach dg.
+// 6, one gate per channel: the blocked backward of the factored product (products.h), and the
+// gates' share (``channel_gate_share``). The diagonal of dA (no decay) is taken out of it and
+// added to dq and dk alone.
 void qk_channel_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
                                 const Recomputed& rc, const TermGrads& tg, Scratch& w) {
   const int c = d.c, Ki = static_cast<int>(d.K);
@@ -365,25 +367,27 @@ void qk_channel_score_gradients(const ChunkRows& x, const ChunkGrads& g, const D
   std::fill(tg.dY, tg.dY + c * K, 0.0f);
   channel_product_backward({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, lda, tg.dX,
                            tg.dY, w, rc.t.eEnd);
+  channel_gate_share({x.q, x.ldq}, {x.k, x.ldk}, rc.t.G, K, c, scale, tg.dA, lda, tg.dGx, w,
+                     rc.t.eEnd);
   for (int i = 0; i < c; ++i) {
     const float *qi = x.q + i * x.ldq, *ki = x.k + i * x.ldk;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K;
     const float *a = tg.dQd + i * K, *e = tg.dKe + i * K;
     const float *eg = rc.t.eG + i * K, *ee = rc.t.eEnd + i * K;
-    float *dq_i = g.dQ + i * g.lddq, *dk_i = g.dK + i * g.lddk, *dGi = tg.dG + i * K;
+    float *dq_i = g.dQ + i * g.lddq, *dk_i = g.dK + i * g.lddk;
     const float dd = tg.dG_diag[i];
 #pragma omp simd
     for (int ch = 0; ch < Ki; ++ch) {
       dq_i[ch] = scale * eg[ch] * a[ch] + dx[ch] + dd * ki[ch];
       dk_i[ch] = ee[ch] * e[ch] + dy[ch] + dd * qi[ch];
-      dGi[ch] += qi[ch] * dx[ch] - ki[ch] * dy[ch];
     }
   }
 }
 
 // 9. dg: the reversed cumulative sum of dG inside the chunk, G_c's share at its end. Ke's share
-//    (dGe) is the prefix sum sum_{i < t} dGe_i: Ke_i depends on g_t for t > i. A floored gate
-//    (g <= kGateFloor: its decay is exactly 0) has the floor's gradient, 0.
+//    (dGe) is the prefix sum sum_{i < t} dGe_i: Ke_i depends on g_t for t > i. The products'
+//    share (dGx) is a term of dg itself (``product_gate_gradient``, ``channel_gate_share``). A
+//    floored gate (g <= kGateFloor: its decay is exactly 0) has the floor's gradient, 0.
 void gate_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const TermGrads& tg) {
   const int c = d.c;
   const int64_t kg = d.kg;
@@ -406,6 +410,9 @@ void gate_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d, cons
 #pragma omp simd
       for (int ch = 0; ch < kg; ++ch) dGi[ch] += before[ch];
     }
+    const float* pairs = tg.dGx + i * kg;
+#pragma omp simd
+    for (int ch = 0; ch < kg; ++ch) dGi[ch] += pairs[ch];
     floored_gradient_row(dGi, x.g + i * x.sg, kg, g.dg + i * g.lddg, kGateFloor);
   }
 }

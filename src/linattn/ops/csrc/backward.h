@@ -47,12 +47,14 @@ struct Recomputed {
 // the delta rule's L, or the dplr rule's A_bk and L), dU ([writes c, V], row stride lddu: the
 // rule's own block where U reads the state; the additive rule's dU is dv itself), dR_k, dQd
 // [c, K], dKe [writes c, K], the per-channel products' dX, dY [c, K], and the gates': dG [c, kg]
-// per row, dGe (Ke's share), dG_diag [c] (A_qk's diagonal), dG_end [kg] (G_c's share).
+// per row, dGe (Ke's share), dG_diag [c] (A_qk's diagonal), dG_end [kg] (G_c's share), and
+// dGx [c, kg] (the products' share of dg itself: ``product_gate_gradient``,
+// ``channel_gate_share``).
 struct TermGrads {
   float* dA;
   float* dU;
   int64_t lddu;
-  float *dRk, *dQd, *dKe, *dX, *dY, *dG, *dGe, *dG_diag, *dG_end;
+  float *dRk, *dQd, *dKe, *dX, *dY, *dG, *dGe, *dG_diag, *dG_end, *dGx;
 };
 
 }  // namespace linattn_native

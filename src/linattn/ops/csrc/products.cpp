@@ -3,6 +3,7 @@
 #include "products.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "blas.h"
 
@@ -316,6 +317,140 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
   });
 }
 
+namespace {
+
+// The rows of ``direct_gate_share``'s blocks: the pairs of a block's rows with the rows before and
+// after it are products (gemm), those inside it a loop.
+constexpr int kShareRows = 16;
+
+// The gates' share of the pairs of a diagonal block b of n rows whose gates' spread fits the
+// budget, from its factors about one row (``factor_block``; with ``end``, the whole chunk about
+// its last row): share[m] += sum_{i >= m, j < m} alpha dA_ij Xf_i Yf_j, every term a pair across
+// m. For m in a run [s, e) of kShareRows rows: the pairs with j < s are sum_{i >= m} Xf_i Q_i,
+// Q = alpha dA[:, :s] Yf[:s] (its rows i >= e summed once for the run, W); those with i >= e and
+// s <= j < m are sum_{s <= j < m} Yf_j U_j, U = alpha dA[e:, s:e]^T Xf[e:]; those inside the run
+// a loop (P_i = alpha sum_{s <= j < m} dA_ij Yf_j grown a column at a time).
+void direct_gate_share(Rows x, Rows y, const Gates& G, int64_t K, const Block& b, float alpha,
+                       const float* dA, int64_t lda, float* share, Scratch& w, const float* end) {
+  factor_block<false, false>(x, x, y, G, K, b, w, end);
+  const int n = b.n, Ki = static_cast<int>(K);
+  const float *Xf = w.Xf.data(), *Yf = w.Yf.data();
+  const float* dA0 = dA + b.i0 * lda + b.i0;  // the block's pair (i, j) at dA0[i lda + j]
+  float *Q = w.dXf.data(), *U = w.dYf.data(), *P = w.Ey.data(), *Cs = w.Ex.data();  // [n, K]
+  thread_local std::vector<float> sums;
+  sums.resize(static_cast<size_t>(2 * K));
+  float *W = sums.data(), *Bm = W + K;
+  for (int s = 0; s < n; s += kShareRows) {
+    const int e = std::min(s + kShareRows, n), nb = e - s;
+    std::fill(W, W + K, 0.0f);
+    std::fill(Cs, Cs + nb * K, 0.0f);
+    if (s > 0) {  // Q_i for the rows i >= s (row i at Q + (i - s) K)
+      gemm(false, false, n - s, K, s, alpha, dA0 + s * lda, lda, Yf, K, 0.0f, Q, K);
+      for (int i = e; i < n; ++i) {
+        const float *xf = Xf + i * K, *q = Q + (i - s) * K;
+#pragma omp simd
+        for (int c = 0; c < Ki; ++c) W[c] += xf[c] * q[c];
+      }
+      std::fill(Bm, Bm + K, 0.0f);  // Cs[m - s] = sum_{m <= i < e} Xf_i Q_i
+      for (int i = e - 1; i >= s; --i) {
+        const float *xf = Xf + i * K, *q = Q + (i - s) * K;
+        float* cs = Cs + (i - s) * K;
+#pragma omp simd
+        for (int c = 0; c < Ki; ++c) {
+          Bm[c] += xf[c] * q[c];
+          cs[c] = Bm[c];
+        }
+      }
+    }
+    if (e < n) {
+      gemm(true, false, nb, K, n - e, alpha, dA0 + e * lda + s, lda, Xf + e * K, K, 0.0f, U, K);
+    } else {
+      std::fill(U, U + nb * K, 0.0f);
+    }
+    std::fill(P, P + nb * K, 0.0f);
+    std::fill(Bm, Bm + K, 0.0f);
+    for (int m = s; m < e; ++m) {
+      if (m > s) {  // column m - 1 of the run enters
+        const float *yf = Yf + (m - 1) * K, *u = U + (m - 1 - s) * K;
+#pragma omp simd
+        for (int c = 0; c < Ki; ++c) Bm[c] += yf[c] * u[c];
+        for (int i = m; i < e; ++i) {
+          const float a = alpha * dA0[i * lda + m - 1];
+          float* Pi = P + (i - s) * K;
+#pragma omp simd
+          for (int c = 0; c < Ki; ++c) Pi[c] += a * yf[c];
+        }
+      }
+      if (m == 0) continue;  // no pair across the first row
+      float* out = share + static_cast<int64_t>(b.i0 + m) * K;
+      const float* cs = Cs + (m - s) * K;
+#pragma omp simd
+      for (int c = 0; c < Ki; ++c) out[c] += W[c] + cs[c] + Bm[c];
+      for (int i = m; i < e; ++i) {
+        const float *xf = Xf + i * K, *Pi = P + (i - s) * K;
+#pragma omp simd
+        for (int c = 0; c < Ki; ++c) out[c] += xf[c] * Pi[c];
+      }
+    }
+  }
+}
+
+// The gates' share of the pairs of rows [i0, i0 + n) (``channel_gate_share``): within the budget
+// one direct block; else the lower-left quarter about r, the last row of the upper half
+// (exponents <= 0 both sides), then each half.
+void quarter_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int i0, int n, float alpha,
+                        const float* dA, int64_t lda, float* share, Scratch& w) {
+  if (n <= 1) return;
+  if (gate_spread(G, K, i0, n) <= kFactorBudget) {
+    const Block d{i0, n, i0, n, i0 + n / 2};
+    direct_gate_share(x, y, G, K, d, alpha, dA, lda, share, w, nullptr);
+    return;
+  }
+  const int h = n / 2, Ki = static_cast<int>(K);
+  const Block b{i0 + h, n - h, i0, h, i0 + h - 1};
+  factor_block<false, false>(x, x, y, G, K, b, w);
+  const float* dAb = dA + b.i0 * lda + b.j0;
+  gemm(false, false, b.n, K, b.m, alpha, dAb, lda, w.Yf.data(), K, 0.0f, w.dXf.data(), K);
+  gemm(true, false, b.m, K, b.n, alpha, dAb, lda, w.Xf.data(), K, 0.0f, w.dYf.data(), K);
+  // Lower rows m: the pairs i >= m, alpha_i = Xf_i dXf_i (the last row first).
+  float* sum = w.Ex.data();  // [K], a running sum
+  std::fill(sum, sum + K, 0.0f);
+  for (int i = b.n - 1; i >= 0; --i) {
+    const float *f = w.Xf.data() + i * K, *d = w.dXf.data() + i * K;
+    float* out = share + static_cast<int64_t>(b.i0 + i) * K;
+#pragma omp simd
+    for (int c = 0; c < Ki; ++c) {
+      sum[c] += f[c] * d[c];
+      out[c] += sum[c];
+    }
+  }
+  // Upper rows m: the pairs j < m, beta_j = Yf_j dYf_j (the first row gets none).
+  std::fill(sum, sum + K, 0.0f);
+  for (int j = 0; j < b.m; ++j) {
+    const float *f = w.Yf.data() + j * K, *d = w.dYf.data() + j * K;
+    float* out = share + static_cast<int64_t>(b.j0 + j) * K;
+#pragma omp simd
+    for (int c = 0; c < Ki; ++c) {
+      out[c] += sum[c];
+      sum[c] += f[c] * d[c];
+    }
+  }
+  quarter_gate_share(x, y, G, K, i0, h, alpha, dA, lda, share, w);
+  quarter_gate_share(x, y, G, K, i0 + h, n - h, alpha, dA, lda, share, w);
+}
+
+}  // namespace
+
+void channel_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
+                        const float* dA, int64_t lda, float* share, Scratch& w,
+                        const float* end) {
+  if (end_factored(G, K, c, end)) {  // the whole chunk about its last row, from the end decays
+    direct_gate_share(x, y, G, K, Block{0, c, 0, c, c - 1}, alpha, dA, lda, share, w, end);
+    return;
+  }
+  quarter_gate_share(x, y, G, K, 0, c, alpha, dA, lda, share, w);
+}
+
 void token_decay_row(const Gates& G, int i, int c, const float* quotients, float* row) {
   if (quotients) {  // end_j / end_i, the diagonal 1 exactly (``end_decay_rows``)
     const float down = quotients[i];
@@ -339,21 +474,26 @@ void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* e
 }
 
 // The gates' share of a decayed product's gradient: for M = X * Gamma (Gamma[i, j] =
-// exp(G_i - G_j), causal: j <= i, or j < i when strict) and its gradient dM, row i of dM * M adds
-// to dG_i and column i subtracts from it. dM and M are [c, ld] row-major, zero above the mask.
-// The diagonal (no decay) adds to its row and subtracts from its column the same number: it is
-// skipped, so that its rounding (as large as the undecayed term) does not reach dg.
-void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG) {
-  for (int i = 0; i < c; ++i) {
-    const float *dMi = dM + i * ld, *Mi = M + i * ld;
-    float row = 0.0f;
-#pragma omp simd reduction(+ : row)
-    for (int j = 0; j < i; ++j) {
-      const float m = dMi[j] * Mi[j];
-      row += m;
-      dG[j] -= m;
+// exp(G_i - G_j), causal: j <= i, or j < i when strict) and its gradient dM, the pair (i, j)
+// holds g_m for j < m <= i, so dg_m gets sum_{i >= m > j} dM_ij M_ij, added to pairs[m]. dM and
+// M are [c, ld] row-major, zero above the mask. Each pair is summed into the gates across it
+// alone: as row i's share of G_i less column j's share of G_j, summed over m >= i (dg is the
+// reversed cumulative sum of dG), a pair on both sides of m would cancel in float32, and an
+// undecayed one (a run of zero gates: DeltaProduct's writes of one token) would swamp the dg of
+// a steep gate, of the order of exp(g). The diagonal crosses no gate.
+void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* pairs) {
+  thread_local std::vector<float> below;  // below[j] = sum_{i >= m} dM_ij M_ij, m going down
+  below.assign(static_cast<size_t>(std::max(c, 0)), 0.0f);
+  float* col = below.data();
+  for (int m = c - 1; m >= 1; --m) {
+    const float *dMm = dM + m * ld, *Mm = M + m * ld;
+    float across = 0.0f;
+#pragma omp simd reduction(+ : across)
+    for (int j = 0; j < m; ++j) {
+      col[j] += dMm[j] * Mm[j];
+      across += col[j];
     }
-    dG[i] += row;
+    pairs[m] += across;
   }
 }
 

@@ -65,6 +65,19 @@ void channel_product_backward(Rows x, Rows y, const Gates& G, int64_t K, int c, 
                               const float* dA, int64_t lda, float* dX, float* dY, Scratch& w,
                               const float* end = nullptr);
 
+// The gates' share of a per-channel decayed product's gradient (kg = K), for dA masked as the
+// product was: each pair (i, j) holds g_m for j < m <= i, and sum_{i >= m > j} of its share
+// dA_ij x_i y_j exp(G_i - G_j) (per channel) is added to share[m] (a term of dg itself, [c, K]).
+// The pairs are taken by the halving (every exponent <= 0) down to blocks whose gates fit the
+// budget (with ``end``, as ``channel_product_backward``: the whole chunk about its last row),
+// each taken directly, every pair to the gates across it alone. As x dX - y dY summed into dG,
+// the pairs on both sides of a gate would cancel in float32, and an undecayed one (a run of zero
+// gates: DeltaProduct's writes of one token) would swamp the dg of a steep gate, of the order of
+// exp(g).
+void channel_gate_share(Rows x, Rows y, const Gates& G, int64_t K, int c, float alpha,
+                        const float* dA, int64_t lda, float* share, Scratch& w,
+                        const float* end = nullptr);
+
 // Whether the c rows of a chunk are one block factored about their last row: the end decays
 // exp(G_c - G) [c, kg] are given (``end``, not nullptr) and the gates' spread over the c rows
 // fits the budget, so that every decay inside the chunk is a quotient of two of them.
@@ -79,8 +92,9 @@ void token_decays(const Gates& G, int c, int64_t ldg, float* Gam, const float* e
 // holds, else (nullptr) exp(G_i - G_j) from G's pairs.
 void token_decay_row(const Gates& G, int i, int c, const float* quotients, float* row);
 
-// The gates' share of a one-gate-per-token decayed product's gradient (adds to dG [c]).
-void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* dG);
+// The gates' share of a one-gate-per-token decayed product's gradient: sum_{i >= m > j} of
+// dM_ij M_ij added to pairs[m] (a term of dg_m itself, not of dG; pairs [c]).
+void product_gate_gradient(const float* dM, const float* M, int64_t ld, int c, float* pairs);
 
 // dM *= Gamma on the first c columns of c rows (dM row stride ldm, Gamma ldg): the gradient of a
 // one-gate-per-token product's undecayed factors.

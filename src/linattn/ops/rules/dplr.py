@@ -186,9 +186,9 @@ class DplrRule(Rule):
 
         The products' gradients (``Products.backward``, their undecayed diagonals kept apart as
         the terms keep A_qk's), the shifts undone (A_bk[t] = P_bk[t - 1]: dP_bk = dA_bk moved up
-        a row; b_up[t] = b[t + 1]: db = db_up moved down), and the gates: dG = sum over each
-        product of left * dleft - right * dright, plus Bd's exclusive gate (dG_{t-1} += dBd_t
-        Bd_t) and Ae's share of the decays to the chunk's end (as Ke's).
+        a row; b_up[t] = b[t + 1]: db = db_up moved down), and the gates: each product's share of
+        dg over the pairs across each gate (``Products.gate_share``), plus Bd's exclusive gate
+        (dG_{t-1} += dBd_t Bd_t) and Ae's share of the decays to the chunk's end (as Ke's).
         """
         own = terms.own
         C = terms.k.shape[-2]
@@ -205,13 +205,16 @@ class DplrRule(Rule):
         dq, dk, db_up = dq + dq_a, dk + dk_b, db_up + db_up_a
         dg = None
         if terms.mech.decays:
-            dG = q * dq - k * dk + b_up * db_up - a * da + _shift_up(dBd * own.Bd)
+            dG = _shift_up(dBd * own.Bd)
+            pairs = sum(p.gate_share for p in (terms.products, own.P_bk, own.P_a))
             _, d_qa, d_bk, d_ba = diags  # the diagonals: no decay, no share of dG
             dq, da = dq + d_qa * a, da + d_qa * q + d_ba * b_up
             dk, db_up = dk + d_bk * b_up, db_up + d_bk * k + d_ba * a
             da = da + dAe * terms.eEnd
             dG_ae = dAe * own.Ae  # Ae's share of the decays to the chunk's end
-            dq, dk, dg = terms.gate_gradients(dq, dk, dG, diags[0], dQd, dKe_k, None, dD, dG_ae)
+            dq, dk, dg = terms.gate_gradients(
+                dq, dk, dG, diags[0], dQd, dKe_k, None, dD, dG_ae, pairs=pairs
+            )
             db = _shift_down(db_up) + dBd * own.eGx
         else:
             dq, dk, da = dq + dQd, dk + dKe_k, da + dAe

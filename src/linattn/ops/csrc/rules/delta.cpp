@@ -123,7 +123,7 @@ void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   const int64_t K = d.K, C = d.C;
   if (!d.channel()) {
     if (d.gated()) {
-      product_gate_gradient(tg.dA, rc.t.Akk, C, c, tg.dG);
+      product_gate_gradient(tg.dA, rc.t.Akk, C, c, tg.dGx);
       for (int64_t e = 0; e < static_cast<int64_t>(c) * C; ++e) tg.dA[e] *= rc.Gam[e];
     }
     lower_product_gradient(c, c, 1, Ki, 1.0f, tg.dA, C, x.k, x.ldk, x.k, x.ldk, g.dK, g.lddk,
@@ -134,15 +134,12 @@ void kk_score_gradients(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   std::fill(tg.dY, tg.dY + c * K, 0.0f);
   const Rows k{x.k, x.ldk};
   channel_product_backward(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dX, tg.dY, w, rc.t.eEnd);
+  channel_gate_share(k, k, rc.t.G, K, c, 1.0f, tg.dA, C, tg.dGx, w, rc.t.eEnd);
   for (int i = 0; i < c; ++i) {
-    const float* ki = x.k + i * x.ldk;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K;
-    float *dk_i = g.dK + i * g.lddk, *dGi = tg.dG + i * K;
+    float* dk_i = g.dK + i * g.lddk;
 #pragma omp simd
-    for (int ch = 0; ch < Ki; ++ch) {
-      dk_i[ch] += dx[ch] + dy[ch];
-      dGi[ch] += ki[ch] * (dx[ch] - dy[ch]);
-    }
+    for (int ch = 0; ch < Ki; ++ch) dk_i[ch] += dx[ch] + dy[ch];
   }
 }
 

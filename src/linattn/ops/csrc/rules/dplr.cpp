@@ -173,10 +173,10 @@ struct Factor {
 };
 
 // The gradient of M = alpha decayed(x y^T) of n rows (j <= i; M and dM [n, n], row stride ld,
-// dM masked alike and used up) into x.d, y.d and the gates' share into dG [n, kg] (row i of x
-// and y at G_i), as the loop's A_qk (backward.cpp, step 6): the diagonal (no decay) kept out of
-// the per-channel gates' share; per channel, the factors from the end decays where the chunk
-// fits (as ``scores`` formed them).
+// dM masked alike and used up) into x.d, y.d and the gates' share into dG [n, kg], a term of dg
+// itself (tg.dGx: row i of x and y at G_i; ``product_gate_gradient``, ``channel_gate_share``),
+// as the loop's A_qk (backward.cpp, step 6): the diagonal (no decay) crosses no gate; per
+// channel, the factors from the end decays where the chunk fits (as ``scores`` formed them).
 void product_backward(Factor x, Factor y, int n, float alpha, const float* M, float* dM,
                       int64_t ld, const Dims& d, const Recomputed& rc, float* dG,
                       const TermGrads& tg, Scratch& w) {
@@ -202,15 +202,15 @@ void product_backward(Factor x, Factor y, int n, float alpha, const float* M, fl
   // the end decays are the whole chunk's (about its last row): fit over all its c rows
   const float* end = end_factored(rc.t.G, K, d.c, rc.t.eEnd) ? rc.t.eEnd : nullptr;
   channel_product_backward(x.in, y.in, rc.t.G, K, n, alpha, dM, ld, tg.dX, tg.dY, w, end);
+  channel_gate_share(x.in, y.in, rc.t.G, K, n, alpha, dM, ld, dG, w, end);
   for (int i = 0; i < n; ++i) {
     const float *xi = x.in.p + i * x.in.ld, *yi = y.in.p + i * y.in.ld;
     const float *dx = tg.dX + i * K, *dy = tg.dY + i * K, dd = diag[i];
-    float *gx = x.d + i * x.ld, *gy = y.d + i * y.ld, *dGi = dG + i * K;
+    float *gx = x.d + i * x.ld, *gy = y.d + i * y.ld;
 #pragma omp simd
     for (int ch = 0; ch < Ki; ++ch) {
       gx[ch] += dx[ch] + dd * yi[ch];
       gy[ch] += dy[ch] + dd * xi[ch];
-      dGi[ch] += xi[ch] * dx[ch] - yi[ch] * dy[ch];
     }
   }
 }
@@ -289,7 +289,7 @@ void stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
   float* dM = tg.dA + lda;  // rows 1.. of dM_b: the view of b_next
   const float* M = rc.t.Akk + lda;
   for (int block = 0; d.gated() && block < 2; ++block) {
-    product_gate_gradient(dM + block * c, M + block * c, lda, n, tg.dG);
+    product_gate_gradient(dM + block * c, M + block * c, lda, n, tg.dGx);
     times_decays(n, dM + block * c, lda, rc.Gam, d.C);
   }
   const float* b_next = x.beta + x.sb + K;
@@ -312,8 +312,7 @@ void stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
 // nothing done, otherwise): as ``stacked_backward``, the two halves of dM side by side in one
 // product each, on the factors Xf = b_next / end (n = c - 1 rows, b_{i+1} about G_i) and Yf =
 // [k; a] end (2 c rows, in w.Y): dXf = -dM Yf, dYf = -dM^T Xf (in w.dY), back through the end
-// decays. The diagonals (no decay) go to the factors alone, out of the gates' share, as
-// ``product_backward``'s.
+// decays. The diagonals (no decay) go to the factors alone, as ``product_backward``'s.
 bool channel_stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d,
                               const Recomputed& rc, const TermGrads& tg, Scratch& w) {
   const int c = d.c, n = c - 1, Ki = static_cast<int>(d.K);
@@ -349,16 +348,17 @@ bool channel_stacked_backward(const ChunkRows& x, const ChunkGrads& g, const Dim
     const float *bi = x.beta + (i + 1) * x.sb + K, *ki = x.k + i * x.ldk, *ai = x.beta + i * x.sb;
     const float *e = end + i * K, *dx = dXf + i * K, *dyk = dYf + i * K, *dya = dYf + (c + i) * K;
     float *dbi = g.dB + (i + 1) * g.sdb + K, *dki = g.dK + i * g.lddk, *dai = g.dB + i * g.sdb;
-    float* dGi = tg.dG + i * K;
 #pragma omp simd
     for (int ch = 0; ch < Ki; ++ch) {
-      const float gx = dx[ch] / e[ch], gk = dyk[ch] * e[ch], ga = dya[ch] * e[ch];
-      dbi[ch] += gx;
-      dki[ch] += gk;
-      dai[ch] += ga;
-      dGi[ch] += bi[ch] * gx - ki[ch] * gk - ai[ch] * ga;
+      dbi[ch] += dx[ch] / e[ch];
+      dki[ch] += dyk[ch] * e[ch];
+      dai[ch] += dya[ch] * e[ch];
     }
   }
+  // The gates' share, pair by pair (``channel_gate_share``; it reuses w's factor blocks).
+  const Rows b_next{x.beta + x.sb + K, x.sb};
+  channel_gate_share(b_next, {x.k, x.ldk}, rc.t.G, K, n, -1.0f, dM, lda, tg.dGx, w, end);
+  channel_gate_share(b_next, a_rows(x), rc.t.G, K, n, -1.0f, dM + c, lda, tg.dGx, w, end);
   return true;
 }
 
@@ -387,8 +387,8 @@ void solve_backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, cons
   const Factor b_next{{x.beta + x.sb + K, x.sb}, g.dB + g.sdb + K, g.sdb};
   const Factor k{{x.k, x.ldk}, g.dK, g.lddk}, a{a_rows(x), g.dB, g.sdb};
   const float* M = rc.t.Akk + lda;
-  product_backward(b_next, k, c - 1, -1.0f, M, tg.dA + lda, lda, d, rc, tg.dG, tg, w);
-  product_backward(b_next, a, c - 1, -1.0f, M + c, tg.dA + lda + c, lda, d, rc, tg.dG, tg, w);
+  product_backward(b_next, k, c - 1, -1.0f, M, tg.dA + lda, lda, d, rc, tg.dGx, tg, w);
+  product_backward(b_next, a, c - 1, -1.0f, M + c, tg.dA + lda + c, lda, d, rc, tg.dGx, tg, w);
 }
 
 // The rule's backward (backward.cpp's step 8): da from the stacked rows, A_qa's factors (dq, da,
@@ -398,7 +398,7 @@ void backward(const ChunkRows& x, const ChunkGrads& g, const Dims& d, const Reco
   const int c = d.c;
   input_gradients(g, d, rc, tg);
   const Factor q{{x.q, x.ldq}, g.dQ, g.lddq}, a{a_rows(x), g.dB, g.sdb};
-  product_backward(q, a, c, d.scale, rc.t.A + c, tg.dA + c, d.lda(), d, rc, tg.dG, tg, w);
+  product_backward(q, a, c, d.scale, rc.t.A + c, tg.dA + c, d.lda(), d, rc, tg.dGx, tg, w);
   solve_backward(x, g, d, rc, S, tg, w);
 }
 
