@@ -572,3 +572,44 @@ def test_linattn_never_imports_fla_and_enable_names_the_extra():
     assert "fla imported: False" in result.stdout
     assert "ImportError: linattn.integrations.fla needs" in result.stdout
     assert 'pip install "linattn[integrations]"' in result.stdout
+
+
+def test_enable_on_a_machine_with_cuda_leaves_flas_kernels_to_cuda_tensors(monkeypatch):
+    """``enable()`` with CUDA present (stood in for: ``torch.cuda.is_available`` and the
+    wrappers' device check say CUDA) leaves fla's kernel to a CUDA call, the same bits as fla's
+    function called directly, and serves a CPU call with compat; linattn's own dispatch to fla
+    (``linattn.ops.backend``) reaches fla's function, not the wrapper."""
+    import fla.ops
+
+    from linattn import dispatch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fla_fn = fla.ops.chunk_gated_delta_rule
+    x = _gdn_inputs()
+    linattn_fla.enable()
+    try:
+        wrapper = fla.ops.chunk_gated_delta_rule
+        assert wrapper is not fla_fn and wrapper.__wrapped__ is fla_fn
+        assert dispatch.fla_function("chunk_gated_delta_rule") is fla_fn
+        o_cpu, S_cpu = wrapper(**x, output_final_state=True)
+        want_cpu = compat.chunk_gated_delta_rule(**x, output_final_state=True)
+        assert torch.equal(o_cpu, want_cpu[0]) and torch.equal(S_cpu, want_cpu[1])
+        monkeypatch.setattr(linattn_fla, "_device_of", lambda args, kwargs: torch.device("cuda"))
+        o_gpu, S_gpu = wrapper(**x, output_final_state=True)
+    finally:
+        linattn_fla.disable()
+    o_fla, S_fla = fla_fn(**x, output_final_state=True)
+    assert torch.equal(o_gpu, o_fla) and torch.equal(S_gpu, S_fla)
+    assert not torch.equal(o_cpu, o_fla)  # the two paths are told apart by their bits
+
+
+def _gdn_inputs():
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, K, V = 1, 20, 2, 16, 16
+    return {
+        "q": torch.randn(B, T, H, K, generator=gen),
+        "k": torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
+        "v": torch.randn(B, T, H, V, generator=gen),
+        "g": torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen)),
+        "beta": torch.rand(B, T, H, generator=gen),
+    }

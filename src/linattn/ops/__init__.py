@@ -6,9 +6,14 @@ Layout [B, T, H, D]; states [B, H, K, V]. Each op has the forms "parallel", "rec
 ``linattn.ops.checks`` holds their input checks, public so that code built on the ops checks the
 same arguments the same way: the context-parallel ops (``linattn.distributed``) before their
 collectives, the layers and ``LMConfig`` their yes/no options (``checks.flag``).
+
+``backend("auto" | "fla" | "torch" | "native")`` (``linattn.ops.backends``) chooses, for the ops
+called inside it, between fla's Triton kernels (by default on CUDA tensors), linattn's fused CPU
+kernels and its PyTorch loop.
 """
 
 from linattn.ops.affine import chunk_affine_map
+from linattn.ops.backends import backend
 from linattn.ops.delta_product import delta_product_step, gated_delta_product
 from linattn.ops.delta_rule import delta_rule
 from linattn.ops.dplr_family import comba, gated_deltanet2, rwkv7
@@ -20,6 +25,7 @@ from linattn.ops.softmax import softmax_attention
 from linattn.ops.step import recurrent_step
 
 __all__ = [
+    "backend",
     "chunk_affine_map",
     "comba",
     "delta_product_step",

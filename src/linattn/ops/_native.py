@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from linattn.ops import _buildinfo, tuning
+from linattn.ops import _buildinfo, backends, tuning
 
 CSRC = _buildinfo.CSRC
 SOURCES = _buildinfo.SOURCES  # compiled together into one extension
@@ -377,8 +377,8 @@ _enabled: Callable[[], bool] = _environ_reader()
 def available() -> bool:
     """True when the fused code is enabled and loaded (loading it on the first call: the
     installed binary, or in a source tree a build compiled once; a disabled session never
-    loads it)."""
-    if not _enabled():
+    loads it); False inside ``linattn.ops.backend("torch")``, which asks for the PyTorch loop."""
+    if not _enabled() or backends.loop_only():
         return False
     _load()
     return bool(_state["ok"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from linattn.ops import _engine
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops.functional import l2norm
 from linattn.ops.library import reads_apply
@@ -158,6 +159,10 @@ def gated_delta_product(
     chunk_size = _checks.options(mode, chunk_size)
     _checks.scale(scale)
     output_final_state = _checks.flag("output_final_state", output_final_state)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("gated_delta_product", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     if _checks.flag("use_qk_l2norm", use_qk_l2norm):
         dtype = _engine.compute_dtype(q.dtype)
         q, k = l2norm(q.to(dtype)), l2norm(k.to(dtype))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from linattn.ops import _engine
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
 from linattn.ops.functional import l2norm
@@ -67,6 +68,10 @@ def delta_rule(
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         initial_state=initial_state, own=lambda B, T, HV, K, V: _checks.beta(beta, B, T, HV),
     )  # fmt: skip
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("delta_rule", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     if _checks.flag("use_qk_l2norm", use_qk_l2norm):
         dtype = _engine.compute_dtype(q.dtype)
         q, k = l2norm(q.to(dtype)), l2norm(k.to(dtype))

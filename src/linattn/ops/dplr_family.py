@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
+from linattn.ops._arguments import check_op
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.rules import dplr
 
@@ -80,6 +82,15 @@ def comba(
     # beta in [0, 2], as the delta rule's (Comba with p = k and g None is the delta rule), and
     # named before it is folded into v and a, whose checks would name them instead.
     _checks.beta(beta, B, T, HV)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
+            q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            initial_state=initial_state,
+        )  # fmt: skip
+        chosen = _backends.choose("comba", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     beta = beta.to(v.dtype).unsqueeze(-1)  # another dtype converted, as the delta rule's beta
     a = -beta * _per_value_head(k, HV)  # [B, T, HV, K]
     return generalized_delta_rule(
@@ -128,6 +139,15 @@ def rwkv7(
         _checks.vectors(name, x, B, T, HV, K, layout="[B, T, H, K]")
     # a log-decay per key channel (<= 0, -inf a reset), checked under its own name: the op's g
     _checks.gate(w, B, T, HV, K, layout="[B, T, H]", name="w", channel_only=True)
+    if _backends.wanted(r):  # the op's arguments by name: none reassigned before this line
+        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
+            r, k, v, w, mode=mode, chunk_size=chunk_size, scale=scale,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            initial_state=initial_state,
+        )  # fmt: skip
+        chosen = _backends.choose("rwkv7", r, w, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     return generalized_delta_rule(
         r, k, v, b, a, w,
         scale=scale, mode=mode, chunk_size=chunk_size, initial_state=initial_state,
@@ -177,6 +197,15 @@ def gated_deltanet2(
                 f"{(B, T, HV, last)}, got {tuple(x.shape)}"
             )
     _checks.gate(g, B, T, HV, K)  # <= 0 before exp(g) enters b
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
+            q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            initial_state=initial_state,
+        )  # fmt: skip
+        chosen = _backends.choose("gated_deltanet2", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     k_v = _per_value_head(k, HV)  # [B, T, HV, K]
     # b and w in v's dtype (another converted, as the delta rule's beta): folded into the
     # op's b and v, their dtype would be reported as q, k, v's

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from linattn.ops import _engine
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
 from linattn.ops.rules import dplr
@@ -81,6 +82,10 @@ def generalized_delta_rule(
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         initial_state=initial_state, own=own,
     )  # fmt: skip
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("generalized_delta_rule", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     dtype = _engine.compute_dtype(q.dtype)
     ab = torch.cat([a.to(dtype), b.to(dtype)], dim=-1)  # [B, T, HV, 2K]: the ops' beta slot
     o, S = _engine.run(

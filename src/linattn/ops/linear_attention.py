@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from linattn.ops import _engine
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
 
@@ -65,6 +66,10 @@ def linear_attention(
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         initial_state=initial_state, state_columns=int(normalize),
     )  # fmt: skip
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("linear_attention", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, q.dtype)
     V = checked.V
     if normalize:
         # The normaliser is the same recurrence on a column of ones (docs/design.md, "The

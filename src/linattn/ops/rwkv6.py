@@ -39,6 +39,7 @@ from torch import Tensor
 
 from linattn.dtypes import compute_dtype
 from linattn.ops import _engine, _native, rules
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._bonus import bonus, shifted_bonus_backward_
 from linattn.ops._layout import to_internal
@@ -88,6 +89,10 @@ def rwkv6(
     chunk_size = _checks.options(mode, chunk_size)
     output_final_state = _checks.flag("output_final_state", output_final_state)
     T, N = _check(q, k, v, g, u, scale, initial_state, cu_seqlens)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("rwkv6", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if mode == "chunk" and cu_seqlens is None and _fused(q, k, v, g, initial_state):
         _engine.check_chunk(chunk_size, [T])

@@ -1,0 +1,231 @@
+"""linattn's ops dispatched to fla's Triton kernels (``linattn.ops.backend("fla")``), run on the
+CPU by triton's interpreter (tests/fla_interpreter.py, imported first by this folder's conftest).
+
+Every registered mechanism fla has, from its registry case's inputs in float32: the output, the
+final states of two packed sequences (``cu_seqlens``) from their initial states, and the gradients
+of every input and initial state, against the same op in float64 (linattn's exact loop: float64
+never goes to fla), to the float32 tolerance of tests/compat/test_vs_fla.py. fla's chunk
+kernels of the delta rule and Gated DeltaProduct refuse float32: the delta rule then takes
+fla's recurrent kernel, and DeltaProduct is run in float16 (to float16's rounding, as there).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+pytest.importorskip("tests.fla_interpreter")
+pytest.importorskip("fla.ops")
+
+from linattn import dispatch, ops, registry  # noqa: E402
+from linattn.ops import backends  # noqa: E402
+
+from .helpers import assert_same, outputs_and_grads  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+TOL = 5e-5  # test_vs_fla's float32 tolerance
+FLOAT16_TOL = 4e-3  # and its float16 one
+
+# The route each mechanism takes in float32 (float16 for DeltaProduct), and whether fla's kernel
+# there has a backward (fla's IPLR chunk kernel has none).
+EXPECTED = {
+    "linear": "chunk_linear_attn",
+    "scalar_decay": "chunk_simple_gla",
+    "gla": "chunk_gla",
+    "delta": "fused_recurrent_delta_rule",
+    "gated_delta": "chunk_gated_delta_rule",
+    "kda": "chunk_kda",
+    "delta_product": "chunk_gated_delta_product",
+    "iplr": "chunk_iplr_delta_rule",
+    "dplr": "chunk_dplr_delta_rule",
+    "comba": "chunk_comba",
+    "rwkv7": "chunk_rwkv7",
+    "gdn2": "chunk_gdn2",
+    "rwkv6": "chunk_rwkv6",
+}
+NO_BACKWARD = {"iplr"}
+
+
+def test_every_mechanism_fla_has_is_dispatched_here():
+    assert set(EXPECTED) == set(dispatch.table())
+    assert dispatch.gaps() == ("softmax",)
+
+
+def _leaves(entry, dtype):
+    """The case's tensors for 2 packed sequences (B = 1, T = 20 split 7 + 13), K = V = 16, and an
+    initial state per sequence, rounded to ``dtype`` (the float64 run reads the same values)."""
+    x = entry.case.inputs(1, 20, 2, 16, 16, 0, torch.float32)
+    x["S0"] = torch.cat([x["S0"], -x["S0"]])
+    if "a" in x and "b" in x and entry.name in ("iplr", "dplr"):
+        # The registry's a = -beta b makes a b^T symmetric (a swap of a and b computes the
+        # same); a_t along b_{t-1} tells them apart, and keeps the transition bounded.
+        x["a"] = x["a"].roll(1, dims=1)
+    return {n: t.to(dtype) for n, t in x.items() if t is not None}
+
+
+def _op(entry, **extra):
+    params = inspect.signature(entry.op).parameters
+
+    def run(**leaves):
+        tensors = {n: t for n, t in leaves.items() if n != "S0"}
+        return entry.op(
+            **tensors, initial_state=leaves["S0"], output_final_state=True, **extra,
+            **({"g": None} if "g" in params and "g" not in tensors else {}),
+        )  # fmt: skip
+
+    return run
+
+
+def _check(name, monkeypatch):
+    entry = registry.get(name)
+    dtype = torch.float16 if name == "delta_product" else torch.float32
+    tol = FLOAT16_TOL if dtype == torch.float16 else TOL
+    leaves = _leaves(entry, dtype)
+    cu = torch.tensor([0, 7, 20])
+    op = _op(entry, cu_seqlens=cu)
+    called = _recorded(monkeypatch)
+    exact = {n: t.double() for n, t in leaves.items()}
+    if name in NO_BACKWARD:
+        with torch.inference_mode():
+            with ops.backend("fla"):
+                got = op(**leaves)
+            want = op(**exact)
+        assert_same(list(got), list(want), tol, name)
+    else:
+        with ops.backend("fla"):
+            got, dgot = outputs_and_grads(op, leaves)
+        want, dwant = outputs_and_grads(op, exact)
+        assert_same(got, want, tol, name)
+        for n in leaves:
+            assert_same([dgot[n]], [dwant[n]], tol, f"{name} d{n}")
+    assert called == [EXPECTED[name]]
+    assert got[0].dtype == dtype  # o in the op's dtype, as linattn's own path returns it
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))  # about 1-3 s each: all in the default run
+def test_dispatched_to_fla_agrees_with_float64(name, monkeypatch):
+    _check(name, monkeypatch)
+
+
+def test_auto_on_a_gpu_runs_flas_kernel(monkeypatch):
+    """ "auto" with the device check standing in for a GPU: fla's kernel, the same bits as fla's
+    function called directly with compat's argument names."""
+    import fla.ops
+
+    monkeypatch.setattr(backends, "on_gpu", lambda q: True)
+    x = registry.get("gated_delta").case.inputs(1, 20, 2, 16, 16, 0, torch.float32)
+    o, S = ops.delta_rule(
+        x["q"], x["k"], x["v"], x["beta"], x["g"], initial_state=x["S0"], output_final_state=True
+    )
+    o_fla, S_fla = fla.ops.chunk_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["S0"], output_final_state=True
+    )
+    assert torch.equal(o, o_fla) and torch.equal(S, S_fla)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        "GatedDeltaNet",
+        pytest.param("KimiDeltaAttention", marks=pytest.mark.slow),  # about 10 s each
+        pytest.param("Comba", marks=pytest.mark.slow),
+    ],
+)
+def test_a_layer_trains_through_flas_kernels_unchanged(layer, monkeypatch):
+    """One model, every device: linattn's layer, unchanged, run on fla's kernels (forward, the
+    input's and every weight's gradient) agrees with the same layer run in float64."""
+    import linattn.layers
+
+    called = _recorded(monkeypatch)
+    torch.manual_seed(0)
+    model = getattr(linattn.layers, layer)(32, 2, 16)
+    x = torch.randn(1, 20, 32)
+    exact = copy.deepcopy(model).double()  # before any gradient lands on the weights
+
+    def run(module, inputs):
+        inputs = inputs.clone().requires_grad_()
+        out = module(inputs)[0]
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        (out * weights.to(out.dtype)).sum().backward()
+        grads = [inputs.grad] + [p.grad for p in module.parameters()]
+        return [out.detach()] + grads
+
+    with ops.backend("fla"):
+        got = run(model, x)
+    want = run(exact, x.double())
+    assert called, "the layer never reached fla's kernels"
+    assert_same(got, want, TOL, layer)
+
+
+def _recorded(monkeypatch):
+    """The fla entry points the dispatch resolves, recorded (still fla's own kernels)."""
+    called = []
+    original = dispatch.fla_function
+    monkeypatch.setattr(dispatch, "fla_function", lambda n: called.append(n) or original(n))
+    return called
+
+
+def _grouped(entry):
+    """The case's inputs with two value heads per query head (Qwen3-Next's layout)."""
+    x = entry.case.inputs(1, 20, 1, 16, 16, 0, torch.float32)  # q, k (and Comba's p): H = 1
+    leaves = entry.case.inputs(1, 20, 2, 16, 16, 1, torch.float32)  # the rest: HV = 2
+    return {n: x[n] if n in ("q", "k", "p") else t for n, t in leaves.items() if t is not None}
+
+
+@pytest.mark.parametrize("name", ["gated_delta", "kda", "comba"])
+def test_grouped_value_heads_go_to_flas_kernel(name, monkeypatch):
+    """Grouped value heads where fla's chunk kernel takes them (``dispatch.FLA_GROUPED``):
+    forward and gradients as the float64 op."""
+    called = _recorded(monkeypatch)
+    entry = registry.get(name)
+    leaves = _grouped(entry)
+    op = _op(entry)
+    with ops.backend("fla"):
+        got, dgot = outputs_and_grads(op, leaves)
+    want, dwant = outputs_and_grads(op, {n: t.double() for n, t in leaves.items()})
+    assert called == [EXPECTED[name]]
+    assert_same(got, want, TOL, "grouped")
+    for n in leaves:
+        assert_same([dgot[n]], [dwant[n]], TOL, f"grouped d{n}")
+
+
+@pytest.mark.parametrize("name", ["comba", "gdn2"])
+def test_grouped_value_heads_go_to_flas_recurrent_kernel(name, monkeypatch):
+    """Grouped value heads, no gradient, through fla's recurrent kernels that take them."""
+    called = _recorded(monkeypatch)
+    entry = registry.get(name)
+    leaves = _grouped(entry)
+    op = _op(entry, mode="recurrent")
+    with torch.no_grad():
+        with ops.backend("fla"):
+            got = op(**leaves)
+        want = op(**{n: t.double() for n, t in leaves.items()})
+    assert called == [f"fused_recurrent_{name}"]
+    assert_same(list(got), list(want), TOL, "grouped recurrent")
+
+
+def test_grouped_value_heads_stay_off_flas_kernels_that_refuse_them():
+    """fla's chunk GLA refuses grouped heads and its chunk DPLR kernel aborts on them: with a
+    gradient to record (their recurrent kernels then have none or take no groups) fla is refused
+    before any kernel runs."""
+    for name in ("gla", "dplr"):
+        leaves = {n: t.requires_grad_() for n, t in _grouped(registry.get(name)).items()}
+        with ops.backend("fla"), pytest.raises(ValueError, match="as many value heads"):
+            _op(registry.get(name))(**leaves)
+
+
+def test_a_decoding_step_runs_flas_recurrent_kernel(monkeypatch):
+    """One token from a state, no gradient (a generation step): fla's recurrent kernel."""
+    called = _recorded(monkeypatch)
+    entry = registry.get("kda")
+    x = entry.case.inputs(1, 1, 2, 16, 16, 0, torch.float32)
+    op = _op(entry, mode="recurrent")
+    with torch.no_grad():
+        with ops.backend("fla"):
+            got = op(**x)
+        want = op(**{n: t.double() for n, t in x.items()})
+    assert called == ["fused_recurrent_kda"]
+    assert_same(list(got), list(want), TOL, "decoding step")
