@@ -38,6 +38,19 @@ def _per_value_head(x: Tensor, HV: int) -> Tensor:
     return x if H == HV or H == 0 else x.repeat_interleave(HV // H, dim=2)
 
 
+def _on_fla(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, arguments: dict):
+    """``op``'s call on fla's kernel where ``linattn.ops.backend`` sends it, after the checks
+    ``generalized_delta_rule`` would run on the same call (q, k, v, g: the op's, under its own
+    names in ``arguments``, the op's arguments as passed); None: linattn's own path."""
+    check_op(
+        q, k, v, g, mode=arguments["mode"], chunk_size=arguments["chunk_size"],
+        scale=arguments["scale"], output_final_state=arguments["output_final_state"],
+        cu_seqlens=arguments["cu_seqlens"], initial_state=arguments["initial_state"],
+    )  # fmt: skip
+    chosen = _backends.choose(op, q, g, arguments)
+    return None if chosen is None else _backends.run(chosen, v.dtype)
+
+
 def comba(
     q: Tensor,
     k: Tensor,
@@ -83,14 +96,9 @@ def comba(
     # named before it is folded into v and a, whose checks would name them instead.
     _checks.beta(beta, B, T, HV)
     if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
-        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
-            q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
-            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-            initial_state=initial_state,
-        )  # fmt: skip
-        chosen = _backends.choose("comba", q, g, locals())
-        if chosen is not None:
-            return _backends.run(chosen, v.dtype)
+        on_fla = _on_fla("comba", q, k, v, g, locals())
+        if on_fla is not None:
+            return on_fla
     beta = beta.to(v.dtype).unsqueeze(-1)  # another dtype converted, as the delta rule's beta
     a = -beta * _per_value_head(k, HV)  # [B, T, HV, K]
     return generalized_delta_rule(
@@ -140,14 +148,9 @@ def rwkv7(
     # a log-decay per key channel (<= 0, -inf a reset), checked under its own name: the op's g
     _checks.gate(w, B, T, HV, K, layout="[B, T, H]", name="w", channel_only=True)
     if _backends.wanted(r):  # the op's arguments by name: none reassigned before this line
-        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
-            r, k, v, w, mode=mode, chunk_size=chunk_size, scale=scale,
-            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-            initial_state=initial_state,
-        )  # fmt: skip
-        chosen = _backends.choose("rwkv7", r, w, locals())
-        if chosen is not None:
-            return _backends.run(chosen, v.dtype)
+        on_fla = _on_fla("rwkv7", r, k, v, w, locals())
+        if on_fla is not None:
+            return on_fla
     return generalized_delta_rule(
         r, k, v, b, a, w,
         scale=scale, mode=mode, chunk_size=chunk_size, initial_state=initial_state,
@@ -198,14 +201,9 @@ def gated_deltanet2(
             )
     _checks.gate(g, B, T, HV, K)  # <= 0 before exp(g) enters b
     if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
-        check_op(  # the checks generalized_delta_rule would run, before fla's kernel
-            q, k, v, g, mode=mode, chunk_size=chunk_size, scale=scale,
-            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-            initial_state=initial_state,
-        )  # fmt: skip
-        chosen = _backends.choose("gated_deltanet2", q, g, locals())
-        if chosen is not None:
-            return _backends.run(chosen, v.dtype)
+        on_fla = _on_fla("gated_deltanet2", q, k, v, g, locals())
+        if on_fla is not None:
+            return on_fla
     k_v = _per_value_head(k, HV)  # [B, T, HV, K]
     # b and w in v's dtype (another converted, as the delta rule's beta): folded into the
     # op's b and v, their dtype would be reported as q, k, v's
