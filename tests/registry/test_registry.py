@@ -77,6 +77,7 @@ def test_every_entry_names_what_exists():
         assert entry.mixer is None or entry.mixer in MIXERS, entry.name
         assert entry.preset is None or entry.preset in PRESETS, entry.name
         assert entry.gate in registry.GATES and entry.section, entry.name
+        assert entry.nearest is None or entry.nearest in IDS, entry.name
 
 
 def test_the_fla_names_are_exactly_the_entry_points_compat_computes():

@@ -16,6 +16,9 @@ inputs. Its entry names everything a user or a tool needs to find it:
                            user's entry with a mixer name and no layer is built as
                            ``linattn.layers.RuleMixer`` of its rule and gate)
     paper, section         where it is defined: the paper, and the spec section
+    nearest                the registered mechanism it is closest to (a reparametrisation's
+                           base, or the rule a new family extends): the baseline of its speed
+                           line and the "nearest rule" column of the docs' tables
 
 The tools read this table and nothing else: ``linattn accuracy`` has a row per entry and form,
 ``linattn bench`` a case per entry, the property tests of ``tests/test_registry.py`` run every
@@ -84,6 +87,7 @@ class Entry:
     preset: str | None = None
     paper: str = ""
     section: str = ""
+    nearest: str | None = None
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
