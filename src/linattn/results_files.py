@@ -61,6 +61,25 @@ def _bench_rows(rows: list) -> list:
     ]
 
 
+def load_gpu(path: Path | str) -> dict | None:
+    """``benchmarks/gpu.py``'s results (``{"setup", "rows", "checks"}``, each row a mechanism, a
+    T and its milliseconds per path), or None when the file does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: expected an object with a list 'rows'")
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict) or "mechanism" not in row or not is_number(row.get("T")):
+            raise ValueError(f"{path}: rows[{index}] needs a 'mechanism' and a number 'T'")
+    return data
+
+
 def load_mqar(path: Path | str) -> list[dict] | None:
     """The recall results, one JSON object a line (format in the module docstring), or None."""
     path = Path(path)

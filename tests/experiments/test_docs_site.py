@@ -252,19 +252,3 @@ def test_the_probe_sees_a_page_that_scrolls_sideways(tmp_path):
     assert result["page"] > 390
     assert any(item.startswith("div") for item in result["overflowing"])
     assert [(b["fits"], b["scrolls"]) for b in result["code"]] == [(False, False), (False, True)]
-
-
-def test_the_gpu_page_shows_committed_results_or_says_none_were_measured():
-    assert "Not measured yet" in docs_site.gpu_table(None)
-    result = {
-        "setup": {"device": "NVIDIA H100", "torch": "2.13.0", "dtype": "bfloat16", "B": 1,
-                  "H": 8, "K": 128},
-        "rows": [{"mechanism": "gated_delta", "T": 4096, "torch_fwd_ms": 12.5,
-                  "fla_fwd_ms": 1.25, "dispatch_fwd_ms": 1.26, "torch_fwdbwd_ms": None}],
-        "checks": {"gated_delta": {"ok": True}, "kda": {"ok": False}},
-    }  # fmt: skip
-    table = docs_site.gpu_table(result)
-    assert "On NVIDIA H100, torch 2.13.0, bfloat16" in table
-    assert "| gated_delta | 4096 | 12.5 | 1.25 | 1.26 |" in table
-    assert "| gated_delta | 4096 | - | - | - |" in table  # forward + backward: not measured
-    assert "1 of 2 checks within tolerance (failed: ['kda'])." in table

@@ -233,3 +233,40 @@ def test_the_bench_json_keeps_its_machine(tmp_path):
     data = plots.load_bench(RESULTS / "bench.json")
     assert data["machine"]["threads"] == 1 and data["roof_ops_per_s"] > 1e9
     assert json.loads(json.dumps(data))  # still plain JSON data
+
+
+def test_the_gpu_section_shows_the_committed_results_or_what_runs_them(tmp_path):
+    source = "benchmarks/results/gpu.json"
+    absent = small_report(gpu_source=source)
+    assert '<h2 id="gpu">GPU</h2>' in render_html(absent) and 'href="#gpu"' in render_html(absent)
+    assert "Not measured yet: no machine with a GPU has run it" in render_html(absent)
+    assert "## GPU" in render_markdown(absent)
+    result = {
+        "setup": {"device": "NVIDIA H100", "torch": "2.13.0", "dtype": "bfloat16", "B": 1,
+                  "H": 8, "K": 64},
+        "rows": [{"mechanism": "kda", "T": 4096, "torch_fwd_ms": 30.0, "fla_fwd_ms": 1.5,
+                  "dispatch_fwd_ms": 1.75}],
+    }  # fmt: skip
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(result))
+    from linattn.results_files import load_gpu
+
+    shown = small_report(gpu=load_gpu(path), gpu_source=str(path))
+    page, markdown = render_html(shown), render_markdown(shown)
+    assert "On NVIDIA H100, torch 2.13.0, bfloat16" in page and "Not measured" not in page
+    assert "| kda | 4096 | 30 | 1.5 | 1.75 |" in markdown
+    assert re.search(r"<td[^>]*>kda</td>", page)
+    path.write_text(json.dumps({"rows": [{"T": 1}]}))
+    with pytest.raises(ValueError, match=r"rows\[0\] needs a 'mechanism'"):
+        load_gpu(path)
+
+
+def test_the_report_reads_the_committed_gpu_results_when_there_are_some(tmp_path, monkeypatch):
+    committed = tmp_path / "gpu.json"
+    monkeypatch.setattr(report, "GPU_FILES", (tmp_path / "absent.json", committed))
+    args = cli.build_parser().parse_args(["report"])
+    assert report.read_inputs(args)["gpu"] is None
+    committed.write_text(json.dumps({"rows": [{"mechanism": "kda", "T": 64}]}))
+    fields = report.read_inputs(args)
+    assert fields["gpu"]["rows"][0]["mechanism"] == "kda"
+    assert fields["gpu_source"] == str(committed)

@@ -299,43 +299,6 @@ def generation_table(bench: dict) -> str:
     return "\n".join(lines)
 
 
-def gpu_table(result: dict | None) -> str:
-    """``benchmarks/gpu.py``'s results as tables (ms per call: the PyTorch loop, fla called
-    directly, linattn's dispatch), or, where none are committed, what runs them."""
-    if not result or not result.get("rows"):
-        return (
-            "Not measured yet: no machine with a GPU has run it. On one, "
-            "`PYTHONPATH=src python benchmarks/gpu.py` writes `benchmarks/results/gpu.json`, "
-            "which this page shows."
-        )
-    setup = result.get("setup", {})
-    lines = [
-        f"On {setup.get('device', '?')}, torch {setup.get('torch', '?')}, "
-        f"{setup.get('dtype', '?')}, B {setup.get('B', '?')}, H {setup.get('H', '?')}, "
-        f"K = V = {setup.get('K', '?')}.",
-        "",
-    ]
-    for kind, title in (("fwd", "forward"), ("fwdbwd", "forward + backward")):
-        lines += [f"**{title}, ms**", "", "| mechanism | T | PyTorch loop | fla | dispatch |"]
-        lines += ["|---|---:|---:|---:|---:|"]
-        for row in result["rows"]:
-            cells = [_gpu_ms(row.get(f"{path}_{kind}_ms")) for path in ("torch", "fla", "dispatch")]
-            lines.append(f"| {row['mechanism']} | {row['T']} | " + " | ".join(cells) + " |")
-        lines.append("")
-    checks = result.get("checks", {})
-    if checks:
-        failed = [name for name, check in checks.items() if not check.get("ok")]
-        lines.append(
-            f"Agreement with the float64 reference on the device: {len(checks) - len(failed)} of "
-            f"{len(checks)} checks within tolerance" + (f" (failed: {failed})." if failed else ".")
-        )
-    return "\n".join(lines)
-
-
-def _gpu_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
-
-
 def benchmark_content(root: Path = ROOT) -> tuple[dict[str, str], dict[str, bytes]]:
     """The generated parts of the benchmark pages: ``{marker: Markdown}`` and ``{path under the
     docs: PNG bytes}``, from the committed results under ``root/benchmarks/results``."""
@@ -383,7 +346,7 @@ def benchmark_content(root: Path = ROOT) -> tuple[dict[str, str], dict[str, byte
     committed = json.loads(gpu_path.read_text()) if gpu_path.is_file() else None
     if committed is not None and committed.get("setup", {}).get("smoke"):
         committed = None  # a smoke run (CPU tensors under the interpreter) measures nothing
-    parts["gpu-table"] = gpu_table(committed)
+    parts["gpu-table"] = report_setup.gpu_table(committed)
 
     st_path = results / STATE_TRACKING_FILE.name
     if st_path.is_file():

@@ -62,6 +62,7 @@ def _committed(name: str) -> tuple[Path, ...]:
 
 # (your latest run, the committed results where they are found): the page shows the newer.
 BENCH_FILES = (Path("runs/bench/bench.json"), *_committed("bench.json"))
+GPU_FILES = _committed("gpu.json")
 MQAR_FILES = (Path("runs/mqar.jsonl"), *_committed("mqar-cpu.jsonl"))
 STATE_TRACKING_FILES = (
     Path("runs/state-tracking.jsonl"),
@@ -240,7 +241,7 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
 def read_inputs(args: argparse.Namespace) -> dict:
     """The benchmark, recall and state-tracking results, read and validated now (before any
     work): the ``Report`` fields they fill, with the notes that say which file and why."""
-    from linattn.results_files import load_bench, load_mqar, read_results
+    from linattn.results_files import load_bench, load_gpu, load_mqar, read_results
 
     fields = {}
     bench, fields["bench_source"], fields["bench_note"] = read_input(
@@ -260,6 +261,9 @@ def read_inputs(args: argparse.Namespace) -> dict:
     )
     fields["state_tracking"] = rows  # summarised over seeds by build_report
     fields["state_tracking_setup"] = "" if rows is None else state_tracking_setup(rows)
+    # benchmarks/gpu.py runs only on a machine with a GPU: the committed results, if any
+    gpu = next((path for path in GPU_FILES if path.is_file()), GPU_FILES[0])
+    fields["gpu"], fields["gpu_source"] = load_gpu(gpu), str(gpu)
     return fields
 
 

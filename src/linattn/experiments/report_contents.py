@@ -35,6 +35,8 @@ class Report:
     state_tracking_source: str = ""
     state_tracking_note: str = ""
     state_tracking_setup: str = ""  # how the rows shown were trained and tested, from the rows
+    gpu: dict | None = None  # benchmarks/gpu.py's committed results, measured on a GPU
+    gpu_source: str = ""
     seconds: float = 0.0
     widths: dict[str, int] = field(default_factory=dict)  # figure name: natural CSS width
     legible: dict[str, int] = field(default_factory=dict)  # figure name: narrowest legible width

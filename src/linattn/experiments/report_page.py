@@ -13,7 +13,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from linattn.experiments.report_setup import bench_setup, mqar_setup
+from linattn.experiments.report_setup import bench_setup, gpu_table, mqar_setup
 from linattn.figures.legibility import COLUMN_PX, PADDING_PX
 
 if TYPE_CHECKING:
@@ -62,11 +62,16 @@ nav li {{ display: inline-block; white-space: nowrap; margin: 0 1em .3em 0; }}
   figure.narrow img {{ min-width: 0 !important; }}
 }}
 """
+GPU_INTRO = (
+    "linattn's ops on CUDA tensors run fla's Triton kernels (linattn.dispatch): "
+    "benchmarks/gpu.py times the PyTorch loop, fla called directly and the dispatch, and checks "
+    "the dispatch against the float64 reference on the device."
+)
 NAV = (
     '<nav><ul><li><a href="#checks">Checks</a></li><li><a href="#table1">Table 1</a></li>'
     '<li><a href="#costs">Costs</a></li><li><a href="#figures">Figures</a></li>'
     '<li><a href="#bench">Benchmark</a></li><li><a href="#recall">Recall</a></li>'
-    '<li><a href="#state-tracking">State tracking</a></li>'
+    '<li><a href="#state-tracking">State tracking</a></li><li><a href="#gpu">GPU</a></li>'
     '<li><a href="#numbers">Numbers files</a></li>'
     '<li><a href="#environment">Machine</a></li></ul></nav>'
 )
@@ -317,6 +322,9 @@ def render_html(report: Report) -> str:
         *_recall_section(report),
         '<h2 id="state-tracking">State tracking</h2>',
         *_state_tracking_section(report),
+        '<h2 id="gpu">GPU</h2>',
+        f"<p>{GPU_INTRO} From <code>{_e(report.gpu_source)}</code>.</p>",
+        markdown_to_html(gpu_table(report.gpu)),
         *_numbers_and_machine(report),
         "</body></html>",
     ]
@@ -503,7 +511,9 @@ def _results_markdown(report: Report) -> list[str]:
         lines += ["| " + " | ".join(row) + " |" for row in _mqar_rows(report)]
     else:
         lines.append(f"No recall results at `{report.mqar_source}`: {report.mqar_note}.")
-    return lines + _state_tracking_markdown(report)
+    lines += _state_tracking_markdown(report)
+    return lines + ["", "## GPU", "", f"{GPU_INTRO} From `{report.gpu_source}`.", "",
+                    gpu_table(report.gpu)]  # fmt: skip
 
 
 def _state_tracking_markdown(report: Report) -> list[str]:

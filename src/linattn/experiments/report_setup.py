@@ -1,5 +1,6 @@
 """What the report says about how its measured results were made: the benchmark's shapes,
-threads and machine, and the recall sweep's models and training, read from the results files.
+threads and machine, the recall sweep's models and training, and the GPU benchmark's tables
+(``gpu_table``, shown by the report and the documentation site), read from the results files.
 
 The files record their own setup (``linattn bench``'s ``config`` and ``machine``; each recall row
 its model and training); the machine they were measured on is not the one the report is built on
@@ -115,3 +116,40 @@ def state_tracking_setup(rows: Sequence[dict]) -> str:
 
 def _has(rows: Iterable[dict], key: str) -> bool:
     return any(key in row for row in rows)
+
+
+def gpu_table(result: dict | None) -> str:
+    """``benchmarks/gpu.py``'s results as tables (ms per call: the PyTorch loop, fla called
+    directly, linattn's dispatch), or, where none are committed, what runs them."""
+    if not result or not result.get("rows"):
+        return (
+            "Not measured yet: no machine with a GPU has run it. On one, "
+            "`PYTHONPATH=src python benchmarks/gpu.py` writes `benchmarks/results/gpu.json`, "
+            "which this page shows."
+        )
+    setup = result.get("setup", {})
+    lines = [
+        f"On {setup.get('device', '?')}, torch {setup.get('torch', '?')}, "
+        f"{setup.get('dtype', '?')}, B {setup.get('B', '?')}, H {setup.get('H', '?')}, "
+        f"K = V = {setup.get('K', '?')}.",
+        "",
+    ]
+    for kind, title in (("fwd", "forward"), ("fwdbwd", "forward + backward")):
+        lines += [f"**{title}, ms**", "", "| mechanism | T | PyTorch loop | fla | dispatch |"]
+        lines += ["|---|---:|---:|---:|---:|"]
+        for row in result["rows"]:
+            cells = [_gpu_ms(row.get(f"{path}_{kind}_ms")) for path in ("torch", "fla", "dispatch")]
+            lines.append(f"| {row['mechanism']} | {row['T']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    checks = result.get("checks", {})
+    if checks:
+        failed = [name for name, check in checks.items() if not check.get("ok")]
+        lines.append(
+            f"Agreement with the float64 reference on the device: {len(checks) - len(failed)} of "
+            f"{len(checks)} checks within tolerance" + (f" (failed: {failed})." if failed else ".")
+        )
+    return "\n".join(lines)
+
+
+def _gpu_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
