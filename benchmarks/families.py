@@ -1,0 +1,151 @@
+"""Every registered family against its nearest mechanism, as paired ratios of one run (issue 51).
+
+For each registry entry that names a ``nearest`` mechanism, the entry's own op and its nearest's,
+both through their registry ``case`` (the inputs a model would feed, float32, B = 1), are timed in
+turns: forward, and forward plus backward (the sum of the output and the final state as the
+loss, every floating input differentiated). The form is the chunk form where both have one, else
+the recurrent form of both (a family without a chunk form against the recurrent form of its
+nearest rule). Each turn times the two calls a moment apart; the median of the turns' own ratios
+is reported with their lowest and highest, so a slow minute on a shared machine drops out.
+
+The line each ratio is held to: 1.05 for a reparametrisation (an entry whose op is its nearest's
+op: the same kernel on other inputs), 1.3 otherwise.
+
+    PYTHONPATH=src python benchmarks/families.py                      # T 16,384, H 8, K = V = 64
+    PYTHONPATH=src python benchmarks/families.py --T 256 --repeats 1  # a quick check
+    PYTHONPATH=src python benchmarks/families.py --mechanisms retention,hgrn --threads 2
+
+It prints a table and writes ``--out`` (JSON) with every time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from linattn import registry
+from linattn.experiments._timing import median, paired_ratios, times_in_turns
+
+REPARAMETRISATION_LINE = 1.05
+FAMILY_LINE = 1.3
+
+
+def _form(entry: registry.Entry, nearest: registry.Entry) -> str:
+    both = set(entry.forms) & set(nearest.forms)
+    return "chunk" if "chunk" in both else "recurrent"
+
+
+def _line(entry: registry.Entry, nearest: registry.Entry) -> float:
+    return REPARAMETRISATION_LINE if entry.op_path == nearest.op_path else FAMILY_LINE
+
+
+def _calls(entry: registry.Entry, form: str, T: int, H: int, K: int, V: int, chunk: int | None):
+    """(forward, forward + backward) closures of ``entry``'s op on its case's float32 inputs."""
+    x = entry.case.inputs(1, T, H, K, V, seed=0, dtype=torch.float32)
+    scale = K**-0.5
+    size = chunk if chunk is not None else 64
+
+    def forward():
+        with torch.no_grad():
+            return entry.case.call(x, form, size, scale)
+
+    leaves = {
+        name: t.detach().requires_grad_(True)
+        for name, t in x.items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    }
+
+    def forward_backward():
+        for t in leaves.values():
+            t.grad = None
+        o, S = entry.case.call({**x, **leaves}, form, size, scale)
+        loss = o.sum() if S is None else o.sum() + sum(s.sum() for s in _tensors(S))
+        loss.backward()
+
+    return forward, forward_backward
+
+
+def _tensors(S) -> list[torch.Tensor]:
+    if isinstance(S, torch.Tensor):
+        return [S]
+    return [t for part in S for t in _tensors(part)] if isinstance(S, (tuple, list)) else []
+
+
+def measure(names, T, H, K, V, repeats, threads, chunk=None):
+    torch.set_num_threads(threads)
+    rows = []
+    for entry in registry.mechanisms():
+        if entry.nearest is None or (names and entry.name not in names):
+            continue
+        nearest = registry.get(entry.nearest)
+        form = _form(entry, nearest)
+        own = _calls(entry, form, T, H, K, V, chunk)
+        base = _calls(nearest, form, T, H, K, V, chunk)
+        row = {"mechanism": entry.name, "nearest": nearest.name, "form": form,
+               "line": _line(entry, nearest)}  # fmt: skip
+        for pass_, index in (("fwd", 0), ("fwdbwd", 1)):
+            own[index](), base[index]()  # warm-up: first-call costs stay out of the turns
+            mine, theirs = times_in_turns([own[index], base[index]], repeats)
+            ratio = paired_ratios(mine, theirs)
+            row[f"{pass_}_s"], row[f"{pass_}_nearest_s"] = median(mine), median(theirs)
+            row[f"{pass_}_ratio"] = ratio
+        row["ok"] = all(row[f"{p}_ratio"]["median"] <= row["line"] for p in ("fwd", "fwdbwd"))
+        rows.append(row)
+        print(_format(row), flush=True)
+    return rows
+
+
+HEADER = (
+    "| mechanism | nearest | form | fwd ms | nearest fwd ms | ratio (low-high) "
+    "| fwd+bwd ms | nearest fwd+bwd ms | ratio (low-high) | line | within |"
+)
+
+
+def _format(row: dict) -> str:
+    cells = [row["mechanism"], row["nearest"], row["form"]]
+    for p in ("fwd", "fwdbwd"):
+        r = row[f"{p}_ratio"]
+        cells += [f"{row[f'{p}_s'] * 1e3:.1f}", f"{row[f'{p}_nearest_s'] * 1e3:.1f}",
+                  f"{r['median']:.2f} ({r['low']:.2f}-{r['high']:.2f})"]  # fmt: skip
+    cells += [f"{row['line']:.2f}", "yes" if row["ok"] else "NO"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--T", type=int, default=16384)
+    parser.add_argument("--H", type=int, default=8)
+    parser.add_argument("--K", type=int, default=64)
+    parser.add_argument("--V", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--chunk-size", type=int, default=None, help="default: 64")
+    parser.add_argument("--mechanisms", default="", help="comma-separated registry names")
+    parser.add_argument("--out", type=Path, default=None, help="a JSON file for every time")
+    args = parser.parse_args(argv)
+    names = [n for n in args.mechanisms.split(",") if n]
+    for name in names:
+        registry.get(name)  # an unknown name fails here, before any work
+    print(f"T {args.T:,}, H {args.H}, K {args.K}, V {args.V}, float32, {args.threads} thread(s), "
+          f"{args.repeats} turns; torch {torch.__version__}, {platform.platform()}")  # fmt: skip
+    print(HEADER)
+    print("|" + "---|" * 11)
+    rows = measure(names, args.T, args.H, args.K, args.V, args.repeats, args.threads,
+                   args.chunk_size)  # fmt: skip
+    if args.out is not None:
+        setup = {k: getattr(args, k) for k in ("T", "H", "K", "V", "repeats", "threads")}
+        setup["torch"] = torch.__version__
+        args.out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=1) + "\n")
+    failed = [row["mechanism"] for row in rows if not row["ok"]]
+    print(f"{len(rows) - len(failed)} of {len(rows)} within their line"
+          + (f"; above it: {', '.join(failed)}" if failed else ""))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""``benchmarks/families.py`` times every family against its nearest mechanism, on a small
+setting: a family registered here with a nearest mechanism gets its row and its line."""
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from linattn import registry
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("families_benchmark", BENCHMARKS / "families.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.fixture
+def two_families():
+    """A reparametrisation of GLA (same op) and a family with its own op, both nearest GLA."""
+    gla = registry.get("gla")
+    same = dataclasses.replace(gla, name="bench_reparam", nearest="gla")
+    other = dataclasses.replace(registry.get("gated_delta"), name="bench_family", nearest="gla")
+    for entry in (same, other):
+        registry.register(entry)
+    yield
+    for entry in (same, other):
+        registry.unregister(entry.name)
+
+
+def test_every_family_with_a_nearest_mechanism_gets_a_paired_row(tmp_path, capsys, two_families):
+    bench = _bench()
+    out = tmp_path / "families.json"
+    argv = ["--T", "40", "--H", "2", "--K", "8", "--V", "8", "--repeats", "2",
+            "--mechanisms", "bench_reparam,bench_family", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = {row["mechanism"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"bench_reparam", "bench_family"}
+    assert rows["bench_reparam"]["line"] == 1.05 and rows["bench_family"]["line"] == 1.3
+    for row in rows.values():
+        assert row["nearest"] == "gla" and row["form"] == "chunk"
+        for p in ("fwd", "fwdbwd"):
+            ratio = row[f"{p}_ratio"]
+            assert 0 < ratio["low"] <= ratio["median"] <= ratio["high"]
+            assert row[f"{p}_s"] > 0 and row[f"{p}_nearest_s"] > 0
+    printed = capsys.readouterr().out
+    assert "| bench_reparam | gla | chunk |" in printed and "of 2 within their line" in printed
+
+
+def test_an_unknown_mechanism_fails_before_any_work():
+    with pytest.raises(ValueError, match="unknown mechanism 'nope'"):
+        _bench().main(["--mechanisms", "nope"])
