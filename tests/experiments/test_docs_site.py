@@ -252,3 +252,33 @@ def test_the_probe_sees_a_page_that_scrolls_sideways(tmp_path):
     assert result["page"] > 390
     assert any(item.startswith("div") for item in result["overflowing"])
     assert [(b["fits"], b["scrolls"]) for b in result["code"]] == [(False, False), (False, True)]
+
+
+def test_the_compat_table_lists_every_entry_point_with_its_mechanism_or_why_not():
+    from linattn import compat, registry
+
+    table = docs_site.compat_table("m/")
+    names = {*compat.FLA_ENTRY_POINTS, *compat.FLA_SUBMODULE_ENTRY_POINTS}
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(names)
+    for name in names:
+        (row,) = [r for r in rows if r.startswith(f"| `{name}` |")]
+        entry = registry.with_fla_name(name)
+        if entry is None:
+            assert "not computed: " in row, name
+        else:
+            assert f"](m/{entry.name}.md)" in row and ", ".join(entry.forms) in row, name
+    computed = sum(registry.with_fla_name(name) is not None for name in names)
+    assert table.startswith(f"{computed} of these {len(names)} names compute.")
+
+
+def test_the_mechanism_table_gives_forms_and_the_nearest_mechanism():
+    import dataclasses
+
+    from linattn import registry
+
+    entry = dataclasses.replace(registry.get("gla"), name="x", nearest="scalar_decay")
+    (row,) = docs_site.mechanism_table([entry], "m/").splitlines()[2:]
+    assert row.endswith(
+        "| additive, channel | parallel, recurrent, chunk | [`scalar_decay`](m/scalar_decay.md) |"
+    )

@@ -197,15 +197,46 @@ def speed_section(name: str, bench: dict | None) -> list[str]:
 
 def mechanism_table(entries: Sequence[Any], pages: str = "") -> str:
     """The registry as a Markdown table, each title a link to ``pages + NAME.md``: the name,
-    the transition and write, the rule and gate (the forms are on each page)."""
+    the transition and write, the rule and gate, the forms and the nearest mechanism."""
     lines = [
-        "| mechanism | transition `A_t` | write `w_t` | rule, gate |",
-        "|---|---|---|---|",
+        "| mechanism | transition `A_t` | write `w_t` | rule, gate | forms | nearest |",
+        "|---|---|---|---|---|---|",
     ]
     for e in entries:
+        nearest = f"[`{e.nearest}`]({pages}{e.nearest}.md)" if e.nearest else ""
         lines.append(
             f"| [{e.title}]({pages}{e.name}.md) (`{e.name}`) | `{e.transition}` | `{e.write}` "
-            f"| {e.rule or 'none'}, {e.gate} |"
+            f"| {e.rule or 'none'}, {e.gate} | {', '.join(e.forms)} | {nearest} |"
+        )
+    return "\n".join(lines)
+
+
+def compat_table(pages: str = "") -> str:
+    """fla 0.6.0's entry points as ``linattn.compat`` serves them: each name, the fla module it
+    comes from, and the registry mechanism that computes it (with its forms and nearest), or
+    why it is not computed."""
+    from linattn import compat, registry
+
+    names = sorted({*compat.FLA_ENTRY_POINTS, *compat.FLA_SUBMODULE_ENTRY_POINTS})
+    computed = sum(registry.with_fla_name(name) is not None for name in names)
+    lines = [
+        f"{computed} of these {len(names)} names compute. `fla.ops` exports "
+        f"{len(compat.FLA_ENTRY_POINTS)} of them; the others come from one op module each.",
+        "",
+        "| entry point | fla module | mechanism | forms | nearest |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        module = compat.FLA_SUBMODULE_ENTRY_POINTS.get(name, "fla.ops")
+        entry = registry.with_fla_name(name)
+        if entry is None:
+            why = compat.MISSING.get(name) or "deprecated: raises in fla 0.6.0 too"
+            lines.append(f"| `{name}` | `{module}` | not computed: {why} | | |")
+            continue
+        nearest = f"[`{entry.nearest}`]({pages}{entry.nearest}.md)" if entry.nearest else ""
+        lines.append(
+            f"| `{name}` | `{module}` | [{entry.title}]({pages}{entry.name}.md) "
+            f"| {', '.join(entry.forms)} | {nearest} |"
         )
     return "\n".join(lines)
 
@@ -378,6 +409,7 @@ def generate(root: Path = ROOT) -> tuple[dict[str, str], dict[str, str | bytes]]
         files[f"{MECHANISMS_DIR}/{entry.name}.md"] = mechanism_page(entry, accuracy, bench)
     parts, images = benchmark_content(root)
     parts["mechanism-table"] = mechanism_table(entries, f"../{MECHANISMS_DIR}/")
+    parts["compat-table"] = compat_table(f"../{MECHANISMS_DIR}/")
     files.update(images)
     return parts, files
 
