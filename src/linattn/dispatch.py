@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from linattn import compat, registry
+from linattn.ops import backends as _backends
 
 # Facts about fla 0.6.0's kernels that its signatures do not say.
 # Its chunk kernels that assert q is not float32 ("does not support float32").
@@ -141,7 +142,7 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
         entries = [
             e
             for e in registry.mechanisms()
-            if _op_name(e) == op_name and e.gate == gate and e.fla_names
+            if _op_name(e) == op_name and e.gate == gate and e.fla_names and routed(e)
         ]
         found = tuple(
             _make_route(entry, name, entry.op)
@@ -154,9 +155,26 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
     return found
 
 
+def routed(entry) -> bool:
+    """Whether ``entry``'s op consults the backend choice (``ops.backends.ROUTED_OPS``): only
+    those ops can send a call to fla's kernels."""
+    return _op_name(entry) in _backends.ROUTED_OPS
+
+
 def table() -> dict[str, tuple[Route, ...]]:
-    """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    """Every registered mechanism that fla has and whose op is routed -> its routes (the
+    dispatch table)."""
+    return {
+        e.name: routes(_op_name(e), e.gate)
+        for e in registry.mechanisms()
+        if e.fla_names and routed(e)
+    }
+
+
+def unrouted() -> tuple[str, ...]:
+    """The registered mechanisms fla has whose op is not routed: linattn's code on every device
+    (families with an op of their own, and those served by fla's modules only)."""
+    return tuple(e.name for e in registry.mechanisms() if e.fla_names and not routed(e))
 
 
 def gaps() -> tuple[str, ...]:

@@ -33,7 +33,12 @@ ROUTES = [(name, route) for name, found in dispatch.table().items() for route in
 
 def test_the_table_covers_every_registered_mechanism_fla_has_and_lists_the_gaps():
     table = dispatch.table()
-    assert set(table) == {e.name for e in registry.mechanisms() if e.fla_names}
+    assert set(table) == {
+        e.name for e in registry.mechanisms() if e.fla_names and dispatch.routed(e)
+    }
+    assert set(dispatch.unrouted()) == {e.name for e in registry.mechanisms() if e.fla_names} - set(
+        table
+    )
     assert all(table.values()), [name for name, found in table.items() if not found]
     assert dispatch.gaps() == ("softmax",)  # fla 0.6.0 has every other mechanism
     for name, found in table.items():
@@ -242,3 +247,18 @@ def test_a_block_in_another_thread_leaves_this_one_on_auto(monkeypatch):
         release.set()
         thread.join()
     assert backends._open == [0]
+
+
+def test_the_routed_ops_are_exactly_the_ops_that_consult_the_backend_choice():
+    import re
+    from pathlib import Path
+
+    from linattn.ops import backends
+
+    source = Path(backends.__file__).parent
+    calls = set()
+    for path in source.glob("*.py"):
+        calls |= set(re.findall(r'(?:choose|_on_fla)\(\s*"([a-z_0-9]+)"', path.read_text()))
+    assert calls == backends.ROUTED_OPS
+    with pytest.raises(ValueError, match="'mesa' is not one of the ROUTED_OPS"):
+        backends.choose("mesa", None, None, {})

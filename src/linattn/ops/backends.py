@@ -36,6 +36,13 @@ from torch import Tensor
 
 BACKENDS = ("auto", "fla", "torch", "native")
 DISPATCH = "linattn.dispatch"  # the routes to fla (module docstring)
+# The ops that consult the backend choice: each calls ``choose`` with its own name. A registered
+# mechanism computed by another op (its own module: MesaNet, GSA, ...) always runs linattn's code,
+# and the dispatch table (``linattn.dispatch.table``) has no row for it.
+ROUTED_OPS = frozenset({
+    "linear_attention", "delta_rule", "generalized_delta_rule", "gated_delta_product", "rwkv6",
+    "comba", "rwkv7", "gated_deltanet2",
+})  # fmt: skip
 _current: ContextVar[str] = ContextVar("linattn_backend", default="auto")
 # The backend blocks open in any thread or task. While there are none every call is "auto", and
 # the per-call decision reads this count, not the ContextVar: cheaper, and a plain global that
@@ -118,6 +125,8 @@ def choose(op_name: str, q: Tensor, g: Tensor | None, given: dict[str, object]):
     ``given`` is the op's arguments by name (the call's q, k, v, gates, options); ``g`` the
     tensor whose shape names the gate (None: no gate).
     """
+    if op_name not in ROUTED_OPS:
+        raise ValueError(f"choose: {op_name!r} is not one of the ROUTED_OPS {sorted(ROUTED_OPS)}")
     name = _current.get()
     why = _dispatch().resolve(op_name, q, g, given)
     if isinstance(why, str):
