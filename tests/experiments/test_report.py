@@ -15,7 +15,7 @@ from linattn import cli
 from linattn.experiments import costs, report, table1, verify
 from linattn.experiments.report_contents import Report
 from linattn.experiments.report_page import markdown_to_html, render_html, render_markdown
-from linattn.figures import SPEC_FIGURES
+from linattn.figures import FIGURES
 
 PIL = pytest.importorskip("PIL.Image")
 REPETITIONS = "3"  # a reduced Table 1 keeps the test fast; the default is the spec's 200
@@ -87,7 +87,7 @@ def test_files(built):
         "data/costs.json",
     ):
         assert (out / name).stat().st_size > 0, name
-    names = [f.name for f in SPEC_FIGURES] + ["table1", "bench", "mqar", "state-tracking"]
+    names = [f.name for f in FIGURES] + ["table1", "bench", "mqar", "state-tracking"]
     for name in names:
         for suffix in ("png", "svg"):
             assert (out / "figures" / f"{name}.{suffix}").stat().st_size > 0
@@ -97,11 +97,11 @@ def test_every_image_of_the_page_exists_and_opens(built):
     out = built[0]
     page = (out / "index.html").read_text()
     sources = re.findall(r'<img src="([^"]+)"', page)
-    assert len(sources) == len(SPEC_FIGURES) + 4  # Table 1, bench, MQAR, state tracking
+    assert len(sources) == len(FIGURES) + 4  # Table 1, bench, MQAR, state tracking
     for source in sources:
         with PIL.open(out / source) as image:
             image.load()
-    for figure in SPEC_FIGURES:  # each figure with its caption
+    for figure in FIGURES:  # each figure with its caption
         assert f"<b>Figure {figure.number}.</b>" in page
 
 

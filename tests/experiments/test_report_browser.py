@@ -18,7 +18,7 @@ import pytest
 from linattn import cli
 from linattn.experiments import report, report_browser, table1
 from linattn.experiments.state_tracking import results as state_tracking_results
-from linattn.figures import SPEC_FIGURES, legibility, plots, render_spec_figures, style
+from linattn.figures import FIGURES, legibility, plots, render_figures, style
 from linattn.results_files import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def text_kept(tmp_path_factory):
     out = tmp_path_factory.mktemp("text-kept")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(style, "SVG_FONTTYPE", "none")
-        render_spec_figures(out)
+        render_figures(out)
     return out
 
 
@@ -95,7 +95,7 @@ def test_every_figure_is_legible_as_shown(seen, text_kept):
     # The smallest text of each of the spec's figures at the width Chromium laid it out at.
     width, result = seen
     shown = {Path(image["src"]).stem: image["shown"] for image in result["images"]}
-    for figure in SPEC_FIGURES:
+    for figure in FIGURES:
         svg = text_kept / f"{figure.name}.svg"
         px = legibility.text_px_at(svg, shown[figure.name])
         print(f"{figure.name} at {width} px: shown {shown[figure.name]:.0f} px, text {px:.1f} px")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from linattn.figures import render_spec_figures, style
+from linattn.figures import render_figures, style
 
 
 @pytest.fixture(scope="session")
@@ -11,4 +11,4 @@ def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("figures")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(style, "SVG_FONTTYPE", "none")
-        return out, render_spec_figures(out)
+        return out, render_figures(out)

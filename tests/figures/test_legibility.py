@@ -3,7 +3,7 @@ width the report page shows it (1,280 px and 390 px wide viewports)."""
 
 import pytest
 
-from linattn.figures import SPEC_FIGURES, legibility, style
+from linattn.figures import FIGURES, legibility, style
 
 # At a 1,280 px page every figure is shown at its natural size or a little below it; 11 px is the
 # smallest text a reader reads without zooming. At 390 px (a phone) a figure would scale down to the
@@ -12,7 +12,7 @@ from linattn.figures import SPEC_FIGURES, legibility, style
 DESKTOP, PHONE, MINIMUM_PX = 1280, 390, legibility.MINIMUM_PX
 
 
-@pytest.mark.parametrize("figure", SPEC_FIGURES, ids=[f.name for f in SPEC_FIGURES])
+@pytest.mark.parametrize("figure", FIGURES, ids=[f.name for f in FIGURES])
 def test_smallest_text_at_both_widths(rendered, figure):
     out, _ = rendered
     svg = out / f"{figure.name}.svg"

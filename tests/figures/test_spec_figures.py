@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from linattn.figures import SPEC_FIGURES
+from linattn.figures import FIGURES, SPEC_FIGURES
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -22,22 +22,27 @@ SPEC_NAMES = [
 ]
 
 
+ALL_NAMES = [*SPEC_NAMES, "beyond-fixed-memory"]
+
+
 def test_nine_figures_in_the_spec_order():
     assert [f.number for f in SPEC_FIGURES] == list(range(1, 10))
     assert [f.name for f in SPEC_FIGURES] == SPEC_NAMES
-    for figure in SPEC_FIGURES:
+    for figure in FIGURES:
         assert figure.caption.startswith(f"Figure {figure.number}. ")
+    assert FIGURES[: len(SPEC_FIGURES)] == SPEC_FIGURES
+    assert [f.number for f in FIGURES[len(SPEC_FIGURES) :]] == [10]
 
 
 def test_every_figure_is_written_as_png_and_svg(rendered):
     out, paths = rendered
     assert sorted(p.name for p in paths) == sorted(
-        f"{name}.{suffix}" for name in SPEC_NAMES for suffix in ("png", "svg")
+        f"{name}.{suffix}" for name in ALL_NAMES for suffix in ("png", "svg")
     )
     assert all(p.parent == out for p in paths)
 
 
-@pytest.mark.parametrize("name", SPEC_NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_png_opens_and_is_a_real_picture(rendered, name):
     out, _ = rendered
     with PIL.open(out / f"{name}.png") as image:

@@ -175,12 +175,12 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
     from linattn.experiments import verify as verify_command
     from linattn.experiments.report_contents import Report
     from linattn.experiments.state_tracking import results
-    from linattn.figures import SPEC_FIGURES, numbers, plots
+    from linattn.figures import FIGURES, numbers, plots
     from linattn.figures.legibility import legible_width, png_css_width
 
     start = time.perf_counter()
     figures_dir = out / "figures"
-    steps = 1 + len(TABLE1_NS) + 1 + len(SPEC_FIGURES) + 4
+    steps = 1 + len(TABLE1_NS) + 1 + len(FIGURES) + 4
     bar = tqdm(total=steps, desc="linattn report", unit="step", file=sys.stderr, disable=args.quiet)
 
     def begin(description: str) -> None:
@@ -209,7 +209,7 @@ def build_report(args: argparse.Namespace, out: Path, inputs: dict | None = None
             costs_text=costs_command.costs_markdown(costs),
         )
         bar.update()
-        for figure in SPEC_FIGURES:
+        for figure in FIGURES:
             begin(f"figure {figure.number}")
             figure.draw(figures_dir)
             report.figures.append(

@@ -2,7 +2,9 @@
 
 ``SPEC_FIGURES`` lists the spec's nine figures in order, each with its file name (the spec's TikZ
 source names), its caption and the function that draws it from ``linattn.reference``;
-``render_spec_figures(out_dir)`` draws them all. ``linattn.figures.plots`` draws the data plots
+``render_spec_figures(out_dir)`` draws them all. ``FIGURES`` adds the figures that extend the
+spec's (Figure 10: the mechanisms beyond a fixed memory on Figure 3's axes), drawn by
+``render_figures``. ``linattn.figures.plots`` draws the data plots
 (Table 1, the benchmark, the recall sweep) and ``linattn.figures.numbers`` writes the appendix's
 numbers files. matplotlib is the optional ``plot`` extra and is imported only when drawing.
 """
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from linattn.figures import chunked, maps, memory, products, roadmap, writes
+from linattn.figures import beyond, chunked, maps, memory, products, roadmap, writes
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,21 @@ SPEC_FIGURES: tuple[Figure, ...] = (
 )
 
 
+# The figures after the spec's, in its style: the same axes for the mechanisms that followed it.
+FIGURES: tuple[Figure, ...] = (
+    *SPEC_FIGURES,
+    Figure(10, "beyond-fixed-memory", beyond.CAPTION, beyond.beyond_fixed_memory),
+)
+
+
+def render_figures(out_dir: Path | str) -> list[Path]:
+    """Draw every figure of ``FIGURES`` (the spec's nine, then the ones that extend them)."""
+    paths: list[Path] = []
+    for figure in FIGURES:
+        paths += figure.draw(Path(out_dir))
+    return paths
+
+
 def render_spec_figures(out_dir: Path | str) -> list[Path]:
     """Draw the nine figures into ``out_dir`` as ``NAME.png`` and ``NAME.svg``; return the paths."""
     paths: list[Path] = []
@@ -47,4 +64,4 @@ def render_spec_figures(out_dir: Path | str) -> list[Path]:
     return paths
 
 
-__all__ = ["Figure", "SPEC_FIGURES", "render_spec_figures"]
+__all__ = ["FIGURES", "Figure", "SPEC_FIGURES", "render_figures", "render_spec_figures"]

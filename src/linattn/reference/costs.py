@@ -113,6 +113,64 @@ def delta_state_numbers(r: int, d: int) -> int:
     return r * d
 
 
+# --- beyond a fixed memory (issue 52): decoding memory and work at step t, one head ---------------
+
+
+def log_linear_levels(t: int) -> int:
+    """Log-linear attention (Guo, Yang et al. 2025): the Fenwick hierarchy over t tokens keeps at
+    most floor(log2 t) + 1 level states (one per bit of t)."""
+    return as_positive_int("t", t).bit_length()
+
+
+def log_linear_state_numbers(t: int, r: int, d: int) -> int:
+    """Log-linear attention over an r x d memory: a level state of r d numbers per level."""
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    return log_linear_levels(t) * r * d
+
+
+def log_linear_step_ops(t: int, r: int, d: int) -> int:
+    """About 2 (L + 1) r d operations at step t: read each of the L level states (2 r d each,
+    weighted by its lambda) and write the newest (2 r d); the Fenwick merges add states (r d
+    each, at most L a step, amortised 2 r d) and are left out, like the gates."""
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    return 2 * (log_linear_levels(t) + 1) * r * d
+
+
+def mesa_state_numbers(r: int, d: int) -> int:
+    """MesaNet (von Oswald et al. 2025): the two states H = sum k k^T (r x r) and G = sum k v^T
+    (r x d): r^2 + r d numbers."""
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    return r * r + r * d
+
+
+def mesa_step_ops(r: int, d: int, iterations: int = 30) -> int:
+    """About 2 (m + 1) r^2 + 4 r d operations per step: write H and G (2 r^2 + 2 r d), m
+    conjugate-gradient iterations of one product with H each (2 r^2; fla's default m = 30),
+    then read G^T q* (2 r d)."""
+    r, d = as_positive_int("r", r), as_positive_int("d", d)
+    m = as_positive_int("iterations", iterations)
+    return 2 * (m + 1) * r * r + 4 * r * d
+
+
+def forgetting_cache_numbers(t: int, d: int) -> int:
+    """FoX (Lin et al. 2025): the KV cache and each cached token's cumulative log forget gate,
+    2 t d + t numbers."""
+    return kv_cache_numbers(t, d) + as_positive_int("t", t)
+
+
+def path_step_ops(t: int, d: int) -> int:
+    """PaTH (Yang et al. 2025) at step t, about 8 t d operations: the new Householder factor
+    I - beta w w^T applied to every cached key (2 t d for w^T k, 2 t d for the update), then
+    softmax attention over the cache (4 t d)."""
+    return 2 * softmax_step_ops(t, d)
+
+
+def deltaformer_step_ops(t: int, d: int) -> int:
+    """DeltaFormer (Zhong et al. 2025) at step t, about 8 t d operations: the new token's u_t
+    attends over the cached keys and u's (4 t d), then q_t over the same cache (4 t d)."""
+    return 2 * softmax_step_ops(t, d)
+
+
 def break_even_tokens(r: int, d: int) -> int:
     """Section 5 / Figure 3: the state is the size of the cache after about
     (r d + r) // (2 d) tokens (64 for r = d = 128; the spec rounds down)."""
