@@ -307,7 +307,8 @@ def render_html(report: Report) -> str:
         markdown_to_html(report.costs_text),
         _printed("costs", report.costs_text),
         '<h2 id="figures">Figures</h2>',
-        "<p>The spec's nine figures, drawn from numbers computed by "
+        "<p>The spec's nine figures, and Figure 10, which places the mechanisms after the spec "
+        "on Figure 3's axes, drawn from numbers computed by "
         "<code>linattn.reference</code>. On a narrow screen a figure keeps a size at which its "
         "text can be read and scrolls sideways; each image opens its full-size SVG.</p>",
         *(
