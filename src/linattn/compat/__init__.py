@@ -11,7 +11,8 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
   delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA, HGRN,
   the generalized delta rule (``*_dplr_delta_rule``, ``*_iplr_delta_rule``), RWKV-6, RWKV-7 and
   Comba (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
-  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``); ``chunk_*`` run
+  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``), and CyFA
+  (``chunk_cyfa``, ``fused_recurrent_cyfa``, module ``cyfa``); ``chunk_*`` run
   linattn's chunk form,
   ``fused_recurrent_*`` its recurrent form,
   ``parallel_*`` its parallel form;
@@ -36,6 +37,7 @@ head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) ar
 
 from linattn.compat import unsupported
 from linattn.compat.comba import chunk_comba, fused_recurrent_comba
+from linattn.compat.cyfa import chunk_cyfa, fused_recurrent_cyfa
 from linattn.compat.delta_rule import (
     chunk_delta_rule,
     fused_chunk_delta_rule,
@@ -82,6 +84,7 @@ from linattn.compat.unsupported import MISSING
 
 __all__ = [
     "chunk_comba",
+    "chunk_cyfa",
     "chunk_delta_rule",
     "chunk_dplr_delta_rule",
     "chunk_gated_delta_product",
@@ -103,6 +106,7 @@ __all__ = [
     "fused_chunk_retention",
     "fused_chunk_simple_gla",
     "fused_recurrent_comba",
+    "fused_recurrent_cyfa",
     "fused_recurrent_delta_rule",
     "fused_recurrent_dplr_delta_rule",
     "fused_recurrent_gated_delta_rule",

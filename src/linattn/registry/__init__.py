@@ -43,6 +43,7 @@ from linattn.registry.cases import (
     Case,
     additive_case,
     comba_case,
+    cyfa_case,
     delta_case,
     delta_product_case,
     dplr_case,
@@ -284,6 +285,16 @@ for _entry in (
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
         paper="Peng et al. (2024)", section=_SEC10,
+    ),
+    # issue 51: test-time-training memories and CyFA
+    Entry(
+        "cyfa", "CyclicFlowAttention (CyFA)", None, "head",
+        "alpha_t I on H^k (K x M) and H^v (M x V); softmax readout over M clock slots",
+        "k~_t w_t^T and w_t v_t^T, w_t = beta_t a(lambda_t)", "linattn.ops.cyfa:cyfa",
+        "linattn.reference.cyfa:cyfa", cyfa_case(),
+        fla_names=("chunk_cyfa", "fused_recurrent_cyfa"),
+        paper="Chen (2026), CyFA (fla 0.6.0, fla.ops.cyfa)", section=_SEC10,
+        nearest="scalar_decay",
     ),
 ):  # fmt: skip
     register(_entry)

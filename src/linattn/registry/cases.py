@@ -379,3 +379,64 @@ def rule_case(rule: str, gate: str = "none") -> Case:
         return testing.oracle(found, x64, scale)
 
     return Case(inputs, call, oracle, "delta" if rules.named(rule).READS_STATE else "linear")
+
+
+# --- memories of several parts (issue 51): CyFA ----------------------------------------------
+#
+# A mechanism whose memory is several tensors (CyFA's key memory, value memory and clock) names
+# its initial state's parts "S0_<part>" (each a tensor, so that every one gets a gradient), and
+# its call and oracle return the final state as a tuple of tensors in the same order.
+
+
+def state_parts(x: Inputs) -> tuple[Tensor, ...] | None:
+    """The initial state's parts ``x["S0_<part>"]`` in their order, or None when absent."""
+    parts = tuple(t for name, t in x.items() if name.startswith("S0_"))
+    return None if not parts or any(t is None for t in parts) else parts
+
+
+def cyfa_case(num_slots: int = 6) -> Case:
+    from linattn.ops.cyfa import cyfa
+    from linattn.reference.cyfa import cyfa as reference
+
+    M = num_slots
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, _, log_decay = _draw(gen, dtype)
+        del x["S0"]
+        x["g"], x["delta"], x["beta"] = log_decay(B, T, H), uniform(B, T, H), uniform(B, T, H)
+        eye = torch.eye(M - 1, dtype=torch.float64).expand(H, M - 1, M - 1)
+        x["readout"] = (eye + 0.3 * normal(H, M - 1, M - 1).double()).to(dtype)
+        x["q_norm_weight"] = (0.5 + uniform(K).double()).to(dtype)
+        x["k_norm_weight"] = (0.5 + uniform(K).double()).to(dtype)
+        x["S0_k"], x["S0_v"] = normal(B, H, K, M), normal(B, H, M, V)
+        x["S0_lambda"] = (3 * uniform(B, H).double()).to(dtype)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        names = ("q", "k", "v", "g", "delta", "beta", "readout", "q_norm_weight", "k_norm_weight")
+        return cyfa(*(x[n] for n in names), scale=scale, mode=mode, chunk_size=chunk_size,
+                    initial_state=state_parts(x), output_final_state=True)  # fmt: skip
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        S0 = state_parts(x)
+        outs, parts = [], [[], [], []]
+        for n in range(B):
+            heads = []
+            for h in range(H):
+                o, S = reference(
+                    *(_heads(x[name], h, n) for name in ("q", "k", "v", "g", "delta", "beta")),
+                    x["readout"][h].double().numpy(), x["q_norm_weight"].double().numpy(),
+                    x["k_norm_weight"].double().numpy(), 1e-5, 1e-5, scale,
+                    None if S0 is None else tuple(s[n, h].double().numpy() for s in S0),
+                )  # fmt: skip
+                heads.append(o)
+                for i, s in enumerate(S):
+                    parts[i].append(np.asarray(s))
+            outs.append(np.stack(heads, axis=1))
+        state = tuple(torch.from_numpy(np.stack(p).reshape(B, H, *np.shape(p[0]))) for p in parts)
+        return torch.from_numpy(np.stack(outs)), state
+
+    return Case(inputs, call, oracle, "linear", rows_per_token=2)
