@@ -52,6 +52,7 @@ from linattn.registry.cases import (
     rwkv6_case,
     rwkv7_case,
     softmax_case,
+    ttt_case,
 )
 
 GATES = ("none", "head", "channel")
@@ -295,6 +296,16 @@ for _entry in (
         fla_names=("chunk_cyfa", "fused_recurrent_cyfa"),
         paper="Chen (2026), CyFA (fla 0.6.0, fla.ops.cyfa)", section=_SEC10,
         nearest="scalar_decay",
+    ),
+    Entry(
+        "ttt_linear", "TTT-Linear (test-time training)", None, "none",
+        "W_0 for every token of a mini-batch of b; W_0 - eta_b sum_s k_s^T grad_s at its end",
+        "-eta_t sum_{s <= t} k_s^T grad_s, grad_s through LN(k_s W_0 + h_0) - (v_s - k_s)",
+        "linattn.ops.ttt:ttt_linear", "linattn.reference.ttt:ttt_linear", ttt_case(),
+        forms=("recurrent", "chunk"),
+        fla_names=("chunk_ttt_linear", "fused_chunk_ttt_linear"),
+        paper="Sun et al. (2024), Learning to (Learn at Test Time)", section="7.1",
+        nearest="delta",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -440,3 +440,57 @@ def cyfa_case(num_slots: int = 6) -> Case:
         return torch.from_numpy(np.stack(outs)), state
 
     return Case(inputs, call, oracle, "linear", rows_per_token=2)
+
+
+# --- test-time training (issue 51): TTT-Linear --------------------------------------------------
+#
+# TTT's mini-batch is part of the method (one gradient step per b tokens), not a tiling: its case
+# fixes b and its call ignores the tools' chunk size. Its model maps keys to values of the same
+# width (the target v - k), so the case draws V = K whatever V it is asked for.
+
+
+def ttt_case(mini_batch_size: int = 4) -> Case:
+    from linattn.ops.ttt import ttt_linear
+    from linattn.reference.ttt import ttt_linear as reference
+
+    size = mini_batch_size
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, _ = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": unit(B, T, H, K), "v": normal(B, T, H, K)}
+        x["w"] = (1 + 0.3 * normal(H, K).double()).to(dtype)
+        x["b"] = (0.1 * normal(H, K).double()).to(dtype)
+        x["eta"] = (0.3 * uniform(B, T, H, 1).double()).to(dtype)
+        x["S0_W"] = (0.3 * normal(B, H, K, K).double()).to(dtype)
+        x["S0_h"] = (0.3 * normal(B, H, 1, K).double()).to(dtype)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        names = ("q", "k", "v", "w", "b", "eta")
+        return ttt_linear(*(x[n] for n in names), scale=scale, mini_batch_size=size, mode=mode,
+                          initial_state=state_parts(x), output_final_state=True)  # fmt: skip
+
+    def oracle(x, scale):
+        B, _, H, K = x["q"].shape
+        S0 = state_parts(x)
+        outs, Ws, hs = [], [], []
+        for n in range(B):
+            heads = []
+            for h in range(H):
+                o, (W, bias) = reference(
+                    *(_heads(x[name], h, n) for name in ("q", "k", "v")),
+                    x["w"][h].double().numpy(), x["b"][h].double().numpy(),
+                    _heads(x["eta"], h, n)[:, 0], scale, 1e-6, size,
+                    None if S0 is None else (S0[0][n, h].double().numpy(),
+                                             S0[1][n, h, 0].double().numpy()),
+                )  # fmt: skip
+                heads.append(o)
+                Ws.append(W)
+                hs.append(bias)
+            outs.append(np.stack(heads, axis=1))
+        W = torch.from_numpy(np.stack(Ws).reshape(B, H, K, K))
+        bias = torch.from_numpy(np.stack(hs).reshape(B, H, 1, K))
+        return torch.from_numpy(np.stack(outs)), (W, bias)
+
+    return Case(inputs, call, oracle, "delta")
