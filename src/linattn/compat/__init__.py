@@ -22,9 +22,10 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 ``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
 ``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) and ``chunk_gated_delta_product``
 (Gated DeltaProduct, module ``gated_delta_product``) and ``chunk_ttt_linear`` /
-``fused_chunk_ttt_linear`` (TTT-Linear, module ``ttt``) are computed too; fla exports them from
-``fla.ops.gdn2``, ``fla.ops.rwkv7``, ``fla.ops.gated_delta_product`` and ``fla.ops.ttt`` only, not
-``fla.ops`` (``FLA_SUBMODULE_ENTRY_POINTS``).
+``fused_chunk_ttt_linear`` (TTT-Linear, module ``ttt``) and ``chunk_titans_linear`` (Titans,
+module ``titans``) are computed too; fla exports them from ``fla.ops.gdn2``, ``fla.ops.rwkv7``,
+``fla.ops.gated_delta_product``, ``fla.ops.ttt`` and ``fla.ops.titans`` only, not ``fla.ops``
+(``FLA_SUBMODULE_ENTRY_POINTS``).
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
@@ -80,6 +81,7 @@ from linattn.compat.simple_gla import (
     parallel_retention,
     parallel_simple_gla,
 )
+from linattn.compat.titans import chunk_titans_linear
 from linattn.compat.ttt import chunk_ttt_linear, fused_chunk_ttt_linear
 from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
@@ -102,6 +104,7 @@ __all__ = [
     "chunk_rwkv6",
     "chunk_rwkv7",
     "chunk_simple_gla",
+    "chunk_titans_linear",
     "chunk_ttt_linear",
     "fused_chunk_delta_rule",
     "fused_chunk_gla",
@@ -140,6 +143,7 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "chunk_gated_delta_product": "fla.ops.gated_delta_product",
     "chunk_ttt_linear": "fla.ops.ttt",
     "fused_chunk_ttt_linear": "fla.ops.ttt",
+    "chunk_titans_linear": "fla.ops.titans",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

@@ -52,6 +52,7 @@ from linattn.registry.cases import (
     rwkv6_case,
     rwkv7_case,
     softmax_case,
+    titans_case,
     ttt_case,
 )
 
@@ -306,6 +307,16 @@ for _entry in (
         fla_names=("chunk_ttt_linear", "fused_chunk_ttt_linear"),
         paper="Sun et al. (2024), Learning to (Learn at Test Time)", section="7.1",
         nearest="delta",
+    ),
+    Entry(
+        "titans", "Titans (linear memory, momentum and forgetting)", None, "head",
+        "M_t = (1 - alpha_t) M_{t-1} + S_t, S_t = eta_t S_{t-1} + (write)",
+        "-2 theta_t k_t^T u_t, u_t fla's surprise at the chunk's first M",
+        "linattn.ops.titans:titans_linear", "linattn.reference.titans:titans_linear",
+        titans_case(), forms=("recurrent", "chunk"),
+        fla_names=("chunk_titans_linear",),
+        paper="Behrouz, Zhong and Mirrokni (2024), Titans", section="7.1",
+        nearest="ttt_linear",
     ),
 ):  # fmt: skip
     register(_entry)

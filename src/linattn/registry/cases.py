@@ -494,3 +494,53 @@ def ttt_case(mini_batch_size: int = 4) -> Case:
         return torch.from_numpy(np.stack(outs)), (W, bias)
 
     return Case(inputs, call, oracle, "delta")
+
+
+def titans_case(chunk_size: int = 4) -> Case:
+    """Titans' linear memory (issue 51), as TTT-Linear's case: its chunk (the tokens sharing a
+    gradient point) fixed, V = K, the state (M, S) in two parts."""
+    from linattn.ops.titans import titans_linear
+    from linattn.reference.titans import titans_linear as reference
+
+    size = chunk_size
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, _ = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": unit(B, T, H, K), "v": normal(B, T, H, K)}
+        x["w"] = (1 + 0.3 * normal(H, K).double()).to(dtype)
+        x["b"] = (0.1 * normal(H, K).double()).to(dtype)
+        x["theta"] = (0.02 * uniform(B, T, H, 1).double()).to(dtype)
+        x["alpha"] = (0.2 * uniform(B, T, H, 1).double()).to(dtype)
+        x["eta"] = (0.9 * uniform(B, T, H, 1).double()).to(dtype)
+        x["S0_M"] = (0.3 * normal(B, H, K, K).double()).to(dtype)
+        x["S0_S"] = (0.1 * normal(B, H, K, K).double()).to(dtype)
+        return x
+
+    def call(x, mode, chunk_size, scale):  # Titans' q is not scaled
+        names = ("q", "k", "v", "w", "b", "theta", "alpha", "eta")
+        return titans_linear(*(x[n] for n in names), chunk_size=size, mode=mode,
+                             initial_state=state_parts(x), output_final_state=True)  # fmt: skip
+
+    def oracle(x, scale):
+        B, _, H, K = x["q"].shape
+        S0 = state_parts(x)
+        outs, Ms, Ss = [], [], []
+        for n in range(B):
+            heads = []
+            for h in range(H):
+                o, (M, S) = reference(
+                    *(_heads(x[name], h, n) for name in ("q", "k", "v")),
+                    x["w"][h].double().numpy(), x["b"][h].double().numpy(),
+                    *(_heads(x[name], h, n)[:, 0] for name in ("theta", "alpha", "eta")),
+                    1e-6, size,
+                    None if S0 is None else tuple(s[n, h].double().numpy() for s in S0),
+                )  # fmt: skip
+                heads.append(o)
+                Ms.append(M)
+                Ss.append(S)
+            outs.append(np.stack(heads, axis=1))
+        state = tuple(torch.from_numpy(np.stack(p).reshape(B, H, K, K)) for p in (Ms, Ss))
+        return torch.from_numpy(np.stack(outs)), state
+
+    return Case(inputs, call, oracle, "delta")
