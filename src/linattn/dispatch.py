@@ -155,8 +155,20 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
 
 
 def table() -> dict[str, tuple[Route, ...]]:
-    """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    """Every registered mechanism that fla has and the engine runs (a rule's) -> its routes (the
+    dispatch table)."""
+    return {
+        e.name: routes(_op_name(e), e.gate)
+        for e in registry.mechanisms()
+        if e.fla_names and e.rule is not None
+    }
+
+
+def unrouted() -> tuple[str, ...]:
+    """The registered mechanisms fla has whose op is a module of its own, not a rule's (rule
+    None: CyFA, TTT-Linear, Titans): they run linattn's op on every device, with no route to
+    fla's kernels."""
+    return tuple(e.name for e in registry.mechanisms() if e.fla_names and e.rule is None)
 
 
 def gaps() -> tuple[str, ...]:

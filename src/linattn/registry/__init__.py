@@ -5,8 +5,9 @@ a gate (none, one log-decay per head, one per key channel) and a parametrisation
 inputs. Its entry names everything a user or a tool needs to find it:
 
     name, title            the registry key ("gated_delta") and the name readers know
-    rule, gate             the rule (``linattn.ops.rules``) and the gate; rule None: no fixed
-                           memory (softmax attention, whose state is the KV cache)
+    rule, gate             the rule (``linattn.ops.rules``) and the gate; rule None: no rule of
+                           ``linattn.ops.rules`` (softmax attention, whose state is the KV
+                           cache; a memory with an op of its own: CyFA, TTT-Linear, Titans)
     transition, write      A_t and w_t of S_t = A_t S_{t-1} + k_t w_t^T, as text
     op, reference          the public op and the float64 oracle it is checked against
     forms                  the forms the op computes ("parallel", "recurrent", "chunk")
