@@ -296,6 +296,7 @@ for _entry in (
         "k~_t w_t^T and w_t v_t^T, w_t = beta_t a(lambda_t)", "linattn.ops.cyfa:cyfa",
         "linattn.reference.cyfa:cyfa", cyfa_case(),
         fla_names=("chunk_cyfa", "fused_recurrent_cyfa"),
+        layer_path="linattn.layers:CyclicFlowAttention",
         paper="Chen (2026), CyFA (fla 0.6.0, fla.ops.cyfa)", section=_SEC10,
         nearest="scalar_decay",
     ),
