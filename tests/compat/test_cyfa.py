@@ -1,7 +1,7 @@
 """compat.chunk_cyfa / fused_recurrent_cyfa vs fla 0.6.0 (issue 51): fla's token loop
 ``naive_recurrent_cyfa`` (forward and autograd gradients), and its two Triton kernels under
-triton's interpreter (forward; fla's recurrent kernel is inference-only and its chunk backward is
-left to the naive comparison), at T = 1, T not a multiple of fla's chunk of 64, packed sequences
+triton's interpreter (forward, and the chunk kernel's backward; fla's recurrent kernel is
+inference-only), at T = 1, T not a multiple of fla's chunk of 64, packed sequences
 with a length-1 piece, and initial states.
 
 fla's CyFA kernels refuse CPU tensors (``require_cuda``) and call ``libdevice.fast_cosf`` /
@@ -151,3 +151,17 @@ def test_bad_input_is_refused_by_name(change, match):
     args = {**x, "q_norm_eps": 1e-5, "k_norm_eps": 1e-5, **change}
     with pytest.raises((ValueError, TypeError), match=match):
         compat.chunk_cyfa(**args)
+
+
+def test_gradients_equal_flas_chunk_kernel(kernels_on_cpu):
+    x, S0 = inputs(T=19)
+    weights = torch.randn(1, 19, 2, 16, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for fn in (chunk_module.chunk_cyfa, compat.chunk_cyfa):
+        leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+        o, S = fn(*(leaves[n] for n in NAMES), 1e-5, 1e-5, scale=0.3, initial_state=S0,
+                  output_final_state=True)  # fmt: skip
+        ((o * weights).sum() + S[0].square().sum() + S[1].sum()).backward()
+        grads.append({n: t.grad for n, t in leaves.items()})
+    for n in NAMES:
+        assert rel(grads[1][n], grads[0][n]) < 2e-5, n
