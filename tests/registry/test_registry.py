@@ -52,7 +52,8 @@ def _gradients(entry, x, form):
     leaves = {name: t.clone().requires_grad_(True) for name, t in x.items() if t is not None}
     o, S = entry.case.call({**dict.fromkeys(x), **leaves}, form, 8, 0.5)
     weights = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)
-    loss = (o * weights).sum() + (0 if S is None else S.square().sum())
+    states = () if S is None else S if isinstance(S, tuple) else (S,)  # a memory of parts
+    loss = (o * weights).sum() + sum(s.square().sum() for s in states)
     loss.backward()
     return {name: t.grad for name, t in leaves.items()}
 

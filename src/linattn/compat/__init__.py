@@ -11,7 +11,8 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
   delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA, HGRN,
   the generalized delta rule (``*_dplr_delta_rule``, ``*_iplr_delta_rule``), RWKV-6, RWKV-7 and
   Comba (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
-  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``); ``chunk_*`` run
+  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``), and CyFA
+  (``chunk_cyfa``, ``fused_recurrent_cyfa``, module ``cyfa``); ``chunk_*`` run
   linattn's chunk form,
   ``fused_recurrent_*`` its recurrent form,
   ``parallel_*`` its parallel form;
@@ -20,8 +21,10 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 
 ``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
 ``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) and ``chunk_gated_delta_product``
-(Gated DeltaProduct, module ``gated_delta_product``) are computed too; fla exports them from
-``fla.ops.gdn2``, ``fla.ops.rwkv7`` and ``fla.ops.gated_delta_product`` only, not ``fla.ops``
+(Gated DeltaProduct, module ``gated_delta_product``) and ``chunk_ttt_linear`` /
+``fused_chunk_ttt_linear`` (TTT-Linear, module ``ttt``) and ``chunk_titans_linear`` (Titans,
+module ``titans``) are computed too; fla exports them from ``fla.ops.gdn2``, ``fla.ops.rwkv7``,
+``fla.ops.gated_delta_product``, ``fla.ops.ttt`` and ``fla.ops.titans`` only, not ``fla.ops``
 (``FLA_SUBMODULE_ENTRY_POINTS``).
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
@@ -36,6 +39,7 @@ head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) ar
 
 from linattn.compat import unsupported
 from linattn.compat.comba import chunk_comba, fused_recurrent_comba
+from linattn.compat.cyfa import chunk_cyfa, fused_recurrent_cyfa
 from linattn.compat.delta_rule import (
     chunk_delta_rule,
     fused_chunk_delta_rule,
@@ -77,11 +81,14 @@ from linattn.compat.simple_gla import (
     parallel_retention,
     parallel_simple_gla,
 )
+from linattn.compat.titans import chunk_titans_linear
+from linattn.compat.ttt import chunk_ttt_linear, fused_chunk_ttt_linear
 from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
 
 __all__ = [
     "chunk_comba",
+    "chunk_cyfa",
     "chunk_delta_rule",
     "chunk_dplr_delta_rule",
     "chunk_gated_delta_product",
@@ -97,12 +104,16 @@ __all__ = [
     "chunk_rwkv6",
     "chunk_rwkv7",
     "chunk_simple_gla",
+    "chunk_titans_linear",
+    "chunk_ttt_linear",
     "fused_chunk_delta_rule",
     "fused_chunk_gla",
     "fused_chunk_linear_attn",
     "fused_chunk_retention",
     "fused_chunk_simple_gla",
+    "fused_chunk_ttt_linear",
     "fused_recurrent_comba",
+    "fused_recurrent_cyfa",
     "fused_recurrent_delta_rule",
     "fused_recurrent_dplr_delta_rule",
     "fused_recurrent_gated_delta_rule",
@@ -130,6 +141,9 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "fused_recurrent_gdn2": "fla.ops.gdn2",
     "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
     "chunk_gated_delta_product": "fla.ops.gated_delta_product",
+    "chunk_ttt_linear": "fla.ops.ttt",
+    "fused_chunk_ttt_linear": "fla.ops.ttt",
+    "chunk_titans_linear": "fla.ops.titans",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

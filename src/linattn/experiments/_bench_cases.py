@@ -66,7 +66,7 @@ def make_inputs(
 
     inputs = mech.case.inputs(B, T, H, K, V, seed=seed, dtype=torch.float32)
     inputs.pop("S0", None)
-    return {name: x for name, x in inputs.items() if x is not None}
+    return {n: x for n, x in inputs.items() if x is not None and not n.startswith("S0_")}
 
 
 def call(mech: Mechanism, inputs: dict[str, Tensor], mode: str, chunk_size: int) -> Tensor:

@@ -92,11 +92,12 @@ def _api_link(path: Any, obj: Any) -> str:
 
 def mechanism_page(entry: Any, accuracy: Sequence[dict], bench: dict | None) -> str:
     """The Markdown page of one registry entry."""
-    memory = (
-        "no fixed memory: its state is the KV cache, which grows with t"
-        if entry.rule is None
-        else "`S_t = A_t S_{t-1} + k_t w_t^T`, read as `o_t = S_t^T q_t`"
-    )
+    if entry.case.cost == "softmax":
+        memory = "no fixed memory: its state is the KV cache, which grows with t"
+    elif entry.rule is None:  # a memory with its own op (several parts, a nonlinear update)
+        memory = "its own fixed memory (the op's docstring), not one rule of `linattn.ops.rules`"
+    else:
+        memory = "`S_t = A_t S_{t-1} + k_t w_t^T`, read as `o_t = S_t^T q_t`"
     rows = [
         ("memory", memory),
         ("transition `A_t`", f"`{entry.transition}`"),

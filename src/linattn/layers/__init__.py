@@ -20,6 +20,8 @@ and in recurrent mode for a one-token decoding step.
   value channel (Gated DeltaNet-2).
 - ``RWKV7``: RWKV-7 "Goose" time mixing (token shift, LoRA gates, value residual, group norm
   and the current token's bonus) around the generalized delta rule.
+- ``CyclicFlowAttention``: CyFA (fla 0.6.0's layer): two scalar-decay memories over clock slots
+  with a softmax readout between them (``linattn.ops.cyfa``).
 - ``RuleMixer``: any registered rule (a user's too) with a gate, its inputs projected from x
   into the ranges the rule declares.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
@@ -27,6 +29,7 @@ and in recurrent mode for a one-token decoding step.
 """
 
 from linattn.layers.conv import GatedConvolution
+from linattn.layers.cyfa import CyclicFlowAttention
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.gated_attention import GatedAttention
@@ -43,6 +46,7 @@ from linattn.layers.softmax import SoftmaxAttention
 
 __all__ = [
     "Comba",
+    "CyclicFlowAttention",
     "DecayGate",
     "DeltaNet",
     "GatedAttention",

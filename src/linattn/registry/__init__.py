@@ -5,8 +5,9 @@ a gate (none, one log-decay per head, one per key channel) and a parametrisation
 inputs. Its entry names everything a user or a tool needs to find it:
 
     name, title            the registry key ("gated_delta") and the name readers know
-    rule, gate             the rule (``linattn.ops.rules``) and the gate; rule None: no fixed
-                           memory (softmax attention, whose state is the KV cache)
+    rule, gate             the rule (``linattn.ops.rules``) and the gate; rule None: no rule of
+                           ``linattn.ops.rules`` (softmax attention, whose state is the KV
+                           cache; a memory with an op of its own: CyFA, TTT-Linear, Titans)
     transition, write      A_t and w_t of S_t = A_t S_{t-1} + k_t w_t^T, as text
     op, reference          the public op and the float64 oracle it is checked against
     forms                  the forms the op computes ("parallel", "recurrent", "chunk")
@@ -43,6 +44,7 @@ from linattn.registry.cases import (
     Case,
     additive_case,
     comba_case,
+    cyfa_case,
     delta_case,
     delta_product_case,
     dplr_case,
@@ -51,6 +53,8 @@ from linattn.registry.cases import (
     rwkv6_case,
     rwkv7_case,
     softmax_case,
+    titans_case,
+    ttt_case,
 )
 
 GATES = ("none", "head", "channel")
@@ -284,6 +288,37 @@ for _entry in (
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
         paper="Peng et al. (2024)", section=_SEC10,
+    ),
+    # issue 51: test-time-training memories and CyFA
+    Entry(
+        "cyfa", "CyclicFlowAttention (CyFA)", None, "head",
+        "alpha_t I on H^k (K x M) and H^v (M x V); softmax readout over M clock slots",
+        "k~_t w_t^T and w_t v_t^T, w_t = beta_t a(lambda_t)", "linattn.ops.cyfa:cyfa",
+        "linattn.reference.cyfa:cyfa", cyfa_case(),
+        fla_names=("chunk_cyfa", "fused_recurrent_cyfa"),
+        layer_path="linattn.layers:CyclicFlowAttention",
+        paper="Chen (2026), CyFA (fla 0.6.0, fla.ops.cyfa)", section=_SEC10,
+        nearest="scalar_decay",
+    ),
+    Entry(
+        "ttt_linear", "TTT-Linear (test-time training)", None, "none",
+        "W_0 for every token of a mini-batch of b; W_0 - eta_b sum_s k_s^T grad_s at its end",
+        "-eta_t sum_{s <= t} k_s^T grad_s, grad_s through LN(k_s W_0 + h_0) - (v_s - k_s)",
+        "linattn.ops.ttt:ttt_linear", "linattn.reference.ttt:ttt_linear", ttt_case(),
+        forms=("recurrent", "chunk"),
+        fla_names=("chunk_ttt_linear", "fused_chunk_ttt_linear"),
+        paper="Sun et al. (2024), Learning to (Learn at Test Time)", section="7.1",
+        nearest="delta",
+    ),
+    Entry(
+        "titans", "Titans (linear memory, momentum and forgetting)", None, "head",
+        "M_t = (1 - alpha_t) M_{t-1} + S_t, S_t = eta_t S_{t-1} + (write)",
+        "-2 theta_t k_t^T u_t, u_t fla's surprise at the chunk's first M",
+        "linattn.ops.titans:titans_linear", "linattn.reference.titans:titans_linear",
+        titans_case(), forms=("recurrent", "chunk"),
+        fla_names=("chunk_titans_linear",),
+        paper="Behrouz, Zhong and Mirrokni (2024), Titans", section="7.1",
+        nearest="ttt_linear",
     ),
 ):  # fmt: skip
     register(_entry)

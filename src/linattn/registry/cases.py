@@ -379,3 +379,170 @@ def rule_case(rule: str, gate: str = "none") -> Case:
         return testing.oracle(found, x64, scale)
 
     return Case(inputs, call, oracle, "delta" if rules.named(rule).READS_STATE else "linear")
+
+
+# --- memories of several parts (issue 51): CyFA ----------------------------------------------
+#
+# A mechanism whose memory is several tensors (CyFA's key memory, value memory and clock) names
+# its initial state's parts "S0_<part>" (each a tensor, so that every one gets a gradient), and
+# its call and oracle return the final state as a tuple of tensors in the same order.
+
+
+def state_parts(x: Inputs) -> tuple[Tensor, ...] | None:
+    """The initial state's parts ``x["S0_<part>"]`` in their order, or None when absent."""
+    parts = tuple(t for name, t in x.items() if name.startswith("S0_"))
+    return None if not parts or any(t is None for t in parts) else parts
+
+
+def cyfa_case(num_slots: int = 6) -> Case:
+    from linattn.ops.cyfa import cyfa
+    from linattn.reference.cyfa import cyfa as reference
+
+    M = num_slots
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, _, log_decay = _draw(gen, dtype)
+        del x["S0"]
+        x["g"], x["delta"], x["beta"] = log_decay(B, T, H), uniform(B, T, H), uniform(B, T, H)
+        eye = torch.eye(M - 1, dtype=torch.float64).expand(H, M - 1, M - 1)
+        x["readout"] = (eye + 0.3 * normal(H, M - 1, M - 1).double()).to(dtype)
+        x["q_norm_weight"] = (0.5 + uniform(K).double()).to(dtype)
+        x["k_norm_weight"] = (0.5 + uniform(K).double()).to(dtype)
+        x["S0_k"], x["S0_v"] = normal(B, H, K, M), normal(B, H, M, V)
+        x["S0_lambda"] = (3 * uniform(B, H).double()).to(dtype)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        names = ("q", "k", "v", "g", "delta", "beta", "readout", "q_norm_weight", "k_norm_weight")
+        return cyfa(*(x[n] for n in names), scale=scale, mode=mode, chunk_size=chunk_size,
+                    initial_state=state_parts(x), output_final_state=True)  # fmt: skip
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        S0 = state_parts(x)
+        outs, parts = [], [[], [], []]
+        for n in range(B):
+            heads = []
+            for h in range(H):
+                o, S = reference(
+                    *(_heads(x[name], h, n) for name in ("q", "k", "v", "g", "delta", "beta")),
+                    x["readout"][h].double().numpy(), x["q_norm_weight"].double().numpy(),
+                    x["k_norm_weight"].double().numpy(), 1e-5, 1e-5, scale,
+                    None if S0 is None else tuple(s[n, h].double().numpy() for s in S0),
+                )  # fmt: skip
+                heads.append(o)
+                for i, s in enumerate(S):
+                    parts[i].append(np.asarray(s))
+            outs.append(np.stack(heads, axis=1))
+        state = tuple(torch.from_numpy(np.stack(p).reshape(B, H, *np.shape(p[0]))) for p in parts)
+        return torch.from_numpy(np.stack(outs)), state
+
+    return Case(inputs, call, oracle, "linear", rows_per_token=2)
+
+
+# --- test-time training (issue 51): TTT-Linear --------------------------------------------------
+#
+# TTT's mini-batch is part of the method (one gradient step per b tokens), not a tiling: its case
+# fixes b and its call ignores the tools' chunk size. Its model maps keys to values of the same
+# width (the target v - k), so the case draws V = K whatever V it is asked for.
+
+
+def ttt_case(mini_batch_size: int = 4) -> Case:
+    from linattn.ops.ttt import ttt_linear
+    from linattn.reference.ttt import ttt_linear as reference
+
+    size = mini_batch_size
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, _ = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": unit(B, T, H, K), "v": normal(B, T, H, K)}
+        x["w"] = (1 + 0.3 * normal(H, K).double()).to(dtype)
+        x["b"] = (0.1 * normal(H, K).double()).to(dtype)
+        x["eta"] = (0.3 * uniform(B, T, H, 1).double()).to(dtype)
+        x["S0_W"] = (0.3 * normal(B, H, K, K).double()).to(dtype)
+        x["S0_h"] = (0.3 * normal(B, H, 1, K).double()).to(dtype)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        names = ("q", "k", "v", "w", "b", "eta")
+        return ttt_linear(*(x[n] for n in names), scale=scale, mini_batch_size=size, mode=mode,
+                          initial_state=state_parts(x), output_final_state=True)  # fmt: skip
+
+    def oracle(x, scale):
+        B, _, H, K = x["q"].shape
+        S0 = state_parts(x)
+        outs, Ws, hs = [], [], []
+        for n in range(B):
+            heads = []
+            for h in range(H):
+                o, (W, bias) = reference(
+                    *(_heads(x[name], h, n) for name in ("q", "k", "v")),
+                    x["w"][h].double().numpy(), x["b"][h].double().numpy(),
+                    _heads(x["eta"], h, n)[:, 0], scale, 1e-6, size,
+                    None if S0 is None else (S0[0][n, h].double().numpy(),
+                                             S0[1][n, h, 0].double().numpy()),
+                )  # fmt: skip
+                heads.append(o)
+                Ws.append(W)
+                hs.append(bias)
+            outs.append(np.stack(heads, axis=1))
+        W = torch.from_numpy(np.stack(Ws).reshape(B, H, K, K))
+        bias = torch.from_numpy(np.stack(hs).reshape(B, H, 1, K))
+        return torch.from_numpy(np.stack(outs)), (W, bias)
+
+    return Case(inputs, call, oracle, "delta")
+
+
+def titans_case(chunk_size: int = 4) -> Case:
+    """Titans' linear memory (issue 51), as TTT-Linear's case: its chunk (the tokens sharing a
+    gradient point) fixed, V = K, the state (M, S) in two parts."""
+    from linattn.ops.titans import titans_linear
+    from linattn.reference.titans import titans_linear as reference
+
+    size = chunk_size
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, _ = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": unit(B, T, H, K), "v": normal(B, T, H, K)}
+        x["w"] = (1 + 0.3 * normal(H, K).double()).to(dtype)
+        x["b"] = (0.1 * normal(H, K).double()).to(dtype)
+        # fla's surprise carries a factor D (it is not the layer norm's gradient): learning rates
+        # of a few 1e-2 already make the memory sensitive to rounding (float32 1e-5 at T = 70).
+        x["theta"] = (0.01 * uniform(B, T, H, 1).double()).to(dtype)
+        x["alpha"] = (0.2 * uniform(B, T, H, 1).double()).to(dtype)
+        x["eta"] = (0.9 * uniform(B, T, H, 1).double()).to(dtype)
+        x["S0_M"] = (0.3 * normal(B, H, K, K).double()).to(dtype)
+        x["S0_S"] = (0.1 * normal(B, H, K, K).double()).to(dtype)
+        return x
+
+    def call(x, mode, chunk_size, scale):  # Titans' q is not scaled
+        names = ("q", "k", "v", "w", "b", "theta", "alpha", "eta")
+        return titans_linear(*(x[n] for n in names), chunk_size=size, mode=mode,
+                             initial_state=state_parts(x), output_final_state=True)  # fmt: skip
+
+    def oracle(x, scale):
+        B, _, H, K = x["q"].shape
+        S0 = state_parts(x)
+        outs, Ms, Ss = [], [], []
+        for n in range(B):
+            heads = []
+            for h in range(H):
+                o, (M, S) = reference(
+                    *(_heads(x[name], h, n) for name in ("q", "k", "v")),
+                    x["w"][h].double().numpy(), x["b"][h].double().numpy(),
+                    *(_heads(x[name], h, n)[:, 0] for name in ("theta", "alpha", "eta")),
+                    1e-6, size,
+                    None if S0 is None else tuple(s[n, h].double().numpy() for s in S0),
+                )  # fmt: skip
+                heads.append(o)
+                Ms.append(M)
+                Ss.append(S)
+            outs.append(np.stack(heads, axis=1))
+        state = tuple(torch.from_numpy(np.stack(p).reshape(B, H, K, K)) for p in (Ms, Ss))
+        return torch.from_numpy(np.stack(outs)), state
+
+    return Case(inputs, call, oracle, "delta")

@@ -1,0 +1,230 @@
+"""CyclicFlowAttention (CyFA): two scalar-decay memories and a softmax readout between them.
+
+The recurrence (``linattn.reference.cyfa``, fla 0.6.0's ``fla.ops.cyfa``) writes the same slot
+vector ``w_t = beta_t a(lambda_t)`` (M slots) into a key memory and a value memory:
+
+    H^k_t = alpha_t H^k_{t-1} + k~_t w_t^T        (K x M)
+    H^v_t = alpha_t H^v_{t-1} + w_t v_t^T         (M x V)
+
+Each is linear attention with one decay per head (spec section 10, Mamba-2's row of the
+mechanism table): H^k with keys k~ and values w, H^v with keys w and values v. The read between
+them is not linear: ``z_t = R(lambda_t) H^k_t^T (scale q~_t)``, ``p_t = softmax(E z_t)``,
+``u_t = R(lambda_t)^T E^T p_t``, ``o_t = H^v_t^T u_t``. Since ``u_t`` depends only on the
+token's own row of the first memory's output, CyFA is (docs/design.md, "The one memory"):
+
+    1. z = linear_attention(q~, k~, w, g, scale)      (the key memory read: [B, T, H, M])
+    2. u = readout(z, lambda)                         (token by token, no state)
+    3. o = linear_attention(u, w, v, g, scale=1)      (the value memory read)
+
+so every form of linear attention (parallel, recurrent, chunk) is a form of CyFA, with its
+gradients, packed sequences and states. This is how fla's chunk kernel computes it too (a fused
+readout, then a scalar-decay chunk pass with ``q = u``, ``k = w``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from linattn.dtypes import compute_dtype
+from linattn.ops import checks
+from linattn.ops.linear_attention import linear_attention
+
+CyFAState = tuple[Tensor, Tensor, Tensor]
+
+
+def num_slots_of(readout: object, H: int) -> int:
+    """M = P + 1 for a readout [H, P, P]; M must be even (fla's ``num_slots``)."""
+    checks.tensor("readout", readout, 3)
+    if readout.shape[0] != H or readout.shape[1] != readout.shape[2]:
+        raise ValueError(
+            f"readout must have shape [H, P, P] with H = {H}, got {tuple(readout.shape)}"
+        )
+    M = readout.shape[-1] + 1
+    if M % 2:
+        raise ValueError(f"readout must be [H, P, P] with P + 1 (the slots) even, got P = {M - 1}")
+    return M
+
+
+def fourier_basis(num_slots: int, dtype: torch.dtype, device=None) -> Tensor:
+    """The readout's P x M real Fourier basis (``linattn.reference.cyfa.fourier_basis``)."""
+    P = num_slots - 1
+    m = torch.arange(num_slots, device=device)
+    omega = (m // 2).to(dtype) * (2 * math.pi / P)
+    r = torch.arange(P, device=device, dtype=dtype)[:, None]
+    basis = torch.where(m % 2 == 1, torch.sin(r * omega), torch.cos(r * omega))
+    col = torch.full((num_slots,), (2.0 / P) ** 0.5, dtype=dtype, device=device)
+    col[0], col[1] = P**-0.5, 0.0
+    return basis * col
+
+
+def phases(lam: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
+    """cos and sin of ``omega_j lambda`` for the M / 2 slot pairs j: [..., M / 2] each.
+
+    The angle is reduced in whole periods first, as fla's kernels do: with P = M - 1,
+    ``j lambda mod P = (floor(lambda) mod P) j mod P + frac(lambda) j`` (integers for the whole
+    part), then wrapped to (-P / 2, P / 2], so a long clock keeps float32's precision. The
+    gradient flows through ``frac(lambda)`` (d angle / d lambda = omega_j).
+    """
+    P = num_slots - 1
+    j = torch.arange(num_slots // 2, device=lam.device)
+    whole = torch.floor(lam.detach())
+    frac = lam - whole
+    coordinate = (whole.long().remainder(P).unsqueeze(-1) * j).remainder(P).to(lam.dtype)
+    coordinate = coordinate + frac.unsqueeze(-1) * j.to(lam.dtype)
+    coordinate = torch.where(coordinate > P / 2, coordinate - P, coordinate)
+    angle = coordinate * (2 * math.pi / P)
+    return torch.cos(angle), torch.sin(angle)
+
+
+def write_direction(lam: Tensor, beta: Tensor, num_slots: int) -> Tensor:
+    """w = beta a(lambda): [..., M], a's even slots ``c cos``, odd ones ``-c sin``."""
+    P = num_slots - 1
+    c, s = phases(lam, num_slots)
+    pair_scale = torch.full_like(c[..., :1], (2.0 / P) ** 0.5).expand_as(c).clone()
+    pair_scale[..., 0] = P**-0.5
+    atom = torch.stack((c * pair_scale, -s * pair_scale), dim=-1).flatten(-2)
+    return beta.unsqueeze(-1) * atom
+
+
+def _rotate(x: Tensor, c: Tensor, s: Tensor, sign: float) -> Tensor:
+    """R(lambda) x (sign 1) or R(lambda)^T x (sign -1) on the slot pairs of x [..., M]."""
+    xc, xs = x[..., 0::2], x[..., 1::2]
+    s = sign * s
+    return torch.stack((c * xc - s * xs, s * xc + c * xs), dim=-1).flatten(-2)
+
+
+def readout_weights(z: Tensor, lam: Tensor, table: Tensor) -> Tensor:
+    """u = R^T E^T softmax(E R z) per token: z [B, T, H, M], lam [B, T, H], table E [H, P, M]."""
+    M = z.shape[-1]
+    c, s = phases(lam, M)
+    logits = torch.einsum("hrm,bthm->bthr", table, _rotate(z, c, s, 1.0))
+    probs = torch.softmax(logits, dim=-1)
+    return _rotate(torch.einsum("hrm,bthr->bthm", table, probs), c, s, -1.0)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension."""
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+def clock(delta: Tensor, lambda0: Tensor | None, cu_seqlens: Tensor | None) -> Tensor:
+    """lambda_t = lambda_0 + delta_1 + ... + delta_t, per sequence: [B, T, H]."""
+    if cu_seqlens is None:
+        lam = delta.cumsum(1)
+        return lam if lambda0 is None else lam + lambda0[:, None]
+    bounds = cu_seqlens.tolist()
+    pieces = []
+    for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        piece = delta[:, a:b].cumsum(1)
+        pieces.append(piece if lambda0 is None else piece + lambda0[n][None, None])
+    return torch.cat(pieces, dim=1)
+
+
+def _check_state(initial_state: object, N: int, H: int, K: int, M: int, V: int) -> None:
+    if initial_state is None:
+        return
+    if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 3:
+        raise ValueError("initial_state must be None or a tuple (H^k, H^v, lambda)")
+    Hk, Hv, lam = initial_state
+    for name, x, shape in (
+        ("initial_state[0] (the key memory)", Hk, (N, H, K, M)),
+        ("initial_state[1] (the value memory)", Hv, (N, H, M, V)),
+        ("initial_state[2] (the clock lambda)", lam, (N, H)),
+    ):
+        checks.tensor(name, x, len(shape))
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+
+
+def cyfa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    delta: Tensor,
+    beta: Tensor,
+    readout: Tensor,
+    q_norm_weight: Tensor,
+    k_norm_weight: Tensor,
+    *,
+    q_norm_eps: float = 1e-5,
+    k_norm_eps: float = 1e-5,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: CyFAState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, CyFAState | None]:
+    """CyclicFlowAttention: ``o_t = H^v_t^T R_t^T E^T softmax(E R_t H^k_t^T (scale q~_t))``.
+
+    The two memories, the clock and the readout are the module docstring's (and
+    ``linattn.reference.cyfa``'s, the float64 oracle); both memories are spec section 10's
+    scalar-decay linear attention, run in ``mode`` by ``linear_attention``.
+
+    Args:
+        q, k: [B, T, H, K] (RMS-normalised here with q_norm_weight / k_norm_weight [K]).
+        v: [B, T, H, V]. g: [B, T, H] log-decays (<= 0). delta: [B, T, H] clock steps.
+        beta: [B, T, H] write strengths. readout: [H, P, P], M = P + 1 slots (M even).
+        q_norm_eps, k_norm_eps: the RMS norms' epsilons. scale: None is 1 / sqrt(K).
+        mode: "parallel", "recurrent" or "chunk" (of both memories). chunk_size: >= 1.
+        initial_state: None or (H^k [N, H, K, M], H^v [N, H, M, V], lambda [N, H]).
+        cu_seqlens: packed sequences (B = 1), N of them.
+
+    Returns:
+        (o [B, T, H, V] in q's dtype, (H^k, H^v, lambda) in the compute dtype or None).
+    """
+    B, T, H, K, V = checks.qkv(q, k, v)
+    for name, x in (("g", g), ("delta", delta), ("beta", beta)):
+        checks.tensor(name, x, 3)
+        if tuple(x.shape) != (B, T, H):
+            raise ValueError(
+                f"{name} must have shape [B, T, H] = {(B, T, H)}, got {tuple(x.shape)}"
+            )
+    if checks.value_range("g", g)[1] > 0:
+        raise ValueError("g must be <= 0 (a log-decay, alpha = exp g <= 1)")
+    M = num_slots_of(readout, H)
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        checks.tensor(name, w, 1)
+        if w.shape[0] != K:
+            raise ValueError(f"{name} must have shape [K] = [{K}], got {tuple(w.shape)}")
+    checks.scale(scale)
+    chunk_size = checks.options(mode, chunk_size)
+    output_final_state = checks.flag("output_final_state", output_final_state)
+    N = checks.seqlens(cu_seqlens, B, T)
+    _check_state(initial_state, N, H, K, M, V)
+
+    dtype = compute_dtype(q.dtype)
+    q, k, v, g, delta, beta, readout, wq, wk = (
+        x.to(dtype) for x in (q, k, v, g, delta, beta, readout, q_norm_weight, k_norm_weight)
+    )
+    Hk0, Hv0, lam0 = (None, None, None) if initial_state is None else (
+        x.to(dtype) for x in initial_state
+    )  # fmt: skip
+    scale = K**-0.5 if scale is None else float(scale)
+    q, k = rms_norm(q, wq, float(q_norm_eps)), rms_norm(k, wk, float(k_norm_eps))
+    lam = clock(delta, lam0, cu_seqlens)
+    w = write_direction(lam, beta, M)
+    table = readout @ fourier_basis(M, dtype, q.device)
+    common = dict(mode=mode, chunk_size=chunk_size, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens)  # fmt: skip
+    z, Hk = linear_attention(q, k, w, g, scale=scale, initial_state=Hk0, **common)
+    u = readout_weights(z, lam, table)
+    o, Hv = linear_attention(u, w, v, g, scale=1.0, initial_state=Hv0, **common)
+    if not output_final_state:
+        return o, None
+    lam_final = _segment_sum(delta, cu_seqlens)
+    if lam0 is not None:
+        lam_final = lam_final + lam0
+    return o, (Hk, Hv, lam_final)
+
+
+def _segment_sum(delta: Tensor, cu_seqlens: Tensor | None) -> Tensor:
+    """The clock's total advance per sequence: [N, H]."""
+    if cu_seqlens is None:
+        return delta.sum(1)
+    bounds = cu_seqlens.tolist()
+    return torch.stack([delta[0, a:b].sum(0) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])

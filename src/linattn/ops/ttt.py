@@ -1,0 +1,176 @@
+"""TTT-Linear: a memory trained by one gradient step per mini-batch (Sun et al., 2024).
+
+The hidden state is a linear model ``(W [K, V], h [1, V])`` with a layer norm ``LN_{w,b}`` and a
+residual, trained at test time on ``l_t = 1/2 |LN(k_t W + h) - (v_t - k_t)|^2`` by mini-batch
+gradient descent (``linattn.reference.ttt``, the float64 oracle, states the definition in full).
+It is not one matrix updated per token: within a mini-batch every gradient is taken at the
+state the mini-batch started from, and the layer norm makes the gradient nonlinear in it. Its
+paper gives two forms of the same computation, both here (PyTorch, autograd gradients):
+
+- ``mode="recurrent"``, the primal form: token by token, the running sums of the gradients
+  ``sum_{s <= t} k_s^T grad_s`` and ``sum_{s <= t} grad_s`` give ``W_t``, ``h_t`` and the output;
+- ``mode="chunk"``, the dual form (section 2.7): a mini-batch's gradients ``G`` [b, V] at once,
+  then ``Z = Q W_0 + h_0 - diag(eta) (tril(Q K^T) + tril(1)) G`` and
+  ``W <- W_0 - eta_b K^T G``, ``h <- h_0 - eta_b sum(G)``.
+
+Both end with ``o = z + LN_{w,b}(z)``. With K = V (the residual target ``v - k``). The mini-batch
+size is the method's (fla's ``chunk_size``), not a tiling choice: it changes the result.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.dtypes import compute_dtype
+from linattn.ops import checks
+
+TTTState = tuple[Tensor, Tensor]
+MODES = ("recurrent", "chunk")
+
+
+def layer_norm(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
+    """w * (x - mean x) / sqrt(var x + eps) + b over the last dimension (biased variance)."""
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).square().mean(-1, keepdim=True)
+    return w * (x - mean) * torch.rsqrt(var + eps) + b
+
+
+def loss_gradient(k: Tensor, v: Tensor, W: Tensor, h: Tensor, w: Tensor, b: Tensor, eps: float):
+    """d l / d(k W + h) for l = 1/2 |LN_{w,b}(k W + h) - (v - k)|^2, row by row: [..., V].
+
+    With x_hat the normalised row and ``g = w * (LN(x) - (v - k))``, the layer norm's backward is
+    ``(g - mean(g) - x_hat mean(g x_hat)) / sigma``.
+    """
+    x = k @ W + h
+    mean = x.mean(-1, keepdim=True)
+    sigma = torch.sqrt((x - mean).square().mean(-1, keepdim=True) + eps)
+    x_hat = (x - mean) / sigma
+    g = w * (w * x_hat + b - (v - k))
+    return (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)) / sigma
+
+
+def _padding_gradient(W: Tensor, h: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
+    """The gradient of one of fla's zero padding tokens (k = v = 0): [B, H, 1, V]."""
+    zero = torch.zeros_like(h)
+    return loss_gradient(zero[..., :, : W.shape[-2]], zero, W, h, w, b, eps)
+
+
+def _sequence(q, k, v, eta, w, b, W, h, eps, size, mode):
+    """One sequence (or a batch of equal ones): q, k, v [B, H, T, D], eta [B, H, T, 1]."""
+    T = q.shape[2]
+    outs = []
+    for start in range(0, T, size):
+        stop = min(start + size, T)
+        qi, ki, vi, ei = (x[:, :, start:stop] for x in (q, k, v, eta))
+        if mode == "chunk":
+            G = loss_gradient(ki, vi, W, h, w, b, eps)
+            A = torch.tril(qi @ ki.transpose(-1, -2) + 1)
+            outs.append(qi @ W + h - ei * (A @ G))
+            sum_W, sum_h = ki.transpose(-1, -2) @ G, G.sum(-2, keepdim=True)
+        else:
+            sum_W, sum_h = torch.zeros_like(W), torch.zeros_like(h)
+            for t in range(stop - start):
+                k_t, e_t = ki[:, :, t : t + 1], ei[:, :, t : t + 1]
+                g_t = loss_gradient(k_t, vi[:, :, t : t + 1], W, h, w, b, eps)
+                sum_W = sum_W + k_t.transpose(-1, -2) @ g_t
+                sum_h = sum_h + g_t
+                outs.append(qi[:, :, t : t + 1] @ (W - e_t * sum_W) + h - e_t * sum_h)
+        padding = size - (stop - start)
+        if padding:
+            sum_h = sum_h + padding * _padding_gradient(W, h, w, b, eps)
+        e_last = ei[:, :, -1:]
+        W, h = W - e_last * sum_W, h - e_last * sum_h
+    z = torch.cat(outs, dim=2) if outs else q.new_zeros(q.shape)
+    return z, W, h
+
+
+def ttt_linear(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w: Tensor,
+    b: Tensor,
+    eta: Tensor,
+    *,
+    scale: float | None = None,
+    eps: float = 1e-6,
+    mini_batch_size: int = 16,
+    mode: str = "chunk",
+    initial_state: TTTState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, TTTState | None]:
+    """TTT-Linear (Sun et al. 2024, sections 2.1-2.7): ``o_t = z_t + LN_{w,b}(z_t)``,
+    ``z_t = (scale q_t) W_t + h_t``, ``W_t = W_0 - eta_t sum_{s <= t} grad_W l_s(W_0, h_0)`` in
+    each mini-batch (the module docstring; oracle ``linattn.reference.ttt.ttt_linear``).
+
+    Args:
+        q, k, v: [B, T, H, D] (K = V = D). w, b: [H, D], the layer norm's weight and bias.
+        eta: [B, T, H, 1] learning rates. scale: None is 1 / sqrt(D). eps: the layer norm's.
+        mini_batch_size: tokens per gradient step (>= 1), from each sequence's start.
+        mode: "recurrent" (the primal form) or "chunk" (the dual form).
+        initial_state: None or (W [N, H, D, D], h [N, H, 1, D]).
+        cu_seqlens: packed sequences (B = 1), N of them.
+
+    Returns:
+        (o [B, T, H, D] in q's dtype, (W, h) in the compute dtype or None).
+    """
+    B, T, H, K, V = checks.qkv(q, k, v)
+    if K != V:
+        raise ValueError(f"v must have the keys' width (TTT's target is v - k): K = {K}, V = {V}")
+    for name, x in (("w", w), ("b", b)):
+        checks.tensor(name, x, 2)
+        if tuple(x.shape) != (H, V):
+            raise ValueError(f"{name} must have shape [H, V] = {(H, V)}, got {tuple(x.shape)}")
+    checks.tensor("eta", eta, 4)
+    if tuple(eta.shape) != (B, T, H, 1):
+        raise ValueError(
+            f"eta must have shape [B, T, H, 1] = {(B, T, H, 1)}, got {tuple(eta.shape)}"
+        )
+    checks.scale(scale)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+    size = checks.integer("mini_batch_size", mini_batch_size)
+    if size < 1:
+        raise ValueError(f"mini_batch_size must be >= 1, got {size}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    output_final_state = checks.flag("output_final_state", output_final_state)
+    N = checks.seqlens(cu_seqlens, B, T)
+    if initial_state is not None:
+        if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
+            raise ValueError("initial_state must be None or a tuple (W, h)")
+        parts = zip(("initial_state[0] (W)", "initial_state[1] (h)"), initial_state, strict=True)
+        for (name, x), shape in zip(parts, ((N, H, K, V), (N, H, 1, V)), strict=True):
+            checks.tensor(name, x, 4)
+            if tuple(x.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+
+    in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
+    scale = K**-0.5 if scale is None else float(scale)
+    q, k, v, eta = (x.to(dtype).transpose(1, 2) for x in (q, k, v, eta))  # [B, H, T, D]
+    q = q * scale
+    w, b = (x.to(dtype)[None, :, None, :] for x in (w, b))  # [1, H, 1, V]
+    if initial_state is None:
+        W0 = q.new_zeros(N, H, K, V)
+        h0 = q.new_zeros(N, H, 1, V)
+    else:
+        W0, h0 = (x.to(dtype) for x in initial_state)
+    if cu_seqlens is None:
+        z, W, h = _sequence(q, k, v, eta, w, b, W0, h0, float(eps), size, mode)
+    else:
+        bounds = cu_seqlens.tolist()
+        parts, states = [], []
+        for n, (a, c) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            z_n, W_n, h_n = _sequence(
+                *(x[:, :, a:c] for x in (q, k, v, eta)), w, b, W0[n : n + 1], h0[n : n + 1],
+                float(eps), size, mode,
+            )  # fmt: skip
+            parts.append(z_n)
+            states.append((W_n, h_n))
+        z = torch.cat(parts, dim=2)
+        W = torch.cat([s[0] for s in states])
+        h = torch.cat([s[1] for s in states])
+    o = (z + layer_norm(z, w, b, float(eps))).transpose(1, 2).to(in_dtype)
+    return o, ((W, h) if output_final_state else None)
