@@ -59,6 +59,9 @@ ALIASES = {
 SWAPPED = {"generalized_delta_rule": {"a": "b", "b": "a"}}
 # The op's numerical options, not part of what is computed: fla's kernels choose their own.
 NUMERICAL = frozenset({"mode", "chunk_size"})
+# Mechanisms fla has whose ops never go to fla's kernels (no route): the memory-slot families
+# keep a pair of states (S_k, S_v), which the routes' one-state arguments do not carry.
+LINATTN_ONLY = frozenset({"gsa", "abc"})
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,10 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
         entries = [
             e
             for e in registry.mechanisms()
-            if _op_name(e) == op_name and e.gate == gate and e.fla_names
+            if _op_name(e) == op_name
+            and e.gate == gate
+            and e.fla_names
+            and e.name not in LINATTN_ONLY
         ]
         found = tuple(
             _make_route(entry, name, entry.op)
@@ -155,8 +161,13 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
 
 
 def table() -> dict[str, tuple[Route, ...]]:
-    """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    """Every registered mechanism that fla has -> its routes (the dispatch table; not the
+    ``LINATTN_ONLY`` ones)."""
+    return {
+        e.name: routes(_op_name(e), e.gate)
+        for e in registry.mechanisms()
+        if e.fla_names and e.name not in LINATTN_ONLY
+    }
 
 
 def gaps() -> tuple[str, ...]:
