@@ -293,14 +293,16 @@ for _entry in (
         "k_t s_t^T, then s_t v_t^T (p_t = softmax(S_k^T q_t) reads S_v)",
         f"{_OPS}:gated_slot_attention", "linattn.reference.gsa:gated_slot_attention",
         slots_case(gated=True), fla_names=("chunk_gsa", "fused_recurrent_gsa"),
-        paper="Zhang et al. (2024)", section=_SEC10, nearest="gla",
+        layer_path="linattn.layers:GatedSlotAttention", paper="Zhang et al. (2024)",
+        section=_SEC10, nearest="gla",
     ),
     Entry(
         "abc", "ABC (attention with bounded-memory control)", "additive", "none",
         "Diag(exp(z_{t-1} - z_t)) on the slots (z_t = log sum_{i<=t} exp s_i)",
         "k_t exp(s_t - z_t)^T, then exp(s_t - z_t) v_t^T (softmax over the slots between)",
         f"{_OPS}:abc_attention", "linattn.reference.abc:abc", slots_case(gated=False),
-        fla_names=("chunk_abc",), paper="Peng et al. (2022)", section="4, 5, 10",
+        fla_names=("chunk_abc",), layer_path="linattn.layers:ABCAttention",
+        paper="Peng et al. (2022)", section="4, 5, 10",
         nearest="gla",
     ),
 ):  # fmt: skip
