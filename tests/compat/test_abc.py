@@ -65,7 +65,7 @@ def test_chunk_abc_equals_flas_naive_references():
     assert_same([compat.chunk_abc(**x)[0]], [cumsum(**x)[0]], 2e-5, "cumsum")
 
 
-@pytest.mark.parametrize("T", [1, 20, 64])
+@pytest.mark.parametrize("T", [1, 20, pytest.param(64, marks=pytest.mark.slow)])
 def test_chunk_abc_equals_flas_kernel(T):
     """T = 1 and T = 20 (one partial chunk: the kernel's scaled state), T = 64 (a whole chunk:
     the true state); outputs and final states."""

@@ -65,9 +65,12 @@ def test_grouped_query_heads_equal_flas_naive_reference():
     compare(call(compat.chunk_gsa), call(gsa_naive.naive_recurrent_gsa), x, 2e-5)
 
 
+SLOW_SHAPES = [(20, {}), (40, {"chunk_size": 16})]  # the packed test below covers both
+
+
 @pytest.mark.parametrize(
     "T, options",
-    [(1, {}), pytest.param(20, {}, marks=pytest.mark.slow), (40, {"chunk_size": 16})],
+    [(1, {}), *(pytest.param(T, o, marks=pytest.mark.slow) for T, o in SLOW_SHAPES)],
     ids=["T1", "T20", "T40-chunks16"],
 )
 def test_chunk_equals_flas_kernel(T, options):
@@ -76,9 +79,11 @@ def test_chunk_equals_flas_kernel(T, options):
 
 
 def test_chunk_packed_with_a_one_token_piece_equals_flas_kernel():
-    x = leaves(T=20, N=3)
-    cu = torch.tensor([0, 1, 9, 20])
-    compare(call(compat.chunk_gsa, cu_seqlens=cu), call(fla_gsa.chunk_gsa, cu_seqlens=cu), x, TOL)
+    """Pieces of 1, 16 and 23 tokens in chunks of 16: a one-token sequence, a whole chunk, and
+    a sequence of a whole and a partial chunk, each from its initial state."""
+    x = leaves(T=40, N=3)
+    options = {"cu_seqlens": torch.tensor([0, 1, 17, 40]), "chunk_size": 16}
+    compare(call(compat.chunk_gsa, **options), call(fla_gsa.chunk_gsa, **options), x, TOL)
 
 
 @pytest.mark.slow  # about 6 s under the interpreter
