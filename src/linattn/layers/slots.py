@@ -275,7 +275,7 @@ class ABCAttention(TokenMixer):
             z = torch.logcumsumexp(torch.cat([z0.unsqueeze(1), logits], dim=1), dim=1)[:, 1:]
             before = torch.cat([z0.unsqueeze(1), z[:, :-1]], dim=1)
             before = torch.where(torch.isneginf(before), z, before)
-        g = (before - z).to(x.dtype)
+        g = before - z  # in the state dtype (float32 for half models), as the op takes it
         weights = torch.exp(logits - z).to(x.dtype)
         S0 = None if state is None else (state["S_k"], state["S_v"])
         o, S = gated_slot_attention(

@@ -155,9 +155,9 @@ def gated_slot_attention(
     dtype = q.dtype
     B, T, H, K = q.shape
     M = s.shape[3]
-    if g is None:
+    if g is None:  # the control's log-decays stay in the compute dtype (float32 for half)
         s, g = additive_gate(s, cu_seqlens)
-        s, g = s.to(dtype), g.to(dtype)
+        s = s.to(dtype)
     Sk0, Sv0 = (None, None) if initial_state is None else initial_state
     if Sk0 is not None:  # [N, H, K, M] -> slot j as value head h M + j: [N, H M, K, 1]
         Sk0 = Sk0.transpose(-1, -2).reshape(N, H * M, K, 1)
