@@ -28,6 +28,11 @@ paper (and S_v likewise). The sums restart at each sequence of ``cu_seqlens`` an
 an initial state enters undecayed at the first token, as fla 0.6.0's ``chunk_gsa`` /
 ``chunk_abc`` kernels do. ``slot_step`` and ``abc_step`` are the decoding steps (``abc_step``
 carries z, so that decoding continues the normaliser of the prompt).
+
+Accuracy (tests/ops/test_slots.py): every form agrees with the float64 references
+(``linattn.reference.gsa`` / ``.abc``) to about 2e-15 in float64; in float32 the outputs are
+within about 1.5e-7 relative RMS of them (T = 64 and 1000, K = V = m = 16), the final states
+within 1e-6.
 """
 
 from __future__ import annotations
