@@ -23,11 +23,11 @@ ABC (``g=None``): the slots are controlled by a cumulative softmax of s over tim
 
     z_t = log sum_{i <= t} exp(s_i),   s'_t = exp(s_t - z_t),   g_t = z_{t-1} - z_t  (g_1 = 0),
 
-so that S_k,t = sum_{i <= t} exp(s_i - z_t) k_i e^T... is the normalised running sum of the
-paper (and S_v likewise). The sums restart at each sequence of ``cu_seqlens`` and at each call:
-an initial state enters undecayed at the first token, as fla 0.6.0's ``chunk_gsa`` /
-``chunk_abc`` kernels do. ``slot_step`` and ``abc_step`` are the decoding steps (``abc_step``
-carries z, so that decoding continues the normaliser of the prompt).
+so that S_k,t = sum_{i <= t} k_i exp(s_i - z_t)^T is the paper's running sum normalised over
+the prefix (and S_v,t = sum_{i <= t} exp(s_i - z_t) v_i^T). The sums restart at each sequence
+of ``cu_seqlens`` and at each call: an initial state enters undecayed at the first token, as
+fla 0.6.0's ``chunk_gsa`` / ``chunk_abc`` kernels do. ``slot_step`` and ``abc_step`` are the
+decoding steps (``abc_step`` carries z, so that decoding continues the prompt's normaliser).
 
 Accuracy (tests/ops/test_slots.py): every form agrees with the float64 references
 (``linattn.reference.gsa`` / ``.abc``) to about 2e-15 in float64; in float32 the outputs are
