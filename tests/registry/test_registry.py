@@ -48,14 +48,25 @@ def test_every_form_in_float32_is_near_the_oracle(entry, form):
     assert error < 1e-5, error
 
 
+def _leaf(t):
+    # a tensor, or a pair of them (a two-state family's S0: GSA's and ABC's (S_k, S_v))
+    if isinstance(t, tuple):
+        return tuple(_leaf(s) for s in t)
+    return t.clone().requires_grad_(True)
+
+
+def _grad(t):
+    return tuple(s.grad for s in t) if isinstance(t, tuple) else t.grad
+
+
 def _gradients(entry, x, form):
-    leaves = {name: t.clone().requires_grad_(True) for name, t in x.items() if t is not None}
+    leaves = {name: _leaf(t) for name, t in x.items() if t is not None}
     o, S = entry.case.call({**dict.fromkeys(x), **leaves}, form, 8, 0.5)
     weights = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)
-    states = () if S is None else S if isinstance(S, tuple) else (S,)  # a memory of parts
+    states = () if S is None else S if isinstance(S, tuple) else (S,)
     loss = (o * weights).sum() + sum(s.square().sum() for s in states)
     loss.backward()
-    return {name: t.grad for name, t in leaves.items()}
+    return {name: _grad(t) for name, t in leaves.items()}
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if len(e.forms) > 1], ids=lambda e: e.name)

@@ -13,6 +13,9 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
   Comba (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
   ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``), and CyFA
   (``chunk_cyfa``, ``fused_recurrent_cyfa``, module ``cyfa``); ``chunk_*`` run
+  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``), gated slot
+  attention and ABC (``gsa``, ``abc``: two passes with a softmax over memory slots,
+  ``linattn.ops.slots``); ``chunk_*`` run
   linattn's chunk form,
   ``fused_recurrent_*`` its recurrent form,
   ``parallel_*`` its parallel form;
@@ -38,6 +41,7 @@ head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) ar
 """
 
 from linattn.compat import unsupported
+from linattn.compat.abc import chunk_abc
 from linattn.compat.comba import chunk_comba, fused_recurrent_comba
 from linattn.compat.cyfa import chunk_cyfa, fused_recurrent_cyfa
 from linattn.compat.delta_rule import (
@@ -60,6 +64,7 @@ from linattn.compat.generalized_delta_rule import (
     fused_recurrent_iplr_delta_rule,
 )
 from linattn.compat.gla import chunk_gla, fused_chunk_gla, fused_recurrent_gla
+from linattn.compat.gsa import chunk_gsa, fused_recurrent_gsa
 from linattn.compat.hgrn import fused_recurrent_hgrn
 from linattn.compat.kda import chunk_kda, fused_recurrent_kda, kda_gate
 from linattn.compat.linear_attn import (
@@ -87,6 +92,7 @@ from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
 
 __all__ = [
+    "chunk_abc",
     "chunk_comba",
     "chunk_cyfa",
     "chunk_delta_rule",
@@ -96,6 +102,7 @@ __all__ = [
     "chunk_gdn",
     "chunk_gdn2",
     "chunk_gla",
+    "chunk_gsa",
     "chunk_iplr_delta_rule",
     "chunk_kda",
     "chunk_lightning_attn",
@@ -120,6 +127,7 @@ __all__ = [
     "fused_recurrent_gdn",
     "fused_recurrent_gdn2",
     "fused_recurrent_gla",
+    "fused_recurrent_gsa",
     "fused_recurrent_hgrn",
     "fused_recurrent_iplr_delta_rule",
     "fused_recurrent_kda",

@@ -16,6 +16,7 @@ import torch
 
 from linattn import registry
 from linattn.experiments._args import check_memory, nonnegative_int, positive_int
+from linattn.registry.cases import cast
 
 CHUNK_SIZE = 64
 DTYPES = {
@@ -32,7 +33,7 @@ def _errors(entry: registry.Entry, T: int, K: int, V: int, seed: int) -> dict[st
     scale = K**-0.5
     errors: dict[str, dict[str, float]] = {form: {} for form in entry.forms}
     for dname, dtype in DTYPES.items():
-        x = {k: (None if t is None else t.to(dtype)) for k, t in x64.items()}
+        x = {k: cast(t, dtype) for k, t in x64.items()}  # a two-state S0 is a pair
         ref, _ = entry.case.oracle(x, scale)
         for form in entry.forms:
             o, _ = entry.case.call(x, form, CHUNK_SIZE, scale)

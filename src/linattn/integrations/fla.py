@@ -10,7 +10,8 @@ CPU implementations behind the names fla's code calls, in fla's own modules:
   positional order, keywords and return structure) in its place;
 - the functions behind fla's Triton-only modules, rebound the same way: ``causal_conv1d`` and
   ``causal_conv1d_update`` (``ShortConvolution`` and its cache), ``rms_norm`` / ``layer_norm``
-  (``RMSNorm``, ``LayerNorm``, the fused residual pre-norm of fla's blocks), ``group_norm``
+  (``RMSNorm``, ``LayerNorm``, the fused residual pre-norm of fla's blocks), ``rms_norm_linear``
+  (the GSA layer's output norm and projection), ``group_norm``
   (``GroupNorm``), ``rms_norm_gated`` / ``layer_norm_gated`` (``FusedRMSNormGated`` and the
   other gated norms), ``l2norm``, ``swiglu`` and ``swiglu_linear`` (``GatedMLP``), ``swish_fwd``
   and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), and the
@@ -325,6 +326,27 @@ def swiglu_linear(x, y, weight, bias):
     return F.linear(swiglu(x, y), weight, bias)
 
 
+def rms_norm_linear(
+    x,
+    norm_weight,
+    norm_bias,
+    linear_weight,
+    linear_bias,
+    residual=None,
+    eps=1e-5,
+    prenorm=False,
+    residual_in_fp32=False,
+):
+    """fla's ``rms_norm_linear`` (the GSA layer's output): ``linear(rms_norm(x))`` (``_norm``),
+    the input cast to the linear weight's dtype; with prenorm also the residual, as fla's."""
+    out = _norm(
+        x, None, norm_weight, norm_bias, residual, eps, prenorm, residual_in_fp32, True, None
+    )
+    y, residual_out = out if prenorm else (out, None)
+    z = F.linear(y.to(linear_weight.dtype), linear_weight, linear_bias)
+    return (z, residual_out) if prenorm else z
+
+
 # ------------------------------------------------------------------------------- losses
 
 
@@ -433,6 +455,7 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
     },
     "fla.modules.norm.layernorm": {
         "rms_norm": rms_norm,
+        "rms_norm_linear": rms_norm_linear,
         "layer_norm": group_norm,
         "group_norm": group_norm,
     },

@@ -24,6 +24,8 @@ and in recurrent mode for a one-token decoding step.
   with a softmax readout between them (``linattn.ops.cyfa``).
 - ``RuleMixer``: any registered rule (a user's too) with a gate, its inputs projected from x
   into the ranges the rule declares.
+- ``GatedSlotAttention``, ``ABCAttention``: two passes over m memory slots with a softmax over
+  the slots between them (GSA, ABC), as fla's layers.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
@@ -42,9 +44,11 @@ from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvoluti
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
+from linattn.layers.slots import ABCAttention, GatedSlotAttention
 from linattn.layers.softmax import SoftmaxAttention
 
 __all__ = [
+    "ABCAttention",
     "Comba",
     "CyclicFlowAttention",
     "DecayGate",
@@ -56,6 +60,7 @@ __all__ = [
     "GatedDeltaProduct",
     "GatedLinearAttention",
     "GatedRMSNorm",
+    "GatedSlotAttention",
     "KimiDeltaAttention",
     "LoRA",
     "LinearAttention",

@@ -21,10 +21,13 @@ from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.linear_attention import linear_attention
 from linattn.ops.rule_attention import rule_attention, rule_step
 from linattn.ops.rwkv6 import rwkv6
+from linattn.ops.slots import abc_attention, abc_step, gated_slot_attention, slot_step
 from linattn.ops.softmax import softmax_attention
 from linattn.ops.step import recurrent_step
 
 __all__ = [
+    "abc_attention",
+    "abc_step",
     "backend",
     "chunk_affine_map",
     "comba",
@@ -32,6 +35,7 @@ __all__ = [
     "delta_rule",
     "gated_delta_product",
     "gated_deltanet2",
+    "gated_slot_attention",
     "generalized_delta_rule",
     "linear_attention",
     "recurrent_step",
@@ -39,5 +43,6 @@ __all__ = [
     "rule_step",
     "rwkv6",
     "rwkv7",
+    "slot_step",
     "softmax_attention",
 ]

@@ -52,6 +52,7 @@ from linattn.registry.cases import (
     rule_case,
     rwkv6_case,
     rwkv7_case,
+    slots_case,
     softmax_case,
     titans_case,
     ttt_case,
@@ -319,6 +320,24 @@ for _entry in (
         fla_names=("chunk_titans_linear",),
         paper="Behrouz, Zhong and Mirrokni (2024), Titans", section="7.1",
         nearest="ttt_linear",
+    # issue 51: two passes of the additive rule over m memory slots, a softmax between them
+    Entry(
+        "gsa", "gated slot attention (GSA)", "additive", "channel",
+        "Diag(alpha_t) on the slots of S_k (K x m) and S_v (m x V)",
+        "k_t s_t^T, then s_t v_t^T (p_t = softmax(S_k^T q_t) reads S_v)",
+        f"{_OPS}:gated_slot_attention", "linattn.reference.gsa:gated_slot_attention",
+        slots_case(gated=True), fla_names=("chunk_gsa", "fused_recurrent_gsa"),
+        layer_path="linattn.layers:GatedSlotAttention", paper="Zhang et al. (2024)",
+        section=_SEC10, nearest="gla",
+    ),
+    Entry(
+        "abc", "ABC (attention with bounded-memory control)", "additive", "none",
+        "Diag(exp(z_{t-1} - z_t)) on the slots (z_t = log sum_{i<=t} exp s_i)",
+        "k_t exp(s_t - z_t)^T, then exp(s_t - z_t) v_t^T (softmax over the slots between)",
+        f"{_OPS}:abc_attention", "linattn.reference.abc:abc", slots_case(gated=False),
+        fla_names=("chunk_abc",), layer_path="linattn.layers:ABCAttention",
+        paper="Peng et al. (2022)", section="4, 5, 10",
+        nearest="gla",
     ),
 ):  # fmt: skip
     register(_entry)

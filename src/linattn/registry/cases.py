@@ -546,3 +546,62 @@ def titans_case(chunk_size: int = 4) -> Case:
         return torch.from_numpy(np.stack(outs)), state
 
     return Case(inputs, call, oracle, "delta")
+# --- two passes over memory slots (issue 51): linattn.reference.gsa / .abc ---------------------
+# A family with two memories (S_k, S_v) keeps them as a pair: its "S0" is the pair of initial
+# states and its call and oracle return the pair of final states (``cast`` converts a pair).
+
+
+def cast(x: Tensor | tuple | None, dtype: torch.dtype) -> Tensor | tuple | None:
+    """A case's input in ``dtype``: a tensor, None, or a pair of them (a two-state "S0")."""
+    if isinstance(x, tuple):
+        return tuple(cast(t, dtype) for t in x)
+    return None if x is None else x.to(dtype)
+
+
+def slots_case(gated: bool) -> Case:
+    """Gated slot attention (``gated=True``: s = 1 - alpha and a log-decay g per slot, as the
+    paper couples them) or ABC (slot logits s, no g), with m = K slots."""
+    from linattn.ops.slots import abc_attention, gated_slot_attention
+    from linattn.reference.abc import abc
+    from linattn.reference.gsa import gated_slot_attention as gsa
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, _, unit, log_decay = _draw(gen, dtype)
+        M = K
+        x = {"q": normal(B, T, H, K), "k": unit(B, T, H, K), "v": normal(B, T, H, V)}
+        if gated:
+            x["g"] = log_decay(B, T, H, M)
+            x["s"] = (1 - x["g"].double().exp()).to(dtype)
+        else:
+            x["s"] = normal(B, T, H, M)
+        x["S0"] = (normal(B, H, K, M), normal(B, H, M, V))
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        S0 = x.get("S0")
+        kw = dict(scale=scale, mode=mode, chunk_size=chunk_size, initial_state=S0,
+                  output_final_state=True)  # fmt: skip
+        if gated:
+            return gated_slot_attention(x["q"], x["k"], x["v"], x["s"], x["g"], **kw)
+        return abc_attention(x["q"], x["k"], x["v"], x["s"], **kw)
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs, Sks, Svs = [], [], []
+        for n in range(B):
+            per_head = []
+            for h in range(H):
+                args = [_heads(x[name], h, n) for name in ("q", "k", "v", "s")]
+                S0 = tuple(S[n, h].double().numpy() for S in x["S0"])
+                if gated:
+                    per_head.append(gsa(*args, _heads(x["g"], h, n), scale=scale, initial_state=S0))
+                else:
+                    per_head.append(abc(*args, scale=scale, initial_state=S0))
+            outs.append(np.stack([o for o, _ in per_head], axis=1))
+            Sks.append(np.stack([S[0] for _, S in per_head]))
+            Svs.append(np.stack([S[1] for _, S in per_head]))
+        states = (torch.from_numpy(np.stack(Sks)), torch.from_numpy(np.stack(Svs)))
+        return torch.from_numpy(np.stack(outs)), states
+
+    return Case(inputs, call, oracle, "linear", rows_per_token=2)  # two passes a token

@@ -1,0 +1,296 @@
+"""Bounded-memory slots: gated slot attention (GSA) and ABC, two passes of the additive rule.
+
+Both keep m memory slots per head, a key memory S_k (K x m) and a value memory S_v (m x V), and
+read them with a softmax over the slots between the two passes (Peng et al. 2022, "ABC:
+Attention with Bounded-memory Control", section 3; Zhang et al. 2024, "Gated Slot Attention for
+Efficient Linear-Time Sequence Modeling", section 3):
+
+    S_k,t = S_k,t-1 Diag(alpha_t) + k_t s_t^T        (pass 1: keys written into the slots)
+    p_t   = softmax(S_k,t^T (scale q_t))             (the slot scores, a softmax over m)
+    S_v,t = Diag(alpha_t) S_v,t-1 + s_t v_t^T        (pass 2: values written into the slots)
+    o_t   = S_v,t^T p_t
+
+with alpha_t = exp(g_t), g_t [m] a log-decay per slot shared by both passes, s_t [m] the slot
+write weights. Each pass is one call of ``linear_attention`` (spec sections 4, 5, 10) in the
+chosen form, so every form, packed sequences and the gradients come from it:
+
+- pass 2 is GLA with q = p, k = s, v = v and the per-key-channel gate g (scale 1);
+- pass 1 decays the *value* dimension (the slots) of its memory: its m columns evolve
+  independently, so slot j runs as a value head of its own (V = 1) with the per-head gate
+  g[..., j] (linear attention's grouped value heads: H m value heads read the H q/k heads).
+
+ABC (``g=None``): the slots are controlled by a cumulative softmax of s over time,
+
+    z_t = log sum_{i <= t} exp(s_i),   s'_t = exp(s_t - z_t),   g_t = z_{t-1} - z_t  (g_1 = 0),
+
+so that S_k,t = sum_{i <= t} k_i exp(s_i - z_t)^T is the paper's running sum normalised over
+the prefix (and S_v,t = sum_{i <= t} exp(s_i - z_t) v_i^T). The sums restart at each sequence
+of ``cu_seqlens`` and at each call: an initial state enters undecayed at the first token, as
+fla 0.6.0's ``chunk_gsa`` / ``chunk_abc`` kernels do. ``slot_step`` and ``abc_step`` are the
+decoding steps (``abc_step`` carries z, so that decoding continues the prompt's normaliser).
+
+Accuracy (tests/ops/test_slots.py): every form agrees with the float64 references
+(``linattn.reference.gsa`` / ``.abc``) to about 2e-15 in float64; in float32 the outputs are
+within about 1.5e-7 relative RMS of them (T = 64 and 1000, K = V = m = 16), the final states
+within 1e-6.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linattn.dtypes import compute_dtype
+from linattn.ops import checks as _checks
+from linattn.ops.linear_attention import linear_attention
+from linattn.ops.step import recurrent_step
+
+SlotState = tuple[Tensor | None, Tensor | None]
+
+
+def _check(q, k, v, s, g, mode, chunk_size, scale, output_final_state, cu_seqlens, state):
+    """The checks of ``gated_slot_attention``, before any work; returns (N, chunk_size, flag)."""
+    B, T, H, K, V = _checks.qkv(q, k, v)
+    _checks.tensor("s", s, 4)
+    if tuple(s.shape[:3]) != (B, T, H) or s.shape[3] < 1:
+        raise ValueError(
+            f"s must have shape [B, T, H, M] with B, T, H = {(B, T, H)} and M >= 1 slots, got "
+            f"{tuple(s.shape)}"
+        )
+    if s.dtype != q.dtype:
+        raise TypeError(f"s must have the dtype of q, k, v ({q.dtype}), got {s.dtype}")
+    M = s.shape[3]
+    if g is not None:
+        ndim = g.dim() if isinstance(g, Tensor) else 4
+        if ndim != 4 or tuple(g.shape) != (B, T, H, M):
+            shape = tuple(g.shape) if isinstance(g, Tensor) else type(g).__name__
+            raise ValueError(
+                f"g must be None or have shape [B, T, H, M] = {(B, T, H, M)}, got {shape}"
+            )
+        _checks.gate(g, B, T, H, M, channel_only=True)
+    chunk_size = _checks.options(mode, chunk_size)
+    _checks.scale(scale)
+    output_final_state = _checks.flag("output_final_state", output_final_state)
+    N = _checks.seqlens(cu_seqlens, B, T)
+    check_state(state, N, H, K, M, V)
+    return N, chunk_size, output_final_state
+
+
+def check_state(state: object, N: int, H: int, K: int, M: int, V: int) -> None:
+    """initial_state: None or a pair (S_k [N, H, K, M] or None, S_v [N, H, M, V] or None)."""
+    if state is None:
+        return
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError(
+            "initial_state must be None or a pair (S_k [N, H, K, M], S_v [N, H, M, V]), got "
+            f"{type(state).__name__}"
+            + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else "")
+        )
+    for name, S, shape in (("S_k", state[0], (N, H, K, M)), ("S_v", state[1], (N, H, M, V))):
+        if S is None:
+            continue
+        _checks.tensor(f"initial_state's {name}", S, 4)
+        if tuple(S.shape) != shape:
+            layout = "[N, H, K, M]" if name == "S_k" else "[N, H, M, V]"
+            raise ValueError(
+                f"initial_state's {name} must have shape {layout} = {shape} (N = batch size or "
+                f"number of sequences in cu_seqlens), got {tuple(S.shape)}"
+            )
+
+
+def additive_gate(s: Tensor, cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """ABC's slot control from the slot logits s [B, T, H, M]: (exp(s_t - z_t), z_{t-1} - z_t).
+
+    z_t = log sum_{i <= t} exp(s_i) over each sequence (of ``cu_seqlens``), and the log-decay of
+    each sequence's first token is 0. Computed in s's compute dtype (float32 for half inputs).
+    """
+    x = s.to(compute_dtype(s.dtype))
+    if cu_seqlens is None:
+        pieces = [x]
+    else:
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        pieces = list(x.split(lengths, dim=1))
+    weights, gates = [], []
+    for piece in pieces:
+        z = torch.logcumsumexp(piece, dim=1)
+        before = torch.cat([z[:, :1], z[:, :-1]], dim=1)  # z_{t-1}, and z_1 for the first
+        weights.append(torch.exp(piece - z))
+        gates.append(before - z)
+    return torch.cat(weights, dim=1), torch.cat(gates, dim=1)
+
+
+def gated_slot_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Tensor,
+    g: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: SlotState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """Gated slot attention (Zhang et al. 2024, section 3; ABC with ``g=None``), any form.
+
+        S_k,t = S_k,t-1 Diag(exp g_t) + k_t s_t^T,   p_t = softmax(S_k,t^T (scale q_t))
+        S_v,t = Diag(exp g_t) S_v,t-1 + s_t v_t^T,   o_t = S_v,t^T p_t
+
+    (the module docstring; ``g=None`` is ABC's cumulative-softmax control of the slots).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, H, V]; s: [B, T, H, M] the slot write weights (with g
+            None: the slot logits); one floating dtype.
+        g: None or [B, T, H, M], a log-decay per slot (every entry <= 0, -inf a reset).
+        scale: multiplies q in pass 1; None means 1 / sqrt(K). Pass 2 has scale 1.
+        mode, chunk_size: linear attention's form ("parallel", "recurrent", "chunk").
+        initial_state: None or (S_k [N, H, K, M], S_v [N, H, M, V]) (either may be None: zeros).
+        output_final_state: return (S_k, S_v) after the last token (else None).
+        cu_seqlens: None or cumulative sequence lengths [N + 1] (B = 1): independent sequences.
+
+    Returns:
+        o [B, T, H, V] in the input dtype; the final (S_k, S_v) in float32 (float64 for float64
+        inputs), or None.
+    """
+    N, chunk_size, output_final_state = _check(
+        q, k, v, s, g, mode, chunk_size, scale, output_final_state, cu_seqlens, initial_state
+    )
+    dtype = q.dtype
+    B, T, H, K = q.shape
+    M = s.shape[3]
+    if g is None:  # the control's log-decays stay in the compute dtype (float32 for half)
+        s, g = additive_gate(s, cu_seqlens)
+        s = s.to(dtype)
+    Sk0, Sv0 = (None, None) if initial_state is None else initial_state
+    if Sk0 is not None:  # [N, H, K, M] -> slot j as value head h M + j: [N, H M, K, 1]
+        Sk0 = Sk0.transpose(-1, -2).reshape(N, H * M, K, 1)
+    common = dict(mode=mode, chunk_size=chunk_size, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens)  # fmt: skip
+    scores, Sk = linear_attention(
+        q, k, s.reshape(B, T, H * M, 1), g.reshape(B, T, H * M), scale=scale,
+        initial_state=Sk0, **common,
+    )  # fmt: skip
+    p = torch.softmax(scores.reshape(B, T, H, M).to(compute_dtype(dtype)), dim=-1).to(dtype)
+    o, Sv = linear_attention(p, s, v, g, scale=1.0, initial_state=Sv0, **common)
+    if not output_final_state:
+        return o, None
+    Sk = Sk.reshape(N, H, M, K).transpose(-1, -2).contiguous()
+    return o, (Sk, Sv)
+
+
+def abc_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Tensor,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: SlotState | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """ABC (Peng et al. 2022, section 3): attention over m bounded-memory slots.
+
+        phi_i = exp(s_i - z_t) for i <= t, z_t = log sum_{i <= t} exp(s_i)
+        K~_t = sum_{i <= t} k_i phi_i^T,   V~_t = sum_{i <= t} phi_i v_i^T
+        o_t = V~_t^T softmax(K~_t^T (scale q_t))
+
+    computed as ``gated_slot_attention`` with ``g=None`` (the running sums as a recurrence with
+    the per-slot log-decay z_{t-1} - z_t); an initial state enters undecayed at the first token
+    and is then decayed by exp(z_1 - z_t), as fla 0.6.0's ``chunk_abc`` kernel. Arguments and
+    returns as ``gated_slot_attention``'s, s [B, T, H, M] the slot logits.
+    """
+    return gated_slot_attention(
+        q, k, v, s, None, scale=scale, mode=mode, chunk_size=chunk_size,
+        initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+
+
+def slot_step(
+    state: tuple[Tensor, Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Tensor,
+    g: Tensor,
+    *,
+    scale: float | None = None,
+) -> Tensor:
+    """One token of gated slot attention (the module docstring), the state updated in place.
+
+        S_k <- S_k Diag(exp g_t) + k_t s_t^T,  p_t = softmax(S_k^T (scale q_t)),
+        S_v <- Diag(exp g_t) S_v + s_t v_t^T,  o_t = S_v^T p_t
+
+    Args:
+        state: (S_k [B, H, K, M], S_v [B, H, M, V]), float32 or float64, overwritten.
+        q, k: [B, H, K]; v: [B, H, V]; s, g: [B, H, M] (g <= 0).
+        scale: multiplies q; None means 1 / sqrt(K).
+
+    Returns:
+        o_t [B, H, V] in v's dtype. Pass 2 is ``recurrent_step`` on S_v (the additive rule with
+        a gate per key channel, the slots).
+    """
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError("state must be a pair (S_k [B, H, K, M], S_v [B, H, M, V])")
+    Sk, Sv = state
+    _checks.tensor("state's S_k", Sk, 4)
+    _checks.tensor("state's S_v", Sv, 4)
+    B, H, K, M = Sk.shape
+    V = Sv.shape[3]
+    if tuple(Sv.shape) != (B, H, M, V):
+        raise ValueError(
+            f"state's S_v must have shape [B, H, M, V] = {(B, H, M, V)}, got {tuple(Sv.shape)}"
+        )
+    for name, x, shape in (("q", q, (B, H, K)), ("k", k, (B, H, K)), ("v", v, (B, H, V)),
+                           ("s", s, (B, H, M)), ("g", g, (B, H, M))):  # fmt: skip
+        _checks.tensor(name, x, 3, finite=name != "g")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (the state's), got {tuple(x.shape)}")
+    _checks.gate(g, B, H, M, layout="[B, H]", channel_only=True)
+    _checks.scale(scale)
+    scale = K**-0.5 if scale is None else float(scale)
+    alpha = torch.exp(g.to(Sk.dtype))
+    s_t = s.to(Sk.dtype)
+    Sk.mul_(alpha.unsqueeze(-2)).add_(k.to(Sk.dtype).unsqueeze(-1) * s_t.unsqueeze(-2))
+    scores = torch.einsum("bhkm,bhk->bhm", Sk, q.to(Sk.dtype) * scale)
+    p = torch.softmax(scores, dim=-1)
+    return recurrent_step(Sv, p, s_t, v.to(Sv.dtype), None, g.to(Sv.dtype), scale=1.0).to(v.dtype)
+
+
+def abc_step(
+    state: tuple[Tensor, Tensor, Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    s: Tensor,
+    *,
+    scale: float | None = None,
+) -> Tensor:
+    """One token of ABC (``abc_attention``), the state (S_k, S_v, z) updated in place.
+
+    z [B, H, M] is the running log-normaliser log sum_{i <= t} exp(s_i) (-inf before the first
+    token): z_t = logaddexp(z_{t-1}, s_t), then ``slot_step`` with the slot weights
+    exp(s_t - z_t) and the log-decay z_{t-1} - z_t (0 at the first token). Steps from zeros and
+    z = -inf give ``abc_attention``'s outputs on the whole sequence.
+    """
+    if not isinstance(state, (tuple, list)) or len(state) != 3:
+        raise TypeError("state must be a triple (S_k [B, H, K, M], S_v [B, H, M, V], z [B, H, M])")
+    Sk, Sv, z = state
+    _checks.tensor("state's z", z, 3, finite=False)
+    _checks.tensor("s", s, 3)
+    if z.shape != s.shape:
+        raise ValueError(
+            f"state's z must have the shape of s {tuple(s.shape)}, got {tuple(z.shape)}"
+        )
+    s_t = s.to(z.dtype)
+    z_new = torch.logaddexp(z, s_t)
+    g = torch.where(torch.isneginf(z), torch.zeros_like(z), z - z_new)
+    weights = torch.exp(s_t - z_new)
+    o = slot_step((Sk, Sv), q, k, v, weights.to(s.dtype), g.to(s.dtype), scale=scale)
+    z.copy_(z_new)
+    return o

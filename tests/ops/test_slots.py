@@ -1,0 +1,196 @@
+"""linattn.ops.slots: gated slot attention and ABC in every form against the float64 references
+(linattn.reference.gsa / .abc), packed sequences, states, gradients, the decoding steps and the
+refusals of bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.ops import abc_attention, abc_step, gated_slot_attention, slot_step
+from linattn.reference.abc import abc as abc_reference
+from linattn.reference.gsa import gated_slot_attention as gsa_reference
+
+FORMS = ("parallel", "recurrent", "chunk")
+
+
+def inputs(B=2, T=23, H=2, K=6, V=5, M=4, seed=0, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    x = {
+        "q": randn(B, T, H, K),
+        "k": F.normalize(randn(B, T, H, K), dim=-1),
+        "v": randn(B, T, H, V),
+        "s": randn(B, T, H, M),
+        "g": F.logsigmoid(randn(B, T, H, M) + 1.0),
+        "S0": (randn(B, H, K, M), randn(B, H, M, V)),
+    }
+    return {n: tuple(t.to(dtype) for t in x) if isinstance(x, tuple) else x.to(dtype)
+            for n, x in x.items()}  # fmt: skip
+
+
+def reference(x, gated, scale, bounds=None):
+    """The float64 reference head by head (and sequence by sequence with ``bounds``)."""
+    B, T, H, _ = x["q"].shape
+    o = np.zeros((B, T, H, x["v"].shape[-1]))
+    finals = ([], [])
+    for b in range(B):
+        pieces = [(0, T)] if bounds is None else list(zip(bounds[:-1], bounds[1:], strict=True))
+        for n, (start, end) in enumerate(pieces):
+            Sk, Sv = [], []
+            for h in range(H):
+                cut = {n_: x[n_][b, start:end, h].double().numpy() for n_ in ("q", "k", "v", "s")}
+                if gated:
+                    cut["g"] = x["g"][b, start:end, h].double().numpy()
+                S0 = tuple(S[b if bounds is None else n, h].double().numpy() for S in x["S0"])
+                args = [cut[n_] for n_ in ("q", "k", "v", "s")]
+                if gated:
+                    out, S = gsa_reference(*args, cut["g"], scale=scale, initial_state=S0)
+                else:
+                    out, S = abc_reference(*args, scale=scale, initial_state=S0)
+                o[b, start:end, h] = out
+                Sk.append(S[0])
+                Sv.append(S[1])
+            finals[0].append(np.stack(Sk))
+            finals[1].append(np.stack(Sv))
+    return torch.from_numpy(o), tuple(torch.from_numpy(np.stack(f)) for f in finals)
+
+
+def run(x, gated, **kw):
+    if gated:
+        return gated_slot_attention(x["q"], x["k"], x["v"], x["s"], x["g"], **kw)
+    return abc_attention(x["q"], x["k"], x["v"], x["s"], **kw)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gsa", "abc"])
+@pytest.mark.parametrize("form", FORMS)
+def test_every_form_equals_the_reference_in_float64(gated, form):
+    x = inputs()
+    o_ref, S_ref = reference(x, gated, 0.4)
+    o, S = run(x, gated, scale=0.4, mode=form, chunk_size=8, initial_state=x["S0"],
+               output_final_state=True)  # fmt: skip
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gsa", "abc"])
+def test_packed_sequences_with_a_one_token_piece(gated):
+    x = inputs(B=1, T=20)
+    bounds = [0, 1, 9, 20]
+    x["S0"] = tuple(torch.cat([S, S.flip(-1), -S]) for S in x["S0"])  # one state per sequence
+    o_ref, S_ref = reference(x, gated, 6**-0.5, bounds)
+    for form in FORMS:
+        o, S = run(x, gated, mode=form, chunk_size=4, initial_state=x["S0"],
+                   output_final_state=True, cu_seqlens=torch.tensor(bounds))  # fmt: skip
+        torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-12)
+        torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gsa", "abc"])
+def test_one_token_and_no_initial_state(gated):
+    x = inputs(T=1)
+    x["S0"] = (None, None)
+    o_ref, S_ref = reference({**x, "S0": tuple(torch.zeros_like(S) for S in inputs(T=1)["S0"])},
+                             gated, 6**-0.5)  # fmt: skip
+    for form in FORMS:
+        o, S = run(x, gated, mode=form, output_final_state=True)
+        torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-12)
+        torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-12)
+    assert run(x, gated)[1] is None
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gsa", "abc"])
+def test_float32_is_near_the_float64_reference(gated):
+    # measured: relative RMS error about 1e-7 (GSA and ABC, every form, T = 64)
+    x = inputs(B=1, T=64, dtype=torch.float32)
+    o_ref, _ = reference(x, gated, 0.4)
+    for form in FORMS:
+        o, S = run(x, gated, scale=0.4, mode=form, chunk_size=16, initial_state=x["S0"],
+                   output_final_state=True)  # fmt: skip
+        assert o.dtype == torch.float32 and S[0].dtype == torch.float32
+        error = float((o.double() - o_ref).norm() / o_ref.norm())
+        assert error < 2e-6, (form, error)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gsa", "abc"])
+def test_gradients_agree_across_forms_and_pass_gradcheck(gated):
+    x = inputs(B=1, T=9, H=1, K=3, V=2, M=3)
+    names = ["q", "k", "v", "s"] + (["g"] if gated else [])
+
+    def grads(form):
+        leaves = {n: x[n].clone().requires_grad_() for n in names}
+        S0 = tuple(S.clone().requires_grad_() for S in x["S0"])
+        o, (Sk, Sv) = run({**x, **leaves}, gated, mode=form, chunk_size=4, initial_state=S0,
+                          output_final_state=True)  # fmt: skip
+        w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)
+        ((o * w).sum() + Sk.square().sum() + Sv.sum()).backward()
+        return [leaves[n].grad for n in names] + [S.grad for S in S0]
+
+    first = grads("recurrent")
+    for form in ("parallel", "chunk"):
+        for a, b in zip(grads(form), first, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+    def f(*tensors):
+        given = dict(zip(names, tensors[: len(names)], strict=True))
+        o, S = run({**x, **given}, gated, mode="chunk", chunk_size=4,
+                   initial_state=tensors[len(names):], output_final_state=True)  # fmt: skip
+        return o, *S
+
+    leaves = [x[n].clone().requires_grad_() for n in names]
+    leaves += [S.clone().requires_grad_() for S in x["S0"]]
+    assert torch.autograd.gradcheck(f, leaves)
+
+
+def test_the_steps_continue_the_sequence():
+    """slot_step / abc_step token by token from a prompt's final state equal the op on the whole
+    sequence (ABC's step carries z, the normaliser, across the prompt)."""
+    x = inputs(B=2, T=12)
+    o_gsa, _ = gated_slot_attention(x["q"], x["k"], x["v"], x["s"], x["g"], mode="chunk",
+                                    chunk_size=4, initial_state=x["S0"])  # fmt: skip
+    _, S = gated_slot_attention(*(x[n][:, :7] for n in ("q", "k", "v", "s", "g")),
+                                initial_state=x["S0"], output_final_state=True)  # fmt: skip
+    for t in range(7, 12):
+        o_t = slot_step(S, *(x[n][:, t] for n in ("q", "k", "v", "s", "g")))
+        torch.testing.assert_close(o_t, o_gsa[:, t], rtol=0, atol=1e-12)
+    o_abc, S_abc = abc_attention(x["q"], x["k"], x["v"], x["s"], output_final_state=True)
+    B, _, H, K = x["q"].shape
+    state = (torch.zeros(B, H, K, 4, dtype=torch.float64),
+             torch.zeros(B, H, 4, 5, dtype=torch.float64),
+             torch.full((B, H, 4), -torch.inf, dtype=torch.float64))  # fmt: skip
+    for t in range(12):
+        o_t = abc_step(state, *(x[n][:, t] for n in ("q", "k", "v", "s")))
+        torch.testing.assert_close(o_t, o_abc[:, t], rtol=0, atol=1e-12)
+    torch.testing.assert_close(state[:2], S_abc, rtol=0, atol=1e-12)
+
+
+def test_bad_input_is_refused_naming_the_argument():
+    x = inputs(T=4)
+    q, k, v, s, g = (x[n] for n in ("q", "k", "v", "s", "g"))
+    with pytest.raises(ValueError, match="s must have shape"):
+        gated_slot_attention(q, k, v, s[:, :3], g)
+    with pytest.raises(TypeError, match="s must have the dtype"):
+        gated_slot_attention(q, k, v, s.float(), g)
+    with pytest.raises(ValueError, match="g must be None or have shape"):
+        gated_slot_attention(q, k, v, s, g[..., :2])
+    with pytest.raises(ValueError, match="g is a log-decay"):
+        gated_slot_attention(q, k, v, s, -g)
+    with pytest.raises(TypeError, match="initial_state must be None or a pair"):
+        gated_slot_attention(q, k, v, s, g, initial_state=x["S0"][0])
+    with pytest.raises(ValueError, match="initial_state's S_v must have shape"):
+        gated_slot_attention(q, k, v, s, g, initial_state=(x["S0"][0], x["S0"][0]))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        abc_attention(q, k, v, s, mode="scan")
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        abc_attention(q, k, v, s, cu_seqlens=torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="g must have shape"):
+        slot_step(
+            tuple(S.clone() for S in x["S0"]), q[:, 0], k[:, 0], v[:, 0], s[:, 0], g[:, 0, :1]
+        )
+    with pytest.raises(TypeError, match="state must be a triple"):
+        abc_step(x["S0"], q[:, 0], k[:, 0], v[:, 0], s[:, 0])
