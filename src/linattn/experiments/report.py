@@ -1,8 +1,8 @@
 """Rebuild every claim of the spec into one page: checks, tables, figures and measured results.
 
 Runs what ``linattn verify``, ``linattn table1`` and ``linattn costs`` print (the same functions,
-the same text), draws the spec's nine figures, Figure 10 and the Table 1 plot, writes the appendix's numbers
-files, gathers the benchmark (``runs/bench/bench.json``, from ``linattn bench``) and the recall
+the same text), draws the spec's nine figures, Figure 10 and the Table 1 plot, writes the
+appendix's numbers files, gathers the benchmark (``runs/bench/bench.json``, from ``linattn bench``) and the recall
 sweep (``runs/mqar.jsonl``, from ``linattn mqar``), or the results committed under
 ``benchmarks/results`` (the current folder's copy, else the clone's that linattn was imported
 from, else the copy installed with the package) when they are newer or the runs are missing, says
