@@ -320,6 +320,7 @@ for _entry in (
         fla_names=("chunk_titans_linear",),
         paper="Behrouz, Zhong and Mirrokni (2024), Titans", section="7.1",
         nearest="ttt_linear",
+    ),
     # issue 51: two passes of the additive rule over m memory slots, a softmax between them
     Entry(
         "gsa", "gated slot attention (GSA)", "additive", "channel",
