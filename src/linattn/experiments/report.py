@@ -2,11 +2,11 @@
 
 Runs what ``linattn verify``, ``linattn table1`` and ``linattn costs`` print (the same functions,
 the same text), draws the spec's nine figures, Figure 10 and the Table 1 plot, writes the
-appendix's numbers files, gathers the benchmark (``runs/bench/bench.json``, from ``linattn bench``) and the recall
-sweep (``runs/mqar.jsonl``, from ``linattn mqar``), or the results committed under
-``benchmarks/results`` (the current folder's copy, else the clone's that linattn was imported
-from, else the copy installed with the package) when they are newer or the runs are missing, says
-which file it used and the setup and machine it records, and writes ``DIR/index.html`` (one
+appendix's numbers files, gathers the benchmark (``runs/bench/bench.json``, from ``linattn
+bench``) and the recall sweep (``runs/mqar.jsonl``, from ``linattn mqar``), or the results
+committed under ``benchmarks/results`` (the current folder's copy, else the clone's that linattn
+was imported from, else the copy installed with the package) when they are newer or the runs are
+missing, says which file it used and the setup and machine it records, and writes ``DIR/index.html`` (one
 self-contained page, the figures beside it, nothing fetched from the network) and
 ``DIR/report.md``.
 
