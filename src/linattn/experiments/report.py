@@ -6,9 +6,9 @@ appendix's numbers files, gathers the benchmark (``runs/bench/bench.json``, from
 bench``) and the recall sweep (``runs/mqar.jsonl``, from ``linattn mqar``), or the results
 committed under ``benchmarks/results`` (the current folder's copy, else the clone's that linattn
 was imported from, else the copy installed with the package) when they are newer or the runs are
-missing, says which file it used and the setup and machine it records, and writes ``DIR/index.html`` (one
-self-contained page, the figures beside it, nothing fetched from the network) and
-``DIR/report.md``.
+missing, says which file it used and the setup and machine it records, and writes
+``DIR/index.html`` (one self-contained page, the figures beside it, nothing fetched from the
+network) and ``DIR/report.md``.
 
 Every input file is read and validated before any work, and the report is built in a hidden
 folder beside DIR that takes DIR's place only when it is complete: a failure leaves no partial
