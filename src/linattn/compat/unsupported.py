@@ -6,11 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MISSING = {
-    "chunk_abc": "ABC (attention with bounded-memory control: a softmax over memory slots)",
-    "chunk_gsa": "gated slot attention (a softmax over gated memory slots)",
-    "fused_recurrent_gsa": "gated slot attention (a softmax over gated memory slots)",
-    "chunk_cyfa": "CyFA (its state and readout)",
-    "fused_recurrent_cyfa": "CyFA (its state and readout)",
     "chunk_log_linear_attn": "log-linear attention (a Fenwick-tree hierarchy of states)",
     "chunk_mesa_net": "MesaNet (a conjugate-gradient solve per token)",
     "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
