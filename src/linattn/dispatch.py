@@ -154,14 +154,31 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
     return found
 
 
+def served_by(entry) -> str | None:
+    """The name of the earlier registered mechanism with fla names whose op and gate are
+    ``entry``'s, or None: a reparametrisation (retention, HGRN, Based, ...) computed by another
+    mechanism's op is dispatched as that mechanism, whose routes the op's call takes."""
+    for e in registry.mechanisms():
+        if e is entry:
+            return None
+        if e.fla_names and _op_name(e) == _op_name(entry) and e.gate == entry.gate:
+            return e.name
+    return None
+
+
 def table() -> dict[str, tuple[Route, ...]]:
-    """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    """Every registered mechanism that fla has -> its routes (the dispatch table); a
+    reparametrisation served by another's routes (``served_by``) is that one's row."""
+    return {
+        e.name: routes(_op_name(e), e.gate)
+        for e in registry.mechanisms()
+        if e.fla_names and served_by(e) is None
+    }
 
 
 def gaps() -> tuple[str, ...]:
     """The registered mechanisms fla has no entry point for (they always run on linattn)."""
-    return tuple(e.name for e in registry.mechanisms() if not e.fla_names)
+    return tuple(e.name for e in registry.mechanisms() if not e.fla_names and served_by(e) is None)
 
 
 _FLA: dict[str, object] = {}
