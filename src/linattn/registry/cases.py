@@ -414,29 +414,30 @@ def constant_decay_case(gamma: Callable[[int], np.ndarray]) -> Case:
 
 
 def hgrn_case() -> Case:
-    """HGRN, h_t = exp(g_t) h_{t-1} + x_t per channel, on x, g [B, T, H, V] (D = H V channels):
-    ``linattn.compat.hgrn.hgrn`` (one scalar-decay head of K = V = 1 per channel)."""
+    """HGRN, h_t = exp(g_t) h_{t-1} + x_t per channel, on x (named v: the value written), g
+    [B, T, H, V] (D = H V channels): ``linattn.compat.hgrn.hgrn`` (one scalar-decay head of
+    K = V = 1 per channel)."""
     from linattn.compat.hgrn import hgrn
     from linattn.reference.hgrn import hgrn as reference
 
     def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
         gen = torch.Generator().manual_seed(seed)
         normal, _, _, log_decay = _draw(gen, dtype)
-        return {"x": normal(B, T, H, V), "g": log_decay(B, T, H, V), "S0": normal(B, H, V)}
+        return {"v": normal(B, T, H, V), "g": log_decay(B, T, H, V), "S0": normal(B, H, V)}
 
     def call(x, mode, chunk_size, scale):
-        B, T, H, V = x["x"].shape
+        B, T, H, V = x["v"].shape
         S0 = x.get("S0")
         o, S = hgrn(
-            x["x"].flatten(2), x["g"].flatten(2), None if S0 is None else S0.flatten(1),
+            x["v"].flatten(2), x["g"].flatten(2), None if S0 is None else S0.flatten(1),
             output_final_state=True, mode=mode, chunk_size=chunk_size,
         )  # fmt: skip
         return o.view(B, T, H, V), S.view(B, H, V)
 
     def oracle(x, scale):
-        B, T, H, V = x["x"].shape
+        B, T, H, V = x["v"].shape
         pairs = [
-            reference(x["x"][n].flatten(1).double().numpy(), x["g"][n].flatten(1).double().numpy(),
+            reference(x["v"][n].flatten(1).double().numpy(), x["g"][n].flatten(1).double().numpy(),
                       initial_state=x["S0"][n].flatten().double().numpy())
             for n in range(B)
         ]  # fmt: skip
