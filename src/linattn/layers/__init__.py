@@ -20,6 +20,8 @@ and in recurrent mode for a one-token decoding step.
   value channel (Gated DeltaNet-2).
 - ``RWKV7``: RWKV-7 "Goose" time mixing (token shift, LoRA gates, value residual, group norm
   and the current token's bonus) around the generalized delta rule.
+- ``HGRN2``: HGRN2 (GLA with keys 1 - f_t, the forget gate f_t its decay), as fla's
+  ``HGRN2Attention``.
 - ``RuleMixer``: any registered rule (a user's too) with a gate, its inputs projected from x
   into the ranges the rule declares.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
@@ -31,6 +33,7 @@ from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
+from linattn.layers.hgrn2 import HGRN2
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
@@ -52,6 +55,7 @@ __all__ = [
     "GatedDeltaProduct",
     "GatedLinearAttention",
     "GatedRMSNorm",
+    "HGRN2",
     "KimiDeltaAttention",
     "LoRA",
     "LinearAttention",

@@ -318,7 +318,7 @@ for _entry in (
     Entry(
         "hgrn2", "HGRN2 (GLA with keys 1 - f_t)", "additive", "channel",
         "Diag(f_t)", "v_t (key 1 - f_t)", f"{_OPS}:linear_attention",
-        "linattn.reference.hgrn:hgrn2", hgrn2_case(),
+        "linattn.reference.hgrn:hgrn2", hgrn2_case(), layer_path="linattn.layers:HGRN2",
         paper="Qin et al. (2024b)", section=_SEC10, nearest="gla",
     ),
     Entry(
