@@ -22,6 +22,8 @@ and in recurrent mode for a one-token decoding step.
   and the current token's bonus) around the generalized delta rule.
 - ``HGRN2``: HGRN2 (GLA with keys 1 - f_t, the forget gate f_t its decay), as fla's
   ``HGRN2Attention``.
+- ``MultiScaleRetention``: RetNet's retention (a constant decay per head, RoPE, swish gate), as
+  fla's ``MultiScaleRetention``.
 - ``RuleMixer``: any registered rule (a user's too) with a gate, its inputs projected from x
   into the ranges the rule declares.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
@@ -40,6 +42,7 @@ from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
 from linattn.layers.recurrent import RecurrentMixer
+from linattn.layers.retention import MultiScaleRetention
 from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.softmax import SoftmaxAttention
@@ -60,6 +63,7 @@ __all__ = [
     "LoRA",
     "LinearAttention",
     "MultiHeadLatentAttention",
+    "MultiScaleRetention",
     "Mamba2",
     "RecurrentMixer",
     "RWKV7",

@@ -299,6 +299,7 @@ for _entry in (
             "chunk_retention", "fused_chunk_retention", "fused_recurrent_retention",
             "parallel_retention",
         ),
+        layer_path="linattn.layers:MultiScaleRetention",
         paper="Sun et al. (2023)", section=_SEC10, nearest="scalar_decay",
     ),
     Entry(
