@@ -1,6 +1,8 @@
-"""fla 0.6.0's Based and ReBased layers on the CPU with ``linattn.integrations.fla.enable()``
-(``parallel_based`` and ``parallel_rebased`` computed by ``linattn.compat``) equal the same
-layers on fla's own kernels under Triton's interpreter: output, input and weight gradients."""
+"""fla 0.6.0's Based, ReBased and HGRN layers on the CPU with ``linattn.integrations.fla.enable()``
+(``parallel_based``, ``parallel_rebased`` and ``fused_recurrent_hgrn`` computed by
+``linattn.compat``) equal the same layers on fla's own kernels under Triton's interpreter: output,
+input and weight gradients (Based, ReBased); HGRN's output in inference (fla's layer trains with
+``chunk_hgrn``, whose kernel the interpreter cannot run: tests/compat/test_hgrn.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,29 @@ def _run(module, x, w):
     y = out[0] if isinstance(out, tuple) else out
     (y * w).sum().backward()
     return [y.detach(), x.grad] + [p.grad.clone() for p in module.parameters()]
+
+
+def test_hgrn_layer_on_linattn_equals_fla_s_kernel_in_inference(monkeypatch):
+    torch.manual_seed(0)
+    module = fla_layers.HGRNAttention(hidden_size=D, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(2, 23, D)
+    with torch.no_grad():
+        theirs = module(x)[0]
+        calls = []
+        entry = compat.fused_recurrent_hgrn
+        monkeypatch.setattr(
+            compat, "fused_recurrent_hgrn", lambda *a, **k: calls.append(1) or entry(*a, **k)
+        )
+        linattn_fla.enable()
+        try:
+            ours = module(x)[0]
+        finally:
+            linattn_fla.disable()
+    assert calls, "linattn's fused_recurrent_hgrn did not run"
+    assert float((ours - theirs).norm() / theirs.norm()) < TOL
 
 
 @pytest.mark.parametrize("name", LAYERS)
