@@ -24,6 +24,7 @@ and in recurrent mode for a one-token decoding step.
   ``HGRN2Attention``.
 - ``MultiScaleRetention``: RetNet's retention (a constant decay per head, RoPE, swish gate), as
   fla's ``MultiScaleRetention``.
+- ``LightNet``: LightNet (GLA with keys a softmax over time), as fla's ``LightNetAttention``.
 - ``RuleMixer``: any registered rule (a user's too) with a gate, its inputs projected from x
   into the ranges the rule declares.
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
@@ -36,6 +37,7 @@ from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.hgrn2 import HGRN2
+from linattn.layers.lightnet import LightNet
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
@@ -60,6 +62,7 @@ __all__ = [
     "GatedRMSNorm",
     "HGRN2",
     "KimiDeltaAttention",
+    "LightNet",
     "LoRA",
     "LinearAttention",
     "MultiHeadLatentAttention",

@@ -21,9 +21,10 @@ from linattn.layers._reference import check_type, load, require
 from linattn.layers.recurrent import RecurrentMixer
 
 
-class _WidthRMSNorm(nn.Module):
-    """RMSNorm over all heads' outputs together ([B, T, H, V] normed over H V), fla's HGRN2
-    ``g_norm``; the ``o_norm`` slot of ``RecurrentMixer`` (no output gate)."""
+class WidthRMSNorm(nn.Module):
+    """RMSNorm over all heads' outputs together ([B, T, H, V] normed over H V), times
+    silu(gate) when a gate [B, T, H, V] is given: fla's HGRN2 ``g_norm`` and LightNet's gated
+    one; the ``o_norm`` slot of ``RecurrentMixer``."""
 
     def __init__(self, width: int, eps: float) -> None:
         super().__init__()
@@ -32,7 +33,8 @@ class _WidthRMSNorm(nn.Module):
 
     def forward(self, o: Tensor, gate: Tensor | None) -> Tensor:
         flat = o.flatten(-2)
-        return F.rms_norm(flat, (flat.shape[-1],), self.weight, self.eps).view_as(o)
+        out = F.rms_norm(flat, (flat.shape[-1],), self.weight, self.eps).view_as(o)
+        return out if gate is None else out * F.silu(gate)
 
 
 class HGRN2(RecurrentMixer):
@@ -65,7 +67,7 @@ class HGRN2(RecurrentMixer):
             d_model, n_heads, d_model // n_heads, key_dim, short_conv=False, output_gate=False,
             norm_eps=norm_eps, **kwargs,
         )  # fmt: skip
-        self.o_norm = _WidthRMSNorm(d_model, norm_eps)
+        self.o_norm = WidthRMSNorm(d_model, norm_eps)
 
     def recurrence(self, x, q, k, v, mode, S, keep):
         g = F.logsigmoid(k)  # k holds the forget-gate logits f

@@ -327,6 +327,7 @@ for _entry in (
         "Diag(exp(z_{t-1} - z_t))", "v_t (key exp(k_t - z_t))", f"{_OPS}:linear_attention",
         "linattn.reference.lightnet:lightnet", lightnet_case(),
         fla_names=("chunk_lightnet", "fused_recurrent_lightnet"),
+        layer_path="linattn.layers:LightNet",
         paper="Qin et al. (2024c)", section=_SEC10, nearest="gla",
     ),
     Entry(
