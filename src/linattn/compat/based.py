@@ -5,7 +5,7 @@ attention with the second-order Taylor kernel of exp, normalised as fla's kernel
     f(a) = 1 + a + a^2 / 2,    a_ts = scale q_t^T k_s
 
 (``use_norm=False``: the numerator alone). With the feature map phi = ``linattn.features.
-taylor_exp`` (phi(q)^T phi(k) = f(scale q^T k)) it is linear attention (spec sections 4 and 6),
+taylor_exp`` (phi(q)^T phi(k) = f(scale q^T k)) it is linear attention (spec sections 3 and 4),
 run by ``linear_attention`` on the values with a column of ones appended (the denominator); fla's
 1e-6 is added after, as its kernels add it. No states, no packed sequences (fla has neither).
 """

@@ -6,7 +6,7 @@ attention with the squared kernel, normalised as fla's kernel does,
 (scale = 1 / sqrt(K) with ``use_scale``, else 1; ``use_normalize=False``: the numerator alone;
 ``return_both``: the numerator [B, H, T, V] and the denominator [B, H, T], fla's layout there).
 With phi(x) = vec(y y^T), y = sqrt(scale) x, phi(q)^T phi(k) = a^2: linear attention (spec
-sections 4 and 6) run by ``linear_attention`` (``linattn.compat.based.kernel_attention``).
+sections 3 and 4) run by ``linear_attention`` (``linattn.compat.based.kernel_attention``).
 """
 
 from __future__ import annotations

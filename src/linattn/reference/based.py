@@ -4,7 +4,7 @@
 
 Based (Arora et al. 2024, section 3.1): f(a) = 1 + a + a^2 / 2, the second-order Taylor
 expansion of exp; ReBased (Aksenov et al. 2024): f(a) = a^2. fla 0.6.0's kernels add eps to the
-denominator (1e-6 for Based, ``eps`` = 1e-5 by default for ReBased). Spec sections 4 and 6
+denominator (1e-6 for Based, ``eps`` = 1e-5 by default for ReBased). Spec sections 3 and 4
 (a feature map phi with phi(q)^T phi(k) = f(q^T k) makes it linear attention).
 """
 

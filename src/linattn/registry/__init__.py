@@ -335,14 +335,14 @@ for _entry in (
         "v_t and 1 (the normaliser), keys phi(k_t)", f"{_OPS}:linear_attention",
         "linattn.reference.based:based", kernel_case("based"),
         fla_names=("fused_chunk_based", "parallel_based"),
-        paper="Arora et al. (2024)", section="4, 6", nearest="linear",
+        paper="Arora et al. (2024)", section="3, 4", nearest="linear",
     ),
     Entry(
         "rebased", "ReBased (squared kernel, normalised)", "additive", "none", "I",
         "v_t and 1 (the normaliser), keys vec(k_t k_t^T)", f"{_OPS}:linear_attention",
         "linattn.reference.based:rebased", kernel_case("rebased"),
         fla_names=("parallel_rebased",),
-        paper="Aksenov et al. (2024)", section="4, 6", nearest="linear",
+        paper="Aksenov et al. (2024)", section="3, 4", nearest="linear",
     ),
     Entry(
         "rwkv4", "RWKV-4 (WKV)", "additive", "channel",
