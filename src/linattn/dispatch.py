@@ -161,25 +161,38 @@ def routed(entry) -> bool:
     return _op_name(entry) in _backends.ROUTED_OPS
 
 
+def served_by(entry) -> str | None:
+    """The name of the earlier registered mechanism with fla names whose op and gate are
+    ``entry``'s, or None: a reparametrisation (retention, HGRN, Based, ...) computed by another
+    mechanism's op is dispatched as that mechanism, whose routes the op's call takes."""
+    for e in registry.mechanisms():
+        if e is entry:
+            return None
+        if e.fla_names and _op_name(e) == _op_name(entry) and e.gate == entry.gate:
+            return e.name
+    return None
+
+
 def table() -> dict[str, tuple[Route, ...]]:
     """Every registered mechanism that fla has and whose op is routed -> its routes (the
-    dispatch table)."""
+    dispatch table); a reparametrisation served by another's routes (``served_by``) is that
+    one's row."""
     return {
         e.name: routes(_op_name(e), e.gate)
         for e in registry.mechanisms()
-        if e.fla_names and routed(e)
+        if e.fla_names and routed(e) and served_by(e) is None
     }
 
 
 def unrouted() -> tuple[str, ...]:
     """The registered mechanisms fla has whose op is not routed: linattn's code on every device
-    (families with an op of their own, and those served by fla's modules only)."""
+    (families with an op of their own)."""
     return tuple(e.name for e in registry.mechanisms() if e.fla_names and not routed(e))
 
 
 def gaps() -> tuple[str, ...]:
     """The registered mechanisms fla has no entry point for (they always run on linattn)."""
-    return tuple(e.name for e in registry.mechanisms() if not e.fla_names)
+    return tuple(e.name for e in registry.mechanisms() if not e.fla_names and served_by(e) is None)
 
 
 _FLA: dict[str, object] = {}

@@ -33,12 +33,15 @@ ROUTES = [(name, route) for name, found in dispatch.table().items() for route in
 
 def test_the_table_covers_every_registered_mechanism_fla_has_and_lists_the_gaps():
     table = dispatch.table()
-    assert set(table) == {
-        e.name for e in registry.mechanisms() if e.fla_names and dispatch.routed(e)
-    }
-    assert set(dispatch.unrouted()) == {e.name for e in registry.mechanisms() if e.fla_names} - set(
-        table
+    own = {e.name for e in registry.mechanisms() if dispatch.served_by(e) is None}
+    have = {e.name for e in registry.mechanisms() if e.fla_names}
+    assert set(table) == {e.name for e in registry.mechanisms() if dispatch.routed(e)} & have & own
+    assert (
+        set(dispatch.unrouted())
+        == {e.name for e in registry.mechanisms() if not dispatch.routed(e)} & have
     )
+    for e in registry.mechanisms():  # a reparametrisation is dispatched as its nearest
+        assert dispatch.served_by(e) in (None, e.nearest), e.name
     assert all(table.values()), [name for name, found in table.items() if not found]
     assert dispatch.gaps() == ("softmax",)  # fla 0.6.0 has every other mechanism
     for name, found in table.items():

@@ -29,6 +29,12 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 module ``titans``) are computed too; fla exports them from ``fla.ops.gdn2``, ``fla.ops.rwkv7``,
 ``fla.ops.gated_delta_product``, ``fla.ops.ttt`` and ``fla.ops.titans`` only, not ``fla.ops``
 (``FLA_SUBMODULE_ENTRY_POINTS``).
+(Gated DeltaProduct, module ``gated_delta_product``) are computed too; fla exports them from
+``fla.ops.gdn2``, ``fla.ops.rwkv7`` and ``fla.ops.gated_delta_product`` only, not ``fla.ops``
+(``FLA_SUBMODULE_ENTRY_POINTS``). So are ``chunk_hgrn`` (``fla.ops.hgrn``), ``chunk_lightnet`` /
+``fused_recurrent_lightnet`` (LightNet, module ``lightnet``), ``parallel_rebased`` (ReBased,
+module ``rebased``) and ``fused_recurrent_rwkv4`` (RWKV-4, module ``rwkv4``); Based
+(``fused_chunk_based``, ``parallel_based``, module ``based``) is in ``fla.ops``.
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
@@ -42,6 +48,7 @@ head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) ar
 
 from linattn.compat import unsupported
 from linattn.compat.abc import chunk_abc
+from linattn.compat.based import fused_chunk_based, parallel_based
 from linattn.compat.comba import chunk_comba, fused_recurrent_comba
 from linattn.compat.cyfa import chunk_cyfa, fused_recurrent_cyfa
 from linattn.compat.delta_rule import (
@@ -65,13 +72,16 @@ from linattn.compat.generalized_delta_rule import (
 )
 from linattn.compat.gla import chunk_gla, fused_chunk_gla, fused_recurrent_gla
 from linattn.compat.gsa import chunk_gsa, fused_recurrent_gsa
-from linattn.compat.hgrn import fused_recurrent_hgrn
+from linattn.compat.hgrn import chunk_hgrn, fused_recurrent_hgrn
 from linattn.compat.kda import chunk_kda, fused_recurrent_kda, kda_gate
+from linattn.compat.lightnet import chunk_lightnet, fused_recurrent_lightnet
 from linattn.compat.linear_attn import (
     chunk_linear_attn,
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.rebased import parallel_rebased
+from linattn.compat.rwkv4 import fused_recurrent_rwkv4
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
@@ -141,6 +151,14 @@ __all__ = [
     "kda_gate",
     "parallel_retention",
     "parallel_simple_gla",
+    # issue 51: reparametrisations of existing rules, and RWKV-4
+    "chunk_hgrn",
+    "chunk_lightnet",
+    "fused_chunk_based",
+    "fused_recurrent_lightnet",
+    "fused_recurrent_rwkv4",
+    "parallel_based",
+    "parallel_rebased",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.
@@ -152,6 +170,11 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "chunk_ttt_linear": "fla.ops.ttt",
     "fused_chunk_ttt_linear": "fla.ops.ttt",
     "chunk_titans_linear": "fla.ops.titans",
+    "chunk_hgrn": "fla.ops.hgrn",
+    "chunk_lightnet": "fla.ops.lightnet",
+    "fused_recurrent_lightnet": "fla.ops.lightnet",
+    "parallel_rebased": "fla.ops.rebased",
+    "fused_recurrent_rwkv4": "fla.ops.rwkv4",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

@@ -15,10 +15,6 @@ MISSING = {
     "fused_recurrent_precond_gated_delta_rule": "the preconditioned gated delta rule",
     "chunk_precond_kda": "preconditioned KDA (a second, preconditioner state)",
     "fused_recurrent_precond_kda": "preconditioned KDA (a second, preconditioner state)",
-    "fused_chunk_based": "Based in fla's form (its Taylor feature map and normaliser inside the "
-    "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
-    "parallel_based": "Based in fla's form (its Taylor feature map and normaliser inside the "
-    "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
     "parallel_attn": "fla's flash attention (sliding windows, sinks, gates; "
     "linattn.ops.softmax_attention is linattn's causal softmax attention)",
     "parallel_forgetting_attn": "the forgetting transformer (softmax with a forget gate)",

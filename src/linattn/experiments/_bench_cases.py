@@ -71,7 +71,8 @@ def make_inputs(
 
 def call(mech: Mechanism, inputs: dict[str, Tensor], mode: str, chunk_size: int) -> Tensor:
     """The mechanism's output o [B, T, H, V] on ``inputs`` (the form ``mode``)."""
-    K = inputs["k"].shape[-1]
+    # the key width (HGRN2's case has q and a forget gate f, HGRN's v and g only)
+    K = next(inputs[n] for n in ("k", "q", "v") if n in inputs).shape[-1]
     return mech.case.call(_with_gate(inputs), mode, chunk_size, default_scale(K))[0]
 
 

@@ -22,6 +22,11 @@ and in recurrent mode for a one-token decoding step.
   and the current token's bonus) around the generalized delta rule.
 - ``CyclicFlowAttention``: CyFA (fla 0.6.0's layer): two scalar-decay memories over clock slots
   with a softmax readout between them (``linattn.ops.cyfa``).
+- ``HGRN2``: HGRN2 (GLA with keys 1 - f_t, the forget gate f_t its decay), as fla's
+  ``HGRN2Attention``.
+- ``MultiScaleRetention``: RetNet's retention (a constant decay per head, RoPE, swish gate), as
+  fla's ``MultiScaleRetention``.
+- ``LightNet``: LightNet (GLA with keys a softmax over time), as fla's ``LightNetAttention``.
 - ``RuleMixer``: any registered rule (a user's too) with a gate, its inputs projected from x
   into the ranges the rule declares.
 - ``GatedSlotAttention``, ``ABCAttention``: two passes over m memory slots with a softmax over
@@ -36,12 +41,15 @@ from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
+from linattn.layers.hgrn2 import HGRN2
+from linattn.layers.lightnet import LightNet
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
 from linattn.layers.recurrent import RecurrentMixer
+from linattn.layers.retention import MultiScaleRetention
 from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.slots import ABCAttention, GatedSlotAttention
@@ -61,10 +69,13 @@ __all__ = [
     "GatedLinearAttention",
     "GatedRMSNorm",
     "GatedSlotAttention",
+    "HGRN2",
     "KimiDeltaAttention",
+    "LightNet",
     "LoRA",
     "LinearAttention",
     "MultiHeadLatentAttention",
+    "MultiScaleRetention",
     "Mamba2",
     "RecurrentMixer",
     "RWKV7",

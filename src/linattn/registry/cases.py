@@ -546,6 +546,8 @@ def titans_case(chunk_size: int = 4) -> Case:
         return torch.from_numpy(np.stack(outs)), state
 
     return Case(inputs, call, oracle, "delta")
+
+
 # --- two passes over memory slots (issue 51): linattn.reference.gsa / .abc ---------------------
 # A family with two memories (S_k, S_v) keeps them as a pair: its "S0" is the pair of initial
 # states and its call and oracle return the pair of final states (``cast`` converts a pair).
@@ -605,3 +607,222 @@ def slots_case(gated: bool) -> Case:
         return torch.from_numpy(np.stack(outs)), states
 
     return Case(inputs, call, oracle, "linear", rows_per_token=2)  # two passes a token
+
+
+# --- issue 51: reparametrisations of existing rules (retention, lightning attention, HGRN,
+# HGRN2, LightNet, Based, ReBased) and RWKV-4 ----------------------------------------------------
+
+
+def constant_decay_case(gamma: Callable[[int], np.ndarray]) -> Case:
+    """Linear attention with one constant decay per head, ``gamma(H)`` [H] in (0, 1]
+    (retention, lightning attention): ``linear_attention`` with g = log gamma."""
+    from linattn.ops import linear_attention
+    from linattn.reference.retention import constant_decay
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        return _qkv(torch.Generator().manual_seed(seed), dtype, B, T, H, K, V)
+
+    def call(x, mode, chunk_size, scale):
+        B, T, H, _ = x["q"].shape
+        g = torch.from_numpy(np.log(gamma(H))).to(x["q"].dtype).expand(B, T, H)
+        return linear_attention(x["q"], x["k"], x["v"], g, **_common(mode, chunk_size, scale, x))
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        decays = gamma(H)
+        return _per_head(
+            lambda n, h: constant_decay(
+                _heads(x["q"], h, n), _heads(x["k"], h, n), _heads(x["v"], h, n), decays[h],
+                scale=scale, initial_state=_state(x, n, h),
+            ),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "linear")
+
+
+def hgrn_case() -> Case:
+    """HGRN, h_t = exp(g_t) h_{t-1} + x_t per channel, on x (named v: the value written), g
+    [B, T, H, V] (D = H V channels): ``linattn.compat.hgrn.hgrn`` (one scalar-decay head of
+    K = V = 1 per channel)."""
+    from linattn.compat.hgrn import hgrn
+    from linattn.reference.hgrn import hgrn as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, _, _, log_decay = _draw(gen, dtype)
+        return {"v": normal(B, T, H, V), "g": log_decay(B, T, H, V), "S0": normal(B, H, V)}
+
+    def call(x, mode, chunk_size, scale):
+        B, T, H, V = x["v"].shape
+        S0 = x.get("S0")
+        o, S = hgrn(
+            x["v"].flatten(2), x["g"].flatten(2), None if S0 is None else S0.flatten(1),
+            output_final_state=True, mode=mode, chunk_size=chunk_size,
+        )  # fmt: skip
+        return o.view(B, T, H, V), S.view(B, H, V)
+
+    def oracle(x, scale):
+        B, T, H, V = x["v"].shape
+        pairs = [
+            reference(x["v"][n].flatten(1).double().numpy(), x["g"][n].flatten(1).double().numpy(),
+                      initial_state=x["S0"][n].flatten().double().numpy())
+            for n in range(B)
+        ]  # fmt: skip
+        o = torch.from_numpy(np.stack([o for o, _ in pairs])).view(B, T, H, V)
+        return o, torch.from_numpy(np.stack([S for _, S in pairs])).view(B, H, V)
+
+    return Case(inputs, call, oracle, "linear")
+
+
+def hgrn2_case() -> Case:
+    """HGRN2: GLA with keys 1 - f_t and log-decays log f_t (f the forget gate), on q, f, v."""
+    from linattn.ops import linear_attention
+    from linattn.reference.hgrn import hgrn2
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, _, _, log_decay = _draw(gen, dtype)
+        return {"q": normal(B, T, H, K), "f": log_decay(B, T, H, K).double().exp().to(dtype),
+                "v": normal(B, T, H, V), "S0": normal(B, H, K, V)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        f = x["f"]
+        return linear_attention(
+            x["q"], 1 - f, x["v"], f.log(), **_common(mode, chunk_size, scale, x)
+        )
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        return _per_head(
+            lambda n, h: hgrn2(
+                _heads(x["q"], h, n), _heads(x["f"], h, n), _heads(x["v"], h, n), scale=scale,
+                initial_state=_state(x, n, h),
+            ),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "linear")
+
+
+def lightnet_case() -> Case:
+    """LightNet: GLA with keys exp(k_t - z_t) and log-decays z_{t-1} - z_t, z_t the running
+    log-sum-exp of the key logits k (``linattn.compat.lightnet.lightnet_gate``)."""
+    from linattn.compat.lightnet import lightnet_gate
+    from linattn.ops import linear_attention
+    from linattn.reference.lightnet import lightnet
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        x = _qkv(torch.Generator().manual_seed(seed), dtype, B, T, H, K, V)
+        x["k"] = (x["k"].double() * K**0.5).to(dtype)  # logits of a unit spread
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        key, g, _ = lightnet_gate(x["k"])
+        return linear_attention(x["q"], key, x["v"], g, **_common(mode, chunk_size, scale, x))
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        return _per_head(
+            lambda n, h: lightnet(
+                _heads(x["q"], h, n), _heads(x["k"], h, n), _heads(x["v"], h, n), scale=scale,
+                initial_state=_state(x, n, h),
+            )[:2],
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "linear")
+
+
+def kernel_case(name: str) -> Case:
+    """Based (``name`` "based") or ReBased ("rebased"): normalised causal attention with a
+    polynomial kernel of scale q^T k, as linear attention on its feature map (no state)."""
+    from linattn import features
+    from linattn.compat import based as based_module
+    from linattn.compat import rebased as rebased_module
+    from linattn.reference import based as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        x = _qkv(torch.Generator().manual_seed(seed), dtype, B, T, H, K, V)
+        del x["S0"]
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        q, k = x["q"], x["k"]
+        if name == "based":
+            phi_q, phi_k = features.taylor_exp(q, scale), features.taylor_exp(k, scale)
+        else:
+            phi_q = rebased_module.squared_features(q, scale)
+            phi_k = rebased_module.squared_features(k, scale)
+        eps = based_module.EPS if name == "based" else 1e-5
+        o, _ = based_module.kernel_attention(phi_q, phi_k, x["v"], eps, True, mode, chunk_size)
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        fn = getattr(reference, name)
+        outs = [
+            np.stack([fn(_heads(x["q"], h, n), _heads(x["k"], h, n), _heads(x["v"], h, n),
+                         scale=scale) for h in range(H)], axis=1)
+            for n in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "linear")
+
+
+def rwkv4_case() -> Case:
+    """RWKV-4's WKV on k, v [B, T, H, V] (C = H V channels), w, u [H, V], the state S0
+    [B, 3, 1, C] (alpha, beta > 0, eps): ``linattn.compat.rwkv4.wkv``."""
+    from linattn.compat.rwkv4 import wkv
+    from linattn.reference.rwkv4 import wkv as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, _, _ = _draw(gen, dtype)
+        C = H * V
+        S0 = torch.stack([normal(B, C), 0.5 + uniform(B, C), normal(B, C)], 1)
+        return {"w": normal(H, V) - 1.0, "u": normal(H, V), "k": normal(B, T, H, V),
+                "v": normal(B, T, H, V), "S0": S0.unsqueeze(2)}  # fmt: skip
+
+    def _state0(x, B, C):
+        S0 = x.get("S0")
+        if S0 is not None:
+            return S0
+        zeros = torch.zeros(B, C, dtype=x["k"].dtype)
+        return torch.stack([zeros, zeros, torch.full_like(zeros, -1e38)], 1).unsqueeze(2)
+
+    def call(x, mode, chunk_size, scale):
+        B, T, H, V = x["k"].shape
+        o, S = wkv(
+            x["w"].flatten(), x["u"].flatten(), x["k"].flatten(2), x["v"].flatten(2),
+            _state0(x, B, H * V), mode=mode, chunk_size=chunk_size,
+        )  # fmt: skip
+        return o.view(B, T, H, V), S
+
+    def oracle(x, scale):
+        B, T, H, V = x["k"].shape
+        pairs = [
+            reference(x["w"].flatten().double().numpy(), x["u"].flatten().double().numpy(),
+                      x["k"][n].flatten(1).double().numpy(), x["v"][n].flatten(1).double().numpy(),
+                      initial_state=x["S0"][n, :, 0].double().numpy())
+            for n in range(B)
+        ]  # fmt: skip
+        o = torch.from_numpy(np.stack([o for o, _ in pairs])).view(B, T, H, V)
+        return o, torch.from_numpy(np.stack([S for _, S in pairs])).unsqueeze(2)
+
+    return Case(inputs, call, oracle, "linear")
+
+
+def retention_case() -> Case:
+    """Retention: RetNet's decays gamma_h = 1 - 2^(-5 - h)."""
+    from linattn.reference.retention import retention_decays
+
+    return constant_decay_case(retention_decays)
+
+
+def lightning_case(layer_idx: int = 1, num_layers: int = 4) -> Case:
+    """Lightning attention: gamma_h = exp(-(8 / H) (1 - layer_idx / num_layers) h)."""
+    from linattn.reference.retention import lightning_decays
+
+    return constant_decay_case(lambda H: lightning_decays(H, layer_idx, num_layers))
