@@ -141,7 +141,7 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
         entries = [
             e
             for e in registry.mechanisms()
-            if _op_name(e) == op_name and e.gate == gate and e.fla_names
+            if _op_name(e) == op_name and e.gate == gate and e.fla_names and e.fla_route
         ]
         found = tuple(
             _make_route(entry, name, entry.op)
@@ -156,7 +156,11 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
 
 def table() -> dict[str, tuple[Route, ...]]:
     """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    return {
+        e.name: routes(_op_name(e), e.gate)
+        for e in registry.mechanisms()
+        if e.fla_names and e.fla_route
+    }
 
 
 def gaps() -> tuple[str, ...]:

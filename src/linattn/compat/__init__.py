@@ -63,6 +63,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.log_linear_attn import chunk_log_linear_attn
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
@@ -93,6 +94,7 @@ __all__ = [
     "chunk_kda",
     "chunk_lightning_attn",
     "chunk_linear_attn",
+    "chunk_log_linear_attn",
     "chunk_retention",
     "chunk_rwkv6",
     "chunk_rwkv7",

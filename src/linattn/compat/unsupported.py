@@ -11,7 +11,6 @@ MISSING = {
     "fused_recurrent_gsa": "gated slot attention (a softmax over gated memory slots)",
     "chunk_cyfa": "CyFA (its state and readout)",
     "fused_recurrent_cyfa": "CyFA (its state and readout)",
-    "chunk_log_linear_attn": "log-linear attention (a Fenwick-tree hierarchy of states)",
     "chunk_mesa_net": "MesaNet (a conjugate-gradient solve per token)",
     "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
     "fused_recurrent_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",

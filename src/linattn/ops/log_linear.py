@@ -412,3 +412,49 @@ def empty_state(B: int, HV: int, K: int, V: int, L: int = 1, *, dtype=torch.floa
     """The state of B sequences at position 0: L - 1 empty levels (at least one)."""
     S = torch.zeros(B, max(L - 1, 1), HV, K, V, dtype=dtype, device=device)
     return LogLinearState(S, torch.zeros(B, dtype=torch.int64, device=device))
+
+
+def log_linear_state(
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    *,
+    levels: int = 1,
+    initial_state: LogLinearState | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> LogLinearState:
+    """The level states after the tokens (k, v, g) without the outputs: token s goes to level
+    l(P, s) = bit_length(P XOR s) of the end position P, decayed exp(g_{s+1} + ... + g_P), and
+    an initial level to the level of its bucket (paper, section 3.1; O(T K V)).
+
+    k: [B, T, HV, K] (key heads already grouped to the value heads); v: [B, T, HV, V]; g:
+    [B, T, HV]; ``levels``: the least number of level states returned (an op's L - 1).
+    """
+    B, T, HV, K, V = checks.kv(k, v)
+    checks.tensor("g", g, 3)
+    checks.gate(g, B, T, HV, K)
+    levels = checks.integer("levels", levels)
+    q = k.new_zeros(B, T, HV, K)
+    lam = k.new_zeros(B, T, HV, max(levels + 1, 1))
+    N = checks.seqlens(cu_seqlens, B, T)
+    if initial_state is None:
+        S0, offsets, n0 = None, [0] * N, 0
+    else:
+        _check(q, k, v, g, lam, None, initial_state, cu_seqlens, "chunk", 1)
+        S0, offsets, n0 = initial_state.S, initial_state.offset.tolist(), initial_state.S.shape[1]
+    if cu_seqlens is None:
+        seqs = [(slice(r, r + 1), 0, T) for r in range(B)]
+    else:
+        bounds = cu_seqlens.tolist()
+        seqs = [(slice(0, 1), bounds[i], bounds[i + 1]) for i in range(N)]
+    ends = [p + e - b for (_, b, e), p in zip(seqs, offsets, strict=True)]
+    n = max([n0, levels] + [end.bit_length() for end in ends])
+    dtype = compute_dtype(v.dtype)
+    k, v, g = (t.to(dtype) for t in (k, v, g))
+    S = [
+        _final_state(*(t[sel, b:e] for t in (k, v, g)), p,
+                     None if S0 is None else S0[i : i + 1].to(dtype), n)[0]
+        for i, ((sel, b, e), p) in enumerate(zip(seqs, offsets, strict=True))
+    ]  # fmt: skip
+    S = torch.stack(S) if N else k.new_zeros(0, n, HV, K, V)
+    return LogLinearState(S, torch.tensor(ends, dtype=torch.int64, device=k.device))

@@ -47,6 +47,7 @@ from linattn.registry.cases import (
     delta_product_case,
     dplr_case,
     gdn2_case,
+    log_linear_case,
     rule_case,
     rwkv6_case,
     rwkv7_case,
@@ -88,6 +89,10 @@ class Entry:
     paper: str = ""
     section: str = ""
     nearest: str | None = None
+    # False: compat serves ``fla_names`` with fla's own state structure, which is not the op's
+    # (log-linear attention's ``LogLinearAttentionState``), so the op has no fla route
+    # (``linattn.dispatch``) and compat is pinned against fla by its own tests.
+    fla_route: bool = True
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
@@ -284,6 +289,15 @@ for _entry in (
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
         paper="Peng et al. (2024)", section=_SEC10,
+    ),
+    # issue 52: log-linear attention (a Fenwick tree of level states over Mamba-2's memory)
+    Entry(
+        "log_linear_mamba2", "log-linear Mamba-2", "additive", "head",
+        "alpha_t I per level; Fenwick merge of levels 1 .. z at each step",
+        "v_t, read with a weight lambda_t^(l) per level", f"{_OPS}:log_linear_attention",
+        "linattn.reference.log_linear:recurrence", log_linear_case(),
+        fla_names=("chunk_log_linear_attn",), fla_route=False,
+        paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="scalar_decay",
     ),
 ):  # fmt: skip
     register(_entry)
