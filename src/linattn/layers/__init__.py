@@ -14,6 +14,7 @@ and in recurrent mode for a one-token decoding step.
   available, as Kimi Linear's full-attention layers).
 - ``GatedAttention``: Qwen3-Next's softmax attention with an output gate, q/k norms, partial
   rotary embeddings and grouped key/value heads.
+- ``LogLinearMamba2``: Mamba-2 with log-linear attention's Fenwick levels (issue 52).
 - ``Mamba2``: the Mamba-2 mixer (SSD: scalar decay, Delta-scaled input, D skip, B/C groups).
 - ``Comba``, ``GatedDeltaNet2``: the generalized delta rule's gated delta rules: a separate
   read key p and a corrected query (Comba); an erase gate per key channel and a write gate per
@@ -32,6 +33,7 @@ from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
+from linattn.layers.log_linear import LogLinearMamba2
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
@@ -55,6 +57,7 @@ __all__ = [
     "KimiDeltaAttention",
     "LoRA",
     "LinearAttention",
+    "LogLinearMamba2",
     "MultiHeadLatentAttention",
     "Mamba2",
     "RecurrentMixer",

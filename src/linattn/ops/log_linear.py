@@ -303,6 +303,7 @@ def log_linear_attention(
         )
     if cu_seqlens is None:
         pieces = [(slice(None), rows, 0, T) for rows in _rows_by_offset(offsets)]
+        pieces = pieces or [(slice(None), [], 0, T)]  # an empty batch: one empty piece
     else:
         bounds = cu_seqlens.tolist()
         pieces = [(slice(n, n + 1), [n], bounds[n], bounds[n + 1]) for n in range(N)]
@@ -312,13 +313,13 @@ def log_linear_attention(
     n_out = max([n0, L - 1] + [(o + t).bit_length() for o, t in zip(offsets, lengths, strict=True)])
     outs, states = [], {}
     for _, rows, bos, eos in pieces:
-        p = offsets[rows[0]]
+        p = offsets[rows[0]] if rows else 0
         if cu_seqlens is not None:
             x = [t[:, bos:eos] for t in (q, k, v, g, lam)]
         else:
             x = [t if len(rows) == B else t[rows] for t in (q, k, v, g, lam)]
         S0r = None if S0 is None else S0[rows]
-        if mode == "parallel":
+        if mode == "parallel" or x[0].shape[1] == 0:  # no token: the (empty) product
             o = _parallel(*x, p, S0r, scale)
         elif mode == "chunk":
             o = _chunk(*x, p, S0r, scale, C)

@@ -297,6 +297,7 @@ for _entry in (
         "v_t, read with a weight lambda_t^(l) per level", f"{_OPS}:log_linear_attention",
         "linattn.reference.log_linear:recurrence", log_linear_case(),
         fla_names=("chunk_log_linear_attn",), fla_route=False,
+        layer_path="linattn.layers:LogLinearMamba2", mixer="log_linear_mamba2",
         paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="scalar_decay",
     ),
 ):  # fmt: skip
