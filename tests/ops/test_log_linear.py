@@ -42,7 +42,7 @@ def start(B, p, n, H, K, V, seed=1):
     return LogLinearState(S, torch.full((B,), p))
 
 
-def oracle(q, k, v, g, lam, scale, state=None):
+def oracle(q, k, v, g, lam, scale, state=None, beta=None):
     B, T, HV, V = v.shape
     rep = HV // q.shape[2]
     O = np.zeros((B, T, HV, V))
@@ -56,20 +56,37 @@ def oracle(q, k, v, g, lam, scale, state=None):
                 q[b, :, h // rep].double().numpy(), k[b, :, h // rep].double().numpy(),
                 v[b, :, h].double().numpy(), g[b, :, h].double().numpy(),
                 lam[b, :, h].double().numpy(), scale=scale, initial_state=S0, offset=p,
+                beta=None if beta is None else beta[b, :, h].double().numpy(),
             )  # fmt: skip
             heads.append(np.stack(S))
         finals.append(np.stack(heads, 1))
     return torch.from_numpy(O), finals
 
 
+def betas(B=2, T=37, H=2, seed=7):
+    """Gated DeltaNet's write strengths in [0, 2] (with unit keys: contractions)."""
+    return 2 * torch.rand(
+        B, T, H, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
+
+
+def unit(k):
+    return torch.nn.functional.normalize(k, dim=-1)
+
+
 @pytest.mark.parametrize(("mode", "C"), FORMS)
 @pytest.mark.parametrize("p", [0, 13, 64])
-def test_every_form_equals_the_reference_in_float64(mode, C, p):
+@pytest.mark.parametrize("base", ["mamba2", "gated_deltanet"])
+def test_every_form_equals_the_reference_in_float64(mode, C, p, base):
     q, k, v, g, lam = draws()
+    beta = None
+    if base == "gated_deltanet":
+        k, beta = unit(k), betas()
     state = None if p == 0 else start(2, p, 5 if p == 13 else 7, 2, 4, 3)
-    o_ref, S_ref = oracle(q, k, v, g, lam, 0.3, state)
+    o_ref, S_ref = oracle(q, k, v, g, lam, 0.3, state, beta)
     o, final = log_linear_attention(q, k, v, g, lam, scale=0.3, mode=mode, chunk_size=C,
-                                    initial_state=state, output_final_state=True)  # fmt: skip
+                                    initial_state=state, output_final_state=True,
+                                    beta=beta)  # fmt: skip
     torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-12)
     for b in range(2):
         n = S_ref[b].shape[0]
@@ -89,26 +106,32 @@ def test_one_token_and_grouped_heads(mode, C):
 
 
 @pytest.mark.parametrize(("mode", "C"), [("parallel", 64), ("recurrent", 64), ("chunk", 8)])
-def test_packed_sequences_equal_the_sequences_one_by_one(mode, C):
+@pytest.mark.parametrize("delta", [False, True])
+def test_packed_sequences_equal_the_sequences_one_by_one(mode, C, delta):
     q, k, v, g, lam = draws(B=1, T=30)
+    beta = betas(B=1, T=30) if delta else None
+    k = unit(k) if delta else k
     cu = torch.tensor([0, 1, 12, 12, 30])
     offsets = [0, 5, 3, 70]
     S0 = torch.cat([start(1, p, 7, 2, 4, 3, seed=i).S for i, p in enumerate(offsets)])
     state = LogLinearState(S0, torch.tensor(offsets))
     o, final = log_linear_attention(q, k, v, g, lam, mode=mode, chunk_size=C, cu_seqlens=cu,
-                                    initial_state=state, output_final_state=True)  # fmt: skip
+                                    initial_state=state, output_final_state=True,
+                                    beta=beta)  # fmt: skip
     for n in range(4):
         a, b = int(cu[n]), int(cu[n + 1])
         one = LogLinearState(S0[n : n + 1], torch.tensor([offsets[n]]))
         piece = (x[:, a:b] for x in (q, k, v, g, lam))
+        b_n = None if beta is None else beta[:, a:b]
         o_n, f_n = log_linear_attention(*piece, mode=mode, chunk_size=C, initial_state=one,
-                                        output_final_state=True)  # fmt: skip
+                                        output_final_state=True, beta=b_n)  # fmt: skip
         torch.testing.assert_close(o[:, a:b], o_n, rtol=0, atol=1e-12)
         m = f_n.S.shape[1]
         torch.testing.assert_close(final.S[n : n + 1, :m], f_n.S, rtol=0, atol=1e-12)
         assert int(final.offset[n]) == offsets[n] + b - a
     o_ref, _ = oracle(q[:, 12:30], k[:, 12:30], v[:, 12:30], g[:, 12:30], lam[:, 12:30], 4**-0.5,
-                      LogLinearState(S0[3:4], torch.tensor([70])))  # fmt: skip
+                      LogLinearState(S0[3:4], torch.tensor([70])),
+                      None if beta is None else beta[:, 12:30])  # fmt: skip
     torch.testing.assert_close(o[:, 12:30], o_ref, rtol=0, atol=1e-12)
 
 
@@ -123,13 +146,18 @@ def test_rows_at_different_positions():
         torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-12)
 
 
-def test_prefill_then_decoding_steps_equal_the_whole_sequence():
+@pytest.mark.parametrize("delta", [False, True])
+def test_prefill_then_decoding_steps_equal_the_whole_sequence(delta):
     q, k, v, g, lam = draws(B=2, T=40, H=1, HV=2)
-    whole, final = log_linear_attention(q, k, v, g, lam, output_final_state=True)
-    o, state = log_linear_attention(*(x[:, :9] for x in (q, k, v, g, lam)), output_final_state=True)
+    beta = betas(B=2, T=40, H=2) if delta else None
+    k = unit(k) if delta else k
+    whole, final = log_linear_attention(q, k, v, g, lam, output_final_state=True, beta=beta)
+    o, state = log_linear_attention(*(x[:, :9] for x in (q, k, v, g, lam)), output_final_state=True,
+                                    beta=None if beta is None else beta[:, :9])  # fmt: skip
     outs = [o]
     for t in range(9, 40):
-        o_t, state = log_linear_step(state, q[:, t], k[:, t], v[:, t], g[:, t], lam[:, t])
+        b_t = None if beta is None else beta[:, t]
+        o_t, state = log_linear_step(state, q[:, t], k[:, t], v[:, t], g[:, t], lam[:, t], beta=b_t)
         outs.append(o_t[:, None])
     torch.testing.assert_close(torch.cat(outs, 1), whole, rtol=0, atol=1e-12)
     torch.testing.assert_close(state.S[:, : final.S.shape[1]], final.S, rtol=0, atol=1e-12)
@@ -137,16 +165,19 @@ def test_prefill_then_decoding_steps_equal_the_whole_sequence():
     # From an empty state: the state grows a level when the position needs one.
     state = empty_state(2, 2, 4, 3, dtype=torch.float64)
     for t in range(40):
-        o_t, state = log_linear_step(state, q[:, t], k[:, t], v[:, t], g[:, t], lam[:, t])
+        b_t = None if beta is None else beta[:, t]
+        o_t, state = log_linear_step(state, q[:, t], k[:, t], v[:, t], g[:, t], lam[:, t], beta=b_t)
         torch.testing.assert_close(o_t, whole[:, t], rtol=0, atol=1e-12)
     assert state.S.shape[1] == 6
 
 
-def _grads(mode, C, x, state):
-    leaves = [t.clone().requires_grad_(True) for t in (*x, state.S)]
+def _grads(mode, C, x, state, beta=None):
+    extra = () if beta is None else (beta,)
+    leaves = [t.clone().requires_grad_(True) for t in (*x, state.S, *extra)]
     st = LogLinearState(leaves[5], state.offset)
     o, final = log_linear_attention(*leaves[:5], mode=mode, chunk_size=C, initial_state=st,
-                                    output_final_state=True)  # fmt: skip
+                                    output_final_state=True,
+                                    beta=leaves[6] if extra else None)  # fmt: skip
     w = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)
     ((o * w).sum() + final.S.square().sum()).backward()
     return [t.grad for t in leaves]
@@ -155,10 +186,13 @@ def _grads(mode, C, x, state):
 def test_gradients_agree_across_forms_and_pass_gradcheck():
     x = draws(B=1, T=21, H=1, K=3, V=2, L=6)
     state = start(1, 11, 4, 1, 3, 2)
-    ref = _grads("recurrent", 64, x, state)
-    for mode, C in [("parallel", 64), ("chunk", 4), ("chunk", 8)]:
-        for a, b in zip(_grads(mode, C, x, state), ref, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    for beta in (None, betas(B=1, T=21, H=1)):
+        if beta is not None:
+            x = (x[0], unit(x[1]), *x[2:])
+        ref = _grads("recurrent", 64, x, state, beta)
+        for mode, C in [("parallel", 64), ("chunk", 4), ("chunk", 8)]:
+            for a, b in zip(_grads(mode, C, x, state, beta), ref, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     small = [t[:, :9].clone().requires_grad_(True) for t in draws(B=1, T=9, H=1, K=2, V=2, L=5)]
     S0 = start(1, 3, 3, 1, 2, 2).S.requires_grad_(True)
 
@@ -202,5 +236,9 @@ def test_bad_input_is_named_before_any_work():
             torch.zeros(1, 2, 2, 4, 3, dtype=torch.float64), torch.tensor([-1])))  # fmt: skip
     with pytest.raises(ValueError, match="cu_seqlens"):
         log_linear_attention(q, k, v, g, lam, cu_seqlens=torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="beta must lie in"):
+        log_linear_attention(q, k, v, g, lam, beta=3 + torch.zeros(1, 5, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="beta must have shape"):
+        log_linear_attention(q, k, v, g, lam, beta=torch.zeros(1, 5, 1, dtype=torch.float64))
     with pytest.raises(TypeError, match="state must be a LogLinearState"):
         log_linear_step(None, q[:, 0], k[:, 0], v[:, 0], g[:, 0], lam[:, 0])

@@ -79,3 +79,27 @@ def test_bad_input_is_named():
         R.recurrence(q, k, v, g, lam, offset=-1)
     with pytest.raises(ValueError, match="initial_state"):
         R.recurrence(q, k, v, g, lam, initial_state=[np.zeros((2, 2))])
+
+
+def test_over_gated_deltanet_the_recurrence_equals_the_masked_product_and_one_level_is_gdn():
+    from linattn.reference import gated
+
+    q, k, v, g, lam = draws()
+    k = k / np.linalg.norm(k, axis=1, keepdims=True)
+    beta = 2 * np.random.default_rng(3).random(37)
+    o_loop, states = R.recurrence(q, k, v, g, lam, scale=0.5, beta=beta)
+    np.testing.assert_allclose(
+        o_loop, R.masked_product(q, k, v, g, lam, scale=0.5, beta=beta), atol=1e-13
+    )
+    ones = np.ones_like(lam)
+    o_gdn, S_gdn = gated.recurrence(q, k, v, beta, g, rule="delta", scale=0.5)
+    o_one, states_one = R.recurrence(q, k, v, g, ones, scale=0.5, beta=beta)
+    np.testing.assert_allclose(o_one, o_gdn, atol=1e-13)
+    np.testing.assert_allclose(sum(states_one), S_gdn, atol=1e-13)  # the levels sum to the state
+    first, S_first = R.recurrence(q[:13], k[:13], v[:13], g[:13], lam[:13], beta=beta[:13])
+    rest, _ = R.recurrence(q[13:], k[13:], v[13:], g[13:], lam[13:], initial_state=S_first,
+                           offset=13, beta=beta[13:])  # fmt: skip
+    np.testing.assert_allclose(np.concatenate([first, rest]), R.recurrence(
+        q, k, v, g, lam, beta=beta)[0], atol=1e-13)  # fmt: skip
+    with pytest.raises(ValueError, match="beta must have shape"):
+        R.recurrence(q, k, v, g, lam, beta=beta[:3])

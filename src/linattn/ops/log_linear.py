@@ -112,13 +112,40 @@ def _final_state(k, v, g, p, S0, n):
     return S
 
 
-def _parallel(q, k, v, g, lam, p, S0, scale):
+def _whole(S0: Tensor | None, p: int, slots: list[int] | None = None) -> Tensor | None:
+    """The sum of the occupied initial levels (all of them, or ``slots``): the whole state."""
+    if S0 is None:
+        return None
+    slots = _occupied(p, 0, S0.shape[1]) if slots is None else slots
+    return S0[:, slots].sum(1) if slots else None
+
+
+def _pseudo_values(k, v, beta, decays, kd, S):
+    """Gated DeltaNet's pseudo-values of a block: (I + tril(diag(beta) (K K^T (.) D), -1)) U =
+    diag(beta) (V - Kd S); k, v [b, T, HV, *], decays exp(G_t - G_s) [b, HV, T, T] (0 above
+    the diagonal), Kd = k exp(G) [b, T, HV, K] (G within the block), S the state entering it
+    (None: zero)."""
+    T = k.shape[1]
+    strict = torch.ones(T, T, dtype=torch.bool, device=k.device).tril(-1)
+    A = torch.einsum("bthk,bshk->bhts", k, k) * decays * strict
+    A = A * beta.transpose(1, 2)[..., None]
+    rhs = v if S is None else v - torch.einsum("bthk,bhkv->bthv", kd, S)
+    rhs = (beta[..., None] * rhs).transpose(1, 2)  # [b, HV, T, V]
+    eye = torch.eye(T, dtype=k.dtype, device=k.device)
+    U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+    return U.transpose(1, 2)
+
+
+def _parallel(q, k, v, g, lam, p, S0, scale, beta=None):
     T = q.shape[1]
     pos = p + torch.arange(T, device=q.device)
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     W = _weights(lam, _bit_length(pos[:, None] ^ pos[None, :]))
     G = torch.cumsum(g, dim=1).transpose(1, 2)  # [b, HV, T]
     diff = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, -math.inf)
+    if beta is not None:  # Gated DeltaNet: its pseudo-values in place of v
+        kd = k * torch.exp(G.transpose(1, 2))[..., None]
+        v = _pseudo_values(k, v, beta, torch.exp(diff), kd, _whole(S0, p))
     A = scale * torch.einsum("bthk,bshk->bhts", q, k) * torch.exp(diff) * W
     o = torch.einsum("bhts,bshv->bthv", A, v)
     if S0 is not None:
@@ -126,16 +153,18 @@ def _parallel(q, k, v, g, lam, p, S0, scale):
             q, G.transpose(1, 2), lam, S0, p, p, _occupied(p, 0, S0.shape[1]), scale
         )
         o = o if read is None else o + read
-    return o
+    return o, v
 
 
-def _chunk(q, k, v, g, lam, p, S0, scale, C):
+def _chunk(q, k, v, g, lam, p, S0, scale, C, beta=None):
     b, T, HV, K = q.shape
     cb = C.bit_length() - 1  # log2 C: the levels 0 .. cb are inside a chunk
     r = p % C
     n = -(-(r + T) // C)
     pad = (r, n * C - r - T)
     q, k, v, g, lam = (F.pad(x, (0,) * (2 * x.dim() - 4) + pad) for x in (q, k, v, g, lam))
+    if beta is not None:
+        beta = F.pad(beta, (0, 0) + pad).unflatten(1, (n, C))  # [b, n, C, HV], 0 on the padding
     qc, kc, vc, lc = (x.unflatten(1, (n, C)) for x in (q, k, v, lam))  # [b, n, C, HV, ...]
     G = torch.cumsum(g.unflatten(1, (n, C)), dim=2)  # [b, n, C, HV], inclusive within a chunk
     # Inside the chunks: the masked product (the chunk's own levels, aligned positions).
@@ -146,11 +175,15 @@ def _chunk(q, k, v, g, lam, p, S0, scale, C):
     Gh = G.permute(0, 1, 3, 2)  # [b, n, HV, C]
     diff = (Gh[..., :, None] - Gh[..., None, :]).masked_fill(~causal, -math.inf)
     A = scale * torch.einsum("bcthk,bcshk->bchts", qc, kc) * torch.exp(diff) * W
-    o = torch.einsum("bchts,bcshv->bcthv", A, vc)
-    # Mamba-2's chunk states and decays.
+    # The base mechanism's chunk states (H_c = sum_s exp(G_C - G_s) k_s u_s^T) and decays.
     last = G[:, :, -1]  # [b, n, HV]
-    Hc = torch.einsum("bcshk,bcshv->bchkv", kc * torch.exp(last[:, :, None] - G)[..., None], vc)
+    Ke = kc * torch.exp(last[:, :, None] - G)[..., None]
     Dc = torch.exp(last)[..., None, None]  # [b, n, HV, 1, 1]
+    if beta is None:  # Mamba-2: u = v, every chunk state at once
+        Hc = torch.einsum("bcshk,bcshv->bchkv", Ke, vc)
+    else:  # Gated DeltaNet: the pseudo-values read the state entering the chunk (below)
+        Hc, U = [None] * n, [None] * n
+        Kd = kc * torch.exp(G)[..., None]
     a0 = (p - r) // C
     F_: list[Tensor | None] = []  # the chunk-level level states: F_[j] is token slot j + cb
     reads = [None] * n
@@ -160,10 +193,23 @@ def _chunk(q, k, v, g, lam, p, S0, scale, C):
         if reads[0] is not None:  # the initial tokens of the first chunk, read in place
             reads[0] = reads[0].clone()
             reads[0][:, :r] = 0
-            Hc = torch.cat([(Hc[:, 0] + Dc[:, 0] * S0[:, low].sum(1))[:, None], Hc[:, 1:]], 1)
         F_ = [S0[:, j] if (p >> j) & 1 else None for j in range(cb, S0.shape[1])]
     for c in range(n):
         a = a0 + c
+        if beta is not None:
+            whole = [f for f in F_ if f is not None]
+            if c == 0 and S0 is not None and low:
+                whole.append(S0[:, low].sum(1))
+            entering = torch.stack(whole).sum(0) if whole else None
+            U[c] = _pseudo_values(kc[:, c], vc[:, c], beta[:, c], torch.exp(diff[:, c]),
+                                  Kd[:, c], entering)  # fmt: skip
+            Hc[c] = torch.einsum("bshk,bshv->bhkv", Ke[:, c], U[c])
+        if c == 0 and S0 is not None and low:  # the initial low levels join the first chunk
+            Hc0 = (Hc[c] if beta is not None else Hc[:, 0]) + Dc[:, 0] * S0[:, low].sum(1)
+            if beta is None:
+                Hc = torch.cat([Hc0[:, None], Hc[:, 1:]], 1)
+            else:
+                Hc[0] = Hc0
         occ = [j for j in range(len(F_)) if (a >> j) & 1 and F_[j] is not None]
         if occ:
             idx_l = torch.tensor([j + cb + 1 for j in occ], device=q.device)
@@ -178,22 +224,25 @@ def _chunk(q, k, v, g, lam, p, S0, scale, C):
         z = 0
         while (a >> z) & 1:  # the Fenwick carry over chunk indices
             z += 1
-        merged = Hc[:, c]
+        merged = Hc[:, c] if beta is None else Hc[c]
         for j in range(min(z, len(F_))):
             if F_[j] is not None:
                 merged = merged + Dc[:, c] * F_[j]
         F_ = [None if j < z else (f if f is None else Dc[:, c] * f) for j, f in enumerate(F_)]
         F_ += [None] * (z + 1 - len(F_))
         F_[z] = merged
+    U = vc if beta is None else torch.stack(U, 1)  # [b, n, C, HV, V]
+    o = torch.einsum("bchts,bcshv->bcthv", A, U)
     inter = torch.stack(
         [o.new_zeros(o.shape[0], C, *o.shape[3:]) if x is None else x for x in reads], 1
     )
-    return (o + inter).flatten(1, 2)[:, r : r + T]
+    return (o + inter).flatten(1, 2)[:, r : r + T], U.flatten(1, 2)[:, r : r + T]
 
 
-def _step(S, pos, q, k, v, g, lam, scale):
+def _step(S, pos, q, k, v, g, lam, scale, beta=None):
     """One token for every row: S [b, n, HV, K, V] at positions ``pos`` [b]; q, k [b, HV, K],
-    v [b, HV, V], g [b, HV], lam [b, HV, L]. Returns (o [b, HV, V], S at pos + 1)."""
+    v [b, HV, V], g [b, HV], lam [b, HV, L], beta None (Mamba-2) or [b, HV] (Gated DeltaNet).
+    Returns (o [b, HV, V], S at pos + 1, the token's write u [b, HV, V])."""
     b, n = S.shape[:2]
     need = int(_bit_length(pos + 1).max()) if b else 0
     if need > n:
@@ -205,24 +254,31 @@ def _step(S, pos, q, k, v, g, lam, scale):
     L = lam.shape[-1]
     ext = F.pad(lam, (0, 1))
     W = ext[..., (slots + 1).clamp(max=L)] * bits[:, None, :]  # [b, HV, n]
+    if beta is not None:  # the delta rule reads the whole decayed state: every occupied level
+        whole = torch.einsum("bjhkv,bj->bhkv", S, bits)
+        v = beta[..., None] * (v - torch.einsum("bhk,bhkv->bhv", k, whole))
     o = ext[..., 0:1] * (q * k).sum(-1, keepdim=True) * v
     o = scale * (o + torch.einsum("bhk,bjhkv,bhj->bhv", q, S, W))
     z = _bit_length(pos ^ (pos + 1)) - 1  # the trailing ones of pos
     below = (slots[None, :] < z[:, None]).to(S.dtype)[..., None, None, None]
     at = (slots[None, :] == z[:, None]).to(S.dtype)[..., None, None, None]
     merged = torch.einsum("bhk,bhv->bhkv", k, v) + (below * S).sum(1)
-    return o, S * (1 - below - at) + at * merged[:, None]
+    return o, S * (1 - below - at) + at * merged[:, None], v
 
 
-def _recurrent(q, k, v, g, lam, p, S0, scale, n):
+def _recurrent(q, k, v, g, lam, p, S0, scale, n, beta=None):
     b, T, HV, K = q.shape
     S = q.new_zeros(b, max(n, 1), HV, K, v.shape[-1]) if S0 is None else S0
     pos = torch.full((b,), p, dtype=torch.int64, device=q.device)
-    out = []
+    out, writes = [], []
     for t in range(T):
-        o, S = _step(S, pos + t, q[:, t], k[:, t], v[:, t], g[:, t], lam[:, t], scale)
+        bt = None if beta is None else beta[:, t]
+        o, S, u = _step(S, pos + t, q[:, t], k[:, t], v[:, t], g[:, t], lam[:, t], scale, bt)
         out.append(o)
-    return torch.stack(out, 1) if out else v.new_zeros(b, 0, HV, v.shape[-1])
+        writes.append(u)
+    if not out:
+        return v.new_zeros(b, 0, HV, v.shape[-1]), v
+    return torch.stack(out, 1), torch.stack(writes, 1)
 
 
 def _check(q, k, v, g, level_scales, scale, initial_state, cu_seqlens, mode, chunk_size):
@@ -273,6 +329,7 @@ def log_linear_attention(
     initial_state: LogLinearState | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
+    beta: Tensor | None = None,
 ) -> tuple[Tensor, LogLinearState | None]:
     """Log-linear Mamba-2: O = (scale Q K^T (.) M^S (.) M^H) V (the module docstring; Guo, Yang
     et al. 2025, sections 3.2-3.3).
@@ -283,15 +340,22 @@ def log_linear_attention(
     "chunk" (``chunk_size`` a power of two); ``initial_state`` a ``LogLinearState`` (N = B, or
     the number of sequences of ``cu_seqlens``); returns (o [B, T, HV, V], the final
     ``LogLinearState`` or None).
+
+    ``beta`` [B, T, HV] in [0, 2]: log-linear Gated DeltaNet (section 3.4) instead, V replaced by
+    Gated DeltaNet's pseudo-values U, (I + tril(diag(beta) (K K^T (.) M^S), -1)) U = diag(beta) V,
+    whose writes read the whole state (the sum of the levels).
     """
     B, T, H, HV, K, V, N, C = _check(q, k, v, g, level_scales, scale, initial_state, cu_seqlens,
                                       mode, chunk_size)  # fmt: skip
+    if beta is not None:
+        checks.beta(beta, B, T, HV, layout="[B, T, HV]")
     output_final_state = checks.flag("output_final_state", output_final_state)
     scale = K**-0.5 if scale is None else float(scale)
     dtype = compute_dtype(v.dtype)
     if HV != H:
         q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
     q, k, v, g, lam = (x.to(dtype) for x in (q, k, v, g, level_scales))
+    beta = None if beta is None else beta.to(dtype)
     L = lam.shape[-1]
     if initial_state is None:
         S0, offsets, n0 = None, [0] * N, 0
@@ -316,18 +380,20 @@ def log_linear_attention(
         p = offsets[rows[0]] if rows else 0
         if cu_seqlens is not None:
             x = [t[:, bos:eos] for t in (q, k, v, g, lam)]
+            bx = None if beta is None else beta[:, bos:eos]
         else:
             x = [t if len(rows) == B else t[rows] for t in (q, k, v, g, lam)]
+            bx = None if beta is None else (beta if len(rows) == B else beta[rows])
         S0r = None if S0 is None else S0[rows]
         if mode == "parallel" or x[0].shape[1] == 0:  # no token: the (empty) product
-            o = _parallel(*x, p, S0r, scale)
+            o, U = _parallel(*x, p, S0r, scale, bx)
         elif mode == "chunk":
-            o = _chunk(*x, p, S0r, scale, C)
+            o, U = _chunk(*x, p, S0r, scale, C, bx)
         else:
-            o = _recurrent(*x, p, S0r, scale, n0)
+            o, U = _recurrent(*x, p, S0r, scale, n0, bx)
         outs.append((rows, o))
-        if output_final_state:
-            Sf = _final_state(x[1], x[2], x[3], p, S0r, n_out)
+        if output_final_state:  # what the tokens wrote: v, or Gated DeltaNet's U
+            Sf = _final_state(x[1], U, x[3], p, S0r, n_out)
             states.update({row: Sf[i] for i, row in enumerate(rows)})
     if cu_seqlens is None:
         o = torch.empty(B, T, HV, V, dtype=dtype, device=v.device)
@@ -367,6 +433,7 @@ def log_linear_step(
     level_scales: Tensor,
     *,
     scale: float | None = None,
+    beta: Tensor | None = None,
 ) -> tuple[Tensor, LogLinearState]:
     """One decoding step of log-linear Mamba-2 (the recurrent form's step; paper, section 3.2):
 
@@ -400,11 +467,15 @@ def log_linear_step(
         raise ValueError(f"state.S must have shape [B, n, HV, K, V] with B, HV, K, V = "
                          f"{(B, HV, K, V)}, got {tuple(S.shape)}")  # fmt: skip
     checks.scale(scale)
+    if beta is not None:
+        checks.beta(beta, B, HV, layout="[B, HV]")
     scale = K**-0.5 if scale is None else float(scale)
     if HV != H:
         q, k = (x.repeat_interleave(HV // H, dim=1) for x in (q, k))
     dtype = compute_dtype(v.dtype)
-    o, S = _step(S.to(dtype), pos, *(x.to(dtype) for x in (q, k, v, g, level_scales)), scale)
+    inputs = (x.to(dtype) for x in (q, k, v, g, level_scales))
+    bt = None if beta is None else beta.to(dtype)
+    o, S, _ = _step(S.to(dtype), pos, *inputs, scale, bt)
     return o.to(v.dtype), LogLinearState(S, pos + 1)
 
 

@@ -26,6 +26,16 @@ levels of the next token (level l holds the tokens s with l(t, s) = l, decayed t
 (t + 1 differs from every token of levels 1 .. z and from t itself first at bit z). Level l
 is occupied exactly when bit l - 1 of the next position is set. Positions count from ``offset``
 (the tokens seen before, whose levels are ``initial_state``), so a sequence can be continued.
+
+Over Gated DeltaNet's memory (``beta`` given: the delta rule with a decay per head) the paper
+(section 3.4) keeps the hierarchical mask on the read and Gated DeltaNet's pseudo-values:
+
+    O = (scale Q K^T (.) M^S (.) M^H) U,
+    (I + tril(diag(beta) (K K^T (.) M^S), -1)) U = diag(beta) V
+
+so U is the plain Gated DeltaNet's (its writes read the whole state, every level), and the level
+states hold k_s u_s^T: a token decays every level, reads u_t = beta_t (v_t - S^T k_t) with S the
+sum of the occupied levels, and the rest is the loop above with u_t in place of v_t.
 """
 
 from __future__ import annotations
@@ -84,18 +94,41 @@ def decay_mask(g) -> np.ndarray:
     return M
 
 
-def masked_product(q, k, v, g, level_scales, *, scale=1.0, offset: int = 0) -> np.ndarray:
-    """O = (scale Q K^T (.) M^S (.) M^H) V for one head, float64 (paper, section 3.2).
+def _beta(beta, T: int) -> np.ndarray | None:
+    if beta is None:
+        return None
+    beta = np.asarray(beta, dtype=np.float64)
+    if beta.shape != (T,):
+        raise ValueError(f"beta must have shape [T] = {(T,)}, got {beta.shape}")
+    return beta
+
+
+def pseudo_values(k, v, g, beta) -> np.ndarray:
+    """Gated DeltaNet's U [T, V]: (I + tril(diag(beta) (K K^T (.) M^S), -1)) U = diag(beta) V."""
+    k, v = as_matrix("k", k), as_matrix("v", v)
+    beta = _beta(beta, k.shape[0])
+    g = np.zeros(k.shape[0]) if g is None else np.asarray(g, dtype=np.float64)
+    A = np.tril(beta[:, None] * (k @ k.T) * decay_mask(g), -1)
+    return np.linalg.solve(np.eye(k.shape[0]) + A, beta[:, None] * v)
+
+
+def masked_product(
+    q, k, v, g, level_scales, *, scale=1.0, offset: int = 0, beta=None
+) -> np.ndarray:
+    """O = (scale Q K^T (.) M^S (.) M^H) V for one head, float64 (paper, section 3.2); with
+    ``beta`` [T], Gated DeltaNet's: V replaced by its pseudo-values U (section 3.4).
 
     q, k: [T, K]; v: [T, V]; g: [T] log-decays (None: no decay); level_scales: [T, L];
     ``offset``: the position of the first token (its levels are those of offset + t).
     """
     q, k, v, g, lam, scale = _inputs(q, k, v, g, level_scales, scale)
+    if beta is not None:
+        v = pseudo_values(k, v, g, beta)
     return (scale * (q @ k.T) * decay_mask(g) * hierarchical_mask(lam, offset)) @ v
 
 
 def recurrence(
-    q, k, v, g, level_scales, *, scale=1.0, initial_state=None, offset: int = 0
+    q, k, v, g, level_scales, *, scale=1.0, initial_state=None, offset: int = 0, beta=None
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """The token loop over the O(log T) level states for one head (the module docstring);
     returns (O [T, V], the level states [S^(1), S^(2), ...] of the position offset + T).
@@ -103,6 +136,8 @@ def recurrence(
     ``initial_state``: the level states at position ``offset`` (a list or an array [n, K, V];
     state l - 1 is level l), each decayed to the token before. The states returned are
     max(n, L - 1, bit_length(offset + T)) long: every level a token can still read.
+    ``beta`` [T]: Gated DeltaNet's memory (the token writes u_t = beta_t (v_t - S^T k_t), S the
+    sum of the occupied levels after the decay).
     """
     q, k, v, g, lam, scale = _inputs(q, k, v, g, level_scales, scale)
     T, K = q.shape
@@ -115,11 +150,16 @@ def recurrence(
             raise ValueError(f"initial_state must hold [K, V] = {(K, V)} states, got {S.shape}")
     n = max(len(states), lam.shape[1] - 1, (offset + T).bit_length())
     states += [np.zeros((K, V)) for _ in range(n - len(states))]
+    beta = _beta(beta, T)
     out = np.empty((T, V))
     for i in range(T):
         t = offset + i
         states = [np.exp(g[i]) * S for S in states]
-        o = _weight(lam, i, 0) * (q[i] @ k[i]) * v[i]
+        u = v[i]
+        if beta is not None:  # the delta rule reads the whole (decayed) state: every level
+            whole = sum((S for j, S in enumerate(states) if (t >> j) & 1), np.zeros((K, V)))
+            u = beta[i] * (v[i] - whole.T @ k[i])
+        o = _weight(lam, i, 0) * (q[i] @ k[i]) * u
         for j, S in enumerate(states):  # state j is level j + 1, occupied when bit j of t is set
             if (t >> j) & 1:
                 o = o + _weight(lam, i, j + 1) * (S.T @ q[i])
@@ -127,6 +167,6 @@ def recurrence(
         z = 0
         while (t >> z) & 1:  # the trailing ones of t
             z += 1
-        merged = np.outer(k[i], v[i]) + sum(states[:z], np.zeros((K, V)))
+        merged = np.outer(k[i], u) + sum(states[:z], np.zeros((K, V)))
         states = [np.zeros((K, V)) for _ in range(z)] + [merged] + states[z + 1 :]
     return out, states
