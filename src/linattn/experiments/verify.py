@@ -1122,10 +1122,12 @@ def log_linear_checks() -> list[Check]:
     """Log-linear attention (Guo, Yang et al. 2025, issue 52), on ``linattn.ops``: with every
     level weighted 1 the hierarchy is one level, and log-linear Mamba-2 is Mamba-2 (the scalar
     decay's ``linear_attention``); with every level weighted on its own, each form is the
-    masked hierarchical product O = (Q K^T (.) M^S (.) M^H) V of the float64 reference."""
+    masked hierarchical product O = (Q K^T (.) M^S (.) M^H) V of the float64 reference. The same
+    two over Gated DeltaNet's memory (``beta``): one level is ``delta_rule`` with the gate, and
+    every level the masked product of Gated DeltaNet's pseudo-values U (section 3.4)."""
     import torch
 
-    from linattn.ops import linear_attention
+    from linattn.ops import delta_rule, linear_attention
     from linattn.ops import log_linear as log_linear_ops
     from linattn.reference import log_linear as log_linear_reference
 
@@ -1154,6 +1156,27 @@ def log_linear_checks() -> list[Check]:
         run = log_linear_ops.log_linear_attention
         every, _ = run(q, k, v, g, lam, scale=0.5, mode=mode, chunk_size=16)
         checks.append(compare(f"log-linear, every level = masked product ({mode})",
+                              every[0].numpy(), product))  # fmt: skip
+    beta = torch.from_numpy(rng.uniform(0.0, 2.0, (1, T, H)))
+    gdn, _ = delta_rule(q, k, v, beta, g, scale=0.5, mode="recurrent")
+    product = np.stack(
+        [
+            log_linear_reference.masked_product(
+                q[0, :, h].numpy(), k[0, :, h].numpy(), v[0, :, h].numpy(), g[0, :, h].numpy(),
+                lam[0, :, h].numpy(), scale=0.5, beta=beta[0, :, h].numpy(),
+            )
+            for h in range(H)
+        ], axis=1,
+    )  # fmt: skip
+    for mode in ("parallel", "recurrent", "chunk"):
+        run = log_linear_ops.log_linear_attention
+        one, _ = run(q, k, v, g, ones, scale=0.5, mode=mode, chunk_size=16, beta=beta)
+        checks.append(compare(f"log-linear GDN, one level = Gated DeltaNet ({mode})",
+                              one[0].numpy(), gdn[0].numpy()))  # fmt: skip
+    for mode in ("parallel", "recurrent", "chunk"):
+        run = log_linear_ops.log_linear_attention
+        every, _ = run(q, k, v, g, lam, scale=0.5, mode=mode, chunk_size=16, beta=beta)
+        checks.append(compare(f"log-linear GDN, every level = masked product ({mode})",
                               every[0].numpy(), product))  # fmt: skip
     return checks
 

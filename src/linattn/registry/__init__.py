@@ -300,6 +300,13 @@ for _entry in (
         layer_path="linattn.layers:LogLinearMamba2", mixer="log_linear_mamba2",
         paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="scalar_decay",
     ),
+    Entry(
+        "log_linear_gated_delta", "log-linear Gated DeltaNet", "delta", "head",
+        "alpha_t (I - beta_t k_t k_t^T) summed over the levels; Fenwick merge at each step",
+        "beta_t v_t, read with a weight lambda_t^(l) per level", f"{_OPS}:log_linear_attention",
+        "linattn.reference.log_linear:recurrence", log_linear_case(delta=True),
+        paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="gated_delta",
+    ),
 ):  # fmt: skip
     register(_entry)
 

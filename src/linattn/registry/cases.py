@@ -388,8 +388,9 @@ LOG_LINEAR_OFFSET = 7  # the position the case's sequences continue from: levels
 LOG_LINEAR_LEVELS = 8  # L: the weights lambda_t^(0 .. 7) per token and head
 
 
-def log_linear_case() -> Case:
-    """Log-linear Mamba-2 (``linattn.ops.log_linear``). Its state is O(log T) level states, not
+def log_linear_case(delta: bool = False) -> Case:
+    """Log-linear Mamba-2 (``linattn.ops.log_linear``; ``delta``: log-linear Gated DeltaNet, with
+    write strengths beta in [0, 2]). Its state is O(log T) level states, not
     one [K, V] memory: "S0" is the level states [B, 3, H, K, V] of a sequence continued from
     position ``LOG_LINEAR_OFFSET`` = 7 (levels 1 .. 3 occupied), the S of (o, S) the final level
     states [B, n, H, K, V] (n = max(3, L - 1, bit_length(7 + T))); the oracle is
@@ -403,6 +404,8 @@ def log_linear_case() -> Case:
         normal, uniform, _, log_decay = _draw(gen, dtype)
         x["g"], x["level_scales"] = log_decay(B, T, H), uniform(B, T, H, LOG_LINEAR_LEVELS)
         x["S0"] = normal(B, 3, H, K, V)
+        if delta:
+            x["beta"] = 2 * uniform(B, T, H)
         return x
 
     def call(x, mode, chunk_size, scale):
@@ -413,6 +416,7 @@ def log_linear_case() -> Case:
         o, final = log_linear_attention(
             x["q"], x["k"], x["v"], x["g"], x["level_scales"], scale=scale, mode=mode,
             chunk_size=chunk_size, initial_state=state, output_final_state=True,
+            beta=x.get("beta"),
         )  # fmt: skip
         return o, final.S
 
@@ -424,7 +428,7 @@ def log_linear_case() -> Case:
                 recurrence(
                     *(_heads(x[name], h, n) for name in ("q", "k", "v", "g", "level_scales")),
                     scale=scale, initial_state=x["S0"][n, :, h].double().numpy(),
-                    offset=LOG_LINEAR_OFFSET,
+                    offset=LOG_LINEAR_OFFSET, beta=_heads(x.get("beta"), h, n),
                 )
                 for h in range(H)
             ]  # fmt: skip
