@@ -9,7 +9,8 @@ per-head gate, both ``mode="chunk"`` at the same C, forward only (no_grad), floa
 thread, at T = 4K, 16K, 64K (``--T``). Each pair is timed in turns (log-linear, Mamba-2, ...) and
 the medians are reported: the ratio per T, and the growth exponent of each time in T (the slope
 of log time against log T, between neighbouring T and over all of them). The log-linear weights
-are L = bit_length(max T) + 1 levels, every level a token can read.
+are L = bit_length(max T) + 1 levels, every level a token can read. ``--base gated_deltanet``
+times log-linear Gated DeltaNet against ``linattn.ops.delta_rule`` (the same gate, beta) instead.
 
     PYTHONPATH=src python benchmarks/log_linear.py                       # H = 8, K = V = 64
     PYTHONPATH=src python benchmarks/log_linear.py --H 4 --K 128 --V 128 --out result.json
@@ -26,7 +27,7 @@ import time
 
 import torch
 
-from linattn.ops import linear_attention, log_linear_attention
+from linattn.ops import delta_rule, linear_attention, log_linear_attention
 
 
 def make_inputs(T: int, H: int, K: int, V: int, L: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -41,15 +42,20 @@ def make_inputs(T: int, H: int, K: int, V: int, L: int, seed: int = 0) -> dict[s
         "q": randn(1, T, H, K), "k": torch.nn.functional.normalize(randn(1, T, H, K), dim=-1),
         "v": randn(1, T, H, V), "g": torch.nn.functional.logsigmoid(randn(1, T, H) + 4.0),
         "level_scales": torch.rand(1, T, H, L, generator=gen),
+        "beta": torch.rand(1, T, H, generator=gen),
     }  # fmt: skip
 
 
-def time_pair(x: dict[str, torch.Tensor], C: int, repeats: int) -> tuple[float, float]:
-    """Median seconds of (log-linear, Mamba-2) forwards, timed in turns."""
+def time_pair(
+    x: dict[str, torch.Tensor], C: int, repeats: int, base: str = "mamba2"
+) -> tuple[float, float]:
+    """Median seconds of (log-linear, its base) forwards, timed in turns."""
+    delta = base == "gated_deltanet"
     calls = [
         lambda: log_linear_attention(x["q"], x["k"], x["v"], x["g"], x["level_scales"],
-                                     chunk_size=C),
-        lambda: linear_attention(x["q"], x["k"], x["v"], x["g"], chunk_size=C),
+                                     chunk_size=C, beta=x["beta"] if delta else None),
+        (lambda: delta_rule(x["q"], x["k"], x["v"], x["beta"], x["g"], chunk_size=C)) if delta
+        else (lambda: linear_attention(x["q"], x["k"], x["v"], x["g"], chunk_size=C)),
     ]  # fmt: skip
     times: list[list[float]] = [[], []]
     with torch.no_grad():
@@ -80,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--C", type=int, default=64, help="chunk size of both (a power of two)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--base", choices=("mamba2", "gated_deltanet"), default="mamba2",
+                        help="the base mechanism (its memory under the levels)")  # fmt: skip
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     for name in ("H", "K", "V", "C", "repeats", "threads"):
@@ -93,14 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     Ts = sorted(args.T)
     L = Ts[-1].bit_length() + 1
     rows = []
-    print(f"log-linear Mamba-2 / Mamba-2, chunk forms, float32, H = {args.H}, K = {args.K}, "
+    name = {"mamba2": "Mamba-2", "gated_deltanet": "Gated DeltaNet"}[args.base]
+    print(f"log-linear {name} / {name}, chunk forms, float32, H = {args.H}, K = {args.K}, "
           f"V = {args.V}, C = {args.C}, L = {L}, {args.threads} thread(s), medians of "
           f"{args.repeats}")  # fmt: skip
-    print("| T | log-linear (s) | Mamba-2 (s) | ratio | ratio / log2(T / C) |")
+    print(f"| T | log-linear (s) | {name} (s) | ratio | ratio / log2(T / C) |")
     print("|---|---|---|---|---|")
     for T in Ts:
         x = make_inputs(T, args.H, args.K, args.V, L)
-        ours, base = time_pair(x, args.C, args.repeats)
+        ours, base = time_pair(x, args.C, args.repeats, args.base)
         per_level = ours / base / max(math.log2(T / args.C), 1.0)
         rows.append({"T": T, "log_linear_s": ours, "mamba2_s": base, "ratio": ours / base})
         print(f"| {T} | {ours:.4f} | {base:.4f} | {ours / base:.2f} | {per_level:.2f} |")
@@ -115,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"growth exponent over all T: log-linear {growth['log_linear']:.3f}, Mamba-2 "
           f"{growth['mamba2']:.3f}, ratio {growth['ratio']:.3f}")  # fmt: skip
     if args.out:
-        result = {"H": args.H, "K": args.K, "V": args.V, "C": args.C, "L": L,
+        result = {"base": args.base, "H": args.H, "K": args.K, "V": args.V, "C": args.C, "L": L,
                   "threads": args.threads, "repeats": args.repeats, "rows": rows,
                   "growth_exponent": growth}  # fmt: skip
         with open(args.out, "w") as f:

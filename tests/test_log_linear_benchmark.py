@@ -33,6 +33,8 @@ def test_the_log_linear_benchmark_reports_the_ratio_and_the_growth(tmp_path, cap
     printed = capsys.readouterr().out
     assert "| 256 |" in printed and "growth exponent over all T" in printed
     assert bench.slope([1, 2, 4], [3.0, 6.0, 12.0]) == pytest.approx(1.0)
+    assert bench.main([*argv[:-2], "--repeats", "1", "--base", "gated_deltanet"]) == 0
+    assert "log-linear Gated DeltaNet / Gated DeltaNet" in capsys.readouterr().out
 
 
 def test_bad_arguments_are_refused(capsys):
