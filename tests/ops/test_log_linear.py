@@ -12,6 +12,7 @@ from linattn.ops.log_linear import (
     LogLinearState,
     empty_state,
     log_linear_attention,
+    log_linear_state,
     log_linear_step,
 )
 from linattn.reference import log_linear as R
@@ -242,3 +243,16 @@ def test_bad_input_is_named_before_any_work():
         log_linear_attention(q, k, v, g, lam, beta=torch.zeros(1, 5, 1, dtype=torch.float64))
     with pytest.raises(TypeError, match="state must be a LogLinearState"):
         log_linear_step(None, q[:, 0], k[:, 0], v[:, 0], g[:, 0], lam[:, 0])
+
+
+def test_the_state_alone_equals_the_op_s_final_state():
+    q, k, v, g, lam = draws(B=1, T=30)
+    cu = torch.tensor([0, 1, 12, 30])
+    offsets = [0, 5, 70]
+    S0 = torch.cat([start(1, p, 7, 2, 4, 3, seed=i).S for i, p in enumerate(offsets)])
+    state = LogLinearState(S0, torch.tensor(offsets))
+    _, final = log_linear_attention(q, k, v, g, lam, cu_seqlens=cu, initial_state=state,
+                                    output_final_state=True)  # fmt: skip
+    alone = log_linear_state(k, v, g, levels=7, initial_state=state, cu_seqlens=cu)
+    torch.testing.assert_close(alone.S, final.S, rtol=0, atol=1e-12)
+    assert alone.offset.tolist() == final.offset.tolist() == [1, 16, 88]
