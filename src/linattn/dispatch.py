@@ -164,7 +164,10 @@ def routed(entry) -> bool:
 def served_by(entry) -> str | None:
     """The name of the earlier registered mechanism with fla names whose op and gate are
     ``entry``'s, or None: a reparametrisation (retention, HGRN, Based, ...) computed by another
-    mechanism's op is dispatched as that mechanism, whose routes the op's call takes."""
+    mechanism's op is dispatched as that mechanism, whose routes the op's call takes (only a
+    routed op has routes to share)."""
+    if not routed(entry):
+        return None
     for e in registry.mechanisms():
         if e is entry:
             return None

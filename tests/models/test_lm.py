@@ -149,8 +149,10 @@ def copy_batch(generator: torch.Generator, batch: int = 16, n: int = 4, vocab: i
 
 
 # Mamba-2 learns the copy more slowly: medians of seeds 0-2 after 100 steps 0.70 (0.70, 0.67,
-# 0.73), after 200 steps 0.43 (0.26, 0.50, 0.43); it gets 200.
-COPY_STEPS = {"mamba2": 200}
+# 0.73), after 200 steps 0.43 (0.26, 0.50, 0.43); it gets 200, and so does log-linear Mamba-2
+# (Mamba-2's layer with Fenwick levels: after 100 steps 0.67 (0.63, 0.67, 0.68), after 200
+# 0.50 (0.50, 0.19, 0.50)).
+COPY_STEPS = {"mamba2": 200, "log_linear_mamba2": 200}
 
 
 def _copy_loss_ratio(mixer, seed):
@@ -177,7 +179,13 @@ def _copy_loss_ratio(mixer, seed):
     return sum(losses[-5:]) / sum(losses[:5])
 
 
-@pytest.mark.parametrize("mixer", MIXERS)
+# log-linear Mamba-2's 200 steps (about 28 s) run with the slow tests (issue 52's time budget).
+COPY_SLOW = ("log_linear_mamba2",)
+
+
+@pytest.mark.parametrize(
+    "mixer", [pytest.param(m, marks=pytest.mark.slow) if m in COPY_SLOW else m for m in MIXERS]
+)
 def test_training_drives_the_copy_loss_down(mixer):
     # ln 7 = 1.95 is the loss of a uniform guess over the 7 content tokens. One seed's ratio moves
     # with the last bit of rounding (GLA's seed 0 ended at 0.48 or 0.60 of its first loss with two

@@ -80,6 +80,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.log_linear_attn import chunk_log_linear_attn
 from linattn.compat.rebased import parallel_rebased
 from linattn.compat.rwkv4 import fused_recurrent_rwkv4
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
@@ -117,6 +118,7 @@ __all__ = [
     "chunk_kda",
     "chunk_lightning_attn",
     "chunk_linear_attn",
+    "chunk_log_linear_attn",
     "chunk_retention",
     "chunk_rwkv6",
     "chunk_rwkv7",

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MISSING = {
-    "chunk_log_linear_attn": "log-linear attention (a Fenwick-tree hierarchy of states)",
     "chunk_mesa_net": "MesaNet (a conjugate-gradient solve per token)",
     "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
     "fused_recurrent_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",

@@ -1106,6 +1106,81 @@ def state_tracking_checks() -> list[Check]:
     ]
 
 
+def _log_linear_draws(T: int = 100, H: int = 2, K: int = 8, V: int = 8):
+    """q, k, v [1, T, H, K/V], g [1, T, H] (alpha in about 0.6 to 0.99), float64 tensors."""
+    import torch
+
+    rng = np.random.default_rng(52)
+    q, k = (torch.from_numpy(rng.standard_normal((1, T, H, K))) for _ in range(2))
+    k = k / k.norm(dim=-1, keepdim=True)
+    v = torch.from_numpy(rng.standard_normal((1, T, H, V)))
+    g = torch.nn.functional.logsigmoid(torch.from_numpy(rng.standard_normal((1, T, H)) + 2.0))
+    return rng, q, k, v, g
+
+
+def log_linear_checks() -> list[Check]:
+    """Log-linear attention (Guo, Yang et al. 2025, issue 52), on ``linattn.ops``: with every
+    level weighted 1 the hierarchy is one level, and log-linear Mamba-2 is Mamba-2 (the scalar
+    decay's ``linear_attention``); with every level weighted on its own, each form is the
+    masked hierarchical product O = (Q K^T (.) M^S (.) M^H) V of the float64 reference. The same
+    two over Gated DeltaNet's memory (``beta``): one level is ``delta_rule`` with the gate, and
+    every level the masked product of Gated DeltaNet's pseudo-values U (section 3.4)."""
+    import torch
+
+    from linattn.ops import delta_rule, linear_attention
+    from linattn.ops import log_linear as log_linear_ops
+    from linattn.reference import log_linear as log_linear_reference
+
+    rng, q, k, v, g = _log_linear_draws()
+    T, H = q.shape[1], q.shape[2]
+    levels = (T - 1).bit_length() + 1  # every level a token of T reads: 0 .. bit_length(T - 1)
+    base, _ = linear_attention(q, k, v, g, scale=0.5, mode="recurrent")
+    ones = torch.ones(1, T, H, levels, dtype=torch.float64)
+    lam = torch.from_numpy(rng.uniform(0.0, 1.0, (1, T, H, levels)))
+    product = np.stack(
+        [
+            log_linear_reference.masked_product(
+                q[0, :, h].numpy(), k[0, :, h].numpy(), v[0, :, h].numpy(), g[0, :, h].numpy(),
+                lam[0, :, h].numpy(), scale=0.5,
+            )
+            for h in range(H)
+        ], axis=1,
+    )  # fmt: skip
+    checks = []
+    for mode in ("parallel", "recurrent", "chunk"):
+        run = log_linear_ops.log_linear_attention
+        one, _ = run(q, k, v, g, ones, scale=0.5, mode=mode, chunk_size=16)
+        checks.append(compare(f"log-linear Mamba-2, one level = Mamba-2 ({mode})",
+                              one[0].numpy(), base[0].numpy()))  # fmt: skip
+    for mode in ("parallel", "recurrent", "chunk"):
+        run = log_linear_ops.log_linear_attention
+        every, _ = run(q, k, v, g, lam, scale=0.5, mode=mode, chunk_size=16)
+        checks.append(compare(f"log-linear, every level = masked product ({mode})",
+                              every[0].numpy(), product))  # fmt: skip
+    beta = torch.from_numpy(rng.uniform(0.0, 2.0, (1, T, H)))
+    gdn, _ = delta_rule(q, k, v, beta, g, scale=0.5, mode="recurrent")
+    product = np.stack(
+        [
+            log_linear_reference.masked_product(
+                q[0, :, h].numpy(), k[0, :, h].numpy(), v[0, :, h].numpy(), g[0, :, h].numpy(),
+                lam[0, :, h].numpy(), scale=0.5, beta=beta[0, :, h].numpy(),
+            )
+            for h in range(H)
+        ], axis=1,
+    )  # fmt: skip
+    for mode in ("parallel", "recurrent", "chunk"):
+        run = log_linear_ops.log_linear_attention
+        one, _ = run(q, k, v, g, ones, scale=0.5, mode=mode, chunk_size=16, beta=beta)
+        checks.append(compare(f"log-linear GDN, one level = Gated DeltaNet ({mode})",
+                              one[0].numpy(), gdn[0].numpy()))  # fmt: skip
+    for mode in ("parallel", "recurrent", "chunk"):
+        run = log_linear_ops.log_linear_attention
+        every, _ = run(q, k, v, g, lam, scale=0.5, mode=mode, chunk_size=16, beta=beta)
+        checks.append(compare(f"log-linear GDN, every level = masked product ({mode})",
+                              every[0].numpy(), product))  # fmt: skip
+    return checks
+
+
 # The checks in the order the spec prints them.
 SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     softmax_checks,
@@ -1139,6 +1214,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     stored_pair_checks,
     hybrid_cache_checks,
     state_tracking_checks,  # not the spec's: the state-tracking papers' claims
+    log_linear_checks,  # not the spec's: log-linear attention's identities (issue 52)
 )
 
 

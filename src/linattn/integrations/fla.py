@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
-from linattn.integrations import _fla_rwkv
+from linattn.integrations import _fla_log_linear, _fla_rwkv
 from linattn.ops.functional import causal_conv1d as shared_conv1d
 from linattn.ops.functional import conv_activation
 from linattn.ops.functional import l2norm as shared_l2norm
@@ -476,6 +476,10 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
     "fla.ops.rwkv7.gate_output_correction": {
         "gate_output_correction": _fla_rwkv.gate_output_correction
     },
+    "fla.modules.norm.layernorm_gated": {  # issue 52: LogLinearMamba2's gated norms
+        "rmsnorm_fn": _fla_log_linear.rmsnorm_fn,
+        "layernorm_fn": _fla_log_linear.layernorm_fn,
+    },
 }
 # fla class -> its methods that refuse CPU tensors themselves.
 MODULE_METHODS: dict[str, dict[str, Callable]] = {
@@ -484,6 +488,9 @@ MODULE_METHODS: dict[str, dict[str, Callable]] = {
     },
     "fla.modules.fused_linear_cross_entropy.ops.FusedLinearCrossEntropyLoss": {
         "forward": _linear_cross_entropy_forward
+    },
+    "fla.layers.log_linear_mamba2.LogLinearMamba2": {  # issue 52: refuses the CPU itself
+        "forward": _fla_log_linear.log_linear_mamba2_forward
     },
 }
 

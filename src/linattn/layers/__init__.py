@@ -14,6 +14,7 @@ and in recurrent mode for a one-token decoding step.
   available, as Kimi Linear's full-attention layers).
 - ``GatedAttention``: Qwen3-Next's softmax attention with an output gate, q/k norms, partial
   rotary embeddings and grouped key/value heads.
+- ``LogLinearMamba2``: Mamba-2 with log-linear attention's Fenwick levels (issue 52).
 - ``Mamba2``: the Mamba-2 mixer (SSD: scalar decay, Delta-scaled input, D skip, B/C groups).
 - ``Comba``, ``GatedDeltaNet2``: the generalized delta rule's gated delta rules: a separate
   read key p and a corrected query (Comba); an erase gate per key channel and a write gate per
@@ -44,6 +45,7 @@ from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.hgrn2 import HGRN2
 from linattn.layers.lightnet import LightNet
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
+from linattn.layers.log_linear import LogLinearMamba2
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
@@ -74,6 +76,7 @@ __all__ = [
     "LightNet",
     "LoRA",
     "LinearAttention",
+    "LogLinearMamba2",
     "MultiHeadLatentAttention",
     "MultiScaleRetention",
     "Mamba2",

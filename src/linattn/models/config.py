@@ -27,6 +27,7 @@ MIXERS = (
     "rwkv7",
     "comba",
     "gdn2",
+    "log_linear_mamba2",
 )
 # The mixers whose state is a KV cache that grows with t: softmax attention and its variants.
 ATTENTION_MIXERS = ("softmax", "mla", "gated_attention")

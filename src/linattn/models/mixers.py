@@ -17,6 +17,7 @@ from linattn.layers import (
     GatedLinearAttention,
     KimiDeltaAttention,
     LinearAttention,
+    LogLinearMamba2,
     Mamba2,
     MultiHeadLatentAttention,
     RuleMixer,
@@ -152,6 +153,16 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     "gdn2": lambda c: GatedDeltaNet2(
         c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
     ),
+    "log_linear_mamba2": lambda c: LogLinearMamba2(
+        c.d_model,
+        c.state_size,
+        c.conv_size,
+        c.expand,
+        c.mamba2_head_dim,
+        c.n_groups,
+        norm_eps=c.norm_eps,
+        **_chunk(c),
+    ),  # fmt: skip
     "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, **_chunk(c)),
 }
 assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS

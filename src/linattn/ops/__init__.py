@@ -19,6 +19,12 @@ from linattn.ops.delta_rule import delta_rule
 from linattn.ops.dplr_family import comba, gated_deltanet2, rwkv7
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.linear_attention import linear_attention
+from linattn.ops.log_linear import (
+    LogLinearState,
+    log_linear_attention,
+    log_linear_state,
+    log_linear_step,
+)
 from linattn.ops.rule_attention import rule_attention, rule_step
 from linattn.ops.rwkv6 import rwkv6
 from linattn.ops.slots import abc_attention, abc_step, gated_slot_attention, slot_step
@@ -38,6 +44,10 @@ __all__ = [
     "gated_slot_attention",
     "generalized_delta_rule",
     "linear_attention",
+    "LogLinearState",
+    "log_linear_attention",
+    "log_linear_state",
+    "log_linear_step",
     "recurrent_step",
     "rule_attention",
     "rule_step",

@@ -54,6 +54,7 @@ from linattn.registry.cases import (
     kernel_case,
     lightnet_case,
     lightning_case,
+    log_linear_case,
     retention_case,
     rule_case,
     rwkv4_case,
@@ -405,6 +406,23 @@ for _entry in (
         f"{_OPS}:rwkv6", "linattn.reference.rwkv4:wkv", rwkv4_case(),
         fla_names=("fused_recurrent_rwkv4",),
         paper="Peng et al. (2023)", section=_SEC10, nearest="rwkv6",
+    ),
+    # issue 52: log-linear attention (a Fenwick tree of level states over Mamba-2's memory)
+    Entry(
+        "log_linear_mamba2", "log-linear Mamba-2", "additive", "head",
+        "alpha_t I per level; Fenwick merge of levels 1 .. z at each step",
+        "v_t, read with a weight lambda_t^(l) per level", f"{_OPS}:log_linear_attention",
+        "linattn.reference.log_linear:recurrence", log_linear_case(),
+        fla_names=("chunk_log_linear_attn",),
+        layer_path="linattn.layers:LogLinearMamba2", mixer="log_linear_mamba2",
+        paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="scalar_decay",
+    ),
+    Entry(
+        "log_linear_gated_delta", "log-linear Gated DeltaNet", "delta", "head",
+        "alpha_t (I - beta_t k_t k_t^T) summed over the levels; Fenwick merge at each step",
+        "beta_t v_t, read with a weight lambda_t^(l) per level", f"{_OPS}:log_linear_attention",
+        "linattn.reference.log_linear:recurrence", log_linear_case(delta=True),
+        paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="gated_delta",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -826,3 +826,61 @@ def lightning_case(layer_idx: int = 1, num_layers: int = 4) -> Case:
     from linattn.reference.retention import lightning_decays
 
     return constant_decay_case(lambda H: lightning_decays(H, layer_idx, num_layers))
+
+
+# --- log-linear attention (issue 52): the level states are the state -----------------------------
+
+
+LOG_LINEAR_OFFSET = 7  # the position the case's sequences continue from: levels 1, 2, 3 occupied
+LOG_LINEAR_LEVELS = 8  # L: the weights lambda_t^(0 .. 7) per token and head
+
+
+def log_linear_case(delta: bool = False) -> Case:
+    """Log-linear Mamba-2 (``linattn.ops.log_linear``; ``delta``: log-linear Gated DeltaNet, with
+    write strengths beta in [0, 2]). Its state is O(log T) level states, not
+    one [K, V] memory: "S0" is the level states [B, 3, H, K, V] of a sequence continued from
+    position ``LOG_LINEAR_OFFSET`` = 7 (levels 1 .. 3 occupied), the S of (o, S) the final level
+    states [B, n, H, K, V] (n = max(3, L - 1, bit_length(7 + T))); the oracle is
+    ``linattn.reference.log_linear.recurrence``, head by head."""
+    from linattn.ops.log_linear import LogLinearState, log_linear_attention
+    from linattn.reference.log_linear import recurrence
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, _, log_decay = _draw(gen, dtype)
+        x["g"], x["level_scales"] = log_decay(B, T, H), uniform(B, T, H, LOG_LINEAR_LEVELS)
+        x["S0"] = normal(B, 3, H, K, V)
+        if delta:
+            x["beta"] = 2 * uniform(B, T, H)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        B = x["q"].shape[0]
+        state = None
+        if x.get("S0") is not None:
+            state = LogLinearState(x["S0"], torch.full((B,), LOG_LINEAR_OFFSET))
+        o, final = log_linear_attention(
+            x["q"], x["k"], x["v"], x["g"], x["level_scales"], scale=scale, mode=mode,
+            chunk_size=chunk_size, initial_state=state, output_final_state=True,
+            beta=x.get("beta"),
+        )  # fmt: skip
+        return o, final.S
+
+    def oracle(x, scale):
+        B, T, H, _ = x["q"].shape
+        outs, states = [], []
+        for n in range(B):
+            pairs = [
+                recurrence(
+                    *(_heads(x[name], h, n) for name in ("q", "k", "v", "g", "level_scales")),
+                    scale=scale, initial_state=x["S0"][n, :, h].double().numpy(),
+                    offset=LOG_LINEAR_OFFSET, beta=_heads(x.get("beta"), h, n),
+                )
+                for h in range(H)
+            ]  # fmt: skip
+            outs.append(np.stack([o for o, _ in pairs], axis=1))
+            states.append(np.stack([np.stack(S) for _, S in pairs], axis=1))
+        return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
+
+    return Case(inputs, call, oracle, "linear")
