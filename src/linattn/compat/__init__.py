@@ -63,6 +63,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.mesa_net import chunk_mesa_net, mesa_net_decoding_one_step
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
@@ -93,6 +94,7 @@ __all__ = [
     "chunk_kda",
     "chunk_lightning_attn",
     "chunk_linear_attn",
+    "chunk_mesa_net",
     "chunk_retention",
     "chunk_rwkv6",
     "chunk_rwkv7",
@@ -120,6 +122,7 @@ __all__ = [
     "fused_recurrent_rwkv7",
     "fused_recurrent_simple_gla",
     "kda_gate",
+    "mesa_net_decoding_one_step",
     "parallel_retention",
     "parallel_simple_gla",
 ]
@@ -130,6 +133,8 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "fused_recurrent_gdn2": "fla.ops.gdn2",
     "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
     "chunk_gated_delta_product": "fla.ops.gated_delta_product",
+    # issue 52 (MesaNet, DeltaFormer, PaTH)
+    "mesa_net_decoding_one_step": "fla.ops.mesa_net",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

@@ -12,7 +12,6 @@ MISSING = {
     "chunk_cyfa": "CyFA (its state and readout)",
     "fused_recurrent_cyfa": "CyFA (its state and readout)",
     "chunk_log_linear_attn": "log-linear attention (a Fenwick-tree hierarchy of states)",
-    "chunk_mesa_net": "MesaNet (a conjugate-gradient solve per token)",
     "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
     "fused_recurrent_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
     "chunk_precond_gated_delta_rule": "the preconditioned gated delta rule (a second, "

@@ -361,6 +361,36 @@ def kaczmarz_checks() -> list[Check]:
     return [compare("24 pairs swept 200 times: the reads converge", K24 @ S, V24, 1e-4)]
 
 
+def mesa_checks() -> list[Check]:
+    """Section 7.3 and MesaNet (issue 52): MesaNet's memory after n pairs (no decay, beta = 1) is
+    the least-squares memory of the pairs and lambda's prior pairs (sqrt(lambda) e_i, 0), that is
+    (K^T K + lambda I)^{-1} K^T V; read by ``linattn.ops.mesa`` (conjugate gradients) with
+    r queries e_i after the pairs, which return the memory's rows."""
+    import torch
+
+    from linattn.ops import mesa
+
+    rng = np.random.default_rng(52)
+    n, r, d, lamb = 24, 8, 3, 0.5
+    K, V = unit(rng.standard_normal((n, r))), rng.standard_normal((n, d))
+    q = np.vstack([np.zeros((n, r)), np.eye(r)])
+    k = np.vstack([K, np.zeros((r, r))])
+    v = np.vstack([V, np.zeros((r, d))])
+    beta = np.concatenate([np.ones(n), np.zeros(r)])
+
+    def t(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x))[None, :, None]
+
+    o, *_ = mesa.mesa_net(
+        t(q), t(k), t(v), None, t(beta), torch.full((1, r), lamb, dtype=torch.float64),
+        max_cg_iterations=2 * r, cg_eps=0.0,
+    )  # fmt: skip
+    S = o[0, n:, 0].numpy()
+    prior = np.sqrt(lamb) * np.eye(r)
+    want = least_squares_memory(np.vstack([K, prior]), np.vstack([V, np.zeros((r, d))]))
+    return [compare(f"MesaNet's memory is least squares with lambda = {lamb}", S, want)]
+
+
 def chunked_delta_checks() -> list[Check]:
     """Section 8: chunks of any size equal the recurrence; the WY form of 6 transitions."""
     rng3 = np.random.default_rng(3)
@@ -1130,6 +1160,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     spectrum_checks,
     read_change_checks,
     kaczmarz_checks,
+    mesa_checks,  # issue 52: MesaNet, DeltaFormer, PaTH
     chunked_delta_checks,
     dplr_checks,
     delta_product_checks,

@@ -47,6 +47,7 @@ from linattn.registry.cases import (
     delta_product_case,
     dplr_case,
     gdn2_case,
+    mesa_case,
     rule_case,
     rwkv6_case,
     rwkv7_case,
@@ -284,6 +285,15 @@ for _entry in (
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
         paper="Peng et al. (2024)", section=_SEC10,
+    ),
+    # issue 52: MesaNet, DeltaFormer, PaTH attention
+    Entry(
+        "mesa", "MesaNet", None, "head",
+        "none: two memories, H_t = gamma_t H_{t-1} + beta_t k_t k_t^T and G_t likewise",
+        "o_t = G_t^T (H_t + Diag(lambda))^{-1} q_t (a CG solve per token)",
+        f"{_OPS}.mesa:mesa_net", "linattn.reference.mesa:mesa_net", mesa_case(),
+        fla_names=("chunk_mesa_net", "mesa_net_decoding_one_step"),
+        paper="von Oswald et al. (2025)", section="7.3", nearest="gated_delta",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -379,3 +379,55 @@ def rule_case(rule: str, gate: str = "none") -> Case:
         return testing.oracle(found, x64, scale)
 
     return Case(inputs, call, oracle, "delta" if rules.named(rule).READS_STATE else "linear")
+
+
+# --- issue 52: MesaNet (two states, a solve per token) ------------------------------------------
+
+
+def mesa_case(iterations_per_key: int = 2) -> Case:
+    """MesaNet (``linattn.ops.mesa``): inputs q, k (unit), v, g (per head), beta in [0, 1], lamb
+    [H, K] in [0.25, 1.25], and its two initial states, S0 = h_kk (symmetric, positive
+    semidefinite) and S0_kv = h_kv. The call solves by textbook conjugate gradients
+    (``cg_eps=0``, ``iterations_per_key * K`` steps: converged to rounding) and returns the two
+    final states side by side as one [B, H, K, K + V] tensor, so that the Case contract's single
+    state S holds both (the oracle returns the same)."""
+    from linattn.ops.mesa import mesa_net
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": unit(B, T, H, K), "v": normal(B, T, H, V)}
+        x["g"], x["beta"] = log_decay(B, T, H), uniform(B, T, H)
+        x["lamb"] = uniform(H, K) + 0.25
+        root = normal(B, H, K, K).double() / K
+        x["S0"] = (root @ root.transpose(-1, -2)).to(dtype)
+        x["S0_kv"] = normal(B, H, K, V)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        K = x["q"].shape[-1]
+        o, h_kk, h_kv = mesa_net(
+            x["q"] * scale, x["k"], x["v"], x["g"], x["beta"], x["lamb"], mode=mode,
+            chunk_size=chunk_size, h_kk_init=x.get("S0"), h_kv_init=x.get("S0_kv"),
+            output_final_state=True, max_cg_iterations=iterations_per_key * K, cg_eps=0.0,
+        )  # fmt: skip
+        return o, torch.cat([h_kk, h_kv], dim=-1)
+
+    def oracle(x, scale):
+        from linattn.reference.mesa import mesa_net as reference
+
+        B, _, H, _ = x["q"].shape
+
+        def head(n, h):
+            s_kk, s_kv = x.get("S0"), x.get("S0_kv")
+            o, h_kk, h_kv = reference(
+                scale * _heads(x["q"], h, n), _heads(x["k"], h, n), _heads(x["v"], h, n),
+                _heads(x["g"], h, n), _heads(x["beta"], h, n), x["lamb"][h].double().numpy(),
+                None if s_kk is None else s_kk[n, h].double().numpy(),
+                None if s_kv is None else s_kv[n, h].double().numpy(),
+            )  # fmt: skip
+            return o, np.concatenate([h_kk, h_kv], axis=-1)
+
+        return _per_head(head, x, B, H)
+
+    return Case(inputs, call, oracle, "linear")

@@ -1,0 +1,28 @@
+"""``linattn verify``'s checks of issue 52 (MesaNet, DeltaFormer, PaTH): each passes, is run by
+``linattn verify``, and fails when the property it checks is broken."""
+
+from __future__ import annotations
+
+import pytest
+
+from linattn.experiments import verify
+
+
+@pytest.mark.parametrize("section", ["mesa_checks"])
+def test_the_checks_pass_and_are_run(section):
+    checks = getattr(verify, section)()
+    assert checks and all(c.passed for c in checks), [c.line() for c in checks]
+    assert getattr(verify, section) in verify.SECTIONS
+
+
+def test_the_mesa_check_fails_for_a_solve_that_is_not_converged(monkeypatch):
+    from linattn.ops import mesa
+
+    real = mesa.mesa_net
+
+    def two_steps(*args, **kwargs):
+        return real(*args, **{**kwargs, "max_cg_iterations": 2})
+
+    monkeypatch.setattr(mesa, "mesa_net", two_steps)
+    (check,) = verify.mesa_checks()
+    assert not check.passed and check.error > 1e-6
