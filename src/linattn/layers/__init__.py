@@ -33,6 +33,7 @@ from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.mamba2 import Mamba2
+from linattn.layers.mesa import MesaNet
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
@@ -57,6 +58,7 @@ __all__ = [
     "LinearAttention",
     "MultiHeadLatentAttention",
     "Mamba2",
+    "MesaNet",
     "RecurrentMixer",
     "RWKV7",
     "RuleMixer",

@@ -293,6 +293,7 @@ for _entry in (
         "o_t = G_t^T (H_t + Diag(lambda))^{-1} q_t (a CG solve per token)",
         f"{_OPS}.mesa:mesa_net", "linattn.reference.mesa:mesa_net", mesa_case(),
         fla_names=("chunk_mesa_net", "mesa_net_decoding_one_step"),
+        layer_path="linattn.layers:MesaNet",
         paper="von Oswald et al. (2025)", section="7.3", nearest="gated_delta",
     ),
 ):  # fmt: skip

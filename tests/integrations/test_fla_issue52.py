@@ -1,0 +1,43 @@
+"""fla's MesaNet model (issue 52's families) on the CPU under ``linattn.integrations.fla.enable()``.
+
+fla's own MesaNet kernel cannot be the reference here (its per-chunk h_kv is bfloat16, which
+triton's interpreter computes wrongly: tests/compat/test_mesa_net.py); the layer is pinned against
+fla's layer in tests/layers/test_mesa.py, and here the model trains and generates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.integrations import fla as fla_integration
+
+fla_models = pytest.importorskip("fla.models")
+
+
+@pytest.fixture
+def enabled():
+    fla_integration.enable()
+    yield
+    fla_integration.disable()
+
+
+def test_mesanet_model_trains_and_generates(enabled):
+    config = fla_models.MesaNetConfig(
+        hidden_size=32, num_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=50,
+        fuse_cross_entropy=False,
+    )
+    torch.manual_seed(0)
+    model = fla_models.MesaNetForCausalLM(config)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    lamb = model.model.layers[0].attn.lambda_params.grad
+    assert lamb is not None and torch.isfinite(lamb).all() and lamb.abs().sum() > 0
+    with torch.no_grad():
+        full = model(ids).logits
+        first = model(ids[:, :8], use_cache=True)
+        last = model(ids[:, 8:], past_key_values=first.past_key_values, use_cache=True).logits
+    torch.testing.assert_close(first.logits, full[:, :8], rtol=1e-5, atol=1e-5)
+    # the decoding step starts fla's CG from Jacobi's guess, the chunk form from 0 (as fla's)
+    assert (last[:, -1] - full[:, -1]).abs().max() < 1e-2
