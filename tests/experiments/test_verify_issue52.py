@@ -8,7 +8,7 @@ import pytest
 from linattn.experiments import verify
 
 
-@pytest.mark.parametrize("section", ["mesa_checks"])
+@pytest.mark.parametrize("section", ["mesa_checks", "deltaformer_checks"])
 def test_the_checks_pass_and_are_run(section):
     checks = getattr(verify, section)()
     assert checks and all(c.passed for c in checks), [c.line() for c in checks]
@@ -25,4 +25,17 @@ def test_the_mesa_check_fails_for_a_solve_that_is_not_converged(monkeypatch):
 
     monkeypatch.setattr(mesa, "mesa_net", two_steps)
     (check,) = verify.mesa_checks()
+    assert not check.passed and check.error > 1e-6
+
+
+def test_the_deltaformer_check_fails_when_beta_is_misplaced(monkeypatch):
+    from linattn.ops import deltaformer
+
+    real = deltaformer.deltaformer
+
+    def beta_twice(q, k, v, beta, **kwargs):  # beta applied to the values once more
+        return real(q, k, beta.unsqueeze(-1) * v, beta, **kwargs)
+
+    monkeypatch.setattr(deltaformer, "deltaformer", beta_twice)
+    (check,) = verify.deltaformer_checks()
     assert not check.passed and check.error > 1e-6

@@ -41,6 +41,7 @@ from linattn.compat.delta_rule import (
     fused_chunk_delta_rule,
     fused_recurrent_delta_rule,
 )
+from linattn.compat.deltaformer import deltaformer_attn
 from linattn.compat.gated_delta_product import chunk_gated_delta_product
 from linattn.compat.gated_delta_rule import (
     chunk_gated_delta_rule,
@@ -99,6 +100,7 @@ __all__ = [
     "chunk_rwkv6",
     "chunk_rwkv7",
     "chunk_simple_gla",
+    "deltaformer_attn",
     "fused_chunk_delta_rule",
     "fused_chunk_gla",
     "fused_chunk_linear_attn",
@@ -135,6 +137,7 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "chunk_gated_delta_product": "fla.ops.gated_delta_product",
     # issue 52 (MesaNet, DeltaFormer, PaTH)
     "mesa_net_decoding_one_step": "fla.ops.mesa_net",
+    "deltaformer_attn": "fla.ops.deltaformer",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

@@ -391,6 +391,26 @@ def mesa_checks() -> list[Check]:
     return [compare(f"MesaNet's memory is least squares with lambda = {lamb}", S, want)]
 
 
+def deltaformer_checks() -> list[Check]:
+    """Section 8 and DeltaFormer (issue 52): with the bare kernel q.k in place of the softmax, the
+    write stage's queries k (the paper's), values beta_t v_t and scale 1, DeltaFormer's
+    pseudo-values are the delta rule's and its output is the delta rule's, o_t = S_t^T q_t."""
+    import torch
+
+    from linattn.ops import delta_rule, deltaformer
+
+    rng = np.random.default_rng(8)
+    T, D = 24, 4
+    q, v = (torch.from_numpy(rng.standard_normal((1, T, 1, D))) for _ in range(2))
+    k = torch.from_numpy(unit(rng.standard_normal((T, D)))).view(1, T, 1, D)
+    beta = torch.from_numpy(rng.uniform(0, 1, (1, T, 1)))
+    o = deltaformer.deltaformer(
+        q, k, beta.unsqueeze(-1) * v, beta, kernel="linear", scale=1.0, u_queries=k
+    )
+    want, _ = delta_rule(q, k, v, beta, scale=1.0, mode="recurrent")
+    return [compare("DeltaFormer with the linear kernel is the delta rule", o, want)]
+
+
 def chunked_delta_checks() -> list[Check]:
     """Section 8: chunks of any size equal the recurrence; the WY form of 6 transitions."""
     rng3 = np.random.default_rng(3)
@@ -1161,6 +1181,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     read_change_checks,
     kaczmarz_checks,
     mesa_checks,  # issue 52: MesaNet, DeltaFormer, PaTH
+    deltaformer_checks,
     chunked_delta_checks,
     dplr_checks,
     delta_product_checks,

@@ -29,6 +29,7 @@ and in recurrent mode for a one-token decoding step.
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.delta_product import GatedDeltaProduct
+from linattn.layers.deltaformer import DeltaFormer
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
@@ -45,6 +46,7 @@ from linattn.layers.softmax import SoftmaxAttention
 __all__ = [
     "Comba",
     "DecayGate",
+    "DeltaFormer",
     "DeltaNet",
     "GatedAttention",
     "GatedConvolution",

@@ -45,6 +45,7 @@ from linattn.registry.cases import (
     comba_case,
     delta_case,
     delta_product_case,
+    deltaformer_case,
     dplr_case,
     gdn2_case,
     mesa_case,
@@ -295,6 +296,15 @@ for _entry in (
         fla_names=("chunk_mesa_net", "mesa_net_decoding_one_step"),
         layer_path="linattn.layers:MesaNet",
         paper="von Oswald et al. (2025)", section="7.3", nearest="gated_delta",
+    ),
+    Entry(
+        "deltaformer", "DeltaFormer", None, "none",
+        "none: the pseudo-values u_t are cached (a KV cache of k and u)",
+        "u_t = v_t - beta_t sum_{s<t} softmax_s(q_t.k_s) u_s; o = softmax attention over (k, u)",
+        f"{_OPS}.deltaformer:deltaformer", "linattn.reference.deltaformer:deltaformer",
+        deltaformer_case(), fla_names=("deltaformer_attn",),
+        layer_path="linattn.layers:DeltaFormer",
+        paper="Zhong et al. (2025)", section="8", nearest="delta",
     ),
 ):  # fmt: skip
     register(_entry)

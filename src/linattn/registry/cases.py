@@ -431,3 +431,36 @@ def mesa_case(iterations_per_key: int = 2) -> Case:
         return _per_head(head, x, B, H)
 
     return Case(inputs, call, oracle, "linear")
+
+
+# --- issue 52: DeltaFormer (the delta rule's pseudo-values with a softmax kernel) ----------------
+
+
+def deltaformer_case() -> Case:
+    """DeltaFormer (``linattn.ops.deltaformer``): q, k, v normal, beta in [0, 1]; no state (the
+    pseudo-values are a cache, as softmax attention's keys): S is empty, as softmax's case."""
+    from linattn.ops.deltaformer import deltaformer
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, _, _ = _draw(gen, dtype)
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V),
+                "beta": uniform(B, T, H)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        o = deltaformer(x["q"], x["k"], x["v"], x.get("beta"), scale=scale, mode=mode,
+                        chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        from linattn.reference.deltaformer import deltaformer as reference
+
+        B, _, H, _ = x["q"].shape
+        return _per_head(
+            lambda n, h: (reference(_heads(x["q"], h, n), _heads(x["k"], h, n),
+                                    _heads(x["v"], h, n), _heads(x.get("beta"), h, n),
+                                    scale=scale)[0], np.zeros(0)),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "softmax")
