@@ -65,6 +65,7 @@ from linattn.compat.linear_attn import (
     fused_recurrent_linear_attn,
 )
 from linattn.compat.mesa_net import chunk_mesa_net, mesa_net_decoding_one_step
+from linattn.compat.path_attn import parallel_path_attn
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
@@ -125,6 +126,7 @@ __all__ = [
     "fused_recurrent_simple_gla",
     "kda_gate",
     "mesa_net_decoding_one_step",
+    "parallel_path_attn",
     "parallel_retention",
     "parallel_simple_gla",
 ]

@@ -28,7 +28,6 @@ MISSING = {
     "parallel_forgetting_attn": "the forgetting transformer (softmax with a forget gate)",
     "parallel_nsa": "native sparse attention (block selection)",
     "parallel_parallax": "Parallax attention",
-    "parallel_path_attn": "PaTH attention (Householder position encoding inside softmax)",
     "parallel_stickbreaking_attn": "stick-breaking attention",
     "parallel_wall_attn": "WALL attention",
     "parallel_wall_attn_decode": "WALL attention's decoding step",

@@ -411,6 +411,37 @@ def deltaformer_checks() -> list[Check]:
     return [compare("DeltaFormer with the linear kernel is the delta rule", o, want)]
 
 
+def path_checks() -> list[Check]:
+    """Section 2 and PaTH attention (issue 52): with beta = 0 every transition is I and PaTH is
+    softmax attention without positions; with beta = 2 and a unit w the transition
+    H = I - 2 w w^T is a reflection, read back from PaTH's scores (key e_j at token 0, query e_i
+    at token 1: the score is H_ij): orthogonal, determinant -1."""
+    import torch
+
+    from linattn.ops import path, softmax_attention
+
+    rng = np.random.default_rng(11)
+    T, D = 20, 4
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, T, 2, D))) for _ in range(3))
+    w = torch.from_numpy(rng.standard_normal((1, T, 2, D)))
+    o = path.path_attention(q, k, v, w, torch.zeros(1, T, 2, dtype=torch.float64))
+    want = softmax_attention(q, k, v, fused=False)
+    unit_w = unit(rng.standard_normal((1, D)))[0]
+    eye = torch.eye(D, dtype=torch.float64)
+    keys = eye.repeat(D, 1)  # row i * D + j: key e_j
+    queries = eye.repeat_interleave(D, dim=0)  # query e_i
+    qq = torch.stack([torch.zeros_like(queries), queries], 1)[:, :, None]
+    kk = torch.stack([keys, torch.zeros_like(keys)], 1)[:, :, None]
+    ww = torch.from_numpy(unit_w).expand(D * D, 2, 1, D)
+    scores = path.path_scores(qq, kk, ww, torch.full((D * D, 2, 1), 2.0, dtype=torch.float64))
+    H = scores[:, 0, 1, 0].reshape(D, D).numpy()
+    return [
+        compare("PaTH with beta = 0 is softmax attention", o, want),
+        compare("PaTH with beta = 2: each transition is orthogonal", H.T @ H, np.eye(D)),
+        compare("PaTH with beta = 2: each transition has determinant -1", np.linalg.det(H), -1.0),
+    ]
+
+
 def chunked_delta_checks() -> list[Check]:
     """Section 8: chunks of any size equal the recurrence; the WY form of 6 transitions."""
     rng3 = np.random.default_rng(3)
@@ -1182,6 +1213,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     kaczmarz_checks,
     mesa_checks,  # issue 52: MesaNet, DeltaFormer, PaTH
     deltaformer_checks,
+    path_checks,
     chunked_delta_checks,
     dplr_checks,
     delta_product_checks,

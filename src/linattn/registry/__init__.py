@@ -49,6 +49,7 @@ from linattn.registry.cases import (
     dplr_case,
     gdn2_case,
     mesa_case,
+    path_case,
     rule_case,
     rwkv6_case,
     rwkv7_case,
@@ -305,6 +306,14 @@ for _entry in (
         deltaformer_case(), fla_names=("deltaformer_attn",),
         layer_path="linattn.layers:DeltaFormer",
         paper="Zhong et al. (2025)", section="8", nearest="delta",
+    ),
+    Entry(
+        "path", "PaTH attention", None, "head",
+        "none: the KV cache, each key carried through H_i = I - beta_i w_i w_i^T",
+        "(k_t, v_t) appended; scores q_t^T H_t ... H_{s+1} k_s inside softmax",
+        f"{_OPS}.path:path_attention", "linattn.reference.path:path_attention", path_case(),
+        fla_names=("parallel_path_attn",),
+        paper="Yang et al. (2025)", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
     register(_entry)

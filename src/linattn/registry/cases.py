@@ -464,3 +464,37 @@ def deltaformer_case() -> Case:
         )  # fmt: skip
 
     return Case(inputs, call, oracle, "softmax")
+
+
+# --- issue 52: PaTH attention (Householder transitions inside softmax scores) --------------------
+
+
+def path_case() -> Case:
+    """PaTH attention (``linattn.ops.path``): q, k, v normal, w unit, beta in [0, 2], a forget
+    gate per head g; no fixed state (S empty, as softmax's case)."""
+    from linattn.ops.path import path_attention
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+        x.update(w=unit(B, T, H, K), beta=2 * uniform(B, T, H), g=log_decay(B, T, H))
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        o = path_attention(x["q"], x["k"], x["v"], x["w"], x["beta"], x.get("g"), scale=scale,
+                           mode=mode, chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        from linattn.reference.path import path_attention as reference
+
+        B, _, H, _ = x["q"].shape
+        names = ("q", "k", "v", "w", "beta", "g")
+        return _per_head(
+            lambda n, h: (reference(*(_heads(x.get(m), h, n) for m in names), scale=scale)[0],
+                          np.zeros(0)),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "softmax")
