@@ -23,7 +23,11 @@ def enabled():
 
 def test_mesanet_model_trains_and_generates(enabled):
     config = fla_models.MesaNetConfig(
-        hidden_size=32, num_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=50,
+        hidden_size=32,
+        num_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        vocab_size=50,
         fuse_cross_entropy=False,
     )
     torch.manual_seed(0)
@@ -41,3 +45,28 @@ def test_mesanet_model_trains_and_generates(enabled):
     torch.testing.assert_close(first.logits, full[:, :8], rtol=1e-5, atol=1e-5)
     # the decoding step starts fla's CG from Jacobi's guess, the chunk form from 0 (as fla's)
     assert (last[:, -1] - full[:, -1]).abs().max() < 1e-2
+
+
+def test_path_model_trains_like_its_float64_self(enabled):
+    config = fla_models.PaTHAttentionConfig(
+        hidden_size=32,
+        num_heads=2,
+        num_hidden_layers=2,
+        vocab_size=50,
+        fuse_cross_entropy=False,
+        use_forget_gate=True,
+    )
+    torch.manual_seed(0)
+    model = fla_models.PaTHAttentionForCausalLM(config)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model64 = model.double()
+    model64.zero_grad()
+    loss64 = model64(ids, labels=ids).loss
+    loss64.backward()
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
+    for name, p in model64.named_parameters():
+        scale = p.grad.abs().max().item() + 1e-12
+        assert (grads[name].double() - p.grad).abs().max() / scale < 1e-3, name

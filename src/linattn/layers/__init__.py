@@ -38,6 +38,7 @@ from linattn.layers.mesa import MesaNet
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
+from linattn.layers.path import PaTHAttention
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
@@ -60,6 +61,7 @@ __all__ = [
     "LinearAttention",
     "MultiHeadLatentAttention",
     "Mamba2",
+    "PaTHAttention",
     "MesaNet",
     "RecurrentMixer",
     "RWKV7",

@@ -312,7 +312,7 @@ for _entry in (
         "none: the KV cache, each key carried through H_i = I - beta_i w_i w_i^T",
         "(k_t, v_t) appended; scores q_t^T H_t ... H_{s+1} k_s inside softmax",
         f"{_OPS}.path:path_attention", "linattn.reference.path:path_attention", path_case(),
-        fla_names=("parallel_path_attn",),
+        fla_names=("parallel_path_attn",), layer_path="linattn.layers:PaTHAttention",
         paper="Yang et al. (2025)", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
