@@ -67,7 +67,7 @@ def test_the_decoding_step_equals_fla_s_naive_and_kernel():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("cu", [None, [0, 1, 30, 45]])
+@pytest.mark.parametrize("cu", [None, pytest.param([0, 1, 30, 45], marks=pytest.mark.slow)])
 def test_chunk_mesa_net_equals_fla_s_kernels(cu):
     from fla.ops.mesa_net.chunk_cg_solver_fwd import chunk_mesa_cg_fwd
     from fla.ops.mesa_net.chunk_h_fwd import chunk_mesa_fwd_h

@@ -70,3 +70,33 @@ def test_path_model_trains_like_its_float64_self(enabled):
     for name, p in model64.named_parameters():
         scale = p.grad.abs().max().item() + 1e-12
         assert (grads[name].double() - p.grad).abs().max() / scale < 1e-3, name
+
+
+def test_deltaformer_model_trains_like_its_float64_self(enabled, monkeypatch):
+    # fla's rotary embedding is a Triton kernel that another part of linattn ports to the CPU;
+    # fla's own torch reference stands in for it here
+    ops = pytest.importorskip("fla.modules.rotary.ops")
+
+    def rotary(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, **_):
+        T = x.shape[1]
+        window = slice(seqlen_offsets, seqlen_offsets + T)
+        return ops.rotary_embedding_ref(x, cos[window], sin[window], interleaved)
+
+    monkeypatch.setattr(ops, "rotary_embedding", rotary)
+    config = fla_models.DeltaFormerConfig(
+        hidden_size=32, num_heads=2, num_hidden_layers=2, vocab_size=50, fuse_cross_entropy=False
+    )
+    torch.manual_seed(0)
+    model = fla_models.DeltaFormerForCausalLM(config)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model64 = model.double()
+    model64.zero_grad()
+    loss64 = model64(ids, labels=ids).loss
+    loss64.backward()
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
+    for name, p in model64.named_parameters():
+        scale = p.grad.abs().max().item() + 1e-12
+        assert (grads[name].double() - p.grad).abs().max() / scale < 1e-3, name
