@@ -56,6 +56,23 @@ def test_exact_solve_equals_fla_s_naive_exact(T):
     assert (o.float() - want).abs().max() < 5e-2  # fla's 30-40 guarded CG steps
 
 
+def test_fla_s_cg_at_its_default_iterations_equals_fla_s_naive_chunked_cg():
+    # fla's naive_mesa_net_CG (naive.py, not exported) solves as its kernel does: x_0 = 0, the
+    # 1e-5 guards, 30 steps; T a multiple of its chunk
+    from fla.ops.mesa_net.naive import naive_mesa_net_CG
+
+    q, k, v, g, beta, lamb = _inputs(B=2, T=32)
+    h_kk, h_kv = _states(2, 2, 16)
+    want, w_kk, w_kv = naive_mesa_net_CG(q, k, v, g, lamb, beta, 16, 30, h_kk, h_kv)
+    o, s_kk, s_kv = compat.chunk_mesa_net(q, k, v, g, beta, lamb, h_kk, h_kv, True)
+    torch.testing.assert_close(o, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s_kk, w_kk, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s_kv, w_kv, rtol=1e-5, atol=1e-5)
+    # fewer steps differ: the iteration count is honoured
+    o10, *_ = compat.chunk_mesa_net(q, k, v, g, beta, lamb, h_kk, h_kv, max_CG_iteration=3)
+    assert (o10 - want).abs().max() > 1e-3
+
+
 def test_the_decoding_step_equals_fla_s_naive_and_kernel():
     q, k, v, g, beta, lamb = _inputs(B=3, T=1)
     h_kk, h_kv = _states(3, 2, 16)

@@ -22,7 +22,10 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 ``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) and ``chunk_gated_delta_product``
 (Gated DeltaProduct, module ``gated_delta_product``) are computed too; fla exports them from
 ``fla.ops.gdn2``, ``fla.ops.rwkv7`` and ``fla.ops.gated_delta_product`` only, not ``fla.ops``
-(``FLA_SUBMODULE_ENTRY_POINTS``).
+(``FLA_SUBMODULE_ENTRY_POINTS``). MesaNet (``chunk_mesa_net``; ``mesa_net_decoding_one_step`` from
+``fla.ops.mesa_net``), DeltaFormer (``deltaformer_attn``, from ``fla.ops.deltaformer``) and PaTH
+attention (``parallel_path_attn``) are computed too (modules ``mesa_net``, ``deltaformer``,
+``path_attn``).
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,

@@ -6,10 +6,11 @@
 
 fla 0.6.0's conventions: q, k, v [B, T, H, K] (v has the keys' width), g, beta [B, T, H], lamb
 [H, K]; states h_kk [N, H, K, K] and h_kv [N, H, K, V]; three returns ``(o, h_kk, h_kv)`` (the
-states None without ``output_final_state``). The solve is the one of fla's Triton kernel
-(x_0 = 0, 1e-5 in both denominators), which differs from fla's naive references
-(``naive_mesa_net_exact`` solves exactly; the naive CG starts from Jacobi's guess): the kernel is
-followed. fla's kernel casts q and k to float16 before it computes; linattn computes in the
+states None without ``output_final_state``). The solve is fla's: its chunk kernel and
+its ``naive_mesa_net_CG`` start from x_0 = 0, its decoding kernel and
+``naive_mesa_net_decoding_one_step`` from Jacobi's guess, all with 1e-5 in both denominators
+(``naive_mesa_net_exact`` solves exactly instead; ``linattn.ops.mesa`` with ``cg_eps=0`` reaches
+it). fla's kernel casts q and k to float16 before it computes; linattn computes in the
 inputs' promoted dtype (float32 at least), so it agrees with fla to float16's rounding only.
 """
 
