@@ -110,7 +110,7 @@ def test_chunk_mesa_net_equals_fla_s_kernels(cu):
     _, fo = chunk_mesa_cg_fwd(q=q16, k=k16, v=v, h=h, h_kv=hv, g_local_cumsum=gc, beta=beta,
                               lamb=lamb, cu_seqlens=cu_seqlens)  # fmt: skip
     error = ((o - fo).norm() / fo.norm()).item()
-    assert error < 1e-2, error  # fla's CG runs its products in float16
+    assert error < 1e-3, error  # measured 2e-4: fla's CG runs its products in float16
 
 
 def test_refusals_name_the_argument():
