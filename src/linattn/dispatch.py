@@ -57,6 +57,9 @@ ALIASES = {
 # An op whose arguments compat passes under other names: fla's generalized delta rule reads the
 # state with its a and writes along its b, the reverse of linattn's (compat swaps them).
 SWAPPED = {"generalized_delta_rule": {"a": "b", "b": "a"}}
+# Registered mechanisms whose ops never consult the backend: linattn computes them itself and they
+# have no route (issue 52: MesaNet, DeltaFormer, PaTH; their compat functions serve fla's names).
+NOT_ROUTED = frozenset({"mesa", "deltaformer", "path"})
 # The op's numerical options, not part of what is computed: fla's kernels choose their own.
 NUMERICAL = frozenset({"mode", "chunk_size"})
 
@@ -156,7 +159,11 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
 
 def table() -> dict[str, tuple[Route, ...]]:
     """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    return {
+        e.name: routes(_op_name(e), e.gate)
+        for e in registry.mechanisms()
+        if e.fla_names and e.name not in NOT_ROUTED
+    }
 
 
 def gaps() -> tuple[str, ...]:
