@@ -68,5 +68,7 @@ def test_refusals_name_the_argument():
         compat.deltaformer_attn(q, k, v, beta, cu_seqlens=torch.tensor([0, 20]))
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         compat.deltaformer_attn(q, k, v, beta, attention_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="C must be >= 1"):
+        compat.deltaformer_attn(q, k, v, beta, C=0)
     with pytest.raises(ValueError, match="beta must have shape"):
         compat.deltaformer_attn(q, k, v, beta[..., :1])

@@ -98,6 +98,22 @@ def test_packed_sequences_equal_the_sequences_one_by_one():
         torch.testing.assert_close(h_kv[n], v1[0], rtol=0, atol=1e-12)
 
 
+def test_the_two_states_are_linear_attention_s():
+    # H and G are gated additive memories: keys k, values beta k (H) and beta v (G)
+    from linattn.ops import linear_attention
+
+    x, s = _inputs(B=1, T=13, H=2, K=4, V=3)
+    _, h_kk, h_kv = mesa_net(**x, **s, chunk_size=4, output_final_state=True, cg_eps=0.0)
+    b = x["beta"].unsqueeze(-1)
+    for state, values, S0 in (
+        (h_kk, b * x["k"], s["h_kk_init"]),
+        (h_kv, b * x["v"], s["h_kv_init"]),
+    ):
+        _, want = linear_attention(x["q"], x["k"], values, x["g"], initial_state=S0,
+                                   output_final_state=True)  # fmt: skip
+        torch.testing.assert_close(state, want, rtol=0, atol=1e-12)
+
+
 def test_the_step_continues_the_recurrent_form():
     x, s = _inputs(B=2, T=5, H=2, K=4, V=3)
     o, h_kk, h_kv = mesa_net(**x, **s, mode="recurrent", output_final_state=True,

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from linattn.compat import _core
-from linattn.ops import softmax_attention
+from linattn.ops import checks, softmax_attention
 from linattn.ops.deltaformer import deltaformer
 
 BLOCK_SIZE_C = 512  # fla's default block of the pseudo-values' solve
@@ -48,9 +48,12 @@ def deltaformer_attn(
             raise ValueError(f"attention_mask must have shape [B, T] = {(B, T)}, got {shape}")
         if cu_seqlens is not None:
             raise ValueError("attention_mask and cu_seqlens: pass one of them, not both")
+    C = checks.integer("C", C)
+    if C < 1:
+        raise ValueError(f"C must be >= 1 (the pseudo-values' block), got {C}")
     dtype = _core.promote(q, k, v)
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    block = min(int(C), max(T, 1)) if T else 1
+    block = min(C, max(T, 1))
     _, u = deltaformer(q, k, v, beta, mode="chunk", chunk_size=block, cu_seqlens=cu_seqlens,
                        return_u=True)  # fmt: skip
     if attention_mask is None:
