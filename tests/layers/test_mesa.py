@@ -8,14 +8,15 @@ import torch
 from linattn.layers import MesaNet
 
 
-def test_equals_fla_s_layer_with_its_weights():
+@pytest.mark.parametrize("gate", [False, True])
+def test_equals_fla_s_layer_with_its_weights(gate):
     from linattn.integrations import fla as fla_integration
 
     fla_layers = pytest.importorskip("fla.layers")
     fla_integration.enable()
     try:
         torch.manual_seed(0)
-        theirs = fla_layers.MesaNet(hidden_size=32, num_heads=2, head_dim=16)
+        theirs = fla_layers.MesaNet(hidden_size=32, num_heads=2, head_dim=16, use_output_gate=gate)
         ours = MesaNet.from_fla(theirs)
         x = torch.randn(2, 9, 32)
         torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
