@@ -36,13 +36,27 @@ def test_every_cell_equals_the_spec_to_three_decimals(rows):
 
 def test_markdown_layout(rows):
     lines = table1_markdown(rows).splitlines()
-    assert lines[0].startswith("**Table 1. Root-mean-square read error of three memories")
+    assert lines[0].startswith("**Table 1. Root-mean-square read error of four memories")
     assert lines[2] == (
         "| Pairs stored $n$ | Additive | Theory | Delta, all pairs | Delta, 8 newest "
-        "| Least squares | Theory |"
+        "| Least squares | Theory | MesaNet, $\\lambda = 1$ |"
     )
-    assert lines[4] == "| 8 | 0.473 | 0.468 | 0.360 | 0.360 | 0.000 | 0.000 |"
-    assert lines[-1] == "| 128 | 1.990 | 1.992 | 1.224 | 0.447 | 0.867 | 0.866 |"
+    # the spec's columns, then MesaNet's (issue 52)
+    assert (
+        lines[4]
+        == f"| 8 | 0.473 | 0.468 | 0.360 | 0.360 | 0.000 | 0.000 | {rows[0]['mesanet']:.3f} |"
+    )
+    assert lines[-1] == (
+        f"| 128 | 1.990 | 1.992 | 1.224 | 0.447 | 0.867 | 0.866 | {rows[-1]['mesanet']:.3f} |"
+    )
+
+
+def test_the_mesanet_column_is_never_below_least_squares(rows):
+    # no memory reads the stored pairs back better than least squares (section 7.3); the ridge
+    # costs most where least squares is exact (n <= r)
+    for row in rows:
+        assert row["mesanet"] >= row["least_squares"] - 1e-12
+    assert rows[0]["mesanet"] > 0.1 > rows[0]["least_squares"]
 
 
 def test_options_change_the_procedure():

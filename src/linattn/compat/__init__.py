@@ -56,6 +56,7 @@ from linattn.compat.delta_rule import (
     fused_chunk_delta_rule,
     fused_recurrent_delta_rule,
 )
+from linattn.compat.deltaformer import deltaformer_attn
 from linattn.compat.gated_delta_product import chunk_gated_delta_product
 from linattn.compat.gated_delta_rule import (
     chunk_gated_delta_rule,
@@ -81,6 +82,8 @@ from linattn.compat.linear_attn import (
     fused_recurrent_linear_attn,
 )
 from linattn.compat.log_linear_attn import chunk_log_linear_attn
+from linattn.compat.mesa_net import chunk_mesa_net, mesa_net_decoding_one_step
+from linattn.compat.path_attn import parallel_path_attn
 from linattn.compat.rebased import parallel_rebased
 from linattn.compat.rwkv4 import fused_recurrent_rwkv4
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
@@ -119,12 +122,14 @@ __all__ = [
     "chunk_lightning_attn",
     "chunk_linear_attn",
     "chunk_log_linear_attn",
+    "chunk_mesa_net",
     "chunk_retention",
     "chunk_rwkv6",
     "chunk_rwkv7",
     "chunk_simple_gla",
     "chunk_titans_linear",
     "chunk_ttt_linear",
+    "deltaformer_attn",
     "fused_chunk_delta_rule",
     "fused_chunk_gla",
     "fused_chunk_linear_attn",
@@ -151,6 +156,8 @@ __all__ = [
     "fused_recurrent_rwkv7",
     "fused_recurrent_simple_gla",
     "kda_gate",
+    "mesa_net_decoding_one_step",
+    "parallel_path_attn",
     "parallel_retention",
     "parallel_simple_gla",
     # issue 51: reparametrisations of existing rules, and RWKV-4
@@ -177,6 +184,9 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "fused_recurrent_lightnet": "fla.ops.lightnet",
     "parallel_rebased": "fla.ops.rebased",
     "fused_recurrent_rwkv4": "fla.ops.rwkv4",
+    # issue 52 (MesaNet, DeltaFormer, PaTH)
+    "mesa_net_decoding_one_step": "fla.ops.mesa_net",
+    "deltaformer_attn": "fla.ops.deltaformer",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MISSING = {
-    "chunk_mesa_net": "MesaNet (a conjugate-gradient solve per token)",
     "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
     "fused_recurrent_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
     "chunk_precond_gated_delta_rule": "the preconditioned gated delta rule (a second, "
@@ -19,7 +18,6 @@ MISSING = {
     "parallel_forgetting_attn": "the forgetting transformer (softmax with a forget gate)",
     "parallel_nsa": "native sparse attention (block selection)",
     "parallel_parallax": "Parallax attention",
-    "parallel_path_attn": "PaTH attention (Householder position encoding inside softmax)",
     "parallel_stickbreaking_attn": "stick-breaking attention",
     "parallel_wall_attn": "WALL attention",
     "parallel_wall_attn_decode": "WALL attention's decoding step",

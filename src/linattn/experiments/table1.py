@@ -25,6 +25,7 @@ COLUMNS = (
     ("delta_newest", "Delta, 8 newest"),
     ("least_squares", "Least squares"),
     ("least_squares_theory", "Theory"),
+    ("mesanet", "MesaNet, $\\lambda = 1$"),
 )
 
 
@@ -35,7 +36,8 @@ def compute_table1(
     seed: int = 2,
     progress: bool = False,
 ) -> list[dict[str, float]]:
-    """One row per n: n, the four measured errors of ``recall_errors`` and the two theory values.
+    """One row per n: n, the measured errors of ``recall_errors`` (MesaNet's memory with lambda =
+    1 last, issue 52) and the two theory values.
 
     ``progress`` shows a tqdm bar on stderr (after one second, and only on a terminal).
     """
@@ -64,6 +66,7 @@ def compute_table1(
                     "delta_newest": errors["delta, 8 newest"],
                     "least_squares": errors["least squares"],
                     "least_squares_theory": least_squares_theory,
+                    "mesanet": errors["mesanet"],
                 }
             )
     return rows
@@ -72,9 +75,10 @@ def compute_table1(
 def table1_markdown(rows: list[dict[str, float]], r: int = 32, repetitions: int = 200) -> str:
     """The table as Markdown, in the spec's layout, every cell to three decimals."""
     caption = (
-        f"**Table 1. Root-mean-square read error of three memories with $r = d = {r}$** "
+        f"**Table 1. Root-mean-square read error of four memories with $r = d = {r}$** "
         f"(random unit keys and values, $\\beta_t = 1$ for the delta rule, {repetitions} "
-        "repetitions; a memory that returns zero has error 1)."
+        "repetitions; MesaNet: the least-squares memory with ridge $\\lambda = 1$; a memory that "
+        "returns zero has error 1)."
     )
     header = "| Pairs stored $n$ | " + " | ".join(title for _, title in COLUMNS) + " |"
     lines = [caption, "", header, "|" + "---|" * (len(COLUMNS) + 1)]
@@ -98,9 +102,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def memory_needed(r: int, ns: Sequence[int]) -> int:
-    """Bytes of the largest tensors of one repetition (a lower bound of the peak): the three
+    """Bytes of the largest tensors of one repetition (a lower bound of the peak): the four
     r x r float64 memories and the n keys and values in R^r, at the largest n."""
-    return 8 * (3 * r * r + 2 * max(ns) * r)
+    return 8 * (4 * r * r + 2 * max(ns) * r)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -361,6 +361,87 @@ def kaczmarz_checks() -> list[Check]:
     return [compare("24 pairs swept 200 times: the reads converge", K24 @ S, V24, 1e-4)]
 
 
+def mesa_checks() -> list[Check]:
+    """Section 7.3 and MesaNet (issue 52): MesaNet's memory after n pairs (no decay, beta = 1) is
+    the least-squares memory of the pairs and lambda's prior pairs (sqrt(lambda) e_i, 0), that is
+    (K^T K + lambda I)^{-1} K^T V; read by ``linattn.ops.mesa`` (conjugate gradients) with
+    r queries e_i after the pairs, which return the memory's rows."""
+    import torch
+
+    from linattn.ops import mesa
+
+    rng = np.random.default_rng(52)
+    n, r, d, lamb = 24, 8, 3, 0.5
+    K, V = unit(rng.standard_normal((n, r))), rng.standard_normal((n, d))
+    q = np.vstack([np.zeros((n, r)), np.eye(r)])
+    k = np.vstack([K, np.zeros((r, r))])
+    v = np.vstack([V, np.zeros((r, d))])
+    beta = np.concatenate([np.ones(n), np.zeros(r)])
+
+    def t(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x))[None, :, None]
+
+    o, *_ = mesa.mesa_net(
+        t(q), t(k), t(v), None, t(beta), torch.full((1, r), lamb, dtype=torch.float64),
+        max_cg_iterations=2 * r, cg_eps=0.0,
+    )  # fmt: skip
+    S = o[0, n:, 0].numpy()
+    prior = np.sqrt(lamb) * np.eye(r)
+    want = least_squares_memory(np.vstack([K, prior]), np.vstack([V, np.zeros((r, d))]))
+    return [compare(f"MesaNet's memory is least squares with lambda = {lamb}", S, want)]
+
+
+def deltaformer_checks() -> list[Check]:
+    """Section 8 and DeltaFormer (issue 52): with the bare kernel q.k in place of the softmax, the
+    write stage's queries k (the paper's), values beta_t v_t and scale 1, DeltaFormer's
+    pseudo-values are the delta rule's and its output is the delta rule's, o_t = S_t^T q_t."""
+    import torch
+
+    from linattn.ops import delta_rule, deltaformer
+
+    rng = np.random.default_rng(8)
+    T, D = 24, 4
+    q, v = (torch.from_numpy(rng.standard_normal((1, T, 1, D))) for _ in range(2))
+    k = torch.from_numpy(unit(rng.standard_normal((T, D)))).view(1, T, 1, D)
+    beta = torch.from_numpy(rng.uniform(0, 1, (1, T, 1)))
+    o = deltaformer.deltaformer(
+        q, k, beta.unsqueeze(-1) * v, beta, kernel="linear", scale=1.0, u_queries=k
+    )
+    want, _ = delta_rule(q, k, v, beta, scale=1.0, mode="recurrent")
+    return [compare("DeltaFormer with the linear kernel is the delta rule", o, want)]
+
+
+def path_checks() -> list[Check]:
+    """Section 2 and PaTH attention (issue 52): with beta = 0 every transition is I and PaTH is
+    softmax attention without positions; with beta = 2 and a unit w the transition
+    H = I - 2 w w^T is a reflection, read back from PaTH's scores (key e_j at token 0, query e_i
+    at token 1: the score is H_ij): orthogonal, determinant -1."""
+    import torch
+
+    from linattn.ops import path, softmax_attention
+
+    rng = np.random.default_rng(11)
+    T, D = 20, 4
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, T, 2, D))) for _ in range(3))
+    w = torch.from_numpy(rng.standard_normal((1, T, 2, D)))
+    o = path.path_attention(q, k, v, w, torch.zeros(1, T, 2, dtype=torch.float64))
+    want = softmax_attention(q, k, v, fused=False)
+    unit_w = unit(rng.standard_normal((1, D)))[0]
+    eye = torch.eye(D, dtype=torch.float64)
+    keys = eye.repeat(D, 1)  # row i * D + j: key e_j
+    queries = eye.repeat_interleave(D, dim=0)  # query e_i
+    qq = torch.stack([torch.zeros_like(queries), queries], 1)[:, :, None]
+    kk = torch.stack([keys, torch.zeros_like(keys)], 1)[:, :, None]
+    ww = torch.from_numpy(unit_w).expand(D * D, 2, 1, D)
+    scores = path.path_scores(qq, kk, ww, torch.full((D * D, 2, 1), 2.0, dtype=torch.float64))
+    H = scores[:, 0, 1, 0].reshape(D, D).numpy()
+    return [
+        compare("PaTH with beta = 0 is softmax attention", o, want),
+        compare("PaTH with beta = 2: each transition is orthogonal", H.T @ H, np.eye(D)),
+        compare("PaTH with beta = 2: each transition has determinant -1", np.linalg.det(H), -1.0),
+    ]
+
+
 def chunked_delta_checks() -> list[Check]:
     """Section 8: chunks of any size equal the recurrence; the WY form of 6 transitions."""
     rng3 = np.random.default_rng(3)
@@ -1205,6 +1286,9 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     spectrum_checks,
     read_change_checks,
     kaczmarz_checks,
+    mesa_checks,  # issue 52: MesaNet, DeltaFormer, PaTH
+    deltaformer_checks,
+    path_checks,
     chunked_delta_checks,
     dplr_checks,
     delta_product_checks,

@@ -40,6 +40,7 @@ from linattn.layers.conv import GatedConvolution
 from linattn.layers.cyfa import CyclicFlowAttention
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.delta_product import GatedDeltaProduct
+from linattn.layers.deltaformer import DeltaFormer
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.hgrn2 import HGRN2
@@ -47,9 +48,11 @@ from linattn.layers.lightnet import LightNet
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.log_linear import LogLinearMamba2
 from linattn.layers.mamba2 import Mamba2
+from linattn.layers.mesa import MesaNet
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
+from linattn.layers.path import PaTHAttention
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.retention import MultiScaleRetention
 from linattn.layers.rule_mixer import RuleMixer
@@ -62,6 +65,7 @@ __all__ = [
     "Comba",
     "CyclicFlowAttention",
     "DecayGate",
+    "DeltaFormer",
     "DeltaNet",
     "GatedAttention",
     "GatedConvolution",
@@ -80,6 +84,8 @@ __all__ = [
     "MultiHeadLatentAttention",
     "MultiScaleRetention",
     "Mamba2",
+    "PaTHAttention",
+    "MesaNet",
     "RecurrentMixer",
     "RWKV7",
     "RuleMixer",

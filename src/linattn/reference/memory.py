@@ -8,6 +8,9 @@ import numpy as np
 
 from linattn.reference.checks import as_matrix, as_positive_int, same_rows
 from linattn.reference.delta import delta_rule
+from linattn.reference.mesa import mesa_memory
+
+MESA_LAMBDA = 1.0  # Table 1's MesaNet column: fla's MesaNet layer starts lambda at 1
 
 
 def unit(X: np.ndarray) -> np.ndarray:
@@ -103,7 +106,9 @@ def recall_errors(
     ``np.random.default_rng(seed)``; stores them with the additive rule (S = K^T V), the delta rule
     (beta = 1) and least squares; and reads every stored key back. The squared read error of a
     pair is |S^T k_i - v_i|^2. Returns the root of the mean over repetitions of the mean squared
-    error: "additive", "delta, all pairs", "delta, 8 newest" (the last 8 pairs), "least squares".
+    error: "additive", "delta, all pairs", "delta, 8 newest" (the last 8 pairs), "least squares",
+    and "mesanet": MesaNet's memory (``linattn.reference.mesa``: beta = 1, no decay) with its
+    ridge lambda = ``MESA_LAMBDA`` (fla's initial value), the least-squares memory regularised.
     ``on_repetition`` is called after each repetition (a progress bar).
     """
     n, r = as_positive_int("n", n), as_positive_int("r", r)
@@ -115,6 +120,7 @@ def recall_errors(
         "delta, all pairs": [],
         "delta, 8 newest": [],
         "least squares": [],
+        "mesanet": [],
     }
     for _ in range(repetitions):
         K = unit(rng.standard_normal((n, r)))  # keys first, then values: the spec's draw order
@@ -123,12 +129,14 @@ def recall_errors(
             "additive": K.T @ V,
             "delta": delta_rule(K, K, V, np.ones(n))[1],
             "least squares": least_squares_memory(K, V),
+            "mesanet": mesa_memory(K, V, MESA_LAMBDA),
         }
         errors = {name: ((K @ S - V) ** 2).sum(axis=1) for name, S in memories.items()}
         squared["additive"].append(errors["additive"].mean())
         squared["delta, all pairs"].append(errors["delta"].mean())
         squared["delta, 8 newest"].append(errors["delta"][-8:].mean())
         squared["least squares"].append(errors["least squares"].mean())
+        squared["mesanet"].append(errors["mesanet"].mean())
         if on_repetition is not None:
             on_repetition()
     return {name: float(np.sqrt(np.mean(x))) for name, x in squared.items()}

@@ -884,3 +884,122 @@ def log_linear_case(delta: bool = False) -> Case:
         return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
 
     return Case(inputs, call, oracle, "linear")
+
+
+# --- issue 52: MesaNet (two states, a solve per token) ------------------------------------------
+
+
+def mesa_case(iterations_per_key: int = 2) -> Case:
+    """MesaNet (``linattn.ops.mesa``): inputs q, k (unit), v, g (per head), beta in [0, 1], lamb
+    [H, K] in [0.25, 1.25], and its two initial states, S0 = h_kk (symmetric, positive
+    semidefinite) and S0_kv = h_kv. The call solves by textbook conjugate gradients
+    (``cg_eps=0``, ``iterations_per_key * K`` steps: converged to rounding) and returns the two
+    final states side by side as one [B, H, K, K + V] tensor, so that the Case contract's single
+    state S holds both (the oracle returns the same)."""
+    from linattn.ops.mesa import mesa_net
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": unit(B, T, H, K), "v": normal(B, T, H, V)}
+        x["g"], x["beta"] = log_decay(B, T, H), uniform(B, T, H)
+        x["lamb"] = uniform(H, K) + 0.25
+        root = normal(B, H, K, K).double() / K
+        x["S0"] = (root @ root.transpose(-1, -2)).to(dtype)
+        x["S0_kv"] = normal(B, H, K, V)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        K = x["q"].shape[-1]
+        o, h_kk, h_kv = mesa_net(
+            x["q"] * scale, x["k"], x["v"], x["g"], x["beta"], x["lamb"], mode=mode,
+            chunk_size=chunk_size, h_kk_init=x.get("S0"), h_kv_init=x.get("S0_kv"),
+            output_final_state=True, max_cg_iterations=iterations_per_key * K, cg_eps=0.0,
+        )  # fmt: skip
+        return o, torch.cat([h_kk, h_kv], dim=-1)
+
+    def oracle(x, scale):
+        from linattn.reference.mesa import mesa_net as reference
+
+        B, _, H, _ = x["q"].shape
+
+        def head(n, h):
+            s_kk, s_kv = x.get("S0"), x.get("S0_kv")
+            o, h_kk, h_kv = reference(
+                scale * _heads(x["q"], h, n), _heads(x["k"], h, n), _heads(x["v"], h, n),
+                _heads(x["g"], h, n), _heads(x["beta"], h, n), x["lamb"][h].double().numpy(),
+                None if s_kk is None else s_kk[n, h].double().numpy(),
+                None if s_kv is None else s_kv[n, h].double().numpy(),
+            )  # fmt: skip
+            return o, np.concatenate([h_kk, h_kv], axis=-1)
+
+        return _per_head(head, x, B, H)
+
+    return Case(inputs, call, oracle, "linear")
+
+
+# --- issue 52: DeltaFormer (the delta rule's pseudo-values with a softmax kernel) ----------------
+
+
+def deltaformer_case() -> Case:
+    """DeltaFormer (``linattn.ops.deltaformer``): q, k, v normal, beta in [0, 1]; no state (the
+    pseudo-values are a cache, as softmax attention's keys): S is empty, as softmax's case."""
+    from linattn.ops.deltaformer import deltaformer
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, _, _ = _draw(gen, dtype)
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V),
+                "beta": uniform(B, T, H)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        o = deltaformer(x["q"], x["k"], x["v"], x.get("beta"), scale=scale, mode=mode,
+                        chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        from linattn.reference.deltaformer import deltaformer as reference
+
+        B, _, H, _ = x["q"].shape
+        return _per_head(
+            lambda n, h: (reference(_heads(x["q"], h, n), _heads(x["k"], h, n),
+                                    _heads(x["v"], h, n), _heads(x.get("beta"), h, n),
+                                    scale=scale)[0], np.zeros(0)),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "softmax")
+
+
+# --- issue 52: PaTH attention (Householder transitions inside softmax scores) --------------------
+
+
+def path_case() -> Case:
+    """PaTH attention (``linattn.ops.path``): q, k, v normal, w unit, beta in [0, 2], a forget
+    gate per head g; no fixed state (S empty, as softmax's case)."""
+    from linattn.ops.path import path_attention
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+        x.update(w=unit(B, T, H, K), beta=2 * uniform(B, T, H), g=log_decay(B, T, H))
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        o = path_attention(x["q"], x["k"], x["v"], x["w"], x["beta"], x.get("g"), scale=scale,
+                           mode=mode, chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        from linattn.reference.path import path_attention as reference
+
+        B, _, H, _ = x["q"].shape
+        names = ("q", "k", "v", "w", "beta", "g")
+        return _per_head(
+            lambda n, h: (reference(*(_heads(x.get(m), h, n) for m in names), scale=scale)[0],
+                          np.zeros(0)),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "softmax")

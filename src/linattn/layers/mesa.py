@@ -1,0 +1,124 @@
+"""MesaNet's layer (von Oswald et al. 2025) as fla 0.6.0's ``fla.layers.MesaNet`` defines it.
+
+q = l2norm(silu(conv(q_proj x))), k = l2norm(silu(conv(k_proj x))), v = v_proj x (no
+convolution), beta = sigmoid(b_proj x), g = logsigmoid(a_proj x), lambda = softplus(lambda_params)
++ lambda_lower_bound (one per head and key channel, starting at 1); the op ``linattn.ops.mesa``
+(o_t = G_t^T (H_t + Diag(lambda))^{-1} q_t, fla's CG: 30 steps in training and prefill, 30 in a
+decoding step); output ``o_proj(rmsnorm(o))``, or ``o_proj(rmsnorm(o) * silu(g_proj x))`` with
+``use_output_gate``. Values have the keys' width (fla's layer: head_v_dim = head_dim).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim, state_dtype
+from linattn.layers.modules import GatedRMSNorm, ShortConvolution
+from linattn.ops.functional import l2norm
+from linattn.ops.mesa import mesa_net, mesa_net_step
+
+
+class MesaNet(TokenMixer):
+    """fla's MesaNet layer (module docstring). Args (fla's names): d_model (``hidden_size``),
+    n_heads (``num_heads``), head_dim (default d_model // n_heads), conv_size (4),
+    use_output_gate (False), norm_eps (1e-5), lambda_lower_bound (0.25), max_cg_step_training
+    (30), max_cg_step_decoding (30), chunk_size (64)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        *,
+        conv_size: int = 4,
+        use_output_gate: bool = False,
+        norm_eps: float = 1e-5,
+        lambda_lower_bound: float = 0.25,
+        max_cg_step_training: int = 30,
+        max_cg_step_decoding: int = 30,
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__(d_model, chunk_size)
+        head_dim = resolve_head_dim(d_model, n_heads, head_dim)
+        if not lambda_lower_bound > 0:
+            raise ValueError(f"lambda_lower_bound must be > 0, got {lambda_lower_bound!r}")
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.lambda_lower_bound = float(lambda_lower_bound)
+        self.max_cg_step_training = max_cg_step_training
+        self.max_cg_step_decoding = max_cg_step_decoding
+        width = n_heads * head_dim
+        self.q_proj = nn.Linear(d_model, width, bias=False)
+        self.k_proj = nn.Linear(d_model, width, bias=False)
+        self.v_proj = nn.Linear(d_model, width, bias=False)
+        self.a_proj = nn.Linear(d_model, n_heads, bias=True)
+        self.b_proj = nn.Linear(d_model, n_heads, bias=True)
+        start = math.log(math.expm1(1.0 - self.lambda_lower_bound))  # lambda starts at 1
+        self.lambda_params = nn.Parameter(torch.full((width,), start))
+        self.q_conv1d = ShortConvolution(width, conv_size)
+        self.k_conv1d = ShortConvolution(width, conv_size)
+        self.g_proj = nn.Linear(d_model, width, bias=False) if use_output_gate else None
+        self.o_norm = GatedRMSNorm(head_dim, "silu", eps=norm_eps)
+        self.o_proj = nn.Linear(width, d_model, bias=False)
+
+    def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
+        H, K, W = self.n_heads, self.head_dim, self.n_heads * self.head_dim
+        sd = state_dtype(dtype)
+        conv = (batch_size, W, self.q_conv1d.kernel_size - 1)
+        return {"h_kk": ((batch_size, H, K, K), sd), "h_kv": ((batch_size, H, K, K), sd),
+                "conv_q": (conv, dtype), "conv_k": (conv, dtype)}  # fmt: skip
+
+    def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
+        B, T, _ = x.shape
+        H, K = self.n_heads, self.head_dim
+        q, conv_q = self.q_conv1d(self.q_proj(x), None if state is None else state["conv_q"])
+        k, conv_k = self.k_conv1d(self.k_proj(x), None if state is None else state["conv_k"])
+        q, k = l2norm(q.view(B, T, H, K)), l2norm(k.view(B, T, H, K))
+        v = self.v_proj(x).view(B, T, H, K)
+        beta = torch.sigmoid(self.b_proj(x).float())
+        g = F.logsigmoid(self.a_proj(x).float())
+        lamb = (F.softplus(self.lambda_params.float()) + self.lambda_lower_bound).view(H, K)
+        new_state = None
+        if state is not None and self.pick_mode(T, state) == "recurrent":
+            h_kk, h_kv = state["h_kk"], state["h_kv"]
+            outs = []
+            for t in range(T):
+                o_t, h_kk, h_kv = mesa_net_step(
+                    q[:, t], k[:, t], v[:, t], g[:, t], lamb, beta[:, t], h_kk, h_kv,
+                    max_cg_iterations=self.max_cg_step_decoding,
+                )  # fmt: skip
+                outs.append(o_t)
+            o = torch.stack(outs, 1).to(v.dtype)
+        else:
+            o, h_kk, h_kv = mesa_net(
+                q, k, v, g, beta, lamb, chunk_size=self.chunk_size,
+                h_kk_init=None if state is None else state["h_kk"],
+                h_kv_init=None if state is None else state["h_kv"],
+                output_final_state=state is not None,
+                max_cg_iterations=self.max_cg_step_training,
+            )  # fmt: skip
+        if state is not None:
+            sd = state["h_kk"].dtype
+            new_state = {"h_kk": h_kk.to(sd), "h_kv": h_kv.to(sd), "conv_q": conv_q,
+                         "conv_k": conv_k}  # fmt: skip
+        gate = None if self.g_proj is None else self.g_proj(x).view(B, T, H, K)
+        o = self.o_norm(o.to(x.dtype), gate)
+        return self.o_proj(o.reshape(B, T, H * K)), new_state
+
+    @classmethod
+    def from_fla(cls, module: nn.Module, **kwargs) -> MesaNet:
+        """Our layer with the weights of fla's ``fla.layers.MesaNet`` (its modules' names and
+        shapes are ours: the state dict loads as it is; fla's short convolutions hold
+        ``weight`` [C, 1, kernel] as ours)."""
+        layer = cls(
+            module.hidden_size, module.num_heads, module.head_dim, conv_size=module.conv_size,
+            use_output_gate=module.use_output_gate, norm_eps=module.o_norm.eps,
+            lambda_lower_bound=module.lambda_lower_bound,
+            max_cg_step_training=module.max_cg_step_training,
+            max_cg_step_decoding=module.max_cg_step_decoding, **kwargs,
+        )  # fmt: skip
+        layer.load_state_dict(module.state_dict())
+        return layer

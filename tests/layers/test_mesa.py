@@ -1,0 +1,50 @@
+"""linattn.layers.MesaNet: fla's layer's outputs with fla's weights, and generation in pieces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.layers import MesaNet
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_equals_fla_s_layer_with_its_weights(gate):
+    from linattn.integrations import fla as fla_integration
+
+    fla_layers = pytest.importorskip("fla.layers")
+    fla_integration.enable()
+    try:
+        torch.manual_seed(0)
+        theirs = fla_layers.MesaNet(hidden_size=32, num_heads=2, head_dim=16, use_output_gate=gate)
+        ours = MesaNet.from_fla(theirs)
+        x = torch.randn(2, 9, 32)
+        torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
+    finally:
+        fla_integration.disable()
+
+
+def test_a_state_carries_the_sequence_across_calls():
+    torch.manual_seed(1)
+    layer = MesaNet(32, 2, use_output_gate=True).double()
+    x = torch.randn(2, 11, 32, dtype=torch.float64)
+    whole = layer(x)[0]
+    layer.mode = "chunk"  # the same solve in both (the decoding step starts CG elsewhere)
+    state = layer.new_state(2, torch.float64)
+    parts = []
+    for a, b in ((0, 4), (4, 5), (5, 11)):
+        y, state = layer(x[:, a:b], state)
+        parts.append(y)
+    torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=0, atol=1e-10)
+    layer.mode = None  # a decoding step: fla's Jacobi start, near the chunk form's solve
+    state = layer.new_state(2, torch.float64)
+    y, state = layer(x[:, :10], state)
+    y1, _ = layer(x[:, 10:], state)
+    assert (y1 - whole[:, 10:]).abs().max() < 5e-2
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="lambda_lower_bound must be > 0"):
+        MesaNet(32, 2, lambda_lower_bound=0.0)
+    with pytest.raises(ValueError, match="x must have shape"):
+        MesaNet(32, 2)(torch.randn(2, 3, 16))
