@@ -83,7 +83,8 @@ def families() -> dict[str, tuple[type, type]]:
     found = {}
     for name in sorted(dir(fla.models)):
         cls = getattr(fla.models, name)
-        if isinstance(cls, type) and issubclass(cls, PretrainedConfig) and cls is not PretrainedConfig:
+        is_config = isinstance(cls, type) and issubclass(cls, PretrainedConfig)
+        if is_config and cls is not PretrainedConfig:
             found[cls.model_type] = (cls, mapping[cls])
     return found
 
@@ -181,7 +182,7 @@ def census(model_type: str) -> dict:
         error = decode_error(model, ids)
         row["decode_error"] = error
         if not error <= TOL:
-            raise AssertionError(f"prefill + decode logits differ from the forward's by {error:.2e}")
+            raise AssertionError(f"prefill + decode logits differ from the forward's: {error:.2e}")
         row["status"] = "runs"
     except Exception as error:  # noqa: BLE001 (the census records every failure)
         message = str(error).strip().splitlines()

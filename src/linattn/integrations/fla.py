@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
-from linattn.integrations import _fla_rwkv
+from linattn.integrations import _fla_modules, _fla_rwkv
 from linattn.ops.functional import causal_conv1d as shared_conv1d
 from linattn.ops.functional import conv_activation
 from linattn.ops.functional import l2norm as shared_l2norm
@@ -291,6 +291,85 @@ def layer_norm_gated(
     return _norm(x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, False, activation)
 
 
+def layer_norm_linear(
+    x,
+    norm_weight,
+    norm_bias,
+    linear_weight,
+    linear_bias,
+    residual=None,
+    eps=1e-5,
+    prenorm=False,
+    residual_in_fp32=False,
+    is_rms_norm=False,
+    num_groups=1,
+):
+    """fla's ``layer_norm_linear`` (and so ``rms_norm_linear``, ``group_norm_linear``: HGRN2's
+    and GSA's output): ``linear(norm(x + residual))``, the norm as ``group_norm``'s, the linear
+    in the norm's output dtype; with prenorm also the residual stream."""
+    y = _norm(
+        x,
+        None,
+        norm_weight,
+        norm_bias,
+        residual,
+        eps,
+        prenorm,
+        residual_in_fp32,
+        is_rms_norm,
+        None,
+        num_groups,
+    )
+    y, residual_out = y if prenorm else (y, None)
+    bias = None if linear_bias is None else linear_bias.to(y.dtype)
+    out = F.linear(y, linear_weight.to(y.dtype), bias)
+    return (out, residual_out) if prenorm else out
+
+
+def _gated_linear(is_rms_norm: bool):
+    def gated_linear(
+        x,
+        g,
+        norm_weight,
+        norm_bias,
+        linear_weight,
+        linear_bias,
+        residual=None,
+        prenorm=False,
+        residual_in_fp32=False,
+        eps=1e-6,
+    ):
+        y = _norm(
+            x,
+            g,
+            norm_weight,
+            norm_bias,
+            residual,
+            eps,
+            prenorm,
+            residual_in_fp32,
+            is_rms_norm,
+            "swish",
+        )
+        y, residual_out = y if prenorm else (y, None)
+        bias = None if linear_bias is None else linear_bias.to(y.dtype)
+        out = F.linear(y, linear_weight.to(y.dtype), bias)
+        return (out, residual_out) if prenorm else out
+
+    kind = "rms" if is_rms_norm else "layer"
+    gated_linear.__name__ = f"{kind}_norm_swish_gate_linear"
+    gated_linear.__doc__ = (
+        f"fla's ``{kind}_norm_swish_gate_linear`` (LightNet's output): "
+        "``linear(norm(x + residual) * weight + bias) * silu(g))``, the norm as "
+        f"``{kind}_norm_gated``'s; with prenorm also the residual stream."
+    )
+    return gated_linear
+
+
+rms_norm_swish_gate_linear = _gated_linear(True)
+layer_norm_swish_gate_linear = _gated_linear(False)
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6, output_dtype: torch.dtype | None = None):
     """fla's ``l2norm``: ``x / sqrt(sum(x^2) + eps)`` over the last dimension, computed in
     float32 (float64 stays), returned in x's dtype or ``output_dtype``."""
@@ -435,12 +514,30 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
         "rms_norm": rms_norm,
         "layer_norm": group_norm,
         "group_norm": group_norm,
+        "layer_norm_linear": layer_norm_linear,
     },
     "fla.modules.norm.fused_norm_gate": {
         "rms_norm_gated": rms_norm_gated,
         "layer_norm_gated": layer_norm_gated,
+        "rms_norm_swish_gate_linear": rms_norm_swish_gate_linear,
+        "layer_norm_swish_gate_linear": layer_norm_swish_gate_linear,
     },
     "fla.modules.norm.l2norm": {"l2norm": l2norm},
+    # issue 51: the modules fla's other model families reach
+    "fla.modules.norm.layernorm_gated": {
+        "layernorm_fn": _fla_modules.layernorm_fn,
+        "rmsnorm_fn": _fla_modules.rmsnorm_fn,
+    },
+    "fla.modules.rotary.ops": {"rotary_embedding_fwdbwd": _fla_modules.rotary_embedding_fwdbwd},
+    "fla.modules.fused_bitlinear": {
+        "layer_norm_linear_quant": _fla_modules.layer_norm_linear_quant
+    },
+    "fla.ops.gsa.gate": {"fused_additive_gate": _fla_modules.fused_additive_gate},
+    "fla.ops.kda.gate": {
+        "fused_kda_gate": _fla_modules.fused_kda_gate,
+        "kda_gate_fwd": _fla_modules.kda_gate_fwd,
+        "kda_gate_bwd": _fla_modules.kda_gate_bwd,
+    },
     "fla.modules.activations.ops": {
         "swiglu": swiglu,
         "swiglu_linear": swiglu_linear,
