@@ -10,8 +10,8 @@ gradient of a training step, float32 within 1e-5 relative; and under ``enable()`
 7 tokens then one token at a time with fla's cache gives the full forward's logits (1e-5). A call
 counter shows that linattn's module functions ran. fla's reference loss is torch's cross entropy
 (``fuse_cross_entropy=False``: fla's fused one refuses CPU tensors even under the interpreter).
-LightNet's reference runs fla's kernels except its GSA gate, whose ``tl.associative_scan`` the
-interpreter cannot run: there the gate is fla's naive GSA formula (``fla/ops/gsa/naive.py``:
+LightNet's reference runs fla's kernels except its GSA gate, which the interpreter cannot run
+(its ``logaddexp`` calls libdevice's ``log1p``, None under triton 3.9's interpreter): there the gate is fla's naive GSA formula (``fla/ops/gsa/naive.py``:
 ``z = logcumsumexp(s)``, ``g = z_{t-1} - z_t``, ``s = exp(s - z)``), valid for the training
 forward (no initial state, no packed sequences).
 """
@@ -28,6 +28,7 @@ interp = pytest.importorskip("tests.fla_interpreter")  # before fla
 pytest.importorskip("fla")
 
 import fla.ops.lightnet.chunk  # noqa: E402
+import fla.ops.lightnet.fused_recurrent  # noqa: E402
 
 from tests.integrations.test_fla import assert_ran, enabled, randomised  # noqa: E402
 
@@ -93,7 +94,8 @@ def test_training_step_equals_fla(family):
     model = causal_lm(family)
     with pytest.MonkeyPatch.context() as patch:
         if family == "lightnet":
-            patch.setattr(fla.ops.lightnet.chunk, "fused_additive_gate", naive_additive_gate)
+            for module in (fla.ops.lightnet.chunk, fla.ops.lightnet.fused_recurrent):
+                patch.setattr(module, "fused_additive_gate", naive_additive_gate)
         loss_ref, logits_ref, grads_ref = training_step(ref, ids)
     with enabled() as counts:
         loss, logits, grads = training_step(model, ids)

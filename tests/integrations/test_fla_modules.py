@@ -232,9 +232,9 @@ def test_bitlinear_equals_flas_kernel_and_straight_through_reference(prenorm):
 def test_additive_gate_equals_flas_reference():
     """fla's naive GSA computes the gate itself when given none (its logcumsumexp formula):
     the same output with ours given as (s, g). fla's gate kernel does not run under triton
-    3.9's interpreter (its ``tl.associative_scan`` with fla's ``logaddexp`` fails in the
-    interpreter's scan: "'NoneType' object has no attribute 'dtype'"), so the kernel is not
-    compared here."""
+    3.9's interpreter (the ``logaddexp`` of its ``tl.associative_scan`` calls libdevice's
+    ``log1p``, None in the interpreter: "'NoneType' object has no attribute 'dtype'"), so the
+    kernel is not compared here."""
     from fla.ops.gsa.naive import naive_recurrent_gsa
 
     B, T, H, K, V, M = 2, 7, 2, 4, 4, 3
