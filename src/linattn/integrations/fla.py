@@ -16,7 +16,15 @@ CPU implementations behind the names fla's code calls, in fla's own modules:
   and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), and the
   RWKV-6 / RWKV-7 ones (``linattn.integrations._fla_rwkv``): ``token_shift`` (time mixing,
   ``LerpLinear``, ``DDLerpLinear``, the models' channel mixing), ``fused_addcmul_rwkv7``,
-  ``fused_k_rwkv7`` and ``gate_output_correction``;
+  ``fused_k_rwkv7`` and ``gate_output_correction``; the norm + linear pairs ``layer_norm_linear``
+  (``rms_norm_linear``, ``group_norm_linear``: HGRN2's and GSA's output) and
+  ``rms_norm_swish_gate_linear`` / ``layer_norm_swish_gate_linear`` (LightNet's output); and
+  (``linattn.integrations._fla_modules``) the rotary embedding ``rotary_embedding_fwdbwd``
+  (``RotaryEmbedding``, ``rotary_embedding``: RetNet, ABC, CAT, DeltaFormer, MoBA, NSA, Parallax,
+  YOCO, ...), ``layernorm_fn`` / ``rmsnorm_fn`` of ``fla.modules.norm.layernorm_gated``
+  (``RMSNormGated``, ``LayerNormGated``: Mamba-2), BitNet's ``layer_norm_linear_quant``
+  (``FusedBitLinear``, ``bit_linear``), GSA's additive gate ``fused_additive_gate`` (GSA, LightNet)
+  and KDA's gate ``fused_kda_gate``, ``kda_gate_fwd`` and ``kda_gate_bwd`` (PrecondKDA);
 - the losses, whose ``forward`` itself refuses CPU tensors: ``FusedCrossEntropyLoss.forward`` and
   ``FusedLinearCrossEntropyLoss.forward`` are replaced on the class.
 
