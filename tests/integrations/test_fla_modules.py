@@ -315,3 +315,40 @@ def test_kda_gate_equals_flas_reference_and_kernel(lower_bound):
     assert_close(ours_bwd, fla_bwd)
     fwd = kda_gate.kda_gate_fwd(g.detach(), A_log.detach(), dt_bias.detach(), lower_bound)
     assert relative(_fla_modules.kda_gate_fwd(g, A_log, dt_bias, lower_bound), fwd) < TOL
+
+
+# ------------------------------------------------------------------------------- activations
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "elu_p1", "logsigmoid"])
+def test_activations_equal_torch_and_flas_kernels(name):
+    """fla's autograd functions (``sigmoid``, ``elu_p1``, ``logsigmoid``) with their kernels and
+    with ours in their place; and ours against torch's definitions (logsigmoid at temperature 4,
+    the value GLA-style gates use)."""
+    from fla.modules.activations import ops as act
+
+    x = torch.randn(5, 12, requires_grad=True)
+    x.data[0, :3] = torch.tensor([0.0, -30.0, 30.0])
+    fwd, bwd = f"{name}_fwd", f"{name}_bwd"
+
+    def run(ours: bool):
+        with pytest.MonkeyPatch.context() as patch:
+            if ours:
+                patch.setattr(act, fwd, getattr(linattn_fla, fwd))
+                patch.setattr(act, bwd, getattr(linattn_fla, bwd))
+            if name == "logsigmoid":
+                return grads(lambda x: act.logsigmoid(x, 4.0), [x])
+            return grads(getattr(act, name), [x])
+
+    if name != "elu_p1":  # elu_p1's kernel calls libdevice.exp, None under the interpreter
+        (y, dx), (y_ref, dx_ref) = run(True), run(False)
+        assert_close(y, y_ref)
+        assert_close(dx, dx_ref)
+    torch_fn = {
+        "sigmoid": torch.sigmoid,
+        "elu_p1": lambda x: torch.nn.functional.elu(x) + 1,
+        "logsigmoid": lambda x: torch.nn.functional.logsigmoid(x) / 4.0,
+    }[name]
+    (y,), (dx,) = run(True)
+    (y_ref,), (dx_ref,) = grads(torch_fn, [x])
+    assert relative(y, y_ref) < 1e-6 and relative(dx, dx_ref) < 1e-6

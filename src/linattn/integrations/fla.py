@@ -13,7 +13,9 @@ CPU implementations behind the names fla's code calls, in fla's own modules:
   (``RMSNorm``, ``LayerNorm``, the fused residual pre-norm of fla's blocks), ``group_norm``
   (``GroupNorm``), ``rms_norm_gated`` / ``layer_norm_gated`` (``FusedRMSNormGated`` and the
   other gated norms), ``l2norm``, ``swiglu`` and ``swiglu_linear`` (``GatedMLP``), ``swish_fwd``
-  and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), and the
+  and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), likewise
+  ``sigmoid_fwd`` / ``sigmoid_bwd``, ``logsigmoid_fwd`` / ``logsigmoid_bwd`` and ``elu_p1_fwd`` /
+  ``elu_p1_bwd`` (``elu_p1``, the feature map of DeltaNet and LinearAttention), and the
   RWKV-6 / RWKV-7 ones (``linattn.integrations._fla_rwkv``): ``token_shift`` (time mixing,
   ``LerpLinear``, ``DDLerpLinear``, the models' channel mixing), ``fused_addcmul_rwkv7``,
   ``fused_k_rwkv7`` and ``gate_output_correction``; the norm + linear pairs ``layer_norm_linear``
@@ -407,6 +409,46 @@ def swish_bwd(x: torch.Tensor, dy: torch.Tensor, output_contiguous: bool = False
     return (dy.to(xf.dtype) * s * (1 + xf * (1 - s))).to(x.dtype)
 
 
+def sigmoid_fwd(x: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``sigmoid_fwd`` (``ACT2FN["sigmoid"]``): ``sigmoid(x)`` in x's dtype."""
+    return torch.sigmoid(x.to(compute_dtype(x.dtype))).to(x.dtype)
+
+
+def sigmoid_bwd(x: torch.Tensor, dy: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``sigmoid_bwd``: ``dy s (1 - s)`` with ``s = sigmoid(x)``, in x's dtype."""
+    s = torch.sigmoid(x.to(compute_dtype(x.dtype)))
+    return (dy.to(s.dtype) * s * (1 - s)).to(x.dtype)
+
+
+def elu_p1_fwd(x: torch.Tensor) -> torch.Tensor:
+    """fla's ``elu_p1_fwd`` (``elu_p1``: the linear-attention feature map of DeltaNet and
+    LinearAttention): ``elu(x) + 1`` = ``x + 1`` for x >= 0, ``exp(x)`` below, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    return torch.where(xf >= 0, xf + 1, torch.exp(xf.clamp(max=0))).to(x.dtype)
+
+
+def elu_p1_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """fla's ``elu_p1_bwd``: ``dy exp(min(x, 0))``, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    return (dy.to(xf.dtype) * torch.exp(xf.clamp(max=0))).to(x.dtype)
+
+
+def logsigmoid_fwd(
+    x: torch.Tensor, temperature: float = 1.0, output_contiguous: bool = False
+) -> torch.Tensor:
+    """fla's ``logsigmoid_fwd`` (``logsigmoid``, ``ACT2FN["logsigmoid"]``): ``log sigmoid(x) /
+    temperature``, in x's dtype."""
+    return (F.logsigmoid(x.to(compute_dtype(x.dtype))) / temperature).to(x.dtype)
+
+
+def logsigmoid_bwd(
+    x: torch.Tensor, dy: torch.Tensor, temperature: float = 1.0, output_contiguous: bool = False
+) -> torch.Tensor:
+    """fla's ``logsigmoid_bwd``: ``dy (1 - sigmoid(x)) / temperature``, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    return (dy.to(xf.dtype) * (1 - torch.sigmoid(xf)) / temperature).to(x.dtype)
+
+
 def swiglu_linear(x, y, weight, bias):
     """fla's ``swiglu_linear`` (``GatedMLP`` with ``fuse_swiglu``): ``linear(silu(x) * y)``."""
     return F.linear(swiglu(x, y), weight, bias)
@@ -551,6 +593,12 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
         "swiglu_linear": swiglu_linear,
         "swish_fwd": swish_fwd,
         "swish_bwd": swish_bwd,
+        "sigmoid_fwd": sigmoid_fwd,
+        "sigmoid_bwd": sigmoid_bwd,
+        "elu_p1_fwd": elu_p1_fwd,
+        "elu_p1_bwd": elu_p1_bwd,
+        "logsigmoid_fwd": logsigmoid_fwd,
+        "logsigmoid_bwd": logsigmoid_bwd,
     },
     "fla.modules.token_shift": {"token_shift": _fla_rwkv.token_shift},
     "fla.ops.rwkv7.fused_addcmul": {"fused_addcmul_rwkv7": _fla_rwkv.fused_addcmul_rwkv7},
