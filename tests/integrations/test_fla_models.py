@@ -11,9 +11,10 @@ gradient of a training step, float32 within 1e-5 relative; and under ``enable()`
 counter shows that linattn's module functions ran. fla's reference loss is torch's cross entropy
 (``fuse_cross_entropy=False``: fla's fused one refuses CPU tensors even under the interpreter).
 LightNet's reference runs fla's kernels except its GSA gate, which the interpreter cannot run
-(its ``logaddexp`` calls libdevice's ``log1p``, None under triton 3.9's interpreter): there the gate is fla's naive GSA formula (``fla/ops/gsa/naive.py``:
-``z = logcumsumexp(s)``, ``g = z_{t-1} - z_t``, ``s = exp(s - z)``), valid for the training
-forward (no initial state, no packed sequences).
+(its ``logaddexp`` calls libdevice's ``log1p``, None under triton 3.9's interpreter): there the
+gate is fla's naive GSA formula (``fla/ops/gsa/naive.py``: ``z = logcumsumexp(s)``,
+``g = z_{t-1} - z_t``, ``s = exp(s - z)``), valid for the training forward (no initial state, no
+packed sequences).
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ USES = {
     "hgrn2": {"layer_norm_linear"},
     "lightnet": {"fused_additive_gate", "rms_norm_swish_gate_linear"},
 }
-# the default run keeps the cheapest reference (HGRN2, ~7 s under the interpreter); the others
-# take 15 to 60 s each on the loaded 2-core machine
-FAST = ("hgrn2",)
+# the default run keeps the cheapest references (HGRN2 and Mamba-2, 3 to 7 s each under the
+# interpreter); RetNet and LightNet take 8 to 17 s each on the loaded 2-core machine
+FAST = ("hgrn2", "mamba2")
 CASES = [f if f in FAST else pytest.param(f, marks=pytest.mark.slow) for f in USES]
 
 
