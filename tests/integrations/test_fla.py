@@ -423,6 +423,21 @@ def test_enable_disable_round_trip_restores_flas_objects():
         assert rwkv7.token_shift.__wrapped__ is fla_shift and rwkv6.token_shift is rwkv7.token_shift
         changed = {key for key, value in fla_globals().items() if before.get(key) is not value}
         assert ("FusedCrossEntropyLoss", "forward") in changed
+        # issue 51's module functions, where fla defines them and where its layers import them
+        for module_name, name in [
+            ("fla.modules.rotary.ops", "rotary_embedding_fwdbwd"),
+            ("fla.modules.norm.layernorm_gated", "rmsnorm_fn"),
+            ("fla.layers.log_linear_mamba2", "rmsnorm_fn"),
+            ("fla.modules.norm.layernorm", "layer_norm_linear"),
+            ("fla.layers.lightnet", "rms_norm_swish_gate_linear"),
+            ("fla.modules.fused_bitlinear", "layer_norm_linear_quant"),
+            ("fla.ops.gsa.gate", "fused_additive_gate"),
+            ("fla.ops.lightnet.chunk", "fused_additive_gate"),
+            ("fla.layers.precond_kda", "fused_kda_gate"),
+            ("fla.ops.kda.chunk_bwd", "kda_gate_bwd"),
+        ]:
+            now = vars(sys.modules[module_name])[name]
+            assert (module_name, name) in changed and now.__wrapped__ is before[(module_name, name)]
     finally:
         linattn_fla.disable()
     assert not linattn_fla.is_enabled()

@@ -15,9 +15,7 @@ pytest.importorskip("fla")
 
 import fla.layers  # noqa: E402
 import fla.models  # noqa: E402
-from fla.modules.norm import layernorm_gated  # noqa: E402
 
-from linattn.integrations import _fla_log_linear  # noqa: E402
 from linattn.integrations import fla as linattn_fla  # noqa: E402
 from tests.compat.test_log_linear_attn import boolean_masks  # noqa: E402, F401
 
@@ -84,19 +82,3 @@ def test_the_model_decodes_token_by_token_as_its_whole_forward(enabled):
     torch.testing.assert_close(torch.cat(logits, 1), whole, rtol=1e-5, atol=1e-5)
     generated = model.generate(ids[:, :5], max_new_tokens=4, do_sample=False)
     assert generated.shape == (2, 9)
-
-
-@pytest.mark.parametrize("norm_before_gate", [True, False])
-@pytest.mark.parametrize("group_size", [None, 8])
-def test_the_gated_norms_equal_fla_s_reference(norm_before_gate, group_size):
-    gen = torch.Generator().manual_seed(3)
-    x, z = torch.randn(3, 5, 16, generator=gen), torch.randn(3, 5, 16, generator=gen)
-    w, b = torch.randn(16, generator=gen), torch.randn(16, generator=gen)
-    for bias in (None, b):
-        ours = _fla_log_linear.rmsnorm_fn(x, w, bias, z, 1e-6, group_size, norm_before_gate)
-        ref = layernorm_gated.rms_norm_ref(x, w, bias, z, 1e-6, group_size, norm_before_gate)
-        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
-    centred = _fla_log_linear.layernorm_fn(x, w, b, None, 1e-6, group_size, norm_before_gate)
-    groups = 16 // (group_size or 16)
-    want = torch.nn.functional.group_norm(x.reshape(15, 16), groups, w, b, 1e-6).reshape(3, 5, 16)
-    torch.testing.assert_close(centred, want, rtol=1e-5, atol=1e-5)

@@ -2,9 +2,9 @@
 ``linattn.integrations.fla.enable()``: the same model run by fla's own Triton kernels under
 Triton's interpreter, float32 within 1e-5 relative (logits of a forward pass, greedy
 ``generate`` with fla's cache: for ABC the cache restarts the normaliser at every call and
-carries the kernel's final state, which ``compat.chunk_abc`` follows). GSA's model also runs on
-a CPU without the interpreter (fla's ``rms_norm_linear`` is one of the functions ``enable()``
-replaces); ABC's also needs fla's rotary embedding on the CPU, not replaced by ``enable()`` yet.
+carries the kernel's final state, which ``compat.chunk_abc`` follows). Both models also run on a
+CPU without the interpreter: ``enable()`` replaces fla's ``layer_norm_linear`` (behind
+``rms_norm_linear``) and its rotary embedding.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from tests.integrations.test_fla import assert_ran, enabled, run_python  # noqa:
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 MODELS = {
-    "gsa": ("GSAConfig", "GSAForCausalLM", {"chunk_gsa", "rms_norm_linear"},
-            {"fused_recurrent_gsa", "rms_norm_linear"}),
+    "gsa": ("GSAConfig", "GSAForCausalLM", {"chunk_gsa", "layer_norm_linear"},
+            {"fused_recurrent_gsa", "layer_norm_linear"}),
     "abc": ("ABCConfig", "ABCForCausalLM", {"chunk_abc", "rms_norm_gated"}, {"chunk_abc"}),
 }  # fmt: skip
 

@@ -14,10 +14,20 @@ CPU implementations behind the names fla's code calls, in fla's own modules:
   (the GSA layer's output norm and projection), ``group_norm``
   (``GroupNorm``), ``rms_norm_gated`` / ``layer_norm_gated`` (``FusedRMSNormGated`` and the
   other gated norms), ``l2norm``, ``swiglu`` and ``swiglu_linear`` (``GatedMLP``), ``swish_fwd``
-  and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), and the
+  and ``swish_bwd`` (``swish``, the autograd function behind ``ACT2FN["swish"]``), likewise
+  ``sigmoid_fwd`` / ``sigmoid_bwd``, ``logsigmoid_fwd`` / ``logsigmoid_bwd`` and ``elu_p1_fwd`` /
+  ``elu_p1_bwd`` (``elu_p1``, the feature map of DeltaNet and LinearAttention), and the
   RWKV-6 / RWKV-7 ones (``linattn.integrations._fla_rwkv``): ``token_shift`` (time mixing,
   ``LerpLinear``, ``DDLerpLinear``, the models' channel mixing), ``fused_addcmul_rwkv7``,
-  ``fused_k_rwkv7`` and ``gate_output_correction``;
+  ``fused_k_rwkv7`` and ``gate_output_correction``; the norm + linear pairs ``layer_norm_linear``
+  (``rms_norm_linear``, ``group_norm_linear``: HGRN2's and GSA's output) and
+  ``rms_norm_swish_gate_linear`` / ``layer_norm_swish_gate_linear`` (LightNet's output); and
+  (``linattn.integrations._fla_modules``) the rotary embedding ``rotary_embedding_fwdbwd``
+  (``RotaryEmbedding``, ``rotary_embedding``: RetNet, ABC, CAT, DeltaFormer, MoBA, NSA, Parallax,
+  YOCO, ...), ``layernorm_fn`` / ``rmsnorm_fn`` of ``fla.modules.norm.layernorm_gated``
+  (``RMSNormGated``, ``LayerNormGated``: Mamba-2), BitNet's ``layer_norm_linear_quant``
+  (``FusedBitLinear``, ``bit_linear``), GSA's additive gate ``fused_additive_gate`` (GSA, LightNet)
+  and KDA's gate ``fused_kda_gate``, ``kda_gate_fwd`` and ``kda_gate_bwd`` (PrecondKDA);
 - the losses, whose ``forward`` itself refuses CPU tensors: ``FusedCrossEntropyLoss.forward`` and
   ``FusedLinearCrossEntropyLoss.forward`` are replaced on the class.
 
@@ -41,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
-from linattn.integrations import _fla_log_linear, _fla_rwkv
+from linattn.integrations import _fla_log_linear, _fla_modules, _fla_rwkv
 from linattn.ops.functional import causal_conv1d as shared_conv1d
 from linattn.ops.functional import conv_activation
 from linattn.ops.functional import l2norm as shared_l2norm
@@ -292,6 +302,85 @@ def layer_norm_gated(
     return _norm(x, g, weight, bias, residual, eps, prenorm, residual_in_fp32, False, activation)
 
 
+def layer_norm_linear(
+    x,
+    norm_weight,
+    norm_bias,
+    linear_weight,
+    linear_bias,
+    residual=None,
+    eps=1e-5,
+    prenorm=False,
+    residual_in_fp32=False,
+    is_rms_norm=False,
+    num_groups=1,
+):
+    """fla's ``layer_norm_linear`` (and so ``rms_norm_linear``, ``group_norm_linear``: HGRN2's
+    and GSA's output): ``linear(norm(x + residual))``, the norm as ``group_norm``'s, the linear
+    in the norm's output dtype; with prenorm also the residual stream."""
+    y = _norm(
+        x,
+        None,
+        norm_weight,
+        norm_bias,
+        residual,
+        eps,
+        prenorm,
+        residual_in_fp32,
+        is_rms_norm,
+        None,
+        num_groups,
+    )
+    y, residual_out = y if prenorm else (y, None)
+    bias = None if linear_bias is None else linear_bias.to(y.dtype)
+    out = F.linear(y, linear_weight.to(y.dtype), bias)
+    return (out, residual_out) if prenorm else out
+
+
+def _gated_linear(is_rms_norm: bool):
+    def gated_linear(
+        x,
+        g,
+        norm_weight,
+        norm_bias,
+        linear_weight,
+        linear_bias,
+        residual=None,
+        prenorm=False,
+        residual_in_fp32=False,
+        eps=1e-6,
+    ):
+        y = _norm(
+            x,
+            g,
+            norm_weight,
+            norm_bias,
+            residual,
+            eps,
+            prenorm,
+            residual_in_fp32,
+            is_rms_norm,
+            "swish",
+        )
+        y, residual_out = y if prenorm else (y, None)
+        bias = None if linear_bias is None else linear_bias.to(y.dtype)
+        out = F.linear(y, linear_weight.to(y.dtype), bias)
+        return (out, residual_out) if prenorm else out
+
+    kind = "rms" if is_rms_norm else "layer"
+    gated_linear.__name__ = f"{kind}_norm_swish_gate_linear"
+    gated_linear.__doc__ = (
+        f"fla's ``{kind}_norm_swish_gate_linear`` (LightNet's output): "
+        "``linear(norm(x + residual) * weight + bias) * silu(g))``, the norm as "
+        f"``{kind}_norm_gated``'s; with prenorm also the residual stream."
+    )
+    return gated_linear
+
+
+rms_norm_swish_gate_linear = _gated_linear(True)
+layer_norm_swish_gate_linear = _gated_linear(False)
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6, output_dtype: torch.dtype | None = None):
     """fla's ``l2norm``: ``x / sqrt(sum(x^2) + eps)`` over the last dimension, computed in
     float32 (float64 stays), returned in x's dtype or ``output_dtype``."""
@@ -321,33 +410,49 @@ def swish_bwd(x: torch.Tensor, dy: torch.Tensor, output_contiguous: bool = False
     return (dy.to(xf.dtype) * s * (1 + xf * (1 - s))).to(x.dtype)
 
 
+def sigmoid_fwd(x: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``sigmoid_fwd`` (``ACT2FN["sigmoid"]``): ``sigmoid(x)`` in x's dtype."""
+    return torch.sigmoid(x.to(compute_dtype(x.dtype))).to(x.dtype)
+
+
+def sigmoid_bwd(x: torch.Tensor, dy: torch.Tensor, output_contiguous: bool = False) -> torch.Tensor:
+    """fla's ``sigmoid_bwd``: ``dy s (1 - s)`` with ``s = sigmoid(x)``, in x's dtype."""
+    s = torch.sigmoid(x.to(compute_dtype(x.dtype)))
+    return (dy.to(s.dtype) * s * (1 - s)).to(x.dtype)
+
+
+def elu_p1_fwd(x: torch.Tensor) -> torch.Tensor:
+    """fla's ``elu_p1_fwd`` (``elu_p1``: the linear-attention feature map of DeltaNet and
+    LinearAttention): ``elu(x) + 1`` = ``x + 1`` for x >= 0, ``exp(x)`` below, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    return torch.where(xf >= 0, xf + 1, torch.exp(xf.clamp(max=0))).to(x.dtype)
+
+
+def elu_p1_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """fla's ``elu_p1_bwd``: ``dy exp(min(x, 0))``, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    return (dy.to(xf.dtype) * torch.exp(xf.clamp(max=0))).to(x.dtype)
+
+
+def logsigmoid_fwd(
+    x: torch.Tensor, temperature: float = 1.0, output_contiguous: bool = False
+) -> torch.Tensor:
+    """fla's ``logsigmoid_fwd`` (``logsigmoid``, ``ACT2FN["logsigmoid"]``): ``log sigmoid(x) /
+    temperature``, in x's dtype."""
+    return (F.logsigmoid(x.to(compute_dtype(x.dtype))) / temperature).to(x.dtype)
+
+
+def logsigmoid_bwd(
+    x: torch.Tensor, dy: torch.Tensor, temperature: float = 1.0, output_contiguous: bool = False
+) -> torch.Tensor:
+    """fla's ``logsigmoid_bwd``: ``dy (1 - sigmoid(x)) / temperature``, in x's dtype."""
+    xf = x.to(compute_dtype(x.dtype))
+    return (dy.to(xf.dtype) * (1 - torch.sigmoid(xf)) / temperature).to(x.dtype)
+
+
 def swiglu_linear(x, y, weight, bias):
     """fla's ``swiglu_linear`` (``GatedMLP`` with ``fuse_swiglu``): ``linear(silu(x) * y)``."""
     return F.linear(swiglu(x, y), weight, bias)
-
-
-def rms_norm_linear(
-    x,
-    norm_weight,
-    norm_bias,
-    linear_weight,
-    linear_bias,
-    residual=None,
-    eps=1e-5,
-    prenorm=False,
-    residual_in_fp32=False,
-):
-    """fla's ``rms_norm_linear`` (the GSA layer's output): ``linear(rms_norm(x))`` (``_norm``),
-    the input cast to the linear weight's dtype; with prenorm also the residual, as fla's."""
-    out = _norm(
-        x, None, norm_weight, norm_bias, residual, eps, prenorm, residual_in_fp32, True, None
-    )
-    y, residual_out = out if prenorm else (out, None)
-    z = F.linear(y.to(linear_weight.dtype), linear_weight, linear_bias)
-    return (z, residual_out) if prenorm else z
-
-
-# ------------------------------------------------------------------------------- losses
 
 
 def cross_entropy(
@@ -455,30 +560,49 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
     },
     "fla.modules.norm.layernorm": {
         "rms_norm": rms_norm,
-        "rms_norm_linear": rms_norm_linear,
         "layer_norm": group_norm,
         "group_norm": group_norm,
+        "layer_norm_linear": layer_norm_linear,
     },
     "fla.modules.norm.fused_norm_gate": {
         "rms_norm_gated": rms_norm_gated,
         "layer_norm_gated": layer_norm_gated,
+        "rms_norm_swish_gate_linear": rms_norm_swish_gate_linear,
+        "layer_norm_swish_gate_linear": layer_norm_swish_gate_linear,
     },
     "fla.modules.norm.l2norm": {"l2norm": l2norm},
+    # issue 51: the modules fla's other model families reach
+    "fla.modules.norm.layernorm_gated": {
+        "layernorm_fn": _fla_modules.layernorm_fn,
+        "rmsnorm_fn": _fla_modules.rmsnorm_fn,
+    },
+    "fla.modules.rotary.ops": {"rotary_embedding_fwdbwd": _fla_modules.rotary_embedding_fwdbwd},
+    "fla.modules.fused_bitlinear": {
+        "layer_norm_linear_quant": _fla_modules.layer_norm_linear_quant
+    },
+    "fla.ops.gsa.gate": {"fused_additive_gate": _fla_modules.fused_additive_gate},
+    "fla.ops.kda.gate": {
+        "fused_kda_gate": _fla_modules.fused_kda_gate,
+        "kda_gate_fwd": _fla_modules.kda_gate_fwd,
+        "kda_gate_bwd": _fla_modules.kda_gate_bwd,
+    },
     "fla.modules.activations.ops": {
         "swiglu": swiglu,
         "swiglu_linear": swiglu_linear,
         "swish_fwd": swish_fwd,
         "swish_bwd": swish_bwd,
+        "sigmoid_fwd": sigmoid_fwd,
+        "sigmoid_bwd": sigmoid_bwd,
+        "elu_p1_fwd": elu_p1_fwd,
+        "elu_p1_bwd": elu_p1_bwd,
+        "logsigmoid_fwd": logsigmoid_fwd,
+        "logsigmoid_bwd": logsigmoid_bwd,
     },
     "fla.modules.token_shift": {"token_shift": _fla_rwkv.token_shift},
     "fla.ops.rwkv7.fused_addcmul": {"fused_addcmul_rwkv7": _fla_rwkv.fused_addcmul_rwkv7},
     "fla.ops.rwkv7.fused_k_update": {"fused_k_rwkv7": _fla_rwkv.fused_k_rwkv7},
     "fla.ops.rwkv7.gate_output_correction": {
         "gate_output_correction": _fla_rwkv.gate_output_correction
-    },
-    "fla.modules.norm.layernorm_gated": {  # issue 52: LogLinearMamba2's gated norms
-        "rmsnorm_fn": _fla_log_linear.rmsnorm_fn,
-        "layernorm_fn": _fla_log_linear.layernorm_fn,
     },
 }
 # fla class -> its methods that refuse CPU tensors themselves.
