@@ -63,6 +63,10 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.precond_gated_delta_rule import (
+    chunk_precond_gated_delta_rule,
+    fused_recurrent_precond_gated_delta_rule,
+)
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
@@ -93,6 +97,7 @@ __all__ = [
     "chunk_kda",
     "chunk_lightning_attn",
     "chunk_linear_attn",
+    "chunk_precond_gated_delta_rule",
     "chunk_retention",
     "chunk_rwkv6",
     "chunk_rwkv7",
@@ -115,6 +120,7 @@ __all__ = [
     "fused_recurrent_lightning_attn",
     "fused_mul_recurrent_rwkv7",
     "fused_recurrent_linear_attn",
+    "fused_recurrent_precond_gated_delta_rule",
     "fused_recurrent_retention",
     "fused_recurrent_rwkv6",
     "fused_recurrent_rwkv7",

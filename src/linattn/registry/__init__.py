@@ -47,6 +47,7 @@ from linattn.registry.cases import (
     delta_product_case,
     dplr_case,
     gdn2_case,
+    precond_case,
     rule_case,
     rwkv6_case,
     rwkv7_case,
@@ -284,6 +285,19 @@ for _entry in (
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
         paper="Peng et al. (2024)", section=_SEC10,
+    ),
+    # issue 51 (twostate): the delta rule's descendants with a second state
+    Entry(
+        "precond_gated_delta", "Preconditioned Gated DeltaNet", "dplr", "head",
+        "alpha_t (I - beta_t kp_t k_t^T), kp_t = x^(-s(A_t)) k_t",
+        "beta_t v_t along kp_t (A_t = exp(g_atk_t) A_{t-1} + beta_atk_t k_t^2)",
+        "linattn.ops.precond_delta_rule:precond_delta_rule",
+        "linattn.reference.precond_delta:recurrence", precond_case("head"),
+        fla_names=(
+            "chunk_precond_gated_delta_rule", "fused_recurrent_precond_gated_delta_rule",
+        ),
+        paper="Preconditioned DeltaNet (arXiv:2604.21100)", section=_SEC10,
+        nearest="gated_delta",
     ),
 ):  # fmt: skip
     register(_entry)

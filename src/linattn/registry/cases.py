@@ -379,3 +379,58 @@ def rule_case(rule: str, gate: str = "none") -> Case:
         return testing.oracle(found, x64, scale)
 
     return Case(inputs, call, oracle, "delta" if rules.named(rule).READS_STATE else "linear")
+
+
+# --- issue 51: the delta rule's descendants with a second state ---------------------------------
+
+
+def _with_second_state(S: Tensor | None, second: Tensor | None) -> Tensor | None:
+    """The memory [B, HV, K, V] and a second state [B, H, ...] as one tensor [B, HV, K V + ...]
+    (H = HV in the cases), so that the property tests compare and differentiate both."""
+    if S is None:
+        return None
+    return torch.cat([S.flatten(2), second.flatten(2)], dim=-1)
+
+
+def precond_case(gate: str) -> Case:
+    """Preconditioned DeltaNet (``linattn.ops.precond_delta_rule``): gate "head" (Preconditioned
+    Gated DeltaNet) or "channel" (Preconditioned KDA); the ATK state A [B, H, K] rides along S."""
+    from linattn.ops.precond_delta_rule import precond_delta_rule
+    from linattn.reference.precond_delta import recurrence
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, _, log_decay = _draw(gen, dtype)
+        x["g_atk"], x["beta_atk"] = log_decay(B, T, H), uniform(B, T, H)
+        x["beta"] = uniform(B, T, H)
+        x["g"] = _gate(log_decay, gate, B, T, H, K)
+        x["A0"], x["log_atk_scale"] = uniform(B, H, K), normal(H) * 0.5
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        o, S, A = precond_delta_rule(
+            x["q"], x["k"], x["v"], x["g_atk"], x["beta_atk"], x["beta"], x["g"],
+            log_atk_scale=x["log_atk_scale"], initial_A_state=x["A0"],
+            **_common(mode, chunk_size, scale, x),
+        )  # fmt: skip
+        return o, _with_second_state(S, A)
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs, states = [], []
+        for n in range(B):
+            runs = [
+                recurrence(
+                    *(_heads(x[name], h, n) for name in
+                      ("q", "k", "v", "g_atk", "beta_atk", "beta", "g")),
+                    center=float(x["log_atk_scale"][h]), scale=scale,
+                    initial_state=_state(x, n, h), initial_A_state=x["A0"][n, h].double().numpy(),
+                )
+                for h in range(H)
+            ]  # fmt: skip
+            outs.append(np.stack([o for o, _, _ in runs], axis=1))
+            states.append(np.stack([np.concatenate([S.ravel(), A]) for _, S, A in runs]))
+        return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
+
+    return Case(inputs, call, oracle, "dplr")
