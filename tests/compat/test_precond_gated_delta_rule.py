@@ -66,7 +66,8 @@ def fla_chunk(**t):
 
 
 @pytest.mark.parametrize(
-    "T,cu,HV", [(1, None, 1), (20, None, 2), (23, [0, 1, 9, 23], 2)],
+    "T,cu,HV",
+    [(1, None, 1), (20, None, 2), pytest.param(23, [0, 1, 9, 23], 2, marks=pytest.mark.slow)],
     ids=["T1", "T20-gva", "varlen-length-1"],
 )  # fmt: skip
 def test_chunk_agrees_with_fla_kernels_with_gradients(T, cu, HV):

@@ -67,6 +67,7 @@ from linattn.compat.precond_gated_delta_rule import (
     chunk_precond_gated_delta_rule,
     fused_recurrent_precond_gated_delta_rule,
 )
+from linattn.compat.precond_kda import chunk_precond_kda, fused_recurrent_precond_kda
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
 from linattn.compat.simple_gla import (
@@ -98,6 +99,7 @@ __all__ = [
     "chunk_lightning_attn",
     "chunk_linear_attn",
     "chunk_precond_gated_delta_rule",
+    "chunk_precond_kda",
     "chunk_retention",
     "chunk_rwkv6",
     "chunk_rwkv7",
@@ -121,6 +123,7 @@ __all__ = [
     "fused_mul_recurrent_rwkv7",
     "fused_recurrent_linear_attn",
     "fused_recurrent_precond_gated_delta_rule",
+    "fused_recurrent_precond_kda",
     "fused_recurrent_retention",
     "fused_recurrent_rwkv6",
     "fused_recurrent_rwkv7",

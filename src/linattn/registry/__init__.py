@@ -299,6 +299,15 @@ for _entry in (
         paper="Preconditioned DeltaNet (arXiv:2604.21100)", section=_SEC10,
         nearest="gated_delta",
     ),
+    Entry(
+        "precond_kda", "Preconditioned KDA", "dplr", "channel",
+        "(I - beta_t kp_t k_t^T) Diag(alpha_t), kp_t = x^(-s(A_t)) k_t",
+        "beta_t v_t along kp_t (A_t = exp(g_atk_t) A_{t-1} + beta_atk_t k_t^2)",
+        "linattn.ops.precond_delta_rule:precond_delta_rule",
+        "linattn.reference.precond_delta:recurrence", precond_case("channel"),
+        fla_names=("chunk_precond_kda", "fused_recurrent_precond_kda"),
+        paper="Preconditioned DeltaNet (arXiv:2604.21100)", section=_SEC10, nearest="kda",
+    ),
 ):  # fmt: skip
     register(_entry)
 
