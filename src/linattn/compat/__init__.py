@@ -63,6 +63,10 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.momentum_delta_rule import (
+    chunk_momentum_delta_rule,
+    fused_recurrent_momentum_delta_rule,
+)
 from linattn.compat.precond_gated_delta_rule import (
     chunk_precond_gated_delta_rule,
     fused_recurrent_precond_gated_delta_rule,
@@ -98,6 +102,7 @@ __all__ = [
     "chunk_kda",
     "chunk_lightning_attn",
     "chunk_linear_attn",
+    "chunk_momentum_delta_rule",
     "chunk_precond_gated_delta_rule",
     "chunk_precond_kda",
     "chunk_retention",
@@ -122,6 +127,7 @@ __all__ = [
     "fused_recurrent_lightning_attn",
     "fused_mul_recurrent_rwkv7",
     "fused_recurrent_linear_attn",
+    "fused_recurrent_momentum_delta_rule",
     "fused_recurrent_precond_gated_delta_rule",
     "fused_recurrent_precond_kda",
     "fused_recurrent_retention",

@@ -13,8 +13,6 @@ MISSING = {
     "fused_recurrent_cyfa": "CyFA (its state and readout)",
     "chunk_log_linear_attn": "log-linear attention (a Fenwick-tree hierarchy of states)",
     "chunk_mesa_net": "MesaNet (a conjugate-gradient solve per token)",
-    "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
-    "fused_recurrent_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
     "fused_chunk_based": "Based in fla's form (its Taylor feature map and normaliser inside the "
     "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
     "parallel_based": "Based in fla's form (its Taylor feature map and normaliser inside the "

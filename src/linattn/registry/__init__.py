@@ -47,6 +47,7 @@ from linattn.registry.cases import (
     delta_product_case,
     dplr_case,
     gdn2_case,
+    momentum_case,
     precond_case,
     rule_case,
     rwkv6_case,
@@ -307,6 +308,16 @@ for _entry in (
         "linattn.reference.precond_delta:recurrence", precond_case("channel"),
         fla_names=("chunk_precond_kda", "fused_recurrent_precond_kda"),
         paper="Preconditioned DeltaNet (arXiv:2604.21100)", section=_SEC10, nearest="kda",
+    ),
+    Entry(
+        "momentum_delta", "Momentum DeltaNet (the momentum delta rule)", "momentum_delta", "head",
+        "[S; M]: [[alpha_t, -beta_t mu_t], [0, mu_t]] (x) I + [-beta_t; 1] eta_t k_t p_t^T",
+        "[-beta_t; 1] eta_t k_t (-v_t)^T: M_t = mu_t M - eta_t k_t (v_t - S^T p_t)^T, S_t = "
+        "alpha_t S - beta_t M_t",
+        "linattn.ops.momentum_delta_rule:momentum_delta_rule",
+        "linattn.reference.momentum_delta:recurrence", momentum_case(),
+        fla_names=("chunk_momentum_delta_rule", "fused_recurrent_momentum_delta_rule"),
+        paper="Momentum DeltaNet (arXiv:2605.05838)", section=_SEC10, nearest="gated_delta",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -434,3 +434,48 @@ def precond_case(gate: str) -> Case:
         return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
 
     return Case(inputs, call, oracle, "dplr")
+
+
+def momentum_case() -> Case:
+    """The momentum delta rule (``linattn.ops.momentum_delta_rule``): unit k and p, decays from
+    a sigmoid, beta in [0, 1], eta in [0, 2]; the momentum M [B, H, K, V] rides along S."""
+    from linattn.ops.momentum_delta_rule import momentum_delta_rule
+    from linattn.reference.momentum_delta import recurrence
+
+    names = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta")
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x["p"], x["log_alpha"], x["log_mu"] = (
+            unit(B, T, H, K),
+            log_decay(B, T, H),
+            log_decay(B, T, H),
+        )
+        x["beta"], x["eta"], x["M0"] = uniform(B, T, H), 2 * uniform(B, T, H), normal(B, H, K, V)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        o, S, M = momentum_delta_rule(
+            *(x[name] for name in names), initial_momentum=x["M0"],
+            **_common(mode, chunk_size, scale, x),
+        )  # fmt: skip
+        return o, _with_second_state(S, M)
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs, states = [], []
+        for n in range(B):
+            runs = [
+                recurrence(
+                    *(_heads(x[name], h, n) for name in names), scale=scale,
+                    initial_state=_state(x, n, h), initial_momentum=x["M0"][n, h].double().numpy(),
+                )
+                for h in range(H)
+            ]  # fmt: skip
+            outs.append(np.stack([o for o, _, _ in runs], axis=1))
+            states.append(np.stack([np.concatenate([S.ravel(), M.ravel()]) for _, S, M in runs]))
+        return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
+
+    return Case(inputs, call, oracle, "dplr")
