@@ -80,7 +80,8 @@ def test_the_step_equals_the_recurrent_form():
 
 
 def test_float32_relative_rms_error():
-    """float32 against the float64 reference: relative RMS below 1e-6 (measured: about 2e-7)."""
+    """float32 against the float64 reference: relative RMS below 2e-6 (measured: 2e-7 in the
+    recurrent form, up to 9e-7 in the chunk form's final momentum)."""
     x = make()
     want = oracle(x, 0.4, [0, T])
     x32 = {n: t.float() for n, t in x.items()}
@@ -91,7 +92,7 @@ def test_float32_relative_rms_error():
         )  # fmt: skip
         for a, b in zip(got, want, strict=True):
             error = float((a.double() - b).norm() / b.norm())
-            assert error < 1e-6, (mode, error)
+            assert error < 2e-6, (mode, error)
 
 
 def test_chunk_gradients_equal_the_recurrent_form_s():

@@ -48,6 +48,7 @@ from linattn.compat.gated_delta_rule import (
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gdn,
 )
+from linattn.compat.gated_oja_rule import chunk_gated_oja_rule, fused_recurrent_gated_oja_rule
 from linattn.compat.gdn2 import chunk_gdn2, fused_recurrent_gdn2
 from linattn.compat.generalized_delta_rule import (
     chunk_dplr_delta_rule,
@@ -95,6 +96,7 @@ __all__ = [
     "chunk_dplr_delta_rule",
     "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
+    "chunk_gated_oja_rule",
     "chunk_gdn",
     "chunk_gdn2",
     "chunk_gla",
@@ -118,6 +120,7 @@ __all__ = [
     "fused_recurrent_delta_rule",
     "fused_recurrent_dplr_delta_rule",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_oja_rule",
     "fused_recurrent_gdn",
     "fused_recurrent_gdn2",
     "fused_recurrent_gla",
@@ -145,6 +148,8 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "fused_recurrent_gdn2": "fla.ops.gdn2",
     "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
     "chunk_gated_delta_product": "fla.ops.gated_delta_product",
+    "chunk_gated_oja_rule": "fla.ops.gated_oja_rule",
+    "fused_recurrent_gated_oja_rule": "fla.ops.gated_oja_rule",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

@@ -46,6 +46,7 @@ from linattn.registry.cases import (
     delta_case,
     delta_product_case,
     dplr_case,
+    gated_oja_case,
     gdn2_case,
     momentum_case,
     precond_case,
@@ -318,6 +319,15 @@ for _entry in (
         "linattn.reference.momentum_delta:recurrence", momentum_case(),
         fla_names=("chunk_momentum_delta_rule", "fused_recurrent_momentum_delta_rule"),
         paper="Momentum DeltaNet (arXiv:2605.05838)", section=_SEC10, nearest="gated_delta",
+    ),
+    Entry(
+        "gated_oja", "gated Oja rule", "gated_oja", "channel",
+        "S <- S Diag(exp gv_t) (I - beta_t v_t v_t^T) (acting on the value side)",
+        "beta_t v_t along k_t: S_t = S' + beta_t (k_t - S' v_t) v_t^T",
+        "linattn.ops.gated_oja_rule:gated_oja_rule", "linattn.reference.gated_oja:recurrence",
+        gated_oja_case(),
+        fla_names=("chunk_gated_oja_rule", "fused_recurrent_gated_oja_rule"),
+        paper="Oja (1982); fla 0.6.0 (fla.ops.gated_oja_rule)", section=_SEC10, nearest="kda",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -479,3 +479,35 @@ def momentum_case() -> Case:
         return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
 
     return Case(inputs, call, oracle, "dplr")
+
+
+def gated_oja_case() -> Case:
+    """The gated Oja rule (``linattn.ops.gated_oja_rule``): unit v (its contraction I - beta v
+    v^T needs beta |v|^2 <= 2), beta in [0, 1], a log-decay per value channel."""
+    from linattn.ops.gated_oja_rule import gated_oja_rule
+    from linattn.reference.gated_oja import recurrence
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x["k"], x["v"] = normal(B, T, H, K), unit(B, T, H, V)
+        x["gv"], x["beta"] = log_decay(B, T, H, V), uniform(B, T, H)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        return gated_oja_rule(
+            x["q"], x["k"], x["v"], x["gv"], x["beta"], **_common(mode, chunk_size, scale, x)
+        )
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        return _per_head(
+            lambda n, h: recurrence(
+                *(_heads(x[name], h, n) for name in ("q", "k", "v", "gv", "beta")), scale=scale,
+                initial_state=_state(x, n, h),
+            ),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "delta")
