@@ -31,7 +31,6 @@ from fla.ops.momentum_delta_rule import chunk as momentum_chunk  # noqa: E402
 from linattn.integrations import fla as linattn_fla  # noqa: E402
 from tests.integrations.test_fla import (  # noqa: E402
     TOL,
-    assert_gradients_equal,
     assert_ran,
     decode,
     enabled,
@@ -103,6 +102,22 @@ def fla_float32():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(momentum_deltanet, "chunk_momentum_delta_rule", fla_chunk_momentum_in_float32)
         yield
+
+
+# The preconditioner's gate parameters (A_log_atk, dt_bias_atk) are per-head sums over every
+# token, as test_fla's FLA_FLOAT32_LIMITED A_log and dt_bias are (the model's float32 rounding
+# moves them by ~1e-5: A_log_atk 2.6e-5 between fla and ours, measured): compared as those.
+GATE_PARAMETERS = ("A_log", "dt_bias", "A_log_atk", "dt_bias_atk")
+
+
+def assert_gradients_equal(grads, grads_ref, float64_run, exact_ops_run):
+    assert grads.keys() == grads_ref.keys()
+    for key in grads:
+        if key.endswith(GATE_PARAMETERS):
+            assert relative(grads[key], exact_ops_run()[key]) < TOL, key
+            assert relative(grads_ref[key].double(), float64_run()[key]) < 10 * TOL, key
+        else:
+            assert relative(grads[key], grads_ref[key]) < TOL, key
 
 
 def kda_gate_served() -> bool:
