@@ -35,6 +35,8 @@ FLA_NO_BACKWARD = frozenset(
         "chunk_iplr_delta_rule", "fused_recurrent_dplr_delta_rule",
         "fused_recurrent_gated_delta_rule", "fused_recurrent_gdn", "fused_recurrent_comba",
         "fused_recurrent_kda", "fused_recurrent_rwkv7", "fused_recurrent_gdn2",
+        "fused_recurrent_precond_gated_delta_rule", "fused_recurrent_precond_kda",
+        "fused_recurrent_gated_oja_rule",
     }
 )  # fmt: skip
 # Its entry points that take grouped value heads (HV = G * H: "GVA"), each run so under the
@@ -44,9 +46,13 @@ FLA_GROUPED = frozenset(
     {
         "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gdn",
         "fused_recurrent_gdn", "chunk_kda", "fused_recurrent_kda", "chunk_comba",
-        "fused_recurrent_comba", "fused_recurrent_gdn2",
+        "fused_recurrent_comba", "fused_recurrent_gdn2", "chunk_precond_gated_delta_rule",
+        "fused_recurrent_precond_gated_delta_rule", "fused_recurrent_gated_oja_rule",
     }
 )  # fmt: skip
+# Its entry points that run PyTorch reference code, no kernel (the momentum delta rule's, which
+# also refuse cu_seqlens): nothing to route to, linattn's own path is the faster.
+FLA_REFERENCE_ONLY = frozenset({"chunk_momentum_delta_rule", "fused_recurrent_momentum_delta_rule"})
 # An op's argument -> the names fla may give it, first match wins (RWKV's r and w; fla's
 # recurrent GLA and DPLR call the per-channel gate gk).
 ALIASES = {
@@ -148,7 +154,7 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
             for entry in entries[:1]
             for prefix in ("chunk_", "fused_recurrent_")
             for name in entry.fla_names
-            if name.startswith(prefix)
+            if name.startswith(prefix) and name not in FLA_REFERENCE_ONLY
         )
         _ROUTES[key] = found
     return found
@@ -156,7 +162,12 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
 
 def table() -> dict[str, tuple[Route, ...]]:
     """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if has_kernels(e)}
+
+
+def has_kernels(entry) -> bool:
+    """Whether fla has a kernel for ``entry`` (an entry point not in FLA_REFERENCE_ONLY)."""
+    return bool(set(entry.fla_names) - FLA_REFERENCE_ONLY)
 
 
 def gaps() -> tuple[str, ...]:

@@ -10,8 +10,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linattn.ops.momentum_delta_rule import momentum_delta_rule, momentum_delta_rule_step
+from linattn.ops import momentum_delta_rule as module
+from linattn.ops.momentum_delta_rule import momentum_delta_rule_step
 from linattn.reference.momentum_delta import recurrence
+
+
+def momentum_delta_rule(*args, initial_state=None, initial_momentum=None, **kwargs):
+    """The op on the reference's q, k, p as given, with the two states apart: (o, S, M)."""
+    o, state = module.momentum_delta_rule(
+        *args, initial_state=torch.stack([initial_state, initial_momentum]),
+        use_qk_l2norm=False, use_p_times_alpha=False, **kwargs,
+    )  # fmt: skip
+    return o, *((None, None) if state is None else (state[0], state[1]))
+
 
 B, T, H, K, V = 1, 29, 2, 8, 4
 NAMES = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta")
@@ -115,14 +126,22 @@ def test_chunk_gradients_equal_the_recurrent_form_s():
 def test_bad_input_is_named():
     x = make()
     args = [x[n] for n in NAMES]
+    states = {n: x[n] for n in ("initial_state", "initial_momentum")}
     with pytest.raises(ValueError, match="log_alpha is a log-decay"):
-        momentum_delta_rule(*args[:4], -x["log_alpha"], *args[5:])
+        momentum_delta_rule(*args[:4], -x["log_alpha"], *args[5:], **states)
     with pytest.raises(ValueError, match=r"p must have k's shape"):
-        momentum_delta_rule(*args[:3], x["p"][..., :3], *args[4:])
-    with pytest.raises(ValueError, match=r"initial_momentum must have shape \[N, H, K, V\]"):
-        momentum_delta_rule(*args, initial_momentum=x["initial_momentum"][..., :2])
+        momentum_delta_rule(*args[:3], x["p"][..., :3], *args[4:], **states)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, N, H, K, V\]"):
+        momentum_delta_rule(
+            *args, initial_state=x["initial_state"][..., :2],
+            initial_momentum=x["initial_momentum"][..., :2],
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="initial_state must stack the memory and the momentum"):
+        module.momentum_delta_rule(
+            *args, initial_state=x["initial_state"][None].expand(3, -1, -1, -1, -1)
+        )
     with pytest.raises(ValueError, match="mode must be one of"):
-        momentum_delta_rule(*args, mode="fast")
+        momentum_delta_rule(*args, mode="fast", **states)
     state = x["initial_state"].clone()
     with pytest.raises(ValueError, match="momentum must have the state's shape"):
         momentum_delta_rule_step(state, state[..., :2], *(x[n][:, 0] for n in NAMES))

@@ -5,17 +5,20 @@ error; bad input named before any work. (tests/registry runs the registry's case
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from linattn.ops.precond_delta_rule import (
-    atk_preconditioner,
-    precond_delta_rule,
-    precond_delta_rule_step,
-)
+from linattn.ops import precond_delta_rule as module
+from linattn.ops.precond_delta_rule import atk_preconditioner
 from linattn.reference.precond_delta import recurrence
+
+# the reference's q, k as given (the op normalises them by default, as fla's entry points)
+precond_delta_rule = functools.partial(module.precond_delta_rule, use_qk_l2norm=False)
+precond_delta_rule_step = functools.partial(module.precond_delta_rule_step, use_qk_l2norm=False)
 
 B, T, H, HV, K, V = 1, 29, 2, 4, 8, 4
 
@@ -132,6 +135,14 @@ def test_gradients_of_the_preconditioner_inputs_pass_gradcheck():
         return o, S, A
 
     assert torch.autograd.gradcheck(f, leaves)
+
+
+def test_the_default_normalises_q_and_k():
+    x = make("head")
+    unit = {**x, "q": x["q"] * torch.rsqrt(x["q"].square().sum(-1, keepdim=True) + 1e-6)}
+    unit["k"] = x["k"] * torch.rsqrt(x["k"].square().sum(-1, keepdim=True) + 1e-6)
+    for a, b in zip(module.precond_delta_rule(**x), precond_delta_rule(**unit), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_bad_input_is_named():

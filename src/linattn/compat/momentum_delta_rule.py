@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from linattn.compat import _core
-from linattn.ops.functional import l2norm
 from linattn.ops.momentum_delta_rule import momentum_delta_rule
 
 
@@ -42,30 +41,21 @@ def _run(
         raise ValueError(f"v must have q's H = {q.shape[2]} heads, got {tuple(v.shape)}")
     if initial_state is not None:
         _core.check_tensor("initial_state", initial_state)
-        if initial_state.dim() != 5 or initial_state.shape[0] != 2:
-            raise ValueError(
-                "initial_state must stack the memory and the momentum, [2, N, H, K, V], got "
-                f"{tuple(initial_state.shape)}"
-            )
     _core.check_varlen(q, None, cu_seqlens)
     dtype = _core.promote(q, k, v, p, log_alpha, log_mu, beta, eta)
     out_dtype = q.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     p = k if p is None else p.to(dtype)
-    if use_qk_l2norm_in_kernel:
-        q, k, p = l2norm(q), l2norm(k), l2norm(p)
     log_alpha, log_mu = log_alpha.to(dtype), log_mu.to(dtype)
     beta = torch.ones_like(q[..., 0]) if beta is None else beta.to(dtype)
     eta = torch.ones_like(q[..., 0]) if eta is None else eta.to(dtype)
-    if use_p_times_alpha:
-        p = p * log_alpha.exp().unsqueeze(-1)
-    S0, M0 = (None, None) if initial_state is None else (initial_state[0], initial_state[1])
-    o, S, M = momentum_delta_rule(
+    o, state = momentum_delta_rule(
         q, k, v, p, log_alpha, log_mu, beta, eta, scale=scale, mode=mode, chunk_size=chunk_size,
-        initial_state=S0, initial_momentum=M0, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
+        initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm_in_kernel,
+        use_p_times_alpha=use_p_times_alpha,
     )  # fmt: skip
-    return o.to(out_dtype), (torch.stack([S, M]) if output_final_state else None)
+    return o.to(out_dtype), state
 
 
 def chunk_momentum_delta_rule(

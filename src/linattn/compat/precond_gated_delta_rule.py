@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from linattn.compat import _core
-from linattn.ops.functional import l2norm
 from linattn.ops.precond_delta_rule import precond_delta_rule
 
 
@@ -66,8 +65,6 @@ def run_precond(
     dtype = _core.promote(q, k, v, beta, g, gk, gv)
     out_dtype = v.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if l2norm_qk:
-        q, k = l2norm(q), l2norm(k)
     beta = beta.to(dtype)
     g, gk, gv = (None if t is None else t.to(dtype) for t in (g, gk, gv))
     HV, V = v.shape[2], v.shape[3]
@@ -80,7 +77,7 @@ def run_precond(
         q, k, v, g_atk.to(dtype), beta_atk.to(dtype), beta, gate, x=x, eps=eps,
         log_atk_scale=log_atk_scale, scale=scale, mode=mode, chunk_size=_core.CHUNK,
         initial_state=S0, initial_A_state=initial_A_state, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
+        cu_seqlens=cu_seqlens, use_qk_l2norm=l2norm_qk,
     )  # fmt: skip
     if split:
         o, S = _core.join_columns(o, S, HV, V)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from linattn.ops import _engine
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
 
@@ -128,6 +129,10 @@ def gated_oja_rule(
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         initial_state=initial_state, own=own,
     )  # fmt: skip
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("gated_oja_rule", q, gv, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     if gv is not None and gv.numel() and bool(torch.isneginf(gv).any()) and mode != "recurrent":
         # a reset inside a chunk makes G_t - G_s = -inf - (-inf): the token loop takes it exactly
         mode = "recurrent"

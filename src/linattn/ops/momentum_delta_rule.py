@@ -29,8 +29,10 @@ coefficients that change every token), so this module has its own forms:
 
   and the outputs and the chunk's final S, M follow by matrix products.
 
-Packed sequences (``cu_seqlens``), initial and final states of both kinds and gradients
-(autograd) in every form; ``momentum_delta_rule_step`` is the decoding step.
+Packed sequences (``cu_seqlens``), the state pair in fla's layout ([2, N, H, K, V]: S and M
+stacked) and gradients (autograd) in every form; ``momentum_delta_rule_step`` is the decoding
+step. fla 0.6.0 has no kernel for this family (its entry points run PyTorch reference code), so
+the op never dispatches to fla.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
+from linattn.ops.functional import l2norm
 
 CHUNK_SIZE = 64
 MODES = ("parallel", "recurrent", "chunk")
@@ -126,14 +129,11 @@ def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0
     chunk_size = _checks.options(mode, chunk_size)
     _checks.scale(scale)
     N = _checks.seqlens(cu_seqlens, B, T)
-    _checks.state(S0, N, H, K, V)
-    if M0 is not None:
-        _checks.tensor("initial_momentum", M0, 4)
-        if tuple(M0.shape) != (N, H, K, V):
-            raise ValueError(
-                f"initial_momentum must have shape [N, H, K, V] = {(N, H, K, V)}, got "
-                f"{tuple(M0.shape)}"
-            )
+    if S0 is not None and tuple(S0.shape) != (N, H, K, V):
+        raise ValueError(
+            f"initial_state must have shape [2, N, H, K, V] = {(2, N, H, K, V)} (N = batch size "
+            f"or number of sequences in cu_seqlens), got {(2, *S0.shape)}"
+        )
     return N, chunk_size
 
 
@@ -151,36 +151,49 @@ def momentum_delta_rule(
     mode: str = "chunk",
     chunk_size: int = CHUNK_SIZE,
     initial_state: Tensor | None = None,
-    initial_momentum: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    use_qk_l2norm: bool = True,
+    use_p_times_alpha: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """The momentum delta rule (Momentum DeltaNet, arXiv:2605.05838; the module docstring):
 
         w_t = v_t - S_{t-1}^T p_t,   M_t = mu_t M_{t-1} - eta_t k_t w_t^T,
         S_t = alpha_t S_{t-1} - beta_t M_t,   o_t = S_t^T (scale q_t)
 
     Args:
-        q, k, p: [B, T, H, K] (p: the read key; fla's ``use_p_times_alpha`` passes alpha_t p_t).
-        v: [B, T, H, V].
+        q, k, p: [B, T, H, K] (p: the read key). v: [B, T, H, V].
         log_alpha, log_mu: [B, T, H], finite log-decays (<= 0). beta, eta: [B, T, H], finite.
         scale: multiplies q; None means 1 / sqrt(K).
         mode: "parallel" (one chunk of T), "recurrent" or "chunk"; chunk_size >= 1.
-        initial_state, initial_momentum: None (zeros) or [N, H, K, V] (N = B, or the number of
-            sequences of cu_seqlens).
-        output_final_state: return S_T and M_T (else None, None).
+        initial_state: None (zeros) or the memory and the momentum stacked, [2, N, H, K, V]
+            (fla's layout; N = B, or the number of sequences of cu_seqlens).
+        output_final_state: return the final pair (else None).
         cu_seqlens: None or [N + 1] cumulative lengths (B = 1): packed sequences.
+        use_qk_l2norm: normalise q, k and p first, x / sqrt(|x|^2 + 1e-6) (default True, fla's).
+        use_p_times_alpha: read with alpha_t p_t instead of p_t (default True, fla's).
 
     Returns:
-        (o [B, T, H, V] in v's dtype, S_T, M_T [N, H, K, V] in float32 (float64 for float64
-        inputs) or None).
+        (o [B, T, H, V] in v's dtype, [S_T; M_T] [2, N, H, K, V] in float32 (float64 for
+        float64 inputs) or None).
     """
+    if initial_state is not None:
+        _checks.tensor("initial_state", initial_state, 5)
+        if initial_state.shape[0] != 2:
+            raise ValueError(
+                "initial_state must stack the memory and the momentum, [2, N, H, K, V], got "
+                f"{tuple(initial_state.shape)}"
+            )
+    S0, M0 = (None, None) if initial_state is None else (initial_state[0], initial_state[1])
     N, C = _check(
-        q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, initial_state,
-        initial_momentum, cu_seqlens,
-    )  # fmt: skip
+        q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens
+    )
     output_final_state = _checks.flag("output_final_state", output_final_state)
     _checks.finite({"beta": beta, "eta": eta, "log_alpha": log_alpha, "log_mu": log_mu})
+    if _checks.flag("use_qk_l2norm", use_qk_l2norm):
+        q, k, p = l2norm(q), l2norm(k), l2norm(p)
+    if _checks.flag("use_p_times_alpha", use_p_times_alpha):
+        p = p * log_alpha.exp().unsqueeze(-1).to(p.dtype)
     dtype = _engine.compute_dtype(q.dtype)
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -191,8 +204,8 @@ def momentum_delta_rule(
 
     tensors = [heads(t) for t in (q * scale, k, v, p, log_alpha, log_mu, beta, eta)]
     zeros = q.new_zeros((N, H, K, V), dtype=dtype)
-    S0 = zeros if initial_state is None else initial_state.to(dtype)
-    M0 = zeros if initial_momentum is None else initial_momentum.to(dtype)
+    S0 = zeros if S0 is None else S0.to(dtype)
+    M0 = zeros if M0 is None else M0.to(dtype)
     if mode == "recurrent":
         form = _recurrent
     else:
@@ -214,7 +227,7 @@ def momentum_delta_rule(
             Ms.append(M_n)
         o, S, M = torch.cat(outs, 2), torch.cat(Ss), torch.cat(Ms)
     o = o.transpose(1, 2).to(v.dtype)
-    return (o, S, M) if output_final_state else (o, None, None)
+    return o, (torch.stack([S, M]) if output_final_state else None)
 
 
 def momentum_delta_rule_step(

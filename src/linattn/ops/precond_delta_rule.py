@@ -35,8 +35,10 @@ import torch
 from torch import Tensor
 
 from linattn.ops import _engine
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
+from linattn.ops.functional import l2norm
 from linattn.ops.generalized_delta_rule import generalized_delta_rule
 from linattn.ops.rules import dplr
 from linattn.ops.step import recurrent_step
@@ -222,6 +224,7 @@ def precond_delta_rule(
     initial_A_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
+    use_qk_l2norm: bool = True,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The preconditioned (gated) delta rule of Preconditioned DeltaNet (arXiv:2604.21100):
 
@@ -244,6 +247,8 @@ def precond_delta_rule(
         scale, mode, chunk_size, initial_state, output_final_state, cu_seqlens: as
             ``generalized_delta_rule``.
         initial_A_state: None (zeros) or [N, H, K], >= 0.
+        use_qk_l2norm: normalise q and k first, x / sqrt(|x|^2 + 1e-6) (default True, as fla's
+            entry points: the preconditioner reads k^2, so the family is defined on unit keys).
 
     Returns:
         (o [B, T, HV, V] in v's dtype, S [N, HV, K, V] or None, A [N, H, K] or None), states in
@@ -263,6 +268,16 @@ def precond_delta_rule(
         initial_state=initial_state, own=own,
     )  # fmt: skip
     check_atk(k, g_atk, beta_atk, x, eps, log_atk_scale, initial_A_state, checked.N)
+    # fla's kernels take log_atk_scale as a tensor [H] only: a float stays on linattn's path
+    if _backends.wanted(q) and not isinstance(log_atk_scale, (int, float)):
+        # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("precond_delta_rule", q, g, locals())
+        if chosen is not None:
+            function, kwargs = chosen
+            o, S, A = function(**kwargs)
+            return o.to(v.dtype), S, A
+    if _checks.flag("use_qk_l2norm", use_qk_l2norm):
+        q, k = l2norm(q), l2norm(k)
     kp, A = atk_preconditioner(
         k, g_atk, beta_atk, x=x, eps=eps, log_atk_scale=log_atk_scale,
         initial_A_state=initial_A_state, cu_seqlens=cu_seqlens, mode=mode,
@@ -299,6 +314,7 @@ def precond_delta_rule_step(
     eps: float = EPS,
     log_atk_scale: Tensor | float | None = None,
     scale: float | None = None,
+    use_qk_l2norm: bool = True,
 ) -> Tensor:
     """One token of ``precond_delta_rule`` (decoding): both states updated in place.
 
@@ -308,7 +324,8 @@ def precond_delta_rule_step(
     Args:
         state: [B, HV, K, V] float32/float64; A_state: [B, H, K] in the state's dtype, >= 0.
         q, k: [B, H, K]; v: [B, HV, V]; g_atk, beta_atk: [B, H]; beta: [B, HV];
-        g: None, [B, HV] or [B, HV, K]; x, eps, log_atk_scale, scale: as ``precond_delta_rule``.
+        g: None, [B, HV] or [B, HV, K]; x, eps, log_atk_scale, scale, use_qk_l2norm: as
+        ``precond_delta_rule``.
 
     Returns:
         o_t: [B, HV, V] in v's dtype.
@@ -338,6 +355,8 @@ def precond_delta_rule_step(
         A_state, B,
     )  # fmt: skip
     _checks.gate(g, B, HV, K, layout="[B, HV]")
+    if _checks.flag("use_qk_l2norm", use_qk_l2norm):
+        q, k = l2norm(q), l2norm(k)
     dtype = state.dtype
     kc = k.to(dtype)
     A_new = (

@@ -405,13 +405,14 @@ def precond_case(gate: str) -> Case:
         x["g_atk"], x["beta_atk"] = log_decay(B, T, H), uniform(B, T, H)
         x["beta"] = uniform(B, T, H)
         x["g"] = _gate(log_decay, gate, B, T, H, K)
-        x["A0"], x["log_atk_scale"] = uniform(B, H, K), normal(H) * 0.5
+        x["initial_A_state"], x["log_atk_scale"] = uniform(B, H, K), normal(H) * 0.5
         return x
 
     def call(x, mode, chunk_size, scale):
         o, S, A = precond_delta_rule(
             x["q"], x["k"], x["v"], x["g_atk"], x["beta_atk"], x["beta"], x["g"],
-            log_atk_scale=x["log_atk_scale"], initial_A_state=x["A0"],
+            log_atk_scale=x["log_atk_scale"], initial_A_state=x["initial_A_state"],
+            use_qk_l2norm=False,
             **_common(mode, chunk_size, scale, x),
         )  # fmt: skip
         return o, _with_second_state(S, A)
@@ -425,7 +426,8 @@ def precond_case(gate: str) -> Case:
                     *(_heads(x[name], h, n) for name in
                       ("q", "k", "v", "g_atk", "beta_atk", "beta", "g")),
                     center=float(x["log_atk_scale"][h]), scale=scale,
-                    initial_state=_state(x, n, h), initial_A_state=x["A0"][n, h].double().numpy(),
+                    initial_state=_state(x, n, h),
+                    initial_A_state=x["initial_A_state"][n, h].double().numpy(),
                 )
                 for h in range(H)
             ]  # fmt: skip
@@ -438,7 +440,7 @@ def precond_case(gate: str) -> Case:
 
 def momentum_case() -> Case:
     """The momentum delta rule (``linattn.ops.momentum_delta_rule``): unit k and p, decays from
-    a sigmoid, beta in [0, 1], eta in [0, 2]; the momentum M [B, H, K, V] rides along S."""
+    a sigmoid, beta in [0, 1], eta in [0, 2]; its state is the pair [S; M], [2, B, H, K, V]."""
     from linattn.ops.momentum_delta_rule import momentum_delta_rule
     from linattn.reference.momentum_delta import recurrence
 
@@ -453,30 +455,32 @@ def momentum_case() -> Case:
             log_decay(B, T, H),
             log_decay(B, T, H),
         )
-        x["beta"], x["eta"], x["M0"] = uniform(B, T, H), 2 * uniform(B, T, H), normal(B, H, K, V)
+        x["beta"], x["eta"] = uniform(B, T, H), 2 * uniform(B, T, H)
+        x["S0"] = torch.stack([x["S0"], normal(B, H, K, V)])
         return x
 
     def call(x, mode, chunk_size, scale):
-        o, S, M = momentum_delta_rule(
-            *(x[name] for name in names), initial_momentum=x["M0"],
+        return momentum_delta_rule(
+            *(x[name] for name in names), use_qk_l2norm=False, use_p_times_alpha=False,
             **_common(mode, chunk_size, scale, x),
         )  # fmt: skip
-        return o, _with_second_state(S, M)
 
     def oracle(x, scale):
         B, _, H, _ = x["q"].shape
         outs, states = [], []
+        S0 = x["S0"].double().numpy()
         for n in range(B):
             runs = [
                 recurrence(
                     *(_heads(x[name], h, n) for name in names), scale=scale,
-                    initial_state=_state(x, n, h), initial_momentum=x["M0"][n, h].double().numpy(),
+                    initial_state=S0[0, n, h], initial_momentum=S0[1, n, h],
                 )
                 for h in range(H)
             ]  # fmt: skip
             outs.append(np.stack([o for o, _, _ in runs], axis=1))
-            states.append(np.stack([np.concatenate([S.ravel(), M.ravel()]) for _, S, M in runs]))
-        return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
+            states.append(np.stack([np.stack([S for _, S, _ in runs]),
+                                    np.stack([M for _, _, M in runs])]))  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states, axis=1))
 
     return Case(inputs, call, oracle, "dplr")
 
