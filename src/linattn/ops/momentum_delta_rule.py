@@ -174,7 +174,7 @@ def momentum_delta_rule(
         use_p_times_alpha: read with alpha_t p_t instead of p_t (default True, fla's).
 
     Returns:
-        (o [B, T, H, V] in v's dtype, [S_T; M_T] [2, N, H, K, V] in float32 (float64 for
+        (o [B, T, H, V] in v's dtype, S_T and M_T stacked, [2, N, H, K, V], in float32 (float64 for
         float64 inputs) or None).
     """
     if initial_state is not None:
