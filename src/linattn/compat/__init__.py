@@ -24,6 +24,11 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 ``fla.ops.gdn2``, ``fla.ops.rwkv7`` and ``fla.ops.gated_delta_product`` only, not ``fla.ops``
 (``FLA_SUBMODULE_ENTRY_POINTS``).
 
+Issue 51: the preconditioned gated delta rule and preconditioned KDA (modules
+``precond_gated_delta_rule``, ``precond_kda``: fla's triple (o, state, ATK state)), the momentum
+delta rule (module ``momentum_delta_rule``: fla's stacked state [2, N, H, K, V]) and the gated Oja
+rule (module ``gated_oja_rule``; fla exports it from ``fla.ops.gated_oja_rule`` only).
+
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
 final states float32 (float64 for float64 inputs); ``scale=None`` is 1 / sqrt(K); log-space gates;
