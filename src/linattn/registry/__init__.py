@@ -298,6 +298,7 @@ for _entry in (
         fla_names=(
             "chunk_precond_gated_delta_rule", "fused_recurrent_precond_gated_delta_rule",
         ),
+        layer_path="linattn.layers:PrecondGatedDeltaNet",
         paper="Preconditioned DeltaNet (arXiv:2604.21100)", section=_SEC10,
         nearest="gated_delta",
     ),
