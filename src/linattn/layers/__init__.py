@@ -36,7 +36,7 @@ from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
-from linattn.layers.precond import PrecondGatedDeltaNet
+from linattn.layers.precond import PrecondGatedDeltaNet, PrecondKDA
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
@@ -59,6 +59,7 @@ __all__ = [
     "MultiHeadLatentAttention",
     "Mamba2",
     "PrecondGatedDeltaNet",
+    "PrecondKDA",
     "RecurrentMixer",
     "RWKV7",
     "RuleMixer",

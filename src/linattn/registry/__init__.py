@@ -309,6 +309,7 @@ for _entry in (
         "linattn.ops.precond_delta_rule:precond_delta_rule",
         "linattn.reference.precond_delta:recurrence", precond_case("channel"),
         fla_names=("chunk_precond_kda", "fused_recurrent_precond_kda"),
+        layer_path="linattn.layers:PrecondKDA",
         paper="Preconditioned DeltaNet (arXiv:2604.21100)", section=_SEC10, nearest="kda",
     ),
     Entry(
