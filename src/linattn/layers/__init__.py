@@ -36,6 +36,7 @@ from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
+from linattn.layers.momentum import MomentumDeltaNet
 from linattn.layers.precond import PrecondGatedDeltaNet, PrecondKDA
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.rule_mixer import RuleMixer
@@ -58,6 +59,7 @@ __all__ = [
     "LinearAttention",
     "MultiHeadLatentAttention",
     "Mamba2",
+    "MomentumDeltaNet",
     "PrecondGatedDeltaNet",
     "PrecondKDA",
     "RecurrentMixer",

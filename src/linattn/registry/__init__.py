@@ -320,6 +320,7 @@ for _entry in (
         "linattn.ops.momentum_delta_rule:momentum_delta_rule",
         "linattn.reference.momentum_delta:recurrence", momentum_case(),
         fla_names=("chunk_momentum_delta_rule", "fused_recurrent_momentum_delta_rule"),
+        layer_path="linattn.layers:MomentumDeltaNet",
         paper="Momentum DeltaNet (arXiv:2605.05838)", section=_SEC10, nearest="gated_delta",
     ),
     Entry(
