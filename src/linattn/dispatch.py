@@ -36,6 +36,8 @@ FLA_NO_BACKWARD = frozenset(
         "chunk_iplr_delta_rule", "fused_recurrent_dplr_delta_rule",
         "fused_recurrent_gated_delta_rule", "fused_recurrent_gdn", "fused_recurrent_comba",
         "fused_recurrent_kda", "fused_recurrent_rwkv7", "fused_recurrent_gdn2",
+        "fused_recurrent_precond_gated_delta_rule", "fused_recurrent_precond_kda",
+        "fused_recurrent_gated_oja_rule",
     }
 )  # fmt: skip
 # Its entry points that take grouped value heads (HV = G * H: "GVA"), each run so under the
@@ -45,7 +47,8 @@ FLA_GROUPED = frozenset(
     {
         "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gdn",
         "fused_recurrent_gdn", "chunk_kda", "fused_recurrent_kda", "chunk_comba",
-        "fused_recurrent_comba", "fused_recurrent_gdn2",
+        "fused_recurrent_comba", "fused_recurrent_gdn2", "chunk_precond_gated_delta_rule",
+        "fused_recurrent_precond_gated_delta_rule", "fused_recurrent_gated_oja_rule",
     }
 )  # fmt: skip
 # An op's argument -> the names fla may give it, first match wins (RWKV's r and w; fla's

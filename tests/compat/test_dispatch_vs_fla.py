@@ -45,6 +45,9 @@ EXPECTED = {
     "rwkv7": "chunk_rwkv7",
     "gdn2": "chunk_gdn2",
     "rwkv6": "chunk_rwkv6",
+    "precond_gated_delta": "chunk_precond_gated_delta_rule",
+    "precond_kda": "chunk_precond_kda",
+    "gated_oja": "chunk_gated_oja_rule",
 }
 NO_BACKWARD = {"iplr"}
 
@@ -59,6 +62,8 @@ def _leaves(entry, dtype):
     initial state per sequence, rounded to ``dtype`` (the float64 run reads the same values)."""
     x = entry.case.inputs(1, 20, 2, 16, 16, 0, torch.float32)
     x["S0"] = torch.cat([x["S0"], -x["S0"]])
+    if "initial_A_state" in x:  # a second state (the preconditioner's, >= 0): one per sequence
+        x["initial_A_state"] = torch.cat([x["initial_A_state"], x["initial_A_state"].flip(-1)])
     if "a" in x and "b" in x and entry.name in ("iplr", "dplr"):
         # The registry's a = -beta b makes a b^T symmetric (a swap of a and b computes the
         # same); a_t along b_{t-1} tells them apart, and keeps the transition bounded.

@@ -36,6 +36,11 @@ module ``titans``) are computed too; fla exports them from ``fla.ops.gdn2``, ``f
 module ``rebased``) and ``fused_recurrent_rwkv4`` (RWKV-4, module ``rwkv4``); Based
 (``fused_chunk_based``, ``parallel_based``, module ``based``) is in ``fla.ops``.
 
+Issue 51: the preconditioned gated delta rule and preconditioned KDA (modules
+``precond_gated_delta_rule``, ``precond_kda``: fla's triple (o, state, ATK state)), the momentum
+delta rule (module ``momentum_delta_rule``: fla's stacked state [2, N, H, K, V]) and the gated Oja
+rule (module ``gated_oja_rule``; fla exports it from ``fla.ops.gated_oja_rule`` only).
+
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,
 final states float32 (float64 for float64 inputs); ``scale=None`` is 1 / sqrt(K); log-space gates;
@@ -64,6 +69,7 @@ from linattn.compat.gated_delta_rule import (
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gdn,
 )
+from linattn.compat.gated_oja_rule import chunk_gated_oja_rule, fused_recurrent_gated_oja_rule
 from linattn.compat.gdn2 import chunk_gdn2, fused_recurrent_gdn2
 from linattn.compat.generalized_delta_rule import (
     chunk_dplr_delta_rule,
@@ -83,7 +89,16 @@ from linattn.compat.linear_attn import (
 )
 from linattn.compat.log_linear_attn import chunk_log_linear_attn
 from linattn.compat.mesa_net import chunk_mesa_net, mesa_net_decoding_one_step
+from linattn.compat.momentum_delta_rule import (
+    chunk_momentum_delta_rule,
+    fused_recurrent_momentum_delta_rule,
+)
 from linattn.compat.path_attn import parallel_path_attn
+from linattn.compat.precond_gated_delta_rule import (
+    chunk_precond_gated_delta_rule,
+    fused_recurrent_precond_gated_delta_rule,
+)
+from linattn.compat.precond_kda import chunk_precond_kda, fused_recurrent_precond_kda
 from linattn.compat.rebased import parallel_rebased
 from linattn.compat.rwkv4 import fused_recurrent_rwkv4
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
@@ -113,6 +128,7 @@ __all__ = [
     "chunk_dplr_delta_rule",
     "chunk_gated_delta_product",
     "chunk_gated_delta_rule",
+    "chunk_gated_oja_rule",
     "chunk_gdn",
     "chunk_gdn2",
     "chunk_gla",
@@ -123,6 +139,9 @@ __all__ = [
     "chunk_linear_attn",
     "chunk_log_linear_attn",
     "chunk_mesa_net",
+    "chunk_momentum_delta_rule",
+    "chunk_precond_gated_delta_rule",
+    "chunk_precond_kda",
     "chunk_retention",
     "chunk_rwkv6",
     "chunk_rwkv7",
@@ -141,6 +160,7 @@ __all__ = [
     "fused_recurrent_delta_rule",
     "fused_recurrent_dplr_delta_rule",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_oja_rule",
     "fused_recurrent_gdn",
     "fused_recurrent_gdn2",
     "fused_recurrent_gla",
@@ -151,6 +171,9 @@ __all__ = [
     "fused_recurrent_lightning_attn",
     "fused_mul_recurrent_rwkv7",
     "fused_recurrent_linear_attn",
+    "fused_recurrent_momentum_delta_rule",
+    "fused_recurrent_precond_gated_delta_rule",
+    "fused_recurrent_precond_kda",
     "fused_recurrent_retention",
     "fused_recurrent_rwkv6",
     "fused_recurrent_rwkv7",
@@ -187,6 +210,8 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     # issue 52 (MesaNet, DeltaFormer, PaTH)
     "mesa_net_decoding_one_step": "fla.ops.mesa_net",
     "deltaformer_attn": "fla.ops.deltaformer",
+    "chunk_gated_oja_rule": "fla.ops.gated_oja_rule",
+    "fused_recurrent_gated_oja_rule": "fla.ops.gated_oja_rule",
 }
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper and the submodule-only ones.

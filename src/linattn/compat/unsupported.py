@@ -6,13 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MISSING = {
-    "chunk_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
-    "fused_recurrent_momentum_delta_rule": "the momentum delta rule (a second, momentum state)",
-    "chunk_precond_gated_delta_rule": "the preconditioned gated delta rule (a second, "
-    "preconditioner state)",
-    "fused_recurrent_precond_gated_delta_rule": "the preconditioned gated delta rule",
-    "chunk_precond_kda": "preconditioned KDA (a second, preconditioner state)",
-    "fused_recurrent_precond_kda": "preconditioned KDA (a second, preconditioner state)",
     "parallel_attn": "fla's flash attention (sliding windows, sinks, gates; "
     "linattn.ops.softmax_attention is linattn's causal softmax attention)",
     "parallel_forgetting_attn": "the forgetting transformer (softmax with a forget gate)",

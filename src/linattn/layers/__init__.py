@@ -52,7 +52,9 @@ from linattn.layers.mesa import MesaNet
 from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
+from linattn.layers.momentum import MomentumDeltaNet
 from linattn.layers.path import PaTHAttention
+from linattn.layers.precond import PrecondGatedDeltaNet, PrecondKDA
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.retention import MultiScaleRetention
 from linattn.layers.rule_mixer import RuleMixer
@@ -86,6 +88,9 @@ __all__ = [
     "Mamba2",
     "PaTHAttention",
     "MesaNet",
+    "MomentumDeltaNet",
+    "PrecondGatedDeltaNet",
+    "PrecondKDA",
     "RecurrentMixer",
     "RWKV7",
     "RuleMixer",

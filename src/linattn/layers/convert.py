@@ -419,3 +419,57 @@ def gdn2_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
     gate's ``w_proj``; ``b_proj`` is the erase gate per key channel."""
     _check_type(module, "GatedDeltaNet2", "fla")
     return _kda_family_from_fla(cls, module, ("w_proj",), **kwargs)
+
+
+def precond_gated_deltanet_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``PrecondGatedDeltaNet`` from fla's ``fla.layers.PrecondGatedDeltaNet``: Gated
+    DeltaNet's weights, and the ATK gate's (``a_atk_proj``, ``A_log_atk``, ``dt_bias_atk``: our
+    ``atk_decay``), ``b_atk_proj`` and ``log_atk_scale``."""
+    _check_type(module, "PrecondGatedDeltaNet", "fla")
+    activation = {"swish": "silu", "silu": "silu", "sigmoid": "sigmoid"}
+    gate_activation = getattr(module.o_norm, "activation", "swish")
+    layer = cls(
+        module.hidden_size,
+        module.num_heads,
+        module.head_k_dim,
+        output_gate=module.use_gate,
+        gate_activation=activation[gate_activation] if module.use_gate else "silu",
+        squash_x=module.squash_x,
+        squash_eps=module.squash_eps,
+        **_fla_common(module),
+        **kwargs,
+    )
+    layer = _like(layer, module)
+    pairs = [
+        *_fla_pairs(layer, module),
+        (layer.decay.a_proj.weight, module.a_proj.weight, "a_proj"),
+        (layer.atk_decay.a_proj.weight, module.a_atk_proj.weight, "a_atk_proj"),
+        (layer.atk_decay.A_log, module.A_log_atk, "A_log_atk"),
+        (layer.atk_decay.dt_bias, module.dt_bias_atk, "dt_bias_atk"),
+        (layer.b_atk_proj.weight, module.b_atk_proj.weight, "b_atk_proj"),
+        (layer.log_atk_scale, module.log_atk_scale, "log_atk_scale"),
+    ]
+    if module.use_gate:
+        pairs.append((layer.g_proj.weight, module.g_proj.weight, "g_proj"))
+    _copy_all(pairs)
+    return layer
+
+
+def precond_kda_from_fla(cls: type, module: nn.Module, **kwargs) -> nn.Module:
+    """``PrecondKDA`` from fla's ``fla.layers.PrecondKDA``: KDA's weights (``_kda_family_from_fla``)
+    and the ATK's (fla's ``a_proj``, ``A_log_atk``, ``dt_bias_atk``: our ``atk_decay``;
+    ``b_atk_proj``, ``log_atk_scale``)."""
+    _check_type(module, "PrecondKDA", "fla")
+    if module.lower_bound is not None or module.safe_gate:
+        raise ValueError("fla's lower_bound / safe_gate gate clamps are not supported")
+    kwargs.setdefault("squash_x", module.squash_x_val)
+    kwargs.setdefault("squash_eps", module.squash_eps)
+    layer = _kda_family_from_fla(cls, module, (), **kwargs)
+    _copy_all([
+        (layer.atk_decay.a_proj.weight, module.a_proj.weight, "a_proj"),
+        (layer.atk_decay.A_log, module.A_log_atk, "A_log_atk"),
+        (layer.atk_decay.dt_bias, module.dt_bias_atk, "dt_bias_atk"),
+        (layer.b_atk_proj.weight, module.b_atk_proj.weight, "b_atk_proj"),
+        (layer.log_atk_scale, module.log_atk_scale, "log_atk_scale"),
+    ])  # fmt: skip
+    return layer

@@ -123,13 +123,21 @@ class RecurrentMixer(TokenMixer):
 
     # -- shared -------------------------------------------------------------------------------
 
+    def extra_states(self, batch_size: int) -> dict[str, tuple[int, ...]]:
+        """The shapes of the mixer's states besides the memory S (a preconditioner's, ...): none
+        by default. A mixer with some receives and returns, in ``recurrence``, the dict of all
+        its states (``{"S": ..., **extra}``) instead of S alone."""
+        return {}
+
     def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
         """``S``: [B, HV, rows, cols] in float32 (float64 for float64 models); ``conv``: the last
         ``conv_size - 1`` inputs of the short convolution, [B, (n + 1) HK + n HV V, conv_size - 1]
-        (n = ``writes``)."""
+        (n = ``writes``); the ``extra_states``, in S's dtype."""
         spec: StateSpec = {
             "S": ((batch_size, self.num_v_heads, *self.memory_shape()), state_dtype(dtype))
         }
+        for name, shape in self.extra_states(batch_size).items():
+            spec[name] = (shape, state_dtype(dtype))
         if self.conv is not None:
             spec["conv"] = (self.conv.state_shape(batch_size), dtype)
         return spec
@@ -153,9 +161,13 @@ class RecurrentMixer(TokenMixer):
         v = v.reshape(B, T * n, HV, V)  # [B, T, n*HV*V] -> [B, T n, HV, V]
         mode = self.pick_mode(T, state)
         S = None if state is None else state["S"]
+        extra = self.extra_states(B)
+        if extra and state is not None:
+            S = {"S": S, **{name: state[name] for name in extra}}
         o, S = self.recurrence(x, q, k, v, mode, S, keep=state is not None)
         if new_state is not None:
-            new_state["S"] = S.to(state_dtype(x.dtype))
+            for name, t in (S if isinstance(S, dict) else {"S": S}).items():
+                new_state[name] = t.to(state_dtype(x.dtype))
         gate = None
         if self.g_proj is not None:
             gate = self.g_proj(x).view(B, T, HV, V)  # [B, T, HV*V] -> [B, T, HV, V]

@@ -41,7 +41,7 @@ DISPATCH = "linattn.dispatch"  # the routes to fla (module docstring)
 # and the dispatch table (``linattn.dispatch.table``) has no row for it.
 ROUTED_OPS = frozenset({
     "linear_attention", "delta_rule", "generalized_delta_rule", "gated_delta_product", "rwkv6",
-    "comba", "rwkv7", "gated_deltanet2",
+    "comba", "rwkv7", "gated_deltanet2", "precond_delta_rule", "gated_oja_rule",
 })  # fmt: skip
 _current: ContextVar[str] = ContextVar("linattn_backend", default="auto")
 # The backend blocks open in any thread or task. While there are none every call is "auto", and

@@ -1003,3 +1003,139 @@ def path_case() -> Case:
         )  # fmt: skip
 
     return Case(inputs, call, oracle, "softmax")
+
+
+# --- issue 51: the delta rule's descendants with a second state ---------------------------------
+
+
+def _with_second_state(S: Tensor | None, second: Tensor | None) -> Tensor | None:
+    """The memory [B, HV, K, V] and a second state [B, H, ...] as one tensor [B, HV, K V + ...]
+    (H = HV in the cases), so that the property tests compare and differentiate both."""
+    if S is None:
+        return None
+    return torch.cat([S.flatten(2), second.flatten(2)], dim=-1)
+
+
+def precond_case(gate: str) -> Case:
+    """Preconditioned DeltaNet (``linattn.ops.precond_delta_rule``): gate "head" (Preconditioned
+    Gated DeltaNet) or "channel" (Preconditioned KDA); the ATK state A [B, H, K] rides along S."""
+    from linattn.ops.precond_delta_rule import precond_delta_rule
+    from linattn.reference.precond_delta import recurrence
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, _, log_decay = _draw(gen, dtype)
+        x["g_atk"], x["beta_atk"] = log_decay(B, T, H), uniform(B, T, H)
+        x["beta"] = uniform(B, T, H)
+        x["g"] = _gate(log_decay, gate, B, T, H, K)
+        x["initial_A_state"], x["log_atk_scale"] = uniform(B, H, K), normal(H) * 0.5
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        o, S, A = precond_delta_rule(
+            x["q"], x["k"], x["v"], x["g_atk"], x["beta_atk"], x["beta"], x["g"],
+            log_atk_scale=x["log_atk_scale"], initial_A_state=x["initial_A_state"],
+            use_qk_l2norm=False,
+            **_common(mode, chunk_size, scale, x),
+        )  # fmt: skip
+        return o, _with_second_state(S, A)
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs, states = [], []
+        for n in range(B):
+            runs = [
+                recurrence(
+                    *(_heads(x[name], h, n) for name in
+                      ("q", "k", "v", "g_atk", "beta_atk", "beta", "g")),
+                    center=float(x["log_atk_scale"][h]), scale=scale,
+                    initial_state=_state(x, n, h),
+                    initial_A_state=x["initial_A_state"][n, h].double().numpy(),
+                )
+                for h in range(H)
+            ]  # fmt: skip
+            outs.append(np.stack([o for o, _, _ in runs], axis=1))
+            states.append(np.stack([np.concatenate([S.ravel(), A]) for _, S, A in runs]))
+        return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
+
+    return Case(inputs, call, oracle, "dplr")
+
+
+def momentum_case() -> Case:
+    """The momentum delta rule (``linattn.ops.momentum_delta_rule``): unit k and p, decays from
+    a sigmoid, beta in [0, 1], eta in [0, 2]; its state is the pair [S; M], [2, B, H, K, V]."""
+    from linattn.ops.momentum_delta_rule import momentum_delta_rule
+    from linattn.reference.momentum_delta import recurrence
+
+    names = ("q", "k", "v", "p", "log_alpha", "log_mu", "beta", "eta")
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x["p"], x["log_alpha"], x["log_mu"] = (
+            unit(B, T, H, K),
+            log_decay(B, T, H),
+            log_decay(B, T, H),
+        )
+        x["beta"], x["eta"] = uniform(B, T, H), 2 * uniform(B, T, H)
+        x["S0"] = torch.stack([x["S0"], normal(B, H, K, V)])
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        return momentum_delta_rule(
+            *(x[name] for name in names), use_qk_l2norm=False, use_p_times_alpha=False,
+            **_common(mode, chunk_size, scale, x),
+        )  # fmt: skip
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs, states = [], []
+        S0 = x["S0"].double().numpy()
+        for n in range(B):
+            runs = [
+                recurrence(
+                    *(_heads(x[name], h, n) for name in names), scale=scale,
+                    initial_state=S0[0, n, h], initial_momentum=S0[1, n, h],
+                )
+                for h in range(H)
+            ]  # fmt: skip
+            outs.append(np.stack([o for o, _, _ in runs], axis=1))
+            states.append(np.stack([np.stack([S for _, S, _ in runs]),
+                                    np.stack([M for _, _, M in runs])]))  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states, axis=1))
+
+    return Case(inputs, call, oracle, "dplr")
+
+
+def gated_oja_case() -> Case:
+    """The gated Oja rule (``linattn.ops.gated_oja_rule``): unit v (its contraction I - beta v
+    v^T needs beta |v|^2 <= 2), beta in [0, 1], a log-decay per value channel."""
+    from linattn.ops.gated_oja_rule import gated_oja_rule
+    from linattn.reference.gated_oja import recurrence
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        x = _qkv(gen, dtype, B, T, H, K, V)
+        normal, uniform, unit, log_decay = _draw(gen, dtype)
+        x["k"], x["v"] = normal(B, T, H, K), unit(B, T, H, V)
+        x["gv"], x["beta"] = log_decay(B, T, H, V), uniform(B, T, H)
+        return x
+
+    def call(x, mode, chunk_size, scale):
+        return gated_oja_rule(
+            x["q"], x["k"], x["v"], x["gv"], x["beta"], **_common(mode, chunk_size, scale, x)
+        )
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        return _per_head(
+            lambda n, h: recurrence(
+                *(_heads(x[name], h, n) for name in ("q", "k", "v", "gv", "beta")), scale=scale,
+                initial_state=_state(x, n, h),
+            ),
+            x, B, H,
+        )  # fmt: skip
+
+    return Case(inputs, call, oracle, "delta")

@@ -1,0 +1,224 @@
+"""The gated Oja rule (fla 0.6.0's ``fla.ops.gated_oja_rule``): Oja's Hebbian rule with a
+per-value-channel decay, on one memory S [K, V]:
+
+    S' = S_{t-1} Diag(exp gv_t)                       (the decay acts on the value channels)
+    u_t = beta_t (k_t - S' v_t)                         (the key's error, read along v)
+    S_t = S' + u_t v_t^T = S' (I - beta_t v_t v_t^T) + beta_t k_t v_t^T,   o_t = S_t^T (scale q_t)
+
+(Oja 1982: the weight update dW = eta y (x - y W) with y the output; here the value v_t plays
+the output and k_t the input.) The transition multiplies S from the right (the value side), where
+every rule of ``linattn.ops.rules`` multiplies it from the left (the key side, with a gate per key
+channel), so the rule interface cannot state it without a second orientation of gate, transition
+and read; this module has its own forms instead. In the transposed memory X = S^T [V, K] it is
+the delta rule with a per-channel gate (KDA's) with keys v and values k,
+
+    X_t = (I - beta_t v_t v_t^T) Diag(exp gv_t) X_{t-1} + beta_t v_t k_t^T,   o_t = X_t q_t,
+
+read along the other side (o_t = X_t q_t, not X_t^T q_t). The chunk form is that rule's WY form
+(spec section 8) with this read: with G_t the cumulative log-gates of a chunk and X_0 its entering
+state, the chunk's errors solve one unit-lower-triangular system
+
+    u_t + beta_t sum_{s < t} (v_t . (exp(G_t - G_s) * v_s)) u_s
+        = beta_t (k_t - X_0^T (exp(G_t) * v_t)),
+
+and o_t = exp(G_t) * (X_0 q_t) + sum_{s <= t} (u_s . q_t) exp(G_t - G_s) * v_s, every exponent
+<= 0. Packed sequences, initial and final states ([N, HV, K, V], fla's layout), grouped value
+heads and gradients (autograd) in every form; ``gated_oja_rule_step`` is the decoding step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from linattn.ops import _engine
+from linattn.ops import backends as _backends
+from linattn.ops import checks as _checks
+from linattn.ops._arguments import check_op
+
+CHUNK_SIZE = 64
+
+
+def _recurrent(q, k, v, gv, beta, X):
+    """The token loop on [B, H, T, .] tensors (q scaled, gv zeros without a gate) with the
+    transposed state X [B, H, V, K]; returns (o [B, H, T, V], X)."""
+    outs = []
+    for t in range(q.shape[2]):
+        X = torch.exp(gv[:, :, t]).unsqueeze(-1) * X
+        u = beta[:, :, t, None] * (k[:, :, t] - torch.einsum("bhvk,bhv->bhk", X, v[:, :, t]))
+        X = X + v[:, :, t].unsqueeze(-1) * u.unsqueeze(-2)
+        outs.append(torch.einsum("bhvk,bhk->bhv", X, q[:, :, t]))
+    o = torch.stack(outs, 2) if outs else v.new_zeros(v.shape)
+    return o, X
+
+
+def _chunk(q, k, v, gv, beta, X, C: int):
+    """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, X)."""
+    outs = []
+    for s in range(0, q.shape[2], C):
+        qc, kc, vc = q[:, :, s : s + C], k[:, :, s : s + C], v[:, :, s : s + C]
+        bc = beta[:, :, s : s + C]
+        G = gv[:, :, s : s + C].cumsum(2)  # [B, H, c, V]
+        c = G.shape[2]
+        causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        diff = G.unsqueeze(3) - G.unsqueeze(2)  # [B, H, t, s, V]
+        E = torch.exp(diff.masked_fill(~causal[:, :, None], -math.inf))  # exp(G_t - G_s), s <= t
+        A = torch.einsum("bhtj,bhtsj,bhsj->bhts", vc, E, vc).tril(-1)
+        eye = torch.eye(c, dtype=q.dtype, device=q.device)
+        decayed = torch.exp(G) * vc  # exp(G_t) * v_t
+        rhs = bc.unsqueeze(-1) * (kc - decayed @ X)
+        U = torch.linalg.solve_triangular(eye + bc.unsqueeze(-1) * A, rhs, upper=False)
+        P = (qc @ U.transpose(-1, -2)).tril()  # (u_s . q_t), s <= t
+        o = torch.exp(G) * (qc @ X.transpose(-1, -2)) + torch.einsum(
+            "bhts,bhtsj,bhsj->bhtj", P, E, vc
+        )
+        outs.append(o)
+        last = torch.exp(G[:, :, -1:] - G) * vc  # exp(G_c - G_s) * v_s
+        X = torch.exp(G[:, :, -1]).unsqueeze(-1) * X + last.transpose(-1, -2) @ U
+    o = torch.cat(outs, 2) if outs else v.new_zeros(v.shape)
+    return o, X
+
+
+def gated_oja_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gv: Tensor | None,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = CHUNK_SIZE,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated Oja rule (the module docstring; Oja 1982, fla 0.6.0's ``gated_oja_rule``):
+
+        S_t = S_{t-1} Diag(exp gv_t) (I - beta_t v_t v_t^T) + beta_t k_t v_t^T,
+        o_t = S_t^T (scale q_t)
+
+    Args:
+        q, k: [B, T, H, K]. v: [B, T, HV, V], HV a multiple of H (value head j reads q/k head
+            j // (HV // H)).
+        gv: None or [B, T, HV, V], a log-decay per value channel (<= 0, -inf a reset).
+        beta: [B, T, HV], finite.
+        scale: multiplies q; None means 1 / sqrt(K).
+        mode: "parallel" (one chunk of T), "recurrent" or "chunk"; chunk_size >= 1.
+        initial_state: None (zeros) or [N, HV, K, V].
+        output_final_state: return S_T (else None).
+        cu_seqlens: None or [N + 1] cumulative lengths (B = 1): packed sequences.
+
+    Returns:
+        (o [B, T, HV, V] in v's dtype, S_T [N, HV, K, V] in float32 (float64 for float64 inputs)
+        or None).
+    """
+
+    def own(B: int, T: int, HV: int, K: int, V: int) -> None:
+        _checks.tensor("beta", beta, 3)
+        if tuple(beta.shape) != (B, T, HV):
+            raise ValueError(
+                f"beta must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}"
+            )
+        _checks.gate(gv, B, T, HV, V, layout="[B, T, HV]", name="gv", channel_only=gv is not None)
+
+    checked = check_op(
+        q, k, v, None, mode=mode, chunk_size=chunk_size, scale=scale,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        initial_state=initial_state, own=own,
+    )  # fmt: skip
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("gated_oja_rule", q, gv, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
+    if gv is not None and gv.numel() and bool(torch.isneginf(gv).any()) and mode != "recurrent":
+        # a reset inside a chunk makes G_t - G_s = -inf - (-inf): the token loop takes it exactly
+        mode = "recurrent"
+    dtype = _engine.compute_dtype(q.dtype)
+    T, H, HV, K, V = checked.T, checked.H, checked.HV, checked.K, checked.V
+    scale = K**-0.5 if scale is None else scale
+    G = HV // H if H else 1
+
+    def heads(x, repeat=False):  # [B, T, h, ...] -> [B, HV, T, ...] in the compute dtype
+        x = x.to(dtype)
+        if repeat and G > 1:
+            x = x.repeat_interleave(G, dim=2)
+        return x.transpose(1, 2)
+
+    gate = torch.zeros_like(v, dtype=dtype) if gv is None else gv
+    tensors = [heads(q * scale, True), heads(k, True), heads(v), heads(gate), heads(beta)]
+    N = checked.N
+    X0 = q.new_zeros((N, HV, V, K), dtype=dtype)
+    if initial_state is not None:
+        X0 = initial_state.to(dtype).transpose(-1, -2)
+    if mode == "recurrent":
+        form = _recurrent
+    else:
+        size = max(T, 1) if mode == "parallel" else checked.chunk_size
+
+        def form(*x):
+            return _chunk(*x, size)
+
+    if cu_seqlens is None:
+        o, X = form(*tensors, X0)
+    else:
+        bounds = cu_seqlens.tolist()
+        outs, Xs = [], []
+        for n in range(N):
+            s, e = bounds[n], bounds[n + 1]
+            o_n, X_n = form(*(t[:, :, s:e] for t in tensors), X0[n : n + 1])
+            outs.append(o_n)
+            Xs.append(X_n)
+        o, X = torch.cat(outs, 2), torch.cat(Xs)
+    o = o.transpose(1, 2).to(v.dtype)
+    return o, (X.transpose(-1, -2) if checked.output_final_state else None)
+
+
+def gated_oja_rule_step(
+    state: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gv: Tensor | None,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+) -> Tensor:
+    """One token of ``gated_oja_rule`` (decoding), the state [B, HV, K, V] updated in place.
+
+    Args:
+        state: [B, HV, K, V], float32 or float64. q, k: [B, H, K] (H dividing HV); v: [B, HV, V];
+        gv: None or [B, HV, V] (<= 0); beta: [B, HV]. scale: None means 1 / sqrt(K).
+
+    Returns:
+        o_t: [B, HV, V] in v's dtype.
+    """
+    _checks.tensor("state", state, 4)
+    B, HV, K, V = state.shape
+    _checks.tensor("q", q, 3)
+    _checks.tensor("k", k, 3)
+    H = k.shape[1]
+    if tuple(k.shape) != (B, H, K) or q.shape != k.shape or H == 0 or HV % H:
+        raise ValueError(
+            f"q and k must have shape [B, H, K] with B, K = {(B, K)} and H dividing the state's "
+            f"{HV} heads, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    _checks.tensor("v", v, 3)
+    if tuple(v.shape) != (B, HV, V):
+        raise ValueError(f"v must have shape [B, HV, V] = {(B, HV, V)}, got {tuple(v.shape)}")
+    _checks.tensor("beta", beta, 2)
+    if tuple(beta.shape) != (B, HV):
+        raise ValueError(f"beta must have shape [B, HV] = {(B, HV)}, got {tuple(beta.shape)}")
+    _checks.gate(gv, B, HV, V, layout="[B, HV]", name="gv", channel_only=gv is not None)
+    _checks.scale(scale)
+    scale = K**-0.5 if scale is None else scale
+    d, G = state.dtype, HV // H
+    x = [
+        (q * scale).to(d).repeat_interleave(G, 1), k.to(d).repeat_interleave(G, 1), v.to(d),
+        torch.zeros_like(v, dtype=d) if gv is None else gv.to(d), beta.to(d),
+    ]  # fmt: skip
+    o, X = _recurrent(*(t.unsqueeze(2) for t in x), state.transpose(-1, -2))
+    state.copy_(X.transpose(-1, -2))
+    return o[:, :, 0].to(v.dtype)

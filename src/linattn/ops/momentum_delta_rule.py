@@ -1,0 +1,284 @@
+"""The momentum delta rule (Momentum DeltaNet, arXiv:2605.05838; fla 0.6.0's
+``fla.ops.momentum_delta_rule``): the delta rule's gradient step taken with heavy-ball momentum,
+a second state M [K, V] next to the memory S:
+
+    w_t = v_t - S_{t-1}^T p_t                      (the error of the read key p)
+    M_t = mu_t M_{t-1} - eta_t k_t w_t^T           (the momentum: a decayed sum of gradients)
+    S_t = alpha_t S_{t-1} - beta_t M_t,            o_t = S_t^T (scale q_t)
+
+alpha_t = exp(log_alpha_t), mu_t = exp(log_mu_t) (both decays <= 1), beta_t the step and eta_t
+the gradient's weight. The pair Z = [S; M] (2K x V) is one linear memory whose transition,
+E_t (x) I_K + a_t p_t^T with E_t = [[alpha_t, -beta_t mu_t], [0, mu_t]], is neither diagonal
+plus low rank nor a rule of ``linattn.ops.rules`` (its 2 x 2 block mixes S and M, with
+coefficients that change every token), so this module has its own forms:
+
+- recurrent: the token loop above;
+- chunk (and parallel, one chunk of T): within a chunk the products of the E's are 2 x 2
+  upper-triangular matrices known in closed form from the cumulative log-decays,
+
+      Phi(i, j) = E_i ... E_{j+1} = [[a(i, j), c(i, j)], [0, m(i, j)]],
+      a(i, j) = exp(A_i - A_j),  m(i, j) = exp(M_i - M_j),
+      c(i, j) = -sum_{j < l <= i} a(i, l) beta_l m(l, j)     (a product of two masked matrices)
+
+  (A, M the cumulative sums of log_alpha, log_mu; every exponent <= 0). With
+  Z_t = Phi(t, 0) Z_0 + sum_{s <= t} Phi(t, s) (eta_s k_s (x) [beta_s; -1]) w_s^T, the errors
+  of a chunk solve one unit-lower-triangular system,
+
+      w_t + sum_{s < t} g(t - 1, s) eta_s (p_t . k_s) w_s = v_t - S_{t-1}'s part from Z_0,
+      g(i, s) = a(i, s) beta_s - c(i, s),
+
+  and the outputs and the chunk's final S, M follow by matrix products.
+
+Packed sequences (``cu_seqlens``), the state pair in fla's layout ([2, N, H, K, V]: S and M
+stacked) and gradients (autograd) in every form; ``momentum_delta_rule_step`` is the decoding
+step. fla 0.6.0 has no kernel for this family (its entry points run PyTorch reference code), so
+the op never dispatches to fla.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from linattn.ops import _engine
+from linattn.ops import checks as _checks
+from linattn.ops.functional import l2norm
+
+CHUNK_SIZE = 64
+MODES = ("parallel", "recurrent", "chunk")
+
+
+def _recurrent(q, k, v, p, la, lm, beta, eta, S, M):
+    """The token loop on [B, H, T, .] tensors (q scaled); returns (o [B, H, T, V], S, M)."""
+    outs = []
+    for t in range(q.shape[2]):
+        w = v[:, :, t] - torch.einsum("bhk,bhkv->bhv", p[:, :, t], S)
+        M = torch.exp(lm[:, :, t])[..., None, None] * M - torch.einsum(
+            "bhk,bhv->bhkv", eta[:, :, t, None] * k[:, :, t], w
+        )
+        S = torch.exp(la[:, :, t])[..., None, None] * S - beta[:, :, t, None, None] * M
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    o = torch.stack(outs, 2) if outs else v.new_zeros(v.shape)
+    return o, S, M
+
+
+def _decays(log_decay: Tensor) -> Tensor:
+    """exp(C_i - C_j) for positions 0..c (C the cumulative sum, C_0 = 0), zero where j > i:
+    [B, H, c + 1, c + 1]."""
+    C = torch.nn.functional.pad(log_decay.cumsum(-1), (1, 0))
+    n = C.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=C.device).tril()
+    return torch.exp((C[..., :, None] - C[..., None, :]).masked_fill(~causal, -math.inf))
+
+
+def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
+    """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, S, M)."""
+    outs = []
+    for s in range(0, q.shape[2], C):
+        e = min(s + C, q.shape[2])
+        qc, kc, vc, pc = q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], p[:, :, s:e]
+        bc, ec = beta[:, :, s:e], eta[:, :, s:e]
+        c = e - s
+        a = _decays(la[:, :, s:e])  # [B, H, c + 1, c + 1], positions 0..c
+        m = _decays(lm[:, :, s:e])
+        b0 = torch.nn.functional.pad(bc, (1, 0))  # beta at positions 0..c (none at 0)
+        strict = torch.ones(c + 1, c + 1, dtype=torch.bool, device=q.device).tril(-1)
+        cross = -(a @ (b0[..., :, None] * m * strict))  # c(i, j)
+        g = a * b0[..., None, :] - cross  # g(i, s) = a(i, s) beta_s - c(i, s)
+        ek = ec[..., None] * kc  # eta_s k_s
+        # the errors: (I + L) W = V - (a(t-1, 0) P S_0 + c(t-1, 0) P M_0)
+        prev = slice(0, c)  # positions t - 1 for tokens t = 1..c
+        L = g[..., prev, 1:] * (pc @ ek.transpose(-1, -2))
+        L = L.tril(-1)
+        rhs = vc - a[..., prev, 0, None] * (pc @ S) - cross[..., prev, 0, None] * (pc @ M)
+        eye = torch.eye(c, dtype=q.dtype, device=q.device)
+        W = torch.linalg.solve_triangular(eye + L, rhs, upper=False, unitriangular=True)
+        now = slice(1, c + 1)  # positions t for tokens t = 1..c
+        scores = (g[..., now, 1:] * (qc @ ek.transpose(-1, -2))).tril()
+        o = a[..., now, 0, None] * (qc @ S) + cross[..., now, 0, None] * (qc @ M) + scores @ W
+        outs.append(o)
+        S_new = (
+            a[..., c, 0, None, None] * S
+            + cross[..., c, 0, None, None] * M
+            + (g[..., c, 1:, None] * ek).transpose(-1, -2) @ W
+        )
+        M = m[..., c, 0, None, None] * M - (m[..., c, 1:, None] * ek).transpose(-1, -2) @ W
+        S = S_new
+    o = torch.cat(outs, 2) if outs else v.new_zeros(v.shape)
+    return o, S, M
+
+
+def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):
+    B, T, H, K, V = _checks.qkv(q, k, v)
+    _checks.tensor("p", p, 4)
+    if p.shape != k.shape:
+        raise ValueError(
+            f"p must have k's shape [B, T, H, K] = {tuple(k.shape)}, got {tuple(p.shape)}"
+        )
+    for name, t in (("log_alpha", log_alpha), ("log_mu", log_mu), ("beta", beta), ("eta", eta)):
+        _checks.tensor(name, t, 3)
+        if tuple(t.shape) != (B, T, H):
+            raise ValueError(
+                f"{name} must have shape [B, T, H] = {(B, T, H)}, got {tuple(t.shape)}"
+            )
+    for name, t in (("log_alpha", log_alpha), ("log_mu", log_mu)):
+        if t.numel() and float(t.detach().max()) > 0:
+            raise ValueError(f"{name} is a log-decay and must be <= 0; got max {float(t.max())}")
+    chunk_size = _checks.options(mode, chunk_size)
+    _checks.scale(scale)
+    N = _checks.seqlens(cu_seqlens, B, T)
+    if S0 is not None and tuple(S0.shape) != (N, H, K, V):
+        raise ValueError(
+            f"initial_state must have shape [2, N, H, K, V] = {(2, N, H, K, V)} (N = batch size "
+            f"or number of sequences in cu_seqlens), got {(2, *S0.shape)}"
+        )
+    return N, chunk_size
+
+
+def momentum_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    p: Tensor,
+    log_alpha: Tensor,
+    log_mu: Tensor,
+    beta: Tensor,
+    eta: Tensor,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = CHUNK_SIZE,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    use_qk_l2norm: bool = True,
+    use_p_times_alpha: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """The momentum delta rule (Momentum DeltaNet, arXiv:2605.05838; the module docstring):
+
+        w_t = v_t - S_{t-1}^T p_t,   M_t = mu_t M_{t-1} - eta_t k_t w_t^T,
+        S_t = alpha_t S_{t-1} - beta_t M_t,   o_t = S_t^T (scale q_t)
+
+    Args:
+        q, k, p: [B, T, H, K] (p: the read key). v: [B, T, H, V].
+        log_alpha, log_mu: [B, T, H], finite log-decays (<= 0). beta, eta: [B, T, H], finite.
+        scale: multiplies q; None means 1 / sqrt(K).
+        mode: "parallel" (one chunk of T), "recurrent" or "chunk"; chunk_size >= 1.
+        initial_state: None (zeros) or the memory and the momentum stacked, [2, N, H, K, V]
+            (fla's layout; N = B, or the number of sequences of cu_seqlens).
+        output_final_state: return the final pair (else None).
+        cu_seqlens: None or [N + 1] cumulative lengths (B = 1): packed sequences.
+        use_qk_l2norm: normalise q, k and p first, x / sqrt(|x|^2 + 1e-6) (default True, fla's).
+        use_p_times_alpha: read with alpha_t p_t instead of p_t (default True, fla's).
+
+    Returns:
+        (o [B, T, H, V] in v's dtype, S_T and M_T stacked, [2, N, H, K, V], in float32 (float64 for
+        float64 inputs) or None).
+    """
+    if initial_state is not None:
+        _checks.tensor("initial_state", initial_state, 5)
+        if initial_state.shape[0] != 2:
+            raise ValueError(
+                "initial_state must stack the memory and the momentum, [2, N, H, K, V], got "
+                f"{tuple(initial_state.shape)}"
+            )
+    S0, M0 = (None, None) if initial_state is None else (initial_state[0], initial_state[1])
+    N, C = _check(
+        q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens
+    )
+    output_final_state = _checks.flag("output_final_state", output_final_state)
+    _checks.finite({"beta": beta, "eta": eta, "log_alpha": log_alpha, "log_mu": log_mu})
+    if _checks.flag("use_qk_l2norm", use_qk_l2norm):
+        q, k, p = l2norm(q), l2norm(k), l2norm(p)
+    if _checks.flag("use_p_times_alpha", use_p_times_alpha):
+        p = p * log_alpha.exp().unsqueeze(-1).to(p.dtype)
+    dtype = _engine.compute_dtype(q.dtype)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K**-0.5 if scale is None else scale
+
+    def heads(x):  # [B, T, H, ...] -> [B, H, T, ...] in the compute dtype
+        return x.to(dtype).transpose(1, 2)
+
+    tensors = [heads(t) for t in (q * scale, k, v, p, log_alpha, log_mu, beta, eta)]
+    zeros = q.new_zeros((N, H, K, V), dtype=dtype)
+    S0 = zeros if S0 is None else S0.to(dtype)
+    M0 = zeros if M0 is None else M0.to(dtype)
+    if mode == "recurrent":
+        form = _recurrent
+    else:
+        size = max(T, 1) if mode == "parallel" else C
+
+        def form(*x):
+            return _chunk(*x, size)
+
+    if cu_seqlens is None:
+        o, S, M = form(*tensors, S0, M0)
+    else:
+        bounds = cu_seqlens.tolist()
+        outs, Ss, Ms = [], [], []
+        for n in range(N):
+            s, e = bounds[n], bounds[n + 1]
+            o_n, S_n, M_n = form(*(t[:, :, s:e] for t in tensors), S0[n : n + 1], M0[n : n + 1])
+            outs.append(o_n)
+            Ss.append(S_n)
+            Ms.append(M_n)
+        o, S, M = torch.cat(outs, 2), torch.cat(Ss), torch.cat(Ms)
+    o = o.transpose(1, 2).to(v.dtype)
+    return o, (torch.stack([S, M]) if output_final_state else None)
+
+
+def momentum_delta_rule_step(
+    state: Tensor,
+    momentum: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    p: Tensor,
+    log_alpha: Tensor,
+    log_mu: Tensor,
+    beta: Tensor,
+    eta: Tensor,
+    *,
+    scale: float | None = None,
+) -> Tensor:
+    """One token of ``momentum_delta_rule`` (decoding), S and M updated in place.
+
+    Args:
+        state, momentum: [B, H, K, V], float32 or float64, one dtype.
+        q, k, p: [B, H, K]; v: [B, H, V]; log_alpha, log_mu (<= 0), beta, eta: [B, H].
+        scale: None means 1 / sqrt(K).
+
+    Returns:
+        o_t: [B, H, V] in v's dtype.
+    """
+    _checks.tensor("state", state, 4)
+    B, H, K, V = state.shape
+    _checks.tensor("momentum", momentum, 4)
+    if momentum.shape != state.shape or momentum.dtype != state.dtype:
+        raise ValueError(
+            f"momentum must have the state's shape {tuple(state.shape)} and dtype {state.dtype}, "
+            f"got {tuple(momentum.shape)} {momentum.dtype}"
+        )
+    for name, t, last in (("q", q, K), ("k", k, K), ("p", p, K), ("v", v, V)):
+        _checks.tensor(name, t, 3)
+        if tuple(t.shape) != (B, H, last):
+            raise ValueError(f"{name} must have shape {(B, H, last)}, got {tuple(t.shape)}")
+    for name, t in (("log_alpha", log_alpha), ("log_mu", log_mu), ("beta", beta), ("eta", eta)):
+        _checks.tensor(name, t, 2)
+        if tuple(t.shape) != (B, H):
+            raise ValueError(f"{name} must have shape {(B, H)}, got {tuple(t.shape)}")
+    for name, t in (("log_alpha", log_alpha), ("log_mu", log_mu)):
+        if t.numel() and float(t.detach().max()) > 0:
+            raise ValueError(f"{name} is a log-decay and must be <= 0; got max {float(t.max())}")
+    _checks.scale(scale)
+    scale = K**-0.5 if scale is None else scale
+    d = state.dtype
+    x = [t.to(d).unsqueeze(2) for t in (q * scale, k, v, p)]
+    x += [t.to(d).unsqueeze(2) for t in (log_alpha, log_mu, beta, eta)]
+    o, S, M = _recurrent(*x, state, momentum)
+    state.copy_(S)
+    momentum.copy_(M)
+    return o[:, :, 0].to(v.dtype)
