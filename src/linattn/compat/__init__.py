@@ -35,6 +35,11 @@ head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) ar
 """
 
 from linattn.compat import unsupported
+from linattn.compat.attn import (
+    parallel_attn,
+    parallel_forgetting_attn,
+    parallel_stickbreaking_attn,
+)
 from linattn.compat.comba import chunk_comba, fused_recurrent_comba
 from linattn.compat.delta_rule import (
     chunk_delta_rule,
@@ -122,6 +127,10 @@ __all__ = [
     "kda_gate",
     "parallel_retention",
     "parallel_simple_gla",
+    # issue 52: fla's softmax entry points
+    "parallel_attn",
+    "parallel_forgetting_attn",
+    "parallel_stickbreaking_attn",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.

@@ -24,13 +24,9 @@ MISSING = {
     "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
     "parallel_based": "Based in fla's form (its Taylor feature map and normaliser inside the "
     "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
-    "parallel_attn": "fla's flash attention (sliding windows, sinks, gates; "
-    "linattn.ops.softmax_attention is linattn's causal softmax attention)",
-    "parallel_forgetting_attn": "the forgetting transformer (softmax with a forget gate)",
     "parallel_nsa": "native sparse attention (block selection)",
     "parallel_parallax": "Parallax attention",
     "parallel_path_attn": "PaTH attention (Householder position encoding inside softmax)",
-    "parallel_stickbreaking_attn": "stick-breaking attention",
     "parallel_wall_attn": "WALL attention",
     "parallel_wall_attn_decode": "WALL attention's decoding step",
 }

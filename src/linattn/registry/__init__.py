@@ -46,11 +46,13 @@ from linattn.registry.cases import (
     delta_case,
     delta_product_case,
     dplr_case,
+    forgetting_case,
     gdn2_case,
     rule_case,
     rwkv6_case,
     rwkv7_case,
     softmax_case,
+    stickbreaking_case,
 )
 
 GATES = ("none", "head", "channel")
@@ -284,6 +286,23 @@ for _entry in (
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
         paper="Peng et al. (2024)", section=_SEC10,
+    ),
+    # issue 52: softmax attention with a forget gate (FoX), and stick-breaking attention
+    Entry(
+        "forgetting", "forgetting attention (FoX)", None, "head",
+        "none: the KV cache grows with t; logit of key s decayed by prod_{s<i<=t} f_i",
+        "(k_t, v_t) appended to the cache", "linattn.ops.softmax_variants:forgetting_attention",
+        "linattn.reference.forgetting:forgetting_attention", forgetting_case(),
+        forms=("parallel", "chunk"), fla_names=("parallel_attn", "parallel_forgetting_attn"),
+        paper="Lin et al. (2025)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "stickbreaking", "stick-breaking attention", None, "none",
+        "none: the KV cache grows with t", "(k_t, v_t) appended to the cache",
+        "linattn.ops.softmax_variants:stickbreaking_attention",
+        "linattn.reference.stickbreaking:stickbreaking_attention", stickbreaking_case(),
+        forms=("parallel", "chunk"), fla_names=("parallel_stickbreaking_attn",),
+        paper="Tan et al. (2024)", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -379,3 +379,64 @@ def rule_case(rule: str, gate: str = "none") -> Case:
         return testing.oracle(found, x64, scale)
 
     return Case(inputs, call, oracle, "delta" if rules.named(rule).READS_STATE else "linear")
+
+
+# --- issue 52: forgetting attention (FoX) and stick-breaking attention -------------------------
+
+
+def forgetting_case() -> Case:
+    """FoX: q, k, v normal, g the log forget gates logsigmoid(N(2, 1)) per head; the oracle is
+    ``linattn.reference.forgetting``'s query-by-query loop."""
+    from linattn.ops.softmax_variants import forgetting_attention
+    from linattn.reference.forgetting import forgetting_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, _, _, log_decay = _draw(gen, dtype)
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V),
+                "g": log_decay(B, T, H)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        o = forgetting_attention(x["q"], x["k"], x["v"], x["g"], scale=scale, mode=mode,
+                                 chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v", "g")), scale=scale)
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
+
+
+def stickbreaking_case() -> Case:
+    """Stick-breaking attention: q, k, v normal; the oracle is
+    ``linattn.reference.stickbreaking``'s walk back from each query (o only: the case's state
+    slot stays empty; rem is pinned by tests/ops/test_softmax_variants.py)."""
+    from linattn.ops.softmax_variants import stickbreaking_attention
+    from linattn.reference.stickbreaking import stickbreaking_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal = _draw(gen, dtype)[0]
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+
+    def call(x, mode, chunk_size, scale):
+        o, _ = stickbreaking_attention(x["q"], x["k"], x["v"], scale=scale, mode=mode,
+                                       chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v")), scale=scale)[0]
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
