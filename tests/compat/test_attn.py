@@ -161,6 +161,7 @@ def test_parallel_forgetting_attn_matches_fla_s_kernel():
     _close(_run(call(compat.parallel_forgetting_attn), x, names), theirs, 2e-5)
 
 
+@pytest.mark.slow
 def test_parallel_stickbreaking_attn_matches_fla_s_kernel():
     """T = 1 and a packed batch (pieces of 1, 19 and 17 tokens) in one call of each."""
     x = _inputs(37)
