@@ -359,3 +359,68 @@ def stickbreaking_attention(
 
     o, rem = _per_sequence(one, cu_seqlens, q.to(dtype), k.to(dtype), v.to(dtype))
     return o.to(v.dtype), rem.to(q.dtype)
+
+
+# ------------------------------------------------------------------------------------ Parallax
+
+
+def _parallax_one(q, r, k, v, scale, window_size):
+    """The masked product of one batch of equal-length sequences."""
+    T = q.shape[1]
+    qg, kg, vg = _grouped(q, k, v)
+    rg = _grouped(r, k, v)[0]
+    s1 = scale * (qg @ kg.transpose(-1, -2))  # [B, H, G, T, T]
+    s2 = rg @ kg.transpose(-1, -2)
+    pos = torch.arange(T, device=q.device)
+    mask = _visible(pos[:, None], pos[None, :], window_size, T)
+    P = torch.softmax(s1.masked_fill(~mask, float("-inf")), dim=-1)
+    c = (P * s2).sum(-1, keepdim=True)  # [B, H, G, T, 1]
+    return _ungrouped((P * (1.0 + c - s2)) @ vg)
+
+
+def parallax_attention(
+    q: Tensor,
+    r: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float | None = None,
+    window_size: int | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> Tensor:
+    """Parallax attention (fla's ``parallel_parallax``; "parameterized local linear attention"):
+    softmax attention with a first-order correction from a second query r,
+
+        P_ts = softmax_s(scale q_t^T k_s),   c_t = sum_s P_ts (r_t^T k_s),
+        o_t = sum_s P_ts (1 + c_t - r_t^T k_s) v_s,
+
+    over the keys t - window_size < s <= t (r^T k is not scaled). The masked T x T product.
+
+    Args:
+        q, r: [B, T, HQ, K]; k: [B, T, H, K]; v: [B, T, H, V] (HQ a multiple of H); one dtype.
+        scale: None means 1 / sqrt(K). window_size: None or an int >= 1.
+        cu_seqlens: cumulative lengths [N + 1] of packed sequences (B = 1).
+
+    Returns:
+        o: [B, T, HQ, V] in the input dtype (computed in float32, float64 for float64).
+    """
+    B, T, HQ, H, K, V, _ = _check_common(q, k, v, scale, cu_seqlens, "parallel", 1)
+    _checks.tensor("r", r, 4)
+    if r.shape != q.shape or r.dtype != q.dtype:
+        raise ValueError(
+            f"r must have q's shape {tuple(q.shape)} and dtype {q.dtype}, got {tuple(r.shape)} "
+            f"{r.dtype}"
+        )
+    if window_size is not None:
+        window_size = _checks.integer("window_size", window_size)
+        if window_size < 1:
+            raise ValueError(f"window_size must be None or >= 1, got {window_size}")
+    scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
+    if T == 0 or B == 0:
+        return q.new_zeros(B, T, HQ, V)
+    dtype = compute_dtype(q.dtype)
+    o = _per_sequence(
+        lambda qs, rs, ks, vs: _parallax_one(qs, rs, ks, vs, scale, window_size),
+        cu_seqlens, *(x.to(dtype) for x in (q, r, k, v)),
+    )  # fmt: skip
+    return o.to(v.dtype)

@@ -48,6 +48,7 @@ from linattn.registry.cases import (
     dplr_case,
     forgetting_case,
     gdn2_case,
+    parallax_case,
     rule_case,
     rwkv6_case,
     rwkv7_case,
@@ -303,6 +304,13 @@ for _entry in (
         "linattn.reference.stickbreaking:stickbreaking_attention", stickbreaking_case(),
         forms=("parallel", "chunk"), fla_names=("parallel_stickbreaking_attn",),
         paper="Tan et al. (2024)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "parallax", "Parallax attention", None, "none",
+        "none: the KV cache grows with t", "(r-corrected softmax weights) (k_t, v_t) appended",
+        "linattn.ops.softmax_variants:parallax_attention", "linattn.reference.parallax:parallax",
+        parallax_case(), forms=("parallel",), fla_names=("parallel_parallax",),
+        paper="fla 0.6.0 (fla.ops.parallax; arXiv 2605.29157)", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -440,3 +440,29 @@ def stickbreaking_case() -> Case:
         return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
 
     return Case(inputs, call, oracle, "softmax")
+
+
+def parallax_case() -> Case:
+    """Parallax: q, r, k, v normal; the oracle is ``linattn.reference.parallax``'s loop."""
+    from linattn.ops.softmax_variants import parallax_attention
+    from linattn.reference.parallax import parallax
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal = _draw(gen, dtype)[0]
+        return {"q": normal(B, T, H, K), "r": normal(B, T, H, K), "k": normal(B, T, H, K),
+                "v": normal(B, T, H, V)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        return parallax_attention(x["q"], x["r"], x["k"], x["v"], scale=scale), None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([parallax(*(_heads(x[n], h, b) for n in ("q", "r", "k", "v")), scale=scale)
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
