@@ -85,6 +85,7 @@ from linattn.compat.simple_gla import (
 )
 from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
+from linattn.compat.wall_attn import parallel_wall_attn
 
 __all__ = [
     "chunk_comba",
@@ -133,6 +134,7 @@ __all__ = [
     "parallel_forgetting_attn",
     "parallel_stickbreaking_attn",
     "parallel_parallax",
+    "parallel_wall_attn",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.

@@ -424,3 +424,97 @@ def parallax_attention(
         cu_seqlens, *(x.to(dtype) for x in (q, r, k, v)),
     )  # fmt: skip
     return o.to(v.dtype)
+
+
+# ---------------------------------------------------------------------------------- Wall attention
+
+
+def _wall_one(q, k, v, g, gs, sink, scale, window_size):
+    """The masked product of one batch of equal-length sequences: the T x T x K decays."""
+    B, T, HQ, K = q.shape
+    H = k.shape[2]
+    G = HQ // H
+    kq, vq = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)  # [B, T, HQ, *]
+    Gc = g.cumsum(1)  # [B, T, HQ, K]
+    pos = torch.arange(T, device=q.device)
+    mask = _visible(pos[:, None], pos[None, :], window_size, T)  # [T, T]
+    # exp(G_t - G_s) on the visible pairs only (the exponent is <= 0 there for gates <= 0)
+    diff = (Gc[:, :, None] - Gc[:, None, :]).masked_fill(~mask[None, :, :, None, None], 0.0)
+    logits = scale * torch.einsum("bthk,bshk,btshk->bhts", q, kq, torch.exp(diff))
+    if gs is not None:
+        Gs = gs.cumsum(1).transpose(1, 2)  # [B, HQ, T]
+        logits = logits + (Gs[..., :, None] - Gs[..., None, :])
+    logits = logits.masked_fill(~mask, float("-inf"))
+    m = logits.amax(-1)
+    if sink is not None:
+        m = torch.maximum(m, sink.reshape(1, HQ, 1))
+    m = m.detach()
+    p = torch.exp(logits - m[..., None])
+    denom = p.sum(-1)
+    if sink is not None:
+        denom = denom + torch.exp(sink.reshape(1, HQ, 1) - m)
+    o = (p / denom[..., None]) @ vq.transpose(1, 2)  # [B, HQ, T, V]
+    return o.transpose(1, 2)
+
+
+def wall_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    *,
+    g_scalar: Tensor | None = None,
+    sink_bias: Tensor | None = None,
+    scale: float | None = None,
+    window_size: int | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> Tensor:
+    """Wall attention (fla's ``parallel_wall_attn``): softmax attention whose logits decay each
+    key channel between key and query, plus an optional FoX scalar gate and a sink,
+
+        l_ts = scale sum_n q_tn k_sn exp(G_tn - G_sn) + (g^s cumulative)_t - (g^s cumulative)_s,
+        o_t = sum_s exp(l_ts) v_s / (sum_s exp(l_ts) + exp(sink)),
+
+    G the cumulative sum of the per-channel log-decays g in each sequence, over the keys
+    t - window_size < s <= t. The masked product (a T x T x K tensor of decays).
+
+    Args:
+        q: [B, T, HQ, K]; k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, HQ, K] log-decays;
+            g_scalar: [B, T, HQ] or None; sink_bias: [HQ] or None; one floating dtype.
+        scale: None means 1 / sqrt(K). window_size: None or an int >= 1.
+        cu_seqlens: cumulative lengths [N + 1] of packed sequences (B = 1).
+
+    Returns:
+        o: [B, T, HQ, V] in the input dtype (computed in float32, float64 for float64).
+    """
+    B, T, HQ, H, K, V, _ = _check_common(q, k, v, scale, cu_seqlens, "parallel", 1)
+    _checks.tensor("g", g, 4)
+    if tuple(g.shape) != (B, T, HQ, K):
+        raise ValueError(f"g must have shape [B, T, HQ, K] = {(B, T, HQ, K)}, got {tuple(g.shape)}")
+    if g_scalar is not None:
+        _checks.tensor("g_scalar", g_scalar, 3)
+        if tuple(g_scalar.shape) != (B, T, HQ):
+            raise ValueError(
+                f"g_scalar must have shape [B, T, HQ] = {(B, T, HQ)}, got {tuple(g_scalar.shape)}"
+            )
+    if sink_bias is not None:
+        _checks.tensor("sink_bias", sink_bias, 1)
+        if tuple(sink_bias.shape) != (HQ,):
+            raise ValueError(
+                f"sink_bias must have shape [HQ] = {(HQ,)}, got {tuple(sink_bias.shape)}"
+            )
+    if window_size is not None:
+        window_size = _checks.integer("window_size", window_size)
+        if window_size < 1:
+            raise ValueError(f"window_size must be None or >= 1, got {window_size}")
+    scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
+    if T == 0 or B == 0:
+        return q.new_zeros(B, T, HQ, V)
+    dtype = compute_dtype(q.dtype)
+    sink = None if sink_bias is None else sink_bias.to(dtype)
+    gs = None if g_scalar is None else g_scalar.to(dtype)
+    o = _per_sequence(
+        lambda qs, ks, vs, gg, gss: _wall_one(qs, ks, vs, gg, gss, sink, scale, window_size),
+        cu_seqlens, *(x.to(dtype) for x in (q, k, v, g)), gs,
+    )  # fmt: skip
+    return o.to(v.dtype)

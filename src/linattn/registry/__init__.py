@@ -54,6 +54,7 @@ from linattn.registry.cases import (
     rwkv7_case,
     softmax_case,
     stickbreaking_case,
+    wall_case,
 )
 
 GATES = ("none", "head", "channel")
@@ -311,6 +312,14 @@ for _entry in (
         "linattn.ops.softmax_variants:parallax_attention", "linattn.reference.parallax:parallax",
         parallax_case(), forms=("parallel",), fla_names=("parallel_parallax",),
         paper="fla 0.6.0 (fla.ops.parallax; arXiv 2605.29157)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "wall", "Wall attention", None, "channel",
+        "none: the KV cache grows with t; key channel n decayed by prod_{s<i<=t} exp(g_in)",
+        "(k_t, v_t) appended to the cache", "linattn.ops.softmax_variants:wall_attention",
+        "linattn.reference.wall:wall_attention", wall_case(), forms=("parallel",),
+        fla_names=("parallel_wall_attn",),
+        paper="fla 0.6.0 (fla.ops.wall_attn, Tilde Research)", section="2", nearest="forgetting",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -466,3 +466,30 @@ def parallax_case() -> Case:
         return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
 
     return Case(inputs, call, oracle, "softmax")
+
+
+def wall_case() -> Case:
+    """Wall attention: q, k, v normal, g per-channel log-decays logsigmoid(N(2, 1)), a scalar
+    gate likewise; the oracle is ``linattn.reference.wall``'s loop."""
+    from linattn.ops.softmax_variants import wall_attention
+    from linattn.reference.wall import wall_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, _, _, log_decay = _draw(gen, dtype)
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V),
+                "g": log_decay(B, T, H, K), "gs": log_decay(B, T, H)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        return wall_attention(x["q"], x["k"], x["v"], x["g"], g_scalar=x["gs"], scale=scale), None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v", "g", "gs")),
+                                scale=scale) for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
