@@ -180,6 +180,13 @@ def test_models_run_on_the_cpu_without_triton():
                 out = model.generate(prompt, attention_mask=mask, max_new_tokens=4,
                                      do_sample=False)
                 print(name, "generated", tuple(out.shape))
+        # attention residuals (fused_attnres) between the blocks
+        config = M.ForgettingTransformerConfig(hidden_size=32, num_hidden_layers=2, num_heads=4,
+                                               vocab_size=64, attnres_block_size=1)
+        model = M.ForgettingTransformerForCausalLM(config)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        print("attnres trained", bool(torch.isfinite(loss)))
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
@@ -190,3 +197,4 @@ def test_models_run_on_the_cpu_without_triton():
     assert "ForgettingTransformer trained True" in lines
     assert "StickBreakingAttention trained True" in lines
     assert "ForgettingTransformer generated (2, 9)" in lines
+    assert "attnres trained True" in lines

@@ -40,6 +40,7 @@ from linattn.compat.attn import (
     parallel_forgetting_attn,
     parallel_stickbreaking_attn,
 )
+from linattn.compat.attnres import fused_attnres
 from linattn.compat.comba import chunk_comba, fused_recurrent_comba
 from linattn.compat.delta_rule import (
     chunk_delta_rule,
@@ -135,6 +136,7 @@ __all__ = [
     "parallel_stickbreaking_attn",
     "parallel_parallax",
     "parallel_wall_attn",
+    "fused_attnres",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.
@@ -144,10 +146,16 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
     "chunk_gated_delta_product": "fla.ops.gated_delta_product",
 }
+# ``fla.ops`` entry points whose names are outside the chunk_ / fused_recurrent_ / fused_chunk_ /
+# parallel_ pattern, and which are not attention over tokens (no registry entry): counted in
+# FLA_ENTRY_POINTS and signature-checked, not in COMPUTED (issue 52: attention residuals).
+FLA_OTHER_ENTRY_POINTS = ("fused_attnres",)
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
-# the helper and the submodule-only ones.
+# the helper, the submodule-only ones and the others above.
 COMPUTED = tuple(
-    name for name in __all__ if name not in (*DEPRECATED, "kda_gate", *FLA_SUBMODULE_ENTRY_POINTS)
+    name
+    for name in __all__
+    if name not in (*DEPRECATED, "kda_gate", *FLA_SUBMODULE_ENTRY_POINTS, *FLA_OTHER_ENTRY_POINTS)
 )
-FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING)))
+FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING, *FLA_OTHER_ENTRY_POINTS)))
 __all__ += unsupported.__all__
