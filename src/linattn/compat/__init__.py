@@ -69,6 +69,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.nsa import parallel_nsa
 from linattn.compat.parallax import parallel_parallax
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from linattn.compat.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7, fused_recurrent_rwkv7
@@ -137,6 +138,7 @@ __all__ = [
     "parallel_parallax",
     "parallel_wall_attn",
     "fused_attnres",
+    "parallel_nsa",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.

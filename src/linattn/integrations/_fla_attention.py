@@ -48,6 +48,8 @@ FLASH_ATTN_MODULES = (
     "fla.layers.bitattn",
     "fla.layers.moba",
     "fla.layers.rodimus",
+    "fla.ops.nsa.naive",  # NSA's sliding-window branch
+    "fla.ops.nsa.parallel",
 )
 _MISSING = object()
 _saved: list[tuple[object, str, object]] = []

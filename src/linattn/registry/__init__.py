@@ -48,6 +48,7 @@ from linattn.registry.cases import (
     dplr_case,
     forgetting_case,
     gdn2_case,
+    nsa_case,
     parallax_case,
     rule_case,
     rwkv6_case,
@@ -320,6 +321,13 @@ for _entry in (
         "linattn.reference.wall:wall_attention", wall_case(), forms=("parallel",),
         fla_names=("parallel_wall_attn",),
         paper="fla 0.6.0 (fla.ops.wall_attn, Tilde Research)", section="2", nearest="forgetting",
+    ),
+    Entry(
+        "nsa", "native sparse attention (NSA)", None, "none",
+        "none: the KV cache grows with t (read through pooled, selected and recent blocks)",
+        "(k_t, v_t) appended to the cache", "linattn.ops.nsa:native_sparse_attention",
+        "linattn.reference.nsa:native_sparse_attention", nsa_case(), forms=("parallel",),
+        fla_names=("parallel_nsa",), paper="Yuan et al. (2025)", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
     register(_entry)

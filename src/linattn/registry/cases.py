@@ -493,3 +493,38 @@ def wall_case() -> Case:
         return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
 
     return Case(inputs, call, oracle, "softmax")
+
+
+def nsa_case() -> Case:
+    """Native sparse attention with one query head per key head, blocks of 4 tokens, 3 blocks
+    kept, a window of 5 and gates in (0, 1); the oracle is ``linattn.reference.nsa``'s loop."""
+    from linattn.ops.nsa import native_sparse_attention
+    from linattn.reference.nsa import native_sparse_attention as reference
+
+    options = {"block_counts": 3, "block_size": 4, "window_size": 5}
+    gates = ("g_cmp", "g_slc", "g_swa")
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, _, _ = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+        return {**x, **{g: uniform(B, T, H) for g in gates}}
+
+    def call(x, mode, chunk_size, scale):
+        o = native_sparse_attention(x["q"], x["k"], x["v"], *(x[g] for g in gates), scale=scale,
+                                    **options)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+
+        def head(b, h):
+            q = _heads(x["q"], h, b)[:, None]
+            g = [_heads(x[name], h, b)[:, None] for name in gates]
+            return reference(q, _heads(x["k"], h, b), _heads(x["v"], h, b), *g, scale=scale,
+                             **options)[:, 0]  # fmt: skip
+
+        outs = [np.stack([head(b, h) for h in range(H)], axis=1) for b in range(B)]
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
