@@ -69,6 +69,7 @@ from linattn.compat.linear_attn import (
     fused_chunk_linear_attn,
     fused_recurrent_linear_attn,
 )
+from linattn.compat.moba import parallel_moba
 from linattn.compat.nsa import parallel_nsa
 from linattn.compat.parallax import parallel_parallax
 from linattn.compat.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
@@ -139,6 +140,7 @@ __all__ = [
     "parallel_wall_attn",
     "fused_attnres",
     "parallel_nsa",
+    "parallel_moba",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.
@@ -147,6 +149,7 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "fused_recurrent_gdn2": "fla.ops.gdn2",
     "fused_mul_recurrent_rwkv7": "fla.ops.rwkv7",
     "chunk_gated_delta_product": "fla.ops.gated_delta_product",
+    "parallel_moba": "fla.ops.moba",  # issue 52
 }
 # ``fla.ops`` entry points whose names are outside the chunk_ / fused_recurrent_ / fused_chunk_ /
 # parallel_ pattern, and which are not attention over tokens (no registry entry): counted in

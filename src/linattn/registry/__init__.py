@@ -48,6 +48,7 @@ from linattn.registry.cases import (
     dplr_case,
     forgetting_case,
     gdn2_case,
+    moba_case,
     nsa_case,
     parallax_case,
     rule_case,
@@ -328,6 +329,13 @@ for _entry in (
         "(k_t, v_t) appended to the cache", "linattn.ops.nsa:native_sparse_attention",
         "linattn.reference.nsa:native_sparse_attention", nsa_case(), forms=("parallel",),
         fla_names=("parallel_nsa",), paper="Yuan et al. (2025)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "moba", "mixture of block attention (MoBA)", None, "none",
+        "none: the KV cache grows with t (read through the best-matching blocks)",
+        "(k_t, v_t) appended to the cache", "linattn.ops.moba:mixture_of_block_attention",
+        "linattn.reference.moba:mixture_of_block_attention", moba_case(), forms=("parallel",),
+        fla_names=("parallel_moba",), paper="Lu et al. (2025)", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -528,3 +528,30 @@ def nsa_case() -> Case:
         return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
 
     return Case(inputs, call, oracle, "softmax")
+
+
+def moba_case() -> Case:
+    """MoBA with blocks of 4 tokens and 3 blocks a query (its own and 2 earlier ones); the
+    oracle is ``linattn.reference.moba``'s loop. Its scale is always 1 / sqrt(K) (fla's)."""
+    from linattn.ops.moba import mixture_of_block_attention
+    from linattn.reference.moba import mixture_of_block_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal = _draw(gen, dtype)[0]
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+
+    def call(x, mode, chunk_size, scale):
+        o = mixture_of_block_attention(x["q"], x["k"], x["v"], chunk_size=4, topk=3)
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v")), 4, 3)
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
