@@ -298,6 +298,7 @@ for _entry in (
         "(k_t, v_t) appended to the cache", "linattn.ops.softmax_variants:forgetting_attention",
         "linattn.reference.forgetting:forgetting_attention", forgetting_case(),
         forms=("parallel", "chunk"), fla_names=("parallel_attn", "parallel_forgetting_attn"),
+        layer_path="linattn.layers.forgetting:ForgettingAttention",
         paper="Lin et al. (2025)", section="2", nearest="softmax",
     ),
     Entry(
