@@ -6,10 +6,10 @@ the parameters and conventions of fla 0.6.0's ``fla.layers.ForgettingAttention``
     y = (sigmoid(x W_g) * o) W_o   (the output gate optional)
 
 Grouped heads (``num_kv_heads``) as fla's. ``window_size`` windows the attention here; fla's
-layer passes it to its KV cache only, so that its training forward is not windowed. Its parameter names are fla's
-(``q_proj``, ``k_proj``, ``v_proj``, ``f_proj``, ``g_proj``, ``o_proj``), so fla's weights load
-with ``load_state_dict`` (fla's ``qk_norm`` is not offered). No KV cache: a training and
-prefill layer.
+layer passes it to its KV cache only, so that its training forward is not windowed. Its
+parameter names are fla's (``q_proj``, ``k_proj``, ``v_proj``, ``f_proj``, ``g_proj``,
+``o_proj``), so fla's weights load with ``load_state_dict`` (fla's ``qk_norm`` is not offered).
+No KV cache: a training and prefill layer.
 """
 
 from __future__ import annotations
