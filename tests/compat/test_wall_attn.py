@@ -79,6 +79,30 @@ def test_the_op_equals_the_float64_loop():
             torch.testing.assert_close(o[0, a:b, h], torch.from_numpy(want), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(("window_size", "scalar", "sink"), [(None, False, False), (5, True, True)])
+def test_decode_matches_fla_s_kernel_and_the_parallel_form(window_size, scalar, sink):
+    """The last 3 positions of 21 against fla's cache (build_wall_kv_cache, blocks of 8)."""
+    from fla.ops.utils.cumsum import chunk_global_cumsum
+
+    x = _inputs(21)
+    g, gs = x["g"], x["g_scalar"]
+    P = chunk_global_cumsum(g, scale=compat.wall_attn.RCP_LN2)
+    Cs = chunk_global_cumsum(gs, scale=compat.wall_attn.RCP_LN2) if scalar else None
+    k_tilde, r_cache = fla_wall.build_wall_kv_cache(x["k"], P, 8)
+    s = x["sink_bias"] if sink else None
+    args = (x["q"][:, -3:], x["v"], P[:, -3:].contiguous(), k_tilde, r_cache, s, 0.25, 8, Cs,
+            window_size)  # fmt: skip
+    ours, theirs = (
+        compat.parallel_wall_attn_decode(*args),
+        fla_wall.parallel_wall_attn_decode(*args),
+    )
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+    full = compat.parallel_wall_attn(x["q"], x["k"], x["v"], g, g_scalar=gs if scalar else None,
+                                     sink_bias=s, scale=0.25, window_size=window_size)  # fmt: skip
+    torch.testing.assert_close(ours[0], full[:, -3:], rtol=2e-5, atol=2e-5)
+
+
 def test_refusals_name_the_argument():
     x = _inputs(5)
     q, k, v, g = x["q"], x["k"], x["v"], x["g"]

@@ -88,7 +88,7 @@ from linattn.compat.simple_gla import (
 )
 from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
-from linattn.compat.wall_attn import parallel_wall_attn
+from linattn.compat.wall_attn import parallel_wall_attn, parallel_wall_attn_decode
 
 __all__ = [
     "chunk_comba",
@@ -141,6 +141,7 @@ __all__ = [
     "fused_attnres",
     "parallel_nsa",
     "parallel_moba",
+    "parallel_wall_attn_decode",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.

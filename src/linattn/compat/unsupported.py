@@ -25,7 +25,6 @@ MISSING = {
     "parallel_based": "Based in fla's form (its Taylor feature map and normaliser inside the "
     "kernel; linattn.features.taylor with linear_attention(normalize=True) is linattn's own)",
     "parallel_path_attn": "PaTH attention (Householder position encoding inside softmax)",
-    "parallel_wall_attn_decode": "WALL attention's decoding step",
 }
 
 

@@ -321,7 +321,7 @@ for _entry in (
         "none: the KV cache grows with t; key channel n decayed by prod_{s<i<=t} exp(g_in)",
         "(k_t, v_t) appended to the cache", "linattn.ops.softmax_variants:wall_attention",
         "linattn.reference.wall:wall_attention", wall_case(), forms=("parallel",),
-        fla_names=("parallel_wall_attn",),
+        fla_names=("parallel_wall_attn", "parallel_wall_attn_decode"),
         paper="fla 0.6.0 (fla.ops.wall_attn, Tilde Research)", section="2", nearest="forgetting",
     ),
     Entry(
