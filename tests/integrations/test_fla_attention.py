@@ -155,7 +155,8 @@ def test_enable_and_disable_bind_and_restore_flash_attn():
 @pytest.mark.slow
 def test_models_run_on_the_cpu_without_triton():
     """ForgettingTransformer and StickBreakingAttention: a training step and (FoX) greedy
-    generation, in a fresh interpreter without Triton's interpreter (a Triton launch fails)."""
+    generation; FoX with attention residuals; WallTransformer's cached generation; in a fresh
+    interpreter without Triton's interpreter (a Triton launch fails)."""
     code = """
         import torch, warnings
         warnings.filterwarnings("ignore")
@@ -187,6 +188,16 @@ def test_models_run_on_the_cpu_without_triton():
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         print("attnres trained", bool(torch.isfinite(loss)))
+        # Wall attention decodes from its rescaled key cache (parallel_wall_attn_decode):
+        # greedy generation equals recomputing the whole sequence at each step
+        config = M.WallTransformerConfig(hidden_size=32, num_hidden_layers=2, num_heads=4,
+                                         vocab_size=64)
+        model = M.WallTransformerForCausalLM(config).eval()
+        out = model.generate(ids[:, :9], max_new_tokens=4, do_sample=False)
+        seq = ids[:, :9]
+        for _ in range(4):
+            seq = torch.cat([seq, model(input_ids=seq).logits[:, -1:].argmax(-1)], 1)
+        print("wall generated", bool(torch.equal(out, seq)))
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
@@ -198,3 +209,4 @@ def test_models_run_on_the_cpu_without_triton():
     assert "StickBreakingAttention trained True" in lines
     assert "ForgettingTransformer generated (2, 9)" in lines
     assert "attnres trained True" in lines
+    assert "wall generated True" in lines

@@ -20,7 +20,8 @@ no key outputs 0. The computation is the explicit masked product (scores, mask, 
 subtracted, the softmax, one product with V) in float32 (float64 for float64) with autograd.
 
 ``attn_decoding_one_step`` (fla.ops.attn.decoding: the Forgetting Transformer's, YOCO's and
-PaTH's decoding step with padding) is bound in the layers' modules the same way.
+PaTH's decoding step with padding) is bound in the layers' modules the same way, and so is
+``chunk_global_cumsum`` in Wall attention's layer (its KV cache's prefixes).
 
 fla's ``StickBreakingAttention`` layer refuses CPU tensors and float32 projections in its
 ``forward``; ``enable()`` replaces the forward on the class by one that allows them (CPU tensors
@@ -227,6 +228,33 @@ def attn_decoding_one_step(
     return torch.stack(outs)[None].to(q.dtype)
 
 
+def chunk_global_cumsum(
+    s: Tensor,
+    reverse: bool = False,
+    cu_seqlens: Tensor | None = None,
+    scale: float | None = None,
+    output_dtype: torch.dtype | None = torch.float,
+    **kwargs,
+) -> Tensor:
+    """fla's ``chunk_global_cumsum`` on the CPU (Wall attention's layer forms its cache's
+    prefixes with it): the cumulative sum of s [B, T, H(, K)] along T in each sequence (from the
+    last token with ``reverse``), times ``scale``, in ``output_dtype`` (None: s's dtype)."""
+    if "head_first" in kwargs:
+        raise DeprecationWarning("head_first has been removed: inputs are [B, T, H, ...]")
+    work = torch.float64 if s.dtype == torch.float64 else torch.float32
+    x = s.to(work)
+    bounds = [0, s.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
+    parts = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        piece = x[:, a:b]
+        piece = piece.flip(1).cumsum(1).flip(1) if reverse else piece.cumsum(1)
+        parts.append(piece)
+    out = torch.cat(parts, dim=1) if parts else x
+    if scale is not None:
+        out = out * scale
+    return out.to(s.dtype if output_dtype is None else output_dtype)
+
+
 def _stickbreaking_forward(self, hidden_states, attention_mask=None, past_key_values=None,
                            output_attentions=False, use_cache=False, **kwargs):  # fmt: skip
     """fla's ``StickBreakingAttention.forward`` without its refusal of CPU tensors and float32
@@ -268,6 +296,7 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
         "fla.layers.path_attn",
     )
 }
+MODULE_FUNCTIONS["fla.layers.wall_attn"] = {"chunk_global_cumsum": chunk_global_cumsum}
 # fla class -> {method: its CPU version}
 LAYER_METHODS: dict[str, dict[str, Callable]] = {
     "fla.layers.stickbreaking_attn.StickBreakingAttention": {"forward": _stickbreaking_forward},
