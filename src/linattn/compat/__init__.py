@@ -18,6 +18,12 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 - fla's deprecated ``fused_chunk_delta_rule`` / ``fused_chunk_gla`` raise as fla's do;
 - the others raise NotImplementedError naming the missing mechanism (``unsupported``).
 
+Softmax attention's variants (issue 52): ``parallel_attn`` and ``parallel_forgetting_attn``
+(module ``attn``, with ``parallel_stickbreaking_attn``), ``parallel_parallax``,
+``parallel_wall_attn`` / ``parallel_wall_attn_decode``, ``parallel_nsa``, ``parallel_moba``
+(fla.ops.moba only) and ``fused_attnres`` (attention residuals; its name is outside the pattern
+above: ``FLA_OTHER_ENTRY_POINTS``).
+
 ``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
 ``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) and ``chunk_gated_delta_product``
 (Gated DeltaProduct, module ``gated_delta_product``) are computed too; fla exports them from
