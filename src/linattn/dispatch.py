@@ -155,8 +155,14 @@ def routes(op_name: str, gate: str) -> tuple[Route, ...]:
 
 
 def table() -> dict[str, tuple[Route, ...]]:
-    """Every registered mechanism that fla has -> its routes (the dispatch table)."""
-    return {e.name: routes(_op_name(e), e.gate) for e in registry.mechanisms() if e.fla_names}
+    """Every registered mechanism with a fixed memory that fla has -> its routes (the dispatch
+    table). The softmax variants (rule None: FoX, stick-breaking, NSA, ...) are not dispatched:
+    their ops are linattn's own, and fla's names for them are compat's alone."""
+    return {
+        e.name: routes(_op_name(e), e.gate)
+        for e in registry.mechanisms()
+        if e.fla_names and e.rule is not None
+    }
 
 
 def gaps() -> tuple[str, ...]:

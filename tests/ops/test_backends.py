@@ -33,7 +33,8 @@ ROUTES = [(name, route) for name, found in dispatch.table().items() for route in
 
 def test_the_table_covers_every_registered_mechanism_fla_has_and_lists_the_gaps():
     table = dispatch.table()
-    assert set(table) == {e.name for e in registry.mechanisms() if e.fla_names}
+    # the softmax variants (rule None, issue 52) have fla names but are not dispatched
+    assert set(table) == {e.name for e in registry.mechanisms() if e.fla_names and e.rule}
     assert all(table.values()), [name for name, found in table.items() if not found]
     assert dispatch.gaps() == ("softmax",)  # fla 0.6.0 has every other mechanism
     for name, found in table.items():
