@@ -96,6 +96,25 @@ def test_attn_decoding_one_step_equals_fla_s_naive(do_gate_scale, window_size, s
     torch.testing.assert_close(o, want.to(o.dtype), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("extra", [{}, {"window_size": 4, "sink": True}], ids=["plain", "window"])
+def test_attn_decoding_one_step_equals_fla_s_kernel(extra):
+    from fla.ops.attn.decoding import attn_decoding_one_step as fla_decoding
+
+    cu = torch.tensor([0, 1, 9, 16])
+    q, k = (
+        _randn(1, 3, 4, 16, dtype=torch.float32),
+        _randn(1, 16, 2, 16, seed=1, dtype=torch.float32),
+    )
+    v = _randn(1, 16, 2, 16, seed=2, dtype=torch.float32)
+    g = F.logsigmoid(_randn(1, 16, 4, seed=3, dtype=torch.float32))
+    kw = {"window_size": extra.get("window_size")}
+    if extra.get("sink"):
+        kw["sink_bias"] = _randn(4, seed=4, dtype=torch.float32)
+    o = attention.attn_decoding_one_step(q, k, v, g, cu_seqlens=cu, do_gate_scale=True, **kw)
+    want = fla_decoding(q, k, v, g, cu_seqlens=cu, do_gate_scale=True, **kw)
+    torch.testing.assert_close(o, want, rtol=1e-5, atol=1e-6)
+
+
 def _forward_and_grads(layer, x, w):
     x = x.clone().requires_grad_(True)
     layer.zero_grad()
