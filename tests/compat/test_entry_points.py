@@ -13,8 +13,10 @@ PATTERN = re.compile(r"^(chunk_|fused_recurrent_|fused_chunk_|parallel_)")
 
 
 def test_fifty_nine_entry_points():
-    assert len(compat.FLA_ENTRY_POINTS) == 59
-    assert len(set(compat.FLA_ENTRY_POINTS)) == 59
+    # fla 0.6.0's 59 pattern-named entry points, plus the others (fused_attnres, issue 52)
+    n = 59 + len(compat.FLA_OTHER_ENTRY_POINTS)
+    assert len(compat.FLA_ENTRY_POINTS) == n
+    assert len(set(compat.FLA_ENTRY_POINTS)) == n
     for name in compat.FLA_ENTRY_POINTS:
         assert callable(getattr(compat, name)), name
 
@@ -22,7 +24,9 @@ def test_fifty_nine_entry_points():
 def test_fla_entry_points_each_have_a_compat_function():
     ops = pytest.importorskip("fla.ops")
     names = {n for n in dir(ops) if PATTERN.match(n) and callable(getattr(ops, n))}
-    assert names == set(compat.FLA_ENTRY_POINTS)
+    others = set(compat.FLA_OTHER_ENTRY_POINTS)
+    assert others <= set(ops.__all__) and not names & others
+    assert names | others == set(compat.FLA_ENTRY_POINTS)
 
 
 def _fla(name):
@@ -30,7 +34,9 @@ def _fla(name):
     return getattr(ops, name)
 
 
-@pytest.mark.parametrize("name", compat.COMPUTED + compat.DEPRECATED)
+@pytest.mark.parametrize(
+    "name", compat.COMPUTED + compat.DEPRECATED + compat.FLA_OTHER_ENTRY_POINTS
+)
 def test_signature_is_fla_s(name):
     """Same parameter names, positional order, kinds and defaults as fla's function."""
     ours = inspect.signature(getattr(compat, name)).parameters

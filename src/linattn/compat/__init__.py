@@ -22,6 +22,12 @@ positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
 - fla's deprecated ``fused_chunk_delta_rule`` / ``fused_chunk_gla`` raise as fla's do;
 - the others raise NotImplementedError naming the missing mechanism (``unsupported``).
 
+Softmax attention's variants (issue 52): ``parallel_attn`` and ``parallel_forgetting_attn``
+(module ``attn``, with ``parallel_stickbreaking_attn``), ``parallel_parallax``,
+``parallel_wall_attn`` / ``parallel_wall_attn_decode``, ``parallel_nsa``, ``parallel_moba``
+(fla.ops.moba only) and ``fused_attnres`` (attention residuals; its name is outside the pattern
+above: ``FLA_OTHER_ENTRY_POINTS``).
+
 ``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
 ``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) and ``chunk_gated_delta_product``
 (Gated DeltaProduct, module ``gated_delta_product``) and ``chunk_ttt_linear`` /
@@ -53,6 +59,12 @@ head sizes) are not copied. Mixed dtypes (q, k in bfloat16 with v in float32) ar
 
 from linattn.compat import unsupported
 from linattn.compat.abc import chunk_abc
+from linattn.compat.attn import (
+    parallel_attn,
+    parallel_forgetting_attn,
+    parallel_stickbreaking_attn,
+)
+from linattn.compat.attnres import fused_attnres
 from linattn.compat.based import fused_chunk_based, parallel_based
 from linattn.compat.comba import chunk_comba, fused_recurrent_comba
 from linattn.compat.cyfa import chunk_cyfa, fused_recurrent_cyfa
@@ -89,10 +101,13 @@ from linattn.compat.linear_attn import (
 )
 from linattn.compat.log_linear_attn import chunk_log_linear_attn
 from linattn.compat.mesa_net import chunk_mesa_net, mesa_net_decoding_one_step
+from linattn.compat.moba import parallel_moba
 from linattn.compat.momentum_delta_rule import (
     chunk_momentum_delta_rule,
     fused_recurrent_momentum_delta_rule,
 )
+from linattn.compat.nsa import parallel_nsa
+from linattn.compat.parallax import parallel_parallax
 from linattn.compat.path_attn import parallel_path_attn
 from linattn.compat.precond_gated_delta_rule import (
     chunk_precond_gated_delta_rule,
@@ -119,6 +134,7 @@ from linattn.compat.titans import chunk_titans_linear
 from linattn.compat.ttt import chunk_ttt_linear, fused_chunk_ttt_linear
 from linattn.compat.unsupported import *  # noqa: F403
 from linattn.compat.unsupported import MISSING
+from linattn.compat.wall_attn import parallel_wall_attn, parallel_wall_attn_decode
 
 __all__ = [
     "chunk_abc",
@@ -191,6 +207,16 @@ __all__ = [
     "fused_recurrent_rwkv4",
     "parallel_based",
     "parallel_rebased",
+    # issue 52: fla's softmax entry points
+    "parallel_attn",
+    "parallel_forgetting_attn",
+    "parallel_stickbreaking_attn",
+    "parallel_parallax",
+    "parallel_wall_attn",
+    "fused_attnres",
+    "parallel_nsa",
+    "parallel_moba",
+    "parallel_wall_attn_decode",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.
@@ -212,11 +238,18 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "deltaformer_attn": "fla.ops.deltaformer",
     "chunk_gated_oja_rule": "fla.ops.gated_oja_rule",
     "fused_recurrent_gated_oja_rule": "fla.ops.gated_oja_rule",
+    "parallel_moba": "fla.ops.moba",  # issue 52
 }
+# ``fla.ops`` entry points whose names are outside the chunk_ / fused_recurrent_ / fused_chunk_ /
+# parallel_ pattern, and which are not attention over tokens (no registry entry): counted in
+# FLA_ENTRY_POINTS and signature-checked, not in COMPUTED (issue 52: attention residuals).
+FLA_OTHER_ENTRY_POINTS = ("fused_attnres",)
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
-# the helper and the submodule-only ones.
+# the helper, the submodule-only ones and the others above.
 COMPUTED = tuple(
-    name for name in __all__ if name not in (*DEPRECATED, "kda_gate", *FLA_SUBMODULE_ENTRY_POINTS)
+    name
+    for name in __all__
+    if name not in (*DEPRECATED, "kda_gate", *FLA_SUBMODULE_ENTRY_POINTS, *FLA_OTHER_ENTRY_POINTS)
 )
-FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING)))
+FLA_ENTRY_POINTS = tuple(sorted((*COMPUTED, *DEPRECATED, *MISSING, *FLA_OTHER_ENTRY_POINTS)))
 __all__ += unsupported.__all__

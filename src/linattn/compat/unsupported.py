@@ -5,16 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-MISSING = {
-    "parallel_attn": "fla's flash attention (sliding windows, sinks, gates; "
-    "linattn.ops.softmax_attention is linattn's causal softmax attention)",
-    "parallel_forgetting_attn": "the forgetting transformer (softmax with a forget gate)",
-    "parallel_nsa": "native sparse attention (block selection)",
-    "parallel_parallax": "Parallax attention",
-    "parallel_stickbreaking_attn": "stick-breaking attention",
-    "parallel_wall_attn": "WALL attention",
-    "parallel_wall_attn_decode": "WALL attention's decoding step",
-}
+MISSING = {}
 
 
 def _missing(name: str, what: str) -> Callable[..., object]:

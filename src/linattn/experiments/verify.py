@@ -1262,6 +1262,35 @@ def log_linear_checks() -> list[Check]:
     return checks
 
 
+def forgetting_checks() -> list[Check]:
+    """The Forgetting Transformer (Lin et al. 2025) is softmax attention with the log forget
+    gates between query and key added to its logits, so zero log gates give softmax attention
+    (section 2): in float64, both of linattn's forms against ``linattn.ops.softmax_attention``,
+    and against the query-by-query loop of ``linattn.reference.forgetting`` with gates."""
+    import torch
+
+    from linattn.ops import softmax_attention as softmax_op
+    from linattn.ops.softmax_variants import forgetting_attention as fox_op
+    from linattn.reference.forgetting import forgetting_attention as fox_loop
+
+    _, Q, K, V = _section2_draws()
+    log_f = np.log(1.0 / (1.0 + np.exp(-np.random.default_rng(33).normal(2.0, 1.0, 64))))
+    q, k, v = (torch.from_numpy(x)[None, :, None] for x in (Q, K, V))  # [1, 64, 1, 8]
+    softmax = softmax_op(q, k, v, fused=False)[0, :, 0].numpy()
+    zeros = torch.zeros(1, 64, 1, dtype=torch.float64)
+    gates = torch.from_numpy(log_f)[None, :, None]
+    forms = (("parallel", 64), ("chunk", 16))
+    checks = [compare("FoX with log f = 0 (loop) is softmax attention", fox_loop(Q, K, V), softmax)]
+    for mode, C in forms:
+        o = fox_op(q, k, v, zeros, mode=mode, chunk_size=C)[0, :, 0].numpy()
+        checks.append(compare(f"FoX with log f = 0 ({mode} form) is softmax attention", o, softmax))
+    with_gates = fox_loop(Q, K, V, log_f)
+    for mode, C in forms:
+        o = fox_op(q, k, v, gates, mode=mode, chunk_size=C)[0, :, 0].numpy()
+        checks.append(compare(f"FoX: the {mode} form equals the loop", o, with_gates))
+    return checks
+
+
 # The checks in the order the spec prints them.
 SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     softmax_checks,
@@ -1299,6 +1328,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     hybrid_cache_checks,
     state_tracking_checks,  # not the spec's: the state-tracking papers' claims
     log_linear_checks,  # not the spec's: log-linear attention's identities (issue 52)
+    forgetting_checks,  # not the spec's: the Forgetting Transformer (issue 52)
 )
 
 

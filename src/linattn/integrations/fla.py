@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
-from linattn.integrations import _fla_log_linear, _fla_modules, _fla_rwkv
+from linattn.integrations import _fla_attention, _fla_log_linear, _fla_modules, _fla_rwkv
 from linattn.ops.functional import causal_conv1d as shared_conv1d
 from linattn.ops.functional import conv_activation
 from linattn.ops.functional import l2norm as shared_l2norm
@@ -670,10 +670,12 @@ def enable() -> None:
         cls = getattr(importlib.import_module(module_name), class_name)
         for name, cpu in methods.items():
             _rebind(cls, name, _method_on_cpu(vars(cls)[name], cpu))
+    _fla_attention.enable()  # flash-attn's functions, the stick-breaking layer's forward
 
 
 def disable() -> None:
     """Undo ``enable()``: every rebound name holds fla's own object again."""
+    _fla_attention.disable()
     while _saved:
         namespace, name, original = _saved.pop()
         setattr(namespace, name, original)

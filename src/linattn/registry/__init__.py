@@ -49,6 +49,7 @@ from linattn.registry.cases import (
     delta_product_case,
     deltaformer_case,
     dplr_case,
+    forgetting_case,
     gated_oja_case,
     gdn2_case,
     hgrn2_case,
@@ -58,7 +59,10 @@ from linattn.registry.cases import (
     lightning_case,
     log_linear_case,
     mesa_case,
+    moba_case,
     momentum_case,
+    nsa_case,
+    parallax_case,
     path_case,
     precond_case,
     retention_case,
@@ -68,8 +72,10 @@ from linattn.registry.cases import (
     rwkv7_case,
     slots_case,
     softmax_case,
+    stickbreaking_case,
     titans_case,
     ttt_case,
+    wall_case,
 )
 
 GATES = ("none", "head", "channel")
@@ -500,6 +506,53 @@ for _entry in (
         gated_oja_case(),
         fla_names=("chunk_gated_oja_rule", "fused_recurrent_gated_oja_rule"),
         paper="Oja (1982); fla 0.6.0 (fla.ops.gated_oja_rule)", section=_SEC10, nearest="kda",
+    ),
+    # issue 52: softmax attention with a forget gate (FoX), and stick-breaking attention
+    Entry(
+        "forgetting", "forgetting attention (FoX)", None, "head",
+        "none: the KV cache grows with t; logit of key s decayed by prod_{s<i<=t} f_i",
+        "(k_t, v_t) appended to the cache", "linattn.ops.softmax_variants:forgetting_attention",
+        "linattn.reference.forgetting:forgetting_attention", forgetting_case(),
+        forms=("parallel", "chunk"), fla_names=("parallel_attn", "parallel_forgetting_attn"),
+        layer_path="linattn.layers.forgetting:ForgettingAttention",
+        paper="Lin et al. (2025)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "stickbreaking", "stick-breaking attention", None, "none",
+        "none: the KV cache grows with t", "(k_t, v_t) appended to the cache",
+        "linattn.ops.softmax_variants:stickbreaking_attention",
+        "linattn.reference.stickbreaking:stickbreaking_attention", stickbreaking_case(),
+        forms=("parallel", "chunk"), fla_names=("parallel_stickbreaking_attn",),
+        paper="Tan et al. (2024)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "parallax", "Parallax attention", None, "none",
+        "none: the KV cache grows with t", "(r-corrected softmax weights) (k_t, v_t) appended",
+        "linattn.ops.softmax_variants:parallax_attention", "linattn.reference.parallax:parallax",
+        parallax_case(), forms=("parallel",), fla_names=("parallel_parallax",),
+        paper="fla 0.6.0 (fla.ops.parallax; arXiv 2605.29157)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "wall", "Wall attention", None, "channel",
+        "none: the KV cache grows with t; key channel n decayed by prod_{s<i<=t} exp(g_in)",
+        "(k_t, v_t) appended to the cache", "linattn.ops.softmax_variants:wall_attention",
+        "linattn.reference.wall:wall_attention", wall_case(), forms=("parallel",),
+        fla_names=("parallel_wall_attn", "parallel_wall_attn_decode"),
+        paper="fla 0.6.0 (fla.ops.wall_attn, Tilde Research)", section="2", nearest="forgetting",
+    ),
+    Entry(
+        "nsa", "native sparse attention (NSA)", None, "none",
+        "none: the KV cache grows with t (read through pooled, selected and recent blocks)",
+        "(k_t, v_t) appended to the cache", "linattn.ops.nsa:native_sparse_attention",
+        "linattn.reference.nsa:native_sparse_attention", nsa_case(), forms=("parallel",),
+        fla_names=("parallel_nsa",), paper="Yuan et al. (2025)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "moba", "mixture of block attention (MoBA)", None, "none",
+        "none: the KV cache grows with t (read through the best-matching blocks)",
+        "(k_t, v_t) appended to the cache", "linattn.ops.moba:mixture_of_block_attention",
+        "linattn.reference.moba:mixture_of_block_attention", moba_case(), forms=("parallel",),
+        fla_names=("parallel_moba",), paper="Lu et al. (2025)", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -1139,3 +1139,179 @@ def gated_oja_case() -> Case:
         )  # fmt: skip
 
     return Case(inputs, call, oracle, "delta")
+
+
+# --- issue 52: forgetting attention (FoX) and stick-breaking attention -------------------------
+
+
+def forgetting_case() -> Case:
+    """FoX: q, k, v normal, g the log forget gates logsigmoid(N(2, 1)) per head; the oracle is
+    ``linattn.reference.forgetting``'s query-by-query loop."""
+    from linattn.ops.softmax_variants import forgetting_attention
+    from linattn.reference.forgetting import forgetting_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, _, _, log_decay = _draw(gen, dtype)
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V),
+                "g": log_decay(B, T, H)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        o = forgetting_attention(x["q"], x["k"], x["v"], x["g"], scale=scale, mode=mode,
+                                 chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v", "g")), scale=scale)
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
+
+
+def stickbreaking_case() -> Case:
+    """Stick-breaking attention: q, k, v normal; the oracle is
+    ``linattn.reference.stickbreaking``'s walk back from each query (o only: the case's state
+    slot stays empty; rem is pinned by tests/ops/test_softmax_variants.py)."""
+    from linattn.ops.softmax_variants import stickbreaking_attention
+    from linattn.reference.stickbreaking import stickbreaking_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal = _draw(gen, dtype)[0]
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+
+    def call(x, mode, chunk_size, scale):
+        o, _ = stickbreaking_attention(x["q"], x["k"], x["v"], scale=scale, mode=mode,
+                                       chunk_size=chunk_size)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v")), scale=scale)[0]
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
+
+
+def parallax_case() -> Case:
+    """Parallax: q, r, k, v normal; the oracle is ``linattn.reference.parallax``'s loop."""
+    from linattn.ops.softmax_variants import parallax_attention
+    from linattn.reference.parallax import parallax
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal = _draw(gen, dtype)[0]
+        return {"q": normal(B, T, H, K), "r": normal(B, T, H, K), "k": normal(B, T, H, K),
+                "v": normal(B, T, H, V)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        return parallax_attention(x["q"], x["r"], x["k"], x["v"], scale=scale), None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([parallax(*(_heads(x[n], h, b) for n in ("q", "r", "k", "v")), scale=scale)
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
+
+
+def wall_case() -> Case:
+    """Wall attention: q, k, v normal, g per-channel log-decays logsigmoid(N(2, 1)), a scalar
+    gate likewise; the oracle is ``linattn.reference.wall``'s loop."""
+    from linattn.ops.softmax_variants import wall_attention
+    from linattn.reference.wall import wall_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, _, _, log_decay = _draw(gen, dtype)
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V),
+                "g": log_decay(B, T, H, K), "gs": log_decay(B, T, H)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        return wall_attention(x["q"], x["k"], x["v"], x["g"], g_scalar=x["gs"], scale=scale), None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v", "g", "gs")),
+                                scale=scale) for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
+
+
+def nsa_case() -> Case:
+    """Native sparse attention with one query head per key head, blocks of 4 tokens, 3 blocks
+    kept, a window of 5 and gates in (0, 1); the oracle is ``linattn.reference.nsa``'s loop."""
+    from linattn.ops.nsa import native_sparse_attention
+    from linattn.reference.nsa import native_sparse_attention as reference
+
+    options = {"block_counts": 3, "block_size": 4, "window_size": 5}
+    gates = ("g_cmp", "g_slc", "g_swa")
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal, uniform, _, _ = _draw(gen, dtype)
+        x = {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+        return {**x, **{g: uniform(B, T, H) for g in gates}}
+
+    def call(x, mode, chunk_size, scale):
+        o = native_sparse_attention(x["q"], x["k"], x["v"], *(x[g] for g in gates), scale=scale,
+                                    **options)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+
+        def head(b, h):
+            q = _heads(x["q"], h, b)[:, None]
+            g = [_heads(x[name], h, b)[:, None] for name in gates]
+            return reference(q, _heads(x["k"], h, b), _heads(x["v"], h, b), *g, scale=scale,
+                             **options)[:, 0]  # fmt: skip
+
+        outs = [np.stack([head(b, h) for h in range(H)], axis=1) for b in range(B)]
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
+
+
+def moba_case() -> Case:
+    """MoBA with blocks of 4 tokens and 3 blocks a query (its own and 2 earlier ones); the
+    oracle is ``linattn.reference.moba``'s loop. Its scale is always 1 / sqrt(K) (fla's)."""
+    from linattn.ops.moba import mixture_of_block_attention
+    from linattn.reference.moba import mixture_of_block_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal = _draw(gen, dtype)[0]
+        return {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+
+    def call(x, mode, chunk_size, scale):
+        o = mixture_of_block_attention(x["q"], x["k"], x["v"], chunk_size=4, topk=3)
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        outs = [
+            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v")), 4, 3)
+                      for h in range(H)], axis=1)
+            for b in range(B)
+        ]  # fmt: skip
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")
