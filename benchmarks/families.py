@@ -35,9 +35,11 @@ REPARAMETRISATION_LINE = 1.05
 FAMILY_LINE = 1.3
 
 
-def _form(entry: registry.Entry, nearest: registry.Entry) -> str:
+def _form(entry: registry.Entry, nearest: registry.Entry) -> str | None:
+    """The chunk form where both have one, else the recurrent form, else None (a pair with
+    only the quadratic parallel form in common is timed by its own benchmark)."""
     both = set(entry.forms) & set(nearest.forms)
-    return "chunk" if "chunk" in both else "recurrent"
+    return next((form for form in ("chunk", "recurrent") if form in both), None)
 
 
 def _line(entry: registry.Entry, nearest: registry.Entry) -> float:
@@ -84,6 +86,9 @@ def measure(names, T, H, K, V, repeats, threads, chunk=None):
             continue
         nearest = registry.get(entry.nearest)
         form = _form(entry, nearest)
+        if form is None:
+            print(f"| {entry.name} | {nearest.name} | no chunk or recurrent form in common |")
+            continue
         own = _calls(entry, form, T, H, K, V, chunk)
         base = _calls(nearest, form, T, H, K, V, chunk)
         row = {"mechanism": entry.name, "nearest": nearest.name, "form": form,
