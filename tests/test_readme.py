@@ -69,3 +69,15 @@ def test_readme_links_resolve():
 
 def test_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_readme_lists_every_registered_mechanism_with_its_forms_and_nearest():
+    from linattn import registry
+
+    readme = (ROOT / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| ")]
+    for entry in registry.mechanisms():
+        if entry.nearest is None:
+            continue  # the first table: the spec's mechanisms, each with its call
+        (row,) = [r for r in rows if r.startswith(f"| {entry.title} |")]
+        assert f"| {', '.join(entry.forms)} | `{entry.nearest}` |" in row, entry.name
