@@ -2,50 +2,23 @@
 
 Swap ``from fla.ops.gated_delta_rule import chunk_gated_delta_rule`` for
 ``from linattn.compat import chunk_gated_delta_rule`` to run the same call on the CPU (or any
-device) through linattn's ops. Every one of fla 0.6.0's 59 ``chunk_* / fused_recurrent_* /
-fused_chunk_* / parallel_*`` entry points (``fla.ops``) has a function here with fla's name,
-positional order, keywords and defaults (``FLA_ENTRY_POINTS``):
+device) through linattn's ops. Every one of fla 0.6.0's ``fla.ops`` entry points (the 59
+``chunk_* / fused_recurrent_* / fused_chunk_* / parallel_*`` names and ``fused_attnres``,
+``FLA_ENTRY_POINTS``) has a function here with fla's name, positional order, keywords and
+defaults, and so do the ones fla exports from one op module only
+(``FLA_SUBMODULE_ENTRY_POINTS``: name -> fla module, e.g. ``chunk_gdn2`` from ``fla.ops.gdn2``):
 
-- computed by linattn: linear attention (``*_linear_attn``, normalised with fla's ``(kv, z)``
-  state), simple GLA, retention and lightning attention (a constant decay per head), GLA, the
-  delta rule, the gated delta rule (``chunk_gdn`` / ``fused_recurrent_gdn`` too), KDA, HGRN,
-  the generalized delta rule (``*_dplr_delta_rule``, ``*_iplr_delta_rule``), RWKV-6, RWKV-7 and
-  Comba (modules ``linear_attn``, ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``,
-  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``), and CyFA
-  (``chunk_cyfa``, ``fused_recurrent_cyfa``, module ``cyfa``); ``chunk_*`` run
-  ``kda``, ``hgrn``, ``generalized_delta_rule``, ``rwkv6``, ``rwkv7``, ``comba``), gated slot
-  attention and ABC (``gsa``, ``abc``: two passes with a softmax over memory slots,
-  ``linattn.ops.slots``); ``chunk_*`` run
-  linattn's chunk form,
-  ``fused_recurrent_*`` its recurrent form,
-  ``parallel_*`` its parallel form;
+- every name computes, one module of this package per fla op module (``gated_delta_rule``,
+  ``kda``, ``gsa``, ``mesa_net``, ``attn``, ...), on the registered mechanism that lists it in
+  its ``fla_names`` (``linattn.registry.with_fla_name``): ``chunk_*`` run its chunk form,
+  ``fused_recurrent_*`` its recurrent form, ``parallel_*`` its parallel (or blockwise) form;
 - fla's deprecated ``fused_chunk_delta_rule`` / ``fused_chunk_gla`` raise as fla's do;
-- the others raise NotImplementedError naming the missing mechanism (``unsupported``).
+- a name linattn did not compute would raise NotImplementedError naming the missing mechanism
+  (``unsupported.MISSING``, empty for fla 0.6.0).
 
-Softmax attention's variants (issue 52): ``parallel_attn`` and ``parallel_forgetting_attn``
-(module ``attn``, with ``parallel_stickbreaking_attn``), ``parallel_parallax``,
-``parallel_wall_attn`` / ``parallel_wall_attn_decode``, ``parallel_nsa``, ``parallel_moba``
-(fla.ops.moba only) and ``fused_attnres`` (attention residuals; its name is outside the pattern
-above: ``FLA_OTHER_ENTRY_POINTS``).
-
-``chunk_gdn2`` / ``fused_recurrent_gdn2`` (Gated DeltaNet-2, module ``gdn2``) and
-``fused_mul_recurrent_rwkv7`` (RWKV-7's decoding loop) and ``chunk_gated_delta_product``
-(Gated DeltaProduct, module ``gated_delta_product``) and ``chunk_ttt_linear`` /
-``fused_chunk_ttt_linear`` (TTT-Linear, module ``ttt``) and ``chunk_titans_linear`` (Titans,
-module ``titans``) are computed too; fla exports them from ``fla.ops.gdn2``, ``fla.ops.rwkv7``,
-``fla.ops.gated_delta_product``, ``fla.ops.ttt`` and ``fla.ops.titans`` only, not ``fla.ops``
-(``FLA_SUBMODULE_ENTRY_POINTS``).
-(Gated DeltaProduct, module ``gated_delta_product``) are computed too; fla exports them from
-``fla.ops.gdn2``, ``fla.ops.rwkv7`` and ``fla.ops.gated_delta_product`` only, not ``fla.ops``
-(``FLA_SUBMODULE_ENTRY_POINTS``). So are ``chunk_hgrn`` (``fla.ops.hgrn``), ``chunk_lightnet`` /
-``fused_recurrent_lightnet`` (LightNet, module ``lightnet``), ``parallel_rebased`` (ReBased,
-module ``rebased``) and ``fused_recurrent_rwkv4`` (RWKV-4, module ``rwkv4``); Based
-(``fused_chunk_based``, ``parallel_based``, module ``based``) is in ``fla.ops``.
-
-Issue 51: the preconditioned gated delta rule and preconditioned KDA (modules
-``precond_gated_delta_rule``, ``precond_kda``: fla's triple (o, state, ATK state)), the momentum
-delta rule (module ``momentum_delta_rule``: fla's stacked state [2, N, H, K, V]) and the gated Oja
-rule (module ``gated_oja_rule``; fla exports it from ``fla.ops.gated_oja_rule`` only).
+The documentation's compat page tables every name with its mechanism, forms and nearest
+mechanism. Where fla's naive reference and its kernels disagree, the function follows the
+kernels and its docstring says so.
 
 fla's conventions (``_core``): layout ``[B, T, H, D]``; grouped value heads (v, g, beta, states
 with HV = G * H heads); states ``[N, HV, K, V]`` or ``[N, HV, V, K]`` with ``state_v_first``,

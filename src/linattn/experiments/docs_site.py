@@ -219,7 +219,10 @@ def compat_table(pages: str = "") -> str:
     from linattn import compat, registry
 
     names = sorted({*compat.FLA_ENTRY_POINTS, *compat.FLA_SUBMODULE_ENTRY_POINTS})
-    computed = sum(registry.with_fla_name(name) is not None for name in names)
+    computed = sum(
+        registry.with_fla_name(name) is not None or name in compat.FLA_OTHER_ENTRY_POINTS
+        for name in names
+    )
     lines = [
         f"{computed} of these {len(names)} names compute. `fla.ops` exports "
         f"{len(compat.FLA_ENTRY_POINTS)} of them; the others come from one op module each.",
@@ -230,6 +233,10 @@ def compat_table(pages: str = "") -> str:
     for name in names:
         module = compat.FLA_SUBMODULE_ENTRY_POINTS.get(name, "fla.ops")
         entry = registry.with_fla_name(name)
+        if entry is None and name in compat.FLA_OTHER_ENTRY_POINTS:
+            what = "computed; not a mechanism over tokens (attention residuals: over layers)"
+            lines.append(f"| `{name}` | `{module}` | {what} | | |")
+            continue
         if entry is None:
             why = compat.MISSING.get(name) or "deprecated: raises in fla 0.6.0 too"
             lines.append(f"| `{name}` | `{module}` | not computed: {why} | | |")
