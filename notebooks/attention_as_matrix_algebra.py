@@ -38,7 +38,8 @@ from linattn import reference as ref
 from linattn.experiments.costs import compute_costs, costs_markdown
 from linattn.experiments.table1 import compute_table1, table1_markdown
 from linattn.experiments.verify import claim, compare
-from linattn.figures import SPEC_FIGURES, numbers
+from linattn.figures import FIGURES as ALL_FIGURES
+from linattn.figures import numbers
 from linattn.reference import claims
 from linattn.reference.gated import recurrence
 from linattn.reference.memory import kaczmarz_sweeps, unit
@@ -61,8 +62,9 @@ def holds(name, statement, detail=""):
 
 
 def show(number):
-    """Draw the spec's Figure ``number`` and show it inline (in a script: print its caption)."""
-    figure = SPEC_FIGURES[number - 1]
+    """Draw Figure ``number`` (the spec's nine, then Figure 10) and show it inline (in a script:
+    print its caption)."""
+    figure = ALL_FIGURES[number - 1]
     png = next(path for path in figure.draw(FIGURES) if path.suffix == ".png")
     try:
         from IPython import get_ipython
@@ -534,6 +536,38 @@ for n in (3, 5):
     check(f"S_{n}: {n - 1} reflections a token read the running product",
           array(o_perm)[n - 2 :: n - 1], [P[t][reads[t]] for t in range(500)])  # fmt: skip
     check(f"S_{n}: the final state is its permutation matrix", S_perm[0, 0], P[-1])
+
+# %% [markdown]
+# ## 12. Beyond a fixed memory
+#
+# The field has since filled the space between softmax attention's growing cache and the delta
+# rule's fixed state, and bent the two ends toward each other. Log-linear attention (Guo, Yang et
+# al., 2025) keeps one state per level of a Fenwick hierarchy, O(log t) of them; MesaNet (von
+# Oswald et al., 2025) keeps the regularised least-squares memory of section 7.3, solved per token
+# by conjugate gradients; the Forgetting Transformer (Lin et al., 2025) is softmax attention with
+# the decay mechanisms' cumulative forget gates; PaTH (Yang et al., 2025) puts the delta rule's
+# Householder transitions inside softmax as a position encoding; DeltaFormer (Zhong et al., 2025)
+# is the delta rule with a softmax kernel. Each reduces to a mechanism above, and `linattn verify`
+# checks each identity on the ops themselves (float64): one level of log-linear attention is its
+# base mechanism and every level the masked hierarchical product; MesaNet's memory is the
+# least-squares solution; FoX with zero forget gates is softmax attention; PaTH with beta = 0 is
+# softmax attention without positions and with beta = 2 its transitions are reflections;
+# DeltaFormer with a linear kernel is the delta rule. Figure 10 places them on Figure 3's axes.
+
+# %%
+from linattn.experiments import verify  # noqa: E402
+
+for section in (
+    verify.log_linear_checks,
+    verify.mesa_checks,
+    verify.forgetting_checks,
+    verify.path_checks,
+    verify.deltaformer_checks,
+):
+    for result in section():
+        print(result.line())
+        assert result.passed, result.name
+show(10)
 
 # %% [markdown]
 # ## Appendix: the numbers files
