@@ -78,8 +78,6 @@ OVERRIDES: dict[str, dict] = {
 NOTES: dict[str, str] = {
     "mom": "fla's own kernels (under TRITON_INTERPRET=1) give the same prefill + decode error "
     "on this configuration: fla's MoM decoding differs from its forward, not linattn's ops",
-    "log_linear_mamba2": "fla's layer has no path but its CUDA kernels (a bare "
-    "NotImplementedError off CUDA)",
 }
 
 
@@ -100,8 +98,17 @@ def families() -> dict[str, tuple[type, type]]:
 
 
 def options(config_class: type, model_type: str) -> dict:
-    """BASE and the family's OVERRIDES, restricted to what its ``__init__`` accepts."""
-    accepted = inspect.signature(config_class.__init__).parameters
+    """BASE and the family's OVERRIDES, restricted to what its ``__init__`` accepts: its own
+    parameters and, where it passes ``**kwargs`` on, its bases' (LogLinearMamba2Config takes
+    Mamba2Config's sizes so)."""
+    accepted: set[str] = set()
+    for cls in config_class.__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        accepted |= set(params)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            break
     wanted = BASE | OVERRIDES.get(model_type, {})
     return {k: v for k, v in wanted.items() if k in accepted}
 
