@@ -287,3 +287,16 @@ def test_the_mechanism_table_gives_forms_and_the_nearest_mechanism():
     assert row.endswith(
         "| additive, channel | parallel, recurrent, chunk | [`scalar_decay`](m/scalar_decay.md) |"
     )
+
+
+def test_the_fla_model_census_is_a_table_of_every_family():
+    rows = [
+        {"family": "gla", "status": "runs", "decode_error": 3.5e-7},
+        {"family": "cat", "status": "fails", "step": "backward", "error": "NotImplementedError",
+         "frame": "fla/models/cat/modeling_cat.py:84 in forward"},
+    ]  # fmt: skip
+    table = docs_site.fla_models_table(rows)
+    assert table.startswith("1 of fla 0.6.0's 2 model families run")
+    assert "| `gla` | runs (decode 3.5e-07) | |" in table
+    assert "| `cat` | fails | backward: NotImplementedError, `fla/models/cat/" in table
+    assert "No census is committed" in docs_site.fla_models_table(None)

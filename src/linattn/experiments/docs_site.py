@@ -249,6 +249,29 @@ def compat_table(pages: str = "") -> str:
     return "\n".join(lines)
 
 
+def fla_models_table(rows: Sequence[dict] | None) -> str:
+    """``benchmarks/fla_models.py``'s census (``results/fla-models.json``) as a table: each of
+    fla's model families, whether it runs under ``enable()``, and where a failure stops."""
+    if not rows:
+        return "No census is committed: `PYTHONPATH=src python benchmarks/fla_models.py` runs it."
+    runs = [r for r in rows if r.get("status") == "runs"]
+    lines = [
+        f"{len(runs)} of fla 0.6.0's {len(rows)} model families run forward, backward, greedy "
+        "`generate` and prefill + decoding (within 1e-4 of the forward) on the CPU under "
+        "`enable()`.",
+        "",
+        "| family | result | where it stops |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("status") == "runs":
+            lines.append(f"| `{r['family']}` | runs (decode {r.get('decode_error', 0):.1e}) | |")
+        else:
+            where = f"{r.get('step', '')}: {r.get('error', '')}, `{r.get('frame', '')}`"
+            lines.append(f"| `{r['family']}` | fails | {where} |")
+    return "\n".join(lines)
+
+
 def mechanisms_index(entries: Sequence[Any]) -> str:
     """The Mechanisms section's first page: every entry in the registry's order."""
     lines = [
@@ -418,6 +441,10 @@ def generate(root: Path = ROOT) -> tuple[dict[str, str], dict[str, str | bytes]]
     parts, images = benchmark_content(root)
     parts["mechanism-table"] = mechanism_table(entries, f"../{MECHANISMS_DIR}/")
     parts["compat-table"] = compat_table(f"../{MECHANISMS_DIR}/")
+    census = root / "benchmarks" / "results" / "fla-models.json"
+    parts["fla-models-table"] = fla_models_table(
+        json.loads(census.read_text()) if census.is_file() else None
+    )
     files.update(images)
     return parts, files
 
