@@ -61,6 +61,8 @@ ALIASES = {
 # An op whose arguments compat passes under other names: fla's generalized delta rule reads the
 # state with its a and writes along its b, the reverse of linattn's (compat swaps them).
 SWAPPED = {"generalized_delta_rule": {"a": "b", "b": "a"}}
+# The names an op gives the gate whose shape picks the mechanism (its call to ``choose``).
+GATE_NAMES = ("g", "w", "gv")
 # The op's numerical options, not part of what is computed: fla's kernels choose their own.
 NUMERICAL = frozenset({"mode", "chunk_size"})
 
@@ -290,8 +292,8 @@ def call(entry, given: dict[str, object]):
 
 def resolve_call(entry, given: dict[str, object]):
     """``resolve`` for ``entry``'s op called with ``given``: its query (q, or RWKV-7's r) and
-    its gate (g, or RWKV-7's w) found by name."""
+    its gate (``GATE_NAMES``: g, RWKV-7's w, the gated Oja rule's gv) found by name."""
     params = inspect.signature(entry.op).parameters
     query = next(iter(params))
-    gate = "g" if "g" in params else "w"
+    gate = next((name for name in GATE_NAMES if name in params), None)
     return resolve(_op_name(entry), given[query], given.get(gate), given)

@@ -164,7 +164,7 @@ def test_the_printed_blocks_render_their_markup():
     for block in blocks:
         assert "**" not in block and "$" not in block
     assert (
-        "<b>Table 1. Root-mean-square read error of three memories with <i>r = d = 32</i></b>"
+        "<b>Table 1. Root-mean-square read error of four memories with <i>r = d = 32</i></b>"
         in blocks[0]
     )
     assert "| Pairs stored <i>n</i> | Additive |" in blocks[0]  # the printed layout kept

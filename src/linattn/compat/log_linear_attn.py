@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from linattn.dtypes import compute_dtype
 from linattn.ops import checks
 from linattn.ops.log_linear import LogLinearState, log_linear_attention, log_linear_state
 
@@ -159,7 +160,7 @@ def chunk_log_linear_attn(
         S = initial_state.ht.new_zeros(N, initial_state.ht.shape[1] + INTRA, H, K, V)
         S[:, INTRA:] = initial_state.ht
         p = torch.tensor([o - o % BT for o in offsets], dtype=torch.int64, device=q.device)
-        start = LogLinearState(S.to(torch.float64 if v.dtype == torch.float64 else S.dtype), p)
+        start = LogLinearState(S.double() if v.dtype == torch.float64 else S, p)
     o, _ = log_linear_attention(
         packed["q"], packed["k"], packed["v"], packed["g"], packed["lam"],
         scale=scale, mode="chunk", chunk_size=BT, initial_state=start, cu_seqlens=cu,
@@ -189,7 +190,7 @@ def _final_state(packed, cu, start, lengths, offsets, spans, H, K, V, L, dtype):
                          cu_seqlens=cu_head).S  # fmt: skip
     given_lengths = [e - b for _, b, e in spans]
     levels = _max_level(given_lengths, offsets, True) + 2
-    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state_dtype = compute_dtype(dtype)
     ht = S.new_zeros(N, levels, H, K, V, dtype=state_dtype)
     m = min(levels, max(S.shape[1] - INTRA, 0))
     ht[:, :m] = S[:, INTRA : INTRA + m].to(state_dtype)

@@ -16,10 +16,10 @@ inputs' promoted dtype (float32 at least), so it agrees with fla to float16's ro
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from linattn.compat import _core
+from linattn.dtypes import compute_dtype
 from linattn.ops import checks
 from linattn.ops.functional import l2norm
 from linattn.ops.mesa import mesa_net, mesa_net_step
@@ -64,7 +64,7 @@ def chunk_mesa_net(
         output_final_state=output_final_state, max_cg_iterations=max_CG_iteration,
         cu_seqlens=cu_seqlens,
     )  # fmt: skip
-    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    state_dtype = compute_dtype(dtype)
     if output_final_state:
         h_kk, h_kv = h_kk.to(state_dtype), h_kv.to(state_dtype)
     return o.to(v.dtype), h_kk, h_kv

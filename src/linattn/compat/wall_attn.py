@@ -13,6 +13,7 @@ from torch import Tensor
 
 from linattn.compat import _core
 from linattn.compat.attn import _heads, _varlen
+from linattn.dtypes import compute_dtype
 from linattn.ops.softmax_variants import wall_attention
 
 
@@ -96,7 +97,7 @@ def parallel_wall_attn_decode(
         raise ValueError(f"q: T_q = {T_q} queries need at least as many cached keys ({T_kv})")
     _core.floating_tensor("g_scalar_cumsum", g_scalar_cumsum)
     _core.floating_tensor("sink_bias", sink_bias)
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(q.dtype)
     G = HQ // H
     j = torch.arange(T_kv, device=q.device)
     i = torch.arange(T_q, device=q.device) + (T_kv - T_q)

@@ -428,6 +428,19 @@ def benchmark_content(root: Path = ROOT) -> tuple[dict[str, str], dict[str, byte
     return parts, images
 
 
+def table_content(entries: Sequence[Any], root: Path = ROOT) -> dict[str, str]:
+    """The generated tables of the concept, API and guide pages: the mechanisms, fla's entry
+    points in ``linattn.compat``, and the census of fla's model families."""
+    census = root / "benchmarks" / "results" / "fla-models.json"
+    return {
+        "mechanism-table": mechanism_table(entries, f"../{MECHANISMS_DIR}/"),
+        "compat-table": compat_table(f"../{MECHANISMS_DIR}/"),
+        "fla-models-table": fla_models_table(
+            json.loads(census.read_text()) if census.is_file() else None
+        ),
+    }
+
+
 def generate(root: Path = ROOT) -> tuple[dict[str, str], dict[str, str | bytes]]:
     """Everything the build adds: ``({marker: Markdown}, {path under the docs: page or image})``."""
     from linattn import registry
@@ -439,12 +452,7 @@ def generate(root: Path = ROOT) -> tuple[dict[str, str], dict[str, str | bytes]]
     for entry in entries:
         files[f"{MECHANISMS_DIR}/{entry.name}.md"] = mechanism_page(entry, accuracy, bench)
     parts, images = benchmark_content(root)
-    parts["mechanism-table"] = mechanism_table(entries, f"../{MECHANISMS_DIR}/")
-    parts["compat-table"] = compat_table(f"../{MECHANISMS_DIR}/")
-    census = root / "benchmarks" / "results" / "fla-models.json"
-    parts["fla-models-table"] = fla_models_table(
-        json.loads(census.read_text()) if census.is_file() else None
-    )
+    parts |= table_content(entries, root)
     files.update(images)
     return parts, files
 

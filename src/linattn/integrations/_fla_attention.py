@@ -241,7 +241,7 @@ def chunk_global_cumsum(
     last token with ``reverse``), times ``scale``, in ``output_dtype`` (None: s's dtype)."""
     if "head_first" in kwargs:
         raise DeprecationWarning("head_first has been removed: inputs are [B, T, H, ...]")
-    work = torch.float64 if s.dtype == torch.float64 else torch.float32
+    work = compute_dtype(s.dtype)
     x = s.to(work)
     bounds = [0, s.shape[1]] if cu_seqlens is None else cu_seqlens.tolist()
     parts = []

@@ -222,7 +222,7 @@ def fused_additive_gate(
     if initial_state is not None and initial_state.shape != (N, 1, *x.shape[2:]):
         want, got = (N, 1, *x.shape[2:]), tuple(initial_state.shape)
         raise ValueError(f"initial_state must have shape {want}, got {got}")
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(x.dtype)
     if cu_seqlens is None:
         pieces = [(x.to(dtype), initial_state)]
     else:
