@@ -77,6 +77,18 @@ def _per_head(oracle_of_head, x: Inputs, B: int, H: int) -> tuple[Tensor, Tensor
     return torch.from_numpy(np.stack(outs)), torch.from_numpy(np.stack(states))
 
 
+def _outputs_per_head(x: Inputs, names: tuple[str, ...], head_output) -> tuple[Tensor, Tensor]:
+    """An oracle without a state (a softmax variant, whose state is its cache): the float64
+    output ``head_output(*(head h of each of x[names]))`` [T, V] of every batch row and head,
+    stacked into [B, T, H, V], and an empty state."""
+    B, _, H, _ = x["q"].shape
+    outs = [
+        np.stack([head_output(*(_heads(x[n], h, b) for n in names)) for h in range(H)], axis=1)
+        for b in range(B)
+    ]
+    return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+
 def _state(x: Inputs, n: int, h: int) -> np.ndarray:
     return x["S0"][n, h].double().numpy()
 
@@ -1162,13 +1174,7 @@ def forgetting_case() -> Case:
         return o, None
 
     def oracle(x, scale):
-        B, _, H, _ = x["q"].shape
-        outs = [
-            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v", "g")), scale=scale)
-                      for h in range(H)], axis=1)
-            for b in range(B)
-        ]  # fmt: skip
-        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+        return _outputs_per_head(x, ("q", "k", "v", "g"), lambda *t: reference(*t, scale=scale))
 
     return Case(inputs, call, oracle, "softmax")
 
@@ -1191,13 +1197,7 @@ def stickbreaking_case() -> Case:
         return o, None
 
     def oracle(x, scale):
-        B, _, H, _ = x["q"].shape
-        outs = [
-            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v")), scale=scale)[0]
-                      for h in range(H)], axis=1)
-            for b in range(B)
-        ]  # fmt: skip
-        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+        return _outputs_per_head(x, ("q", "k", "v"), lambda *t: reference(*t, scale=scale)[0])
 
     return Case(inputs, call, oracle, "softmax")
 
@@ -1217,13 +1217,7 @@ def parallax_case() -> Case:
         return parallax_attention(x["q"], x["r"], x["k"], x["v"], scale=scale), None
 
     def oracle(x, scale):
-        B, _, H, _ = x["q"].shape
-        outs = [
-            np.stack([parallax(*(_heads(x[n], h, b) for n in ("q", "r", "k", "v")), scale=scale)
-                      for h in range(H)], axis=1)
-            for b in range(B)
-        ]  # fmt: skip
-        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+        return _outputs_per_head(x, ("q", "r", "k", "v"), lambda *t: parallax(*t, scale=scale))
 
     return Case(inputs, call, oracle, "softmax")
 
@@ -1244,13 +1238,8 @@ def wall_case() -> Case:
         return wall_attention(x["q"], x["k"], x["v"], x["g"], g_scalar=x["gs"], scale=scale), None
 
     def oracle(x, scale):
-        B, _, H, _ = x["q"].shape
-        outs = [
-            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v", "g", "gs")),
-                                scale=scale) for h in range(H)], axis=1)
-            for b in range(B)
-        ]  # fmt: skip
-        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+        names = ("q", "k", "v", "g", "gs")
+        return _outputs_per_head(x, names, lambda *t: reference(*t, scale=scale))
 
     return Case(inputs, call, oracle, "softmax")
 
@@ -1306,12 +1295,6 @@ def moba_case() -> Case:
         return o, None
 
     def oracle(x, scale):
-        B, _, H, _ = x["q"].shape
-        outs = [
-            np.stack([reference(*(_heads(x[n], h, b) for n in ("q", "k", "v")), 4, 3)
-                      for h in range(H)], axis=1)
-            for b in range(B)
-        ]  # fmt: skip
-        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+        return _outputs_per_head(x, ("q", "k", "v"), lambda *t: reference(*t, 4, 3))
 
     return Case(inputs, call, oracle, "softmax")
