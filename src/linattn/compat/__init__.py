@@ -172,7 +172,7 @@ __all__ = [
     "parallel_path_attn",
     "parallel_retention",
     "parallel_simple_gla",
-    # issue 51: reparametrisations of existing rules, and RWKV-4
+    # reparametrisations of existing rules, and RWKV-4
     "chunk_hgrn",
     "chunk_lightnet",
     "fused_chunk_based",
@@ -180,7 +180,7 @@ __all__ = [
     "fused_recurrent_rwkv4",
     "parallel_based",
     "parallel_rebased",
-    # issue 52: fla's softmax entry points
+    # fla's softmax entry points
     "parallel_attn",
     "parallel_forgetting_attn",
     "parallel_stickbreaking_attn",
@@ -206,16 +206,16 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "fused_recurrent_lightnet": "fla.ops.lightnet",
     "parallel_rebased": "fla.ops.rebased",
     "fused_recurrent_rwkv4": "fla.ops.rwkv4",
-    # issue 52 (MesaNet, DeltaFormer, PaTH)
+    # MesaNet, DeltaFormer, PaTH
     "mesa_net_decoding_one_step": "fla.ops.mesa_net",
     "deltaformer_attn": "fla.ops.deltaformer",
     "chunk_gated_oja_rule": "fla.ops.gated_oja_rule",
     "fused_recurrent_gated_oja_rule": "fla.ops.gated_oja_rule",
-    "parallel_moba": "fla.ops.moba",  # issue 52
+    "parallel_moba": "fla.ops.moba",
 }
 # ``fla.ops`` entry points whose names are outside the chunk_ / fused_recurrent_ / fused_chunk_ /
 # parallel_ pattern, and which are not attention over tokens (no registry entry): counted in
-# FLA_ENTRY_POINTS and signature-checked, not in COMPUTED (issue 52: attention residuals).
+# FLA_ENTRY_POINTS and signature-checked, not in COMPUTED (attention residuals).
 FLA_OTHER_ENTRY_POINTS = ("fused_attnres",)
 # The ``fla.ops`` entry points linattn computes: the exported names less the deprecated ones,
 # the helper, the submodule-only ones and the others above.

@@ -1315,7 +1315,7 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     spectrum_checks,
     read_change_checks,
     kaczmarz_checks,
-    mesa_checks,  # issue 52: MesaNet, DeltaFormer, PaTH
+    mesa_checks,  # MesaNet, DeltaFormer, PaTH
     deltaformer_checks,
     path_checks,
     chunked_delta_checks,
@@ -1327,8 +1327,8 @@ SECTIONS: tuple[Callable[[], list[Check]], ...] = (
     stored_pair_checks,
     hybrid_cache_checks,
     state_tracking_checks,  # not the spec's: the state-tracking papers' claims
-    log_linear_checks,  # not the spec's: log-linear attention's identities (issue 52)
-    forgetting_checks,  # not the spec's: the Forgetting Transformer (issue 52)
+    log_linear_checks,  # not the spec's: log-linear attention's identities
+    forgetting_checks,  # not the spec's: the Forgetting Transformer
 )
 
 

@@ -571,7 +571,7 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
         "layer_norm_swish_gate_linear": layer_norm_swish_gate_linear,
     },
     "fla.modules.norm.l2norm": {"l2norm": l2norm},
-    # issue 51: the modules fla's other model families reach
+    # the modules fla's other model families reach
     "fla.modules.norm.layernorm_gated": {
         "layernorm_fn": _fla_modules.layernorm_fn,
         "rmsnorm_fn": _fla_modules.rmsnorm_fn,
@@ -613,7 +613,7 @@ MODULE_METHODS: dict[str, dict[str, Callable]] = {
     "fla.modules.fused_linear_cross_entropy.ops.FusedLinearCrossEntropyLoss": {
         "forward": _linear_cross_entropy_forward
     },
-    "fla.layers.log_linear_mamba2.LogLinearMamba2": {  # issue 52: refuses the CPU itself
+    "fla.layers.log_linear_mamba2.LogLinearMamba2": {  # refuses the CPU itself
         "forward": _fla_log_linear.log_linear_mamba2_forward
     },
 }

@@ -113,7 +113,7 @@ def delta_state_numbers(r: int, d: int) -> int:
     return r * d
 
 
-# --- beyond a fixed memory (issue 52): decoding memory and work at step t, one head ---------------
+# --- beyond a fixed memory: decoding memory and work at step t, one head ---------------
 
 
 def log_linear_levels(t: int) -> int:

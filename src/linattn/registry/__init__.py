@@ -308,7 +308,7 @@ for _entry in (
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
         paper="Peng et al. (2024)", section=_SEC10,
     ),
-    # issue 51: test-time-training memories and CyFA
+    # test-time-training memories and CyFA
     Entry(
         "cyfa", "CyclicFlowAttention (CyFA)", None, "head",
         "alpha_t I on H^k (K x M) and H^v (M x V); softmax readout over M clock slots",
@@ -339,7 +339,7 @@ for _entry in (
         paper="Behrouz, Zhong and Mirrokni (2024), Titans", section="7.1",
         nearest="ttt_linear",
     ),
-    # issue 51: two passes of the additive rule over m memory slots, a softmax between them
+    # two passes of the additive rule over m memory slots, a softmax between them
     Entry(
         "gsa", "gated slot attention (GSA)", "additive", "channel",
         "Diag(alpha_t) on the slots of S_k (K x m) and S_v (m x V)",
@@ -358,7 +358,7 @@ for _entry in (
         paper="Peng et al. (2022)", section="4, 5, 10",
         nearest="gla",
     ),
-    # issue 51: reparametrisations of existing mechanisms (computed by their op), and RWKV-4
+    # reparametrisations of existing mechanisms (computed by their op), and RWKV-4
     Entry(
         "retention", "retention (RetNet)", "additive", "head",
         "gamma_h I, gamma_h = 1 - 2^(-5 - h)", "v_t", f"{_OPS}:linear_attention",
@@ -419,7 +419,7 @@ for _entry in (
         fla_names=("fused_recurrent_rwkv4",),
         paper="Peng et al. (2023)", section=_SEC10, nearest="rwkv6",
     ),
-    # issue 52: log-linear attention (a Fenwick tree of level states over Mamba-2's memory)
+    # log-linear attention (a Fenwick tree of level states over Mamba-2's memory)
     Entry(
         "log_linear_mamba2", "log-linear Mamba-2", "additive", "head",
         "alpha_t I per level; Fenwick merge of levels 1 .. z at each step",
@@ -436,7 +436,7 @@ for _entry in (
         "linattn.reference.log_linear:recurrence", log_linear_case(delta=True),
         paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="gated_delta",
     ),
-    # issue 52: MesaNet, DeltaFormer, PaTH attention
+    # MesaNet, DeltaFormer, PaTH attention
     Entry(
         "mesa", "MesaNet", None, "head",
         "none: two memories, H_t = gamma_t H_{t-1} + beta_t k_t k_t^T and G_t likewise",
@@ -463,7 +463,7 @@ for _entry in (
         fla_names=("parallel_path_attn",), layer_path="linattn.layers:PaTHAttention",
         paper="Yang et al. (2025)", section="2", nearest="softmax",
     ),
-    # issue 51 (twostate): the delta rule's descendants with a second state
+    # the delta rule's descendants with a second state
     Entry(
         "precond_gated_delta", "Preconditioned Gated DeltaNet", "dplr", "head",
         "alpha_t (I - beta_t kp_t k_t^T), kp_t = x^(-s(A_t)) k_t",
@@ -507,7 +507,7 @@ for _entry in (
         fla_names=("chunk_gated_oja_rule", "fused_recurrent_gated_oja_rule"),
         paper="Oja (1982); fla 0.6.0 (fla.ops.gated_oja_rule)", section=_SEC10, nearest="kda",
     ),
-    # issue 52: softmax attention with a forget gate (FoX), and stick-breaking attention
+    # softmax attention with a forget gate (FoX), and stick-breaking attention
     Entry(
         "forgetting", "forgetting attention (FoX)", None, "head",
         "none: the KV cache grows with t; logit of key s decayed by prod_{s<i<=t} f_i",

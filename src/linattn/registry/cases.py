@@ -393,7 +393,7 @@ def rule_case(rule: str, gate: str = "none") -> Case:
     return Case(inputs, call, oracle, "delta" if rules.named(rule).READS_STATE else "linear")
 
 
-# --- memories of several parts (issue 51): CyFA ----------------------------------------------
+# --- memories of several parts: CyFA ----------------------------------------------
 #
 # A mechanism whose memory is several tensors (CyFA's key memory, value memory and clock) names
 # its initial state's parts "S0_<part>" (each a tensor, so that every one gets a gradient), and
@@ -454,7 +454,7 @@ def cyfa_case(num_slots: int = 6) -> Case:
     return Case(inputs, call, oracle, "linear", rows_per_token=2)
 
 
-# --- test-time training (issue 51): TTT-Linear --------------------------------------------------
+# --- test-time training: TTT-Linear --------------------------------------------------
 #
 # TTT's mini-batch is part of the method (one gradient step per b tokens), not a tiling: its case
 # fixes b and its call ignores the tools' chunk size. Its model maps keys to values of the same
@@ -560,7 +560,7 @@ def titans_case(chunk_size: int = 4) -> Case:
     return Case(inputs, call, oracle, "delta")
 
 
-# --- two passes over memory slots (issue 51): linattn.reference.gsa / .abc ---------------------
+# --- two passes over memory slots: linattn.reference.gsa / .abc ---------------------
 # A family with two memories (S_k, S_v) keeps them as a pair: its "S0" is the pair of initial
 # states and its call and oracle return the pair of final states (``cast`` converts a pair).
 
@@ -621,7 +621,7 @@ def slots_case(gated: bool) -> Case:
     return Case(inputs, call, oracle, "linear", rows_per_token=2)  # two passes a token
 
 
-# --- issue 51: reparametrisations of existing rules (retention, lightning attention, HGRN,
+# --- reparametrisations of existing rules (retention, lightning attention, HGRN,
 # HGRN2, LightNet, Based, ReBased) and RWKV-4 ----------------------------------------------------
 
 
@@ -840,7 +840,7 @@ def lightning_case(layer_idx: int = 1, num_layers: int = 4) -> Case:
     return constant_decay_case(lambda H: lightning_decays(H, layer_idx, num_layers))
 
 
-# --- log-linear attention (issue 52): the level states are the state -----------------------------
+# --- log-linear attention: the level states are the state -----------------------------
 
 
 LOG_LINEAR_OFFSET = 7  # the position the case's sequences continue from: levels 1, 2, 3 occupied
@@ -898,7 +898,7 @@ def log_linear_case(delta: bool = False) -> Case:
     return Case(inputs, call, oracle, "linear")
 
 
-# --- issue 52: MesaNet (two states, a solve per token) ------------------------------------------
+# --- MesaNet (two states, a solve per token) ------------------------------------------
 
 
 def mesa_case(iterations_per_key: int = 2) -> Case:
@@ -950,7 +950,7 @@ def mesa_case(iterations_per_key: int = 2) -> Case:
     return Case(inputs, call, oracle, "linear")
 
 
-# --- issue 52: DeltaFormer (the delta rule's pseudo-values with a softmax kernel) ----------------
+# --- DeltaFormer (the delta rule's pseudo-values with a softmax kernel) ----------------
 
 
 def deltaformer_case() -> Case:
@@ -983,7 +983,7 @@ def deltaformer_case() -> Case:
     return Case(inputs, call, oracle, "softmax")
 
 
-# --- issue 52: PaTH attention (Householder transitions inside softmax scores) --------------------
+# --- PaTH attention (Householder transitions inside softmax scores) --------------------
 
 
 def path_case() -> Case:
@@ -1017,7 +1017,7 @@ def path_case() -> Case:
     return Case(inputs, call, oracle, "softmax")
 
 
-# --- issue 51: the delta rule's descendants with a second state ---------------------------------
+# --- the delta rule's descendants with a second state ---------------------------------
 
 
 def _with_second_state(S: Tensor | None, second: Tensor | None) -> Tensor | None:
@@ -1153,7 +1153,7 @@ def gated_oja_case() -> Case:
     return Case(inputs, call, oracle, "delta")
 
 
-# --- issue 52: forgetting attention (FoX) and stick-breaking attention -------------------------
+# --- forgetting attention (FoX) and stick-breaking attention -------------------------
 
 
 def forgetting_case() -> Case:
