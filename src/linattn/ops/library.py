@@ -471,9 +471,10 @@ def chunk(
     # The kernels take chunks of min(C, T) tokens themselves: C is passed as given where it is
     # within their bound, so that a traced T stays symbolic (min(C, T) would specialise it).
     C = chunk_size if chunk_size <= tuning.MAX_CHUNK else min(chunk_size, T)
-    if keep and not mech.rule.HAND_WRITTEN:
-        # A rule without a backward of its own (a user's): the all-blocks form, every term
-        # recorded by autograd, which differentiates it (in float32 for bfloat16 and float16).
+    if keep and not mech.rule.HAND_WRITTEN and not _fused(q, mech.rule_name):
+        # A rule without a PyTorch backward of its own (a user's, or a fused rule whose kernels
+        # do not run this call): the all-blocks form, every term recorded by autograd, which
+        # differentiates it (in float32 for bfloat16 and float16).
         dtype = v.dtype
         q, k, v, beta, g = _upcast(q, k, v, beta, g)
         o, S = all_blocks_forward(q * scale, k, v, beta, g, S0, chunk_size, mech)

@@ -16,37 +16,40 @@ K]), c the per-head centre ``log_atk_scale`` (-0.2 by default) and x the squash 
 The second state depends on the keys and its own gates only, never on S or v: it is a diagonal
 linear recurrence over the inputs, computed here first (``atk_preconditioner``: its recurrent
 form, a token loop, and its chunk form, one masked C x C decay matrix per chunk), and the
-memory is then the generalized delta rule (``generalized_delta_rule``) with
+memory is then the oblique delta rule (``linattn.ops.rules.oblique``: the delta rule whose read
+key differs from its write key),
 
-    Diag(D_t) = exp(g_t),   a_t = -beta_t kp_t,   b_t = exp(g_t) * k_t,   write key kp_t,
-    write value beta_t v_t,
+    S_t = D_t S_{t-1} + w_t (v_t - (D_t S_{t-1})^T k_t)^T,   write key w_t = beta_t kp_t,
+    read key k_t,
 
-whose parallel, recurrent and chunk forms, packed sequences, states and gradients serve the
-memory unchanged (no new kernel). So the mechanism is an existing rule (DPLR) with inputs
-transformed by a second, input-only state; the op returns both final states (fla's layout:
-S [N, HV, K, V], A [N, H, K]).
+whose parallel, recurrent and chunk forms (the delta rule's UT transform, and its fused kernel),
+packed sequences, states and gradients serve the memory unchanged. The decoding step writes the
+same transition as the generalized delta rule's (``recurrent_step`` with a = -beta kp,
+b = exp(g) * k: I - beta kp k^T after the decay). So the mechanism is an existing rule with
+inputs transformed by a second, input-only state; the op returns both final states (fla's
+layout: S [N, HV, K, V], A [N, H, K]).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 from torch import Tensor
 
-from linattn.ops import _engine
+from linattn.ops import _engine, _native
 from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
 from linattn.ops.functional import l2norm
-from linattn.ops.generalized_delta_rule import generalized_delta_rule
-from linattn.ops.rules import dplr
 from linattn.ops.step import recurrent_step
 
 X = 1.5  # fla's squash range
 EPS = 1e-6  # fla's epsilon inside the log
 CENTER = -0.2  # fla's default log_atk_scale
 ATK_CHUNK = 64  # the preconditioner's chunk (fla's)
+CHUNK_SIZE = 64  # the memory's default chunk (the oblique rule's, as the delta rule's)
 
 
 def _positive_real(name: str, value: object) -> float:
@@ -170,14 +173,15 @@ def atk_preconditioner(
 
     A_t = exp(g_atk_t) A_{t-1} + beta_atk_t k_t^2, M_t = x^(-s_t), s_t = r_t / (1 + |r_t|),
     r_t = log(A_t + eps) - log_atk_scale (arXiv:2604.21100). mode "recurrent": the token loop;
-    "chunk" (and "parallel", one chunk of T): the chunked scan. Arguments unchecked (the ops
+    "chunk" (and "parallel", one chunk of T): the chunked scan, or for float32 CPU tensors in
+    mode "chunk" the scan and the squash fused in one pass (csrc/atk.cpp; the fused kernels'
+    own log and exp, a few ulp). Arguments unchecked (the ops
     check them): k [B, T, H, K], g_atk and beta_atk [B, T, H], initial_A_state None or
     [N, H, K]. Computed in k's compute dtype; returns (kp [B, T, H, K], A [N, H, K]).
     """
     dtype = _engine.compute_dtype(k.dtype)
     B, T, H, K = k.shape
     kc = k.to(dtype)
-    k2b = beta_atk.to(dtype).unsqueeze(-1) * kc.square()
     g = g_atk.to(dtype)
     center = _center(log_atk_scale, H, dtype, k.device)
     bounds = [0, T] if cu_seqlens is None else cu_seqlens.tolist()
@@ -185,6 +189,17 @@ def atk_preconditioner(
     A0 = k.new_zeros((N, H, K), dtype=dtype)
     if initial_A_state is not None:
         A0 = initial_A_state.to(dtype)
+    if mode == "chunk" and _native.applies(kc) and T > 0:
+        # float32 on the CPU: the scan and the squash in one pass (csrc/atk.cpp)
+        args = (kc, g, beta_atk.to(dtype), A0, center.reshape(H), math.log(x), float(eps))
+        if cu_seqlens is None:
+            return _FusedAtk.apply(*args)
+        parts = [
+            _FusedAtk.apply(kc[:, s:e], g[:, s:e], args[2][:, s:e], A0[n : n + 1], *args[4:])
+            for n, (s, e) in enumerate(itertools.pairwise(bounds))
+        ]
+        return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 0)
+    k2b = beta_atk.to(dtype).unsqueeze(-1) * kc.square()
     scan = _atk_recurrent if mode == "recurrent" else _atk_chunk
     extra = () if mode == "recurrent" else (max(T, 1) if mode == "parallel" else chunk_size,)
     if cu_seqlens is None:
@@ -198,6 +213,30 @@ def atk_preconditioner(
             finals.append(final)
         A_all, A_final = torch.cat(parts, 1), torch.cat(finals, 0)
     return kc * squash(A_all, center, x, eps), A_final
+
+
+class _FusedAtk(torch.autograd.Function):
+    """``atk_preconditioner``'s chunk form on float32 CPU tensors: the scan and the squash in one
+    C++ pass (csrc/atk.cpp), forward and backward; (kp [B, T, H, K], A_T [N, H, K])."""
+
+    @staticmethod
+    def forward(ctx, k, g, beta, A0, center, log_x, eps):
+        keep = any(ctx.needs_input_grad[:5])
+        inputs = [t.contiguous() for t in (k, g, beta, A0, center)]
+        kp, A_end, A_all = _native.fused("atk_forward")(*inputs, log_x, eps, keep)
+        if keep:
+            ctx.save_for_backward(*inputs, A_all)
+        ctx.log_x, ctx.eps = log_x, eps
+        return kp, A_end
+
+    @staticmethod
+    def backward(ctx, dkp, dA_end):
+        k, g, beta, A0, center, A_all = ctx.saved_tensors
+        dkp = torch.zeros_like(k) if dkp is None else dkp.contiguous()
+        dA_end = torch.zeros_like(A0) if dA_end is None else dA_end.contiguous()
+        args = (k, g, beta, A0, center, A_all, dkp, dA_end, ctx.log_x, ctx.eps)
+        dk, dg, dbeta, dA0, dcenter = _native.fused("atk_backward")(*args)
+        return dk, dg, dbeta, dA0, dcenter, None, None
 
 
 def _per_value_head(t: Tensor, HV: int) -> Tensor:
@@ -219,7 +258,7 @@ def precond_delta_rule(
     log_atk_scale: Tensor | float | None = None,
     scale: float | None = None,
     mode: str = "chunk",
-    chunk_size: int = dplr.CHUNK_SIZE,
+    chunk_size: int = CHUNK_SIZE,
     initial_state: Tensor | None = None,
     initial_A_state: Tensor | None = None,
     output_final_state: bool = False,
@@ -234,8 +273,9 @@ def precond_delta_rule(
     (the module docstring: s, D_t). The decay comes first and the correction reads the decayed
     state, as fla's kernels and naive loops compute it. g None: no decay (D = I); [B, T, HV]:
     Preconditioned Gated DeltaNet; [B, T, HV, K]: Preconditioned KDA. The memory runs as
-    ``generalized_delta_rule`` (a = -beta kp, b = exp(g) * k, write kp (beta v)^T) after the
-    preconditioner's scan (``atk_preconditioner``), in the same form (spec sections 8, 10).
+    the oblique delta rule (``linattn.ops.rules.oblique``: write key beta kp, read key k, values
+    v) after the preconditioner's scan (``atk_preconditioner``), in the same form (spec sections
+    8, 10).
 
     Args:
         q, k: [B, T, H, K]. v: [B, T, HV, V], HV a multiple of H (grouped value heads share
@@ -245,7 +285,7 @@ def precond_delta_rule(
         x: the squash range (> 0), eps (> 0), log_atk_scale: the centre c (None: -0.2; a float
             or a per-head [H] tensor, differentiable).
         scale, mode, chunk_size, initial_state, output_final_state, cu_seqlens: as
-            ``generalized_delta_rule``.
+            ``delta_rule``'s (chunk_size 64 by default).
         initial_A_state: None (zeros) or [N, H, K], >= 0.
         use_qk_l2norm: normalise q and k first, x / sqrt(|x|^2 + 1e-6) (default True, as fla's
             entry points: the preconditioner reads k^2, so the family is defined on unit keys).
@@ -283,19 +323,18 @@ def precond_delta_rule(
         initial_A_state=initial_A_state, cu_seqlens=cu_seqlens, mode=mode,
     )  # fmt: skip
     HV = checked.HV
-    dtype = v.dtype
-    beta_v = beta.to(dtype).unsqueeze(-1)
-    kp = kp.to(dtype)
-    decay = 1.0 if g is None else torch.exp(g.to(dtype))
-    if g is not None and g.dim() == 3:
-        decay = decay.unsqueeze(-1)
-    a = -beta_v * _per_value_head(kp, HV)
-    b = decay * _per_value_head(k, HV)
-    o, S = generalized_delta_rule(
-        q, kp, beta_v * v, a, b, g, scale=scale, mode=mode, chunk_size=checked.chunk_size,
-        initial_state=initial_state, output_final_state=checked.output_final_state,
-        cu_seqlens=cu_seqlens,
+    dtype = _engine.compute_dtype(v.dtype)
+    # The memory is the oblique delta rule (``linattn.ops.rules.oblique``): written along
+    # beta kp, read along k. Its write key is per value head (beta is): with grouped value heads
+    # q and the read key are repeated onto them (the rule's keys and queries share heads).
+    write = beta.to(dtype).unsqueeze(-1) * _per_value_head(kp.to(dtype), HV)
+    o, S = _engine.run(
+        _per_value_head(q, HV), write, v, _per_value_head(k, HV).to(dtype), g, scale=scale,
+        mode=mode, chunk_size=checked.chunk_size, initial_state=initial_state,
+        cu_seqlens=cu_seqlens, rule="oblique", keep_dtype=True,
     )  # fmt: skip
+    o = o.to(v.dtype)
+    S = S if checked.output_final_state else None
     return o, S, (A if checked.output_final_state else None)
 
 

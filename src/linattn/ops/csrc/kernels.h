@@ -134,4 +134,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> short_conv_backward_m
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& state, bool silu);
 
+// Preconditioned DeltaNet's curvature scan and preconditioned keys (atk.cpp): kp [B, T, H, K],
+// A_T [B, H, K] and, with keep, every A_t [B, T, H, K] (else empty) for the backward; the
+// backward's (dk, dg, dbeta, dA0, dcenter).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> atk_forward(const at::Tensor& k,
+                                                           const at::Tensor& g,
+                                                           const at::Tensor& beta,
+                                                           const at::Tensor& A0,
+                                                           const at::Tensor& center,
+                                                           double log_x, double eps, bool keep);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> atk_backward(
+    const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& A0,
+    const at::Tensor& center, const at::Tensor& A_all, const at::Tensor& dkp,
+    const at::Tensor& dA_end, double log_x, double eps);
+
 }  // namespace linattn_native

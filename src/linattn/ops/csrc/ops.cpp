@@ -32,6 +32,13 @@ TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "short_conv_backward(Tensor dy, Tensor x, Tensor weight, Tensor? bias, Tensor? state,"
       " bool silu) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "atk_forward(Tensor k, Tensor g, Tensor beta, Tensor A0, Tensor center, float log_x,"
+      " float eps, bool keep) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "atk_backward(Tensor k, Tensor g, Tensor beta, Tensor A0, Tensor center, Tensor A_all,"
+      " Tensor dkp, Tensor dA_end, float log_x, float eps)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);
@@ -44,6 +51,8 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("recurrent_step", &recurrent_step);
   m.impl("short_conv_forward", &short_conv_forward);
   m.impl("short_conv_backward", &short_conv_backward);
+  m.impl("atk_forward", &atk_forward);
+  m.impl("atk_backward", &atk_backward);
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {

@@ -1,0 +1,192 @@
+// Preconditioned DeltaNet's curvature state and preconditioned keys
+// (``linattn.ops.precond_delta_rule.atk_preconditioner``; arXiv:2604.21100), forward and backward,
+// in one pass over the keys' rows each:
+//
+//   A_t = exp(g_t) A_{t-1} + beta_t k_t^2          (per key channel; g_t, beta_t per head)
+//   r_t = log(A_t + eps) - c,   s_t = r_t / (1 + |r_t|),   M_t = exp(-ln(x) s_t),   kp_t = M_t k_t
+//
+// The backward runs the scan from the last token with lambda_t = dL/dA_t:
+//
+//   dM/dA = M (-ln x) / ((1 + |r|)^2 (A + eps)),   dk = M dkp + 2 beta lambda k,
+//   lambda_t = dkp_t k_t dM/dA_t + exp(g_{t+1}) lambda_{t+1}   (lambda_T from dA_T),
+//   dbeta_t = sum lambda_t k_t^2,  dg_t = exp(g_t) sum lambda_t A_{t-1},  dA_0 = exp(g_1) lambda_1,
+//   dc = sum M k dkp ln(x) / (1 + |r|)^2   (over the batch, the tokens and the channels).
+//
+// Rows [B, T, H, K] (k, kp, the saved A_t), [B, T, H] (g, beta), [B, H, K] (A_0, A_T), c [H].
+// Work: the B H heads are the lanes of the scan, split over the threads; each thread takes its
+// lanes token by token, so that the rows it reads stream in order. log and exp are written out
+// (``log_positive``, ``exp_flush``) so that each channel loop vectorises.
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+#include "checks.h"
+#include "gates.h"
+#include "kernels.h"
+
+namespace linattn_native {
+namespace {
+
+// log(x) for a finite x >= FLT_MIN (a normal number: the caller's eps is at least FLT_MIN), to a
+// few ulp, branch-free, so that loops over it vectorise (a clamp here would not: the comparison
+// before the bit cast counts as control flow): x = 2^e m with m in [sqrt(1/2), sqrt(2)),
+// log m = 2 atanh(z), z = (m - 1) / (m + 1), |z| <= 0.172, by its series to z^11.
+__attribute__((always_inline)) inline float log_positive(float x) {
+  const int32_t bits = __builtin_bit_cast(int32_t, x);
+  // the exponent relative to sqrt(1/2) (0x3f3504f3): m = x / 2^e in [sqrt(1/2), sqrt(2))
+  const int32_t e = (bits - 0x3f3504f3) >> 23;
+  const float m = __builtin_bit_cast(float, bits - (e << 23));
+  const float z = (m - 1.0f) / (m + 1.0f), z2 = z * z;
+  float p = 1.0f / 11.0f;
+  p = std::fma(p, z2, 1.0f / 9.0f);
+  p = std::fma(p, z2, 1.0f / 7.0f);
+  p = std::fma(p, z2, 1.0f / 5.0f);
+  p = std::fma(p, z2, 1.0f / 3.0f);
+  p = std::fma(p, z2, 1.0f);
+  const float fe = static_cast<float>(e);
+  // e ln 2 in two parts (the product with the first is exact for |e| < 2^8)
+  return std::fma(fe, 0.693145752f, std::fma(fe, 1.42860677e-06f, 2.0f * z * p));
+}
+
+struct Scan {
+  int64_t B, T, H, K;
+  const float *k, *g, *beta, *A0, *c;
+  float log_x, eps;
+};
+
+// The inputs' checks (naming the argument) and sizes.
+Scan prepare(const Checks& check, const at::Tensor& k, const at::Tensor& g,
+             const at::Tensor& beta, const at::Tensor& A0, const at::Tensor& center,
+             double log_x, double eps) {
+  check.float32_cpu("k", k);
+  TORCH_CHECK(k.dim() == 4 && k.is_contiguous(), check.op,
+              ": k must be a contiguous [B, T, H, K] tensor, got shape ", k.sizes());
+  const int64_t B = k.size(0), T = k.size(1), H = k.size(2), K = k.size(3);
+  for (const auto& [name, x] : {std::pair{"g", &g}, std::pair{"beta", &beta}}) {
+    check.float32_cpu(name, *x);
+    check.shape(name, *x, {B, T, H}, "[B, T, H]");
+    TORCH_CHECK(x->is_contiguous(), check.op, ": ", name, " must be contiguous");
+  }
+  check.float32_cpu("A0", A0);
+  check.shape("A0", A0, {B, H, K}, "[B, H, K]");
+  TORCH_CHECK(A0.is_contiguous(), check.op, ": A0 must be contiguous");
+  check.float32_cpu("center", center);
+  check.shape("center", center, {H}, "[H]");
+  TORCH_CHECK(center.is_contiguous(), check.op, ": center must be contiguous");
+  TORCH_CHECK(std::isfinite(log_x) && std::isfinite(eps) && eps > 0, check.op,
+              ": log_x must be finite and eps a finite number > 0");
+  return {B, T, H, K, k.data_ptr<float>(), g.data_ptr<float>(), beta.data_ptr<float>(),
+          A0.data_ptr<float>(), center.data_ptr<float>(), static_cast<float>(log_x),
+          std::max(static_cast<float>(eps), FLT_MIN)};  // A >= 0: A + eps is a normal number
+}
+
+// The lanes [lo, hi) of the B H heads, a thread's share (at least one whole head each).
+template <typename F>
+void for_lanes(const Scan& s, const F& body) {
+  at::parallel_for(0, s.B * s.H, 1, [&](int64_t lo, int64_t hi) {
+    FlushSubnormals flush;
+    body(lo, hi);
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> atk_forward(const at::Tensor& k,
+                                                           const at::Tensor& g,
+                                                           const at::Tensor& beta,
+                                                           const at::Tensor& A0,
+                                                           const at::Tensor& center,
+                                                           double log_x, double eps, bool keep) {
+  const Checks check{"linattn_native.atk_forward"};
+  const Scan s = prepare(check, k, g, beta, A0, center, log_x, eps);
+  const int64_t H = s.H, K = s.K, T = s.T;
+  at::Tensor kp = at::empty(k.sizes(), k.options());
+  at::Tensor A_end = at::empty(A0.sizes(), A0.options());
+  at::Tensor A_all = keep ? at::empty(k.sizes(), k.options()) : at::empty({0}, k.options());
+  float *kpp = kp.data_ptr<float>(), *Ap = A_end.data_ptr<float>();
+  float* keepp = keep ? A_all.data_ptr<float>() : nullptr;
+  for_lanes(s, [&](int64_t lo, int64_t hi) {
+    std::copy(s.A0 + lo * K, s.A0 + hi * K, Ap + lo * K);  // A, lane by lane, updated in place
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t lane = lo; lane < hi; ++lane) {
+        const int64_t b = lane / H, h = lane % H, row = (b * T + t) * H + h;
+        const float decay = std::exp(s.g[row]), bt = s.beta[row], c = s.c[h];
+        const float* kr = s.k + row * K;
+        float *A = Ap + lane * K, *out = kpp + row * K;
+#pragma omp simd
+        for (int64_t ch = 0; ch < K; ++ch) {
+          const float a = std::fma(decay, A[ch], bt * kr[ch] * kr[ch]);
+          A[ch] = a;
+          const float r = log_positive(a + s.eps) - c;
+          out[ch] = kr[ch] * exp_flush(-s.log_x * (r / (1.0f + std::fabs(r))));
+        }
+        if (keepp) std::copy(A, A + K, keepp + row * K);
+      }
+    }
+  });
+  return {kp, A_end, A_all};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> atk_backward(
+    const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& A0,
+    const at::Tensor& center, const at::Tensor& A_all, const at::Tensor& dkp,
+    const at::Tensor& dA_end, double log_x, double eps) {
+  const Checks check{"linattn_native.atk_backward"};
+  const Scan s = prepare(check, k, g, beta, A0, center, log_x, eps);
+  const int64_t B = s.B, H = s.H, K = s.K, T = s.T;
+  for (const auto& [name, x] : {std::pair{"A_all", &A_all}, std::pair{"dkp", &dkp}}) {
+    check.float32_cpu(name, *x);
+    check.shape(name, *x, {B, T, H, K}, "[B, T, H, K]");
+    TORCH_CHECK(x->is_contiguous(), check.op, ": ", name, " must be contiguous");
+  }
+  check.float32_cpu("dA_end", dA_end);
+  check.shape("dA_end", dA_end, {B, H, K}, "[B, H, K]");
+  TORCH_CHECK(dA_end.is_contiguous(), check.op, ": dA_end must be contiguous");
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dg = at::empty(g.sizes(), g.options()), dbeta = at::empty(beta.sizes(), g.options());
+  at::Tensor dA0 = at::empty(A0.sizes(), A0.options());
+  at::Tensor dc_lanes = at::zeros({B * H}, A0.options().dtype(at::kDouble));
+  const float *Aall = A_all.data_ptr<float>(), *dkpp = dkp.data_ptr<float>();
+  float *dkp_out = dk.data_ptr<float>(), *dgp = dg.data_ptr<float>();
+  float *dbp = dbeta.data_ptr<float>(), *lam = dA0.data_ptr<float>();
+  double* dcp = dc_lanes.data_ptr<double>();
+  const float* dAe = dA_end.data_ptr<float>();
+  for_lanes(s, [&](int64_t lo, int64_t hi) {
+    std::copy(dAe + lo * K, dAe + hi * K, lam + lo * K);  // lambda, lane by lane, in place
+    for (int64_t t = T - 1; t >= 0; --t) {
+      for (int64_t lane = lo; lane < hi; ++lane) {
+        const int64_t b = lane / H, h = lane % H, row = (b * T + t) * H + h;
+        const float decay = std::exp(s.g[row]), bt = s.beta[row], c = s.c[h];
+        const float *kr = s.k + row * K, *A = Aall + row * K, *dkr = dkpp + row * K;
+        const float* before = t > 0 ? Aall + (row - H) * K : s.A0 + lane * K;
+        float *L = lam + lane * K, *dkk = dkp_out + row * K;
+        float dc = 0.0f, db = 0.0f, dgate = 0.0f;
+#pragma omp simd reduction(+ : dc, db, dgate)
+        for (int64_t ch = 0; ch < K; ++ch) {
+          const float ae = A[ch] + s.eps, r = log_positive(ae) - c, q = 1.0f / (1.0f + std::fabs(r));
+          const float M = exp_flush(-s.log_x * (r * q));
+          const float w = dkr[ch] * kr[ch] * M * s.log_x * q * q;  // -dL/dr
+          dc += w;
+          const float l = L[ch] - w / ae;  // dL/dA_t
+          const float k2 = kr[ch] * kr[ch];
+          db += l * k2;
+          dgate += l * before[ch];
+          dkk[ch] = M * dkr[ch] + 2.0f * bt * kr[ch] * l;
+          L[ch] = decay * l;
+        }
+        dcp[lane] += dc;
+        dbp[row] = db;
+        dgp[row] = decay * dgate;
+      }
+    }
+  });
+  at::Tensor dcenter = dc_lanes.view({B, H}).sum(0).to(at::kFloat);
+  return {dk, dg, dbeta, dA0, dcenter};
+}
+
+}  // namespace linattn_native
