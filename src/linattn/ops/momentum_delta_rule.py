@@ -74,40 +74,62 @@ def _decays(log_decay: Tensor) -> Tensor:
 
 
 def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
-    """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, S, M)."""
-    outs = []
-    for s in range(0, q.shape[2], C):
-        e = min(s + C, q.shape[2])
-        qc, kc, vc, pc = q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], p[:, :, s:e]
-        bc, ec = beta[:, :, s:e], eta[:, :, s:e]
-        c = e - s
-        a = _decays(la[:, :, s:e])  # [B, H, c + 1, c + 1], positions 0..c
-        m = _decays(lm[:, :, s:e])
-        b0 = torch.nn.functional.pad(bc, (1, 0))  # beta at positions 0..c (none at 0)
-        strict = torch.ones(c + 1, c + 1, dtype=torch.bool, device=q.device).tril(-1)
-        cross = -(a @ (b0[..., :, None] * m * strict))  # c(i, j)
-        g = a * b0[..., None, :] - cross  # g(i, s) = a(i, s) beta_s - c(i, s)
-        ek = ec[..., None] * kc  # eta_s k_s
-        # the errors: (I + L) W = V - (a(t-1, 0) P S_0 + c(t-1, 0) P M_0)
-        prev = slice(0, c)  # positions t - 1 for tokens t = 1..c
-        L = g[..., prev, 1:] * (pc @ ek.transpose(-1, -2))
-        L = L.tril(-1)
-        rhs = vc - a[..., prev, 0, None] * (pc @ S) - cross[..., prev, 0, None] * (pc @ M)
-        eye = torch.eye(c, dtype=q.dtype, device=q.device)
-        W = torch.linalg.solve_triangular(eye + L, rhs, upper=False, unitriangular=True)
-        now = slice(1, c + 1)  # positions t for tokens t = 1..c
-        scores = (g[..., now, 1:] * (qc @ ek.transpose(-1, -2))).tril()
-        o = a[..., now, 0, None] * (qc @ S) + cross[..., now, 0, None] * (qc @ M) + scores @ W
-        outs.append(o)
-        S_new = (
-            a[..., c, 0, None, None] * S
-            + cross[..., c, 0, None, None] * M
-            + (g[..., c, 1:, None] * ek).transpose(-1, -2) @ W
-        )
-        M = m[..., c, 0, None, None] * M - (m[..., c, 1:, None] * ek).transpose(-1, -2) @ W
-        S = S_new
-    o = torch.cat(outs, 2) if outs else v.new_zeros(v.shape)
-    return o, S, M
+    """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, S, M).
+
+    Every term that does not read the state is formed for all chunks at once ([B, H, n, C, .]):
+    the decays a, m, c, the solve's matrix and its right-hand sides, so that the errors of chunk
+    j are W_j = U0_j - Ps_j S_j - Pm_j M_j. The loop over the chunks then carries only the states
+    (two products a chunk), and the outputs follow from the states entering every chunk at once.
+    The sequence is padded to whole chunks with tokens that change nothing (zero keys, values,
+    rates and log-decays: w = 0, M and S kept).
+    """
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    if T == 0:
+        return v.new_zeros(v.shape), S, M
+    n = -(-T // C)
+    pad = n * C - T
+
+    def chunks(x):  # [B, H, T, ...] -> [B, H, n, C, ...], zeros after the last token
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+        return x.unflatten(2, (n, C))
+
+    q, k, v, p, la, lm, beta, eta = (chunks(x) for x in (q, k, v, p, la, lm, beta, eta))
+    a = _decays(la)  # [B, H, n, C + 1, C + 1], positions 0..C
+    m = _decays(lm)
+    b0 = torch.nn.functional.pad(beta, (1, 0))  # beta at positions 0..C (none at 0)
+    strict = torch.ones(C + 1, C + 1, dtype=torch.bool, device=q.device).tril(-1)
+    cross = -(a @ (b0[..., :, None] * m * strict))  # c(i, j)
+    g = a * b0[..., None, :] - cross  # g(i, s) = a(i, s) beta_s - c(i, s)
+    ek = eta[..., None] * k  # eta_s k_s
+    ekT = ek.transpose(-1, -2)
+    prev, now = slice(0, C), slice(1, C + 1)  # positions t - 1 and t of tokens t = 1..C
+    # the errors: (I + L) W = V - a(t-1, 0) P S_0 - c(t-1, 0) P M_0, for every chunk
+    L = (g[..., prev, 1:] * (p @ ekT)).tril(-1)
+    eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    rhs = torch.cat([v, a[..., prev, 0, None] * p, cross[..., prev, 0, None] * p], dim=-1)
+    X = torch.linalg.solve_triangular(eye + L, rhs, upper=False, unitriangular=True)
+    U0, P2 = X[..., :V], X[..., V:]  # W = U0 - P2 [S; M]
+    E2 = torch.cat([g[..., C, 1:, None] * ek, -m[..., C, 1:, None] * ek], dim=-1)  # [.., C, 2K]
+    E2T = E2.transpose(-1, -2)
+    aC, cC, mC = (x[..., C, 0, None, None] for x in (a, cross, m))  # [B, H, n, 1, 1]
+    states, errors = [], []
+    for j in range(n):
+        Z = torch.cat([S, M], dim=-2)  # [B, H, 2K, V]
+        states.append(Z)
+        W = torch.baddbmm(U0[:, :, j].flatten(0, 1), P2[:, :, j].flatten(0, 1), Z.flatten(0, 1),
+                          alpha=-1).view(B, H, C, V)  # fmt: skip
+        errors.append(W)
+        top = aC[:, :, j] * S + cC[:, :, j] * M
+        Z_new = torch.cat([top, mC[:, :, j] * M], dim=-2) + E2T[:, :, j] @ W
+        S, M = Z_new[..., :K, :], Z_new[..., K:, :]
+    Z_all = torch.stack(states, 2)  # [B, H, n, 2K, V]: the states entering the chunks
+    W_all = torch.stack(errors, 2)
+    scores = (g[..., now, 1:] * (q @ ekT)).tril()
+    Q2 = torch.cat([a[..., now, 0, None] * q, cross[..., now, 0, None] * q], dim=-1)
+    o = Q2 @ Z_all + scores @ W_all  # [B, H, n, C, V]
+    return o.flatten(2, 3)[:, :, :T], S, M
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):

@@ -65,35 +65,68 @@ def _products(x: Tensor) -> Tensor:
 def _sequence(q, k, v, theta, alpha, eta, w, b, M, S, eps, size, mode):
     """One sequence (or a batch of equal ones): q, k, v [B, H, T, D], the rates [B, H, T, 1]."""
     T = q.shape[2]
+    if mode == "chunk":
+        # the whole chunks at once, then a short last chunk as one of its own
+        whole = T - T % size
+        x = (q, k, v, theta, alpha, eta)
+        z, M, S = _chunks(*(t[:, :, :whole] for t in x), w, b, M, S, eps, size)
+        if whole == T:
+            return z, M, S
+        z_end, M, S = _chunks(*(t[:, :, whole:] for t in x), w, b, M, S, eps, T - whole)
+        return torch.cat([z, z_end], dim=2), M, S
     outs = []
     for start in range(0, T, size):
         stop = min(start + size, T)
         qi, ki, vi, th, al, et = (x[:, :, start:stop] for x in (q, k, v, theta, alpha, eta))
         u = surprise(ki, vi, M, w, b, eps)  # every gradient at the chunk's first memory
-        if mode == "recurrent":
-            for t in range(stop - start):
-                k_t = ki[:, :, t : t + 1]
-                S = et[:, :, t : t + 1] * S - 2 * th[:, :, t : t + 1] * (
-                    k_t.transpose(-1, -2) @ u[:, :, t : t + 1]
-                )
-                M = (1 - al[:, :, t : t + 1]) * M + S
-                outs.append(qi[:, :, t : t + 1] @ M)
-            continue
-        A = _products(1 - al[..., 0])  # [B, H, L, L]
-        E = _products(et[..., 0])
-        beta = torch.cumprod(1 - al, dim=2)  # [B, H, L, 1]
-        m = torch.cumprod(et, dim=2)
-        G = A @ E
-        f = A @ m
-        scores = torch.tril(qi @ ki.transpose(-1, -2)) * G  # G[t, j] (q_t . k_j)
-        outs.append(beta * (qi @ M) + f * (qi @ S) - 2 * scores @ (th * u))
-        written = -2 * (th * ki)  # U_j = written_j^T u_j
-        M_next = beta[:, :, -1:] * M + f[:, :, -1:] * S
-        M_next = M_next + (G[:, :, -1:].transpose(-1, -2) * written).transpose(-1, -2) @ u
-        S = m[:, :, -1:] * S + (E[:, :, -1:].transpose(-1, -2) * written).transpose(-1, -2) @ u
-        M = M_next
+        for t in range(stop - start):
+            k_t = ki[:, :, t : t + 1]
+            S = et[:, :, t : t + 1] * S - 2 * th[:, :, t : t + 1] * (
+                k_t.transpose(-1, -2) @ u[:, :, t : t + 1]
+            )
+            M = (1 - al[:, :, t : t + 1]) * M + S
+            outs.append(qi[:, :, t : t + 1] @ M)
     z = torch.cat(outs, dim=2) if outs else q.new_zeros(q.shape)
     return z, M, S
+
+
+def _chunks(q, k, v, theta, alpha, eta, w, b, M, S, eps, size):
+    """The chunk form (the module docstring) of T = n ``size`` tokens, [B, H, n, L, .] at once.
+
+    Everything that does not read the memories (A, E, G = A E, beta, m, f = A m, the scores
+    G * tril(Q K^T), the writes) is formed for all chunks before the loop, which carries only
+    the surprise at each chunk's first memory and the two memories; the outputs follow from
+    the memories entering every chunk at once after it."""
+    B, H, T, D = q.shape
+    if T == 0:
+        return q.new_zeros(q.shape), M, S
+    n = T // size
+    q, k, v, theta, alpha, eta = (
+        x.unflatten(2, (n, size)) for x in (q, k, v, theta, alpha, eta)
+    )  # [B, H, n, L, .]
+    A = _products(1 - alpha[..., 0])  # [B, H, n, L, L]
+    E = _products(eta[..., 0])
+    beta = torch.cumprod(1 - alpha, dim=-2)  # [B, H, n, L, 1]
+    m = torch.cumprod(eta, dim=-2)
+    G = A @ E
+    f = A @ m
+    written = -2 * (theta * k)  # U_j = written_j^T u_j
+    into_M = (G[..., -1, :, None] * written).transpose(-1, -2)  # [B, H, n, D, L]
+    into_S = (E[..., -1, :, None] * written).transpose(-1, -2)
+    beta_L, f_L, m_L = beta[..., -1:, :], f[..., -1:, :], m[..., -1:, :]  # [B, H, n, 1, 1]
+    Ms, Ss, us = [], [], []
+    for j in range(n):
+        Ms.append(M)
+        Ss.append(S)
+        u = surprise(k[:, :, j], v[:, :, j], M, w, b, eps)  # at the chunk's first memory
+        us.append(u)
+        M_next = beta_L[:, :, j] * M + f_L[:, :, j] * S + into_M[:, :, j] @ u
+        S = m_L[:, :, j] * S + into_S[:, :, j] @ u
+        M = M_next
+    M_all, S_all, u_all = (torch.stack(x, 2) for x in (Ms, Ss, us))
+    scores = torch.tril(q @ k.transpose(-1, -2)) * G  # G[t, j] (q_t . k_j)
+    z = beta * (q @ M_all) + f * (q @ S_all) - 2 * scores @ (theta * u_all)
+    return z.flatten(2, 3), M, S
 
 
 def titans_linear(

@@ -58,24 +58,20 @@ def _padding_gradient(W: Tensor, h: Tensor, w: Tensor, b: Tensor, eps: float) ->
 
 def _sequence(q, k, v, eta, w, b, W, h, eps, size, mode):
     """One sequence (or a batch of equal ones): q, k, v [B, H, T, D], eta [B, H, T, 1]."""
+    if mode == "chunk":
+        return _dual(q, k, v, eta, w, b, W, h, eps, size)
     T = q.shape[2]
     outs = []
     for start in range(0, T, size):
         stop = min(start + size, T)
         qi, ki, vi, ei = (x[:, :, start:stop] for x in (q, k, v, eta))
-        if mode == "chunk":
-            G = loss_gradient(ki, vi, W, h, w, b, eps)
-            A = torch.tril(qi @ ki.transpose(-1, -2) + 1)
-            outs.append(qi @ W + h - ei * (A @ G))
-            sum_W, sum_h = ki.transpose(-1, -2) @ G, G.sum(-2, keepdim=True)
-        else:
-            sum_W, sum_h = torch.zeros_like(W), torch.zeros_like(h)
-            for t in range(stop - start):
-                k_t, e_t = ki[:, :, t : t + 1], ei[:, :, t : t + 1]
-                g_t = loss_gradient(k_t, vi[:, :, t : t + 1], W, h, w, b, eps)
-                sum_W = sum_W + k_t.transpose(-1, -2) @ g_t
-                sum_h = sum_h + g_t
-                outs.append(qi[:, :, t : t + 1] @ (W - e_t * sum_W) + h - e_t * sum_h)
+        sum_W, sum_h = torch.zeros_like(W), torch.zeros_like(h)
+        for t in range(stop - start):
+            k_t, e_t = ki[:, :, t : t + 1], ei[:, :, t : t + 1]
+            g_t = loss_gradient(k_t, vi[:, :, t : t + 1], W, h, w, b, eps)
+            sum_W = sum_W + k_t.transpose(-1, -2) @ g_t
+            sum_h = sum_h + g_t
+            outs.append(qi[:, :, t : t + 1] @ (W - e_t * sum_W) + h - e_t * sum_h)
         padding = size - (stop - start)
         if padding:
             sum_h = sum_h + padding * _padding_gradient(W, h, w, b, eps)
@@ -83,6 +79,56 @@ def _sequence(q, k, v, eta, w, b, W, h, eps, size, mode):
         W, h = W - e_last * sum_W, h - e_last * sum_h
     z = torch.cat(outs, dim=2) if outs else q.new_zeros(q.shape)
     return z, W, h
+
+
+def _dual(q, k, v, eta, w, b, W, h, eps, size):
+    """The dual form (the module docstring) of one sequence, its mini-batches [B, H, n, b, D].
+
+    A short last mini-batch is padded with fla's zero tokens (k = v = q = 0: their gradient is
+    the padding's, grad_h at k = 0; eta padded with the last token's, which is the step's rate),
+    so every mini-batch is whole. The loop carries only the gradient step (the gradients G at the
+    mini-batch's first state, then W and h); everything that does not read the state (the target
+    v - k, the scores tril(Q K^T + 1), the rates) is formed for all mini-batches at once before
+    it, and the outputs Z = Q W_0 + h_0 - diag(eta) A G from the states entering every
+    mini-batch at once after it.
+    """
+    B, H, T, D = q.shape
+    if T == 0:
+        return q.new_zeros(q.shape), W, h
+    n = -(-T // size)
+    pad = n * size - T
+
+    def batches(x, mode="constant"):  # [B, H, T, D] -> [B, H, n, b, D]
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad), mode=mode)
+        return x.unflatten(2, (n, size))
+
+    q, k, v = batches(q), batches(k), batches(v)
+    eta = batches(eta, "replicate")
+    w2 = w * w  # [1, H, 1, D]: the loop's rows are [B, H, b, D]
+    # g = w (w x_hat + b - (v - k)) = w^2 x_hat + shift, for every mini-batch [B, H, n, b, D]
+    shift = w.unsqueeze(2) * (b.unsqueeze(2) - (v - k))
+    e_last = eta[..., -1:, :]  # [B, H, n, 1, 1]: each step's rate
+    kT = (e_last * k).transpose(-1, -2)  # [B, H, n, D, b]: W <- W - e kT G
+    rate = e_last.expand(-1, -1, -1, 1, size)  # [B, H, n, 1, b]: h <- h - e 1^T G
+    states_W, states_h, grads = [], [], []
+    for j in range(n):
+        states_W.append(W)
+        states_h.append(h)
+        x = torch.matmul(k[:, :, j], W) + h  # [B, H, b, D]
+        xc = x - x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps)
+        x_hat = xc * rstd
+        g = torch.addcmul(shift[:, :, j], w2, x_hat)
+        mix = (g * x_hat).mean(-1, keepdim=True)
+        G = (g - g.mean(-1, keepdim=True) - x_hat * mix) * rstd  # d l / d(k W + h)
+        grads.append(G)
+        W = W - kT[:, :, j] @ G
+        h = h - rate[:, :, j] @ G
+    Ws, hs, Gs = (torch.stack(x, 2) for x in (states_W, states_h, grads))
+    A = torch.tril(q @ k.transpose(-1, -2) + 1)  # [B, H, n, b, b]
+    z = torch.matmul(q, Ws) + hs - eta * (A @ Gs)
+    return z.flatten(2, 3)[:, :, :T], W, h
 
 
 def ttt_linear(
