@@ -44,6 +44,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
+from linattn.ops._blockmath import unit_lower_inverse
 from linattn.ops.functional import l2norm
 
 CHUNK_SIZE = 64
@@ -76,12 +77,12 @@ def _decays(log_decay: Tensor) -> Tensor:
 def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, S, M).
 
-    Every term that does not read the state is formed for all chunks at once ([B, H, n, C, .]):
-    the decays a, m, c, the solve's matrix and its right-hand sides, so that the errors of chunk
-    j are W_j = U0_j - Ps_j S_j - Pm_j M_j. The loop over the chunks then carries only the states
-    (two products a chunk), and the outputs follow from the states entering every chunk at once.
-    The sequence is padded to whole chunks with tokens that change nothing (zero keys, values,
-    rates and log-decays: w = 0, M and S kept).
+    Every term that does not read the state is formed for all chunks at once ([n, B H, C, .],
+    the chunks first, so that each chunk's terms are one contiguous block): the decays a, m, c,
+    the solve's inverse and the errors' terms, W_j = U0_j - Ps_j S_j - Pm_j M_j. The loop over
+    the chunks then carries only the states (four products a chunk), and the outputs follow
+    from the states entering every chunk at once. The sequence is padded to whole chunks with
+    tokens that change nothing (zero keys, values, rates and log-decays: w = 0, M and S kept).
     """
     B, H, T, K = q.shape
     V = v.shape[-1]
@@ -90,13 +91,14 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     n = -(-T // C)
     pad = n * C - T
 
-    def chunks(x):  # [B, H, T, ...] -> [B, H, n, C, ...], zeros after the last token
+    def chunks(x):  # [B, H, T, ...] -> [n, B H, C, ...], zeros after the last token
         if pad:
             x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-        return x.unflatten(2, (n, C))
+        x = x.unflatten(2, (n, C)).movedim(2, 0)  # [n, B, H, C, ...]
+        return x.flatten(1, 2).contiguous()
 
     q, k, v, p, la, lm, beta, eta = (chunks(x) for x in (q, k, v, p, la, lm, beta, eta))
-    a = _decays(la)  # [B, H, n, C + 1, C + 1], positions 0..C
+    a = _decays(la)  # [n, B H, C + 1, C + 1], positions 0..C
     m = _decays(lm)
     b0 = torch.nn.functional.pad(beta, (1, 0))  # beta at positions 0..C (none at 0)
     strict = torch.ones(C + 1, C + 1, dtype=torch.bool, device=q.device).tril(-1)
@@ -106,30 +108,32 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     ekT = ek.transpose(-1, -2)
     prev, now = slice(0, C), slice(1, C + 1)  # positions t - 1 and t of tokens t = 1..C
     # the errors: (I + L) W = V - a(t-1, 0) P S_0 - c(t-1, 0) P M_0, for every chunk
-    L = (g[..., prev, 1:] * (p @ ekT)).tril(-1)
     eye = torch.eye(C, dtype=q.dtype, device=q.device)
+    T_inv = unit_lower_inverse(eye + (g[..., prev, 1:] * (p @ ekT)).tril(-1))
     rhs = torch.cat([v, a[..., prev, 0, None] * p, cross[..., prev, 0, None] * p], dim=-1)
-    X = torch.linalg.solve_triangular(eye + L, rhs, upper=False, unitriangular=True)
-    U0, P2 = X[..., :V], X[..., V:]  # W = U0 - P2 [S; M]
-    E2 = torch.cat([g[..., C, 1:, None] * ek, -m[..., C, 1:, None] * ek], dim=-1)  # [.., C, 2K]
-    E2T = E2.transpose(-1, -2)
-    aC, cC, mC = (x[..., C, 0, None, None] for x in (a, cross, m))  # [B, H, n, 1, 1]
-    states, errors = [], []
+    X = T_inv @ rhs
+    U0, Ps, Pm = X[..., :V], X[..., V : V + K].contiguous(), X[..., V + K :].contiguous()
+    U0 = U0.contiguous()
+    into_S = (g[..., C, 1:, None] * ek).transpose(-1, -2).contiguous()  # [n, B H, K, C]
+    into_M = (m[..., C, 1:, None] * ek).transpose(-1, -2).contiguous()
+    aC, cC, mC = (x[..., C, 0, None, None] for x in (a, cross, m))  # [n, B H, 1, 1]
+    S, M = S.flatten(0, 1), M.flatten(0, 1)  # [B H, K, V]
+    Ss, Ms, errors = [], [], []
     for j in range(n):
-        Z = torch.cat([S, M], dim=-2)  # [B, H, 2K, V]
-        states.append(Z)
-        W = torch.baddbmm(U0[:, :, j].flatten(0, 1), P2[:, :, j].flatten(0, 1), Z.flatten(0, 1),
-                          alpha=-1).view(B, H, C, V)  # fmt: skip
+        Ss.append(S)
+        Ms.append(M)
+        W = torch.baddbmm(U0[j], Ps[j], S, alpha=-1).baddbmm_(Pm[j], M, alpha=-1)
         errors.append(W)
-        top = aC[:, :, j] * S + cC[:, :, j] * M
-        Z_new = torch.cat([top, mC[:, :, j] * M], dim=-2) + E2T[:, :, j] @ W
-        S, M = Z_new[..., :K, :], Z_new[..., K:, :]
-    Z_all = torch.stack(states, 2)  # [B, H, n, 2K, V]: the states entering the chunks
-    W_all = torch.stack(errors, 2)
+        S, M = (
+            torch.baddbmm(torch.addcmul(aC[j] * S, cC[j], M), into_S[j], W),
+            torch.baddbmm(mC[j] * M, into_M[j], W, alpha=-1),
+        )
+    S_all, M_all, W_all = (torch.stack(x) for x in (Ss, Ms, errors))  # [n, B H, ., V]
     scores = (g[..., now, 1:] * (q @ ekT)).tril()
-    Q2 = torch.cat([a[..., now, 0, None] * q, cross[..., now, 0, None] * q], dim=-1)
-    o = Q2 @ Z_all + scores @ W_all  # [B, H, n, C, V]
-    return o.flatten(2, 3)[:, :, :T], S, M
+    o = (a[..., now, 0, None] * q) @ S_all + (cross[..., now, 0, None] * q) @ M_all
+    o = o + scores @ W_all  # [n, B H, C, V]
+    o = o.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3)[:, :, :T]
+    return o, S.unflatten(0, (B, H)), M.unflatten(0, (B, H))
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):

@@ -114,18 +114,37 @@ def _chunks(q, k, v, theta, alpha, eta, w, b, M, S, eps, size):
     into_M = (G[..., -1, :, None] * written).transpose(-1, -2)  # [B, H, n, D, L]
     into_S = (E[..., -1, :, None] * written).transpose(-1, -2)
     beta_L, f_L, m_L = beta[..., -1:, :], f[..., -1:, :], m[..., -1:, :]  # [B, H, n, 1, 1]
-    Ms, Ss, us = [], [], []
-    for j in range(n):
-        Ms.append(M)
-        Ss.append(S)
-        u = surprise(k[:, :, j], v[:, :, j], M, w, b, eps)  # at the chunk's first memory
+    # ``surprise`` with its input-only terms formed once: with g = w (w x_hat + b - (v - k)),
+    # Dg = D g = D w^2 x_hat + shift and u = Dg - (sum Dg + x_hat sum(Dg x_hat)) / (sigma D^2)
+    shift = D * w.unsqueeze(2) * (b.unsqueeze(2) - (v - k))
+
+    def steps(x):  # [B, H, n, ...] -> n tensors [B H, ...] (views)
+        return x.flatten(0, 1).unbind(1)
+
+    w2 = (D * w * w).expand(B, H, 1, D).reshape(B * H, 1, D)
+    M, S = M.flatten(0, 1), S.flatten(0, 1)  # [B H, D, D]
+    reads_M, reads_S, us = [], [], []
+    per_chunk = (q, k, shift, beta_L, f_L, m_L, into_M, into_S)
+    for q_j, k_j, shift_j, beta_j, f_j, m_j, into_M_j, into_S_j in zip(
+        *map(steps, per_chunk), strict=True
+    ):
+        reads_M.append(torch.bmm(q_j, M))  # what the outputs read of the memories
+        reads_S.append(torch.bmm(q_j, S))
+        x = torch.bmm(k_j, M)  # [B H, L, D]: the surprise at the chunk's first memory
+        var, mean = torch.var_mean(x, -1, correction=0, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        x_hat = (x - mean) * rstd
+        Dg = torch.addcmul(shift_j, w2, x_hat)
+        c = torch.addcmul(Dg.sum(-1, keepdim=True), x_hat, (Dg * x_hat).sum(-1, keepdim=True))
+        u = torch.addcmul(Dg, c, rstd, value=-1.0 / (D * D))
         us.append(u)
-        M_next = beta_L[:, :, j] * M + f_L[:, :, j] * S + into_M[:, :, j] @ u
-        S = m_L[:, :, j] * S + into_S[:, :, j] @ u
+        M_next = torch.baddbmm(torch.addcmul(beta_j * M, f_j, S), into_M_j, u)
+        S = torch.baddbmm(m_j * S, into_S_j, u)
         M = M_next
-    M_all, S_all, u_all = (torch.stack(x, 2) for x in (Ms, Ss, us))
+    qM, qS, u_all = (torch.stack(x, 1).unflatten(0, (B, H)) for x in (reads_M, reads_S, us))
     scores = torch.tril(q @ k.transpose(-1, -2)) * G  # G[t, j] (q_t . k_j)
-    z = beta * (q @ M_all) + f * (q @ S_all) - 2 * scores @ (theta * u_all)
+    z = beta * qM + f * qS - 2 * scores @ (theta * u_all)
+    M, S = M.unflatten(0, (B, H)), S.unflatten(0, (B, H))
     return z.flatten(2, 3), M, S
 
 

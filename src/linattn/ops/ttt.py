@@ -105,29 +105,35 @@ def _dual(q, k, v, eta, w, b, W, h, eps, size):
 
     q, k, v = batches(q), batches(k), batches(v)
     eta = batches(eta, "replicate")
-    w2 = w * w  # [1, H, 1, D]: the loop's rows are [B, H, b, D]
     # g = w (w x_hat + b - (v - k)) = w^2 x_hat + shift, for every mini-batch [B, H, n, b, D]
     shift = w.unsqueeze(2) * (b.unsqueeze(2) - (v - k))
     e_last = eta[..., -1:, :]  # [B, H, n, 1, 1]: each step's rate
     kT = (e_last * k).transpose(-1, -2)  # [B, H, n, D, b]: W <- W - e kT G
     rate = e_last.expand(-1, -1, -1, 1, size)  # [B, H, n, 1, b]: h <- h - e 1^T G
-    states_W, states_h, grads = [], [], []
-    for j in range(n):
-        states_W.append(W)
-        states_h.append(h)
-        x = torch.matmul(k[:, :, j], W) + h  # [B, H, b, D]
-        xc = x - x.mean(-1, keepdim=True)
-        rstd = torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps)
-        x_hat = xc * rstd
-        g = torch.addcmul(shift[:, :, j], w2, x_hat)
+
+    def steps(x):  # [B, H, n, ...] -> n tensors [B H, ...] (views)
+        return x.flatten(0, 1).unbind(1)
+
+    w2 = (w * w).expand(B, H, 1, D).reshape(B * H, 1, D)
+    W, h = W.flatten(0, 1), h.flatten(0, 1)  # [B H, D, D], [B H, 1, D]
+    reads, grads = [], []
+    for q_j, k_j, shift_j, kT_j, rate_j in zip(*map(steps, (q, k, shift, kT, rate)), strict=True):
+        reads.append(torch.baddbmm(h, q_j, W))  # Q W_0 + h_0: what the outputs read of the state
+        x = torch.baddbmm(h, k_j, W)  # [B H, b, D]
+        var, mean = torch.var_mean(x, -1, correction=0, keepdim=True)
+        rstd = torch.rsqrt(var + eps)
+        x_hat = (x - mean) * rstd
+        g = torch.addcmul(shift_j, w2, x_hat)
         mix = (g * x_hat).mean(-1, keepdim=True)
-        G = (g - g.mean(-1, keepdim=True) - x_hat * mix) * rstd  # d l / d(k W + h)
+        # d l / d(k W + h) = (g - mean(g) - x_hat mean(g x_hat)) / sigma
+        G = torch.addcmul(g - g.mean(-1, keepdim=True), x_hat, mix, value=-1) * rstd
         grads.append(G)
-        W = W - kT[:, :, j] @ G
-        h = h - rate[:, :, j] @ G
-    Ws, hs, Gs = (torch.stack(x, 2) for x in (states_W, states_h, grads))
+        W = torch.baddbmm(W, kT_j, G, alpha=-1)
+        h = torch.baddbmm(h, rate_j, G, alpha=-1)
+    reads, Gs = (torch.stack(x, 1).unflatten(0, (B, H)) for x in (reads, grads))
     A = torch.tril(q @ k.transpose(-1, -2) + 1)  # [B, H, n, b, b]
-    z = torch.matmul(q, Ws) + hs - eta * (A @ Gs)
+    z = reads - eta * (A @ Gs)
+    W, h = W.unflatten(0, (B, H)), h.unflatten(0, (B, H))
     return z.flatten(2, 3)[:, :, :T], W, h
 
 
