@@ -37,6 +37,7 @@ from linattn.ops import _engine
 from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
+from linattn.ops._blockmath import unit_lower_inverse
 
 CHUNK_SIZE = 64
 
@@ -79,6 +80,62 @@ def _chunk(q, k, v, gv, beta, X, C: int):
         X = torch.exp(G[:, :, -1]).unsqueeze(-1) * X + last.transpose(-1, -2) @ U
     o = torch.cat(outs, 2) if outs else v.new_zeros(v.shape)
     return o, X
+
+
+# The largest decay a chunk of the factored form may span: exp(-G) grows to exp(LIMIT) and
+# exp(G) shrinks to exp(-LIMIT), both far inside the compute dtype's range.
+_FACTOR_LIMIT = {torch.float32: 60.0, torch.float64: 600.0}
+
+
+def _factored_chunks(q, k, v, gv, beta, X, C: int, limit: float):
+    """The chunk form with the gate factored out of each chunk, every chunk's state-independent
+    terms at once ([B, H, n, C, .]). With Vd = exp(G) * v and Vi = exp(-G) * v (G summed in
+    float64, each exponential rounded once), the module docstring's system for the errors is the
+    delta rule's UT transform,
+
+        (I + diag(beta) tril(Vd Vi^T, -1)) U = diag(beta) (K - Vd X_0),   U = U0 - W X_0,
+        [W | U0] = (I + L)^{-1} diag(beta) [Vd | K],
+
+    the loop carries X alone (two products a chunk), X <- exp(G_C) * X + (exp(G_C) * Vi)^T U,
+    and O = exp(G) * (Q X_0^T + tril(Q U^T) Vi) follows after it. None where a chunk's decay
+    spans ``limit`` or more (exp(-G) would leave the dtype's range; a reset is one): the caller
+    then runs ``_chunk``."""
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    dtype = q.dtype
+    if T == 0:
+        return None
+    n = -(-T // C)
+    pad = n * C - T
+    if pad:  # tokens that change nothing: no write (beta = 0), no decay, no read
+        q, k, v, gv, beta = (
+            torch.nn.functional.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
+            for x in (q, k, v, gv, beta)
+        )
+    q, k, v, gv = (x.unflatten(2, (n, C)) for x in (q, k, v, gv))  # [B, H, n, C, .]
+    beta = beta.unflatten(2, (n, C)).unsqueeze(-1)  # [B, H, n, C, 1]
+    G = gv.double().clamp(min=-limit).cumsum(3)
+    if bool((G[..., -1, :] <= -limit).any()):
+        return None
+    eG64 = torch.exp(G)
+    eG, e_G = eG64.to(dtype), torch.reciprocal(eG64).to(dtype)
+    D = eG[..., -1, :]  # [B, H, n, V]: the chunk's decay of X's rows
+    Vd, Vi = eG * v, e_G * v
+    eye = torch.eye(C, dtype=dtype, device=q.device)
+    T_inv = unit_lower_inverse(eye + beta * (Vd @ Vi.transpose(-1, -2)).tril(-1))
+    X_terms = T_inv @ (beta * torch.cat([Vd, k], dim=-1))  # [B, H, n, C, V + K]: [W | U0]
+    W, U0 = X_terms[..., :V], X_terms[..., V:]
+    into = (D.unsqueeze(-2) * Vi).transpose(-1, -2)  # [B, H, n, V, C]: exp(G_C - G_s) * v_s
+    states, errors = [], []
+    steps = zip(W.unbind(2), U0.unbind(2), into.unbind(2), D.unsqueeze(-1).unbind(2), strict=True)
+    for W_j, U0_j, into_j, D_j in steps:
+        states.append(X)
+        U = U0_j - W_j @ X  # [B, H, C, K]: the errors
+        errors.append(U)
+        X = torch.addcmul(into_j @ U, D_j, X)
+    X_all, U_all = torch.stack(states, 2), torch.stack(errors, 2)
+    o = eG * (q @ X_all.transpose(-1, -2) + (q @ U_all.transpose(-1, -2)).tril_() @ Vi)
+    return o.flatten(2, 3)[:, :, :T], X
 
 
 def gated_oja_rule(
@@ -157,9 +214,11 @@ def gated_oja_rule(
         form = _recurrent
     else:
         size = max(T, 1) if mode == "parallel" else checked.chunk_size
+        limit = _FACTOR_LIMIT.get(dtype) if mode == "chunk" else None
 
         def form(*x):
-            return _chunk(*x, size)
+            found = None if limit is None else _factored_chunks(*x, size, limit)
+            return _chunk(*x, size) if found is None else found
 
     if cu_seqlens is None:
         o, X = form(*tensors, X0)

@@ -37,6 +37,8 @@ within 1e-6.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor
 
@@ -102,21 +104,39 @@ def additive_gate(s: Tensor, cu_seqlens: Tensor | None = None) -> tuple[Tensor, 
     """ABC's slot control from the slot logits s [B, T, H, M]: (exp(s_t - z_t), z_{t-1} - z_t).
 
     z_t = log sum_{i <= t} exp(s_i) over each sequence (of ``cu_seqlens``), and the log-decay of
-    each sequence's first token is 0. Computed in s's compute dtype (float32 for half inputs).
+    each sequence's first token is 0. Summed in float64, returned in s's compute dtype (float32
+    for half inputs).
     """
-    x = s.to(compute_dtype(s.dtype))
+    dtype = compute_dtype(s.dtype)
     if cu_seqlens is None:
-        pieces = [x]
+        pieces = [s]
     else:
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-        pieces = list(x.split(lengths, dim=1))
+        pieces = list(s.split(lengths, dim=1))
     weights, gates = [], []
     for piece in pieces:
-        z = torch.logcumsumexp(piece, dim=1)
-        before = torch.cat([z[:, :1], z[:, :-1]], dim=1)  # z_{t-1}, and z_1 for the first
-        weights.append(torch.exp(piece - z))
-        gates.append(before - z)
+        x = piece.double()
+        if x.shape[1] == 0:
+            weights.append(x.to(dtype))
+            gates.append(x.to(dtype))
+            continue
+        # z_t = top + log c_t, c_t = sum_{i <= t} exp(s_i - top), top the sequence's largest s
+        # (per slot): each term <= 1 and c_t >= exp(s_1 - top), normal in float64 wherever the
+        # logits span less than ``_LOGIT_SPAN``; else the running log-sum-exp of PyTorch.
+        top = x.detach().amax(dim=1, keepdim=True)
+        if float((top - x.detach().amin(dim=1, keepdim=True)).max()) < _LOGIT_SPAN:
+            log_c = torch.log(torch.cumsum(torch.exp(x - top), dim=1))
+            z = top + log_c
+        else:
+            z = torch.logcumsumexp(x, dim=1)
+            log_c = z
+        before = torch.cat([log_c[:, :1], log_c[:, :-1]], dim=1)  # z_{t-1}, and z_1 first
+        weights.append(torch.exp(x - z).to(dtype))
+        gates.append((before - log_c).to(dtype))
     return torch.cat(weights, dim=1), torch.cat(gates, dim=1)
+
+
+_LOGIT_SPAN = 600.0  # exp(-600) is a normal float64: the fast running sum of ``additive_gate``
 
 
 def gated_slot_attention(
@@ -164,20 +184,118 @@ def gated_slot_attention(
         s, g = additive_gate(s, cu_seqlens)
         s = s.to(dtype)
     Sk0, Sv0 = (None, None) if initial_state is None else initial_state
-    if Sk0 is not None:  # [N, H, K, M] -> slot j as value head h M + j: [N, H M, K, 1]
-        Sk0 = Sk0.transpose(-1, -2).reshape(N, H * M, K, 1)
     common = dict(mode=mode, chunk_size=chunk_size, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)  # fmt: skip
-    scores, Sk = linear_attention(
-        q, k, s.reshape(B, T, H * M, 1), g.reshape(B, T, H * M), scale=scale,
-        initial_state=Sk0, **common,
-    )  # fmt: skip
-    p = torch.softmax(scores.reshape(B, T, H, M).to(compute_dtype(dtype)), dim=-1).to(dtype)
+    scale = K**-0.5 if scale is None else float(scale)
+    found = None
+    if mode == "chunk":
+        found = slot_scores(q, k, s, g, scale, chunk_size, Sk0, cu_seqlens)
+    if found is not None:
+        scores, Sk = found
+    else:  # slot j as value head h M + j: S_k [N, H, K, M] -> [N, H M, K, 1]
+        S0 = None if Sk0 is None else Sk0.transpose(-1, -2).reshape(N, H * M, K, 1)
+        scores, Sk = linear_attention(
+            q, k, s.reshape(B, T, H * M, 1), g.reshape(B, T, H * M), scale=scale,
+            initial_state=S0, **common,
+        )  # fmt: skip
+        scores = scores.reshape(B, T, H, M)
+        if Sk is not None:
+            Sk = Sk.reshape(N, H, M, K).transpose(-1, -2).contiguous()
+    p = torch.softmax(scores.to(compute_dtype(dtype)), dim=-1).to(dtype)
     o, Sv = linear_attention(p, s, v, g, scale=1.0, initial_state=Sv0, **common)
     if not output_final_state:
         return o, None
-    Sk = Sk.reshape(N, H, M, K).transpose(-1, -2).contiguous()
     return o, (Sk, Sv)
+
+
+# The largest decay a chunk of pass 1's factored form may span: exp(-G) grows to exp(LIMIT) and
+# exp(G) shrinks to exp(-LIMIT), both far inside the compute dtype's range.
+_FACTOR_LIMIT = {torch.float32: 60.0, torch.float64: 600.0}
+
+
+def slot_scores(
+    q: Tensor,
+    k: Tensor,
+    s: Tensor,
+    g: Tensor,
+    scale: float,
+    chunk_size: int,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+) -> tuple[Tensor, Tensor] | None:
+    """Pass 1's chunk form, the gate on the slots (the value side of S_k) factored out of each
+    chunk: with G the cumulative log-gates of a chunk (summed in float64) and S_k entering it,
+
+        scores_t = exp(G_t) * ((scale q_t)^T S_k + sum_{i <= t} (scale q_t . k_i) exp(-G_i) s_i)
+        S_k <- S_k Diag(exp G_C) + sum_i k_i (exp(G_C - G_i) s_i)^T
+
+    one product of every chunk's scores tril(Q K^T) by its slot writes, and a loop over the
+    chunks that carries S_k alone (one scaled add a chunk). q, k [B, T, H, K], s, g [B, T, H, M];
+    returns (scores [B, T, H, M], S_k [N, H, K, M]) in the compute dtype, or None where a chunk's
+    decay spans more than ``_FACTOR_LIMIT`` (exp(-G) would leave the dtype's range: the caller
+    then runs slot by slot) or the dtype is not float32 or float64.
+    """
+    dtype = compute_dtype(q.dtype)
+    limit = _FACTOR_LIMIT.get(dtype)
+    B, T, H, K = q.shape
+    M = s.shape[-1]
+    bounds = [0, T] if cu_seqlens is None else cu_seqlens.tolist()
+    N = len(bounds) - 1
+    C = max(1, min(chunk_size, T))
+    if limit is None or T == 0:
+        return None
+    # [B, T, H, D] -> [B, H, T, D]; the gates' sums in float64 (their differences keep float64's
+    # accuracy however long the chunk), each exponential rounded once to the compute dtype
+    qh, kh, sh = (x.to(dtype).transpose(1, 2) for x in (q * scale, k, s))
+    gh = g.transpose(1, 2).double()
+    pieces = [(qh, kh, sh, gh)] if cu_seqlens is None else [
+        tuple(x[:, :, a:e] for x in (qh, kh, sh, gh)) for a, e in itertools.pairwise(bounds)
+    ]  # fmt: skip
+    if initial_state is None:
+        Sk0 = q.new_zeros((N if cu_seqlens is not None else B, H, K, M), dtype=dtype)
+    else:
+        Sk0 = initial_state.to(dtype)
+    outs, finals = [], []
+    for i, (qi, ki, si, gi) in enumerate(pieces):
+        S = Sk0 if cu_seqlens is None else Sk0[i : i + 1]
+        found = _slot_scores(qi, ki, si, gi, S, C, limit, dtype)
+        if found is None:
+            return None
+        outs.append(found[0])
+        finals.append(found[1])
+    scores = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    return scores.transpose(1, 2), torch.cat(finals) if len(finals) > 1 else finals[0]
+
+
+def _slot_scores(q, k, s, g, S, C: int, limit: float, dtype):
+    """``slot_scores`` of one sequence (or a batch of equal ones), [B, H, T, .] (g float64)."""
+    B, H, T, K = q.shape
+    M = s.shape[-1]
+    if T == 0:
+        return q.new_zeros(B, H, 0, M), S
+    n = -(-T // C)
+    pad = n * C - T
+    if pad:  # tokens that change nothing: no key, no write, no decay
+        q, k, s, g = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, s, g))
+    q, k, s, g = (x.unflatten(2, (n, C)) for x in (q, k, s, g))  # [B, H, n, C, .]
+    G = g.clamp(min=-limit).cumsum(3)  # a reset (-inf) reaches the limit: refused below
+    if bool((G[..., -1, :] <= -limit).any()):
+        return None
+    eG64 = torch.exp(G)  # float64: every factor from the exact sums, rounded once
+    eG, e_G = eG64.to(dtype), torch.reciprocal(eG64).to(dtype)
+    D = eG[..., -1, :]  # [B, H, n, M]: the chunk's decay of the slots
+    kT = k.transpose(-1, -2)
+    writes = kT @ (D.unsqueeze(-2) * e_G * s)  # [B, H, n, K, M]: k_i (exp(G_C - G_i) s_i)^T
+    states = []
+    for write, decay in zip(writes.unbind(2), D.unsqueeze(-2).unbind(2), strict=True):
+        states.append(S)
+        S = torch.addcmul(write, S, decay)
+    S_all = torch.stack(states, 2)  # [B, H, n, K, M]: the state entering each chunk
+    P = (q @ kT).tril_()  # [B, H, n, C, C]
+    scores = eG * torch.baddbmm(
+        (q @ S_all).flatten(0, 2), P.flatten(0, 2), (e_G * s).flatten(0, 2)
+    ).view(B, H, n, C, M)
+    return scores.flatten(2, 3)[:, :, :T], S
 
 
 def abc_attention(
