@@ -120,3 +120,17 @@ def test_bad_input_is_named():
         gated_oja_rule(**{**x, "beta": x["beta"][:, :, :1]})
     with pytest.raises(ValueError, match="initial_state must have shape"):
         gated_oja_rule(**{**x, "initial_state": x["initial_state"][..., :2]})
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_steep_chunk_takes_the_exact_form(dtype):
+    """A chunk whose decay spans more than the factored form's limit (exp(-G) would leave the
+    dtype's range) is computed by the per-pair form: the same numbers as the reference."""
+    x = make()
+    x["gv"][0, 12, :, :] = -700.0  # finite, beyond float64's limit of 600 (and float32's 60)
+    want = oracle(x, 0.4, [0, T])
+    x = {n: (None if t is None else t.to(dtype)) for n, t in x.items()}
+    got = gated_oja_rule(**x, scale=0.4, mode="chunk", chunk_size=8, output_final_state=True)
+    for a, b in zip(got, want, strict=True):
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)

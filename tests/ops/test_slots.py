@@ -194,3 +194,21 @@ def test_bad_input_is_refused_naming_the_argument():
         )
     with pytest.raises(TypeError, match="state must be a triple"):
         abc_step(x["S0"], q[:, 0], k[:, 0], v[:, 0], s[:, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_steep_chunk_takes_the_slot_by_slot_form(dtype):
+    """A chunk whose decay spans more than pass 1's factored limit (exp(-G) would leave the
+    dtype's range) runs slot by slot: the same numbers as the reference, a reset too."""
+    x = inputs()
+    x["g"][:, 9, :, :2] = -700.0  # finite, beyond float64's limit of 600 (and float32's 60)
+    x["g"][:, 15, :, 3] = -float("inf")
+    want = reference(x, True, 0.4)
+    x = {n: tuple(t.to(dtype) for t in v) if isinstance(v, tuple) else v.to(dtype)
+         for n, v in x.items()}  # fmt: skip
+    got = run(x, True, scale=0.4, mode="chunk", chunk_size=8, initial_state=x["S0"],
+              output_final_state=True)  # fmt: skip
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got[0].double(), want[0], rtol=tol, atol=tol)
+    for a, b in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
