@@ -8,11 +8,12 @@ HV = G H grouped value heads, value head j reading q/k head j // G in place, G =
     linattn::chunk_backward(q, k, v, beta?, g?, states, d_o, dS, scale, C, rule, gate)
         -> (dq, dk, dv, dbeta, dg, dS0)
 
-rule ("additive" | "delta" | "dplr") and gate ("none" | "head" | "channel") are the mechanism
-the public op resolved (``Mechanism.of``), passed down in the schema: nothing below reads it from
-the tensors, whose presence and widths are checked against it (g [..., 1] for a gate per head,
-[..., K] per channel). beta: the rule's per-token inputs: [B, HV, T] for delta, [B, HV, T, 2K] =
-[a | b] for dplr (``generalized_delta_rule`` makes it with one cat), None for additive; dbeta
+rule ("additive" | "delta" | "dplr" | "oblique") and gate ("none" | "head" | "channel") are the
+mechanism the public op resolved (``Mechanism.of``), passed down in the schema: nothing below
+reads it from the tensors, whose presence and widths are checked against it (g [..., 1] for a
+gate per head, [..., K] per channel). beta: the rule's per-token inputs: [B, HV, T] for delta,
+[B, HV, T, 2K] = [a | b] for dplr (``generalized_delta_rule`` makes it with one cat),
+[B, HV, T, K] (the read key r) for oblique, None for additive; dbeta
 comes back in its shape (the op splits it into da, db).
 
 The fused C++ loop serves the rules of ``NATIVE_RULES``; the others run the PyTorch loop on

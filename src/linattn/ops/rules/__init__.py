@@ -22,6 +22,7 @@ does.
 | additive | v_t                       | V                                                   |
 | delta    | beta_t (v_t - S^T k_t)    | (I + L)^{-1} diag(beta) (V - Kd S) = U0 - W S       |
 | dplr     | v_t, and a_t along b_t^T S_{t-1} | [V; U_b], (I - A_ba) U_b = A_bk V + Bd S     |
+| oblique  | v_t - S^T r_t (read key r)| (I + L_rk)^{-1} (V - Rd S) = U0 - W S               |
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from linattn.ops.rules import additive, delta, dplr
+from linattn.ops.rules import additive, delta, dplr, oblique
 from linattn.ops.rules.base import Input, PseudoValueTerms, Rule, read
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "delta",
     "dplr",
     "named",
+    "oblique",
     "names",
     "read",
     "register",
@@ -65,7 +67,7 @@ BUILT_IN = tuple(_RULES)
 
 
 def named(name: str) -> Rule:
-    """The rule registered under ``name`` ("additive", "delta", "dplr" or a user's)."""
+    """The rule registered under ``name`` ("additive", "delta", "dplr", "oblique" or a user's)."""
     try:
         return _RULES[name]
     except (KeyError, TypeError):
