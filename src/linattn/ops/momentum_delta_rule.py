@@ -119,14 +119,17 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     aC, cC, mC = (x[..., C, 0, None, None] for x in (a, cross, m))  # [n, B H, 1, 1]
     S, M = S.flatten(0, 1), M.flatten(0, 1)  # [B H, K, V]
     Ss, Ms, errors = [], [], []
-    for j in range(n):
+    # each chunk's terms as views of one unbind (its gradient is one stack; an index per chunk
+    # would make a zero tensor of the whole for each chunk's gradient)
+    per_chunk = zip(*(x.unbind(0) for x in (U0, Ps, Pm, into_S, into_M, aC, cC, mC)), strict=True)
+    for U0_j, Ps_j, Pm_j, into_S_j, into_M_j, aC_j, cC_j, mC_j in per_chunk:
         Ss.append(S)
         Ms.append(M)
-        W = torch.baddbmm(U0[j], Ps[j], S, alpha=-1).baddbmm_(Pm[j], M, alpha=-1)
+        W = torch.baddbmm(U0_j, Ps_j, S, alpha=-1).baddbmm_(Pm_j, M, alpha=-1)
         errors.append(W)
         S, M = (
-            torch.baddbmm(torch.addcmul(aC[j] * S, cC[j], M), into_S[j], W),
-            torch.baddbmm(mC[j] * M, into_M[j], W, alpha=-1),
+            torch.baddbmm(torch.addcmul(aC_j * S, cC_j, M), into_S_j, W),
+            torch.baddbmm(mC_j * M, into_M_j, W, alpha=-1),
         )
     S_all, M_all, W_all = (torch.stack(x) for x in (Ss, Ms, errors))  # [n, B H, ., V]
     scores = (g[..., now, 1:] * (q @ ekT)).tril()
