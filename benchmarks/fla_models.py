@@ -17,6 +17,14 @@ Under ``linattn.integrations.fla.enable()``, float32, on the CPU, four checks in
 - ``decode``: the prefill of the first 7 tokens with the cache, then the other 5 one at a time,
   whose logits equal the full forward's within 1e-4 (max |difference| / max |logits|).
 
+Two kinds of family depart from this, each named with fla's reason in a dict below and in the
+printed notes: ``MASKED_DECODING`` (fla's layer decodes only with an attention mask: generate
+from a left-padded batch, decode with the mask) and ``NO_CACHE`` (fla's model has no KV cache:
+``generate`` with ``use_cache=False``, as fla's model only allows, and in place of ``decode``
+the ``prefix`` check: the last logits of the forward of each prefix of 7 to 12 tokens equal
+the full forward's at that position within 1e-4, which is what generating without a cache
+relies on; such a row reads "runs without a KV cache").
+
 A family runs when all four pass; the first check that fails is recorded with the exception's
 type, the first line of its message and the deepest frame of fla or linattn in its traceback
 (``decode`` out of tolerance: an AssertionError with the error). Prints a table; ``--out``
@@ -82,6 +90,8 @@ OVERRIDES: dict[str, dict] = {
         "block_residual_in_fp32": True,
     },
     "yoco": {"window_size": 8},
+    # chunks of 4 and buckets of 8 (fla's own CAT tests): the 12 tokens span several chunks
+    "cat": {"max_chunk_size": 4, "pad_to_multiple_of": 8},
 }
 
 
@@ -104,6 +114,16 @@ MASKED_DECODING: dict[str, str] = {
     "one it takes the training path, which refuses use_cache, fla/layers/path_attn.py)",
 }
 PADDED = 2  # left padding of the second row in a masked family's generate
+
+# family -> why it generates without a KV cache (fla's model has none).
+NO_CACHE: dict[str, str] = {
+    "cat": "fla's CAT model has no KV cache (it sets use_cache=False and returns no "
+    "past_key_values, fla/models/cat/modeling_cat.py)",
+    "deltaformer": "fla's DeltaFormerAttention refuses past_key_values (fla/layers/deltaformer.py;"
+    " linattn's own layer, linattn.layers.DeltaFormer, caches k and u, but fla's does not)",
+    "stickbreaking_attn": "fla's model refuses a KV cache ('Use use_cache=False', "
+    "fla/models/stickbreaking_attn/modeling_stickbreaking_attn.py)",
+}
 
 
 def families() -> dict[str, tuple[type, type]]:
@@ -179,13 +199,14 @@ def check_backward(model, out):
             raise AssertionError(f"non-finite gradient of {name}")
 
 
-def check_generate(model, ids, masked: bool = False):
+def check_generate(model, ids, masked: bool = False, use_cache: bool = True):
     model.eval()
     mask = torch.ones_like(ids)
     if masked:
         mask[1, :PADDED] = 0
     with torch.no_grad():
-        got = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
+                             use_cache=use_cache)  # fmt: skip
     if got.shape != (ids.shape[0], ids.shape[1] + 4):
         raise AssertionError(f"generate returned shape {tuple(got.shape)}")
 
@@ -212,6 +233,19 @@ def decode_error(model, ids, prefill: int = 7, masked: bool = False) -> float:
     return ((got - full).abs().max() / full.abs().max()).item()
 
 
+@torch.no_grad()
+def prefix_error(model, ids, prefill: int = 7) -> float:
+    """max |last logits of the forward of ids[:, :t] - full forward logits at t - 1| / max |full
+    logits|, t = prefill .. T (no cache)."""
+    model.eval()
+    full = model(input_ids=ids, use_cache=False).logits
+    worst = 0.0
+    for t in range(prefill, ids.shape[1] + 1):
+        last = model(input_ids=ids[:, :t], use_cache=False).logits[:, -1]
+        worst = max(worst, (last - full[:, t - 1]).abs().max().item())
+    return worst / full.abs().max().item()
+
+
 def census(model_type: str) -> dict:
     """One family's row: 'runs', or the failed check with the exception's type, message and
     deepest fla / linattn frame."""
@@ -227,13 +261,22 @@ def census(model_type: str) -> dict:
         step = "backward"
         check_backward(model, out)
         step = "generate"
-        masked = model_type in MASKED_DECODING
-        check_generate(model, ids[:, :6], masked)
-        step = "decode"
-        error = decode_error(model, ids, masked=masked)
-        row["decode_error"] = error
-        if not error <= TOL:
-            raise AssertionError(f"prefill + decode logits differ from the forward's: {error:.2e}")
+        masked, cached = model_type in MASKED_DECODING, model_type not in NO_CACHE
+        check_generate(model, ids[:, :6], masked, use_cache=cached)
+        if cached:
+            step = "decode"
+            error = decode_error(model, ids, masked=masked)
+            row["decode_error"] = error
+            if not error <= TOL:
+                raise AssertionError(
+                    f"prefill + decode logits differ from the forward's: {error:.2e}"
+                )
+        else:
+            step = "prefix"
+            error = prefix_error(model, ids)
+            row["prefix_error"] = error
+            if not error <= TOL:
+                raise AssertionError(f"prefix logits differ from the forward's: {error:.2e}")
         row["status"] = "runs"
     except Exception as error:  # noqa: BLE001 (the census records every failure)
         message = str(error).strip().splitlines()
@@ -252,7 +295,10 @@ def table(rows: list[dict]) -> str:
     lines = ["| family | result | step | exception | message | deepest fla / linattn frame |"]
     lines.append("|---|---|---|---|---|---|")
     for r in rows:
-        if r["status"] == "runs":
+        if r["status"] == "runs" and "prefix_error" in r:
+            result = f"runs without a KV cache (prefix {r['prefix_error']:.1e})"
+            lines.append(f"| {r['family']} | {result} | | | | |")
+        elif r["status"] == "runs":
             lines.append(f"| {r['family']} | runs (decode {r['decode_error']:.1e}) | | | | |")
         else:
             msg = r["message"].replace("|", "\\|")
@@ -260,7 +306,11 @@ def table(rows: list[dict]) -> str:
                 f"| {r['family']} | fails | {r['step']} | {r['error']} | {msg} | {r['frame']} |"
             )
     runs = sum(r["status"] == "runs" for r in rows)
-    lines.append(f"\n{runs} of {len(rows)} families run.")
+    uncached = sum(r["status"] == "runs" and "prefix_error" in r for r in rows)
+    summary = f"\n{runs} of {len(rows)} families run."
+    if uncached:
+        summary += f" {uncached} of them without a KV cache, which fla's model lacks."
+    lines.append(summary)
     for r in rows:
         if r["status"] == "fails" and r["family"] in NOTES:
             lines.append(f"- {r['family']}: {NOTES[r['family']]}")
@@ -269,6 +319,8 @@ def table(rows: list[dict]) -> str:
                 f"- {r['family']}: generates from a left-padded batch and decodes with the "
                 f"attention mask: {MASKED_DECODING[r['family']]}"
             )
+        if r["family"] in NO_CACHE:
+            lines.append(f"- {r['family']}: generates without a KV cache: {NO_CACHE[r['family']]}")
     return "\n".join(lines)
 
 
