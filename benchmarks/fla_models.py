@@ -100,6 +100,16 @@ OVERRIDES: dict[str, dict] = {
 NOTES: dict[str, str] = {
     "mom": "fla's own kernels (under TRITON_INTERPRET=1) give the same prefill + decode error "
     "on this configuration: fla's MoM decoding differs from its forward, not linattn's ops",
+    "abc": "fla's own kernels (under TRITON_INTERPRET=1) give the same prefill + decode error "
+    "(5.99e-02): fla's chunk_abc carries the two memories but not the slots' softmax normaliser "
+    "from one call to the next, so continuing from a state differs from one call (its kernel: "
+    "19x relative on 7 + 5 tokens); fla's own tests list ABC as not supporting generation",
+    "mesa_net": "fla's own kernels (under TRITON_INTERPRET=1) give a prefill + decode error of "
+    "2.09e-03 on this configuration: fla's chunk solve starts its 30 conjugate-gradient steps "
+    "from 0, its decoding step from Jacobi's guess, both with 1e-5 added to the denominators, "
+    "so the two truncated solves differ (linattn follows both; 200 steps still leave 7.4e-04)",
+    "mamba3": "fla's Mamba3 layer refuses every device but CUDA, and its kernels are "
+    "mamba_ssm's (Triton / TileLang / CuTe, not installed here): fla has no PyTorch path",
 }
 
 # family -> why its decoding gets an attention mask: fla's layer decodes only with one, and
