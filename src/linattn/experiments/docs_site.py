@@ -277,7 +277,9 @@ def fla_models_table(rows: Sequence[dict] | None) -> str:
         elif r.get("status") == "runs":
             lines.append(f"| `{r['family']}` | runs (decode {r['decode_error']:.1e}) | |")
         else:
-            where = f"{r.get('step', '')}: {r.get('error', '')}, `{r.get('frame', '')}`"
+            # a check out of tolerance has no frame: its message gives the error
+            detail = f"`{r['frame']}`" if r.get("frame") else r.get("message", "")
+            where = f"{r.get('step', '')}: {r.get('error', '')}, {detail}"
             lines.append(f"| `{r['family']}` | fails | {where} |")
     return "\n".join(lines)
 
