@@ -45,8 +45,6 @@ FLA_NO_BACKWARD = frozenset(
         "fused_recurrent_gated_oja_rule", "fused_recurrent_cyfa",
     }
 )  # fmt: skip
-# Its entry points whose backward refuses packed sequences ("bwd of varlen is not implemented").
-FLA_NO_PACKED_BACKWARD = frozenset({"chunk_ttt_linear", "fused_chunk_ttt_linear"})
 # Its entry points that take grouped value heads (HV = G * H: "GVA"), each run so under the
 # interpreter (tests/compat); the others need HV = H (fla's chunk GLA refuses the shapes, its
 # chunk DPLR kernel aborts on them). Grouped query heads (GQA: fewer key/value heads than query
@@ -109,6 +107,15 @@ def _abc(kwargs: dict) -> str | None:
     return None
 
 
+def _cyfa_slots(kwargs: dict) -> str | None:
+    M = kwargs["readout"].shape[-1] + 1
+    if M & (M - 1):
+        return (
+            f"its chunk kernel needs a power of two of slots (readout [H, M - 1, M - 1], M = {M})"
+        )
+    return None
+
+
 def _query_groups(kwargs: dict) -> str | None:
     HQ, H = kwargs["q"].shape[2], kwargs["k"].shape[2]
     least = FLA_QUERY_GROUPS["parallel_nsa"]
@@ -118,6 +125,20 @@ def _query_groups(kwargs: dict) -> str | None:
     return None
 
 
+def _ttt_backward(kwargs: dict) -> str | None:
+    if kwargs["cu_seqlens"] is not None:
+        return "its backward refuses packed sequences (cu_seqlens)"
+    T, size = kwargs["q"].shape[1], kwargs["chunk_size"]
+    if kwargs["output_final_state"] and T % size:
+        # its last, partial mini-batch is padded with zero tokens whose gradients enter the
+        # final bias state, and its backward does not differentiate that term as written
+        return (f"its backward through the final bias state is not its forward's derivative "
+                f"when the last mini-batch is partial (T = {T}, chunk_size = {size})")  # fmt: skip
+    return None
+
+
+# Its limits on a call that records gradients: fla's arguments -> why not, or None.
+FLA_BACKWARD_LIMITS = {"chunk_ttt_linear": _ttt_backward, "fused_chunk_ttt_linear": _ttt_backward}
 # Its shape and option limits (asserts in its kernels): fla's arguments -> why not, or None.
 FLA_LIMITS = {
     "parallel_path_attn": _head_sizes((16, 32, 64, 128)),
@@ -129,6 +150,7 @@ FLA_LIMITS = {
     "parallel_wall_attn": _head_sizes((), top=256),
     "chunk_log_linear_attn": _log_linear,
     "chunk_abc": _abc,
+    "chunk_cyfa": _cyfa_slots,
     "parallel_nsa": _query_groups,
 }
 # The registered mechanisms fla has whose op does not consult the backend choice, and why
@@ -421,14 +443,12 @@ def refusal(route: Route, q: Tensor, given: dict[str, object]) -> dict[str, obje
     )
     if grads and name in FLA_NO_BACKWARD:
         return f"{name} has no backward"
-    if grads and name in FLA_NO_PACKED_BACKWARD and given.get("cu_seqlens") is not None:
-        return f"{name} has no backward for packed sequences (cu_seqlens)"
     if name in FLA_OTHER_STATE and (
         given.get("initial_state") is not None or given.get("output_final_state")
     ):
         return f"{name} cannot take or give the op's state: {FLA_OTHER_STATE[name]}"
-    limit = FLA_LIMITS.get(name)
-    why = None if limit is None else limit(kwargs)
+    limits = [FLA_LIMITS.get(name), FLA_BACKWARD_LIMITS.get(name) if grads else None]
+    why = next(filter(None, (limit(kwargs) for limit in limits if limit is not None)), None)
     return kwargs if why is None else f"{name}: {why}"
 
 

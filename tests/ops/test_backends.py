@@ -16,6 +16,7 @@ import torch
 
 from linattn import compat, dispatch, ops, registry
 from linattn.ops import _native, backends
+from linattn.registry.cases import cyfa_case
 
 given = dispatch.arguments  # the op's arguments by name for a registry case's inputs
 call = dispatch.call  # the op called with them
@@ -31,6 +32,7 @@ def asymmetric(x):
 
 ROUTES = [(name, route) for name, found in dispatch.table().items() for route in found]
 SHAPES = ((8, 4), (16, 16), (64, 16))  # (K, V): the first a route's kernel takes is used
+CASES = {"cyfa": cyfa_case(num_slots=8)}  # fla's chunk kernel: a power of two of slots
 
 
 def _query_groups(x, groups):
@@ -49,7 +51,8 @@ def _taken(entry, route):
     groups = dispatch.FLA_QUERY_GROUPS.get(route.fla_name, 1)
     query = next(iter(inspect.signature(entry.op).parameters))
     for K, V in SHAPES:
-        x = _query_groups(asymmetric(entry.case.inputs(1, 12, 2 * groups, K, V, 3)), groups)
+        case = CASES.get(entry.name, entry.case)
+        x = _query_groups(asymmetric(case.inputs(1, 12, 2 * groups, K, V, 3)), groups)
         arguments = given(entry, x)
         fla_kwargs = dispatch.refusal(route, arguments[query], arguments)
         if isinstance(fla_kwargs, str) and "state" in fla_kwargs:
@@ -368,18 +371,22 @@ def test_fla_refuses_what_its_kernels_of_the_families_do_not_take(monkeypatch):
         _fla_call(monkeypatch, "path", x)
 
 
-def test_ttt_records_gradients_on_flas_kernel_except_for_packed_sequences(monkeypatch):
+def test_ttt_records_gradients_on_flas_kernel_where_its_backward_is_right(monkeypatch):
     entry = registry.get("ttt_linear")
-    x = {n: t.float().requires_grad_() for n, t in entry.case.inputs(1, 10, 2, 8, 8, 1).items()}
+    x = {n: t.float().requires_grad_() for n, t in entry.case.inputs(1, 12, 2, 8, 8, 1).items()}
     calls = []
-    _fla_call(monkeypatch, "ttt_linear", x, calls)
+    _fla_call(monkeypatch, "ttt_linear", x, calls, mini_batch_size=4)
     assert calls == ["chunk_ttt_linear"]
-    x["S0_W"], x["S0_h"] = (t.detach().repeat(2, 1, 1, 1) for t in (x["S0_W"], x["S0_h"]))
-    with pytest.raises(ValueError, match="no backward for packed sequences"):
-        _fla_call(monkeypatch, "ttt_linear", x, cu_seqlens=torch.tensor([0, 4, 10]))
-    with torch.no_grad():
-        _fla_call(monkeypatch, "ttt_linear", x, calls, cu_seqlens=torch.tensor([0, 4, 10]))
+    with pytest.raises(ValueError, match="last mini-batch is partial"):  # 12 tokens, 16 a batch
+        _fla_call(monkeypatch, "ttt_linear", x)
+    _fla_call(monkeypatch, "ttt_linear", x, calls, output_final_state=False)
     assert calls == ["chunk_ttt_linear"] * 2
+    x["S0_W"], x["S0_h"] = (t.detach().repeat(2, 1, 1, 1) for t in (x["S0_W"], x["S0_h"]))
+    with pytest.raises(ValueError, match="backward refuses packed sequences"):
+        _fla_call(monkeypatch, "ttt_linear", x, cu_seqlens=torch.tensor([0, 4, 12]))
+    with torch.no_grad():
+        _fla_call(monkeypatch, "ttt_linear", x, calls, cu_seqlens=torch.tensor([0, 4, 12]))
+    assert calls == ["chunk_ttt_linear"] * 3
 
 
 def test_a_kernel_that_needs_flash_attn_waits_for_it(monkeypatch):
