@@ -82,7 +82,6 @@ OPTIONS = {  # the case's own: NSA's sliding window, TTT's mini-batch (dividing 
 }
 CASES = {"cyfa": cyfa_case(num_slots=8)}  # fla's chunk kernel: a power of two of slots
 CASE_NAMES = {"gs": "g_scalar"}  # a case's input -> the op's argument (Wall's scalar gate)
-SLOW = {"stickbreaking", "nsa"}  # about 20 s and more each under the interpreter
 
 
 @pytest.fixture(autouse=True)
@@ -170,9 +169,7 @@ def _check(name, monkeypatch):
     assert got[0].dtype == dtype  # o in the op's dtype, as linattn's own path returns it
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(EXPECTED)]
-)  # about 1-5 s each: all but SLOW in the default run
+@pytest.mark.parametrize("name", sorted(EXPECTED))  # about 1-12 s each: all in the default run
 def test_dispatched_to_fla_agrees_with_float64(name, monkeypatch):
     _check(name, monkeypatch)
 
