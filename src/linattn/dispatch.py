@@ -198,6 +198,8 @@ class Route:
     takes: frozenset[str] = field(compare=False)  # every argument fla's function takes
     parts: dict[str, tuple[str, ...]] = field(compare=False, default_factory=dict)
     result: Callable | None = field(compare=False, default=None)  # compat's OpCall.result
+    # fla's arguments passed in float32 when given in half precision: its states, FLA_FLOAT32's
+    in_float32: tuple[str, ...] = field(compare=False, default=("initial_state",))
 
     def arguments(self, given: dict[str, object]) -> dict[str, object] | str:
         """fla's keyword arguments for the op's ``given`` ones, or why fla cannot take them."""
@@ -219,8 +221,7 @@ class Route:
         if out.get("normalize", False) is not False:
             # fla keeps the normaliser as a state of its own; linattn's is a column of S.
             return f"fla's {self.fla_name} keeps another normaliser state (normalize=True)"
-        # fla's kernels keep states in float32, and take FLA_FLOAT32's arguments so
-        for name in ("initial_state", *FLA_FLOAT32.get(self.fla_name, ())):
+        for name in self.in_float32:
             x = out.get(name)
             if isinstance(x, Tensor) and x.dtype in (torch.float16, torch.bfloat16):
                 out[name] = x.float()
@@ -291,7 +292,10 @@ def _make_route(entry, fla_name: str, op: Callable) -> Route:
             names[name] = found
     defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
     result = op_call.result if op_call else None
-    return Route(entry.name, fla_name, tuple(params), names, defaults, takes, parts, result)
+    in_float32 = ("initial_state", *FLA_FLOAT32.get(fla_name, ()))
+    return Route(
+        entry.name, fla_name, tuple(params), names, defaults, takes, parts, result, in_float32
+    )
 
 
 def _candidates(entry) -> tuple[Route, ...]:
@@ -431,25 +435,42 @@ def refusal(route: Route, q: Tensor, given: dict[str, object]) -> dict[str, obje
     """fla's keyword arguments for the op's call ``given`` (q its query) on ``route``, or why
     fla's kernel cannot take it by the facts above (whether fla and flash-attn import aside)."""
     name = route.fla_name
-    if q.dtype == torch.float32 and name in FLA_REFUSES_FLOAT32:
+    if name in FLA_REFUSES_FLOAT32 and q.dtype == torch.float32:
         return f"{name} refuses float32"
-    if given["v"].shape[2] > q.shape[2] and name not in FLA_GROUPED:  # grouped value heads
+    if name not in FLA_GROUPED and given["v"].shape[2] > q.shape[2]:  # grouped value heads
         return f"{name} needs as many value heads as query heads"
     kwargs = route.arguments(given)
     if isinstance(kwargs, str):
         return kwargs
-    grads = torch.is_grad_enabled() and any(
-        isinstance(t, Tensor) and t.requires_grad for t in _flat(given.values())
-    )
+    backward = FLA_BACKWARD_LIMITS.get(name)
+    grads = (name in FLA_NO_BACKWARD or backward is not None) and _records_grad(given)
     if grads and name in FLA_NO_BACKWARD:
         return f"{name} has no backward"
     if name in FLA_OTHER_STATE and (
         given.get("initial_state") is not None or given.get("output_final_state")
     ):
         return f"{name} cannot take or give the op's state: {FLA_OTHER_STATE[name]}"
-    limits = [FLA_LIMITS.get(name), FLA_BACKWARD_LIMITS.get(name) if grads else None]
-    why = next(filter(None, (limit(kwargs) for limit in limits if limit is not None)), None)
+    limit = FLA_LIMITS.get(name)
+    why = None if limit is None else limit(kwargs)
+    if why is None and grads:
+        why = backward(kwargs)
     return kwargs if why is None else f"{name}: {why}"
+
+
+def _records_grad(given: dict[str, object]) -> bool:
+    """Whether the call records gradients: grad mode on, and an argument (or a part of a
+    state) that requires them. Asked only where fla's route has a fact about backwards."""
+    return torch.is_grad_enabled() and _requires_grad(given.values())
+
+
+def _requires_grad(values) -> bool:
+    for value in values:
+        if isinstance(value, Tensor):
+            if value.requires_grad:
+                return True
+        elif isinstance(value, (tuple, list)) and _requires_grad(value):
+            return True
+    return False
 
 
 def resolve(op_name: str, q: Tensor, g: Tensor | None, given: dict[str, object]):
