@@ -5,9 +5,16 @@ Not written by hand: the registry names each mechanism's op, gate and fla entry 
 entry point, a function with fla's signature that maps it onto linattn's op. Inverting that: the
 op's name and the gate of its call pick the registry entry, the entry's fla names give the
 kernel (chunk entry points first), and the op's arguments are passed under the names compat's
-function (hence fla's) takes them. ``tests/ops/test_backends.py`` checks that every route, run
+function (hence fla's) takes them; where the names alone do not say it (an argument named
+otherwise, a state of parts, another return), compat's function says it (its ``op_call``,
+``linattn.compat._core.OpCall``). ``tests/ops/test_backends.py`` checks that every route, run
 through ``linattn.compat`` instead of fla, gives the op's own result, so a route cannot drift
 from compat; ``tests/compat/test_dispatch_vs_fla.py`` runs each through fla's kernels.
+
+What fla's kernels cannot take, which their signatures do not say, is written below as facts
+about its entry points (``FLA_*``): a call a fact refuses takes another route or stays on
+linattn, with the fact's reason. The registered mechanisms fla has whose ops are not routed are
+in ``UNROUTED``, each with its reason.
 
 ``linattn.ops.backends`` reaches this module by name on the first call it may send to fla
 (the way the registry names its ops): it reads the registry and compat, which import the ops.
