@@ -151,3 +151,75 @@ _patch_interpreter()
 def relative(got, want) -> float:
     """||got - want|| / ||want||: how fla's runs are compared (float32 at 1e-5)."""
     return ((got - want).norm() / want.norm()).item()
+
+
+# What some of fla's kernels need besides, for the tests (and the GPU benchmark's smoke run) that
+# run them: each binds names with ``monkeypatch`` in a test (so that the binding ends with it),
+# or for the whole process without one.
+
+
+def _binder(monkeypatch):
+    if monkeypatch is None:
+        return setattr
+    return partial(monkeypatch.setattr, raising=False)
+
+
+def cyfa_on_cpu(monkeypatch=None) -> None:
+    """fla's CyFA kernels refuse CPU tensors (``require_cuda``) and call
+    ``libdevice.fast_cosf`` / ``fast_sinf``, which the interpreter lacks: the first lifted, the
+    second bound to ``tl.cos`` / ``tl.sin`` (the interpreter's numpy cosine)."""
+    import types
+    from importlib import import_module
+
+    set_attribute = _binder(monkeypatch)
+    utils = import_module("fla.ops.cyfa.utils")
+    validate = utils.validate_cyfa_inputs
+
+    def on_any_device(*args, require_cuda=False, **kwargs):
+        return validate(*args, **kwargs)
+
+    for name in ("fla.ops.cyfa.chunk", "fla.ops.cyfa.fused_recurrent"):
+        set_attribute(import_module(name), "validate_cyfa_inputs", on_any_device)
+    cos, sin = (partial(_with_semantic, f) for f in (tl.cos, tl.sin))
+    set_attribute(utils, "libdevice", types.SimpleNamespace(fast_cosf=cos, fast_sinf=sin))
+
+
+def boolean_masks(monkeypatch=None) -> None:
+    """triton 3.9's interpreter refuses a load/store mask of int32, which fla's kernels make
+    where they and a mask with a constexpr comparison (log-linear attention's
+    ``m_t[:, None] & (7 < L)``); compiled triton reads it as a boolean, and so does this."""
+    import numpy as np
+
+    set_attribute = _binder(monkeypatch)
+    builder = interpreter.InterpreterBuilder
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def boolean(mask):
+        if mask.data.dtype == np.bool_:
+            return mask
+        return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
+
+    set_attribute(builder, "create_masked_load",
+                  lambda self, p, m, o, c, v: load(self, p, boolean(m), o, c, v))  # fmt: skip
+    set_attribute(builder, "create_masked_store",
+                  lambda self, p, x, m, c: store(self, p, x, boolean(m), c))  # fmt: skip
+
+
+FLASH_ATTN_MODULES = (  # fla's modules that read o (or a window) with flash-attn
+    "fla.ops.deltaformer.parallel", "fla.ops.nsa.parallel", "fla.ops.nsa.naive",
+)  # fmt: skip
+
+
+def flash_attn_on_cpu(monkeypatch=None) -> None:
+    """fla's DeltaFormer reads o, and NSA its sliding window, with flash-attn (CUDA only; absent
+    here): linattn's CPU flash attention stands in (tests/integrations/test_fla_attention.py
+    pins it to torch's SDPA)."""
+    from importlib import import_module
+
+    from linattn.integrations import _fla_attention
+
+    set_attribute = _binder(monkeypatch)
+    for name in FLASH_ATTN_MODULES:
+        module = import_module(name)
+        set_attribute(module, "flash_attn_func", _fla_attention.flash_attn_func)
+        set_attribute(module, "flash_attn_varlen_func", _fla_attention.flash_attn_varlen_func)

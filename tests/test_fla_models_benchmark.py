@@ -1,5 +1,6 @@
 """``benchmarks/fla_models.py`` (issue 51): the census of fla's model families under ``enable()``
-runs on two families and records a failure with its type, message and deepest frame."""
+runs on two families and records a failure with its type, message and deepest frame; a family
+that decodes with an attention mask and one without a KV cache."""
 
 import importlib.util
 import json
@@ -49,7 +50,7 @@ def test_the_census_finds_every_config_class_and_records_a_failure(monkeypatch):
     }
     assert set(census.families()) == configs and len(configs) >= 40
 
-    def broken(model, ids):
+    def broken(model, ids, *args, **kwargs):
         from linattn.integrations.fla import causal_conv1d
 
         causal_conv1d(ids.float(), None, cp_context=object())  # raises NotImplementedError
@@ -66,3 +67,20 @@ def test_the_census_finds_every_config_class_and_records_a_failure(monkeypatch):
     assert row["error"] == "NotImplementedError" and "cp_context" in row["message"]
     assert row["frame"].startswith("linattn/integrations/fla.py:")
     assert row["frame"].endswith("in causal_conv1d")
+
+
+def test_the_census_decodes_a_masked_family_and_checks_prefixes_without_a_cache(capsys):
+    """FoX decodes only with an attention mask (a left-padded generate, the masked decode);
+    stick-breaking attention has no KV cache (generate without one, the prefix check)."""
+    census = load()
+    assert "forgetting_transformer" in census.MASKED_DECODING
+    assert "stickbreaking_attn" in census.NO_CACHE
+    rows = census.main(["--families", "forgetting_transformer,stickbreaking_attn"])
+    fox, sb = rows
+    assert fox["status"] == "runs" and 0 <= fox["decode_error"] <= census.TOL, fox
+    assert sb["status"] == "runs" and "decode_error" not in sb, sb
+    assert 0 <= sb["prefix_error"] <= census.TOL
+    printed = capsys.readouterr().out
+    assert "| stickbreaking_attn | runs without a KV cache (prefix" in printed
+    assert "2 of 2 families run. 1 of them without a KV cache" in printed
+    assert "- forgetting_transformer: generates from a left-padded batch" in printed

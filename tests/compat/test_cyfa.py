@@ -11,9 +11,6 @@ fla's CyFA kernels refuse CPU tensors (``require_cuda``) and call ``libdevice.fa
 
 from __future__ import annotations
 
-import types
-from functools import partial
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,7 +21,6 @@ recurrent_module = pytest.importorskip("fla.ops.cyfa.fused_recurrent")
 utils_module = pytest.importorskip("fla.ops.cyfa.utils")
 naive_module = pytest.importorskip("fla.ops.cyfa.naive")
 
-import triton.language as tl  # noqa: E402
 
 from linattn import compat  # noqa: E402
 
@@ -69,18 +65,7 @@ def assert_near(ours, theirs, tol):
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
     """fla's CyFA kernels under the interpreter: no CUDA requirement, and a cosine it has."""
-    validate = utils_module.validate_cyfa_inputs
-
-    def on_any_device(*args, require_cuda=False, **kwargs):
-        return validate(*args, **kwargs)
-
-    for module in (chunk_module, recurrent_module):
-        monkeypatch.setattr(module, "validate_cyfa_inputs", on_any_device)
-    cos = partial(fla_interpreter._with_semantic, tl.cos)
-    sin = partial(fla_interpreter._with_semantic, tl.sin)
-    monkeypatch.setattr(
-        utils_module, "libdevice", types.SimpleNamespace(fast_cosf=cos, fast_sinf=sin)
-    )
+    fla_interpreter.cyfa_on_cpu(monkeypatch)
 
 
 CASES = {

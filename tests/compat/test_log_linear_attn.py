@@ -5,11 +5,10 @@ not a multiple of its chunk of 64, packed sequences with a length-1 piece, its f
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("tests.fla_interpreter")
+fla_interpreter = pytest.importorskip("tests.fla_interpreter")
 fla_chunk = pytest.importorskip("fla.ops.log_linear_attn.chunk")
 naive = pytest.importorskip("fla.ops.log_linear_attn.naive")
 
@@ -21,22 +20,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserW
 
 @pytest.fixture(autouse=True)
 def boolean_masks(monkeypatch):
-    """triton 3.9's interpreter refuses a load/store mask of int32, which fla's kernel makes
-    where it ands a mask with a constexpr comparison (``m_t[:, None] & (7 < L)``); compiled
-    triton reads it as a boolean, and so does this."""
-    interp = pytest.importorskip("triton.runtime.interpreter")
-    builder = interp.InterpreterBuilder
-    load, store = builder.create_masked_load, builder.create_masked_store
-
-    def boolean(mask):
-        if mask.data.dtype == np.bool_:
-            return mask
-        return interp.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
-
-    monkeypatch.setattr(builder, "create_masked_load",
-                        lambda self, p, m, o, c, v: load(self, p, boolean(m), o, c, v))  # fmt: skip
-    monkeypatch.setattr(builder, "create_masked_store",
-                        lambda self, p, x, m, c: store(self, p, x, boolean(m), c))  # fmt: skip
+    """fla's kernel ands a mask with a constexpr comparison (``m_t[:, None] & (7 < L)``): an
+    int32 mask, which triton 3.9's interpreter refuses and compiled triton reads as a boolean
+    (tests/fla_interpreter.py)."""
+    fla_interpreter.boolean_masks(monkeypatch)
 
 
 def draws(B=1, T=70, G=1, H=2, K=64, V=8, L=9, dtype=torch.float32, seed=0):

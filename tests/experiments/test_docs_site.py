@@ -297,6 +297,16 @@ def test_the_fla_model_census_is_a_table_of_every_family():
     ]  # fmt: skip
     table = docs_site.fla_models_table(rows)
     assert table.startswith("1 of fla 0.6.0's 2 model families run")
+    assert "`enable()`.\n" in table  # no family without a cache: no word about one
     assert "| `gla` | runs (decode 3.5e-07) | |" in table
     assert "| `cat` | fails | backward: NotImplementedError, `fla/models/cat/" in table
+    rows.append({"family": "deltaformer", "status": "runs", "prefix_error": 1.8e-7})
+    rows.append({"family": "abc", "status": "fails", "step": "decode", "error": "AssertionError",
+                 "message": "prefill + decode logits differ from the forward's: 5.99e-02",
+                 "frame": ""})  # fmt: skip
+    table = docs_site.fla_models_table(rows)
+    assert table.startswith("2 of fla 0.6.0's 4 model families run")
+    assert "; 1 of them without a KV cache, which fla's model lacks" in table
+    assert "| `deltaformer` | runs without a KV cache (prefix 1.8e-07) | |" in table
+    assert "| `abc` | fails | decode: AssertionError, prefill + decode logits differ" in table
     assert "No census is committed" in docs_site.fla_models_table(None)

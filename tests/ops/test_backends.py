@@ -8,6 +8,7 @@ kernels on these routes: tests/compat/test_dispatch_vs_fla.py.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from linattn import compat, dispatch, ops, registry
 from linattn.ops import _native, backends
+from linattn.registry.cases import cyfa_case
 
 given = dispatch.arguments  # the op's arguments by name for a registry case's inputs
 call = dispatch.call  # the op called with them
@@ -29,6 +31,36 @@ def asymmetric(x):
 
 
 ROUTES = [(name, route) for name, found in dispatch.table().items() for route in found]
+SHAPES = ((8, 4), (16, 16), (64, 16))  # (K, V): the first a route's kernel takes is used
+CASES = {"cyfa": cyfa_case(num_slots=8)}  # fla's chunk kernel: a power of two of slots
+
+
+def _query_groups(x, groups):
+    """The case's inputs with ``groups`` query heads per key head: k and v keep the first
+    H / groups heads (fla's grouped-query layout), the rest keep them all."""
+    if groups == 1:
+        return x
+    H = x["q"].shape[2] // groups
+    return {n: t[:, :, :H] if n in ("k", "v") else t for n, t in x.items()}
+
+
+def _taken(entry, route):
+    """The op's arguments for a call of the case that ``route`` takes (``dispatch.refusal``):
+    the first of ``SHAPES`` its kernel takes, with fla's query groups, and without states where
+    fla's are not the op's; and fla's keyword arguments for it."""
+    groups = dispatch.FLA_QUERY_GROUPS.get(route.fla_name, 1)
+    query = next(iter(inspect.signature(entry.op).parameters))
+    for K, V in SHAPES:
+        case = CASES.get(entry.name, entry.case)
+        x = _query_groups(asymmetric(case.inputs(1, 12, 2 * groups, K, V, 3)), groups)
+        arguments = given(entry, x)
+        fla_kwargs = dispatch.refusal(route, arguments[query], arguments)
+        if isinstance(fla_kwargs, str) and "state" in fla_kwargs:
+            arguments = given(entry, x, initial_state=None, output_final_state=False)
+            fla_kwargs = dispatch.refusal(route, arguments[query], arguments)
+        if not (isinstance(fla_kwargs, str) and fla_kwargs.startswith(f"{route.fla_name}: ")):
+            return arguments, fla_kwargs  # taken, or refused for more than its shape
+    return arguments, fla_kwargs
 
 
 def test_the_table_covers_every_registered_mechanism_fla_has_and_lists_the_gaps():
@@ -49,24 +81,53 @@ def test_the_table_covers_every_registered_mechanism_fla_has_and_lists_the_gaps(
         assert {r.fla_name for r in found} <= set(registry.get(name).fla_names)
 
 
+def test_every_unrouted_mechanism_says_why():
+    """A mechanism fla has stays on linattn's code only with its reason written down."""
+    assert set(dispatch.unrouted()) == set(dispatch.UNROUTED)
+    assert all(len(why) > 40 for why in dispatch.UNROUTED.values())
+    assert not set(dispatch.UNROUTED) & set(dispatch.table())
+
+
 @pytest.mark.parametrize("name,route", ROUTES, ids=[f"{n}-{r.fla_name}" for n, r in ROUTES])
 def test_every_route_through_compat_is_the_op_itself(name, route):
-    """A route's arguments, given to compat's function of its fla name, compute the op's call:
-    the route inverts compat (float64, so any difference is a different computation)."""
+    """A route's arguments, given to compat's function of its fla name, compute the op's call,
+    and its return conversion gives the op's return: the route inverts compat (float64, so any
+    difference is a different computation)."""
     entry = registry.get(name)
-    x = asymmetric(entry.case.inputs(1, 12, 2, 8, 4, 3))
-    arguments = given(entry, x)
-    fla_kwargs = route.arguments(arguments)
+    arguments, fla_kwargs = _taken(entry, route)
     if isinstance(fla_kwargs, str):  # the mechanism's entry point for a constant gate
         assert route.fla_name in (
             "chunk_retention", "fused_recurrent_retention", "chunk_lightning_attn",
             "fused_recurrent_lightning_attn", "fused_recurrent_hgrn",
         ), fla_kwargs  # fmt: skip
         return
-    o, S = call(entry, arguments)[:2]  # an op with a second state returns it third
-    o_compat, S_compat = getattr(compat, route.fla_name)(**fla_kwargs)[:2]
-    torch.testing.assert_close(o_compat.to(o.dtype), o, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(S_compat, S, rtol=1e-10, atol=1e-10)
+    want = dispatch.tensors(call(entry, arguments))
+    got = dispatch.tensors(route.returns(arguments)(getattr(compat, route.fla_name)(**fla_kwargs)))
+    assert len(got) == len(want) >= 1
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.to(b.dtype), b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["path", "forgetting", "gsa"])
+def test_a_call_without_its_gate_takes_the_route_that_takes_none(name):
+    """PaTH without its forget gate, FoX without g, GSA without g (ABC's control): fla's entry
+    point takes the gate as None, and the route through compat is the op's call."""
+    entry = registry.get(name)
+    found = dispatch.routes(dispatch.op_name(entry), "none")
+    assert (
+        found
+        and found[0].fla_name == dispatch.routes(dispatch.op_name(entry), entry.gate)[0].fla_name
+    )
+    arguments, fla_kwargs = _taken(entry, found[0])
+    arguments["g"] = None
+    fla_kwargs = dispatch.refusal(found[0], arguments["q"], arguments)
+    assert fla_kwargs["g"] is None
+    want = dispatch.tensors(call(entry, arguments))
+    got = dispatch.tensors(
+        found[0].returns(arguments)(getattr(compat, found[0].fla_name)(**fla_kwargs))
+    )
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.to(b.dtype), b, rtol=1e-10, atol=1e-10)
 
 
 def test_backend_names_are_checked_and_blocks_nest():
@@ -266,3 +327,99 @@ def test_the_routed_ops_are_exactly_the_ops_that_consult_the_backend_choice():
     assert calls == backends.ROUTED_OPS
     with pytest.raises(ValueError, match="'mesa' is not one of the ROUTED_OPS"):
         backends.choose("mesa", None, None, {})
+
+
+def _fla_call(monkeypatch, name, x, calls=None, **extra):
+    """``name``'s op on the case's inputs ``x`` inside ``backend("fla")``, fla stood in for by
+    compat (``calls`` records the entry points)."""
+    _fake_fla(monkeypatch, [] if calls is None else calls)
+    entry = registry.get(name)
+    with ops.backend("fla"):
+        return call(entry, given(entry, x, **extra))
+
+
+def test_fla_refuses_what_its_kernels_of_the_families_do_not_take(monkeypatch):
+    """The facts of ``dispatch`` about fla's kernels, each refusing a call with its reason."""
+    entry = registry.get("abc")  # its kernel's final state is wrong unless 64 divides T
+    x = {n: t.float() for n, t in entry.case.inputs(1, 10, 2, 8, 4, 1).items() if n != "S0"}
+    with pytest.raises(ValueError, match="off by exp"):
+        _fla_call(monkeypatch, "abc", x)
+    calls = []
+    _fla_call(monkeypatch, "abc", x, calls, output_final_state=False)
+    assert calls == ["chunk_abc"]
+    entry = registry.get("log_linear_mamba2")  # fla's state is its kernel's, not the op's
+    x = {n: t.float() for n, t in entry.case.inputs(1, 10, 2, 64, 16, 1).items() if n != "S0"}
+    with pytest.raises(ValueError, match="cannot take or give the op's state"):
+        _fla_call(monkeypatch, "log_linear_mamba2", x)
+    with pytest.raises(ValueError, match="K a multiple of 64"):
+        y = {n: t[..., :8] if n in ("q", "k") else t for n, t in x.items()}
+        _fla_call(monkeypatch, "log_linear_mamba2", y, output_final_state=False)
+    calls = []
+    _fla_call(monkeypatch, "log_linear_mamba2", x, calls, output_final_state=False)
+    assert calls == ["chunk_log_linear_attn"]
+    entry = registry.get("parallax")  # fla's kernel takes half precision only
+    x = entry.case.inputs(1, 10, 2, 16, 16, 1, torch.float32)
+    with pytest.raises(ValueError, match="refuses float32"):
+        _fla_call(monkeypatch, "parallax", x)
+    entry = registry.get("nsa")  # a group of 16 query heads per key head at least
+    x = entry.case.inputs(1, 10, 2, 16, 16, 1, torch.float32)
+    with pytest.raises(ValueError, match="power of two >= 16 query heads"):
+        _fla_call(monkeypatch, "nsa", x)
+    entry = registry.get("path")  # head sizes 16, 32, 64, 128
+    x = entry.case.inputs(1, 10, 2, 8, 16, 1, torch.float32)
+    with pytest.raises(ValueError, match="head sizes in"):
+        _fla_call(monkeypatch, "path", x)
+
+
+def test_ttt_records_gradients_on_flas_kernel_where_its_backward_is_right(monkeypatch):
+    entry = registry.get("ttt_linear")
+    x = {n: t.float().requires_grad_() for n, t in entry.case.inputs(1, 12, 2, 8, 8, 1).items()}
+    calls = []
+    _fla_call(monkeypatch, "ttt_linear", x, calls, mini_batch_size=4)
+    assert calls == ["chunk_ttt_linear"]
+    with pytest.raises(ValueError, match="last mini-batch is partial"):  # 12 tokens, 16 a batch
+        _fla_call(monkeypatch, "ttt_linear", x)
+    _fla_call(monkeypatch, "ttt_linear", x, calls, output_final_state=False)
+    assert calls == ["chunk_ttt_linear"] * 2
+    x["S0_W"], x["S0_h"] = (t.detach().repeat(2, 1, 1, 1) for t in (x["S0_W"], x["S0_h"]))
+    with pytest.raises(ValueError, match="backward refuses packed sequences"):
+        _fla_call(monkeypatch, "ttt_linear", x, cu_seqlens=torch.tensor([0, 4, 12]))
+    with torch.no_grad():
+        _fla_call(monkeypatch, "ttt_linear", x, calls, cu_seqlens=torch.tensor([0, 4, 12]))
+    assert calls == ["chunk_ttt_linear"] * 3
+
+
+def test_a_kernel_that_needs_flash_attn_waits_for_it(monkeypatch):
+    """fla's DeltaFormer reads o with flash-attn: without it the call stays on linattn."""
+    entry = registry.get("deltaformer")
+    x = entry.case.inputs(1, 10, 2, 16, 16, 1, torch.float32)
+    monkeypatch.setattr(dispatch, "flash_attn_ready", lambda function: False)
+    with pytest.raises(ValueError, match="needs flash-attn"):
+        _fla_call(monkeypatch, "deltaformer", x)
+    monkeypatch.setattr(dispatch, "flash_attn_ready", lambda function: True)
+    calls = []
+    o = _fla_call(monkeypatch, "deltaformer", x, calls)
+    assert calls == ["deltaformer_attn"] and o.shape == x["v"].shape
+
+
+def test_paths_float32_arguments_are_passed_in_float32(monkeypatch):
+    """fla's PaTH asserts w, beta and g are float32 whatever q's dtype: the route casts them."""
+    seen = {}
+    monkeypatch.setattr(dispatch, "fla_ready", lambda: True)
+
+    def function(fla_name):
+        def run(**kwargs):
+            seen.update({n: t.dtype for n, t in kwargs.items() if isinstance(t, torch.Tensor)})
+            with ops.backend("native"):
+                return getattr(compat, fla_name)(**kwargs)
+
+        return run
+
+    monkeypatch.setattr(dispatch, "fla_function", function)
+    entry = registry.get("path")
+    x = entry.case.inputs(1, 10, 2, 16, 16, 1, torch.bfloat16)
+    with ops.backend("fla"):
+        o = call(entry, given(entry, x))
+    assert o.dtype == torch.bfloat16
+    assert seen == {"q": torch.bfloat16, "k": torch.bfloat16, "v": torch.bfloat16,
+                    "w": torch.float32, "beta": torch.float32, "g": torch.float32}  # fmt: skip

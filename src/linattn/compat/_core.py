@@ -24,7 +24,8 @@ One call of ``run`` is one of linattn's ops (``linear_attention`` for the additi
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -35,6 +36,37 @@ from linattn.ops import delta_rule, linear_attention
 from linattn.ops.functional import decay_gate, write_strength
 
 CHUNK = 64  # fla's default chunk size
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """How a call of linattn's op maps onto a compat function (so onto fla's function of that
+    name) where the argument names alone do not say it: ``linattn.dispatch`` inverts compat with
+    it to send the op's calls to fla's kernels.
+
+    - ``names``: op argument -> this function's argument, where the two name one thing
+      differently (TTT's ``mini_batch_size`` is fla's ``chunk_size``).
+    - ``parts``: op argument holding a tuple -> this function's arguments, one per part, in
+      order (TTT's state (W, h) is fla's ``initial_state`` and ``initial_state_bias``); None
+      gives None to each.
+    - ``result``: (this function's return, the op's arguments by name) -> the op's return;
+      None: the return as it is (o, or o and the final states).
+    """
+
+    names: Mapping[str, str] = field(default_factory=dict)
+    parts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    result: Callable | None = None
+
+
+def inverts(**spec: object) -> Callable:
+    """Decorator: record ``OpCall(**spec)`` on a compat function as its ``op_call``."""
+    op_call = OpCall(**spec)
+
+    def record(function: Callable) -> Callable:
+        function.op_call = op_call
+        return function
+
+    return record
 
 
 def promote(*xs: Tensor | None) -> torch.dtype:

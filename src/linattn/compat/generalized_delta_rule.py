@@ -25,6 +25,8 @@ RCP_LN2 = 1 / math.log(2)  # fla's gate_bound_is_safe works in log2 units
 
 
 GATES = ("gk", "w")  # the log-decays' names (fla's DPLR gk, RWKV-7's w)
+# linattn's op names a and b the other way round (the module docstring)
+SWAPPED = _core.inverts(names={"a": "b", "b": "a"})
 
 
 def check_vectors(k: Tensor, v: Tensor, **named: Tensor | None) -> None:
@@ -52,6 +54,7 @@ def dplr_chunk_size(chunk_size: int | None, lower_bound: float | None) -> int:
     return 64 if safe and abs(lower_bound) * (64 // 2 + 1) * RCP_LN2 <= 124 else 16
 
 
+@SWAPPED
 def chunk_dplr_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -88,6 +91,7 @@ def chunk_dplr_delta_rule(
     )  # fmt: skip
 
 
+@SWAPPED
 def fused_recurrent_dplr_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -111,6 +115,7 @@ def fused_recurrent_dplr_delta_rule(
     )  # fmt: skip
 
 
+@SWAPPED
 def chunk_iplr_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -136,6 +141,7 @@ def chunk_iplr_delta_rule(
     )  # fmt: skip
 
 
+@SWAPPED
 def fused_recurrent_iplr_delta_rule(
     q: Tensor,
     k: Tensor,

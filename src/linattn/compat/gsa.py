@@ -103,6 +103,16 @@ def run(q, k, v, s, g, scale, initial_state, output_final_state, cu_seqlens, mod
     return o.to(out), [x[:, ::G].contiguous() for x in final]
 
 
+def _as_op_returns(out: tuple, given: dict) -> tuple:
+    """fla's (o, [S_k, S_v]) as linattn's op returns them: (o, (S_k, S_v) or None)."""
+    o, (Sk, Sv) = out
+    return o, (None if Sk is None else (Sk, Sv))
+
+
+OP_CALL = _core.inverts(result=_as_op_returns)
+
+
+@OP_CALL
 def chunk_gsa(
     q: Tensor,
     k: Tensor,
@@ -135,6 +145,7 @@ def chunk_gsa(
     )  # fmt: skip
 
 
+@OP_CALL
 def fused_recurrent_gsa(
     q: Tensor,
     k: Tensor,

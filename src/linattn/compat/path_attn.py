@@ -20,6 +20,13 @@ from linattn.compat import _core
 from linattn.ops.path import path_attention
 
 
+def _as_op_returns(out: tuple, given: dict) -> Tensor | tuple:
+    """fla's (o, k_cache or None) as linattn's op returns them: o, or (o, k_cache) with its
+    ``return_k_cache``."""
+    return tuple(out) if given["return_k_cache"] else out[0]
+
+
+@_core.inverts(names={"return_k_cache": "use_cache"}, result=_as_op_returns)
 def parallel_path_attn(
     q: Tensor,
     k: Tensor,

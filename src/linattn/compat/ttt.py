@@ -72,6 +72,21 @@ def _run(q, k, v, w, b, eta, scale, eps, chunk_size, initial_state, initial_stat
     return o, S[0].to(dtype), S[1].to(dtype)
 
 
+def _as_op_returns(out: tuple, given: dict) -> tuple:
+    """fla's (o, W, h) as linattn's op returns them: (o, (W, h) or None)."""
+    o, W, h = out
+    return o, (None if W is None else (W, h))
+
+
+# linattn's op: the mini-batch is ``mini_batch_size``, the state one pair (W, h)
+OP_CALL = _core.inverts(
+    names={"mini_batch_size": "chunk_size"},
+    parts={"initial_state": ("initial_state", "initial_state_bias")},
+    result=_as_op_returns,
+)
+
+
+@OP_CALL
 def chunk_ttt_linear(
     q: Tensor,
     k: Tensor,
@@ -95,6 +110,7 @@ def chunk_ttt_linear(
                 output_final_state, cu_seqlens)  # fmt: skip
 
 
+@OP_CALL
 def fused_chunk_ttt_linear(
     q: Tensor,
     k: Tensor,

@@ -21,7 +21,10 @@ subtracted, the softmax, one product with V) in float32 (float64 for float64) wi
 
 ``attn_decoding_one_step`` (fla.ops.attn.decoding: the Forgetting Transformer's, YOCO's and
 PaTH's decoding step with padding) is bound in the layers' modules the same way, and so is
-``chunk_global_cumsum`` in Wall attention's layer (its KV cache's prefixes).
+``chunk_global_cumsum`` in Wall attention's layer (its KV cache's prefixes). CAT's model
+(``fla.models.cat``) calls torch's FlexAttention (``flex_attention_compiled``), whose CPU
+implementation has no backward; ``flex_attention`` here is the same masked softmax attention as
+an explicit product with autograd, bound in its place.
 
 fla's ``StickBreakingAttention`` layer refuses CPU tensors and float32 projections in its
 ``forward``; ``enable()`` replaces the forward on the class by one that allows them (CPU tensors
@@ -255,6 +258,62 @@ def chunk_global_cumsum(
     return out.to(s.dtype if output_dtype is None else output_dtype)
 
 
+def flex_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block_mask=None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """torch's ``flex_attention`` without a ``score_mod`` (CAT's compressor and decoder):
+    o_i = sum_j softmax_j(scale q_i^T k_j) v_j over the keys j with ``mask_mod(b, h, i, j)``
+    true (``block_mask``'s predicate; None: every key), a query without keys giving 0, as
+    FlexAttention does. q [B, HQ, L, E], k [B, H, S, E], v [B, H, S, Ev] (HQ = H, or a multiple
+    with ``enable_gqa``); ``scale`` None is 1 / sqrt(E). The mask is the dense one of torch's
+    ``create_mask`` at the batch and head sizes the block mask was built for (1 each: built with
+    B = H = None, the predicate's b = h = 0 for all). The explicit product in float32 (float64
+    for float64) with autograd; o in q's dtype."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or not x.dtype.is_floating_point or x.dim() != 4:
+            raise ValueError(f"{name} must be a floating-point [B, H, T, D] tensor")
+    B, HQ, L, E = q.shape
+    H, S = k.shape[1], k.shape[2]
+    if k.shape[0] != B or v.shape[:3] != k.shape[:3] or k.shape[3] != E:
+        raise ValueError(
+            f"k must be [B, H, S, {E}] and v [B, H, S, Ev] with q's B = {B}, got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if HQ != H and not (enable_gqa and H > 0 and HQ % H == 0):
+        raise ValueError(
+            f"q has {HQ} heads and k, v {H}: equal, or a multiple with enable_gqa=True"
+        )
+    dtype = compute_dtype(q.dtype)
+    qf, kf, vf = (x.to(dtype) for x in (q, k, v))
+    if HQ != H:
+        kf, vf = kf.repeat_interleave(HQ // H, dim=1), vf.repeat_interleave(HQ // H, dim=1)
+    scale = E**-0.5 if scale is None else float(scale)
+    s = scale * (qf @ kf.transpose(-1, -2))  # [B, HQ, L, S]
+    if block_mask is not None:
+        if tuple(block_mask.seq_lengths) != (L, S):
+            raise ValueError(
+                f"block_mask was built for (Q_LEN, KV_LEN) = {tuple(block_mask.seq_lengths)}, "
+                f"q and k have ({L}, {S})"
+            )
+        mB, mH = block_mask.kv_num_blocks.shape[:2]
+        mask = create_mask(block_mask.mask_mod, None if mB == 1 else mB,
+                           None if mH == 1 else mH, L, S, device=q.device)  # fmt: skip
+        s = s.masked_fill(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    denom = p.sum(-1, keepdim=True)
+    p = p / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return (p @ vf).to(q.dtype)
+
+
 def _stickbreaking_forward(self, hidden_states, attention_mask=None, past_key_values=None,
                            output_attentions=False, use_cache=False, **kwargs):  # fmt: skip
     """fla's ``StickBreakingAttention.forward`` without its refusal of CPU tensors and float32
@@ -297,6 +356,7 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
     )
 }
 MODULE_FUNCTIONS["fla.layers.wall_attn"] = {"chunk_global_cumsum": chunk_global_cumsum}
+MODULE_FUNCTIONS["fla.models.cat.modeling_cat"] = {"flex_attention_compiled": flex_attention}
 # fla class -> {method: its CPU version}
 LAYER_METHODS: dict[str, dict[str, Callable]] = {
     "fla.layers.stickbreaking_attn.StickBreakingAttention": {"forward": _stickbreaking_forward},

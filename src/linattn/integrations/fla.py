@@ -28,6 +28,8 @@ CPU implementations behind the names fla's code calls, in fla's own modules:
   (``RMSNormGated``, ``LayerNormGated``: Mamba-2), BitNet's ``layer_norm_linear_quant``
   (``FusedBitLinear``, ``bit_linear``), GSA's additive gate ``fused_additive_gate`` (GSA, LightNet)
   and KDA's gate ``fused_kda_gate``, ``kda_gate_fwd`` and ``kda_gate_bwd`` (PrecondKDA);
+  and (``linattn.integrations._fla_parallax``) Parallax's cached attention ``parallax_decode``
+  and ``parallax_decode_one_step`` (the Parallax layer's prefill with a cache and decoding);
 - the losses, whose ``forward`` itself refuses CPU tensors: ``FusedCrossEntropyLoss.forward`` and
   ``FusedLinearCrossEntropyLoss.forward`` are replaced on the class.
 
@@ -51,7 +53,13 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dtypes import compute_dtype
-from linattn.integrations import _fla_attention, _fla_log_linear, _fla_modules, _fla_rwkv
+from linattn.integrations import (
+    _fla_attention,
+    _fla_log_linear,
+    _fla_modules,
+    _fla_parallax,
+    _fla_rwkv,
+)
 from linattn.ops.functional import causal_conv1d as shared_conv1d
 from linattn.ops.functional import conv_activation
 from linattn.ops.functional import l2norm as shared_l2norm
@@ -599,6 +607,10 @@ MODULE_FUNCTIONS: dict[str, dict[str, Callable]] = {
         "logsigmoid_bwd": logsigmoid_bwd,
     },
     "fla.modules.token_shift": {"token_shift": _fla_rwkv.token_shift},
+    "fla.ops.parallax.decode": {
+        "parallax_decode": _fla_parallax.parallax_decode,
+        "parallax_decode_one_step": _fla_parallax.parallax_decode_one_step,
+    },
     "fla.ops.rwkv7.fused_addcmul": {"fused_addcmul_rwkv7": _fla_rwkv.fused_addcmul_rwkv7},
     "fla.ops.rwkv7.fused_k_update": {"fused_k_rwkv7": _fla_rwkv.fused_k_rwkv7},
     "fla.ops.rwkv7.gate_output_correction": {

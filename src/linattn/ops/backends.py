@@ -37,11 +37,15 @@ from torch import Tensor
 BACKENDS = ("auto", "fla", "torch", "native")
 DISPATCH = "linattn.dispatch"  # the routes to fla (module docstring)
 # The ops that consult the backend choice: each calls ``choose`` with its own name. A registered
-# mechanism computed by another op (its own module: MesaNet, GSA, ...) always runs linattn's code,
-# and the dispatch table (``linattn.dispatch.table``) has no row for it.
+# mechanism computed by another op (fla has no kernel for it, or none linattn can check:
+# ``linattn.dispatch.UNROUTED``) always runs linattn's code, and the dispatch table
+# (``linattn.dispatch.table``) has no row for it.
 ROUTED_OPS = frozenset({
     "linear_attention", "delta_rule", "generalized_delta_rule", "gated_delta_product", "rwkv6",
     "comba", "rwkv7", "gated_deltanet2", "precond_delta_rule", "gated_oja_rule",
+    "cyfa", "ttt_linear", "gated_slot_attention", "abc_attention", "log_linear_attention",
+    "deltaformer", "path_attention", "forgetting_attention", "stickbreaking_attention",
+    "parallax_attention", "wall_attention", "native_sparse_attention",
 })  # fmt: skip
 _current: ContextVar[str] = ContextVar("linattn_backend", default="auto")
 # The backend blocks open in any thread or task. While there are none every call is "auto", and
@@ -119,8 +123,9 @@ def wanted(q: Tensor) -> bool:
 
 
 def choose(op_name: str, q: Tensor, g: Tensor | None, given: dict[str, object]):
-    """fla's function and keyword arguments for this call (after ``wanted``), or None where
-    "auto" falls back to linattn's path; with ``backend("fla")`` a call fla cannot take raises.
+    """fla's function, keyword arguments and return conversion for this call (after ``wanted``;
+    ``linattn.dispatch.Chosen``), or None where "auto" falls back to linattn's path; with
+    ``backend("fla")`` a call fla cannot take raises.
 
     ``given`` is the op's arguments by name (the call's q, k, v, gates, options); ``g`` the
     tensor whose shape names the gate (None: no gate).
@@ -143,8 +148,10 @@ def _dispatch():
     return importlib.import_module(DISPATCH)
 
 
-def run(chosen, out_dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
-    """Call fla's function as ``choose`` picked it; o in ``out_dtype``, as the op returns it."""
-    function, kwargs = chosen
-    o, S = function(**kwargs)[:2]
-    return o.to(out_dtype), S
+def run(chosen, out_dtype: torch.dtype):
+    """Call fla's function as ``choose`` picked it and return what the op returns (o, or o and
+    its states), o in ``out_dtype``, as the op's own path returns it."""
+    out = chosen.returns(chosen.function(**chosen.kwargs))
+    if isinstance(out, Tensor):
+        return out.to(out_dtype)
+    return (out[0].to(out_dtype), *out[1:])

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import backends as _backends
 from linattn.ops import checks
 from linattn.ops.linear_attention import linear_attention
 
@@ -196,6 +197,10 @@ def cyfa(
     output_final_state = checks.flag("output_final_state", output_final_state)
     N = checks.seqlens(cu_seqlens, B, T)
     _check_state(initial_state, N, H, K, M, V)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("cyfa", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, q.dtype)
 
     dtype = compute_dtype(q.dtype)
     q, k, v, g, delta, beta, readout, wq, wk = (

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops import backends as _backends
 from linattn.ops import checks
 
 MODES = ("parallel", "chunk", "recurrent")
@@ -112,6 +113,10 @@ def deltaformer(
     if C < 1:
         raise ValueError(f"chunk_size must be >= 1, got {C}")
     checks.seqlens(cu_seqlens, B, T)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("deltaformer", q, None, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     dtype = torch.promote_types(q.dtype, torch.float32)
     c = D**-0.5 if scale is None else float(scale)
     beta = q.new_ones(B, T, H, dtype=dtype) if beta is None else beta.to(dtype)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import backends as _backends
 from linattn.ops import checks
 
 MODES = ("parallel", "recurrent", "chunk")
@@ -350,6 +351,10 @@ def log_linear_attention(
     if beta is not None:
         checks.beta(beta, B, T, HV, layout="[B, T, HV]")
     output_final_state = checks.flag("output_final_state", output_final_state)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("log_linear_attention", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     scale = K**-0.5 if scale is None else float(scale)
     dtype = compute_dtype(v.dtype)
     if HV != H:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linattn.ops import backends as _backends
 from linattn.ops import checks
 
 MODES = ("parallel", "chunk", "recurrent")
@@ -188,6 +189,10 @@ def path_attention(
     if C < 1:
         raise ValueError(f"chunk_size must be >= 1, got {C}")
     checks.seqlens(cu_seqlens, B, T)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("path_attention", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     dtype = torch.promote_types(q.dtype, torch.float32)
     c = D**-0.5 if scale is None else float(scale)
     xs = [x.to(dtype) for x in (q, k, v, w, beta)]

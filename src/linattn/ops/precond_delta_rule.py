@@ -313,9 +313,7 @@ def precond_delta_rule(
         # the op's arguments by name: none reassigned before this line
         chosen = _backends.choose("precond_delta_rule", q, g, locals())
         if chosen is not None:
-            function, kwargs = chosen
-            o, S, A = function(**kwargs)
-            return o.to(v.dtype), S, A
+            return _backends.run(chosen, v.dtype)  # (o, S, A)
     if _checks.flag("use_qk_l2norm", use_qk_l2norm):
         q, k = l2norm(q), l2norm(k)
     kp, A = atk_preconditioner(

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops.linear_attention import linear_attention
 from linattn.ops.step import recurrent_step
@@ -177,6 +178,10 @@ def gated_slot_attention(
     N, chunk_size, output_final_state = _check(
         q, k, v, s, g, mode, chunk_size, scale, output_final_state, cu_seqlens, initial_state
     )
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("gated_slot_attention", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, q.dtype)
     dtype = q.dtype
     B, T, H, K = q.shape
     M = s.shape[3]
@@ -322,6 +327,12 @@ def abc_attention(
     and is then decayed by exp(z_1 - z_t), as fla 0.6.0's ``chunk_abc`` kernel. Arguments and
     returns as ``gated_slot_attention``'s, s [B, T, H, M] the slot logits.
     """
+    if _backends.wanted(q):  # checked by gated_slot_attention's checks first
+        _check(q, k, v, s, None, mode, chunk_size, scale, output_final_state, cu_seqlens,
+               initial_state)  # fmt: skip
+        chosen = _backends.choose("abc_attention", q, None, locals())
+        if chosen is not None:
+            return _backends.run(chosen, q.dtype)
     return gated_slot_attention(
         q, k, v, s, None, scale=scale, mode=mode, chunk_size=chunk_size,
         initial_state=initial_state, output_final_state=output_final_state,

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 
 FORMS = ("parallel", "chunk")
@@ -251,6 +252,10 @@ def forgetting_attention(
         window_size = _checks.integer("window_size", window_size)
         if window_size < 1:
             raise ValueError(f"window_size must be None or >= 1, got {window_size}")
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("forgetting_attention", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
     dtype = compute_dtype(q.dtype)
     qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -347,6 +352,10 @@ def stickbreaking_attention(
     """
     B, T, HQ, H, K, V, C = _check_common(q, k, v, scale, cu_seqlens, mode, chunk_size)
     attend_current = _checks.flag("attend_current", attend_current)
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("stickbreaking_attention", q, None, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
     if T == 0 or B == 0:
         return q.new_zeros(B, T, HQ, V, dtype=v.dtype), q.new_ones(B, T, HQ)
@@ -415,6 +424,10 @@ def parallax_attention(
         window_size = _checks.integer("window_size", window_size)
         if window_size < 1:
             raise ValueError(f"window_size must be None or >= 1, got {window_size}")
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("parallax_attention", q, None, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
     if T == 0 or B == 0:
         return q.new_zeros(B, T, HQ, V)
@@ -507,6 +520,10 @@ def wall_attention(
         window_size = _checks.integer("window_size", window_size)
         if window_size < 1:
             raise ValueError(f"window_size must be None or >= 1, got {window_size}")
+    if _backends.wanted(q):  # the op's arguments by name: none reassigned before this line
+        chosen = _backends.choose("wall_attention", q, g, locals())
+        if chosen is not None:
+            return _backends.run(chosen, v.dtype)
     scale = 1.0 / math.sqrt(K) if scale is None else float(scale)
     if T == 0 or B == 0:
         return q.new_zeros(B, T, HQ, V)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import backends as _backends
 from linattn.ops import checks
 
 TTTState = tuple[Tensor, Tensor]
@@ -198,6 +199,10 @@ def ttt_linear(
             checks.tensor(name, x, 4)
             if tuple(x.shape) != shape:
                 raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if _backends.wanted(q):  # w is the layer norm's, no gate; the op's arguments by name
+        chosen = _backends.choose("ttt_linear", q, None, locals())
+        if chosen is not None:
+            return _backends.run(chosen, q.dtype)
 
     in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     scale = K**-0.5 if scale is None else float(scale)
