@@ -38,12 +38,14 @@ def path_attention(
     H = [np.eye(D) - beta[i] * np.outer(w[i], w[i]) for i in range(T)]
     O = np.zeros((T, v.shape[1]))
     for t in range(T):
+        # The query carried back instead of each key forward: r = (H_t ... H_{s+1})^T q_t for s
+        # from t down, one transition per step (each H_i is symmetric), so the scores cost
+        # O(T^2) products rather than a product of t - s matrices per pair.
         logits = np.zeros(t + 1)
-        for s in range(t + 1):
-            P = np.eye(D)
-            for i in range(s + 1, t + 1):
-                P = H[i] @ P  # H_t ... H_{s+1}
-            logits[s] = c * (q[t] @ P @ k[s] + G[t] - G[s])
+        r = q[t].copy()
+        for s in range(t, -1, -1):
+            logits[s] = c * (r @ k[s] + G[t] - G[s])
+            r = H[s].T @ r  # now (H_t ... H_s)^T q_t, for the key before
         p = np.exp(logits - logits.max())
         O[t] = (p / p.sum()) @ v[: t + 1]
     cache = np.zeros_like(k)
