@@ -19,6 +19,15 @@ must not be imported before) and patches what triton 3.9's interpreter lacks for
   in KDA's chunk kernels); the kernel module's own names are patched too.
 - dot precisions: KDA's safe gate asks for ``input_precision="bf16x3"``, which the
   interpreter's options do not list (its dot is a numpy matmul anyway); it is added.
+- masks of integer data: a boolean mask and-ed with a scalar comparison reaches a load or a
+  store as int64 0/1 data (fla's ``mask & ((i_t * BT + i) < T)`` in chunk HGRN, the scalar
+  masks of ABC's backward), or as int32 (``m_t[:, None] & (7 < L)`` in log-linear attention),
+  which the interpreter's load and store refuse ("mask has unsupported dtype"); compiled triton
+  types every mask as a boolean (``tl.store`` raises otherwise), so the data is read as one.
+- ``libdevice.log1p``: the interpreter leaves triton's libdevice stubs unimplemented (they
+  return None, "'NoneType' object has no attribute 'dtype'"); fla's ``logaddexp``
+  (``fla.ops.utils.op``: GSA's and LightNet's gate kernel ``fla.ops.gsa.gate``) calls it, and
+  it is bound to numpy's ``log1p``.
 
 Nothing else is needed: fla's ``fla.utils`` device detection warns "Triton is not supported on
 current platform, roll back to CPU" and picks ``device = 'cpu'``, which is what the interpreter
@@ -57,7 +66,10 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 from functools import partial  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 import triton.language as tl  # noqa: E402
+from triton.language.extra import libdevice  # noqa: E402
 from triton.runtime import autotuner, interpreter  # noqa: E402
 
 
@@ -137,8 +149,36 @@ def _dot_precisions() -> None:
     )
 
 
+def _boolean(mask):
+    if mask.data.dtype == np.bool_:
+        return mask
+    return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
+
+
+def _boolean_masks() -> None:
+    """Masks whose data the interpreter left as 0/1 integers are read as booleans."""
+    builder = interpreter.InterpreterBuilder
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return load(self, ptrs, _boolean(mask), other, cache_policy, is_volatile)
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        return store(self, ptrs, value, _boolean(mask), cache_policy)
+
+    builder.create_masked_load = masked_load
+    builder.create_masked_store = masked_store
+
+
+def _log1p(x):
+    """libdevice's log1p in the interpreter: numpy's, in the operand's precision."""
+    return tl.tensor(interpreter.TensorHandle(np.log1p(x.handle.data), x.handle.dtype), x.type)
+
+
 def _patch_interpreter() -> None:
     _dot_precisions()
+    _boolean_masks()
+    libdevice.log1p = _log1p
     interpreter.ASTTransformer.visit_For = _visit_for
     interpreter._patch_lang = _bound_builtins(interpreter._patch_lang)
     interpreter.InterpretedFunction.rewritten_fn.clear()
