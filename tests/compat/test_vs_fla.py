@@ -490,3 +490,13 @@ def test_edges_agree_with_fla_kernels(name, cut):
 def test_packed_whole_and_partial_chunks_agree_with_fla_kernels(name):
     """Pieces of 1, 8 and 66 tokens: the last one a whole chunk of 64 and a partial one."""
     _compare(lambda: _edge(name, CHUNK_CUTS))
+
+
+@pytest.mark.parametrize("cut", EDGE_CUTS)
+def test_parallel_simple_gla_edges_agree_with_fla_kernel(cut):
+    """The parallel form (no states): one token, and packed pieces of 1, 8 and 14 tokens."""
+    cuts = EDGE_CUTS[cut]
+    x = recipe(T=1 if cuts is None else cuts[-1])
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"]}
+    cu = None if cuts is None else torch.tensor(cuts)
+    _compare(lambda: _case("parallel_simple_gla", leaves, cu_seqlens=cu))
