@@ -500,3 +500,24 @@ def test_parallel_simple_gla_edges_agree_with_fla_kernel(cut):
     leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"]}
     cu = None if cuts is None else torch.tensor(cuts)
     _compare(lambda: _case("parallel_simple_gla", leaves, cu_seqlens=cu))
+
+
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+@pytest.mark.parametrize("T", [1, 37])
+def test_kda_gate_agrees_with_fla_gate_kernel(T, lower_bound):
+    """compat's ``kda_gate`` (the in-kernel gate of KDA and GDN-2) vs fla's ``fused_kda_gate``
+    kernel: the gate and the gradients of the raw input, A_log and dt_bias."""
+    gate_module = pytest.importorskip("fla.ops.kda.gate")
+    gen = torch.Generator().manual_seed(4)
+    leaves = {"g": torch.randn(1, T, 4, 16, generator=gen), "A_log": torch.randn(4, generator=gen),
+              "dt_bias": torch.randn(64, generator=gen)}  # fmt: skip
+    a, da = outputs_and_grads(
+        lambda g, A_log, dt_bias: compat.kda_gate(g, A_log, dt_bias, lower_bound), leaves
+    )
+    b, db = outputs_and_grads(
+        lambda g, A_log, dt_bias: gate_module.fused_kda_gate(g, A_log, dt_bias, lower_bound),
+        leaves,
+    )
+    assert_same(a, b, TOL, "kda_gate")
+    for n in leaves:
+        assert_same([da[n]], [db[n]], TOL, f"kda_gate d{n}")
