@@ -32,6 +32,9 @@ and in recurrent mode for a one-token decoding step.
   into the ranges the rule declares.
 - ``GatedSlotAttention``, ``ABCAttention``: two passes over m memory slots with a softmax over
   the slots between them (GSA, ABC), as fla's layers.
+- ``TTTLinear``, ``Titans``: memories trained at test time by a gradient step per mini-batch
+  (TTT-Linear; Titans' linear memory with momentum and forgetting), linattn's recurrent block
+  around ``linattn.ops.ttt`` / ``linattn.ops.titans`` (fla has no layer for either).
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
@@ -61,6 +64,7 @@ from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.slots import ABCAttention, GatedSlotAttention
 from linattn.layers.softmax import SoftmaxAttention
+from linattn.layers.ttt import Titans, TTTLinear
 
 __all__ = [
     "ABCAttention",
@@ -97,4 +101,7 @@ __all__ = [
     "ShortConvolution",
     "SoftmaxAttention",
     "TokenMixer",
+    # test-time-training memories
+    "TTTLinear",
+    "Titans",
 ]
