@@ -506,6 +506,7 @@ for _entry in (
         "linattn.ops.gated_oja_rule:gated_oja_rule", "linattn.reference.gated_oja:recurrence",
         gated_oja_case(),
         fla_names=("chunk_gated_oja_rule", "fused_recurrent_gated_oja_rule"),
+        layer_path="linattn.layers:GatedOja",
         paper="Oja (1982); fla 0.6.0 (fla.ops.gated_oja_rule)", section=_SEC10, nearest="kda",
     ),
     # softmax attention with a forget gate (FoX), and stick-breaking attention
