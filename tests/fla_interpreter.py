@@ -67,7 +67,6 @@ os.environ["TRITON_INTERPRET"] = "1"
 from functools import partial  # noqa: E402
 
 import numpy as np  # noqa: E402
-
 import triton.language as tl  # noqa: E402
 from triton.language.extra import libdevice  # noqa: E402
 from triton.runtime import autotuner, interpreter  # noqa: E402
