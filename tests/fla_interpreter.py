@@ -19,15 +19,6 @@ must not be imported before) and patches what triton 3.9's interpreter lacks for
   in KDA's chunk kernels); the kernel module's own names are patched too.
 - dot precisions: KDA's safe gate asks for ``input_precision="bf16x3"``, which the
   interpreter's options do not list (its dot is a numpy matmul anyway); it is added.
-- masks of integer data: a boolean mask and-ed with a scalar comparison reaches a load or a
-  store as int64 0/1 data (fla's ``mask & ((i_t * BT + i) < T)`` in chunk HGRN, the scalar
-  masks of ABC's backward), or as int32 (``m_t[:, None] & (7 < L)`` in log-linear attention),
-  which the interpreter's load and store refuse ("mask has unsupported dtype"); compiled triton
-  types every mask as a boolean (``tl.store`` raises otherwise), so the data is read as one.
-- ``libdevice.log1p``: the interpreter leaves triton's libdevice stubs unimplemented (they
-  return None, "'NoneType' object has no attribute 'dtype'"); fla's ``logaddexp``
-  (``fla.ops.utils.op``: GSA's and LightNet's gate kernel ``fla.ops.gsa.gate``) calls it, and
-  it is bound to numpy's ``log1p``.
 
 Nothing else is needed: fla's ``fla.utils`` device detection warns "Triton is not supported on
 current platform, roll back to CPU" and picks ``device = 'cpu'``, which is what the interpreter
@@ -66,9 +57,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 from functools import partial  # noqa: E402
 
-import numpy as np  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.language.extra import libdevice  # noqa: E402
 from triton.runtime import autotuner, interpreter  # noqa: E402
 
 
@@ -148,36 +137,8 @@ def _dot_precisions() -> None:
     )
 
 
-def _boolean(mask):
-    if mask.data.dtype == np.bool_:
-        return mask
-    return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
-
-
-def _boolean_masks() -> None:
-    """Masks whose data the interpreter left as 0/1 integers are read as booleans."""
-    builder = interpreter.InterpreterBuilder
-    load, store = builder.create_masked_load, builder.create_masked_store
-
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        return load(self, ptrs, _boolean(mask), other, cache_policy, is_volatile)
-
-    def masked_store(self, ptrs, value, mask, cache_policy):
-        return store(self, ptrs, value, _boolean(mask), cache_policy)
-
-    builder.create_masked_load = masked_load
-    builder.create_masked_store = masked_store
-
-
-def _log1p(x):
-    """libdevice's log1p in the interpreter: numpy's, in the operand's precision."""
-    return tl.tensor(interpreter.TensorHandle(np.log1p(x.handle.data), x.handle.dtype), x.type)
-
-
 def _patch_interpreter() -> None:
     _dot_precisions()
-    _boolean_masks()
-    libdevice.log1p = _log1p
     interpreter.ASTTransformer.visit_For = _visit_for
     interpreter._patch_lang = _bound_builtins(interpreter._patch_lang)
     interpreter.InterpretedFunction.rewritten_fn.clear()
@@ -224,9 +185,11 @@ def cyfa_on_cpu(monkeypatch=None) -> None:
 
 
 def boolean_masks(monkeypatch=None) -> None:
-    """triton 3.9's interpreter refuses a load/store mask of int32, which fla's kernels make
-    where they and a mask with a constexpr comparison (log-linear attention's
-    ``m_t[:, None] & (7 < L)``); compiled triton reads it as a boolean, and so does this."""
+    """triton 3.9's interpreter refuses a load/store mask of int32 or int64 ("mask has
+    unsupported dtype"), which fla's kernels make where they and a mask with a comparison: int32
+    in log-linear attention's ``m_t[:, None] & (7 < L)`` (a constexpr), int64 0/1 data in chunk
+    HGRN's ``mask & ((i_t * BT + i) < T)`` and in ABC's backward; compiled triton types every
+    mask as a boolean (``tl.store`` raises otherwise), and so does this."""
     import numpy as np
 
     set_attribute = _binder(monkeypatch)
@@ -242,6 +205,21 @@ def boolean_masks(monkeypatch=None) -> None:
                   lambda self, p, m, o, c, v: load(self, p, boolean(m), o, c, v))  # fmt: skip
     set_attribute(builder, "create_masked_store",
                   lambda self, p, x, m, c: store(self, p, x, boolean(m), c))  # fmt: skip
+
+
+def log1p_on_cpu(monkeypatch=None) -> None:
+    """The interpreter leaves triton's libdevice functions unimplemented (they return None:
+    "'NoneType' object has no attribute 'dtype'"); fla's ``logaddexp`` (``fla.ops.utils.op``,
+    in the GSA gate kernel ``fla.ops.gsa.gate`` that GSA and LightNet call) needs
+    ``libdevice.log1p``: bound to numpy's, in the operand's precision."""
+    import numpy as np
+    from triton.language.extra import libdevice
+
+    def log1p(x):
+        data = np.log1p(x.handle.data)
+        return tl.tensor(interpreter.TensorHandle(data, x.handle.dtype), x.type)
+
+    _binder(monkeypatch)(libdevice, "log1p", log1p)
 
 
 FLASH_ATTN_MODULES = (  # fla's modules that read o (or a window) with flash-attn

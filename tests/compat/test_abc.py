@@ -5,8 +5,8 @@ triton's interpreter (tests/fla_interpreter.py).
 fla's kernel and naive reference disagree on the final state when T is not a multiple of 64
 (the kernel's is the true one times exp(z_T) per slot, compat/abc.py's docstring): compat
 follows the kernel, and the relation is pinned against both here. fla's ``chunk_abc`` takes no
-``cu_seqlens``. Its kernel's backward (under the interpreter since tests/fla_interpreter.py reads
-integer masks as booleans) reads only the output's gradient and leaves the initial state out:
+``cu_seqlens``. Its kernel's backward (under the interpreter with tests/fla_interpreter.py's
+``boolean_masks``) reads only the output's gradient and leaves the initial state out:
 it returns no gradient for the states, and its ds lacks their term (q, k, v's gradients agree
 with them). Without initial states every gradient is pinned to the kernel's; with them, to the
 naive reference's autograd, which compat follows.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("tests.fla_interpreter")
+fla_interpreter = pytest.importorskip("tests.fla_interpreter")
 fla_abc = pytest.importorskip("fla.ops.abc")
 abc_naive = pytest.importorskip("fla.ops.abc.naive")
 
@@ -84,14 +84,16 @@ def test_chunk_abc_equals_flas_kernel(T):
 
 
 @pytest.mark.parametrize("T", [1, 20, pytest.param(70, marks=pytest.mark.slow)])
-def test_chunk_abc_gradients_equal_flas_kernel(T):
+def test_chunk_abc_gradients_equal_flas_kernel(T, monkeypatch):
     """T = 1, T = 20 (a partial chunk), T = 70 (a whole chunk of 64 and a partial one)."""
+    fla_interpreter.boolean_masks(monkeypatch)
     x, _ = leaves(T=T)
     compare(lambda **t: compat.chunk_abc(**t)[0], lambda **t: fla_abc.chunk_abc(**t)[0], x, TOL)
 
 
-def test_chunk_abc_gradients_with_initial_states():
+def test_chunk_abc_gradients_with_initial_states(monkeypatch):
     """q, k, v's gradients equal the kernel's; s's and the states' the naive reference's."""
+    fla_interpreter.boolean_masks(monkeypatch)
     x, h0 = leaves(T=20)
     _, d_ours = outputs_and_grads(lambda **t: compat.chunk_abc(**t, initial_state=h0)[0], x)
     _, d_theirs = outputs_and_grads(lambda **t: fla_abc.chunk_abc(**t, initial_state=h0)[0], x)

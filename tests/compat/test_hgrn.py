@@ -2,9 +2,9 @@
 test_vs_naive.py and test_vs_fla.py) vs fla 0.6.0: its naive reference ``naive_recurrent_hgrn``
 (float64 with its float32 casts promoted, and float32): T = 1, T = 130 (over fla's 128-token
 block, not a multiple of it), with and without an initial state, forward and gradients; and its
-Triton kernels under the interpreter (tests/fla_interpreter.py, float32): T = 1, T = 130 and,
-for the recurrent kernel (the chunk one takes no ``cu_seqlens``), packed sequences with a
-length-1 piece, from initial states.
+Triton kernels under the interpreter (tests/fla_interpreter.py with its ``boolean_masks``,
+float32): T = 1, T = 130 and, for the recurrent kernel (the chunk one takes no ``cu_seqlens``),
+packed sequences with a length-1 piece, from initial states.
 
 fla's ``naive_chunk_hgrn`` reshapes g to [B, chunk_size, D], so it only runs at T = chunk_size:
 the recurrent naive is the naive pin. fla's ``chunk_hgrn`` backward reads only the output's
@@ -35,14 +35,15 @@ def _leaves(T, N=1):
     return {"x": x["v"].flatten(2), "g": x["gv"].flatten(2)}, h0
 
 
-def _fla_hgrn():
-    pytest.importorskip("tests.fla_interpreter")
+def _fla_hgrn(monkeypatch):
+    """fla.ops.hgrn under the interpreter, its chunk kernel's integer masks read as booleans."""
+    pytest.importorskip("tests.fla_interpreter").boolean_masks(monkeypatch)
     return pytest.importorskip("fla.ops.hgrn")
 
 
 @pytest.mark.parametrize("T", [1, 130])
-def test_chunk_hgrn_equals_flas_kernel(T):
-    fla = _fla_hgrn()
+def test_chunk_hgrn_equals_flas_kernel(T, monkeypatch):
+    fla = _fla_hgrn(monkeypatch)
     leaves, h0 = _leaves(T)
     with torch.no_grad():
         ours = compat.chunk_hgrn(**leaves, initial_state=h0, output_final_state=True)
@@ -56,10 +57,10 @@ def test_chunk_hgrn_equals_flas_kernel(T):
 
 
 @pytest.mark.parametrize("cuts", [None, [0, 1, 9, 23]], ids=["T1", "packed"])
-def test_fused_recurrent_hgrn_equals_flas_kernel(cuts):
+def test_fused_recurrent_hgrn_equals_flas_kernel(cuts, monkeypatch):
     """One token, and pieces of 1, 8 and 14 tokens from their own initial states; o, the
     final states and the gradients of every input and initial state."""
-    fla = _fla_hgrn()
+    fla = _fla_hgrn(monkeypatch)
     T, N = (1, 1) if cuts is None else (cuts[-1], len(cuts) - 1)
     leaves, h0 = _leaves(T, N)
     cu = None if cuts is None else torch.tensor(cuts)

@@ -4,7 +4,7 @@ states (S, z), packed sequences with a length-1 piece, ``state_v_first``, forwar
 of every input; and the float64 reference (``linattn.reference.lightnet``; fla has no naive).
 
 fla's gate kernel (``fla.ops.gsa.gate``) calls ``libdevice.log1p``, which triton 3.9's interpreter
-leaves unimplemented; tests/fla_interpreter.py binds it to numpy's."""
+leaves unimplemented; tests/fla_interpreter.py's ``log1p_on_cpu`` binds it to numpy's."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ ENTRY_POINTS = ("chunk_lightnet", "fused_recurrent_lightnet")
 
 
 @pytest.fixture
-def fla_lightnet():
-    pytest.importorskip("tests.fla_interpreter")
+def fla_lightnet(monkeypatch):
+    pytest.importorskip("tests.fla_interpreter").log1p_on_cpu(monkeypatch)
     return pytest.importorskip("fla.ops.lightnet")
 
 
