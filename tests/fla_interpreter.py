@@ -185,9 +185,11 @@ def cyfa_on_cpu(monkeypatch=None) -> None:
 
 
 def boolean_masks(monkeypatch=None) -> None:
-    """triton 3.9's interpreter refuses a load/store mask of int32, which fla's kernels make
-    where they and a mask with a constexpr comparison (log-linear attention's
-    ``m_t[:, None] & (7 < L)``); compiled triton reads it as a boolean, and so does this."""
+    """triton 3.9's interpreter refuses a load/store mask of int32 or int64 ("mask has
+    unsupported dtype"), which fla's kernels make where they and a mask with a comparison: int32
+    in log-linear attention's ``m_t[:, None] & (7 < L)`` (a constexpr), int64 0/1 data in chunk
+    HGRN's ``mask & ((i_t * BT + i) < T)`` and in ABC's backward; compiled triton types every
+    mask as a boolean (``tl.store`` raises otherwise), and so does this."""
     import numpy as np
 
     set_attribute = _binder(monkeypatch)
@@ -203,6 +205,21 @@ def boolean_masks(monkeypatch=None) -> None:
                   lambda self, p, m, o, c, v: load(self, p, boolean(m), o, c, v))  # fmt: skip
     set_attribute(builder, "create_masked_store",
                   lambda self, p, x, m, c: store(self, p, x, boolean(m), c))  # fmt: skip
+
+
+def log1p_on_cpu(monkeypatch=None) -> None:
+    """The interpreter leaves triton's libdevice functions unimplemented (they return None:
+    "'NoneType' object has no attribute 'dtype'"); fla's ``logaddexp`` (``fla.ops.utils.op``,
+    in the GSA gate kernel ``fla.ops.gsa.gate`` that GSA and LightNet call) needs
+    ``libdevice.log1p``: bound to numpy's, in the operand's precision."""
+    import numpy as np
+    from triton.language.extra import libdevice
+
+    def log1p(x):
+        data = np.log1p(x.handle.data)
+        return tl.tensor(interpreter.TensorHandle(data, x.handle.dtype), x.type)
+
+    _binder(monkeypatch)(libdevice, "log1p", log1p)
 
 
 FLASH_ATTN_MODULES = (  # fla's modules that read o (or a window) with flash-attn

@@ -4,9 +4,12 @@ triton's interpreter (tests/fla_interpreter.py).
 
 fla's kernel and naive reference disagree on the final state when T is not a multiple of 64
 (the kernel's is the true one times exp(z_T) per slot, compat/abc.py's docstring): compat
-follows the kernel, and the relation is pinned against both here. The kernel's backward
-stops under the interpreter ("mask has unsupported dtype": a scalar load mask in
-``chunk_abc_bwd_kernel_intra_V``), so the gradients are pinned against the naive reference.
+follows the kernel, and the relation is pinned against both here. fla's ``chunk_abc`` takes no
+``cu_seqlens``. Its kernel's backward (under the interpreter with tests/fla_interpreter.py's
+``boolean_masks``) reads only the output's gradient and leaves the initial state out:
+it returns no gradient for the states, and its ds lacks their term (q, k, v's gradients agree
+with them). Without initial states every gradient is pinned to the kernel's; with them, to the
+naive reference's autograd, which compat follows.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("tests.fla_interpreter")
+fla_interpreter = pytest.importorskip("tests.fla_interpreter")
 fla_abc = pytest.importorskip("fla.ops.abc")
 abc_naive = pytest.importorskip("fla.ops.abc.naive")
 
 from linattn import compat  # noqa: E402
 from linattn.ops import abc_attention  # noqa: E402
 
-from .helpers import assert_same, compare  # noqa: E402
+from .helpers import assert_same, compare, outputs_and_grads  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 TOL = 5e-5  # test_vs_fla's float32 tolerance
@@ -41,7 +44,9 @@ def head_first(fn):
     """fla's naive ABC functions take and return [B, H, T, D]."""
 
     def run(**x):
-        o, S = fn(**{n: t.transpose(1, 2) for n, t in x.items()})
+        moved = {n: t.transpose(1, 2) if n in ("q", "k", "v", "s") else t
+                 for n, t in x.items()}  # fmt: skip
+        o, S = fn(**moved)
         return o.transpose(1, 2), S
 
     return run
@@ -76,6 +81,31 @@ def test_chunk_abc_equals_flas_kernel(T):
     if T % 64 == 0:  # a whole chunk: fla's kernel state is linattn's own op's
         _, S = abc_attention(**x, initial_state=h0, output_final_state=True)
         assert_same(list(S), list(theirs[1]), TOL, "S")
+
+
+@pytest.mark.parametrize("T", [1, 20, pytest.param(70, marks=pytest.mark.slow)])
+def test_chunk_abc_gradients_equal_flas_kernel(T, monkeypatch):
+    """T = 1, T = 20 (a partial chunk), T = 70 (a whole chunk of 64 and a partial one)."""
+    fla_interpreter.boolean_masks(monkeypatch)
+    x, _ = leaves(T=T)
+    compare(lambda **t: compat.chunk_abc(**t)[0], lambda **t: fla_abc.chunk_abc(**t)[0], x, TOL)
+
+
+def test_chunk_abc_gradients_with_initial_states(monkeypatch):
+    """q, k, v's gradients equal the kernel's; s's and the states' the naive reference's."""
+    fla_interpreter.boolean_masks(monkeypatch)
+    x, h0 = leaves(T=20)
+    _, d_ours = outputs_and_grads(lambda **t: compat.chunk_abc(**t, initial_state=h0)[0], x)
+    _, d_theirs = outputs_and_grads(lambda **t: fla_abc.chunk_abc(**t, initial_state=h0)[0], x)
+    for n in ("q", "k", "v"):
+        assert_same([d_ours[n]], [d_theirs[n]], TOL, f"d{n}")
+    assert (d_ours["s"] - d_theirs["s"]).abs().max() > 1e-2  # fla's ds lacks the states' term
+
+    def naive(hk, hv, **t):
+        return head_first(abc_naive.naive_recurrent_abc)(**t, initial_state=(hk, hv))[0]
+
+    compare(lambda hk, hv, **t: compat.chunk_abc(**t, initial_state=(hk, hv))[0], naive,
+            {**x, "hk": h0[0], "hv": h0[1]}, 2e-5)  # fmt: skip
 
 
 def test_chunk_abc_structure_and_refusals():

@@ -1,6 +1,8 @@
-"""fla's ``fused_attnres`` (attention residuals) against fla's ``naive_attnres``: output,
-weights and every gradient, with and without the fused output norm; the refusals. (fla's kernel
-refuses CPU tensors even under Triton's interpreter, so its naive reference is the pin.)"""
+"""fla's ``fused_attnres`` (attention residuals) against fla's ``naive_attnres`` and its Triton
+kernel under the interpreter: output, weights and every gradient, with and without the fused
+output norm, both checkpoint levels; the refusals. fla's kernel refuses tensors whose
+``is_cuda`` is False (``fused_attnres_fwd``); its first source is handed over as a CPU tensor
+that answers True (``CudaLooking``), which the interpreter then reads as any CPU tensor."""
 
 from __future__ import annotations
 
@@ -46,6 +48,33 @@ def test_fused_attnres_matches_fla_s_naive(fused_norm, L):
     assert ours[1].shape == (L, 2, 7) and ours[1].dtype == torch.float32
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class CudaLooking(torch.Tensor):
+    """A CPU tensor past fla's check for CUDA tensors (the interpreter runs on the CPU)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize("checkpoint_level", [0, 1])
+@pytest.mark.parametrize("fused_norm", [False, True])
+@pytest.mark.parametrize("L", [1, 4])
+def test_fused_attnres_matches_fla_s_kernel(fused_norm, L, checkpoint_level):
+    pytest.importorskip("tests.fla_interpreter")
+    fused = pytest.importorskip("fla.ops.attnres.fused")
+
+    def theirs(query, residuals, *args, **kw):
+        residuals = [residuals[0].as_subclass(CudaLooking), *residuals[1:]]
+        o, p = fused.fused_attnres(query, residuals, *args, **kw)
+        return o.as_subclass(torch.Tensor), p.as_subclass(torch.Tensor)
+
+    x = _inputs(L)
+    kw = dict(scale=0.7, rms_eps=1e-5, checkpoint_level=checkpoint_level)
+    ours = _run(compat.fused_attnres, x, fused_norm, **kw)
+    for a, b in zip(ours, _run(theirs, x, fused_norm, **kw), strict=True):
+        torch.testing.assert_close(a, b.as_subclass(torch.Tensor), rtol=1e-5, atol=1e-5)
 
 
 def test_float64_runs_in_float64_and_bfloat16_returns_bfloat16():

@@ -61,6 +61,7 @@ def test_rebased_equals_the_naive_reference(dtype, options):
 KERNEL_CASES = [
     ("fused_chunk_based", 1, {}),
     ("fused_chunk_based", 19, {"use_norm": False}),
+    ("parallel_based", 1, {}),
     ("parallel_based", 19, {"scale": 0.3}),
     ("parallel_rebased", 1, {}),
     ("parallel_rebased", 19, {"use_scale": False, "eps": 1e-3}),

@@ -1,6 +1,7 @@
 """compat.chunk_gated_delta_product vs fla 0.6.0 (issue 31): fla's naive token loop
 (``naive_recurrent_gated_delta_product``), and its Triton kernels under triton's interpreter in
-float32, forward and gradients, with grouped-free heads, ``cu_seqlens`` and initial states.
+float32, forward and gradients, with grouped-free heads, ``cu_seqlens`` and initial states (T = 1,
+T not a multiple of the chunk, packed sequences with a length-1 piece).
 
 fla's public ``chunk_gated_delta_product`` asserts that q is not float32 (its GPU kernels want
 bfloat16), and the interpreter's bfloat16 is wrong (``tests/fla_interpreter``): the kernels are
@@ -57,12 +58,13 @@ def ours(q, k, v, g, beta, initial_state, *, n, cu_seqlens=None, l2norm=False):
 
 
 @pytest.mark.parametrize(
-    "n,cu,l2norm",
-    [(2, None, False), (3, [0, 7, 20], True)],
-    ids=["n2", "n3-varlen-l2norm"],
-)
-def test_agrees_with_fla_kernels(n, cu, l2norm):
-    x = inputs(n=n, N=1 if cu is None else len(cu) - 1)
+    "n,cu,l2norm,T",
+    [(2, None, False, 20), (3, [0, 7, 20], True, 20), (2, None, False, 1),
+     (2, [0, 1, 9, 23], False, 23)],
+    ids=["n2", "n3-varlen-l2norm", "T1", "packed-length-1"],
+)  # fmt: skip
+def test_agrees_with_fla_kernels(n, cu, l2norm, T):
+    x = inputs(T=T, n=n, N=1 if cu is None else len(cu) - 1)
     kw = {"n": n, "cu_seqlens": None if cu is None else torch.tensor(cu), "l2norm": l2norm}
     a, da = outputs_and_grads(lambda **t: ours(**t, **kw), x)
     b, db = outputs_and_grads(lambda **t: fla_kernel(**t, **kw), x)

@@ -1,6 +1,8 @@
-"""linattn.compat.deltaformer_attn against fla 0.6.0: its naive reference, and its Triton kernel
-of the pseudo-values under the interpreter (fla reads o with flash-attention, absent on the CPU:
-the kernel's u is pinned, and o against fla's naive.py)."""
+"""linattn.compat.deltaformer_attn against fla 0.6.0: its naive reference, its Triton kernel of
+the pseudo-values under the interpreter, and its whole entry point (T = 1, T = 20, packed
+sequences with a length-1 piece; o and the gradients of q, k, v, beta), which reads o with
+flash-attention: linattn's CPU flash attention stands in (as in test_nsa.py; it is pinned to
+torch's SDPA in tests/integrations/test_fla_attention.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import torch
 
 from linattn import compat
 from linattn.ops.deltaformer import deltaformer
+
+from .helpers import assert_same, outputs_and_grads
 
 fla_deltaformer = pytest.importorskip("fla.ops.deltaformer")
 
@@ -39,6 +43,27 @@ def test_the_pseudo_values_equal_fla_s_kernel(cu):
     _, ours = deltaformer(q, k, v, beta, mode="chunk", chunk_size=8, cu_seqlens=cu_seqlens,
                           return_u=True)  # fmt: skip
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "B, T, cu", [(1, 1, None), (2, 20, None), (1, 20, [0, 1, 13, 20])], ids=["T1", "T20", "packed"]
+)
+def test_equals_fla_s_entry_point(B, T, cu, monkeypatch):
+    pytest.importorskip("tests.fla_interpreter").flash_attn_on_cpu(monkeypatch)
+    from fla.ops.deltaformer import parallel
+
+    q, k, v, beta = _inputs(B=B, T=T)
+    leaves = {"q": q, "k": k, "v": v, "beta": beta}
+    cu_seqlens = None if cu is None else torch.tensor(cu)
+    a, da = outputs_and_grads(lambda **t: compat.deltaformer_attn(**t, cu_seqlens=cu_seqlens),
+                              leaves)  # fmt: skip
+    b, db = outputs_and_grads(lambda **t: parallel.deltaformer_attn(**t, cu_seqlens=cu_seqlens),
+                              leaves)  # fmt: skip
+    assert_same(a, b, 5e-5, "o")
+    for n, x in leaves.items():  # at T = 1 beta has no effect: no gradient, or zeros
+        zero = torch.zeros_like(x)
+        assert_same([zero if da[n] is None else da[n]], [zero if db[n] is None else db[n]], 5e-5,
+                    f"d{n}")  # fmt: skip
 
 
 def test_packed_and_masked_follow_fla():

@@ -53,13 +53,13 @@ def test_chunk_agrees_with_fla_kernels_with_gradients(T, cu):
 @pytest.mark.parametrize(
     "options",
     [{"cu_seqlens": torch.tensor([0, 1, 9, 23])}, {"gva": True, "no_gate": True},
-     {"use_qk_l2norm_in_kernel": False}],
-    ids=["varlen", "gva-no-gate", "qk-l2norm-keyword"],
+     {"use_qk_l2norm_in_kernel": False}, {"T": 1}],
+    ids=["varlen", "gva-no-gate", "qk-l2norm-keyword", "T1"],
 )  # fmt: skip
 def test_fused_recurrent_agrees_with_fla_kernel(options):
     options = dict(options)
     cu = options.get("cu_seqlens")
-    x = inputs(T=23, HV=4 if options.pop("gva", False) else None,
+    x = inputs(T=options.pop("T", 23), HV=4 if options.pop("gva", False) else None,
                N=1 if cu is None else len(cu) - 1)  # fmt: skip
     if options.pop("no_gate", False):
         x["gv"] = None

@@ -2,10 +2,11 @@
 (``fla/ops/gsa/naive.py``, float32 whatever the inputs) and its Triton kernels under triton's
 interpreter (tests/fla_interpreter.py), outputs, final states and gradients.
 
-fla's kernels with ``g=None`` first call fla's ``fused_additive_gate`` kernel, whose
-``tl.associative_scan`` with a jitted combine function fails under triton 3.9's interpreter
-("'NoneType' object has no attribute 'dtype'"); that path is pinned against fla's naive
-reference (which forms the same control) instead.
+With ``g=None`` fla's kernels first form ABC's control with fla's gate kernel
+(``fla.ops.gsa.gate.fused_additive_gate``: the running logsumexp of s, its ``logaddexp`` calling
+libdevice's log1p, which tests/fla_interpreter.py's ``log1p_on_cpu`` supplies); that path is
+pinned to fla's naive reference and to its kernels (T = 1, T = 20, packed sequences with a
+length-1 piece).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("tests.fla_interpreter")
+fla_interpreter = pytest.importorskip("tests.fla_interpreter")
 fla_gsa = pytest.importorskip("fla.ops.gsa")
 gsa_naive = pytest.importorskip("fla.ops.gsa.naive")
 
@@ -84,6 +85,23 @@ def test_chunk_packed_with_a_one_token_piece_equals_flas_kernel():
     x = leaves(T=40, N=3)
     options = {"cu_seqlens": torch.tensor([0, 1, 17, 40]), "chunk_size": 16}
     compare(call(compat.chunk_gsa, **options), call(fla_gsa.chunk_gsa, **options), x, TOL)
+
+
+GATE_CASES = [(1, None), (20, None), (40, [0, 1, 17, 40])]
+
+
+@pytest.mark.parametrize("T, cuts", GATE_CASES, ids=["T1", "T20", "packed"])
+@pytest.mark.parametrize("name", ["chunk_gsa", "fused_recurrent_gsa"])
+def test_abc_control_equals_flas_gate_kernel(name, T, cuts, monkeypatch):
+    """g=None: fla's gate kernel forms s's softmax weights and the log-decays, forward and
+    backward; chunks of 16 for the chunk form (pieces of 1, 16 and 23 tokens)."""
+    fla_interpreter.log1p_on_cpu(monkeypatch)
+    x = leaves(T=T, N=1 if cuts is None else len(cuts) - 1, gate=False)
+    options = {} if cuts is None else {"cu_seqlens": torch.tensor(cuts)}
+    if name == "chunk_gsa":
+        options["chunk_size"] = 16
+    compare(call(getattr(compat, name), **options), call(getattr(fla_gsa, name), **options), x,
+            TOL)  # fmt: skip
 
 
 @pytest.mark.slow  # about 6 s under the interpreter

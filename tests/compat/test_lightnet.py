@@ -4,8 +4,7 @@ states (S, z), packed sequences with a length-1 piece, ``state_v_first``, forwar
 of every input; and the float64 reference (``linattn.reference.lightnet``; fla has no naive).
 
 fla's gate kernel (``fla.ops.gsa.gate``) calls ``libdevice.log1p``, which triton 3.9's interpreter
-leaves unimplemented (it returns None); the ``log1p`` fixture computes it as log(1 + x) there,
-float32's rounding of the same function."""
+leaves unimplemented; tests/fla_interpreter.py's ``log1p_on_cpu`` binds it to numpy's."""
 
 from __future__ import annotations
 
@@ -23,11 +22,8 @@ ENTRY_POINTS = ("chunk_lightnet", "fused_recurrent_lightnet")
 
 
 @pytest.fixture
-def log1p(monkeypatch):
-    pytest.importorskip("tests.fla_interpreter")
-    tl = pytest.importorskip("triton.language")
-    libdevice = pytest.importorskip("triton.language.extra.libdevice")
-    monkeypatch.setattr(libdevice, "log1p", lambda x: tl.log(1 + x))
+def fla_lightnet(monkeypatch):
+    pytest.importorskip("tests.fla_interpreter").log1p_on_cpu(monkeypatch)
     return pytest.importorskip("fla.ops.lightnet")
 
 
@@ -67,14 +63,14 @@ CASES = [
     "name", ["chunk_lightnet", pytest.param("fused_recurrent_lightnet", marks=SLOW)]
 )
 @pytest.mark.parametrize("T,cu_seqlens,kwargs", CASES)
-def test_equals_fla_s_kernels(log1p, name, T, cu_seqlens, kwargs):
+def test_equals_fla_s_kernels(fla_lightnet, name, T, cu_seqlens, kwargs):
     N = 1 if cu_seqlens is None else len(cu_seqlens) - 1
     leaves = _leaves(T=T, N=N, states=bool(kwargs))
     if kwargs.get("state_v_first"):
         leaves["h0"] = leaves["h0"].transpose(-1, -2).contiguous()
     kwargs = {**kwargs, "cu_seqlens": cu_seqlens}
     a, da = outputs_and_grads(_call(getattr(compat, name), kwargs), leaves)
-    b, db = outputs_and_grads(_call(getattr(log1p, name), kwargs), leaves)
+    b, db = outputs_and_grads(_call(getattr(fla_lightnet, name), kwargs), leaves)
     assert_same(a, b, 5e-5, name)
     for n in leaves:
         assert_same([da[n]], [db[n]], 5e-5, f"{name} d{n}")

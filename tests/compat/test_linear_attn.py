@@ -110,3 +110,60 @@ def test_vs_fla_kernels_split_and_resumed(name):
     b, db = outputs_and_grads(split(getattr(ops, name)), {"q": q, "k": k, "v": v})
     assert_same(a, b, 2e-5, name)
     assert_same(list(da.values()), list(db.values()), 2e-5, name + " grads")
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("cuts", [None, [0, 1, 9, 23]], ids=["T1", "packed"])
+@pytest.mark.parametrize(
+    "name", ["chunk_linear_attn", "fused_chunk_linear_attn", "fused_recurrent_linear_attn"]
+)
+def test_edges_equal_fla_kernels(name, cuts, normalize):
+    """fla's kernels (interpreter): one token, and pieces of 1, 8 and 14 tokens, each from its
+    own initial state (kv, and with ``normalize`` the pair (kv, z)); forward and gradients."""
+    pytest.importorskip("tests.fla_interpreter")
+    ops = pytest.importorskip("fla.ops")
+    T, N = (1, 1) if cuts is None else (cuts[-1], len(cuts) - 1)
+    q, k, v = positive(torch.float32, T=T)
+    x = recipe(dtype=torch.float32)
+    leaves = {"q": q, "k": k, "v": v, "kv": torch.cat([x["h0"] * (-1) ** n for n in range(N)])}
+    if normalize:
+        leaves["z"] = (F.elu(x["q"][:, :N]) + 1).transpose(0, 1)  # [N, 1, H, K], > 0
+    kwargs = {"normalize": normalize, "output_final_state": True,
+              "cu_seqlens": None if cuts is None else torch.tensor(cuts)}  # fmt: skip
+
+    def call(fn):
+        def run(kv, z=None, **t):
+            return fn(**t, initial_state=kv if z is None else (kv, z), **kwargs)
+
+        return run
+
+    a, da = outputs_and_grads(call(getattr(compat, name)), leaves)
+    b, db = outputs_and_grads(call(getattr(ops, name)), leaves)
+    assert_same(a, b, 2e-5, name)
+    for n in leaves:
+        assert_same([da[n]], [db[n]], 2e-5, f"{name} d{n}")
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("T", [1, 37, 64])
+@pytest.mark.parametrize("name", ["chunk_linear_attn", "fused_chunk_linear_attn"])
+def test_chunk_forms_vs_fla_naive_references(name, T, normalize):
+    """fla's recurrent reference (from an initial state) and, at T = 64, its chunk reference
+    (it reshapes into chunks of 64; no state): o and the gradients of q, k, v."""
+    naive = pytest.importorskip("fla.ops.linear_attn.naive")
+    q, k, v = positive(torch.float32, T=T)
+    leaves = {"q": q, "k": k, "v": v}
+    h0 = recipe(dtype=torch.float32)["h0"].abs()
+    kw = {"initial_state": h0, "normalize": normalize}
+    fn = getattr(compat, name)
+    pairs = [(lambda **t: fn(**t, **kw)[0],
+              lambda **t: naive.naive_recurrent_linear_attn(**t, **kw)[0])]  # fmt: skip
+    if T == 64:
+        chunk_naive = naive.naive_chunk_linear_attn
+        pairs.append((lambda **t: fn(**t, normalize=normalize)[0],
+                      lambda **t: chunk_naive(**t, normalize=normalize)))  # fmt: skip
+    for ours, theirs in pairs:
+        a, da = outputs_and_grads(ours, leaves)
+        b, db = outputs_and_grads(theirs, leaves)
+        assert_same(a, b, 2e-5, name)
+        assert_same(list(da.values()), list(db.values()), 2e-5, f"{name} grads")

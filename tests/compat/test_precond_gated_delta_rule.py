@@ -93,15 +93,17 @@ def test_chunk_agrees_with_fla_kernels_with_gradients(T, cu, HV):
         {"cu_seqlens": torch.tensor([0, 1, 9, 23])},
         {"gk": True, "gv": True, "transpose_state_layout": True},
         {"beta_per_channel": True, "use_qk_l2norm_in_kernel": False, "g": None},
+        {"T": 1},
     ],
-    ids=["varlen", "gk-gv-transposed", "beta-per-channel-no-l2norm"],
+    ids=["varlen", "gk-gv-transposed", "beta-per-channel-no-l2norm", "T1"],
 )
 def test_fused_recurrent_agrees_with_fla_kernel(options):
     options = dict(options)
     cu = options.get("cu_seqlens")
-    x = inputs(T=23, N=1 if cu is None else len(cu) - 1)
+    T = options.pop("T", 23)
+    x = inputs(T=T, N=1 if cu is None else len(cu) - 1)
     gen = torch.Generator().manual_seed(7)
-    B, T, HV, K, V = 1, 23, 2, 16, 8
+    B, HV, K, V = 1, 2, 16, 8
     if options.pop("gk", False):
         x["gk"] = F.logsigmoid(torch.randn(B, T, HV, K, generator=gen))
     if options.pop("gv", False):

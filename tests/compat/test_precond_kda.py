@@ -103,16 +103,18 @@ def test_chunk_in_kernel_gate_and_intermediate_states_agree_with_fla():
         {"cu_seqlens": torch.tensor([0, 1, 9, 23])},
         {"gva": True, "transpose_state_layout": True},
         {"gate": True, "lower_bound": -3.0, "use_qk_l2norm_in_kernel": False},
+        {"T": 1},
     ],
-    ids=["varlen", "gva-transposed", "gate-lower-bound-no-l2norm"],
+    ids=["varlen", "gva-transposed", "gate-lower-bound-no-l2norm", "T1"],
 )
 def test_fused_recurrent_agrees_with_fla_kernel(options):
     options = dict(options)
     cu = options.get("cu_seqlens")
     HV = 4 if options.pop("gva", False) else None
-    x = inputs(T=23, HV=HV, N=1 if cu is None else len(cu) - 1)
+    T = options.pop("T", 23)
+    x = inputs(T=T, HV=HV, N=1 if cu is None else len(cu) - 1)
     if HV is not None:  # fla's recurrent kernel: one ATK state per value head
-        per_value_head = inputs(T=23, H=HV, seed=9)
+        per_value_head = inputs(T=T, H=HV, seed=9)
         for name in ("g_atk", "beta_atk", "initial_A_state", "log_atk_scale"):
             x[name] = per_value_head[name]
     if options.pop("gate", False):

@@ -2,8 +2,8 @@
 ``simple_gla``, registry entries "retention" and "lightning") vs fla 0.6.0: its naive
 ``naive_retention`` (float32: fla computes RetNet's decays in float32, as compat does) and its
 Triton kernels under the interpreter (float32): T = 1, T = 19, packed sequences with a length-1
-piece and one initial state each, forward and gradients. test_vs_fla.py has the reversed loop
-and lightning's chunk form at T = 40."""
+piece and one initial state each, forward and gradients, every entry point in the default run
+(``EDGES``). test_vs_fla.py has the reversed loop and lightning's chunk form at T = 40."""
 
 from __future__ import annotations
 
@@ -62,3 +62,27 @@ def test_equals_fla_s_kernels(name, T, varlen, kwargs):
     assert_same(a, b, 5e-5, name)
     for n in leaves:
         assert_same([da[n]], [db[n]], 5e-5, f"{name} d{n}")
+
+
+LIGHTNING = {"layer_idx": 7, "num_layers": 8}  # the decays of the chunk kernel's note above
+EDGE_NAMES = [*RETENTION, "chunk_lightning_attn", "fused_recurrent_lightning_attn"]
+
+
+@pytest.mark.parametrize("cuts", [None, [0, 1, 9, 23]], ids=["T1", "packed"])
+@pytest.mark.parametrize("name", EDGE_NAMES)
+def test_edges_equal_fla_s_kernels(name, cuts):
+    """One token, and pieces of 1, 8 and 14 tokens, each from its own initial state (the
+    parallel form has none); o, the final states and every gradient."""
+    pytest.importorskip("tests.fla_interpreter")
+    ops = pytest.importorskip("fla.ops")
+    T, N = (1, 1) if cuts is None else (cuts[-1], len(cuts) - 1)
+    x = recipe(T=T, H=2)
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"]}
+    kwargs = {} if cuts is None else {"cu_seqlens": torch.tensor(cuts)}
+    if name != "parallel_retention":
+        leaves["initial_state"] = torch.cat([x["h0"] * (-1) ** n / (1 + n) for n in range(N)])
+        kwargs["output_final_state"] = True
+    if "lightning" in name:
+        kwargs.update(LIGHTNING)
+    compare(lambda **t: getattr(compat, name)(**t, **kwargs),
+            lambda **t: getattr(ops, name)(**t, **kwargs), leaves, 5e-5)  # fmt: skip

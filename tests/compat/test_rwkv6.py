@@ -193,3 +193,23 @@ def test_chunk_varlen_equals_fla_kernel():
     leaves["initial_state"] = torch.cat([leaves["initial_state"]] * 2)
     _against_kernels("chunk_rwkv6", leaves, output_final_state=True,
                      cu_seqlens=torch.tensor([0, 17, 40]))  # fmt: skip
+
+
+@pytest.mark.parametrize("cuts", [None, [0, 1, 9, 23]], ids=["T1", "packed"])
+@pytest.mark.parametrize("name", ["chunk_rwkv6", "fused_recurrent_rwkv6"])
+def test_edges_equal_fla_kernels(name, cuts):
+    """One token, and pieces of 1, 8 and 14 tokens each from its own initial state: o and the
+    final states, and the gradients (of o alone for the recurrent kernel, whose backward
+    ignores the final state's gradient)."""
+    T, N = (1, 1) if cuts is None else (cuts[-1], len(cuts) - 1)
+    leaves = _leaves(T=T)
+    h0 = leaves["initial_state"]
+    leaves["initial_state"] = torch.cat([h0 * (-1) ** n / (1 + n) for n in range(N)])
+    kwargs = {"cu_seqlens": None if cuts is None else torch.tensor(cuts)}
+    with torch.no_grad():
+        a = getattr(compat, name)(**leaves, output_final_state=True, **kwargs)
+        b = getattr(ops, name)(**leaves, output_final_state=True, **kwargs)
+    assert_same(list(a), list(b), TOL, name)
+    if name == "chunk_rwkv6":
+        kwargs["output_final_state"] = True
+    _against_kernels(name, leaves, **kwargs)

@@ -4,6 +4,11 @@ fla's own test recipes (``helpers.recipe``), float32, forward and (where fla has
 the gradients of every input, grouped value heads, ``state_v_first``, the in-kernel options,
 ``cu_seqlens``, initial and final states. The interpreter is slow: shapes are small, and the
 heavier cases are marked slow.
+
+``EDGES``: every entry point of these families at fla's edges, in the default run: one token
+(T = 1, a lone partial chunk), and packed sequences of 1, 8 and 14 tokens (none a multiple of
+a chunk) each from its own initial state; and, marked slow, pieces of 1, 8 and 66 tokens (a
+whole chunk and a partial one) for the chunk kernels.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .helpers import assert_same, dplr_recipe, flatten, outputs_and_grads, recip
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 TOL = 5e-5
+FLOAT16_TOL = 4e-3  # fla's float16 kernels: float16's rounding
 
 
 def _case(name, leaves, grads=True, tol=TOL, **kwargs):
@@ -210,7 +216,7 @@ def delta_rule_chunk_float16():
     interpreter: tests/fla_interpreter.py), to float16's rounding of fla's kernels."""
     x = recipe(T=64)
     leaves = {n: x[n].half() for n in ("q", "k", "v", "beta")}
-    return _case("chunk_delta_rule", leaves, tol=4e-3, output_final_state=True)
+    return _case("chunk_delta_rule", leaves, tol=FLOAT16_TOL, output_final_state=True)
 
 
 def hgrn_recurrent():
@@ -360,6 +366,86 @@ SLOW = [gdn_chunk_varlen, gla_chunk_v_first, simple_gla_chunk_gamma_v_first, sim
         gdn2_chunk_safe_gate_intermediate_varlen]  # fmt: skip
 
 
+# Edge cases: name -> (the leaves' builder (T, N initial states), whether fla has a backward
+# there, keywords). fla's recurrent kernels of the delta-rule family have no backward; fla's
+# ``fused_recurrent_rwkv6`` backward ignores the final state's gradient (test_rwkv6.py).
+EDGE_CUTS = {"T1": None, "packed": [0, 1, 9, 23]}
+CHUNK_CUTS = [0, 1, 9, 75]
+
+
+def _states(h0, N):
+    """N initial states from one: h0, -h0, h0 / 2, ..."""
+    return torch.cat([h0 * (-1) ** n / (1 + n // 2) for n in range(N)])
+
+
+def _named(*names, dplr=False, dtype=torch.float32):
+    """The recipe's tensors under fla's names (``(recipe name, fla name)`` renames)."""
+
+    def build(T, N):
+        x = (dplr_recipe if dplr else recipe)(T=T)
+        pairs = [(n, n) if isinstance(n, str) else n for n in names]
+        leaves = {fla: x[ours] for ours, fla in pairs}
+        leaves["initial_state"] = _states(x["h0"], N)
+        return {n: t.to(dtype) for n, t in leaves.items()}
+
+    return build
+
+
+def _rwkv7_edge(T, N):
+    x = dplr_recipe(T=T)
+    return {**_rwkv7_leaves(x), "initial_state": _states(x["h0"], N)}
+
+
+def _rwkv7_mul_edge(T, N):
+    x = dplr_recipe(T=T)
+    return {"r": x["q"], "w": x["w"], "k": x["k"], "v": x["v"], "kk": x["kk"],
+            "a": x["a_scale"], "initial_state": _states(x["h0"], N)}  # fmt: skip
+
+
+GDN = ("q", "k", "v", "g", "beta")
+KDA = ("q", "k", "v", ("gk", "g"), "beta")
+GDN2 = ("q", "k", "v", ("gk", "g"), ("erase", "b"), ("write", "w"))
+DPLR = ("q", "k", "v", "a", "b", "gk")
+EDGES = {
+    "chunk_gated_delta_rule": (_named(*GDN), True, {}),
+    "chunk_gdn": (_named(*GDN), True, {}),
+    "fused_recurrent_gated_delta_rule": (_named(*GDN), False, {}),
+    "fused_recurrent_gdn": (_named(*GDN), False, {}),
+    "chunk_kda": (_named(*KDA), True, {}),
+    "fused_recurrent_kda": (_named(*KDA), False, {}),
+    "chunk_gla": (_named("q", "k", "v", ("gk", "g")), True, {}),
+    "fused_recurrent_gla": (_named("q", "k", "v", "gk"), True, {}),
+    "chunk_simple_gla": (_named("q", "k", "v", "g"), True, {}),
+    "fused_chunk_simple_gla": (_named("q", "k", "v", "g"), True, {}),
+    "fused_recurrent_simple_gla": (_named("q", "k", "v", "g"), True, {}),
+    "fused_recurrent_delta_rule": (_named("q", "k", "v", "beta"), True, {}),
+    # fla's chunk delta rule refuses float32 (float16 here, to float16's rounding)
+    "chunk_delta_rule": (_named("q", "k", "v", "beta", dtype=torch.float16), True, {}),
+    "chunk_dplr_delta_rule": (_named(*DPLR, dplr=True), True, {}),
+    "fused_recurrent_dplr_delta_rule": (_named(*DPLR, dplr=True), False, {}),
+    "chunk_iplr_delta_rule": (_named("q", "k", "v", "a", "b", dplr=True), False, {}),
+    "fused_recurrent_iplr_delta_rule": (_named("q", "k", "v", "a", "b", dplr=True), True, {}),
+    "chunk_comba": (_named("q", "k", "v", "p", "g", "beta", dplr=True), True, {}),
+    "fused_recurrent_comba": (_named("q", "k", "p", "v", "g", "beta", dplr=True), False, {}),
+    "chunk_gdn2": (_named(*GDN2, dplr=True), True, {}),
+    "fused_recurrent_gdn2": (_named(*GDN2, dplr=True), False, {}),
+    "chunk_rwkv7": (_rwkv7_edge, True, {"chunk_size": 64}),
+    "fused_recurrent_rwkv7": (_rwkv7_edge, False, {}),
+    "fused_mul_recurrent_rwkv7": (_rwkv7_mul_edge, False, {}),
+}
+SLOW_EDGES = [name for name in EDGES if name.startswith(("chunk_", "fused_chunk_"))]
+
+
+def _edge(name, cuts):
+    build, grads, kwargs = EDGES[name]
+    tol = FLOAT16_TOL if name == "chunk_delta_rule" else TOL
+    kwargs = {**kwargs, "output_final_state": True}
+    if cuts is None:
+        return _case(name, build(1, 1), grads, tol, **kwargs)
+    return _case(name, build(cuts[-1], len(cuts) - 1), grads, tol, **kwargs,
+                 cu_seqlens=torch.tensor(cuts))  # fmt: skip
+
+
 def _fla(name):
     """fla's function: from ``fla.ops``, or the op module that alone exports it."""
     module = compat.FLA_SUBMODULE_ENTRY_POINTS.get(name)
@@ -390,3 +476,48 @@ def test_agrees_with_fla_kernels(case):
 @pytest.mark.parametrize("case", SLOW, ids=lambda c: c.__name__)
 def test_agrees_with_fla_kernels_more(case):
     _compare(case)
+
+
+@pytest.mark.parametrize("cut", EDGE_CUTS)
+@pytest.mark.parametrize("name", EDGES)
+def test_edges_agree_with_fla_kernels(name, cut):
+    """One token, and packed sequences of 1, 8 and 14 tokens from their own initial states."""
+    _compare(lambda: _edge(name, EDGE_CUTS[cut]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW_EDGES)
+def test_packed_whole_and_partial_chunks_agree_with_fla_kernels(name):
+    """Pieces of 1, 8 and 66 tokens: the last one a whole chunk of 64 and a partial one."""
+    _compare(lambda: _edge(name, CHUNK_CUTS))
+
+
+@pytest.mark.parametrize("cut", EDGE_CUTS)
+def test_parallel_simple_gla_edges_agree_with_fla_kernel(cut):
+    """The parallel form (no states): one token, and packed pieces of 1, 8 and 14 tokens."""
+    cuts = EDGE_CUTS[cut]
+    x = recipe(T=1 if cuts is None else cuts[-1])
+    leaves = {"q": x["q"], "k": x["k"], "v": x["v"], "g": x["g"]}
+    cu = None if cuts is None else torch.tensor(cuts)
+    _compare(lambda: _case("parallel_simple_gla", leaves, cu_seqlens=cu))
+
+
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+@pytest.mark.parametrize("T", [1, 37])
+def test_kda_gate_agrees_with_fla_gate_kernel(T, lower_bound):
+    """compat's ``kda_gate`` (the in-kernel gate of KDA and GDN-2) vs fla's ``fused_kda_gate``
+    kernel: the gate and the gradients of the raw input, A_log and dt_bias."""
+    gate_module = pytest.importorskip("fla.ops.kda.gate")
+    gen = torch.Generator().manual_seed(4)
+    leaves = {"g": torch.randn(1, T, 4, 16, generator=gen), "A_log": torch.randn(4, generator=gen),
+              "dt_bias": torch.randn(64, generator=gen)}  # fmt: skip
+    a, da = outputs_and_grads(
+        lambda g, A_log, dt_bias: compat.kda_gate(g, A_log, dt_bias, lower_bound), leaves
+    )
+    b, db = outputs_and_grads(
+        lambda g, A_log, dt_bias: gate_module.fused_kda_gate(g, A_log, dt_bias, lower_bound),
+        leaves,
+    )
+    assert_same(a, b, TOL, "kda_gate")
+    for n in leaves:
+        assert_same([da[n]], [db[n]], TOL, f"kda_gate d{n}")

@@ -1,7 +1,7 @@
 """MoBA (``linattn.ops.moba``) against its float64 loop: blocks that do and do not divide T,
 packed sequences with a length-1 piece, topk = 1 (causal softmax attention); gradients; the
-refusals. fla's parallel_moba needs flash-attn's CUDA kernels and has no naive reference, so no
-fla code can pin it on the CPU (the compat module's docstring)."""
+refusals. fla's parallel_moba (flash-attn's CUDA functions, no naive reference) is pinned on the
+CPU with those functions written out in tests/compat/test_moba.py."""
 
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ the kernel's chunk of 64 tokens: the kernel normalises the last, partial chunk's
 z = 0 instead of z_T (its load of z_T is masked out), so its final (S_k, S_v) is the true one
 times exp(z_T) per slot (S_k's columns, S_v's rows). This function follows the kernel (the
 outputs o agree either way); ``linattn.ops.slots.abc_attention`` returns the true state.
+fla's kernel has no backward for the states: it returns no gradient for an initial state and
+leaves its term out of s's; here the gradients are autograd's of the forward above (those of
+fla's naive reference; without an initial state, the kernel's).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ For L residual sources v_1..v_L [..., D], a pseudo-query q [D] and RMSNorm weigh
 then, with ``output_rms_weight``, o = RMSNorm_{w_o}(o) (the pre-norm that follows it, fused).
 Computed in float32 (float64 for float64 sources) and returned in the sources' dtype; with
 ``return_weights`` also p [L, ...] in float32 (float64), without gradient, as fla's.
-fla's kernel runs on CUDA tensors only (it refuses CPU tensors even under Triton's interpreter),
-so tests/compat/test_attnres.py pins this against fla's ``naive_attnres``.
+tests/compat/test_attnres.py pins this against fla's ``naive_attnres`` and its Triton kernel
+under the interpreter (whose check for CUDA tensors the test lifts).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ parametrisation).
 It is linear attention with one head per channel d and K = V = 1 (q = k = 1, v = x[d], the
 scalar decay g[d], scale 1): linattn's scalar-decay recurrence (spec section 10), exactly.
 ``hgrn`` runs it in any form; the registry's entry "hgrn" is this reparametrisation.
+fla's ``chunk_hgrn`` kernel differentiates the output alone (its final state is o's last row
+outside the graph, and it returns no gradient for the initial state); here every gradient is
+autograd's (those of fla's naive reference and of its ``fused_recurrent_hgrn``).
 """
 
 from __future__ import annotations

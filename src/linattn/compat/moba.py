@@ -1,11 +1,12 @@
 """fla's ``parallel_moba`` (fla.ops.moba, not exported by ``fla.ops``): mixture of block
 attention (``linattn.ops.moba.mixture_of_block_attention``, whose docstring gives the formula).
 
-fla's implementation runs on flash-attn's CUDA kernels (``_flash_attn_varlen_forward``) and has
-no naive reference, so nothing of fla's can run on the CPU to pin this: it follows fla's code
-(the blocks, the unscaled mean-key gate, the topk - 1 earlier blocks of the query's own sequence,
-its own block causally, one softmax) and is pinned to the float64 loop of
-``linattn.reference.moba``. ``max_seqlen`` is accepted and unused; o is returned in q's dtype.
+fla's implementation is PyTorch around flash-attn's CUDA functions (``_flash_attn_varlen_forward``)
+and has no naive reference: this follows fla's code (the blocks, the unscaled mean-key gate, the
+topk - 1 earlier blocks of the query's own sequence, its own block causally, one softmax), is
+pinned to the float64 loop of ``linattn.reference.moba``, and to fla's code run on the CPU with
+flash-attn's three functions written out (tests/compat/test_moba.py). ``max_seqlen`` is accepted
+and unused; o is returned in q's dtype.
 """
 
 from __future__ import annotations

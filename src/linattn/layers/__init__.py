@@ -32,6 +32,11 @@ and in recurrent mode for a one-token decoding step.
   into the ranges the rule declares.
 - ``GatedSlotAttention``, ``ABCAttention``: two passes over m memory slots with a softmax over
   the slots between them (GSA, ABC), as fla's layers.
+- ``GatedOja``: the gated Oja rule (a per-value-channel decay, Oja's Hebbian write), linattn's
+  recurrent block around ``linattn.ops.gated_oja_rule`` (fla has no layer for it).
+- ``TTTLinear``, ``Titans``: memories trained at test time by a gradient step per mini-batch
+  (TTT-Linear; Titans' linear memory with momentum and forgetting), linattn's recurrent block
+  around ``linattn.ops.ttt`` / ``linattn.ops.titans`` (fla has no layer for either).
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
@@ -53,6 +58,7 @@ from linattn.layers.mixer import TokenMixer
 from linattn.layers.mla import MultiHeadLatentAttention
 from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvolution
 from linattn.layers.momentum import MomentumDeltaNet
+from linattn.layers.oja import GatedOja
 from linattn.layers.path import PaTHAttention
 from linattn.layers.precond import PrecondGatedDeltaNet, PrecondKDA
 from linattn.layers.recurrent import RecurrentMixer
@@ -61,6 +67,7 @@ from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.slots import ABCAttention, GatedSlotAttention
 from linattn.layers.softmax import SoftmaxAttention
+from linattn.layers.ttt import Titans, TTTLinear
 
 __all__ = [
     "ABCAttention",
@@ -97,4 +104,8 @@ __all__ = [
     "ShortConvolution",
     "SoftmaxAttention",
     "TokenMixer",
+    "GatedOja",
+    # test-time-training memories
+    "TTTLinear",
+    "Titans",
 ]
