@@ -106,14 +106,14 @@ class LogLinearMamba2(Mamba2):
         y = y * F.silu(z) if self.norm is None else self.norm(y, z)
         new_state = None
         if state is not None:
+            # the levels >= num_levels are never read (nor written from): dropped exactly
             S = _kept_levels(final.S, state["S"].shape[1])
             new_state = {"S": S.to(state["S"].dtype), "offset": final.offset, "conv": conv_state}
         return self.out_proj(y), new_state
 
 
 def _kept_levels(S: Tensor, levels: int) -> Tensor:
-    """The first ``levels`` level states of ``S`` [B, n, ...], zeros appended when n < levels: the
-    levels >= num_levels are never read, so dropping them is exact."""
+    """The first ``levels`` level states of ``S`` [B, n, ...], zeros appended when n < levels."""
     S = S[:, :levels]
     if S.shape[1] < levels:
         S = torch.cat([S, S.new_zeros(S.shape[0], levels - S.shape[1], *S.shape[2:])], 1)
