@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from linattn import registry
 from linattn.models import MIXERS, CausalLM, LMConfig
 
 HYBRID = ("kda", "kda", "kda", "softmax")  # Kimi-Linear-style: three KDA blocks, one softmax block
 ZOOLOGY = ("conv", "deltanet")  # the MQAR models: a gated short convolution, then the mechanism
+# The mixers of the registry's entries that ``build_mixer`` builds from the registry (their
+# layers' ``from_config``): log-linear Gated DeltaNet, MesaNet, PaTH, FoX.
+REGISTERED = tuple(m for m in registry.mixers() if m not in MIXERS)
 # One block of every mixer, the hybrid, and a gated convolution in front of a mechanism.
-CASES = [(name,) for name in MIXERS] + [HYBRID, ZOOLOGY]
+CASES = [(name,) for name in MIXERS + REGISTERED] + [HYBRID, ZOOLOGY]
 IDS = [c[0] if len(c) == 1 else "hybrid" if c == HYBRID else "conv+deltanet" for c in CASES]
 
 

@@ -14,7 +14,8 @@ and in recurrent mode for a one-token decoding step.
   available, as Kimi Linear's full-attention layers).
 - ``GatedAttention``: Qwen3-Next's softmax attention with an output gate, q/k norms, partial
   rotary embeddings and grouped key/value heads.
-- ``LogLinearMamba2``: Mamba-2 with log-linear attention's Fenwick levels (issue 52).
+- ``LogLinearMamba2``: Mamba-2 with log-linear attention's Fenwick levels (issue 52);
+  ``LogLinearGatedDeltaNet``: Gated DeltaNet with the same levels.
 - ``Mamba2``: the Mamba-2 mixer (SSD: scalar decay, Delta-scaled input, D skip, B/C groups).
 - ``Comba``, ``GatedDeltaNet2``: the generalized delta rule's gated delta rules: a separate
   read key p and a corrected query (Comba); an erase gate per key channel and a write gate per
@@ -37,6 +38,8 @@ and in recurrent mode for a one-token decoding step.
 - ``TTTLinear``, ``Titans``: memories trained at test time by a gradient step per mini-batch
   (TTT-Linear; Titans' linear memory with momentum and forgetting), linattn's recurrent block
   around ``linattn.ops.ttt`` / ``linattn.ops.titans`` (fla has no layer for either).
+- ``ForgettingAttentionMixer``: FoX's forgetting attention with a KV cache (the
+  ``"forgetting"`` mixer of ``LMConfig``).
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
 """
@@ -46,12 +49,13 @@ from linattn.layers.cyfa import CyclicFlowAttention
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
 from linattn.layers.delta_product import GatedDeltaProduct
 from linattn.layers.deltaformer import DeltaFormer
+from linattn.layers.forgetting import ForgettingAttentionMixer
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
 from linattn.layers.hgrn2 import HGRN2
 from linattn.layers.lightnet import LightNet
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
-from linattn.layers.log_linear import LogLinearMamba2
+from linattn.layers.log_linear import LogLinearGatedDeltaNet, LogLinearMamba2
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mesa import MesaNet
 from linattn.layers.mixer import TokenMixer
@@ -76,6 +80,7 @@ __all__ = [
     "DecayGate",
     "DeltaFormer",
     "DeltaNet",
+    "ForgettingAttentionMixer",
     "GatedAttention",
     "GatedConvolution",
     "GatedDeltaNet",
@@ -89,6 +94,7 @@ __all__ = [
     "LightNet",
     "LoRA",
     "LinearAttention",
+    "LogLinearGatedDeltaNet",
     "LogLinearMamba2",
     "MultiHeadLatentAttention",
     "MultiScaleRetention",

@@ -10,15 +10,28 @@ layer passes it to its KV cache only, so that its training forward is not window
 parameter names are fla's (``q_proj``, ``k_proj``, ``v_proj``, ``f_proj``, ``g_proj``,
 ``o_proj``), so fla's weights load with ``load_state_dict`` (fla's ``qk_norm`` is not offered).
 No KV cache: a training and prefill layer.
+
+``ForgettingAttentionMixer``: the same attention as a ``TokenMixer`` with a KV cache (the mixer
+``"forgetting"`` of ``LMConfig.mixers``). Its state holds the keys, the values and the running
+sum G_t = sum_{i <= t} log f_i per head, so that a new token's logits are
+scale q_t^T k_s + G_t - G_s over the cache. Its parameters are named as ``ForgettingAttention``'s.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn.dtypes import compute_dtype
+from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim
 from linattn.ops.checks import flag
 from linattn.ops.softmax_variants import forgetting_attention
+
+if TYPE_CHECKING:
+    from linattn.models.config import LMConfig
 
 
 class ForgettingAttention(nn.Module):
@@ -60,6 +73,12 @@ class ForgettingAttention(nn.Module):
             self.g_proj = nn.Linear(hidden_size, hidden_size, bias=False)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
 
+    @classmethod
+    def from_config(cls, config: LMConfig) -> ForgettingAttentionMixer:
+        """The mixer of ``LMConfig.mixers`` name ``"forgetting"``: this attention with a KV cache,
+        ``ForgettingAttentionMixer.from_config(config)`` (this layer has none)."""
+        return ForgettingAttentionMixer.from_config(config)
+
     def forward(self, x: Tensor, cu_seqlens: Tensor | None = None) -> Tensor:
         """x [B, T, hidden_size] -> y [B, T, hidden_size]; ``cu_seqlens`` for packed sequences
         (B = 1)."""
@@ -67,7 +86,7 @@ class ForgettingAttention(nn.Module):
         q = self.q_proj(x).unflatten(-1, (-1, d))
         k = self.k_proj(x).unflatten(-1, (-1, d))
         v = self.v_proj(x).unflatten(-1, (-1, d))
-        log_f = F.logsigmoid(self.f_proj(x).float()).to(q.dtype)
+        log_f = F.logsigmoid(self.f_proj(x).to(compute_dtype(x.dtype))).to(q.dtype)
         o = forgetting_attention(q, k, v, log_f, window_size=self.window_size,
                                  cu_seqlens=cu_seqlens, mode=self.mode,
                                  chunk_size=self.chunk_size)  # fmt: skip
@@ -75,3 +94,107 @@ class ForgettingAttention(nn.Module):
         if self.use_output_gate:
             o = self.g_proj(x).sigmoid() * o
         return self.o_proj(o)
+
+
+class ForgettingAttentionMixer(TokenMixer):
+    """FoX attention (Lin et al., 2025) with a KV cache, for ``linattn.models.CausalLM``:
+
+        o_t = sum_{s <= t} softmax_s(scale q_t^T k_s + G_t - G_s) v_s,   G_t = sum_{i <= t} log f_i,
+        log f_t = logsigmoid(f_proj x_t) (one gate per head),  y = o_proj(sigmoid(g_proj x) * o)
+
+    (the output gate optional; no positional embedding, as FoX). Args: d_model, n_heads,
+    head_dim (default d_model // n_heads), num_kv_heads (default n_heads; a divisor of it:
+    grouped heads), use_output_gate (False, fla's), chunk_size (the op's blocks). A prompt runs
+    ``linattn.ops.softmax_variants.forgetting_attention`` (its chunk form, or the parallel one
+    with ``mode = "parallel"``); tokens after a cached prefix attend to the cache and to each
+    other causally with the cached G.
+    """
+
+    growing = ("k", "v", "G")
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        *,
+        num_kv_heads: int | None = None,
+        use_output_gate: bool = False,
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__(d_model, chunk_size)
+        D = resolve_head_dim(d_model, n_heads, head_dim)
+        kv_heads = n_heads if num_kv_heads is None else num_kv_heads
+        if (
+            isinstance(kv_heads, bool)
+            or not isinstance(kv_heads, int)
+            or kv_heads < 1
+            or (n_heads % kv_heads)
+        ):
+            raise ValueError(f"num_kv_heads must divide n_heads ({n_heads}), got {num_kv_heads!r}")
+        self.n_heads, self.num_kv_heads, self.head_dim = n_heads, kv_heads, D
+        self.use_output_gate = flag("use_output_gate", use_output_gate)
+        self.q_proj = nn.Linear(d_model, n_heads * D, bias=False)
+        self.k_proj = nn.Linear(d_model, kv_heads * D, bias=False)
+        self.v_proj = nn.Linear(d_model, kv_heads * D, bias=False)
+        self.f_proj = nn.Linear(d_model, n_heads, bias=True)
+        self.g_proj = nn.Linear(d_model, n_heads * D, bias=False) if self.use_output_gate else None
+        self.o_proj = nn.Linear(n_heads * D, d_model, bias=False)
+
+    @classmethod
+    def from_config(cls, config: LMConfig) -> ForgettingAttentionMixer:
+        """The layer of ``LMConfig.mixers`` name ``"forgetting"``: the config's ``head_dim``,
+        ``num_key_value_heads``, ``output_gate`` (None: off, fla's default) and ``chunk_size``."""
+        kwargs = dict(head_dim=config.head_size, num_kv_heads=config.num_key_value_heads,
+                      use_output_gate=bool(config.output_gate))  # fmt: skip
+        if config.chunk_size is not None:
+            kwargs["chunk_size"] = config.chunk_size
+        return cls(config.d_model, config.n_heads, **kwargs)
+
+    def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
+        """``k``, ``v``: [B, t, H_kv, D] in the model's dtype; ``G``: [B, t, H], the running sums
+        of the log forget gates, in float32 (float64 for a float64 model); t = 0 at first."""
+        kv = (batch_size, 0, self.num_kv_heads, self.head_dim)
+        return {"k": (kv, dtype), "v": (kv, dtype),
+                "G": ((batch_size, 0, self.n_heads), compute_dtype(dtype))}  # fmt: skip
+
+    def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
+        B, T, _ = x.shape
+        HQ, H, D = self.n_heads, self.num_kv_heads, self.head_dim
+        cd = compute_dtype(x.dtype)
+        q = self.q_proj(x).view(B, T, HQ, D)
+        k, v = self.k_proj(x).view(B, T, H, D), self.v_proj(x).view(B, T, H, D)
+        log_f = F.logsigmoid(self.f_proj(x).to(cd))  # [B, T, HQ]
+        cached = 0 if state is None else state["k"].shape[1]
+        if cached == 0:
+            mode = "parallel" if self.mode == "parallel" else "chunk"
+            o = forgetting_attention(q, k, v, log_f.to(q.dtype), mode=mode,
+                                     chunk_size=self.chunk_size).to(cd)  # fmt: skip
+        new = None
+        if state is not None:
+            last = state["G"][:, -1:] if cached else log_f.new_zeros(B, 1, HQ)
+            G = torch.cat([state["G"], last + log_f.cumsum(1)], 1)
+            new = {"k": torch.cat([state["k"], k], 1), "v": torch.cat([state["v"], v], 1), "G": G}
+            if cached:
+                o = self._attend_cache(q, new, cached)
+        o = o.reshape(B, T, HQ * D)
+        if self.g_proj is not None:
+            o = torch.sigmoid(self.g_proj(x).to(cd)) * o
+        return self.o_proj(o.to(x.dtype)), new
+
+    def _attend_cache(self, q: Tensor, cache: State, cached: int) -> Tensor:
+        """The T new queries (positions cached .. cached + T - 1) over the whole cache, causal:
+        softmax_s(scale q_t . k_s + G_t - G_s), s <= t. Returns [B, T, HQ, D] in the compute
+        dtype."""
+        cd = compute_dtype(q.dtype)
+        T, group = q.shape[1], self.n_heads // self.num_kv_heads
+        keys = cache["k"].to(cd).repeat_interleave(group, dim=2)  # [B, S, HQ, D]
+        values = cache["v"].to(cd).repeat_interleave(group, dim=2)
+        G = cache["G"]  # [B, S, HQ]
+        logits = torch.einsum("bthd,bshd->bhts", q.to(cd), keys) * self.head_dim**-0.5
+        logits = logits + G[:, cached:].transpose(1, 2)[..., None] - G.transpose(1, 2)[:, :, None]
+        S = keys.shape[1]
+        rows = torch.arange(cached, cached + T, device=q.device)[:, None]
+        future = torch.arange(S, device=q.device)[None, :] > rows  # [T, S]
+        weights = logits.masked_fill(future, float("-inf")).softmax(-1)
+        return torch.einsum("bhts,bshd->bthd", weights, values)

@@ -13,18 +13,35 @@ its grouped heads), and fla's number of levels: ``num_levels`` = 15, every level
 16,384 tokens. Generation state: ``S`` [B, num_levels - 1, H, N, P], the level states a token can
 read (a level >= num_levels weighs 0, so the levels above are dropped exactly), ``offset`` [B]
 (int64), the position of the next token, and ``conv``.
+
+``LogLinearGatedDeltaNet``: Gated DeltaNet's layer (``linattn.layers.GatedDeltaNet``) with the same
+Fenwick levels over its memory (the paper's section 3.4): the writes are Gated DeltaNet's
+pseudo-values, which read the whole state (the sum of the levels), and the read weighs each level
+by lambda_t^(l) = softplus(L_l dl_t^(l)), dl = level_proj(x) (one logit per value head and level,
+as ``LogLinearMamba2``'s ``dl``). The levels >= num_levels are never read by the output, but the
+writes read them (through the sum), so its generation state keeps their sum in one more slot:
+``S`` [B, num_levels, HV, K, V], the levels 1 .. num_levels - 1 and that sum, which enters the
+op as the highest occupied level of the position (all levels >= num_levels decay alike, weigh 0
+and move only upwards, so that their sum is all the op needs of them).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn import ops
+from linattn.layers.delta import GatedDeltaNet
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import State, StateSpec, check_positive, state_dtype
+from linattn.ops.functional import l2norm
 from linattn.ops.log_linear import LogLinearState
+
+if TYPE_CHECKING:
+    from linattn.models.config import LMConfig
 
 NUM_LEVELS = 15  # fla's: ceil(log2(16384)) + 1
 
@@ -89,9 +106,106 @@ class LogLinearMamba2(Mamba2):
         y = y * F.silu(z) if self.norm is None else self.norm(y, z)
         new_state = None
         if state is not None:
-            levels = state["S"].shape[1]
-            S = final.S[:, :levels]  # the levels >= num_levels are never read: dropped exactly
-            if S.shape[1] < levels:
-                S = torch.cat([S, S.new_zeros(Bsz, levels - S.shape[1], *S.shape[2:])], 1)
+            # the levels >= num_levels are never read (nor written from): dropped exactly
+            S = _kept_levels(final.S, state["S"].shape[1])
             new_state = {"S": S.to(state["S"].dtype), "offset": final.offset, "conv": conv_state}
         return self.out_proj(y), new_state
+
+
+def _kept_levels(S: Tensor, levels: int) -> Tensor:
+    """The first ``levels`` level states of ``S`` [B, n, ...], zeros appended when n < levels."""
+    S = S[:, :levels]
+    if S.shape[1] < levels:
+        S = torch.cat([S, S.new_zeros(S.shape[0], levels - S.shape[1], *S.shape[2:])], 1)
+    return S
+
+
+class LogLinearGatedDeltaNet(GatedDeltaNet):
+    """Log-linear Gated DeltaNet (Guo, Yang et al. 2025, section 3.4); x, y: [B, T, d_model].
+
+    Gated DeltaNet's layer (q, k L2-normalised after the short convolution, beta = sigmoid(b_proj
+    x), one decay per value head, the output norm and gate), its memory read through Fenwick
+    levels: ``linattn.ops.log_linear_attention(q, k, v, g, lambda, beta=beta)`` with
+    lambda_t^(l) = softplus(L_l (level_proj x_t)_l) per value head (the module docstring).
+
+    Args: those of ``GatedDeltaNet``, plus ``num_levels``: the Fenwick levels weighted per token
+    and head (15, ``LogLinearMamba2``'s: every level of 16,384 tokens). ``chunk_size`` must be a
+    power of two (a chunk's levels are its own).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        *,
+        num_levels: int = NUM_LEVELS,
+        **kwargs,
+    ) -> None:
+        check_positive("num_levels", num_levels)
+        chunk_size = kwargs.get("chunk_size", 64)
+        if isinstance(chunk_size, int) and chunk_size >= 1 and chunk_size & (chunk_size - 1):
+            raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
+        super().__init__(d_model, n_heads, head_dim, **kwargs)
+        self.num_levels = num_levels
+        HV = self.num_v_heads
+        self.level_proj = nn.Linear(d_model, HV * num_levels, bias=False)
+        self.L = nn.Parameter(torch.ones(HV, num_levels))
+
+    @classmethod
+    def from_config(cls, config: LMConfig) -> LogLinearGatedDeltaNet:
+        """The layer of ``LMConfig.mixers`` name ``"log_linear_gated_deltanet"``: Gated DeltaNet's
+        options of the config (``expand_v``, ``num_v_heads``, ``allow_neg_eigval``,
+        ``dt_init_range``, ``short_conv``, ``output_gate``, ``chunk_size``, ``conv_size``)."""
+        from linattn.models.mixers import delta_options
+
+        return cls(config.d_model, config.n_heads, expand_v=config.expand_v,
+                   num_v_heads=config.num_v_heads, **delta_options(config))  # fmt: skip
+
+    def extra_states(self, batch_size: int) -> dict[str, tuple[int, ...]]:
+        return {"offset": (batch_size,)}
+
+    def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
+        """``S``: [B, num_levels, HV, K, V] in float32 (float64 for float64 models), the level
+        states 1 .. num_levels - 1 and the sum of the levels above (the module docstring);
+        ``offset``: [B] int64, the position of the next token; ``conv``: the short convolution's
+        last inputs, as ``GatedDeltaNet``'s."""
+        spec = super().state_spec(batch_size, dtype)
+        spec["S"] = ((batch_size, self.num_levels, self.num_v_heads, *self.memory_shape()),
+                     state_dtype(dtype))  # fmt: skip
+        spec["offset"] = ((batch_size,), torch.int64)
+        return spec
+
+    def recurrence(self, x, q, k, v, mode, S, keep):
+        B, T, _ = x.shape
+        q, k = l2norm(q), l2norm(k)
+        beta = self.beta(x)  # [B, T, HV]
+        g = self.decay(x)  # [B, T, HV]
+        dl = self.level_proj(x).view(B, T, self.num_v_heads, self.num_levels)
+        lam = F.softplus(self.L.to(dl.dtype) * dl)
+        start = None if S is None else self._op_state(S["S"], S["offset"])
+        o, final = ops.log_linear_attention(
+            q, k, v, g, lam.to(v.dtype), beta=beta, mode=mode, chunk_size=self.chunk_size,
+            initial_state=start, output_final_state=keep,
+        )  # fmt: skip
+        if not keep:
+            return o, None
+        read = self.num_levels - 1  # the levels the output reads; the rest only through the sum
+        above = final.S[:, read:].sum(1, keepdim=True)
+        if final.S.shape[1] <= read:
+            above = final.S.new_zeros(final.S.shape[0], 1, *final.S.shape[2:])
+        return o, {"S": torch.cat([_kept_levels(final.S, read), above], 1),
+                   "offset": final.offset}  # fmt: skip
+
+    def _op_state(self, S: Tensor, offset: Tensor) -> LogLinearState:
+        """The op's level states from the layer's: the read levels in their slots, the sum of the
+        levels above in the slot of the position's highest set bit (an occupied level >= L,
+        whenever that sum can be nonzero)."""
+        read = self.num_levels - 1
+        top = [int(p).bit_length() - 1 for p in offset.tolist()]  # -1: no level occupied
+        S0 = S.new_zeros(S.shape[0], max(read, *(t + 1 for t in top), 1), *S.shape[2:])
+        S0[:, :read] = S[:, :read]
+        for row, t in enumerate(top):
+            if t >= read:
+                S0[row, t] = S[row, read]
+        return LogLinearState(S0, offset)

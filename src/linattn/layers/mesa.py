@@ -6,27 +6,42 @@ convolution), beta = sigmoid(b_proj x), g = logsigmoid(a_proj x), lambda = softp
 (o_t = G_t^T (H_t + Diag(lambda))^{-1} q_t, fla's CG: 30 steps in training and prefill, 30 in a
 decoding step); output ``o_proj(rmsnorm(o))``, or ``o_proj(rmsnorm(o) * silu(g_proj x))`` with
 ``use_output_gate``. Values have the keys' width (fla's layer: head_v_dim = head_dim).
+``use_short_conv=False`` (fla's option, which its layer 0.6.0 ignores) drops the convolutions of q
+and k and keeps their SiLU, as the recurrent mixers without a short convolution do.
+
+Decoding: fla's step (``mesa_net_step``) starts conjugate gradients from Jacobi's guess, the
+training forward from 0; after a fixed number of steps the two solves differ (by about 1e-3 with
+fla's guard), so that fla's generation does not reproduce its own forward. ``decode_as_training``
+decodes with the forward's solve over the cached states instead (the mixer of ``LMConfig``, whose
+generation then equals the full forward to rounding).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from linattn.dtypes import compute_dtype
 from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim, state_dtype
 from linattn.layers.modules import GatedRMSNorm, ShortConvolution
+from linattn.ops.checks import flag
 from linattn.ops.functional import l2norm
 from linattn.ops.mesa import mesa_net, mesa_net_step
+
+if TYPE_CHECKING:
+    from linattn.models.config import LMConfig
 
 
 class MesaNet(TokenMixer):
     """fla's MesaNet layer (module docstring). Args (fla's names): d_model (``hidden_size``),
     n_heads (``num_heads``), head_dim (default d_model // n_heads), conv_size (4),
-    use_output_gate (False), norm_eps (1e-5), lambda_lower_bound (0.25), max_cg_step_training
-    (30), max_cg_step_decoding (30), chunk_size (64)."""
+    use_short_conv (True), use_output_gate (False), norm_eps (1e-5), lambda_lower_bound (0.25),
+    max_cg_step_training (30), max_cg_step_decoding (30), chunk_size (64); and
+    decode_as_training (False: fla's decoding step; the module docstring)."""
 
     def __init__(
         self,
@@ -35,12 +50,14 @@ class MesaNet(TokenMixer):
         head_dim: int | None = None,
         *,
         conv_size: int = 4,
+        use_short_conv: bool = True,
         use_output_gate: bool = False,
         norm_eps: float = 1e-5,
         lambda_lower_bound: float = 0.25,
         max_cg_step_training: int = 30,
         max_cg_step_decoding: int = 30,
         chunk_size: int = 64,
+        decode_as_training: bool = False,
     ) -> None:
         super().__init__(d_model, chunk_size)
         head_dim = resolve_head_dim(d_model, n_heads, head_dim)
@@ -50,6 +67,7 @@ class MesaNet(TokenMixer):
         self.lambda_lower_bound = float(lambda_lower_bound)
         self.max_cg_step_training = max_cg_step_training
         self.max_cg_step_decoding = max_cg_step_decoding
+        self.decode_as_training = flag("decode_as_training", decode_as_training)
         width = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, width, bias=False)
         self.k_proj = nn.Linear(d_model, width, bias=False)
@@ -58,8 +76,11 @@ class MesaNet(TokenMixer):
         self.b_proj = nn.Linear(d_model, n_heads, bias=True)
         start = math.log(math.expm1(1.0 - self.lambda_lower_bound))  # lambda starts at 1
         self.lambda_params = nn.Parameter(torch.full((width,), start))
-        self.q_conv1d = ShortConvolution(width, conv_size)
-        self.k_conv1d = ShortConvolution(width, conv_size)
+        self.use_short_conv = flag("use_short_conv", use_short_conv)
+        self.q_conv1d = self.k_conv1d = None
+        if self.use_short_conv:
+            self.q_conv1d = ShortConvolution(width, conv_size)
+            self.k_conv1d = ShortConvolution(width, conv_size)
         self.g_proj = nn.Linear(d_model, width, bias=False) if use_output_gate else None
         self.o_norm = GatedRMSNorm(head_dim, "silu", eps=norm_eps)
         self.o_proj = nn.Linear(width, d_model, bias=False)
@@ -67,22 +88,31 @@ class MesaNet(TokenMixer):
     def state_spec(self, batch_size: int, dtype: torch.dtype) -> StateSpec:
         H, K, W = self.n_heads, self.head_dim, self.n_heads * self.head_dim
         sd = state_dtype(dtype)
-        conv = (batch_size, W, self.q_conv1d.kernel_size - 1)
-        return {"h_kk": ((batch_size, H, K, K), sd), "h_kv": ((batch_size, H, K, K), sd),
-                "conv_q": (conv, dtype), "conv_k": (conv, dtype)}  # fmt: skip
+        spec = {"h_kk": ((batch_size, H, K, K), sd), "h_kv": ((batch_size, H, K, K), sd)}
+        if self.q_conv1d is not None:
+            conv = (batch_size, W, self.q_conv1d.kernel_size - 1)
+            spec.update(conv_q=(conv, dtype), conv_k=(conv, dtype))
+        return spec
 
     def mix(self, x: Tensor, state: State | None) -> tuple[Tensor, State | None]:
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, conv_q = self.q_conv1d(self.q_proj(x), None if state is None else state["conv_q"])
-        k, conv_k = self.k_conv1d(self.k_proj(x), None if state is None else state["conv_k"])
+        convs = {}
+        if self.q_conv1d is None:
+            q, k = F.silu(self.q_proj(x)), F.silu(self.k_proj(x))
+        else:
+            conv_q, conv_k = (None, None) if state is None else (state["conv_q"], state["conv_k"])
+            q, convs["conv_q"] = self.q_conv1d(self.q_proj(x), conv_q)
+            k, convs["conv_k"] = self.k_conv1d(self.k_proj(x), conv_k)
         q, k = l2norm(q.view(B, T, H, K)), l2norm(k.view(B, T, H, K))
         v = self.v_proj(x).view(B, T, H, K)
-        beta = torch.sigmoid(self.b_proj(x).float())
-        g = F.logsigmoid(self.a_proj(x).float())
-        lamb = (F.softplus(self.lambda_params.float()) + self.lambda_lower_bound).view(H, K)
+        cd = compute_dtype(x.dtype)  # float32, or float64 for a float64 model
+        beta = torch.sigmoid(self.b_proj(x).to(cd))
+        g = F.logsigmoid(self.a_proj(x).to(cd))
+        lamb = (F.softplus(self.lambda_params.to(cd)) + self.lambda_lower_bound).view(H, K)
         new_state = None
-        if state is not None and self.pick_mode(T, state) == "recurrent":
+        step = state is not None and self.pick_mode(T, state) == "recurrent"
+        if step and not self.decode_as_training:
             h_kk, h_kv = state["h_kk"], state["h_kv"]
             outs = []
             for t in range(T):
@@ -102,11 +132,25 @@ class MesaNet(TokenMixer):
             )  # fmt: skip
         if state is not None:
             sd = state["h_kk"].dtype
-            new_state = {"h_kk": h_kk.to(sd), "h_kv": h_kv.to(sd), "conv_q": conv_q,
-                         "conv_k": conv_k}  # fmt: skip
+            new_state = {"h_kk": h_kk.to(sd), "h_kv": h_kv.to(sd), **convs}
         gate = None if self.g_proj is None else self.g_proj(x).view(B, T, H, K)
         o = self.o_norm(o.to(x.dtype), gate)
         return self.o_proj(o.reshape(B, T, H * K)), new_state
+
+    @classmethod
+    def from_config(cls, config: LMConfig) -> MesaNet:
+        """The layer of ``LMConfig.mixers`` name ``"mesa"``: the config's ``head_dim``,
+        ``conv_size``, ``norm_eps``, and ``short_conv``, ``output_gate``, ``chunk_size`` where
+        they are set (None: fla's defaults, the convolutions on, no output gate);
+        ``decode_as_training``, so that generation equals the full forward. MesaNet's decay is
+        fla's logsigmoid gate, which ``dt_init_range`` does not set."""
+        kwargs = dict(head_dim=config.head_size, conv_size=config.conv_size,
+                      norm_eps=config.norm_eps, decode_as_training=True)  # fmt: skip
+        for ours, theirs in (("short_conv", "use_short_conv"), ("output_gate", "use_output_gate"),
+                             ("chunk_size", "chunk_size")):  # fmt: skip
+            if getattr(config, ours) is not None:
+                kwargs[theirs] = getattr(config, ours)
+        return cls(config.d_model, config.n_heads, **kwargs)
 
     @classmethod
     def from_fla(cls, module: nn.Module, **kwargs) -> MesaNet:

@@ -167,7 +167,8 @@ class RecurrentMixer(TokenMixer):
         o, S = self.recurrence(x, q, k, v, mode, S, keep=state is not None)
         if new_state is not None:
             for name, t in (S if isinstance(S, dict) else {"S": S}).items():
-                new_state[name] = t.to(state_dtype(x.dtype))
+                # an integer state (a position) keeps its dtype
+                new_state[name] = t.to(state_dtype(x.dtype)) if t.is_floating_point() else t
         gate = None
         if self.g_proj is not None:
             gate = self.g_proj(x).view(B, T, HV, V)  # [B, T, HV*V] -> [B, T, HV, V]

@@ -65,7 +65,9 @@ class LMConfig:
         n_heads: heads of every mixer.
         head_dim: value (and key) dimension per head; default ``d_model // n_heads``, which then
             must divide evenly.
-        mixers: one mechanism name per block, from ``MIXERS`` (or ``"conv"``, a gated short
+        mixers: one mechanism name per block, from ``MIXERS``, a registered mechanism's mixer
+            (``linattn.registry``: ``"log_linear_gated_deltanet"``, ``"mesa"``, ``"path"``,
+            ``"forgetting"``, built by their layers' ``from_config``) or ``"conv"`` (a gated short
             convolution); e.g. ``("kda", "kda", "kda", "mla")`` for Kimi Linear's hybrid (spec
             section 10; ``linattn.models.preset("kimi_linear")``), ``("conv", "deltanet")`` for
             Zoology's MQAR model.

@@ -32,7 +32,10 @@ def _chunk(c: LMConfig) -> dict:
     return {} if c.chunk_size is None else {"chunk_size": c.chunk_size}
 
 
-def _recurrent_kwargs(c: LMConfig) -> dict:
+def recurrent_options(c: LMConfig) -> dict:
+    """The keywords of a recurrent mixer (``linattn.layers.RecurrentMixer``) that the config
+    sets: ``head_dim``, ``conv_size``, ``norm_eps``, and ``chunk_size``, ``short_conv``,
+    ``output_gate`` where they are not None (None: the layer's own default)."""
     kwargs = dict(head_dim=c.head_size, conv_size=c.conv_size, **_chunk(c))
     kwargs["norm_eps"] = c.norm_eps
     # None: the layer's own default (its paper's and fla's), not one value for every mixer.
@@ -42,8 +45,10 @@ def _recurrent_kwargs(c: LMConfig) -> dict:
     return kwargs
 
 
-def _delta_kwargs(c: LMConfig) -> dict:
-    return dict(_recurrent_kwargs(c), allow_neg_eigval=c.allow_neg_eigval, **_dt_kwargs(c))
+def delta_options(c: LMConfig) -> dict:
+    """``recurrent_options`` and the delta rule's: ``allow_neg_eigval``, and ``dt_init_range``
+    where the config sets it."""
+    return dict(recurrent_options(c), allow_neg_eigval=c.allow_neg_eigval, **_dt_kwargs(c))
 
 
 def _dt_kwargs(c: LMConfig) -> dict:
@@ -70,7 +75,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         conv_size=c.conv_size,
     ),
     "linear": lambda c: LinearAttention(
-        c.d_model, c.n_heads, feature_map="elu_plus_one", normalize=True, **_recurrent_kwargs(c)
+        c.d_model, c.n_heads, feature_map="elu_plus_one", normalize=True, **recurrent_options(c)
     ),
     "taylor": lambda c: LinearAttention(
         c.d_model,
@@ -78,26 +83,26 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         key_dim=c.taylor_dim,
         feature_map="taylor",
         normalize=True,
-        **_recurrent_kwargs(c),
+        **recurrent_options(c),
     ),
     "scalar_decay": lambda c: LinearAttention(
         c.d_model,
         c.n_heads,
         feature_map="identity",
         decay="scalar",
-        **_recurrent_kwargs(c),
+        **recurrent_options(c),
         **_dt_kwargs(c),
     ),
     # GLA as its paper and fla define it: keys d_model / 2 wide over the heads (expand_k 0.5)
     "gla": lambda c: GatedLinearAttention(
-        c.d_model, c.n_heads, gate_low_rank_dim=c.gate_rank, **_recurrent_kwargs(c)
+        c.d_model, c.n_heads, gate_low_rank_dim=c.gate_rank, **recurrent_options(c)
     ),
-    "deltanet": lambda c: DeltaNet(c.d_model, c.n_heads, **_delta_kwargs(c)),
+    "deltanet": lambda c: DeltaNet(c.d_model, c.n_heads, **delta_options(c)),
     "gated_deltanet": lambda c: GatedDeltaNet(
-        c.d_model, c.n_heads, expand_v=c.expand_v, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
+        c.d_model, c.n_heads, expand_v=c.expand_v, num_v_heads=c.num_v_heads, **delta_options(c)
     ),
     "kda": lambda c: KimiDeltaAttention(
-        c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
+        c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **delta_options(c)
     ),
     "deltaproduct": lambda c: GatedDeltaProduct(
         c.d_model,
@@ -106,7 +111,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         num_v_heads=c.num_v_heads,
         num_householder=c.num_householder,
         use_forget_gate=c.forget_gate,
-        **_delta_kwargs(c),
+        **delta_options(c),
     ),  # fmt: skip
     "mla": lambda c: MultiHeadLatentAttention(
         c.d_model,
@@ -148,10 +153,10 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
     ),
     "rwkv7": lambda c: _rwkv7(c, None),
     "comba": lambda c: Comba(
-        c.d_model, c.n_heads, expand_v=c.expand_v, num_v_heads=c.num_v_heads, **_recurrent_kwargs(c)
+        c.d_model, c.n_heads, expand_v=c.expand_v, num_v_heads=c.num_v_heads, **recurrent_options(c)
     ),
     "gdn2": lambda c: GatedDeltaNet2(
-        c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **_delta_kwargs(c)
+        c.d_model, c.n_heads, num_v_heads=c.num_v_heads, **delta_options(c)
     ),
     "log_linear_mamba2": lambda c: LogLinearMamba2(
         c.d_model,
@@ -171,17 +176,25 @@ assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS
 def build_mixer(name: str, config: LMConfig, index: int | None = None) -> TokenMixer:
     """The token mixer called ``name`` (one of ``MIXERS``, ``"conv"`` or a registered mechanism's
     mixer name, ``linattn.registry``) with the sizes of
-    ``config``; ``index``: its block in ``config.mixers`` (RWKV-7's first block differs)."""
+    ``config``; ``index``: its block in ``config.mixers`` (RWKV-7's first block differs).
+
+    A registered mechanism's mixer is its layer's ``from_config(config)`` where the layer defines
+    one; otherwise ``layer(d_model, n_heads, **recurrent_options(config))``, or, without a layer,
+    ``linattn.layers.RuleMixer`` of its rule and gate."""
     if name == "rwkv7":
         return _rwkv7(config, index)
     if name in _BUILDERS:
         return _BUILDERS[name](config)
     entry = registry.with_mixer(name)
+    layer = None if entry is None else entry.layer
+    if layer is not None and hasattr(layer, "from_config"):
+        # a layer that reads the config itself (MesaNet, PaTH, FoX, log-linear Gated DeltaNet)
+        return layer.from_config(config)
     if entry is None or entry.rule is None:
         raise ValueError(f"unknown mixer {name!r}; choose from {known_mixers()}")
-    if entry.layer is not None:  # the user's own layer, built with the config's sizes
-        return entry.layer(config.d_model, config.n_heads, **_recurrent_kwargs(config))
+    if layer is not None:  # the user's own layer, built with the config's sizes
+        return layer(config.d_model, config.n_heads, **recurrent_options(config))
     return RuleMixer(
         config.d_model, config.n_heads, rule=entry.rule, gate=entry.gate,
-        **_recurrent_kwargs(config), **_dt_kwargs(config),
+        **recurrent_options(config), **_dt_kwargs(config),
     )  # fmt: skip

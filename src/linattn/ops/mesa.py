@@ -148,7 +148,7 @@ def _chunk(q, k, v, g, beta, lamb, h_kk, h_kv, C, cg):
     ridge = lamb.view(1, H, 1, 1, K)
     x = _Solve.apply(_chunk_matvec, cg, qc, Hs, kc, M, eq, ridge)
     o = (x * eq) @ Gs + ((x @ kc.transpose(-1, -2)) * M) @ vc
-    return o.reshape(B, H, N * C, -1)[:, :, :T], h_kk, h_kv
+    return o.reshape(B, H, N * C, v.shape[-1])[:, :, :T], h_kk, h_kv  # (B = 0: no -1 to infer)
 
 
 def _recurrent(q, k, v, g, beta, lamb, h_kk, h_kv, cg):
@@ -179,7 +179,7 @@ def _check(q, k, v, g, beta, lamb, h_kk_init, h_kv_init, mode, chunk_size, itera
     checks.tensor("beta", beta, 3, finite=False)
     if tuple(beta.shape) != (B, T, H):
         raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {tuple(beta.shape)}")
-    low, _ = checks.value_range("beta", beta)
+    low, _ = checks.value_range("beta", beta) if beta.numel() else (0.0, 0.0)  # none: no range
     if low < 0:
         raise ValueError(f"beta must be >= 0, got min {low}")
     checks.tensor("lamb", lamb, 2, finite=False)

@@ -13,7 +13,9 @@ Householder-like transitions H_i = I - beta_i w_i w_i^T of the tokens after it.
 - ``chunk``, the paper's blockwise form: inside a block of C tokens the same; across blocks each
   key is carried to the end of its block (k - W^T T M), each query back to the start of its
   block (q - tril(Q W^T) T diag(beta) W), and the query then crosses the blocks between them, one
-  block's product I - W^T T diag(beta) W at a time;
+  block's product I - W^T T diag(beta) W at a time. The attention runs block by block with an
+  online softmax (FlashAttention's running maximum and sum), so that no T x T matrix is formed:
+  O(T C + T D) memory besides autograd's (``path_scores`` of this form does form them);
 - ``recurrent``, decoding: the cache of carried keys, H_t applied to all of them at token t
   (a rank-one update), then the scores q_t . (cache).
 
@@ -119,6 +121,49 @@ def path_scores(
     return _scores_chunk(qh, kh, wh, bh, max(T, 1) if mode == "parallel" else chunk_size)
 
 
+def _attend_chunk(q, k, v, w, beta, G, c, C):
+    """softmax_s(c (a_ts + G_t - G_s)) v_s of heads-first q, k, w [B, H, T, D], v [B, H, T, V],
+    beta [B, H, T] and G [B, H, T] (the gates' running sums, or None), block by block: query
+    block i meets its own block (masked) and then the key blocks j < i, nearest first, its
+    carried query crossing block j + 1 before block j; each block's scores join an online softmax
+    (running maximum m, sum l and weighted values)."""
+    B, H, T, D = q.shape
+    N = -(-T // C)
+    pad = N * C - T
+    if pad:  # padded keys come after every real query: masked, or in no earlier block
+        q, k, v, w = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, w))
+        beta = F.pad(beta, (0, pad))
+        G = None if G is None else F.pad(G, (0, pad))
+    qb, kb, vb, wb = (x.reshape(B, H, N, C, x.shape[-1]) for x in (q, k, v, w))
+    local, q_start, k_end, block = _block_terms(qb, kb, wb, beta.reshape(B, H, N, C))
+    Gb = None if G is None else G.reshape(B, H, N, C)
+    future = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
+    outs = []
+    for i in range(N):
+        s = local[:, :, i]
+        if Gb is not None:
+            s = s + Gb[:, :, i, :, None] - Gb[:, :, i, None, :]
+        s = (c * s).masked_fill(future, float("-inf"))
+        m = s.amax(-1, keepdim=True).detach()  # the diagonal is never masked: finite
+        p = torch.exp(s - m)
+        total, acc = p.sum(-1, keepdim=True), p @ vb[:, :, i]
+        cur = q_start[:, :, i]
+        for j in range(i - 1, -1, -1):
+            s = cur @ k_end[:, :, j].transpose(-1, -2)
+            cur = cur - cur @ block[:, :, j]
+            if Gb is not None:
+                s = s + Gb[:, :, i, :, None] - Gb[:, :, j, None, :]
+            s = c * s
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True).detach())
+            shrink = torch.exp(m - m_new)
+            p = torch.exp(s - m_new)
+            total = total * shrink + p.sum(-1, keepdim=True)
+            acc = acc * shrink + p @ vb[:, :, j]
+            m = m_new
+        outs.append(acc / total)
+    return torch.cat(outs, dim=-2)[:, :, :T]
+
+
 def _one(q, k, v, w, beta, g, c, mode, C, want_cache):
     HQ, H = q.shape[2], k.shape[2]
     cache = None
@@ -129,6 +174,10 @@ def _one(q, k, v, w, beta, g, c, mode, C, want_cache):
         k, v, w = (x.repeat_interleave(HQ // H, dim=2) for x in (k, v, w))
         beta = beta.repeat_interleave(HQ // H, dim=2)
     T = q.shape[1]
+    if mode == "chunk" and T:
+        heads = [x.transpose(1, 2) for x in (q, k, v, w, beta)]
+        G = None if g is None else g.transpose(1, 2).cumsum(-1)
+        return _attend_chunk(*heads, G, c, C).transpose(1, 2), cache
     a = path_scores(q, k, w, beta, mode=mode, chunk_size=C)
     if g is not None:
         G = g.transpose(1, 2).cumsum(-1)

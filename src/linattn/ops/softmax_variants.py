@@ -261,8 +261,9 @@ def forgetting_attention(
     qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
     gc = None if g is None else g.to(dtype)
     sink = None if sink_bias is None else sink_bias.to(dtype)
-    if T == 0 or B == 0:
-        return q.new_zeros(B, T, HQ, V, dtype=v.dtype)
+    if T == 0 or B == 0:  # nothing to attend: an empty output on the graph (zero gradients)
+        zero = sum(x.sum() for x in (qc, kc, vc) + (() if gc is None else (gc,))) * 0
+        return (q.new_zeros(B, T, HQ, V, dtype=dtype) + zero).to(v.dtype)
 
     def one(qs, ks, vs, gs):
         if mode == "parallel":

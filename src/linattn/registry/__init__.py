@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -558,6 +558,18 @@ for _entry in (
     ),
 ):  # fmt: skip
     register(_entry)
+
+# ``LMConfig.mixers`` names of mechanisms whose layers build themselves from the config
+# (``from_config``): ``linattn.models.build_mixer`` reads them here, with no branch on the name.
+for _name, _mixer, _layer in (
+    ("log_linear_gated_delta", "log_linear_gated_deltanet",
+     "linattn.layers:LogLinearGatedDeltaNet"),
+    ("mesa", "mesa", None),
+    ("path", "path", None),
+    ("forgetting", "forgetting", None),
+):  # fmt: skip
+    _old = _ENTRIES[_name]
+    register(replace(_old, mixer=_mixer, layer_path=_layer or _old.layer_path), replace=True)
 
 __all__ = [
     "Case",

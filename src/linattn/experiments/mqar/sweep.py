@@ -2,19 +2,23 @@
 
 Mechanisms (``MECHANISMS``; the mixer of each block of ``linattn.models.CausalLM``):
 
-=================  ==========================================  ===================================
-name               blocks                                      spec
-=================  ==========================================  ===================================
-softmax            conv, softmax                               2 (state: the KV cache)
-linear             conv, linear (elu + 1 features)             4, 5
-taylor             conv, taylor (Based, 2nd-order Taylor)      4
-scalar_decay       conv, scalar_decay (RetNet, Mamba-2 decay)  10
-deltanet           conv, deltanet                              7, 8
-gated_deltanet     conv, gated_deltanet                        10
-kda                conv, kda (Kimi Delta Attention)            10
-mamba2             conv, mamba2 (the Mamba-2 mixer, N = 64)    10
-hybrid             conv, softmax, kda, kda, kda                10 (3:1 hybrid)
-=================  ==========================================  ===================================
+=========================  ==========================================  =======================
+name                       blocks                                      spec
+=========================  ==========================================  =======================
+softmax                    conv, softmax                               2 (state: the KV cache)
+linear                     conv, linear (elu + 1 features)             4, 5
+taylor                     conv, taylor (Based, 2nd-order Taylor)      4
+scalar_decay               conv, scalar_decay (RetNet, Mamba-2 decay)  10
+deltanet                   conv, deltanet                              7, 8
+gated_deltanet             conv, gated_deltanet                        10
+kda                        conv, kda (Kimi Delta Attention)            10
+mamba2                     conv, mamba2 (the Mamba-2 mixer, N = 64)    10
+hybrid                     conv, softmax, kda, kda, kda                10 (3:1 hybrid)
+log_linear_gated_deltanet  conv, log-linear Gated DeltaNet             10 (Fenwick levels)
+mesa                       conv, MesaNet (a CG solve per token)        7.3
+path                       conv, PaTH attention                        2 (state: carried keys)
+forgetting                 conv, FoX (forgetting attention)            2 (state: the KV cache)
+=========================  ==========================================  =======================
 
 The model is Zoology's MQAR model (Arora et al. 2023; HazyResearch/zoology's models_repo): a gated
 short convolution block (``"conv"``: ``linattn.layers.GatedConvolution``, the paper's BaseConv,
@@ -149,9 +153,12 @@ _SINGLE = (
     "kda",
     "mamba2",
 )
+# the mechanisms beyond a fixed memory of one state (issue 52), after the hybrid
+_BEYOND = ("log_linear_gated_deltanet", "mesa", "path", "forgetting")
 CURATED: dict[str, tuple[str, ...]] = {
     **{name: ("conv", name) for name in _SINGLE},
     "hybrid": ("conv", "softmax", "kda", "kda", "kda"),
+    **{name: ("conv", name) for name in _BEYOND},
 }
 # What ``--mechanisms`` may name: the curated list that the presets run, then every other
 # mechanism of the registry that has a mixer (a user's too: ``LINATTN_PLUGINS``), in the same

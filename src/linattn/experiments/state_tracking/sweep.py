@@ -16,6 +16,10 @@ words of each test length. Mechanisms (``MECHANISMS``; LMConfig mixers and optio
                       when the ``"deltaproduct"`` mixer is; ``num_householder``)
     rwkv7             RWKV-7, the generalized delta rule (present when the mixer is)
     softmax           softmax attention with RoPE: the reference that does not extrapolate
+    log_linear_gated_deltanet_neg  log-linear Gated DeltaNet, beta in [0, 2] (Fenwick levels)
+    mesa              MesaNet: the least-squares memory, a CG solve per token
+    path              PaTH attention: keys carried through I - beta w w^T, beta in (0, 2)
+    forgetting        FoX: softmax attention with a forget gate, no position embedding
 
 The recurrent mixers run without their short convolution (``short_conv=False``). Measured
 (parity, DeltaNet beta in [0, 2], d_model 32, 1,000 steps of 32 at lr 1e-2, seed 0): with the
@@ -69,7 +73,14 @@ MECHANISMS: dict[str, tuple[tuple[str, ...], dict]] = {
     # RWKV-7: the generalized delta rule, Diag(w_t) - kappa_t (kappa_t * a_t)^T
     **({"rwkv7": (("rwkv7",), {})} if "rwkv7" in MIXERS else {}),
     "softmax": (("softmax",), {}),
+    # beyond a fixed memory of one state (issue 52): PaTH's beta is in (0, 2) by definition
+    "log_linear_gated_deltanet_neg": (("log_linear_gated_deltanet",), NEG),
+    "mesa": (("mesa",), {}),
+    "path": (("path",), {}),
+    "forgetting": (("forgetting",), {}),
 }
+# what the presets may run: the list above (the registry's other mixers are added below)
+CURATED = tuple(MECHANISMS)
 LABELS = {
     "linear": "linear attention",
     "mamba2_decay": "Mamba-2 decay",
@@ -80,6 +91,10 @@ LABELS = {
     **{f"deltaproduct{n}_neg": f"DeltaProduct n_h={n} [0, 2]" for n in (2, 3, 4)},
     "rwkv7": "RWKV-7",
     "softmax": "softmax (RoPE)",
+    "log_linear_gated_deltanet_neg": "log-linear Gated DeltaNet [0, 2]",
+    "mesa": "MesaNet",
+    "path": "PaTH",
+    "forgetting": "FoX",
 }
 # Every other mechanism of the registry with a mixer (a user's too: ``LINATTN_PLUGINS``) may be
 # named as well, with its own options; the presets run the ones above.
@@ -187,7 +202,7 @@ PRESETS: dict[str, Preset] = {
         ),
         tasks=("parity", "mod3", "S3", "A5"),
         # not DeltaProduct n_h = 4 (4 rows a token) nor RWKV-7 on the small groups: the budget
-        mechanisms=tuple(m for m in MECHANISMS if m not in ("deltaproduct4_neg", "rwkv7")),
+        mechanisms=tuple(m for m in CURATED if m not in ("deltaproduct4_neg", "rwkv7")),
         extra_layers={"deltanet_neg": (2,)},
         # A5: the mechanisms that can represent it (n_h >= 2) against DeltaNet's one write
         task_mechanisms={
@@ -204,7 +219,7 @@ PRESETS: dict[str, Preset] = {
             "layers, d_model 128, 20,000 steps of 256, 5 seeds, tested to 1,024 tokens; for a GPU"
         ),
         tasks=tuple(GROUPS),
-        mechanisms=tuple(MECHANISMS),
+        mechanisms=CURATED,
         layers=(1, 2),
         train=TrainConfig(
             steps=20_000,
