@@ -30,7 +30,7 @@ from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim,
 from linattn.layers.modules import GatedRMSNorm, ShortConvolution
 from linattn.ops.checks import flag
 from linattn.ops.functional import l2norm
-from linattn.ops.mesa import mesa_net, mesa_net_step
+from linattn.ops.mesa import CG_EPS, mesa_net, mesa_net_step
 
 if TYPE_CHECKING:
     from linattn.models.config import LMConfig
@@ -40,8 +40,10 @@ class MesaNet(TokenMixer):
     """fla's MesaNet layer (module docstring). Args (fla's names): d_model (``hidden_size``),
     n_heads (``num_heads``), head_dim (default d_model // n_heads), conv_size (4),
     use_short_conv (True), use_output_gate (False), norm_eps (1e-5), lambda_lower_bound (0.25),
-    max_cg_step_training (30), max_cg_step_decoding (30), chunk_size (64); and
-    decode_as_training (False: fla's decoding step; the module docstring)."""
+    max_cg_step_training (30), max_cg_step_decoding (30), chunk_size (64); and linattn's
+    decode_as_training (False: fla's decoding step; the module docstring) and cg_eps (fla's
+    guard in conjugate gradients' denominators, 1e-5; 0 gives textbook conjugate gradients, which
+    reach the exact solve in head_dim steps: ``linattn.ops.mesa``)."""
 
     def __init__(
         self,
@@ -58,6 +60,7 @@ class MesaNet(TokenMixer):
         max_cg_step_decoding: int = 30,
         chunk_size: int = 64,
         decode_as_training: bool = False,
+        cg_eps: float = CG_EPS,
     ) -> None:
         super().__init__(d_model, chunk_size)
         head_dim = resolve_head_dim(d_model, n_heads, head_dim)
@@ -68,6 +71,9 @@ class MesaNet(TokenMixer):
         self.max_cg_step_training = max_cg_step_training
         self.max_cg_step_decoding = max_cg_step_decoding
         self.decode_as_training = flag("decode_as_training", decode_as_training)
+        if not (isinstance(cg_eps, (int, float)) and not isinstance(cg_eps, bool) and cg_eps >= 0):
+            raise ValueError(f"cg_eps must be a number >= 0, got {cg_eps!r}")
+        self.cg_eps = float(cg_eps)
         width = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, width, bias=False)
         self.k_proj = nn.Linear(d_model, width, bias=False)
@@ -118,7 +124,7 @@ class MesaNet(TokenMixer):
             for t in range(T):
                 o_t, h_kk, h_kv = mesa_net_step(
                     q[:, t], k[:, t], v[:, t], g[:, t], lamb, beta[:, t], h_kk, h_kv,
-                    max_cg_iterations=self.max_cg_step_decoding,
+                    max_cg_iterations=self.max_cg_step_decoding, cg_eps=self.cg_eps,
                 )  # fmt: skip
                 outs.append(o_t)
             o = torch.stack(outs, 1).to(v.dtype)
@@ -128,7 +134,7 @@ class MesaNet(TokenMixer):
                 h_kk_init=None if state is None else state["h_kk"],
                 h_kv_init=None if state is None else state["h_kv"],
                 output_final_state=state is not None,
-                max_cg_iterations=self.max_cg_step_training,
+                max_cg_iterations=self.max_cg_step_training, cg_eps=self.cg_eps,
             )  # fmt: skip
         if state is not None:
             sd = state["h_kk"].dtype

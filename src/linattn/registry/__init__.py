@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -435,6 +435,7 @@ for _entry in (
         "alpha_t (I - beta_t k_t k_t^T) summed over the levels; Fenwick merge at each step",
         "beta_t v_t, read with a weight lambda_t^(l) per level", f"{_OPS}:log_linear_attention",
         "linattn.reference.log_linear:recurrence", log_linear_case(delta=True),
+        layer_path="linattn.layers:LogLinearGatedDeltaNet", mixer="log_linear_gated_deltanet",
         paper="Guo, Yang et al. (2025)", section=_SEC10, nearest="gated_delta",
     ),
     # MesaNet, DeltaFormer, PaTH attention
@@ -444,7 +445,7 @@ for _entry in (
         "o_t = G_t^T (H_t + Diag(lambda))^{-1} q_t (a CG solve per token)",
         f"{_OPS}.mesa:mesa_net", "linattn.reference.mesa:mesa_net", mesa_case(),
         fla_names=("chunk_mesa_net", "mesa_net_decoding_one_step"),
-        layer_path="linattn.layers:MesaNet",
+        layer_path="linattn.layers:MesaNet", mixer="mesa",
         paper="von Oswald et al. (2025)", section="7.3", nearest="gated_delta",
     ),
     Entry(
@@ -462,7 +463,7 @@ for _entry in (
         "(k_t, v_t) appended; scores q_t^T H_t ... H_{s+1} k_s inside softmax",
         f"{_OPS}.path:path_attention", "linattn.reference.path:path_attention", path_case(),
         fla_names=("parallel_path_attn",), layer_path="linattn.layers:PaTHAttention",
-        paper="Yang et al. (2025)", section="2", nearest="softmax",
+        mixer="path", paper="Yang et al. (2025)", section="2", nearest="softmax",
     ),
     # the delta rule's descendants with a second state
     Entry(
@@ -516,7 +517,7 @@ for _entry in (
         "(k_t, v_t) appended to the cache", "linattn.ops.softmax_variants:forgetting_attention",
         "linattn.reference.forgetting:forgetting_attention", forgetting_case(),
         forms=("parallel", "chunk"), fla_names=("parallel_attn", "parallel_forgetting_attn"),
-        layer_path="linattn.layers.forgetting:ForgettingAttention",
+        layer_path="linattn.layers.forgetting:ForgettingAttention", mixer="forgetting",
         paper="Lin et al. (2025)", section="2", nearest="softmax",
     ),
     Entry(
@@ -558,18 +559,6 @@ for _entry in (
     ),
 ):  # fmt: skip
     register(_entry)
-
-# ``LMConfig.mixers`` names of mechanisms whose layers build themselves from the config
-# (``from_config``): ``linattn.models.build_mixer`` reads them here, with no branch on the name.
-for _name, _mixer, _layer in (
-    ("log_linear_gated_delta", "log_linear_gated_deltanet",
-     "linattn.layers:LogLinearGatedDeltaNet"),
-    ("mesa", "mesa", None),
-    ("path", "path", None),
-    ("forgetting", "forgetting", None),
-):  # fmt: skip
-    _old = _ENTRIES[_name]
-    register(replace(_old, mixer=_mixer, layer_path=_layer or _old.layer_path), replace=True)
 
 __all__ = [
     "Case",
