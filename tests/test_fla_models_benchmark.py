@@ -1,4 +1,4 @@
-"""``benchmarks/fla_models.py`` (issue 51): the census of fla's model families under ``enable()``
+"""``benchmarks/fla_models.py``: the census of fla's model families under ``enable()``
 runs on two families and records a failure with its type, message and deepest frame; a family
 that decodes with an attention mask and one without a KV cache."""
 

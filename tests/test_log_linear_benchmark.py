@@ -1,4 +1,4 @@
-"""``benchmarks/log_linear.py`` runs and reports every line, on a tiny setting (issue 52)."""
+"""``benchmarks/log_linear.py`` runs and reports every line, on a tiny setting."""
 
 import importlib.util
 import json

@@ -48,7 +48,7 @@ def test_the_notebook_tells_sections_2_to_10():
     headings = [line for line in NOTEBOOK.read_text().splitlines() if line.startswith("# ## ")]
     numbers = [heading.split()[2].rstrip(".") for heading in headings]
     assert numbers[:9] == ["2", "3", "4", "5", "6", "7", "8", "9", "10"]
-    assert numbers[9:11] == ["11", "12"]  # state tracking; beyond a fixed memory (issue 52)
+    assert numbers[9:11] == ["11", "12"]  # state tracking; beyond a fixed memory
 
 
 def test_the_notebook_is_a_jupytext_percent_script():

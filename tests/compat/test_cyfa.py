@@ -1,4 +1,4 @@
-"""compat.chunk_cyfa / fused_recurrent_cyfa vs fla 0.6.0 (issue 51): fla's token loop
+"""compat.chunk_cyfa / fused_recurrent_cyfa vs fla 0.6.0: fla's token loop
 ``naive_recurrent_cyfa`` (forward and autograd gradients), and its two Triton kernels under
 triton's interpreter (forward, and the chunk kernel's backward; fla's recurrent kernel is
 inference-only), at T = 1, T not a multiple of fla's chunk of 64, packed sequences

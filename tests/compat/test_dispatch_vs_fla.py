@@ -95,7 +95,7 @@ def _kernels_on_cpu(monkeypatch):
 
 def test_every_mechanism_fla_has_is_dispatched_here():
     assert set(EXPECTED) == set(dispatch.table())
-    # log-linear attention: fla has it over Mamba-2 only (issue 52)
+    # log-linear attention: fla has it over Mamba-2 only
     assert dispatch.gaps() == ("softmax", "log_linear_gated_delta")
 
 

@@ -13,7 +13,7 @@ PATTERN = re.compile(r"^(chunk_|fused_recurrent_|fused_chunk_|parallel_)")
 
 
 def test_fifty_nine_entry_points():
-    # fla 0.6.0's 59 pattern-named entry points, plus the others (fused_attnres, issue 52)
+    # fla 0.6.0's 59 pattern-named entry points, plus the others (fused_attnres)
     n = 59 + len(compat.FLA_OTHER_ENTRY_POINTS)
     assert len(compat.FLA_ENTRY_POINTS) == n
     assert len(set(compat.FLA_ENTRY_POINTS)) == n

@@ -1,4 +1,4 @@
-"""compat.chunk_gated_oja_rule / fused_recurrent_gated_oja_rule vs fla 0.6.0 (issue 51): fla's
+"""compat.chunk_gated_oja_rule / fused_recurrent_gated_oja_rule vs fla 0.6.0: fla's
 Triton kernels under triton's interpreter in float32 (fla has no naive reference for this
 family): T = 1, T not a multiple of the chunk of 64, packed sequences with a length-1 piece,
 initial states, grouped value heads in the recurrent form, the chunk kernel's gradients.

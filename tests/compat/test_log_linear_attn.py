@@ -1,7 +1,7 @@
 """compat's ``chunk_log_linear_attn`` vs fla 0.6.0: its naive reference (``naive.py``, float64)
 and its Triton kernel under the interpreter (float32, K = 64 as the kernel needs): one token, T
 not a multiple of its chunk of 64, packed sequences with a length-1 piece, its final state
-(``LogLinearAttentionState``) and a call continued from it, both ways (issue 52)."""
+(``LogLinearAttentionState``) and a call continued from it, both ways."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""compat.chunk_momentum_delta_rule / fused_recurrent_momentum_delta_rule vs fla 0.6.0
-(issue 51). fla computes both with PyTorch reference code (its l2norm a Triton kernel, under the
+"""compat.chunk_momentum_delta_rule / fused_recurrent_momentum_delta_rule vs fla 0.6.0.
+fla computes both with PyTorch reference code (its l2norm a Triton kernel, under the
 interpreter here): the recurrent path in float64 (its float32 casts promoted) agrees to 1e-12;
 fla's chunk path takes log(beta + 1e-6) where the recurrence has beta, so it is compared at the
 1e-5 that eps makes (float64 and float32, gradients included). T = 1, T not a multiple of the

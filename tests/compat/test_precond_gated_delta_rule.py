@@ -1,5 +1,5 @@
-"""compat.chunk_precond_gated_delta_rule / fused_recurrent_precond_gated_delta_rule vs fla 0.6.0
-(issue 51): fla's naive token loop in float64 (its float32 casts promoted), and its Triton
+"""compat.chunk_precond_gated_delta_rule / fused_recurrent_precond_gated_delta_rule vs fla 0.6.0:
+fla's naive token loop in float64 (its float32 casts promoted), and its Triton
 kernels under triton's interpreter in float32 (T = 1, T not a multiple of fla's chunk of 64,
 packed sequences with a length-1 piece, initial states of both kinds, grouped value heads), with
 the chunk kernel's gradients.

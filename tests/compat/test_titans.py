@@ -1,4 +1,4 @@
-"""compat.chunk_titans_linear vs fla 0.6.0 (issue 51). fla's Titans is PyTorch only
+"""compat.chunk_titans_linear vs fla 0.6.0. fla's Titans is PyTorch only
 (``fla.ops.titans.naive``, no Triton kernel): its chunk form (the exported name, forward and
 autograd gradients), its token loop, and its padded reference for T not a multiple of the chunk
 (outputs; its final state then comes from its padding tokens), with T = 1 and initial states.

@@ -1,4 +1,4 @@
-"""compat.chunk_ttt_linear / fused_chunk_ttt_linear vs fla 0.6.0 (issue 51): fla's naive
+"""compat.chunk_ttt_linear / fused_chunk_ttt_linear vs fla 0.6.0: fla's naive
 reference ``chunk_ttt_linear_ref`` (forward and autograd gradients), and its two Triton kernels
 under triton's interpreter (forward, and the chunk kernel's backward), at T = 1, T not a multiple
 of the mini-batch, packed sequences with a length-1 piece, and initial states."""

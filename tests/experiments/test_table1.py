@@ -41,7 +41,7 @@ def test_markdown_layout(rows):
         "| Pairs stored $n$ | Additive | Theory | Delta, all pairs | Delta, 8 newest "
         "| Least squares | Theory | MesaNet, $\\lambda = 1$ |"
     )
-    # the spec's columns, then MesaNet's (issue 52)
+    # the spec's columns, then MesaNet's
     assert (
         lines[4]
         == f"| 8 | 0.473 | 0.468 | 0.360 | 0.360 | 0.000 | 0.000 | {rows[0]['mesanet']:.3f} |"

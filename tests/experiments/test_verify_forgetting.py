@@ -1,4 +1,4 @@
-"""``linattn verify``'s Forgetting Transformer lines (issue 52): there, passing to 1e-12 in
+"""``linattn verify``'s Forgetting Transformer lines: there, passing to 1e-12 in
 float64, and failing when the gates' cumulative sum is broken (the gates then shift the logits
 even when they are zero) or when the blockwise form's rescaling is dropped."""
 

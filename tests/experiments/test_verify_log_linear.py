@@ -1,4 +1,4 @@
-"""``linattn verify``'s log-linear attention lines (issue 52): there, passing, and failing where
+"""``linattn verify``'s log-linear attention lines: there, passing, and failing where
 the op's hierarchy is broken (a level's weight read from the wrong level, or the higher levels
 never read)."""
 

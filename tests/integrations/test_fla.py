@@ -423,7 +423,7 @@ def test_enable_disable_round_trip_restores_flas_objects():
         assert rwkv7.token_shift.__wrapped__ is fla_shift and rwkv6.token_shift is rwkv7.token_shift
         changed = {key for key, value in fla_globals().items() if before.get(key) is not value}
         assert ("FusedCrossEntropyLoss", "forward") in changed
-        # issue 51's module functions, where fla defines them and where its layers import them
+        # the module functions enable() serves, where fla defines them and its layers import them
         for module_name, name in [
             ("fla.modules.rotary.ops", "rotary_embedding_fwdbwd"),
             ("fla.modules.norm.layernorm_gated", "rmsnorm_fn"),

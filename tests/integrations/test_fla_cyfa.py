@@ -1,4 +1,4 @@
-"""fla 0.6.0's CyclicFlowAttention model on the CPU with ``enable()`` (issue 51).
+"""fla 0.6.0's CyclicFlowAttention model on the CPU with ``enable()``.
 
 fla's CyFA kernels refuse CPU tensors; with ``enable()`` the layer's ``chunk_cyfa`` /
 ``fused_recurrent_cyfa`` are linattn's. The run is compared with the same model whose layer

@@ -1,4 +1,4 @@
-"""fla's ``LogLinearMamba2`` layer and model on the CPU with ``enable()`` (issue 52).
+"""fla's ``LogLinearMamba2`` layer and model on the CPU with ``enable()``.
 
 fla 0.6.0's ``LogLinearMamba2.forward`` refuses the CPU; its ``cuda_kernels_forward`` runs under
 Triton's interpreter, and is what the layer is compared with here (same weights and inputs):

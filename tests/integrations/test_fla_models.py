@@ -1,5 +1,5 @@
 """fla 0.6.0's model families that run on the CPU under ``enable()`` thanks to
-``linattn.integrations._fla_modules`` (issue 51): Mamba-2 (``RMSNormGated``), RetNet (the
+``linattn.integrations._fla_modules``: Mamba-2 (``RMSNormGated``), RetNet (the
 rotary embedding), HGRN2 (``rms_norm_linear``) and LightNet (GSA's additive gate and
 ``rms_norm_swish_gate_linear``).
 

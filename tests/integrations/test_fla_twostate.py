@@ -1,5 +1,5 @@
 """fla 0.6.0's preconditioned and momentum layers and models on the CPU with
-``linattn.integrations.fla.enable()`` (issue 51): PrecondGatedDeltaNet, PrecondKDA and
+``linattn.integrations.fla.enable()``: PrecondGatedDeltaNet, PrecondKDA and
 MomentumDeltaNet, each compared with the same fla code (same weights, same inputs) run by fla's
 own kernels under Triton's interpreter (fla's MomentumDeltaNet ops are PyTorch reference code),
 float32 within 1e-5 relative, as ``tests/integrations/test_fla.py`` compares the other families

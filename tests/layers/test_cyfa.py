@@ -1,4 +1,4 @@
-"""linattn.layers.cyfa (issue 51): fla's CyclicFlowAttention layer with its weights loaded
+"""linattn.layers.cyfa: fla's CyclicFlowAttention layer with its weights loaded
 (``from_fla``) computes what fla's layer computes under ``enable()`` (forward and gradients),
 decoding with the state equals the whole sequence, and bad options are refused by name."""
 

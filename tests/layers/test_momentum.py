@@ -1,4 +1,4 @@
-"""linattn.layers.MomentumDeltaNet (issue 51): with fla's weights (``from_fla``) it computes fla's
+"""linattn.layers.MomentumDeltaNet: with fla's weights (``from_fla``) it computes fla's
 ``MomentumDeltaNet`` layer (run on the CPU through ``linattn.integrations.fla``), forward and
 gradients, and its two states (the memory and the momentum) carry a prefill into token-by-token
 decoding exactly."""

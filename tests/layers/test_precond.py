@@ -1,4 +1,4 @@
-"""linattn.layers.PrecondGatedDeltaNet and PrecondKDA (issue 51): with fla's weights
+"""linattn.layers.PrecondGatedDeltaNet and PrecondKDA: with fla's weights
 (``from_fla``) each computes fla's layer (run on the CPU through ``linattn.integrations.fla``),
 and their two states (the memory and the preconditioner) carry a prefill into token-by-token
 decoding exactly."""

@@ -23,7 +23,7 @@ def _counter():
 def _model() -> CausalLM:
     torch.manual_seed(0)
     # log-linear Mamba-2 is left out: its op branches in Python on the positions (the Fenwick
-    # levels of each chunk), which fullgraph tracing refuses (issue 52: not traceable yet).
+    # levels of each chunk), which fullgraph tracing refuses (not traceable yet).
     mixers = tuple(m for m in MIXERS + AUXILIARY_MIXERS if m != "log_linear_mamba2")
     config = LMConfig(vocab_size=32, d_model=16, n_heads=2, mixers=mixers, chunk_size=4)
     return CausalLM(config)

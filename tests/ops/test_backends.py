@@ -75,7 +75,7 @@ def test_the_table_covers_every_registered_mechanism_fla_has_and_lists_the_gaps(
     for e in registry.mechanisms():  # a reparametrisation is dispatched as its nearest
         assert dispatch.served_by(e) in (None, e.nearest), e.name
     assert all(table.values()), [name for name, found in table.items() if not found]
-    # fla 0.6.0 has every other mechanism (log-linear attention over Mamba-2 only, issue 52)
+    # fla 0.6.0 has every other mechanism (log-linear attention over Mamba-2 only)
     assert dispatch.gaps() == ("softmax", "log_linear_gated_delta")
     for name, found in table.items():
         assert {r.fla_name for r in found} <= set(registry.get(name).fla_names)

@@ -1,4 +1,4 @@
-"""linattn.ops.cyfa (issue 51): every form against the float64 loop of linattn.reference.cyfa,
+"""linattn.ops.cyfa: every form against the float64 loop of linattn.reference.cyfa,
 packed sequences against the sequences one by one, a gradcheck, and refusals by name.
 (tests/registry runs the forms against the oracle and their gradients against each other too.)"""
 

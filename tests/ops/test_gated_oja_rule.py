@@ -1,4 +1,4 @@
-"""linattn.ops.gated_oja_rule (issue 51): every form against the float64 token loop of
+"""linattn.ops.gated_oja_rule: every form against the float64 token loop of
 ``linattn.reference.gated_oja`` with packed sequences (a length-1 piece), grouped value heads, an
 initial state, with and without the gate; a reset (gv = -inf); the decoding step; float32's
 error; gradients; bad input named. (tests/registry runs the registry's case too.)"""

@@ -1,6 +1,6 @@
 """Log-linear Mamba-2 (``linattn.ops.log_linear``): the parallel, chunk and recurrent forms and the
 decoding step against the float64 reference (``linattn.reference.log_linear``), packed sequences,
-continued states, grouped heads, gradients and bad input (issue 52)."""
+continued states, grouped heads, gradients and bad input."""
 
 from __future__ import annotations
 

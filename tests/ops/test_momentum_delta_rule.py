@@ -1,4 +1,4 @@
-"""linattn.ops.momentum_delta_rule (Momentum DeltaNet, issue 51): every form against the float64
+"""linattn.ops.momentum_delta_rule (Momentum DeltaNet): every form against the float64
 token loop of ``linattn.reference.momentum_delta`` with packed sequences (a length-1 piece) and
 both initial states, chunk sizes that do and do not divide T; the decoding step; float32's error;
 gradients; bad input named. (tests/registry runs the registry's case too.)"""

@@ -1,4 +1,4 @@
-"""linattn.ops.precond_delta_rule (Preconditioned DeltaNet, issue 51): every form against the
+"""linattn.ops.precond_delta_rule (Preconditioned DeltaNet): every form against the
 float64 token loop of ``linattn.reference.precond_delta`` with grouped value heads, packed
 sequences and both initial states; the ATK scan's two forms; the decoding step; float32's
 error; bad input named before any work. (tests/registry runs the registry's cases too.)"""

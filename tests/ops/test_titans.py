@@ -1,4 +1,4 @@
-"""linattn.ops.titans (issue 51): both forms against the float64 loop of
+"""linattn.ops.titans: both forms against the float64 loop of
 linattn.reference.titans with a short last chunk, eta = 0 and alpha = 1 (no logarithms), packed
 sequences against the sequences one by one, a gradcheck, refusals by name. (tests/registry runs
 the forms against the oracle and their gradients against each other too.)"""

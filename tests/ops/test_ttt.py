@@ -1,4 +1,4 @@
-"""linattn.ops.ttt (issue 51): both forms against the float64 loop of linattn.reference.ttt with a
+"""linattn.ops.ttt: both forms against the float64 loop of linattn.reference.ttt with a
 short last mini-batch, packed sequences against the sequences one by one, a gradcheck, refusals.
 (tests/registry runs the forms against the oracle and their gradients against each other too.)"""
 

@@ -1,5 +1,5 @@
 """The float64 log-linear attention (``linattn.reference.log_linear``): the Fenwick levels, the
-masked hierarchical product and the recurrence over the level states agree (issue 52)."""
+masked hierarchical product and the recurrence over the level states agree."""
 
 from __future__ import annotations
 

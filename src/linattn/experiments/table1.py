@@ -37,7 +37,7 @@ def compute_table1(
     progress: bool = False,
 ) -> list[dict[str, float]]:
     """One row per n: n, the measured errors of ``recall_errors`` (MesaNet's memory with lambda =
-    1 last, issue 52) and the two theory values.
+    1 last) and the two theory values.
 
     ``progress`` shows a tqdm bar on stderr (after one second, and only on a terminal).
     """

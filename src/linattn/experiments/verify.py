@@ -362,7 +362,7 @@ def kaczmarz_checks() -> list[Check]:
 
 
 def mesa_checks() -> list[Check]:
-    """Section 7.3 and MesaNet (issue 52): MesaNet's memory after n pairs (no decay, beta = 1) is
+    """Section 7.3 and MesaNet: MesaNet's memory after n pairs (no decay, beta = 1) is
     the least-squares memory of the pairs and lambda's prior pairs (sqrt(lambda) e_i, 0), that is
     (K^T K + lambda I)^{-1} K^T V; read by ``linattn.ops.mesa`` (conjugate gradients) with
     r queries e_i after the pairs, which return the memory's rows."""
@@ -392,7 +392,7 @@ def mesa_checks() -> list[Check]:
 
 
 def deltaformer_checks() -> list[Check]:
-    """Section 8 and DeltaFormer (issue 52): with the bare kernel q.k in place of the softmax, the
+    """Section 8 and DeltaFormer: with the bare kernel q.k in place of the softmax, the
     write stage's queries k (the paper's), values beta_t v_t and scale 1, DeltaFormer's
     pseudo-values are the delta rule's and its output is the delta rule's, o_t = S_t^T q_t."""
     import torch
@@ -412,7 +412,7 @@ def deltaformer_checks() -> list[Check]:
 
 
 def path_checks() -> list[Check]:
-    """Section 2 and PaTH attention (issue 52): with beta = 0 every transition is I and PaTH is
+    """Section 2 and PaTH attention: with beta = 0 every transition is I and PaTH is
     softmax attention without positions; with beta = 2 and a unit w the transition
     H = I - 2 w w^T is a reflection, read back from PaTH's scores (key e_j at token 0, query e_i
     at token 1: the score is H_ij): orthogonal, determinant -1."""
@@ -1200,7 +1200,7 @@ def _log_linear_draws(T: int = 100, H: int = 2, K: int = 8, V: int = 8):
 
 
 def log_linear_checks() -> list[Check]:
-    """Log-linear attention (Guo, Yang et al. 2025, issue 52), on ``linattn.ops``: with every
+    """Log-linear attention (Guo, Yang et al. 2025), on ``linattn.ops``: with every
     level weighted 1 the hierarchy is one level, and log-linear Mamba-2 is Mamba-2 (the scalar
     decay's ``linear_attention``); with every level weighted on its own, each form is the
     masked hierarchical product O = (Q K^T (.) M^S (.) M^H) V of the float64 reference. The same

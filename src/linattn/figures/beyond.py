@@ -1,5 +1,5 @@
 """Beyond a fixed memory: where log-linear attention, MesaNet, FoX, PaTH and DeltaFormer sit on
-Figure 3's axes (issue 52; spec sections 2, 5, 9).
+Figure 3's axes (spec sections 2, 5, 9).
 
 Figure 3 sets softmax attention's cache, which grows with t, against linear attention's state,
 which does not. The mechanisms after the spec fill the space between: log-linear attention keeps

@@ -1,4 +1,4 @@
-"""fla's ``LogLinearMamba2`` layer on the CPU (issue 52), for ``linattn.integrations.fla``.
+"""fla's ``LogLinearMamba2`` layer on the CPU, for ``linattn.integrations.fla``.
 
 fla 0.6.0's ``LogLinearMamba2.forward`` refuses any device but CUDA (``NotImplementedError``),
 though its ``cuda_kernels_forward`` is made of calls ``enable()`` rebinds: the log-linear op

@@ -14,7 +14,7 @@ and in recurrent mode for a one-token decoding step.
   available, as Kimi Linear's full-attention layers).
 - ``GatedAttention``: Qwen3-Next's softmax attention with an output gate, q/k norms, partial
   rotary embeddings and grouped key/value heads.
-- ``LogLinearMamba2``: Mamba-2 with log-linear attention's Fenwick levels (issue 52);
+- ``LogLinearMamba2``: Mamba-2 with log-linear attention's Fenwick levels;
   ``LogLinearGatedDeltaNet``: Gated DeltaNet with the same levels.
 - ``Mamba2``: the Mamba-2 mixer (SSD: scalar decay, Delta-scaled input, D skip, B/C groups).
 - ``Comba``, ``GatedDeltaNet2``: the generalized delta rule's gated delta rules: a separate

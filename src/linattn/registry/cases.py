@@ -509,7 +509,7 @@ def ttt_case(mini_batch_size: int = 4) -> Case:
 
 
 def titans_case(chunk_size: int = 4) -> Case:
-    """Titans' linear memory (issue 51), as TTT-Linear's case: its chunk (the tokens sharing a
+    """Titans' linear memory, as TTT-Linear's case: its chunk (the tokens sharing a
     gradient point) fixed, V = K, the state (M, S) in two parts."""
     from linattn.ops.titans import titans_linear
     from linattn.reference.titans import titans_linear as reference

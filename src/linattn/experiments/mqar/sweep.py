@@ -153,7 +153,7 @@ _SINGLE = (
     "kda",
     "mamba2",
 )
-# the mechanisms beyond a fixed memory of one state (issue 52), after the hybrid
+# the mechanisms beyond a fixed memory of one state, after the hybrid
 _BEYOND = ("log_linear_gated_deltanet", "mesa", "path", "forgetting")
 CURATED: dict[str, tuple[str, ...]] = {
     **{name: ("conv", name) for name in _SINGLE},

@@ -73,7 +73,7 @@ MECHANISMS: dict[str, tuple[tuple[str, ...], dict]] = {
     # RWKV-7: the generalized delta rule, Diag(w_t) - kappa_t (kappa_t * a_t)^T
     **({"rwkv7": (("rwkv7",), {})} if "rwkv7" in MIXERS else {}),
     "softmax": (("softmax",), {}),
-    # beyond a fixed memory of one state (issue 52): PaTH's beta is in (0, 2) by definition
+    # beyond a fixed memory of one state: PaTH's beta is in (0, 2) by definition
     "log_linear_gated_deltanet_neg": (("log_linear_gated_deltanet",), NEG),
     "mesa": (("mesa",), {}),
     "path": (("path",), {}),

@@ -1,4 +1,4 @@
-"""fla's MesaNet model (issue 52's families) on the CPU under ``linattn.integrations.fla.enable()``.
+"""fla's MesaNet model on the CPU under ``linattn.integrations.fla.enable()``.
 
 fla's own MesaNet kernel cannot be the reference here (its per-chunk h_kv is bfloat16, which
 triton's interpreter computes wrongly: tests/compat/test_mesa_net.py); the layer is pinned against

@@ -1,4 +1,4 @@
-"""``linattn verify``'s checks of issue 52 (MesaNet, DeltaFormer, PaTH): each passes, is run by
+"""``linattn verify``'s checks of MesaNet, DeltaFormer and PaTH: each passes, is run by
 ``linattn verify``, and fails when the property it checks is broken."""
 
 from __future__ import annotations
