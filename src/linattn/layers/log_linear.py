@@ -37,6 +37,7 @@ from linattn import ops
 from linattn.layers.delta import GatedDeltaNet
 from linattn.layers.mamba2 import Mamba2
 from linattn.layers.mixer import State, StateSpec, check_positive, state_dtype
+from linattn.layers.options import delta_options
 from linattn.ops.functional import l2norm
 from linattn.ops.log_linear import LogLinearState
 
@@ -157,8 +158,6 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
         """The layer of ``LMConfig.mixers`` name ``"log_linear_gated_deltanet"``: Gated DeltaNet's
         options of the config (``expand_v``, ``num_v_heads``, ``allow_neg_eigval``,
         ``dt_init_range``, ``short_conv``, ``output_gate``, ``chunk_size``, ``conv_size``)."""
-        from linattn.models.mixers import delta_options
-
         return cls(config.d_model, config.n_heads, expand_v=config.expand_v,
                    num_v_heads=config.num_v_heads, **delta_options(config))  # fmt: skip
 

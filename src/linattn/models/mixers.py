@@ -24,43 +24,15 @@ from linattn.layers import (
     SoftmaxAttention,
     TokenMixer,
 )
+from linattn.layers.options import chunk_option, delta_options, dt_options, recurrent_options
 from linattn.models.config import AUXILIARY_MIXERS, MIXERS, LMConfig, known_mixers
-
-
-def _chunk(c: LMConfig) -> dict:
-    """The chunk size where the config sets one (None: the layer's own default)."""
-    return {} if c.chunk_size is None else {"chunk_size": c.chunk_size}
-
-
-def recurrent_options(c: LMConfig) -> dict:
-    """The keywords of a recurrent mixer (``linattn.layers.RecurrentMixer``) that the config
-    sets: ``head_dim``, ``conv_size``, ``norm_eps``, and ``chunk_size``, ``short_conv``,
-    ``output_gate`` where they are not None (None: the layer's own default)."""
-    kwargs = dict(head_dim=c.head_size, conv_size=c.conv_size, **_chunk(c))
-    kwargs["norm_eps"] = c.norm_eps
-    # None: the layer's own default (its paper's and fla's), not one value for every mixer.
-    for name in ("short_conv", "output_gate"):
-        if getattr(c, name) is not None:
-            kwargs[name] = getattr(c, name)
-    return kwargs
-
-
-def delta_options(c: LMConfig) -> dict:
-    """``recurrent_options`` and the delta rule's: ``allow_neg_eigval``, and ``dt_init_range``
-    where the config sets it."""
-    return dict(recurrent_options(c), allow_neg_eigval=c.allow_neg_eigval, **_dt_kwargs(c))
-
-
-def _dt_kwargs(c: LMConfig) -> dict:
-    """The decays' initial step sizes where the config sets them (else the layer's own)."""
-    return {} if c.dt_init_range is None else {"dt_init_range": c.dt_init_range}
 
 
 def _rwkv7(c: LMConfig, index: int | None) -> RWKV7:
     """RWKV-7 as fla builds it (its LoRA widths, K = d_model / n_heads); the model's first rwkv7
     block (or a block built alone, ``index`` None) makes the values the later ones mix in."""
     first = index is None or index == c.mixers.index("rwkv7")
-    return RWKV7(c.d_model, c.n_heads, c.head_dim, first_layer=first, **_chunk(c))
+    return RWKV7(c.d_model, c.n_heads, c.head_dim, first_layer=first, **chunk_option(c))
 
 
 # name -> builder; "linear", "taylor" and "scalar_decay" are one class, configured.
@@ -91,7 +63,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         feature_map="identity",
         decay="scalar",
         **recurrent_options(c),
-        **_dt_kwargs(c),
+        **dt_options(c),
     ),
     # GLA as its paper and fla define it: keys d_model / 2 wide over the heads (expand_k 0.5)
     "gla": lambda c: GatedLinearAttention(
@@ -124,7 +96,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         rope=c.rope,
         rope_base=c.rope_base,
         norm_eps=c.norm_eps,
-        **_chunk(c),
+        **chunk_option(c),
     ),
     "gated_attention": lambda c: GatedAttention(
         c.d_model,
@@ -134,7 +106,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         partial_rotary_factor=c.partial_rotary_factor if c.rope else 0.0,
         rope_base=c.rope_base,
         norm_eps=c.norm_eps,
-        **_chunk(c),
+        **chunk_option(c),
     ),
     "mamba2": lambda c: Mamba2(
         c.d_model,
@@ -144,7 +116,7 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         c.mamba2_head_dim,
         c.n_groups,
         norm_eps=c.norm_eps,
-        **_chunk(c),
+        **chunk_option(c),
         **(
             {}
             if c.dt_init_range is None
@@ -166,9 +138,9 @@ _BUILDERS: dict[str, Callable[[LMConfig], TokenMixer]] = {
         c.mamba2_head_dim,
         c.n_groups,
         norm_eps=c.norm_eps,
-        **_chunk(c),
+        **chunk_option(c),
     ),  # fmt: skip
-    "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, **_chunk(c)),
+    "conv": lambda c: GatedConvolution(c.d_model, c.gated_conv_size, **chunk_option(c)),
 }
 assert tuple(_BUILDERS) == MIXERS + AUXILIARY_MIXERS
 
@@ -196,5 +168,5 @@ def build_mixer(name: str, config: LMConfig, index: int | None = None) -> TokenM
         return layer(config.d_model, config.n_heads, **recurrent_options(config))
     return RuleMixer(
         config.d_model, config.n_heads, rule=entry.rule, gate=entry.gate,
-        **recurrent_options(config), **_dt_kwargs(config),
+        **recurrent_options(config), **dt_options(config),
     )  # fmt: skip
