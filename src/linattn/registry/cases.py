@@ -34,6 +34,13 @@ class Case:
     oracle: Callable[[Inputs, float], tuple[Tensor, Tensor]]
     cost: str  # "softmax", "linear", "delta" or "dplr"
     rows_per_token: int = 1  # write rows per token (DeltaProduct's n_h)
+    # What ``benchmarks/families.py`` feeds the entry's nearest mechanism. ``nearest_dims(K, V)``:
+    # the (K, V) at which the nearest does this case's work at (K, V), where the family's kernel
+    # works at another width (a feature map's: Based's 1 + K + K (K + 1) / 2); None: the same.
+    # ``as_nearest``: the call is the nearest's op on the nearest's own inputs, only the gate's
+    # values the family's (a constant decay per head), held to the reparametrisation line.
+    nearest_dims: Callable[[int, int], tuple[int, int]] | None = None
+    as_nearest: bool = False
 
 
 def _draw(gen: torch.Generator, dtype: torch.dtype):
@@ -650,7 +657,7 @@ def constant_decay_case(gamma: Callable[[int], np.ndarray]) -> Case:
             x, B, H,
         )  # fmt: skip
 
-    return Case(inputs, call, oracle, "linear")
+    return Case(inputs, call, oracle, "linear", as_nearest=True)
 
 
 def hgrn_case() -> Case:
