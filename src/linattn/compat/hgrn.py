@@ -20,7 +20,7 @@ from torch import Tensor
 from linattn.compat import _core
 from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
-from linattn.ops.diagonal import diagonal_recurrence
+from linattn.ops.diagonal import _empty, diagonal_recurrence
 
 
 def hgrn(
@@ -98,3 +98,34 @@ def chunk_hgrn(
     """fla's ``chunk_hgrn`` (``fla.ops.hgrn`` only): ``fused_recurrent_hgrn`` in chunks of 128
     tokens (fla's block), without packed sequences; states [B, D]."""
     return hgrn(x, g, initial_state, output_final_state, mode="chunk", chunk_size=128)
+
+
+class _ForgetGate(torch.autograd.Function):
+    """(1 - f, log f) and the gradient df = dg / f - dk, each a single ``out=`` pass into the
+    extension's cached pages."""
+
+    @staticmethod
+    def forward(ctx, f: Tensor):
+        k, g = _empty(tuple(f.shape), f), _empty(tuple(f.shape), f)
+        torch.add(f.new_ones(()).expand_as(f), f, alpha=-1, out=k)
+        torch.log(f, out=g)
+        ctx.save_for_backward(f)
+        return k, g
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dk: Tensor | None, dg: Tensor | None):
+        (f,) = ctx.saved_tensors
+        df = _empty(tuple(f.shape), f)
+        if dg is None:
+            df.zero_()
+        else:
+            torch.div(dg, f, out=df)
+        return df if dk is None else df.sub_(dk)
+
+
+def hgrn2_gate(f: Tensor) -> tuple[Tensor, Tensor]:
+    """HGRN2's keys and log-decays from its forget gate f in (0, 1] (Qin et al. 2024b): GLA with
+    k_t = 1 - f_t and g_t = log f_t (spec section 10), both from one read of f."""
+    _core.check_tensor("f", f)
+    return _ForgetGate.apply(f)

@@ -696,6 +696,7 @@ def hgrn_case() -> Case:
 
 def hgrn2_case() -> Case:
     """HGRN2: GLA with keys 1 - f_t and log-decays log f_t (f the forget gate), on q, f, v."""
+    from linattn.compat.hgrn import hgrn2_gate
     from linattn.ops import linear_attention
     from linattn.reference.hgrn import hgrn2
 
@@ -706,10 +707,8 @@ def hgrn2_case() -> Case:
                 "v": normal(B, T, H, V), "S0": normal(B, H, K, V)}  # fmt: skip
 
     def call(x, mode, chunk_size, scale):
-        f = x["f"]
-        return linear_attention(
-            x["q"], 1 - f, x["v"], f.log(), **_common(mode, chunk_size, scale, x)
-        )
+        k, g = hgrn2_gate(x["f"])  # 1 - f and log f, in one pass each
+        return linear_attention(x["q"], k, x["v"], g, **_common(mode, chunk_size, scale, x))
 
     def oracle(x, scale):
         B, _, H, _ = x["q"].shape
