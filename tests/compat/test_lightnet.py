@@ -15,6 +15,7 @@ import torch
 
 from linattn import compat
 from linattn.compat.lightnet import lightnet_gate
+from linattn.ops import _native
 from linattn.reference.lightnet import lightnet as reference
 
 from .helpers import assert_same, outputs_and_grads, recipe
@@ -154,3 +155,34 @@ def test_the_gate_equals_logcumsumexp_s_in_float64(T, z0):
 
     for ours, theirs in zip(run(lightnet_gate), run(reference), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
+@pytest.mark.parametrize("z0", ["none", "finite", "some_inf"])
+def test_the_fused_gate_in_float32_is_near_float64(z0, monkeypatch):
+    # csrc/logsumexp.cpp serves float32 on the CPU: against the float64 PyTorch steps, values and
+    # the gradients of x and z0 (keys of a wide spread: exponents far below the running maximum)
+    gen = torch.Generator().manual_seed(7)
+    x = 8 * torch.randn(2, 300, 2, 70, generator=gen, dtype=torch.float64)
+    start = None
+    if z0 != "none":
+        start = 5 * torch.randn(2, 1, 2, 70, generator=gen, dtype=torch.float64)
+        if z0 == "some_inf":
+            start[..., :3] = float("-inf")
+    used, kernel = [], _native.kernel
+    monkeypatch.setattr(_native, "kernel", lambda name: used.append(name) or kernel(name))
+
+    def run(dtype):
+        leaves = [t.to(dtype).requires_grad_(True) for t in (x, start) if t is not None]
+        k, g, z = lightnet_gate(*leaves, *([None] if start is None else []))
+        weights = torch.linspace(-1, 1, k.numel(), dtype=dtype).view_as(k)
+        loss = (k * weights).sum() + (g * weights.flip(0)).sum()
+        (loss + torch.where(z.isinf(), 0, z).square().sum()).backward()
+        return [t.detach().double() for t in (k, g, z, *(t.grad for t in leaves))]
+
+    ours = run(torch.float32)
+    assert used == ["logsumexp_gate_forward", "logsumexp_gate_backward"]
+    for a, b in zip(ours, run(torch.float64), strict=True):
+        finite = b.isfinite()
+        assert torch.equal(a.isfinite(), finite)
+        assert (a[finite] - b[finite]).abs().max() <= 2e-5 * b[finite].abs().max().clamp(min=1)

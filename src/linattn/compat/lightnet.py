@@ -15,12 +15,14 @@ whatever ``output_final_state`` says, as fla does.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 from torch import Tensor
 
 from linattn.compat import _core
 from linattn.dtypes import compute_dtype
+from linattn.ops import _native
 from linattn.ops.diagonal import _empty, scan
 
 
@@ -109,6 +111,13 @@ class _Gate(torch.autograd.Function):
         B, T, H, K = x.shape
         rows = x.reshape(B, T, H * K)
         prior = None if z0 is None else z0.reshape(B, H * K)
+        ctx.C, ctx.state_shape = C, (B, H, K)
+        ctx.fused = _native.applies(x)
+        if ctx.fused:  # csrc/logsumexp.cpp: the same steps, one pass over x
+            k, g, z_last = _native.kernel("logsumexp_gate_forward")(rows.contiguous(), prior)
+            ctx.save_for_backward(k, g, prior, None)
+            shape = (B, T, H, K)
+            return k.view(shape), g.view(shape), z_last.view(B, H, K)
         g = _empty((B, T, H * K), x)
         z = _running_logsumexp(rows, prior, C, g)
         k = _empty((B, T, H * K), x)
@@ -122,7 +131,6 @@ class _Gate(torch.autograd.Function):
                                 else prior[:, None], z[:, :-1]], 1)  # fmt: skip
             g = torch.where(z_prev == float("-inf"), 0, g)
         ctx.save_for_backward(k, g, prior, z[:, 0].clone())
-        ctx.C, ctx.state_shape = C, (B, H, K)
         shape = (B, T, H, K)
         return k.view(shape), g.view(shape), z[:, -1].reshape(B, H, K)
 
@@ -131,6 +139,17 @@ class _Gate(torch.autograd.Function):
     def backward(ctx, dk: Tensor | None, dg: Tensor | None, dz_T: Tensor | None):
         k, g, prior, z_first = ctx.saved_tensors
         B, T, D = k.shape
+        if ctx.fused:
+            no_mass = torch.ones(B, D, dtype=torch.bool) if prior is None else prior == -math.inf
+            flat = [None if t is None else t.reshape(B, T, D) for t in (dk, dg)]
+            dx, dz0 = _native.kernel("logsumexp_gate_backward")(
+                k, g, *flat, None if dz_T is None else dz_T.reshape(B, D), no_mass
+            )
+            if prior is None or not ctx.needs_input_grad[1]:
+                dz0 = None
+            else:  # a z0 of -inf has no gradient (exp(z0 - z_0) = 0)
+                dz0 = torch.where(no_mass, 0, dz0).view(ctx.state_shape)
+            return dx.view(*ctx.state_shape[:1], T, *ctx.state_shape[1:]), dz0, None
         direct = _empty((B, T, D), k)  # dk k
         total = _empty((B, T, D), k)  # G, then R in place
         if dk is None:

@@ -32,6 +32,10 @@ TORCH_LIBRARY(linattn_native, m) {
   m.def(
       "short_conv_backward(Tensor dy, Tensor x, Tensor weight, Tensor? bias, Tensor? state,"
       " bool silu) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("logsumexp_gate_forward(Tensor x, Tensor? z0) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "logsumexp_gate_backward(Tensor k, Tensor g, Tensor? dk, Tensor? dg, Tensor? dz_last,"
+      " Tensor first_constant) -> (Tensor, Tensor)");
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);
@@ -44,6 +48,8 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("recurrent_step", &recurrent_step);
   m.impl("short_conv_forward", &short_conv_forward);
   m.impl("short_conv_backward", &short_conv_backward);
+  m.impl("logsumexp_gate_forward", &logsumexp_gate_forward);
+  m.impl("logsumexp_gate_backward", &logsumexp_gate_backward);
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
