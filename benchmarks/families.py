@@ -8,12 +8,22 @@ the recurrent form of both (a family without a chunk form against the recurrent 
 nearest rule). Each turn times the two calls a moment apart; the median of the turns' own ratios
 is reported with their lowest and highest, so a slow minute on a shared machine drops out.
 
-The line each ratio is held to: 1.05 for a reparametrisation (an entry whose op is its nearest's
-op: the same kernel on other inputs), 1.3 otherwise.
+The same inputs: the nearest is fed the same B, T, H, and the (K, V) of the entry's case's
+``nearest_dims`` where the family's kernel works at another width than its inputs' (Based and
+ReBased work on feature maps of their keys: the nearest, linear attention, is then fed keys of
+that feature width, so that the pair compares the same memory's work, not a K x V state with a
+K^2 x V one); elsewhere the same K and V.
+
+The lines are the issue's: 1.05 for an entry whose case is its nearest's op on the nearest's own
+inputs, only the gate's values its own (``case.as_nearest``: retention's constant decays, and
+lightning attention's, against scalar decay), 1.3 for every other family.
 
     PYTHONPATH=src python benchmarks/families.py                      # T 16,384, H 8, K = V = 64
     PYTHONPATH=src python benchmarks/families.py --T 256 --repeats 1  # a quick check
     PYTHONPATH=src python benchmarks/families.py --mechanisms retention,hgrn --threads 2
+
+``--clock cpu`` times with the process's CPU time instead of wall-clock time (on one thread, a
+machine shared with other jobs then slows neither side of a pair).
 
 It prints a table and writes ``--out`` (JSON) with every time.
 """
@@ -29,6 +39,7 @@ from pathlib import Path
 import torch
 
 from linattn import registry
+from linattn.experiments import _timing
 from linattn.experiments._timing import median, paired_ratios, times_in_turns
 
 REPARAMETRISATION_LINE = 1.05
@@ -42,8 +53,13 @@ def _form(entry: registry.Entry, nearest: registry.Entry) -> str | None:
     return next((form for form in ("chunk", "recurrent") if form in both), None)
 
 
-def _line(entry: registry.Entry, nearest: registry.Entry) -> float:
-    return REPARAMETRISATION_LINE if entry.op_path == nearest.op_path else FAMILY_LINE
+def _line(entry: registry.Entry) -> float:
+    return REPARAMETRISATION_LINE if entry.case.as_nearest else FAMILY_LINE
+
+
+def _nearest_dims(entry: registry.Entry, K: int, V: int) -> tuple[int, int]:
+    """The (K, V) the nearest is fed (the module docstring: the same inputs)."""
+    return (K, V) if entry.case.nearest_dims is None else entry.case.nearest_dims(K, V)
 
 
 def _calls(entry: registry.Entry, form: str, T: int, H: int, K: int, V: int, chunk: int | None):
@@ -89,10 +105,11 @@ def measure(names, T, H, K, V, repeats, threads, chunk=None):
         if form is None:
             print(f"| {entry.name} | {nearest.name} | no chunk or recurrent form in common |")
             continue
+        nK, nV = _nearest_dims(entry, K, V)
         own = _calls(entry, form, T, H, K, V, chunk)
-        base = _calls(nearest, form, T, H, K, V, chunk)
+        base = _calls(nearest, form, T, H, nK, nV, chunk)
         row = {"mechanism": entry.name, "nearest": nearest.name, "form": form,
-               "line": _line(entry, nearest)}  # fmt: skip
+               "nearest_K": nK, "nearest_V": nV, "line": _line(entry)}  # fmt: skip
         for pass_, index in (("fwd", 0), ("fwdbwd", 1)):
             own[index](), base[index]()  # warm-up: first-call costs stay out of the turns
             mine, theirs = times_in_turns([own[index], base[index]], repeats)
@@ -101,7 +118,8 @@ def measure(names, T, H, K, V, repeats, threads, chunk=None):
             row[f"{pass_}_ratio"] = ratio
         row["ok"] = all(row[f"{p}_ratio"]["median"] <= row["line"] for p in ("fwd", "fwdbwd"))
         rows.append(row)
-        print(_format(row), flush=True)
+        print(_format(row, K, V), flush=True)
+        del own, base  # the inputs and their gradients, before the next pair's
     return rows
 
 
@@ -111,8 +129,11 @@ HEADER = (
 )
 
 
-def _format(row: dict) -> str:
-    cells = [row["mechanism"], row["nearest"], row["form"]]
+def _format(row: dict, K: int, V: int) -> str:
+    nearest = row["nearest"]
+    if (row["nearest_K"], row["nearest_V"]) != (K, V):
+        nearest += f" (K {row['nearest_K']}, V {row['nearest_V']})"
+    cells = [row["mechanism"], nearest, row["form"]]
     for p in ("fwd", "fwdbwd"):
         r = row[f"{p}_ratio"]
         cells += [f"{row[f'{p}_s'] * 1e3:.1f}", f"{row[f'{p}_nearest_s'] * 1e3:.1f}",
@@ -132,18 +153,21 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk-size", type=int, default=None, help="default: 64")
     parser.add_argument("--mechanisms", default="", help="comma-separated registry names")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for every time")
+    parser.add_argument("--clock", choices=sorted(_timing.CLOCKS), default="wall")
     args = parser.parse_args(argv)
     names = [n for n in args.mechanisms.split(",") if n]
     for name in names:
         registry.get(name)  # an unknown name fails here, before any work
+    _timing.use_clock(args.clock)
     print(f"T {args.T:,}, H {args.H}, K {args.K}, V {args.V}, float32, {args.threads} thread(s), "
-          f"{args.repeats} turns; torch {torch.__version__}, {platform.platform()}")  # fmt: skip
+          f"{args.repeats} turns, {args.clock} clock; torch {torch.__version__}, "
+          f"{platform.platform()}")  # fmt: skip
     print(HEADER)
     print("|" + "---|" * 11)
     rows = measure(names, args.T, args.H, args.K, args.V, args.repeats, args.threads,
                    args.chunk_size)  # fmt: skip
     if args.out is not None:
-        setup = {k: getattr(args, k) for k in ("T", "H", "K", "V", "repeats", "threads")}
+        setup = {k: getattr(args, k) for k in ("T", "H", "K", "V", "repeats", "threads", "clock")}
         setup["torch"] = torch.__version__
         args.out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=1) + "\n")
     failed = [row["mechanism"] for row in rows if not row["ok"]]

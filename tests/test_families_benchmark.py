@@ -22,26 +22,39 @@ def _bench():
 
 @pytest.fixture
 def two_families():
-    """A reparametrisation of GLA (same op) and a family with its own op, both nearest GLA."""
+    """A reparametrisation of GLA (its op on its own inputs), a family with its own op and one
+    whose kernel works at another width (its nearest fed K = 12), all nearest GLA."""
     gla = registry.get("gla")
-    same = dataclasses.replace(gla, name="bench_reparam", nearest="gla")
+    same = dataclasses.replace(
+        gla,
+        name="bench_reparam",
+        nearest="gla",
+        case=dataclasses.replace(gla.case, as_nearest=True),
+    )
     other = dataclasses.replace(registry.get("gated_delta"), name="bench_family", nearest="gla")
-    for entry in (same, other):
+    wide = dataclasses.replace(
+        gla, name="bench_wide", nearest="gla",
+        case=dataclasses.replace(gla.case, nearest_dims=lambda K, V: (K + 4, V)),
+    )  # fmt: skip
+    for entry in (same, other, wide):
         registry.register(entry)
     yield
-    for entry in (same, other):
+    for entry in (same, other, wide):
         registry.unregister(entry.name)
 
 
 def test_every_family_with_a_nearest_mechanism_gets_a_paired_row(tmp_path, capsys, two_families):
     bench = _bench()
     out = tmp_path / "families.json"
-    argv = ["--T", "40", "--H", "2", "--K", "8", "--V", "8", "--repeats", "2",
-            "--mechanisms", "bench_reparam,bench_family", "--out", str(out)]  # fmt: skip
+    argv = ["--T", "40", "--H", "2", "--K", "8", "--V", "8", "--repeats", "2", "--clock", "cpu",
+            "--mechanisms", "bench_reparam,bench_family,bench_wide", "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     rows = {row["mechanism"]: row for row in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"bench_reparam", "bench_family"}
-    assert rows["bench_reparam"]["line"] == 1.05 and rows["bench_family"]["line"] == 1.3
+    assert set(rows) == {"bench_reparam", "bench_family", "bench_wide"}
+    assert rows["bench_reparam"]["line"] == 1.05
+    assert rows["bench_family"]["line"] == rows["bench_wide"]["line"] == 1.3
+    assert (rows["bench_wide"]["nearest_K"], rows["bench_wide"]["nearest_V"]) == (12, 8)
+    assert (rows["bench_family"]["nearest_K"], rows["bench_family"]["nearest_V"]) == (8, 8)
     for row in rows.values():
         assert row["nearest"] == "gla" and row["form"] == "chunk"
         for p in ("fwd", "fwdbwd"):
@@ -49,7 +62,8 @@ def test_every_family_with_a_nearest_mechanism_gets_a_paired_row(tmp_path, capsy
             assert 0 < ratio["low"] <= ratio["median"] <= ratio["high"]
             assert row[f"{p}_s"] > 0 and row[f"{p}_nearest_s"] > 0
     printed = capsys.readouterr().out
-    assert "| bench_reparam | gla | chunk |" in printed and "of 2 within their line" in printed
+    assert "| bench_reparam | gla | chunk |" in printed and "of 3 within their line" in printed
+    assert "| bench_wide | gla (K 12, V 8) | chunk |" in printed
 
 
 def test_an_unknown_mechanism_fails_before_any_work():

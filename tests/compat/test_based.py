@@ -111,3 +111,39 @@ def test_bad_input_is_refused_naming_the_argument():
         compat.parallel_rebased(**x, eps=-1.0)
     with pytest.raises(TypeError, match="v must be a floating-point tensor"):
         compat.parallel_rebased(x["q"], x["k"], x["v"].long())
+
+
+@pytest.mark.parametrize("name", ["based", "rebased"])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("T,chunk_size", [(1, 4), (37, 8), (40, 8)])
+def test_the_polynomial_chunk_form_equals_linear_attention_on_the_features(
+    name, normalize, T, chunk_size
+):
+    # the kernel from the K-wide scores inside a chunk and the features only in the state,
+    # against linear attention on the whole feature map (the recurrent form), float64: o, z and
+    # the gradients of q, k, v
+    from linattn import features
+    from linattn.compat import based, rebased
+
+    gen = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, T, 3, 5, generator=gen, dtype=torch.float64) for _ in range(3))
+    scale = 0.4
+    if name == "based":
+        coefficients, feature = based.TAYLOR, features.taylor_exp
+    else:
+        coefficients, feature = rebased.SQUARE, rebased.squared_features
+
+    def run(chunked):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        if chunked:
+            o, z = based.polynomial_attention(*leaves, coefficients, scale, 1e-6, normalize,
+                                              chunk_size)  # fmt: skip
+        else:
+            phi_q, phi_k = feature(leaves[0], scale), feature(leaves[1], scale)
+            o, z = based.kernel_attention(phi_q, phi_k, leaves[2], 1e-6, normalize, "recurrent")
+        weights = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)
+        ((o * weights).sum() + z.sum()).backward()
+        return [o, z, *(t.grad for t in leaves)]
+
+    for ours, theirs in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)

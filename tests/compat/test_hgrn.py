@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from linattn import compat
+from linattn.compat.hgrn import hgrn
 
 from .helpers import Promoted, assert_same, compare, recipe
 
@@ -102,3 +103,22 @@ def test_chunk_hgrn_refuses_bad_input_naming_the_argument():
     with pytest.raises(ValueError, match=r"initial_state must have shape \[N, D\]"):
         compat.chunk_hgrn(x, g, torch.zeros(1, 4, 1))
     assert compat.chunk_hgrn(x, g)[1] is None
+
+
+def test_the_chunk_form_of_packed_sequences_equals_the_recurrent_form():
+    # three sequences, one empty, each from its own state: the chunk form (diagonal_recurrence,
+    # sequence by sequence) against the recurrent form (linear_attention), values and gradients
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 41, 6, generator=gen, dtype=torch.float64)
+    g = -torch.rand(1, 41, 6, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+    cu = torch.tensor([0, 17, 17, 41])
+
+    def run(mode):
+        leaves = [t.clone().requires_grad_(True) for t in (x, g, h0)]
+        o, S = hgrn(*leaves, output_final_state=True, cu_seqlens=cu, mode=mode, chunk_size=4)
+        (o.sin().sum() + S.square().sum()).backward()
+        return [o, S, *(t.grad for t in leaves)]
+
+    for ours, theirs in zip(run("chunk"), run("recurrent"), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from linattn import compat
+from linattn.compat.lightnet import lightnet_gate
+from linattn.ops import _native
 from linattn.reference.lightnet import lightnet as reference
 
 from .helpers import assert_same, outputs_and_grads, recipe
@@ -108,3 +110,75 @@ def test_bad_input_is_refused_naming_the_argument():
                               cu_seqlens=torch.tensor([0, 5]))  # fmt: skip
     with pytest.raises(TypeError, match="k must be a floating-point tensor"):
         compat.fused_recurrent_lightnet(q, k.long(), v)
+
+
+def _gate_by_logcumsumexp(x, z0):
+    """The gate by torch.logcumsumexp, one sequence [T, H, K], z0 [H, K] or None: (k, g, z_T)."""
+    z = x.logcumsumexp(0) if z0 is None else torch.logaddexp(x.logcumsumexp(0), z0)
+    start = torch.full_like(x[:1], float("-inf")) if z0 is None else z0[None]
+    z_prev = torch.cat([start, z[:-1]])
+    g = torch.where(z_prev == float("-inf"), torch.zeros_like(z), z_prev - z)
+    return (x - z).exp(), g, z[-1]
+
+
+@pytest.mark.parametrize("T", [1, 5, 200])
+@pytest.mark.parametrize("z0", ["none", "finite", "some_inf"])
+def test_the_gate_equals_logcumsumexp_s_in_float64(T, z0):
+    # 200 tokens: the running log-sum-exp in chunks of 64 and over their ends; values and the
+    # gradients of x and z0 through k, g and z_T
+    gen = torch.Generator().manual_seed(T)
+    x = 3 * torch.randn(2, T, 2, 3, generator=gen, dtype=torch.float64)
+    start = None
+    if z0 != "none":
+        start = torch.randn(2, 1, 2, 3, generator=gen, dtype=torch.float64)
+        if z0 == "some_inf":
+            start[..., 0] = float("-inf")  # a layer's fresh state: no prior mass
+
+    def run(gate):
+        leaves = [t.clone().requires_grad_(True) for t in (x, start) if t is not None]
+        k, g, z = gate(*leaves, *([None] if start is None else []))
+        weights = torch.linspace(-1, 1, k.numel(), dtype=k.dtype).view_as(k)
+        loss = (k * weights).sum() + (g * weights.flip(0)).sum()
+        loss = loss + torch.where(z.isinf(), 0, z).square().sum()
+        loss.backward()
+        return [k, g, z, *(t.grad for t in leaves)]
+
+    def reference(x, z0):
+        parts = [_gate_by_logcumsumexp(x[n], None if z0 is None else z0[n, 0]) for n in range(2)]
+        return tuple(torch.stack(p) for p in zip(*parts, strict=True))[:2] + (
+            torch.stack([p[2] for p in parts])[:, None],
+        )
+
+    for ours, theirs in zip(run(lightnet_gate), run(reference), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
+@pytest.mark.parametrize("z0", ["none", "finite", "some_inf"])
+def test_the_fused_gate_in_float32_is_near_float64(z0, monkeypatch):
+    # csrc/logsumexp.cpp serves float32 on the CPU: against the float64 PyTorch steps, values and
+    # the gradients of x and z0 (keys of a wide spread: exponents far below the running maximum)
+    gen = torch.Generator().manual_seed(7)
+    x = 8 * torch.randn(2, 300, 2, 70, generator=gen, dtype=torch.float64)
+    start = None
+    if z0 != "none":
+        start = 5 * torch.randn(2, 1, 2, 70, generator=gen, dtype=torch.float64)
+        if z0 == "some_inf":
+            start[..., :3] = float("-inf")
+    used, kernel = [], _native.kernel
+    monkeypatch.setattr(_native, "kernel", lambda name: used.append(name) or kernel(name))
+
+    def run(dtype):
+        leaves = [t.to(dtype).requires_grad_(True) for t in (x, start) if t is not None]
+        k, g, z = lightnet_gate(*leaves, *([None] if start is None else []))
+        weights = torch.linspace(-1, 1, k.numel(), dtype=dtype).view_as(k)
+        loss = (k * weights).sum() + (g * weights.flip(0)).sum()
+        (loss + torch.where(z.isinf(), 0, z).square().sum()).backward()
+        return [t.detach().double() for t in (k, g, z, *(t.grad for t in leaves))]
+
+    ours = run(torch.float32)
+    assert used == ["logsumexp_gate_forward", "logsumexp_gate_backward"]
+    for a, b in zip(ours, run(torch.float64), strict=True):
+        finite = b.isfinite()
+        assert torch.equal(a.isfinite(), finite)
+        assert (a[finite] - b[finite]).abs().max() <= 2e-5 * b[finite].abs().max().clamp(min=1)

@@ -62,6 +62,23 @@ def test_every_form_equals_the_float64_reference(mode):
         np.testing.assert_allclose(S[n, :, 0].numpy(), ref_S, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("T", [1, 2, 37])
+def test_the_chunk_form_s_gradients_equal_the_recurrent_form_s(T):
+    # chunks of 4 over 37 tokens: chunks of chunks and a partial one; every input, the state
+    # included, through the output and the whole final state (alpha, beta, eps)
+    leaves = _leaves(T=T, k_scale=3.0, dtype=torch.float64)
+
+    def run(mode):
+        x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+        o, S = rwkv4.wkv(**x, mode=mode, chunk_size=4)
+        weights = torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)
+        ((o * weights).sum() + (S * S).sum()).backward()
+        return [o, S, *(t.grad for t in x.values())]
+
+    for ours, theirs in zip(run("chunk"), run("recurrent"), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
 def test_the_running_maximum_keeps_large_keys_finite():
     """exp(k) overflows float32 at k ~ 89; fla's state (alpha, beta, eps) never forms it."""
     leaves = _leaves(T=12, k_scale=200.0)

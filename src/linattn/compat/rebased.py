@@ -6,7 +6,9 @@ attention with the squared kernel, normalised as fla's kernel does,
 (scale = 1 / sqrt(K) with ``use_scale``, else 1; ``use_normalize=False``: the numerator alone;
 ``return_both``: the numerator [B, H, T, V] and the denominator [B, H, T], fla's layout there).
 With phi(x) = vec(y y^T), y = sqrt(scale) x, phi(q)^T phi(k) = a^2: linear attention (spec
-sections 3 and 4) run by ``linear_attention`` (``linattn.compat.based.kernel_attention``).
+sections 3 and 4) run by ``linear_attention`` (``linattn.compat.based.kernel_attention``);
+the chunk form by ``linattn.compat.based.polynomial_attention`` (f(a) = a^2 from the K-wide
+scores inside a chunk, the features used only for the state).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from linattn.compat import _core
-from linattn.compat.based import _check, kernel_attention
+from linattn.compat.based import _check, kernel_attention, polynomial_attention
 from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
+
+SQUARE = (0.0, 0.0, 1.0)  # f(a) = a^2, ReBased's kernel (``polynomial_attention``)
 
 
 def squared_features(x: Tensor, scale: float) -> Tensor:
@@ -47,10 +51,14 @@ def rebased(
     dtype = compute_dtype(_core.promote(q, k, v))
     out_dtype = q.dtype
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    o, z = kernel_attention(
-        squared_features(q, scale), squared_features(k, scale), v, eps,
-        use_normalize and not return_both, mode, chunk_size,
-    )  # fmt: skip
+    normalize = use_normalize and not return_both
+    if mode == "chunk":
+        o, z = polynomial_attention(q, k, v, SQUARE, scale, eps, normalize, chunk_size)
+    else:
+        o, z = kernel_attention(
+            squared_features(q, scale), squared_features(k, scale), v, eps, normalize, mode,
+            chunk_size,
+        )  # fmt: skip
     if return_both:
         return o.transpose(1, 2).to(out_dtype), z.transpose(1, 2).to(out_dtype)
     return o.to(out_dtype)

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import _native, checks
 from linattn.ops import backends as _backends
-from linattn.ops import checks
 from linattn.ops.linear_attention import linear_attention
 
 CyFAState = tuple[Tensor, Tensor, Tensor]
@@ -80,10 +80,13 @@ def phases(lam: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
     return torch.cos(angle), torch.sin(angle)
 
 
-def write_direction(lam: Tensor, beta: Tensor, num_slots: int) -> Tensor:
-    """w = beta a(lambda): [..., M], a's even slots ``c cos``, odd ones ``-c sin``."""
+def write_direction(
+    lam: Tensor, beta: Tensor, num_slots: int, cos_sin: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
+    """w = beta a(lambda): [..., M], a's even slots ``c cos``, odd ones ``-c sin``
+    (``cos_sin``: ``phases(lam, M)``, where the caller has them)."""
     P = num_slots - 1
-    c, s = phases(lam, num_slots)
+    c, s = phases(lam, num_slots) if cos_sin is None else cos_sin
     pair_scale = torch.full_like(c[..., :1], (2.0 / P) ** 0.5).expand_as(c).clone()
     pair_scale[..., 0] = P**-0.5
     atom = torch.stack((c * pair_scale, -s * pair_scale), dim=-1).flatten(-2)
@@ -97,18 +100,86 @@ def _rotate(x: Tensor, c: Tensor, s: Tensor, sign: float) -> Tensor:
     return torch.stack((c * xc - s * xs, s * xc + c * xs), dim=-1).flatten(-2)
 
 
-def readout_weights(z: Tensor, lam: Tensor, table: Tensor) -> Tensor:
-    """u = R^T E^T softmax(E R z) per token: z [B, T, H, M], lam [B, T, H], table E [H, P, M]."""
+def readout_weights(
+    z: Tensor, lam: Tensor, table: Tensor, cos_sin: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
+    """u = R^T E^T softmax(E R z) per token: z [B, T, H, M], lam [B, T, H], table E [H, P, M]
+    (``cos_sin``: ``phases(lam, M)``, where the caller has them)."""
     M = z.shape[-1]
-    c, s = phases(lam, M)
+    c, s = phases(lam, M) if cos_sin is None else cos_sin
     logits = torch.einsum("hrm,bthm->bthr", table, _rotate(z, c, s, 1.0))
     probs = torch.softmax(logits, dim=-1)
     return _rotate(torch.einsum("hrm,bthr->bthm", table, probs), c, s, -1.0)
 
 
+def _slot_rows(lam: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
+    """``phases`` as rows: cos and sin [B, H, M / 2, T] for lambda [B, T, H] (the layout of
+    ``_write_and_readout``, where every operation runs along the tokens)."""
+    c, s = phases(lam.transpose(1, 2).contiguous(), num_slots)  # [B, H, T, M / 2]
+    return c.transpose(-1, -2).contiguous(), s.transpose(-1, -2).contiguous()
+
+
+def _rotate_rows(x: Tensor, c: Tensor, s: Tensor, sign: float) -> Tensor:
+    """``_rotate`` on slot rows: x [B, H, M, T], c and s [B, H, M / 2, T]."""
+    x0, x1 = x[..., 0::2, :], x[..., 1::2, :]
+    s = s if sign > 0 else -s
+    return torch.stack((c * x0 - s * x1, s * x0 + c * x1), dim=-2).flatten(-3, -2)
+
+
+def _write_rows(c: Tensor, s: Tensor, beta: Tensor) -> Tensor:
+    """``write_direction`` on slot rows: w [B, H, M, T] for beta [B, T, H]."""
+    P = 2 * c.shape[-2] - 1
+    pair_scale = torch.full((c.shape[-2], 1), (2.0 / P) ** 0.5, dtype=c.dtype, device=c.device)
+    pair_scale[0] = P**-0.5
+    atom = torch.stack((c * pair_scale, -s * pair_scale), dim=-2).flatten(-3, -2)
+    return atom * beta.transpose(1, 2).unsqueeze(-2)
+
+
+def _readout_rows(z: Tensor, c: Tensor, s: Tensor, table: Tensor) -> Tensor:
+    """``readout_weights`` on slot rows: z [B, H, M, T], table E [H, P, M]; the softmax over
+    the P readout rows runs along the tokens (a softmax over a last dimension of P = 5 numbers is
+    many times slower)."""
+    logits = table @ _rotate_rows(z, c, s, 1.0)  # [B, H, P, T]
+    probs = torch.softmax(logits, dim=-2)
+    return _rotate_rows(table.transpose(-1, -2) @ probs, c, s, -1.0)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dimension."""
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+
+
+class _NormParts(torch.autograd.Function):
+    """The two factors of ``rms_norm``: (x * weight, r = 1 / sqrt(mean(x^2) + eps)), so that a
+    caller multiplies r in where it is one number a token (the memories' reads and writes are
+    linear in q~ and k~), not into a whole copy of x. Backward: dx = dy weight - (dr r^3 / K) x,
+    dweight = sum dy x; the [..., K] tensors on the extension's cached pages."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float):
+        K = x.shape[-1]
+        r = torch.linalg.vector_norm(x, dim=-1).square_().div_(K).add_(eps).rsqrt_()
+        y = _native.empty(tuple(x.shape), x)
+        torch.mul(x, weight, out=y)
+        ctx.save_for_backward(x, weight, r)
+        return y, r
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy: Tensor | None, dr: Tensor | None):
+        x, weight, r = ctx.saved_tensors
+        dx = _native.empty(tuple(x.shape), x)
+        if dy is None:
+            dx.zero_()
+        else:
+            torch.mul(dy, weight, out=dx)
+        if dr is not None:
+            dx.addcmul_(x, (dr * r.pow(3)).div_(-x.shape[-1]).unsqueeze(-1))
+        dweight = None
+        if ctx.needs_input_grad[1] and dy is not None:
+            scratch = _native.empty(tuple(x.shape), x)
+            dweight = torch.mul(dy, x, out=scratch).flatten(0, -2).sum(0)
+        return dx, dweight, None
 
 
 def clock(delta: Tensor, lambda0: Tensor | None, cu_seqlens: Tensor | None) -> Tensor:
@@ -210,14 +281,22 @@ def cyfa(
         x.to(dtype) for x in initial_state
     )  # fmt: skip
     scale = K**-0.5 if scale is None else float(scale)
-    q, k = rms_norm(q, wq, float(q_norm_eps)), rms_norm(k, wk, float(k_norm_eps))
+    # q~ = r_q (q * w_q), k~ = r_k (k * w_k) with r one number a token: r_k goes into the
+    # write w (the key memory's values), r_q onto its read z, so no normalised copy is made.
+    qw, r_q = _NormParts.apply(q, wq, float(q_norm_eps))
+    kw, r_k = _NormParts.apply(k, wk, float(k_norm_eps))
     lam = clock(delta, lam0, cu_seqlens)
-    w = write_direction(lam, beta, M)
+    # The write and the readout token by token on slot rows [B, H, M, T] (``_slot_rows``),
+    # handed to the memories as [B, T, H, M] views.
+    c, s = _slot_rows(lam, M)
+    w = _write_rows(c, s, beta).permute(0, 3, 1, 2)
     table = readout @ fourier_basis(M, dtype, q.device)
     common = dict(mode=mode, chunk_size=chunk_size, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)  # fmt: skip
-    z, Hk = linear_attention(q, k, w, g, scale=scale, initial_state=Hk0, **common)
-    u = readout_weights(z, lam, table)
+    z, Hk = linear_attention(qw, kw, w * r_k[..., None], g, scale=scale, initial_state=Hk0,
+                             **common)  # fmt: skip
+    z = (z * r_q[..., None]).permute(0, 2, 3, 1)  # [B, H, M, T]
+    u = _readout_rows(z, c, s, table).permute(0, 3, 1, 2)
     o, Hv = linear_attention(u, w, v, g, scale=1.0, initial_state=Hv0, **common)
     if not output_final_state:
         return o, None

@@ -34,6 +34,13 @@ class Case:
     oracle: Callable[[Inputs, float], tuple[Tensor, Tensor]]
     cost: str  # "softmax", "linear", "delta" or "dplr"
     rows_per_token: int = 1  # write rows per token (DeltaProduct's n_h)
+    # What ``benchmarks/families.py`` feeds the entry's nearest mechanism. ``nearest_dims(K, V)``:
+    # the (K, V) at which the nearest does this case's work at (K, V), where the family's kernel
+    # works at another width (a feature map's: Based's 1 + K + K^2); None: the same.
+    # ``as_nearest``: the call is the nearest's op on the nearest's own inputs, only the gate's
+    # values the family's (a constant decay per head), held to the reparametrisation line.
+    nearest_dims: Callable[[int, int], tuple[int, int]] | None = None
+    as_nearest: bool = False
 
 
 def _draw(gen: torch.Generator, dtype: torch.dtype):
@@ -650,7 +657,7 @@ def constant_decay_case(gamma: Callable[[int], np.ndarray]) -> Case:
             x, B, H,
         )  # fmt: skip
 
-    return Case(inputs, call, oracle, "linear")
+    return Case(inputs, call, oracle, "linear", as_nearest=True)
 
 
 def hgrn_case() -> Case:
@@ -689,6 +696,7 @@ def hgrn_case() -> Case:
 
 def hgrn2_case() -> Case:
     """HGRN2: GLA with keys 1 - f_t and log-decays log f_t (f the forget gate), on q, f, v."""
+    from linattn.compat.hgrn import hgrn2_gate
     from linattn.ops import linear_attention
     from linattn.reference.hgrn import hgrn2
 
@@ -699,10 +707,8 @@ def hgrn2_case() -> Case:
                 "v": normal(B, T, H, V), "S0": normal(B, H, K, V)}  # fmt: skip
 
     def call(x, mode, chunk_size, scale):
-        f = x["f"]
-        return linear_attention(
-            x["q"], 1 - f, x["v"], f.log(), **_common(mode, chunk_size, scale, x)
-        )
+        k, g = hgrn2_gate(x["f"])  # 1 - f and log f, in one pass each
+        return linear_attention(x["q"], k, x["v"], g, **_common(mode, chunk_size, scale, x))
 
     def oracle(x, scale):
         B, _, H, _ = x["q"].shape
@@ -761,12 +767,17 @@ def kernel_case(name: str) -> Case:
 
     def call(x, mode, chunk_size, scale):
         q, k = x["q"], x["k"]
+        eps = based_module.EPS if name == "based" else 1e-5
+        if mode == "chunk":  # the kernel from the K-wide scores, the features only in the state
+            coefficients = based_module.TAYLOR if name == "based" else rebased_module.SQUARE
+            o, _ = based_module.polynomial_attention(q, k, x["v"], coefficients, scale, eps,
+                                                     True, chunk_size)  # fmt: skip
+            return o, None
         if name == "based":
             phi_q, phi_k = features.taylor_exp(q, scale), features.taylor_exp(k, scale)
         else:
             phi_q = rebased_module.squared_features(q, scale)
             phi_k = rebased_module.squared_features(k, scale)
-        eps = based_module.EPS if name == "based" else 1e-5
         o, _ = based_module.kernel_attention(phi_q, phi_k, x["v"], eps, True, mode, chunk_size)
         return o, None
 
@@ -780,7 +791,11 @@ def kernel_case(name: str) -> Case:
         ]  # fmt: skip
         return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
 
-    return Case(inputs, call, oracle, "linear")
+    # the chunk form's state is [D', V + 1] on the D' = (1 + K +) K^2 features
+    def nearest_dims(K: int, V: int) -> tuple[int, int]:
+        return (1 + K if name == "based" else 0) + K * K, V
+
+    return Case(inputs, call, oracle, "linear", nearest_dims=nearest_dims)
 
 
 def rwkv4_case() -> Case:

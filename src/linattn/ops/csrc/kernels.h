@@ -62,7 +62,8 @@
 // block_cache (the output allocator), mechanism, checks and layout (the entry's mechanism and
 // checks, where a chunk's rows are), convert (bfloat16 and float16 rows to and from float32),
 // tuning.h (the machine-tuned constants, from linattn/ops/tuning.py), step (the generation step),
-// conv (the layers' short convolution) and ops.cpp (the torch.library registration).
+// conv (the layers' short convolution), logsumexp (LightNet's gate) and ops.cpp (the
+// torch.library registration).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -147,5 +148,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> atk_backw
     const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& A0,
     const at::Tensor& center, const at::Tensor& A_all, const at::Tensor& dkp,
     const at::Tensor& dA_end, double log_x, double eps);
+// LightNet's gate (logsumexp.cpp): from key logits x [B, T, D] (contiguous) and the initial
+// log-normaliser z0 [B, D] or None (-inf), the keys k, log-decays g [B, T, D] and the last z
+// [B, D]. The backward takes k, g, their gradients (None: zeros), dz_last and ``first_constant``
+// [B, D] (bool: g_0 is the constant 0 there, no prior mass), and returns dx and the gradient
+// of z0 (where z0 was finite).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logsumexp_gate_forward(
+    const at::Tensor& x, const std::optional<at::Tensor>& z0);
+std::tuple<at::Tensor, at::Tensor> logsumexp_gate_backward(
+    const at::Tensor& k, const at::Tensor& g, const std::optional<at::Tensor>& dk,
+    const std::optional<at::Tensor>& dg, const std::optional<at::Tensor>& dz_last,
+    const at::Tensor& first_constant);
 
 }  // namespace linattn_native

@@ -39,6 +39,10 @@ TORCH_LIBRARY(linattn_native, m) {
       "atk_backward(Tensor k, Tensor g, Tensor beta, Tensor A0, Tensor center, Tensor A_all,"
       " Tensor dkp, Tensor dA_end, float log_x, float eps)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("logsumexp_gate_forward(Tensor x, Tensor? z0) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "logsumexp_gate_backward(Tensor k, Tensor g, Tensor? dk, Tensor? dg, Tensor? dz_last,"
+      " Tensor first_constant) -> (Tensor, Tensor)");
   m.def("empty_huge(int[] sizes, ScalarType dtype) -> Tensor", &empty_huge);
   m.def("cache_release() -> int", &cache_release);
   m.def("cache_bytes() -> int", &cache_bytes);
@@ -53,6 +57,8 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("short_conv_backward", &short_conv_backward);
   m.impl("atk_forward", &atk_forward);
   m.impl("atk_backward", &atk_backward);
+  m.impl("logsumexp_gate_forward", &logsumexp_gate_forward);
+  m.impl("logsumexp_gate_backward", &logsumexp_gate_backward);
 }
 
 TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
