@@ -6,7 +6,7 @@ asks for the keys again; a model must answer with the values. Fixed-state mechan
 
   smoke    seconds: every mechanism trains a few steps (the tests run it)
   cpu      T=64, 8 pairs, width 64; 3 seeds x 3 lrs x 2 fillers, 500 steps for every
-           mechanism: about 25 minutes on 2 quiet CPU cores, 2 workers
+           mechanism: about 50 minutes on 2 quiet CPU cores, 2 workers
   zoology  the paper's scale: V=8192, T=512, 64 pairs, widths 64-512, an lr sweep (for a GPU)
 
 Results are appended to a JSON lines file (one object per filler, mechanism, width and seed; schema

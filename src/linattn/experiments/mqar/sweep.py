@@ -288,7 +288,8 @@ PRESETS: dict[str, Preset] = {
             "T=64, 8 key-value pairs, V=128, blank and random fillers, width 64, seeds 0 1 2, "
             "lrs 4.5e-3 1e-2 2e-3 (the best per seed), 500 steps of 32 for every mechanism, "
             "a run stops at 0.99, decays initialised with dt in [1e-4, 1e-2]; 2 worker processes: "
-            "about 25 minutes of 2 quiet CPU cores (25.1 measured)"
+            "about 50 minutes of 2 quiet CPU cores (25.1 measured for the first nine mechanisms; "
+            "the cells of log-linear Gated DeltaNet, MesaNet, PaTH and FoX took 2,696 s of CPU)"
         ),
         # the ratios of the earlier T=128 preset (pairs / T = 1/8, V = 2T) at half the length,
         # so that the grid of seeds, lrs and fillers fits on 2 cores (the module docstring)
