@@ -198,7 +198,8 @@ PRESETS: dict[str, Preset] = {
             "DeltaNet [0, 2]; A5 on DeltaNet [0, 2] (one and two layers) and DeltaProduct n_h = "
             "2, 3, 4; 3 seeds, d_model 32, 1,000 steps of 32 at lr 1e-2, trained at 64 tokens "
             "after a curriculum (4, 8, .. 64 tokens, doubling every 100 steps), tested at 64-512; "
-            "2 workers: 2,214 s of CPU measured (2026-12-03), 18.5 minutes on 2 free cores"
+            "2 workers: 2,214 s of CPU measured (2026-12-03), and 1,556 s for log-linear Gated "
+            "DeltaNet, MesaNet, PaTH and FoX (2026-12-07): 31 minutes on 2 free cores"
         ),
         tasks=("parity", "mod3", "S3", "A5"),
         # not DeltaProduct n_h = 4 (4 rows a token) nor RWKV-7 on the small groups: the budget
