@@ -22,7 +22,7 @@ from linattn.dtypes import compute_dtype
 from linattn.features import taylor_exp
 from linattn.ops import checks as _checks
 from linattn.ops import linear_attention
-from linattn.ops.diagonal import _empty
+from linattn.ops.diagonal import empty as _empty
 
 EPS = 1e-6  # fla's Based kernels: o / (z + 1e-6)
 TAYLOR = (1.0, 1.0, 0.5)  # f(a) = 1 + a + a^2 / 2, Based's kernel (``polynomial_attention``)

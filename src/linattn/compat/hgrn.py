@@ -23,7 +23,8 @@ from torch import Tensor
 from linattn.compat import _core
 from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
-from linattn.ops.diagonal import _empty, diagonal_recurrence
+from linattn.ops.diagonal import diagonal_recurrence
+from linattn.ops.diagonal import empty as _empty
 
 
 def hgrn(

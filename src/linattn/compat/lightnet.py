@@ -22,8 +22,9 @@ from torch import Tensor
 
 from linattn.compat import _core
 from linattn.dtypes import compute_dtype
-from linattn.ops import _native
-from linattn.ops.diagonal import _empty, scan
+from linattn.ops import logsumexp_gate
+from linattn.ops.diagonal import empty as _empty
+from linattn.ops.diagonal import scan
 
 
 def lightnet_gate(
@@ -112,9 +113,9 @@ class _Gate(torch.autograd.Function):
         rows = x.reshape(B, T, H * K)
         prior = None if z0 is None else z0.reshape(B, H * K)
         ctx.C, ctx.state_shape = C, (B, H, K)
-        ctx.fused = _native.applies(x)
+        ctx.fused = logsumexp_gate.fused(x)
         if ctx.fused:  # csrc/logsumexp.cpp: the same steps, one pass over x
-            k, g, z_last = _native.kernel("logsumexp_gate_forward")(rows.contiguous(), prior)
+            k, g, z_last = logsumexp_gate.forward(rows.contiguous(), prior)
             ctx.save_for_backward(k, g, prior, None)
             shape = (B, T, H, K)
             return k.view(shape), g.view(shape), z_last.view(B, H, K)
@@ -142,7 +143,7 @@ class _Gate(torch.autograd.Function):
         if ctx.fused:
             no_mass = torch.ones(B, D, dtype=torch.bool) if prior is None else prior == -math.inf
             flat = [None if t is None else t.reshape(B, T, D) for t in (dk, dg)]
-            dx, dz0 = _native.kernel("logsumexp_gate_backward")(
+            dx, dz0 = logsumexp_gate.backward(
                 k, g, *flat, None if dz_T is None else dz_T.reshape(B, D), no_mass
             )
             if prior is None or not ctx.needs_input_grad[1]:

@@ -31,7 +31,8 @@ from linattn.compat import _core
 from linattn.dtypes import compute_dtype
 from linattn.ops import checks as _checks
 from linattn.ops import rwkv6
-from linattn.ops.diagonal import _empty, scan
+from linattn.ops.diagonal import empty as _empty
+from linattn.ops.diagonal import scan
 
 
 def _check(w, u, k, v, state) -> None:

@@ -33,7 +33,7 @@ from torch import Tensor
 from linattn.ops import _native, checks
 
 
-def _empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
+def empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
     """An uninitialised tensor; a large one on the extension's cached huge pages
     (``_native.empty``), so that a fresh output is not faulted in page by page."""
     return _native.empty(shape, like)
@@ -55,7 +55,7 @@ def _decays(g: Tensor) -> Tensor:
     expanded."""
     if g.shape[1] > 1 and g.stride(1) == 0:
         return g[:, :1].exp().expand_as(g)
-    a = _empty(tuple(g.shape), g)
+    a = empty(tuple(g.shape), g)
     return torch.exp(g, out=a)
 
 
@@ -84,7 +84,7 @@ def scan(
     docstring, into ``out`` (a [B, T, D] tensor with contiguous rows) where given. ``g``: log a,
     where known (each chunk's product of decays is then exp of one sum). No autograd."""
     B, T, D = x.shape
-    h = _empty((B, T, D), x) if out is None else out
+    h = empty((B, T, D), x) if out is None else out
     n, r = divmod(T, C)
     if n < 2 or C < 2:  # one chunk, or chunks of one token: the token loop
         _sequential(a, x, h, h0, range(T - 1, -1, -1) if reverse else range(T))
@@ -140,13 +140,13 @@ class _Diagonal(torch.autograd.Function):
         g, a, h, h0 = ctx.saved_tensors
         B, T, D = h.shape
         dh = dh.contiguous()
-        r = _empty((B, T, D), h)
+        r = empty((B, T, D), h)
         r[:, -1] = dh[:, -1]
         if T > 1:
             scan(a[:, 1:], dh[:, :-1], r[:, -1], ctx.C, reverse=True, out=r[:, :-1], g=g[:, 1:])
         dg = dh0 = None
         if ctx.needs_input_grad[0]:
-            dg = _empty((B, T, D), h)
+            dg = empty((B, T, D), h)
             torch.mul(r[:, 1:], h[:, :-1], out=dg[:, 1:])
             if h0 is None:
                 dg[:, 0].zero_()
