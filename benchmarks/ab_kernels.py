@@ -70,7 +70,7 @@ ROWS = {
     "delta": ("delta", "beta", None, "none"),
     "gated_delta": ("delta", "beta", "g scalar", "head"),
     "kda": ("delta", "beta", "g channel", "channel"),
-    "dplr": ("dplr", "ab", None, "none"),  # the dplr rule on the delta rule's row (issue 30)
+    "dplr": ("dplr", "ab", None, "none"),  # the dplr rule on the delta rule's row
     "dplr_head": ("dplr", "ab", "g scalar", "head"),
     "dplr_channel": ("dplr", "ab", "g channel", "channel"),
 }

@@ -3,7 +3,7 @@
     python benchmarks/ab_step.py OLD_REV [--batch 8] [--shape qwen3_next] [--turns 15]
         [--threads 1] [--states 1]
 
-``ab_kernels.py``'s method for ``recurrent_step`` (issue 35): OLD_REV's ``csrc/`` is compiled
+``ab_kernels.py``'s method for ``recurrent_step``: OLD_REV's ``csrc/`` is compiled
 under the namespace ``linattn_ab_old`` beside the working tree's kernels, and each turn times a
 batch of calls of the in-place pass over the state (``S.mul_(1.0)``, ``decode.py``'s yardstick),
 the old step and the new step on the same inputs (``decode.token``), the fused ops called

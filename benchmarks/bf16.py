@@ -1,4 +1,4 @@
-"""bfloat16 and float16 inputs over float32 on the CPU, as ratios of one run (issue 34, item 4).
+"""bfloat16 and float16 inputs over float32 on the CPU, as ratios of one run.
 
 The same inputs (B = 1, T = 16,384, H = 8, K = V = 64, chunk 64, one thread by default) given to
 the public ops in float32 and in a lower precision, the forward (under no_grad) and the forward

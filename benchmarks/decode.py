@@ -1,4 +1,4 @@
-"""Decoding at the memory roof (issue 35): each mechanism's generation step against one pass.
+"""Decoding at the memory roof: each mechanism's generation step against one pass.
 
     PYTHONPATH=src python benchmarks/decode.py              # every row, 1 and 2 threads
     PYTHONPATH=src python benchmarks/decode.py --quick      # fewer turns: a dry run

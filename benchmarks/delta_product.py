@@ -1,4 +1,4 @@
-"""Gated DeltaProduct's forward time over the delta rule's on the same T (issue 31), one run.
+"""Gated DeltaProduct's forward time over the delta rule's on the same T, one run.
 
     S <- alpha_t S;  S <- (I - beta_tj k_tj k_tj^T) S + beta_tj k_tj v_tj^T (j = 1 .. n_h);
     o_t = S^T (scale q_t)

@@ -1,4 +1,4 @@
-"""Every registered family against its nearest mechanism, as paired ratios of one run (issue 51).
+"""Every registered family against its nearest mechanism, as paired ratios of one run.
 
 For each registry entry that names a ``nearest`` mechanism, the entry's own op and its nearest's,
 both through their registry ``case`` (the inputs a model would feed, float32, B = 1), are timed in

@@ -1,4 +1,4 @@
-"""Log-linear Mamba-2's chunk form over Mamba-2's, on the CPU (issue 52's speed line).
+"""Log-linear Mamba-2's chunk form over Mamba-2's, on the CPU.
 
     log-linear: O = (scale Q K^T (.) M^S (.) M^H) V, chunks of C: the masked product inside, a
                 Fenwick tree of Mamba-2's chunk states across (O(T log T))

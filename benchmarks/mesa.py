@@ -1,4 +1,4 @@
-"""MesaNet's time per token over Gated DeltaNet's chunk form (issue 52), one thread.
+"""MesaNet's time per token over Gated DeltaNet's chunk form, one thread.
 
     MesaNet:        H_t = gamma_t H_{t-1} + beta_t k_t k_t^T, G_t likewise with v_t;
                     o_t = G_t^T (H_t + Diag(lambda))^{-1} q_t by fla's conjugate gradients

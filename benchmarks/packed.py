@@ -1,4 +1,4 @@
-"""Packed sequences (cu_seqlens) against the same tokens as a batch, ratios of one run (issue 34).
+"""Packed sequences (cu_seqlens) against the same tokens as a batch, ratios of one run.
 
 The same T = 16,384 tokens (H 8, K = V = 64, float32, chunk 64, forward through the public ops) cut
 into N sequences of T / N tokens, given either as a batch [N, T / N, H, D] or packed [1, T, H, D]

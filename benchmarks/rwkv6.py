@@ -1,4 +1,4 @@
-"""RWKV-6 over GLA on the CPU, as ratios of one run (issue 31's speed line: within 1.15x).
+"""RWKV-6 over GLA on the CPU, as ratios of one run (within 1.15x).
 
     RWKV-6: o_t = S_{t-1}^T (scale q_t) + scale (q_t^T Diag(u) k_t) v_t
     GLA:    o_t = S_t^T (scale q_t)          both with S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T

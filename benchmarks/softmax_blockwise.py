@@ -1,5 +1,5 @@
 """Forgetting attention (FoX), stick-breaking attention and PaTH attention in their blockwise
-forms, against torch's SDPA (causal softmax attention), on the CPU with one thread (issue 52).
+forms, against torch's SDPA (causal softmax attention), on the CPU with one thread.
 
     python benchmarks/softmax_blockwise.py [--T 4096 16384] [--H 4] [--D 64] [--block 256]
         [--repeats 3] [--threads 1] [--backward] [--ops sdpa fox_chunk ...]

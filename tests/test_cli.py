@@ -205,7 +205,7 @@ def test_ctrl_c_during_a_sweep_with_workers_is_one_line_and_130(tmp_path):
     assert (proc.returncode, err) == (130, "linattn mqar: interrupted\n")
 
 
-# Issue 33: every size option bounded against the machine's memory, before any work.
+# every size option bounded against the machine's memory, before any work.
 T13 = str(10**13)
 
 
@@ -279,7 +279,7 @@ def test_another_runtime_error_is_not_taken_for_memory(monkeypatch):
         cli.main(["accuracy"])
 
 
-# Issue 33: an input file that is missing, not a regular file, or too large is refused before
+# an input file that is missing, not a regular file, or too large is refused before
 # any work, in the one error format.
 def test_bench_merge_of_a_missing_file(tmp_path, capsys):
     missing = tmp_path / "nonexistent.json"

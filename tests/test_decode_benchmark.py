@@ -1,4 +1,4 @@
-"""``benchmarks/decode.py`` (issue 35) runs as the README prints it, on its smallest setting."""
+"""``benchmarks/decode.py`` runs as the README prints it, on its smallest setting."""
 
 import importlib.util
 import json

@@ -1,6 +1,6 @@
 """Packaging: an sdist and the wheel built from it carry every file the fused kernels need.
 
-Issue 33: ``package-data`` named ``*.cpp`` only, so a wheel had none of csrc's headers and,
+``package-data`` named ``*.cpp`` only, so a wheel had none of csrc's headers and,
 installed from it, ``linattn build`` stopped at ``fatal error: blas.h``. Here the source tree is
 copied, an sdist built from the copy, a wheel from the sdist, the wheel installed into a fresh
 virtual environment (torch, numpy and scipy from the system's site-packages: nothing downloaded) and

@@ -234,7 +234,7 @@ def test_keywords(x):
              "chunk_linear_attn", "fused_recurrent_linear_attn"],
 )  # fmt: skip
 def test_empty_dimensions(name, sizes):
-    """Issue 18, defect 8: empty outputs, the initial state back as final state."""
+    """Empty outputs, the initial state back as final state."""
     b, t, h = sizes
     gen = torch.Generator().manual_seed(1)
     q, k = torch.randn(b, t, h, K, generator=gen), torch.randn(b, t, h, K, generator=gen)

@@ -1,4 +1,4 @@
-"""compat.chunk_gated_delta_product vs fla 0.6.0 (issue 31): fla's naive token loop
+"""compat.chunk_gated_delta_product vs fla 0.6.0: fla's naive token loop
 (``naive_recurrent_gated_delta_product``), and its Triton kernels under triton's interpreter in
 float32, forward and gradients, with grouped-free heads, ``cu_seqlens`` and initial states (T = 1,
 T not a multiple of the chunk, packed sequences with a length-1 piece).

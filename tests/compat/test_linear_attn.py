@@ -21,7 +21,7 @@ def positive(dtype=torch.float64, T=40, B=1):
            compat.fused_recurrent_linear_attn],
 )  # fmt: skip
 def test_normalised_split_and_resumed_equals_the_whole(fn):
-    """Regression (issue 19): the state was kv alone, and resuming from it divided by this
+    """Regression: the state was kv alone, and resuming from it divided by this
     call's keys only: 7x off. Now (kv, z) carries the normaliser across calls."""
     q, k, v = positive(B=2)
     o, _ = fn(q, k, v, normalize=True)

@@ -1,5 +1,5 @@
 """compat checks every argument's type, rank, shape and dtype before reading shapes or
-broadcasting (issue 33, item 3): one test per finding of the issue, each of which failed before
+broadcasting: one test per finding of the issue, each of which failed before
 (an IndexError, a broadcast or reshape RuntimeError, an AttributeError, or a silent result).
 """
 

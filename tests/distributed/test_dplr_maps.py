@@ -1,4 +1,4 @@
-"""Context parallelism's slice maps for the generalized delta rule (issue 30): composed, the maps
+"""Context parallelism's slice maps for the generalized delta rule: composed, the maps
 of consecutive slices move any state as the op does, and a slice run from the state the maps
 hand it gives the op's outputs there."""
 

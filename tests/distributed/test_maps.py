@@ -79,7 +79,7 @@ def test_stored_forms():
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 @pytest.mark.parametrize("delta", [False, True])
 def test_maps_with_resets(delta, gate, reset):
-    """Resets inside a slice (issue 18): in float32 M S0 + N is the float64 recurrence's state,
+    """Resets inside a slice: in float32 M S0 + N is the float64 recurrence's state,
     and the gradients of k, v, beta, g through the map are float64's to float32 rounding."""
     rule = "delta" if delta else "additive"
     x = reset_inputs(rule, gate, reset)

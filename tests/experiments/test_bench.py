@@ -190,7 +190,7 @@ def test_bench_errors_take_the_one_format(tiny_bench_args, tmp_path, capsys):
     assert cli.main(["bench", *args]) == 2
     assert capsys.readouterr().err == (
         "linattn bench: error: --threads with several counts needs --clock wall\n"
-    )  # issue 33: one format
+    )  # one format
 
 
 def test_scaling_table_per_thread_count(tiny_bench_args, tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""The report page's findings of issue 33: the committed results found from any folder (and which
+"""The report page: the committed results found from any folder (and which
 file it used), the benchmark's and the recall sweep's setup and machine, the tables readable on
 a phone, the printed blocks rendered, every plot kept at its legible width."""
 

@@ -160,7 +160,7 @@ def test_json_is_the_same_checks(all_checks):
     assert report(checks).splitlines()[-1] == f"all {len(checks)} checks passed"
 
 
-# The spec's claims that it proves or states without printing a check (issue 22), by section.
+# The spec's claims that it proves or states without printing a check, by section.
 CLAIM_SECTIONS = {
     "variance_checks": 4,  # 2: Var(q.k) = d at two d, the rows sharpen, their gradient vanishes
     "cost_table_checks": 3,  # 4: 4 n^2 d and n x n, 4 n r d and r x d, cheaper when n > r
@@ -352,7 +352,7 @@ def test_the_dplr_rows_fail_for_a_transition_without_its_diagonal(monkeypatch):
 
 
 def test_the_state_tracking_constructions(monkeypatch):
-    """Issue 32: 7 lines, exact to rounding; a broken construction fails its line."""
+    """7 lines, exact to rounding; a broken construction fails its line."""
     checks = verify.state_tracking_checks()
     assert len(checks) == 7 and all(check.passed for check in checks)
     assert verify.state_tracking_checks in SECTIONS

@@ -1,4 +1,4 @@
-"""``linattn verify``'s RWKV-6 lines (issue 31): there, passing, and failing where the chunk form
+"""``linattn verify``'s RWKV-6 lines: there, passing, and failing where the chunk form
 reads the state after the token's write (the inclusive gate) instead of before it."""
 
 from __future__ import annotations

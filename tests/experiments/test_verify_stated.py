@@ -1,4 +1,4 @@
-"""The claims the spec states without printing a check (issue 33): each `linattn verify` line is
+"""The claims the spec states without printing a check: each `linattn verify` line is
 computed by the reference, passes, and fails when the computation it rests on is broken."""
 
 import numpy as np
@@ -27,7 +27,7 @@ def test_the_stated_claims_are_checked_and_pass(section):
 
 
 def test_the_count_of_checks():
-    # 64 before issue 33; the stated claims add 17.
+    # 64 before the stated claims; claims add 17.
     assert len(verify.run_checks()) >= 64 + sum(STATED_SECTIONS.values())
 
 

@@ -1,4 +1,4 @@
-"""Figures 3, 4, 7 and 9 (issues 33, 30): no marker, line, arrow or label hides another, and each
+"""Figures 3, 4, 7 and 9: no marker, line, arrow or label hides another, and each
 arrow starts and ends where it says. Each figure is drawn with style.save replaced, so that its
 artists can be read.
 """

@@ -99,7 +99,7 @@ def test_roadmap_hybrid_memory(rendered):
 
 
 def test_roadmap_shows_the_generalized_delta_rule_family(rendered):
-    # Issue 30: the third column, right of the delta rule's, one box per row (what the memory
+    # The third column, right of the delta rule's, one box per row (what the memory
     # forgets), each reached from the delta rule's box by a labelled arrow.
     text = words(drawn(rendered, "series-roadmap"))
     for name in ("IPLR (generalized delta rule)", "Comba (separate read key)", "DPLR / RWKV-7"):

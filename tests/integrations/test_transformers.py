@@ -112,7 +112,7 @@ def test_apply_refuses_what_it_cannot_serve():
 
 @pytest.mark.parametrize("model", [None, "x", 3, torch.nn.Linear])
 def test_restore_checks_its_argument_like_apply(model):
-    """issue 33: restore(None) / restore("x") raised AttributeError; now apply's TypeError."""
+    """restore(None) / restore("x") raised AttributeError; now apply's TypeError."""
     for entry in (hf.apply, hf.restore):
         with pytest.raises(TypeError, match="model must be a torch.nn.Module, got "):
             entry(model)
@@ -306,7 +306,7 @@ CONV_ACTIVATIONS = [None, "silu", "swish", "gelu", "gelu_new", "relu", "tanh", "
 
 @pytest.mark.parametrize("activation", CONV_ACTIVATIONS)
 def test_conv_kernels_apply_every_activation_transformers_knows(activation):
-    """transformers' own convolution applies ACT2FN[activation]: so do linattn's (issue 33: the
+    """transformers' own convolution applies ACT2FN[activation]: so do linattn's (the
     Mamba-2 family's hidden_act, e.g. gelu, was refused)."""
     module = importlib.import_module(hf.module_name("mamba2"))
     gen = torch.Generator().manual_seed(1)

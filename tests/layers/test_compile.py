@@ -1,5 +1,5 @@
 """Every layer under torch.compile(dynamic=True): three sequence lengths, forward and backward, as
-eager (issue 33, item 2). Slow: each layer's graph takes seconds to capture on two cores."""
+eager. Slow: each layer's graph takes seconds to capture on two cores."""
 
 from __future__ import annotations
 

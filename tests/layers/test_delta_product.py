@@ -1,4 +1,4 @@
-"""GatedDeltaProduct (issue 31): ``from_fla`` equals fla 0.6.0's ``GatedDeltaProduct`` layer with
+"""GatedDeltaProduct: ``from_fla`` equals fla 0.6.0's ``GatedDeltaProduct`` layer with
 the same weights (forward, input and weight gradients, to 1e-5 relative in float32), our
 token-by-token decoding equals fla's forward, and n_h = 1 is our GatedDeltaNet.
 

@@ -32,7 +32,7 @@ def test_mode_picked_from_the_call(name):
     assert layer.pick_mode(5, None) == "chunk"
     assert layer.pick_mode(DECODE_TOKENS + 1, state) == "chunk"  # prefill
     assert layer.pick_mode(1, state) == "recurrent"  # a decoding step
-    # A few tokens with a state (speculative decoding): the fused step token by token (issue 35)
+    # A few tokens with a state (speculative decoding): the fused step token by token
     assert layer.pick_mode(DECODE_TOKENS, state) == "recurrent"
     assert layer.pick_mode(1, None) == "chunk"
 
@@ -83,7 +83,7 @@ def test_without_output_gate_the_output_is_the_normed_read(name):
 @pytest.mark.parametrize("name", [*MIXERS, "conv"])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_an_empty_batch_gives_empty_outputs_states_and_gradients(name, with_state):
-    # Issue 18, defect 8: B = 0 failed inside the ops (aminmax of an empty gate).
+    # B = 0 failed inside the ops (aminmax of an empty gate).
     layer = build_mixer(name, CONFIG)
     x = torch.randn(0, 5, 16, requires_grad=True)
     state = layer.new_state(0, torch.float32) if with_state else None

@@ -1,4 +1,4 @@
-"""CausalLM under torch.compile(dynamic=True) (issue 33, item 2): training steps at three sequence
+"""CausalLM under torch.compile(dynamic=True): training steps at three sequence
 lengths and generation (prefill, then decoding steps through the cache) at three prompt lengths,
 as eager, without a new graph for the third length. Slow: every mixer's graph is captured."""
 

@@ -1,4 +1,4 @@
-"""CausalLM on an empty batch (B = 0, issue 18, defect 8): what PyTorch's own modules do."""
+"""CausalLM on an empty batch (B = 0): what PyTorch's own modules do."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.models.tiny import CASES, IDS, make_model
 
 @pytest.mark.parametrize("mixers", CASES, ids=IDS)
 def test_an_empty_batch_gives_empty_logits_gradients_and_generation(mixers):
-    # Issue 18, defect 8: B = 0 was refused here and failed inside the ops (aminmax of nothing).
+    # B = 0 was refused here and failed inside the ops (aminmax of nothing).
     model = make_model(mixers, torch.float32)
     ids = torch.zeros(0, 5, dtype=torch.long)
     logits = model(ids)

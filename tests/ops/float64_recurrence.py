@@ -10,7 +10,7 @@ decay applied first and the delta rule's error read from the decayed state:
     S <- S + beta_t k_t (v_t - S^T k_t)^T      (delta rule)
     o_t = S^T (scale q_t)
 
-and the generalized delta rule (issue 30's design note), whose b_t reads the state entering the
+and the generalized delta rule (its definition), whose b_t reads the state entering the
 token: S_t = Diag(alpha_t) S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T.
 
 It runs in plain PyTorch float64 so that autograd gives the reference gradients of every input.

@@ -150,7 +150,7 @@ def test_the_gate_floor_decays_to_exactly_zero(dtype):
 @pytest.mark.parametrize("F", [64, 8, 1])
 def test_float64_gates_keep_float32_products_exact(F):
     # Far from zero (G about -1e4, as after resets) a float32 G keeps about 3 digits of each
-    # difference; a float64 G, its differences rounded once, keeps float32's accuracy (issue 18).
+    # difference; a float64 G, its differences rounded once, keeps float32's accuracy.
     gen = torch.Generator().manual_seed(F)
     a, b = (torch.randn(4, 64, 8, generator=gen, dtype=torch.float64) for _ in range(2))
     G = _gates((4, 64, 8), F, torch.float32, gen).double() - 1e4  # spread for float32's budget

@@ -144,7 +144,7 @@ def test_a_float16_input_whose_sum_overflows_is_accepted_and_its_nan_refused():
 @pytest.mark.parametrize("op", [lin, delta])
 @pytest.mark.parametrize("mode", ["chunk", "parallel", "recurrent"])
 def test_a_reset_is_accepted(op, mode, x):
-    """g = -inf (a reset: the decay is exactly 0) is a valid log-decay; NaN is not (issue 18)."""
+    """g = -inf (a reset: the decay is exactly 0) is a valid log-decay; NaN is not."""
     g = poison(x["g"], float("-inf"))
     o, _ = op(x, g=g, mode=mode)
     assert torch.isfinite(o).all()

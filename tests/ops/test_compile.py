@@ -1,4 +1,4 @@
-"""torch.compile with dynamic shapes and torch.export (issue 33, item 2).
+"""torch.compile with dynamic shapes and torch.export.
 
 ``dynamic=True`` traces T (and B) as symbols: one graph serves a second and a third sequence
 length, forward and backward, where the form allows it. The chunk form is one registered op whose

@@ -1,4 +1,4 @@
-"""Gated DeltaProduct (issue 31): every form equals a float64 token loop of its definition (the
+"""Gated DeltaProduct: every form equals a float64 token loop of its definition (the
 property suite's regions: forms x gates, hypothesis drawing the rest), n_h = 1 is the delta rule,
 n_h writes are the delta rule on the interleaved rows read at each token's last write, the
 generation step and chunk_affine_map, gradcheck and gradgradcheck, and the checks."""

@@ -1,9 +1,9 @@
-"""Gated DeltaProduct's chunk form reading q's T rows in place (issue 31's speed line): on the CPU
+"""Gated DeltaProduct's chunk form reading q's T rows in place: on the CPU
 the fused C++ loop takes ``reads`` = n_h write rows per query row and forms no output at the
 writes that are not read. It must equal the delta rule run on the T n_h interleaved rows (q
 repeated, read at each token's last write) with the same chunks: forward, final state,
 gradients and double backward, both schedules, every gate, grouped heads and initial states;
-bfloat16 and float16 inputs (issue 34 item 4: converted chunk by chunk) give the float32 results
+bfloat16 and float16 inputs (converted chunk by chunk) give the float32 results
 rounded once; and the kernels' checks name ``reads`` and the shapes it implies."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""delta_rule (delta rule, Gated DeltaNet, KDA) against the float64 oracle (issue 4)."""
+"""delta_rule (delta rule, Gated DeltaNet, KDA) against the float64 oracle."""
 
 from __future__ import annotations
 

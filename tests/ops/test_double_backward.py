@@ -1,4 +1,4 @@
-"""Second derivatives (``create_graph=True``) through every op form (issue 18, defect 3).
+"""Second derivatives (``create_graph=True``) through every op form.
 
 The chunk op's backward writes its first-order gradients into buffers (the group loop, and for
 float32 on the CPU, C++); with grad mode on it recomputes them through plain autograd instead

@@ -1,6 +1,6 @@
 """The generalized delta rule's named forms (ops.dplr_family: Comba, RWKV-7, Gated DeltaNet-2)
 against literal float64 token loops of each mechanism's own recurrence, in every form; their
-reductions to the delta rule and KDA; gradcheck; their checks (issue 30)."""
+reductions to the delta rule and KDA; gradcheck; their checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Empty dimensions (issue 18, defect 8): what PyTorch's own ops do.
+"""Empty dimensions: what PyTorch's own ops do.
 
 B, H or T = 0: every op, form and loop returns empty outputs of the right shape, a final state of
 the right shape (the initial state when T = 0: no transition ran; zeros without one), and empty

@@ -1,4 +1,4 @@
-"""float64 gate sums after many resets or steep gates (issue 33, item 6).
+"""float64 gate sums after many resets or steep gates.
 
 A plain float64 cumulative sum G of the gates loses |G| eps in every difference G_i - G_j, and |G|
 grows by 745 a reset: the parallel form (one chunk of T tokens) drifted from the float64

@@ -1,4 +1,4 @@
-"""generalized_delta_rule (IPLR, DPLR) against the float64 token loop (issue 30)."""
+"""generalized_delta_rule (IPLR, DPLR) against the float64 token loop."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_the_delta_rule_is_a_row_of_the_table(mode, C, gate):
 
 
 def comba_loop(q, k, v, p, beta, g, S0, scale):
-    """Comba, token by token in float64 (issue 30's formula): S <- alpha S; u = beta (v - S^T p);
+    """Comba, token by token in float64 (its definition): S <- alpha S; u = beta (v - S^T p);
     S <- S + k u^T; o = S^T (scale q). Per head: [T, D] inputs, beta and g [T]."""
     S, out = S0.clone(), []
     for t in range(q.shape[0]):
@@ -116,7 +116,7 @@ def comba_loop(q, k, v, p, beta, g, S0, scale):
 
 
 def gdn2_loop(q, k, v, bb, w, g, S0, scale):
-    """GDN-2, token by token in float64 (issue 30's design note): S <- Diag(exp g) S;
+    """GDN-2, token by token in float64 (its definition): S <- Diag(exp g) S;
     S <- S - k ((bb * k)^T S) + k (w * v)^T. Per head: [T, D] inputs, g [T, K]."""
     S, out = S0.clone(), []
     for t in range(q.shape[0]):
@@ -142,7 +142,7 @@ def per_head(loop, tensors, S0, scale):
 
 @pytest.mark.parametrize("mode,C", [("recurrent", 1), ("parallel", 1), ("chunk", 5)])
 def test_comba_is_a_row_of_the_table(mode, C):
-    # The read of the decayed state (issue 30's formula, fla's naive_recurrent_comba): a = -beta k,
+    # The read of the decayed state (its definition, fla's naive_recurrent_comba): a = -beta k,
     # b = exp(g) p (p: Comba's read key), v' = beta v, g per head; fla's kernels' b = p is
     # linattn.ops.comba's (tests/ops/test_dplr_family.py).
     x = make_inputs(T=21, gate="scalar", rule="delta", state=True)

@@ -1,4 +1,4 @@
-"""linear_attention against the float64 oracle, in every mode, gate shape and dtype (issue 3)."""
+"""linear_attention against the float64 oracle, in every mode, gate shape and dtype."""
 
 from __future__ import annotations
 

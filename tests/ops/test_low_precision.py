@@ -1,4 +1,4 @@
-"""bfloat16 and float16 inputs read by the chunk kernels in their dtype (issue 34, item 4).
+"""bfloat16 and float16 inputs read by the chunk kernels in their dtype.
 
 The chunk form converts each chunk's rows into float32 blocks inside the fused kernels and writes
 o (and, backward, every input's gradient) in the input dtype from its blocks: no whole-tensor

@@ -155,7 +155,7 @@ def test_gradients_from_its_saved_states(rule, gate, C):
         x["g"][:, :, 1] *= 1.03
     fused, exact = _gradients(x, rule, C, torch.float32), _gradients(x, rule, C, torch.float64)
     for n in fused:
-        # Steep gates too: dg is formed without the undecayed terms that cancel (issue 18).
+        # Steep gates too: dg is formed without the undecayed terms that cancel.
         assert rel_rms(fused[n], exact[n]) < 2e-6, n
 
 
@@ -337,7 +337,7 @@ def _wide_step_inputs(rule: str, gate: str | None, dtype, seed: int) -> dict:
 @pytest.mark.parametrize("gate", [None, "head", "channel"])
 @pytest.mark.parametrize("rule", ["additive", "delta", "dplr"])
 def test_fused_step_of_every_rule_and_block_width_equals_float64(rule, gate):
-    # Four steps in float32 through the fused C++ step (dplr's included, issue 35) against the
+    # Four steps in float32 through the fused C++ step (dplr's included) against the
     # same steps in float64 (the PyTorch step: the recurrence's own arithmetic).
     gen = torch.Generator().manual_seed(7)
     S0 = torch.randn(2, 4, 9, 147, generator=gen, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""The fused C++ chunk form of the generalized delta rule (issue 30; ``csrc/rules/dplr.cpp``).
+"""The fused C++ chunk form of the generalized delta rule (``csrc/rules/dplr.cpp``).
 
     S_t = Diag(exp g_t) S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T,   o_t = S_t^T (scale q_t)
 

@@ -1,6 +1,6 @@
 """The fused C++ chunk form on every layout the public ops accept, and its entry points' own checks.
 
-Issue 18, defect 2: a 1-token slice of an expanded tensor has time stride 0, which the fused loop
+A 1-token slice of an expanded tensor has time stride 0, which the fused loop
 passed to the BLAS as a leading dimension (MKL refused the call and the output was uninitialised
 memory). Every layout here (expanded in any dimension, transposed, sliced, offset, overlapping rows,
 size-1 dimensions with odd strides) is checked against the float64 recurrence, forward and

@@ -1,4 +1,4 @@
-"""The fused C++ chunk form on several threads (issue 21): the same outputs and gradients at 1, 2
+"""The fused C++ chunk form on several threads: the same outputs and gradients at 1, 2
 and 3 threads, with the heads P = B H a multiple of the thread count or not, on both schedules of
 ``csrc/schedule.h`` (fused per head; split into (chunk, head) pairs), and the split schedule
 against the float64 engine.
@@ -113,7 +113,7 @@ def test_step_at_a_large_batch_equal_on_every_thread_count(beta, gate, threads):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_step_finds_a_non_finite_state_in_every_block(threads, n):
-    # No scan of the state before the step (issue 35): its pass finds a NaN in the last head of
+    # No scan of the state before the step: its pass finds a NaN in the last head of
     # the last thread's share through that head's output, q = 0 included (0 * NaN is NaN), and
     # the call answers None (``recurrent_step`` then names the state). The state was not finite
     # before the step; it is not made finite by it.
@@ -129,7 +129,7 @@ def test_step_finds_a_non_finite_state_in_every_block(threads, n):
 
 def test_the_kernels_parallel_loops_run_on_every_thread(threads):
     # The extension must be compiled with OpenMP: at::parallel_for is a header template, and
-    # without -fopenmp its loop ran every task on the calling thread (issue 21: two threads
+    # without -fopenmp its loop ran every task on the calling thread (two threads
     # gained nothing). 64 one-task chunks on 2 threads reach both.
     threads(2)
     assert _native.kernel("threads_used")(64) == 2

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of issue 18: every accepted input equals an independent float64
+"""Property tests (hypothesis): every accepted input equals an independent float64
 recurrence, forward and gradients, and every refused input gets our named error.
 
 The suite is organised by *region*: each test is parametrised over the forms (parallel, recurrent,
@@ -7,7 +7,7 @@ family of inputs (gentle gates, resets, -inf, steep gates; strided, expanded or 
 layouts; empty dimensions; one kind of bad input); inside a region hypothesis draws everything
 else (mechanism, shapes with size-1 dimensions, dtype, chunk size from 1 to beyond T, beta over
 [0, 2], initial states, ``cu_seqlens``, normalize, use_qk_l2norm, scale, seed). A region with a
-known defect of issue 18 is marked ``xfail(strict=True)`` in ``KNOWN_DEFECTS`` only, so that it
+known defect is marked ``xfail(strict=True)`` in ``KNOWN_DEFECTS`` only, so that it
 must fail until the defect is fixed and its mark removed.
 
 Profiles: ``FAST`` runs in the default test run (few examples, no deadline, derandomized so that CI
@@ -79,13 +79,13 @@ STATE_DTYPES = ("float32", "float64")  # the generation step's state
 # The step's precision: "float32" (every input and the state, contiguous: the fused C++ step),
 # "float64", "mixed" (a float32 or float64 state, inputs of any dtype, any state layout).
 PRECISIONS = ("float32", "float64", "mixed")
-RULES = ("additive", "delta", "dplr")  # dplr: generalized_delta_rule (issue 30)
+RULES = ("additive", "delta", "dplr")  # dplr: generalized_delta_rule
 RESETS = (-1e3, -1e4, -1e5, -1e6, -1e7, -1e20, -1e38)  # finite log-gates that flush a memory
 
 
 # Regions that fail because of a known defect: region -> issue number, each marked
-# xfail(strict=True) so that it must fail until fixed and its entry removed. Empty: the defects of
-# issue 18 (resets, stride-0 slices, double backward, the step's gradients, empty dimensions,
+# xfail(strict=True) so that it must fail until fixed and its entry removed. Empty: the known
+# defects (resets, stride-0 slices, double backward, the step's gradients, empty dimensions,
 # strictness) are fixed, and every region passes.
 KNOWN_DEFECTS: dict[tuple[str, ...], int] = {}
 
@@ -668,7 +668,7 @@ def test_double_backward(form, profile):
     holds(profile, problems(layout="strided"), lambda p: double_backward_agrees(p, form))
 
 
-# The generalized delta rule (issue 30) in regions of its own: drawn among the three rules above,
+# The generalized delta rule in regions of its own: drawn among the three rules above,
 # a region of a few examples may draw it not at all.
 DPLR = ("dplr",)
 
@@ -753,7 +753,7 @@ def step_gradients_agree(p: Problem, state_dtype: torch.dtype) -> None:
     try:
         outputs = [recurrent_step(state, **step_inputs(x.views, t), scale=p.scale)
                    for t in range(p.T)]  # fmt: skip
-    except (ValueError, TypeError) as refusal:  # issue 18 allows refusing inputs that need grad
+    except (ValueError, TypeError) as refusal:  # the contract allows refusing inputs that need grad
         assert "grad" in str(refusal), refusal
         return
     names = [n for n in ("q", "k", "v", "beta", "g", "a", "b") if n in x.views]

@@ -1,4 +1,4 @@
-"""RWKV-6 (ops.rwkv6, issue 31): every form equals a float64 token loop of its definition, in the
+"""RWKV-6 (ops.rwkv6): every form equals a float64 token loop of its definition, in the
 property suite's regions (gates gentle, resets, -inf, steep; forward and gradients; packed
 sequences), grouped value heads, gradcheck and gradgradcheck, its reductions to linear attention,
 the generation step with a bonus, and its checks.

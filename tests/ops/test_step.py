@@ -54,7 +54,7 @@ def test_many_steps_equal_one_recurrent_call(mechanism):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_a_reset_forgets_the_state(mechanism, dtype, native, monkeypatch):
-    # g = -inf (issue 18): alpha = 0 exactly, the state before the token is forgotten. float32
+    # g = -inf: alpha = 0 exactly, the state before the token is forgotten. float32
     # runs the fused step where it is available ("1") and the PyTorch step ("0").
     monkeypatch.setenv("LINATTN_NATIVE", native)
     x = inputs(mechanism, dtype=dtype)
@@ -162,7 +162,7 @@ def _leaves(x: dict, dtype) -> dict:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_step_gradients_equal_the_recurrent_forms(mechanism, dtype):
-    # Issue 18, defect 4: the fused float32 CPU step returned no gradient (q.grad was None).
+    # the fused float32 CPU step returned no gradient (q.grad was None).
     gen = torch.Generator().manual_seed(2)
     S0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=gen)
     w = torch.randn(B, H, V, dtype=torch.float64, generator=gen)
@@ -240,7 +240,7 @@ def test_no_grad_steps_stay_in_place_and_out_of_the_graph():
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_out_receives_the_step_and_the_state_is_kept(mechanism, dtype):
-    # Issue 35: out= writes S_t elsewhere (the fused step reads the state and writes out in one
+    # out= writes S_t elsewhere (the fused step reads the state and writes out in one
     # pass), the state left as it was: the same o and S_t as the step in place.
     x = {n: None if t is None else t.to(dtype) for n, t in inputs(mechanism).items()}
     S0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(4)).to(dtype)
@@ -271,7 +271,7 @@ def test_a_bad_out_is_refused_before_any_work(make, message):
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_a_cached_forward_of_a_few_tokens_takes_the_fused_steps(mechanism, monkeypatch):
-    # Issue 35: the ops' recurrent form with a state and T <= tuning.DECODE_TOKENS (the layers'
+    # the ops' recurrent form with a state and T <= tuning.DECODE_TOKENS (the layers'
     # decoding, a few tokens of speculative decoding) runs the fused step token by token in
     # float32 on the CPU (where the extension is available), equal to float64, the state kept.
     from linattn.ops import _engine, _native, tuning
@@ -339,7 +339,7 @@ def test_a_cached_forward_of_the_generalized_rule_takes_the_fused_steps(monkeypa
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_the_fast_path_calls_the_step_bound_directly_with_the_ops_bits(mechanism, monkeypatch):
-    # Issue 35: float32 on the CPU, nothing to differentiate, recurrent_step takes its fast path
+    # float32 on the CPU, nothing to differentiate, recurrent_step takes its fast path
     # in one call bound directly (``_native.fast_step``, csrc/python.cpp), not through torch.ops'
     # schema parsing; the scale, rule and gate inferred there as in Python; the same step as the
     # registered op (step.cpp), so the same bits.

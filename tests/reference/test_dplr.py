@@ -1,5 +1,5 @@
 """The float64 generalized delta rule (``linattn.reference.dplr``): the literal token loop, its
-chunk form and the WY form of a chunk's transitions (issue 30)."""
+chunk form and the WY form of a chunk's transitions."""
 
 from __future__ import annotations
 

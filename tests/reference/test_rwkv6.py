@@ -1,5 +1,5 @@
 """The float64 RWKV-6 (``linattn.reference.rwkv6``): the literal token loop and its chunk form,
-against linattn.ops.rwkv6 and fla's own definition (issue 31)."""
+against linattn.ops.rwkv6 and fla's own definition."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""State tracking by construction (issue 32): reflections track parity and permutations."""
+"""State tracking by construction: reflections track parity and permutations."""
 
 import numpy as np
 import pytest

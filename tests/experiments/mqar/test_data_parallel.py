@@ -97,7 +97,7 @@ def test_build_rejects_unknown_names():
 
 def test_build_takes_the_mechanisms_own_recipe_from_the_preset(monkeypatch):
     """A preset's per-mechanism lr and steps, unless the command line overrides them. (The cpu
-    preset has one budget and one lr grid for all since issue 36: given its own here.)"""
+    preset has one budget and one lr grid for all: given its own here.)"""
     from linattn.experiments.mqar.sweep import PRESETS
 
     cpu = PRESETS["cpu"]

@@ -162,7 +162,7 @@ def test_presets_are_consistent() -> None:
     cpu = PRESETS["cpu"].task
     # the cpu preset runs in about 50 minutes on 2 cores over 3 seeds, 3 lrs and both fillers
     # (25 for the first nine mechanisms):
-    # half the earlier T=128, 16 pairs (issue 36), with the same ratios
+    # half the earlier T=128, 16 pairs, with the same ratios
     assert cpu.seq_len >= 64 and cpu.n_kv >= 8 and cpu.n_kv * 8 == cpu.seq_len
     assert len(PRESETS["cpu"].seeds) >= 3 and len(PRESETS["cpu"].lrs) >= 3
     assert set(PRESETS["cpu"].fillers) == {"blank", "random"}
