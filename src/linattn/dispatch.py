@@ -175,6 +175,9 @@ UNROUTED = {
     "moba": "fla's parallel_moba is flash-attn's CUDA kernels (no Triton kernel of fla's) and "
     "needs max_seqlen and packed sequences; nothing of it runs on the CPU or under triton's "
     "interpreter, so no route could be checked",
+    "dsa": "fla 0.6.0 has DeepSeek sparse attention as PyTorch reference code only "
+    "(fla.ops.dsa.naive: a dense T x T mask per sequence, no Triton kernel), so a route would "
+    "run no kernel of fla's",
 }
 # An op's argument -> the names fla may give it, first match wins (RWKV's r and w; fla's
 # recurrent GLA and DPLR call the per-channel gate gk). An op whose arguments compat passes under
