@@ -37,8 +37,9 @@ bfloat16 casts truncate where compiled triton rounds to nearest even. Hence fla'
 ``create_dot`` alone turns that into nan. Checked with single-op kernels (bfloat16 loads, then
 ``x + y``, ``x * y``, ``tl.dot``, ``tl.sum``) against torch. And
 fla's chunk kernels refuse q, k in bfloat16 with v in float32 ("Both operands must be same
-dtype"), as compiled triton would. Masked-out lanes are computed too, so numpy may warn "overflow
-encountered in exp" on values the kernels then discard.
+dtype"), as compiled triton would. ``bfloat16_dots_and_casts`` (below) repairs ``tl.dot`` and
+the float32 cast, which is all that fla's MesaNet does with bfloat16. Masked-out lanes are
+computed too, so numpy may warn "overflow encountered in exp" on values the kernels then discard.
 """
 
 from __future__ import annotations
@@ -240,3 +241,51 @@ def flash_attn_on_cpu(monkeypatch=None) -> None:
         module = import_module(name)
         set_attribute(module, "flash_attn_func", _fla_attention.flash_attn_func)
         set_attribute(module, "flash_attn_varlen_func", _fla_attention.flash_attn_varlen_func)
+
+
+def bfloat16_dots_and_casts(monkeypatch=None) -> None:
+    """Give bfloat16 the two operations fla's MesaNet kernels apply to it, as compiled triton does.
+
+    triton 3.9's interpreter keeps bfloat16 as its raw ``np.uint16`` bits (module docstring), and
+    two of its operations then differ from compiled triton (a single-op kernel each, against torch):
+
+    - ``tl.dot`` of bfloat16 tiles multiplies the bit patterns as integers (``create_dot``
+      converts only 8-bit floats): 4e9 relative error on a 16 x 16 product. Here bfloat16
+      operands are widened to float32 first, which is exact (a bfloat16 is a float32 whose low 16
+      bits are zero), so the product is the bfloat16 product accumulated in the accumulator's
+      dtype, as the GPU's bfloat16 MMA computes it (up to the order of the sums).
+    - ``x.to(tl.bfloat16)`` from float32 truncates the low 16 bits (``_convert_float`` without a
+      rounding mode) where compiled triton's ``fp_trunc`` rounds to nearest even (torch's
+      ``.bfloat16()`` too): here it rounds to nearest even, NaN kept NaN.
+
+    Other arithmetic on bfloat16 operands (``+``, ``*``, ``tl.sum``) stays wrong: kernels that do it
+    are not served. fla's MesaNet does none: its state kernel stores h_kv with a cast, its CG kernel
+    casts x to bfloat16 and takes one dot with h_kv, and its backward widens h_kv to float32.
+    """
+    import numpy as np
+
+    set_attribute = _binder(monkeypatch)
+    builder = interpreter.InterpreterBuilder
+    dot, cast = builder.create_dot, builder.cast_impl
+
+    def widened(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        bits = x.data.astype(np.uint32) << np.uint32(16)
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return cast(self, src, dst_type)
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+        even = (bits >> np.uint32(16)) & np.uint32(1)
+        rounded = (bits + np.uint32(0x7FFF) + even) >> np.uint32(16)
+        quiet = (bits >> np.uint32(16)) | np.uint32(0x40)  # NaN stays NaN (rounding could carry)
+        out = np.where(np.isnan(src.data), quiet, rounded).astype(np.uint16)
+        return interpreter.TensorHandle(out, tl.bfloat16)
+
+    set_attribute(builder, "create_dot", create_dot)
+    set_attribute(builder, "cast_impl", cast_impl)  # create_fp_trunc calls self.cast_impl

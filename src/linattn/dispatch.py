@@ -170,11 +170,14 @@ UNROUTED = {
     "run its PyTorch reference code, only the l2 norm in Triton); it refuses packed sequences "
     "and float32 in its chunk path",
     "mesa": "fla's chunk_mesa_net rounds q and k to float16 and keeps its per-chunk state in "
-    "bfloat16 whatever the inputs' dtype (a float32 call would lose precision unseen), and "
-    "triton's interpreter computes that bfloat16 state wrongly, so no route could be checked",
+    "bfloat16 whatever the inputs' dtype, so a float32 call routed to it would lose precision "
+    "unseen (tests/compat/test_mesa_net.py pins it to that rounding)",
     "moba": "fla's parallel_moba is flash-attn's CUDA kernels (no Triton kernel of fla's) and "
     "needs max_seqlen and packed sequences; nothing of it runs on the CPU or under triton's "
     "interpreter, so no route could be checked",
+    "dsa": "fla 0.6.0 has DeepSeek sparse attention as PyTorch reference code only "
+    "(fla.ops.dsa.naive: a dense T x T mask per sequence, no Triton kernel), so a route would "
+    "run no kernel of fla's",
 }
 # An op's argument -> the names fla may give it, first match wins (RWKV's r and w; fla's
 # recurrent GLA and DPLR call the per-channel gate gk). An op whose arguments compat passes under

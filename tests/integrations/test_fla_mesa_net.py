@@ -1,8 +1,8 @@
 """fla's MesaNet model on the CPU under ``linattn.integrations.fla.enable()``.
 
-fla's own MesaNet kernel cannot be the reference here (its per-chunk h_kv is bfloat16, which
-triton's interpreter computes wrongly: tests/compat/test_mesa_net.py); the layer is pinned against
-fla's layer in tests/layers/test_mesa.py, and here the model trains and generates."""
+The op is pinned against fla's MesaNet kernel under the interpreter in
+tests/compat/test_mesa_net.py, the layer against fla's layer in tests/layers/test_mesa.py; here
+the model trains and generates."""
 
 from __future__ import annotations
 

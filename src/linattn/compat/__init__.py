@@ -47,6 +47,7 @@ from linattn.compat.delta_rule import (
     fused_recurrent_delta_rule,
 )
 from linattn.compat.deltaformer import deltaformer_attn
+from linattn.compat.dsa import naive_dsa, naive_dsa_indexer
 from linattn.compat.gated_delta_product import chunk_gated_delta_product
 from linattn.compat.gated_delta_rule import (
     chunk_gated_delta_rule,
@@ -190,6 +191,9 @@ __all__ = [
     "parallel_nsa",
     "parallel_moba",
     "parallel_wall_attn_decode",
+    # DeepSeek sparse attention (fla.ops.dsa: naive code only)
+    "naive_dsa",
+    "naive_dsa_indexer",
 ]
 DEPRECATED = ("fused_chunk_delta_rule", "fused_chunk_gla")  # raise in fla 0.6.0 too
 # Entry points fla exports from one of its op modules only (not from ``fla.ops``): name -> module.
@@ -212,6 +216,8 @@ FLA_SUBMODULE_ENTRY_POINTS = {
     "chunk_gated_oja_rule": "fla.ops.gated_oja_rule",
     "fused_recurrent_gated_oja_rule": "fla.ops.gated_oja_rule",
     "parallel_moba": "fla.ops.moba",
+    "naive_dsa": "fla.ops.dsa",
+    "naive_dsa_indexer": "fla.ops.dsa.naive",
 }
 # ``fla.ops`` entry points whose names are outside the chunk_ / fused_recurrent_ / fused_chunk_ /
 # parallel_ pattern, and which are not attention over tokens (no registry entry): counted in

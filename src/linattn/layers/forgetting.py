@@ -11,6 +11,15 @@ parameter names are fla's (``q_proj``, ``k_proj``, ``v_proj``, ``f_proj``, ``g_p
 ``o_proj``), so fla's weights load with ``load_state_dict`` (fla's ``qk_norm`` is not offered).
 No KV cache: a training and prefill layer.
 
+The forget gates' bias starts at zero (fla's and the paper's), an initial gate sigmoid(0) = 1/2
+a token. ``dt_init_range = (lo, hi)`` starts it instead at b_h = -log(expm1(dt_h)), so that head
+h's initial gate (at x = 0) is f = exp(-dt_h), a decay time of 1 / dt_h tokens, with dt_h spread
+geometrically from lo (head 0) to hi (the last head; sqrt(lo hi) for one head): the
+decay-time initialisation the FoX paper gives its data-independent gates, and the convention of
+the decays' ``dt_init_range`` (``DecayGate``: log f = -dt at the start, A = 1). The heads are
+spread evenly rather than drawn, so that two heads cover both ends. ``init_gates()`` sets it
+(``CausalLM``'s initialisation, which zeroes every bias, calls it afterwards).
+
 ``ForgettingAttentionMixer``: the same attention as a ``TokenMixer`` with a KV cache (the mixer
 ``"forgetting"`` of ``LMConfig.mixers``). Its state holds the keys, the values and the running
 sum G_t = sum_{i <= t} log f_i per head, so that a new token's logits are
@@ -27,6 +36,8 @@ from torch import Tensor, nn
 
 from linattn.dtypes import compute_dtype
 from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim
+from linattn.layers.modules import check_dt_range
+from linattn.layers.options import dt_options
 from linattn.ops.checks import flag
 from linattn.ops.softmax_variants import forgetting_attention
 
@@ -34,10 +45,31 @@ if TYPE_CHECKING:
     from linattn.models.config import LMConfig
 
 
+def forget_bias(n_heads: int, dt_init_range: tuple[float, float]) -> Tensor:
+    """The forget gates' initial bias per head (the module docstring): b_h = -log(expm1(dt_h)),
+    so that sigmoid(b_h) = exp(-dt_h), with dt_h = lo (hi / lo)^(h / (H - 1))."""
+    lo, hi = dt_init_range
+    u = torch.linspace(0.0, 1.0, n_heads, dtype=torch.float64)
+    if n_heads == 1:
+        u = torch.full((1,), 0.5, dtype=torch.float64)
+    dt = lo * (hi / lo) ** u
+    return -torch.log(torch.expm1(dt))
+
+
+def _init_forget_bias(f_proj: nn.Linear, dt_init_range: tuple[float, float] | None) -> None:
+    with torch.no_grad():
+        if dt_init_range is None:
+            f_proj.bias.zero_()
+        else:
+            f_proj.bias.copy_(forget_bias(f_proj.out_features, dt_init_range))
+
+
 class ForgettingAttention(nn.Module):
     """FoX attention (the module docstring). Args: hidden_size, num_heads, num_kv_heads (default
     num_heads), qkv_bias, window_size (None: every earlier key), use_output_gate, mode
-    ("parallel": the masked product, "chunk": blockwise), chunk_size."""
+    ("parallel": the masked product, "chunk": blockwise), chunk_size, dt_init_range (None: the
+    forget gates' bias at zero, fla's; (lo, hi): decay times 1 / hi to 1 / lo tokens at the
+    start, the module docstring)."""
 
     def __init__(
         self,
@@ -50,8 +82,11 @@ class ForgettingAttention(nn.Module):
         *,
         mode: str = "parallel",
         chunk_size: int = 64,
+        dt_init_range: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
+        if dt_init_range is not None:
+            dt_init_range = check_dt_range("dt_init_range", dt_init_range)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(
@@ -72,6 +107,13 @@ class ForgettingAttention(nn.Module):
         if self.use_output_gate:
             self.g_proj = nn.Linear(hidden_size, hidden_size, bias=False)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.dt_init_range = dt_init_range
+        if dt_init_range is not None:
+            self.init_gates()
+
+    def init_gates(self) -> None:
+        """Set the forget gates' bias from ``dt_init_range`` (zero without one)."""
+        _init_forget_bias(self.f_proj, self.dt_init_range)
 
     @classmethod
     def from_config(cls, config: LMConfig) -> ForgettingAttentionMixer:
@@ -104,7 +146,8 @@ class ForgettingAttentionMixer(TokenMixer):
 
     (the output gate optional; no positional embedding, as FoX). Args: d_model, n_heads,
     head_dim (default d_model // n_heads), num_kv_heads (default n_heads; a divisor of it:
-    grouped heads), use_output_gate (False, fla's), chunk_size (the op's blocks). A prompt runs
+    grouped heads), use_output_gate (False, fla's), chunk_size (the op's blocks), dt_init_range
+    (None: the forget gates' bias at zero; (lo, hi): ``ForgettingAttention``'s). A prompt runs
     ``linattn.ops.softmax_variants.forgetting_attention`` (its chunk form, or the parallel one
     with ``mode = "parallel"``); tokens after a cached prefix attend to the cache and to each
     other causally with the cached G.
@@ -121,8 +164,11 @@ class ForgettingAttentionMixer(TokenMixer):
         num_kv_heads: int | None = None,
         use_output_gate: bool = False,
         chunk_size: int = 64,
+        dt_init_range: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(d_model, chunk_size)
+        if dt_init_range is not None:
+            dt_init_range = check_dt_range("dt_init_range", dt_init_range)
         D = resolve_head_dim(d_model, n_heads, head_dim)
         kv_heads = n_heads if num_kv_heads is None else num_kv_heads
         if (
@@ -140,13 +186,21 @@ class ForgettingAttentionMixer(TokenMixer):
         self.f_proj = nn.Linear(d_model, n_heads, bias=True)
         self.g_proj = nn.Linear(d_model, n_heads * D, bias=False) if self.use_output_gate else None
         self.o_proj = nn.Linear(n_heads * D, d_model, bias=False)
+        self.dt_init_range = dt_init_range
+        if dt_init_range is not None:
+            self.init_gates()
+
+    def init_gates(self) -> None:
+        """Set the forget gates' bias from ``dt_init_range`` (zero without one)."""
+        _init_forget_bias(self.f_proj, self.dt_init_range)
 
     @classmethod
     def from_config(cls, config: LMConfig) -> ForgettingAttentionMixer:
         """The layer of ``LMConfig.mixers`` name ``"forgetting"``: the config's ``head_dim``,
-        ``num_key_value_heads``, ``output_gate`` (None: off, fla's default) and ``chunk_size``."""
+        ``num_key_value_heads``, ``output_gate`` (None: off, fla's default), ``chunk_size`` and
+        ``dt_init_range`` (None: the zero bias)."""
         kwargs = dict(head_dim=config.head_size, num_kv_heads=config.num_key_value_heads,
-                      use_output_gate=bool(config.output_gate))  # fmt: skip
+                      use_output_gate=bool(config.output_gate), **dt_options(config))  # fmt: skip
         if config.chunk_size is not None:
             kwargs["chunk_size"] = config.chunk_size
         return cls(config.d_model, config.n_heads, **kwargs)

@@ -122,8 +122,10 @@ class LMConfig:
             them), else ``expand * d_model / n_heads`` (``n_heads`` heads).
         dt_init_range: the initial step sizes softplus(dt_bias) of every data-dependent decay
             (``"scalar_decay"``, ``"gated_deltanet"``, ``"kda"``, ``"deltaproduct"``,
-            ``"mamba2"``), log-uniform in (lo, hi); None (default): each layer's own, Mamba-2's
-            and fla's (1e-3, 1e-1). The initial decay per token is exp(-A dt) (A up to 16): with
+            ``"mamba2"``), log-uniform in (lo, hi), and FoX's forget gates (``"forgetting"``:
+            initial gates exp(-dt), dt spread over the heads from lo to hi); None (default):
+            each layer's own, Mamba-2's and fla's (1e-3, 1e-1), FoX's zero bias (a gate of 1/2).
+            The initial decay per token is exp(-A dt) (A up to 16): with
             few heads every head may start forgetting fast (the MQAR ``cpu`` preset's models,
             two heads, use (1e-4, 1e-2)).
         norm_eps: epsilon of every RMSNorm.

@@ -88,12 +88,17 @@ class CausalLM(nn.Module):
     def _init_weights(self) -> None:
         """Normal(0, init_std) for every linear and embedding weight, zero biases. The gate
         parameters (``A_log``, ``dt_bias``) keep the initialisation their layers gave them, and so
-        does the short convolution."""
+        does the short convolution; a layer whose gates live in a linear's bias sets them again
+        afterwards by its ``init_gates()`` (FoX's forget gates)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=self.config.init_std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        for module in self.modules():
+            init_gates = getattr(module, "init_gates", None)
+            if callable(init_gates):
+                init_gates()
 
     @property
     def dtype(self) -> torch.dtype:

@@ -49,6 +49,7 @@ from linattn.registry.cases import (
     delta_product_case,
     deltaformer_case,
     dplr_case,
+    dsa_case,
     forgetting_case,
     gated_oja_case,
     gdn2_case,
@@ -556,6 +557,15 @@ for _entry in (
         "(k_t, v_t) appended to the cache", "linattn.ops.moba:mixture_of_block_attention",
         "linattn.reference.moba:mixture_of_block_attention", moba_case(), forms=("parallel",),
         fla_names=("parallel_moba",), paper="Lu et al. (2025)", section="2", nearest="softmax",
+    ),
+    Entry(
+        "dsa", "DeepSeek sparse attention (DSA)", None, "none",
+        "none: the KV cache grows with t (read through the indexer's top-k tokens)",
+        "(k_t, v_t) and the index key k^I_t appended to the cache",
+        "linattn.ops.dsa:deepseek_sparse_attention",
+        "linattn.reference.dsa:deepseek_sparse_attention",
+        dsa_case(), forms=("parallel",), fla_names=("naive_dsa", "naive_dsa_indexer"),
+        paper="DeepSeek-AI (2025), DeepSeek-V3.2", section="2", nearest="softmax",
     ),
 ):  # fmt: skip
     register(_entry)

@@ -1313,3 +1313,36 @@ def moba_case() -> Case:
         return _outputs_per_head(x, ("q", "k", "v"), lambda *t: reference(*t, 4, 3))
 
     return Case(inputs, call, oracle, "softmax")
+
+
+def dsa_case() -> Case:
+    """DeepSeek sparse attention with 2 index heads of the keys' width, signed head weights and
+    5 tokens kept a query; the oracle is ``linattn.reference.dsa``'s loop."""
+    from linattn.ops.dsa import deepseek_sparse_attention
+    from linattn.reference.dsa import deepseek_sparse_attention as reference
+
+    def inputs(B, T, H, K, V, seed=0, dtype=torch.float64) -> Inputs:
+        gen = torch.Generator().manual_seed(seed)
+        normal = _draw(gen, dtype)[0]
+        x = {"q": normal(B, T, H, K), "k": normal(B, T, H, K), "v": normal(B, T, H, V)}
+        return {**x, "q_idx": normal(B, T, 2, K), "k_idx": normal(B, T, K),
+                "w_idx": normal(B, T, 2)}  # fmt: skip
+
+    def call(x, mode, chunk_size, scale):
+        o, _ = deepseek_sparse_attention(x["q"], x["k"], x["v"], x["q_idx"], x["k_idx"],
+                                         x["w_idx"], topk=5, scale=scale)  # fmt: skip
+        return o, None
+
+    def oracle(x, scale):
+        B, _, H, _ = x["q"].shape
+        index = [x[n][b].double().numpy() for n in ("q_idx", "k_idx", "w_idx") for b in range(B)]
+
+        def head(b, h):
+            q = _heads(x["q"], h, b)[:, None]
+            args = (q, _heads(x["k"], h, b), _heads(x["v"], h, b), *index[b::B])
+            return reference(*args, 5, scale)[:, 0]
+
+        outs = [np.stack([head(b, h) for h in range(H)], axis=1) for b in range(B)]
+        return torch.from_numpy(np.stack(outs)), torch.zeros(0, dtype=torch.float64)
+
+    return Case(inputs, call, oracle, "softmax")

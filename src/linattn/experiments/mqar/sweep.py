@@ -106,7 +106,8 @@ heads, a model of two often has none, and then the pairs, written 20 to 60 token
 queries, are forgotten before the model learns to keep them. With dt in [1e-4, 1e-2] the same
 runs solved. The preset initialises every data-dependent decay so (``LMConfig.dt_init_range``:
 scalar decay, Gated DeltaNet, KDA, Mamba-2 and the hybrid's KDA blocks alike); the layers' own
-default stays fla's.
+default stays fla's. FoX's forget gates, whose zero bias (fla's) starts them at 1/2 a token, take
+the same range as initial gates exp(-dt): decay times of 100 and 10,000 tokens for its two heads.
 
 ``workers=2`` runs two pairs at a time, one thread each, the costliest first (blocks x width x
 steps as the guess; per-pair numbers do not depend on the worker count). Chunk 32: at T=128,
