@@ -52,8 +52,10 @@ from linattn.layers.deltaformer import DeltaFormer
 from linattn.layers.forgetting import ForgettingAttentionMixer
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
+from linattn.layers.hgrn import HGRN
 from linattn.layers.hgrn2 import HGRN2
 from linattn.layers.lightnet import LightNet
+from linattn.layers.lightning import LightningAttention
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.log_linear import LogLinearGatedDeltaNet, LogLinearMamba2
 from linattn.layers.mamba2 import Mamba2

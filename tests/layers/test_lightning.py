@@ -1,0 +1,76 @@
+"""``LightningAttention``: its decays (fla's slopes), its forms, generation in pieces against one
+call (float64), its states carried between calls, the options it refuses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from linattn.compat.simple_gla import lightning_gamma
+from linattn.layers import LightningAttention
+from linattn.layers.lightning import lightning_log_decays
+from tests.layers.pieces import check_pieces
+
+
+def test_decays_are_fla_s_slopes():
+    for H, layer, layers in ((4, 0, 1), (8, 3, 12), (2, 5, 6)):
+        ours = lightning_log_decays(H, layer, layers, torch.float64)
+        torch.testing.assert_close(ours.float(), lightning_gamma(H, layer, layers))
+        assert ours[0] == 0 and math.isclose(float(ours[1]), -(8 / H) * (1 - layer / layers))
+
+
+def test_equals_its_formula_token_by_token():
+    torch.manual_seed(0)
+    layer = LightningAttention(16, 2, layer_idx=1, num_layers=3, chunk_size=4).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    with torch.no_grad():
+        y, _ = layer(x)
+        q, k, v = (torch.nn.functional.silu(p(x)).view(2, 9, 2, 8)
+                   for p in (layer.q_proj, layer.k_proj, layer.v_proj))  # fmt: skip
+        gamma = lightning_log_decays(2, 1, 3, torch.float64).exp()
+        S = torch.zeros(2, 2, 8, 8, dtype=torch.float64)
+        outs = []
+        for t in range(9):
+            S = gamma[None, :, None, None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+            outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] / math.sqrt(8), S))
+        o = torch.stack(outs, 1)
+        flat = torch.nn.functional.rms_norm(o.flatten(-2), (16,), layer.o_norm.weight, 1e-6)
+        want = layer.o_proj(flat * torch.sigmoid(layer.g_proj(x)))
+    torch.testing.assert_close(y, want, rtol=0, atol=1e-12)
+
+
+def test_generation_in_pieces_equals_one_call_in_float64():
+    torch.manual_seed(1)
+    layer = LightningAttention(16, 2, layer_idx=2, num_layers=4, chunk_size=4).double()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    check_pieces(layer, x, [5, 6, 7, 11])
+    check_pieces(layer, x, [1, 2, 3])
+
+
+def test_chunk_and_recurrent_forms_agree_in_float64():
+    torch.manual_seed(2)
+    layer = LightningAttention(16, 4, chunk_size=4).double()
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    layer.mode = "chunk"
+    y_chunk, _ = layer(x)
+    layer.mode = "recurrent"
+    y_rec, _ = layer(x)
+    torch.testing.assert_close(y_chunk, y_rec, rtol=0, atol=1e-12)
+
+
+def test_bad_options_and_inputs_are_refused():
+    with pytest.raises(TypeError, match="LightningAttention does not take short_conv"):
+        LightningAttention(16, 2, short_conv=True)
+    with pytest.raises(ValueError, match="layer_idx must lie in"):
+        LightningAttention(16, 2, layer_idx=4, num_layers=4)
+    with pytest.raises(ValueError, match="num_layers must be an integer"):
+        LightningAttention(16, 2, num_layers=2.0)
+    with pytest.raises(ValueError, match="n_heads"):
+        LightningAttention(16, 3)
+    layer = LightningAttention(16, 2)
+    with pytest.raises(ValueError, match="x must have shape"):
+        layer(torch.randn(2, 3, 15))
+    with pytest.raises(ValueError, match=r"state\['S'\] has shape"):
+        layer(torch.randn(2, 3, 16), layer.new_state(3, torch.float32))
