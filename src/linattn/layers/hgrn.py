@@ -84,8 +84,10 @@ class HGRN(TokenMixer):
         norm = module.g_norm
         if norm.weight is None or getattr(norm, "bias", None) is not None:
             raise ValueError("only fla's HGRNAttention with a norm weight and no bias")
-        if norm.activation not in ("swish", "silu"):
-            raise ValueError(f"HGRNAttention's g_norm activation {norm.activation!r} is not supported")
+        if norm.activation not in ("swish", "silu"):  # its sigmoid gate is not computed here
+            raise ValueError(
+                f"HGRNAttention's g_norm.activation {norm.activation!r} is not supported"
+            )
         if module.input_dim % module.hidden_size:
             raise ValueError("HGRNAttention's expand_ratio must be an integer")
         layer = cls(
