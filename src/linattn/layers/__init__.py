@@ -44,6 +44,7 @@ and in recurrent mode for a one-token decoding step.
   block the MQAR models put in front of each mechanism.
 """
 
+from linattn.layers.based import Based, ReBased
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.cyfa import CyclicFlowAttention
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
