@@ -71,6 +71,7 @@ from linattn.layers.precond import PrecondGatedDeltaNet, PrecondKDA
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.retention import MultiScaleRetention
 from linattn.layers.rule_mixer import RuleMixer
+from linattn.layers.rwkv4 import RWKV4
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.slots import ABCAttention, GatedSlotAttention
 from linattn.layers.softmax import SoftmaxAttention
