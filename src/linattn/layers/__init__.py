@@ -75,6 +75,7 @@ from linattn.layers.rwkv4 import RWKV4
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.slots import ABCAttention, GatedSlotAttention
 from linattn.layers.softmax import SoftmaxAttention
+from linattn.layers.stickbreaking import StickBreakingAttention
 from linattn.layers.ttt import Titans, TTTLinear
 
 __all__ = [
