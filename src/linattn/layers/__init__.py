@@ -42,6 +42,13 @@ and in recurrent mode for a one-token decoding step.
   ``"forgetting"`` mixer of ``LMConfig``).
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
+- ``LightningAttention``: lightning attention (a constant decay per head, fla's slopes; the
+  MiniMax-01 layer: SiLU q, k, v, a norm and a sigmoid output gate; fla has no layer).
+- ``HGRN``: HGRN's element-wise gated recurrence, as fla's ``HGRNAttention``.
+- ``Based``, ``ReBased``: normalised linear attention with Based's Taylor kernel / ReBased's
+  learned squared kernel, as fla's ``BasedLinearAttention`` / ``ReBasedLinearAttention``.
+- ``RWKV4``: RWKV-4's time mixing (token shift, WKV with its bonus, receptance; fla has no layer).
+- ``StickBreakingAttention``: stick-breaking attention with a KV cache, as fla's layer.
 """
 
 from linattn.layers.based import Based, ReBased
@@ -119,4 +126,11 @@ __all__ = [
     # test-time-training memories
     "TTTLinear",
     "Titans",
+    # lightning attention, HGRN, Based, ReBased, RWKV-4, stick-breaking attention
+    "LightningAttention",
+    "HGRN",
+    "Based",
+    "ReBased",
+    "RWKV4",
+    "StickBreakingAttention",
 ]

@@ -102,12 +102,12 @@ class StickBreakingAttention(TokenMixer):
         new = None
         if state is not None:
             new = {"k": torch.cat([state["k"], k], 1), "v": torch.cat([state["v"], v], 1)}
-        if cached == 0:
+        if cached == 0 and B > 0:
             mode = "parallel" if self.mode == "parallel" else "chunk"
             o, _ = stickbreaking_attention(q, k, v, attend_current=self.attend_current, mode=mode,
                                            chunk_size=self.chunk_size)  # fmt: skip
-        else:
-            o = self._attend_cache(q, new, cached)
+        else:  # an empty batch too: the op's empty output would cut the graph off
+            o = self._attend_cache(q, {"k": k, "v": v} if new is None else new, cached)
         return self.o_proj(o.reshape(B, T, HQ * D).to(x.dtype)), new
 
     def _attend_cache(self, q: Tensor, cache: State, cached: int) -> Tensor:

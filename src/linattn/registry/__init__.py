@@ -376,6 +376,7 @@ for _entry in (
         "gamma_h I, gamma_h = exp(-(8 / H) (1 - l / L) h)", "v_t", f"{_OPS}:linear_attention",
         "linattn.reference.retention:constant_decay", lightning_case(),
         fla_names=("chunk_lightning_attn", "fused_recurrent_lightning_attn"),
+        layer_path="linattn.layers:LightningAttention", mixer="lightning",
         paper="Qin et al. (2024)", section=_SEC10, nearest="scalar_decay",
     ),
     Entry(
@@ -383,6 +384,7 @@ for _entry in (
         "exp(g_t) per channel (a head of K = V = 1 each)", "x_t", f"{_OPS}:linear_attention",
         "linattn.reference.hgrn:hgrn", hgrn_case(),
         fla_names=("chunk_hgrn", "fused_recurrent_hgrn"),
+        layer_path="linattn.layers:HGRN", mixer="hgrn",
         paper="Qin, Yang and Zhong (2023)", section=_SEC10, nearest="scalar_decay",
     ),
     Entry(
@@ -404,6 +406,7 @@ for _entry in (
         "v_t and 1 (the normaliser), keys phi(k_t)", f"{_OPS}:linear_attention",
         "linattn.reference.based:based", kernel_case("based"),
         fla_names=("fused_chunk_based", "parallel_based"),
+        layer_path="linattn.layers:Based", mixer="based",
         paper="Arora et al. (2024)", section="3, 4", nearest="linear",
     ),
     Entry(
@@ -411,6 +414,7 @@ for _entry in (
         "v_t and 1 (the normaliser), keys vec(k_t k_t^T)", f"{_OPS}:linear_attention",
         "linattn.reference.based:rebased", kernel_case("rebased"),
         fla_names=("parallel_rebased",),
+        layer_path="linattn.layers:ReBased", mixer="rebased",
         paper="Aksenov et al. (2024)", section="3, 4", nearest="linear",
     ),
     Entry(
@@ -418,6 +422,7 @@ for _entry in (
         "exp(-exp(w)) per channel", "exp(k_t) v_t and exp(k_t) (read before, bonus exp(u))",
         f"{_OPS}:rwkv6", "linattn.reference.rwkv4:wkv", rwkv4_case(),
         fla_names=("fused_recurrent_rwkv4",),
+        layer_path="linattn.layers:RWKV4", mixer="rwkv4",
         paper="Peng et al. (2023)", section=_SEC10, nearest="rwkv6",
     ),
     # log-linear attention (a Fenwick tree of level states over Mamba-2's memory)
@@ -526,6 +531,7 @@ for _entry in (
         "linattn.ops.softmax_variants:stickbreaking_attention",
         "linattn.reference.stickbreaking:stickbreaking_attention", stickbreaking_case(),
         forms=("parallel", "chunk"), fla_names=("parallel_stickbreaking_attn",),
+        layer_path="linattn.layers:StickBreakingAttention", mixer="stickbreaking",
         paper="Tan et al. (2024)", section="2", nearest="softmax",
     ),
     Entry(
