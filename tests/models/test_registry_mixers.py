@@ -1,7 +1,7 @@
 """The ``LMConfig.mixers`` that ``build_mixer`` takes from the registry (log-linear Gated DeltaNet,
-MesaNet, PaTH, FoX, lightning attention, HGRN, Based, ReBased, RWKV-4, stick-breaking): built by
-their layers' ``from_config`` with no builder of their own, the config's options reaching the
-layers, FoX's cached mixer against its training layer, and their caches (fixed for log-linear
+MesaNet, PaTH, FoX, lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking):
+built by their layers' ``from_config`` with no builder of their own, the config's options reaching
+the layers, FoX's cached mixer against its training layer, and their caches (fixed for log-linear
 Gated DeltaNet and MesaNet, a KV cache for PaTH and FoX). ``test_lm.py`` runs each in a
 ``CausalLM`` (prefill and decoding against the full forward, splits, gradients, training)."""
 
@@ -14,6 +14,7 @@ from linattn import registry
 from linattn.layers import (
     HGRN,
     RWKV4,
+    RWKV6,
     Based,
     ForgettingAttentionMixer,
     LightningAttention,
@@ -39,6 +40,7 @@ LAYERS = {
     "based": Based,
     "rebased": ReBased,
     "rwkv4": RWKV4,
+    "rwkv6": RWKV6,
     "stickbreaking": StickBreakingAttention,
 }
 
@@ -51,8 +53,10 @@ def test_the_registry_s_mixers_come_from_the_registry():
         assert entry is not None and hasattr(entry.layer, "from_config")
         assert type(build_mixer(name, tiny_config((name,)))) is cls
     mechanisms = {registry.with_mixer(n).name for n in LAYERS}
-    assert mechanisms == {"log_linear_gated_delta", "mesa", "path", "forgetting", "lightning",
-                          "hgrn", "based", "rebased", "rwkv4", "stickbreaking"}  # fmt: skip
+    assert mechanisms == {
+        "log_linear_gated_delta", "mesa", "path", "forgetting", "lightning", "hgrn", "based",
+        "rebased", "rwkv4", "rwkv6", "stickbreaking",
+    }  # fmt: skip
 
 
 def test_the_config_s_options_reach_the_layers():

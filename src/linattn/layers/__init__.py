@@ -48,6 +48,8 @@ and in recurrent mode for a one-token decoding step.
 - ``Based``, ``ReBased``: normalised linear attention with Based's Taylor kernel / ReBased's
   learned squared kernel, as fla's ``BasedLinearAttention`` / ``ReBasedLinearAttention``.
 - ``RWKV4``: RWKV-4's time mixing (token shift, WKV with its bonus, receptance; fla has no layer).
+- ``RWKV6``: RWKV-6 "Finch" time mixing (data-dependent token shift, LoRA decay, bonus, group
+  norm and SiLU gate), as fla's ``RWKV6Attention``.
 - ``StickBreakingAttention``: stick-breaking attention with a KV cache, as fla's layer.
 """
 
@@ -79,6 +81,7 @@ from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.retention import MultiScaleRetention
 from linattn.layers.rule_mixer import RuleMixer
 from linattn.layers.rwkv4 import RWKV4
+from linattn.layers.rwkv6 import RWKV6
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.slots import ABCAttention, GatedSlotAttention
 from linattn.layers.softmax import SoftmaxAttention
@@ -126,11 +129,12 @@ __all__ = [
     # test-time-training memories
     "TTTLinear",
     "Titans",
-    # lightning attention, HGRN, Based, ReBased, RWKV-4, stick-breaking attention
+    # lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking attention
     "LightningAttention",
     "HGRN",
     "Based",
     "ReBased",
     "RWKV4",
+    "RWKV6",
     "StickBreakingAttention",
 ]

@@ -306,6 +306,7 @@ for _entry in (
         "Diag(exp w_t)", "v_t (read before the write, with the bonus u)", f"{_OPS}:rwkv6",
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
+        layer_path="linattn.layers:RWKV6", mixer="rwkv6",
         paper="Peng et al. (2024)", section=_SEC10,
     ),
     # test-time-training memories and CyFA
