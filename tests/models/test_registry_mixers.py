@@ -1,9 +1,10 @@
 """The ``LMConfig.mixers`` that ``build_mixer`` takes from the registry (log-linear Gated DeltaNet,
-MesaNet, PaTH, FoX, lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking):
-built by their layers' ``from_config`` with no builder of their own, the config's options reaching
-the layers, FoX's cached mixer against its training layer, and their caches (fixed for log-linear
-Gated DeltaNet and MesaNet, a KV cache for PaTH and FoX). ``test_lm.py`` runs each in a
-``CausalLM`` (prefill and decoding against the full forward, splits, gradients, training)."""
+MesaNet, PaTH, FoX, lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking,
+IPLR, DPLR): built by their layers' ``from_config`` with no builder of their own, the config's
+options reaching the layers, FoX's cached mixer against its training layer, and their caches
+(fixed for log-linear Gated DeltaNet and MesaNet, a KV cache for PaTH and FoX). ``test_lm.py``
+runs each in a ``CausalLM`` (prefill and decoding against the full forward, splits, gradients,
+training)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import torch
 
 from linattn import registry
 from linattn.layers import (
+    DPLR,
     HGRN,
+    IPLR,
     RWKV4,
     RWKV6,
     Based,
@@ -41,6 +44,8 @@ LAYERS = {
     "rebased": ReBased,
     "rwkv4": RWKV4,
     "rwkv6": RWKV6,
+    "iplr": IPLR,
+    "dplr": DPLR,
     "stickbreaking": StickBreakingAttention,
 }
 
@@ -55,7 +60,7 @@ def test_the_registry_s_mixers_come_from_the_registry():
     mechanisms = {registry.with_mixer(n).name for n in LAYERS}
     assert mechanisms == {
         "log_linear_gated_delta", "mesa", "path", "forgetting", "lightning", "hgrn", "based",
-        "rebased", "rwkv4", "rwkv6", "stickbreaking",
+        "rebased", "rwkv4", "rwkv6", "stickbreaking", "iplr", "dplr",
     }  # fmt: skip
 
 

@@ -51,6 +51,9 @@ and in recurrent mode for a one-token decoding step.
 - ``RWKV6``: RWKV-6 "Finch" time mixing (data-dependent token shift, LoRA decay, bonus, group
   norm and SiLU gate), as fla's ``RWKV6Attention``.
 - ``StickBreakingAttention``: stick-breaking attention with a KV cache, as fla's layer.
+- ``IPLR``, ``DPLR``: the generalized delta rule's identity / diagonal plus low rank transitions
+  as a delta rule with a learning rate per key channel (and KDA's decay: DPLR) in DeltaNet's
+  layer (fla has the ops only).
 """
 
 from linattn.layers.based import Based, ReBased
@@ -76,6 +79,7 @@ from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvoluti
 from linattn.layers.momentum import MomentumDeltaNet
 from linattn.layers.oja import GatedOja
 from linattn.layers.path import PaTHAttention
+from linattn.layers.plr import DPLR, IPLR
 from linattn.layers.precond import PrecondGatedDeltaNet, PrecondKDA
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.retention import MultiScaleRetention
@@ -129,7 +133,8 @@ __all__ = [
     # test-time-training memories
     "TTTLinear",
     "Titans",
-    # lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking attention
+    # lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking attention, IPLR,
+    # DPLR
     "LightningAttention",
     "HGRN",
     "Based",
@@ -137,4 +142,6 @@ __all__ = [
     "RWKV4",
     "RWKV6",
     "StickBreakingAttention",
+    "IPLR",
+    "DPLR",
 ]

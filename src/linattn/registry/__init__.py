@@ -270,6 +270,7 @@ for _entry in (
         "iplr", "generalized delta rule, identity plus low rank (IPLR)", "dplr", "none",
         "I + a_t b_t^T", "v_t", f"{_OPS}:generalized_delta_rule", _DPLR, dplr_case("none"),
         fla_names=("chunk_iplr_delta_rule", "fused_recurrent_iplr_delta_rule"),
+        layer_path="linattn.layers:IPLR", mixer="iplr",
         paper="Yang et al. (2024b); Peng et al. (2025)", section="8, 10",
     ),
     Entry(
@@ -277,6 +278,7 @@ for _entry in (
         "Diag(alpha_t) + a_t b_t^T", "v_t", f"{_OPS}:generalized_delta_rule", _DPLR,
         dplr_case("channel"),
         fla_names=("chunk_dplr_delta_rule", "fused_recurrent_dplr_delta_rule"),
+        layer_path="linattn.layers:DPLR", mixer="dplr",
         paper="Peng et al. (2025)", section="8, 10",
     ),
     Entry(
