@@ -34,7 +34,7 @@ from linattn.ops.functional import l2norm
 from linattn.ops.rules import dplr
 
 if TYPE_CHECKING:
-    from linattn.layers.options import LMConfig
+    from linattn.models.config import LMConfig
 
 
 class IPLR(RecurrentMixer):
