@@ -88,8 +88,9 @@ class RWKV6(TokenMixer):
             self.reset_rwkv_parameters()
 
     def reset_rwkv_parameters(self, depth: float = 0.5) -> None:
-        """The mixes, decay offsets and bonus as the RWKV-6 code initialises them, at relative
-        depth ``depth`` in [0, 1) (layer / layers; the default a middle layer), with
+        """The mixes, decay offsets and bonus as the RWKV-6 code (RWKV-LM's ``RWKV_Tmix_x060``)
+        initialises them, its two depth ratios both ``depth`` in [0, 1) (layer / layers; the
+        default a middle layer), with
         c = channel / d_model and n the key channel over all heads:
         ``mu_x, mu_w, mu_k = 1 - c^(1 - depth)``, ``mu_v = 1 - c^(1 - depth) - 0.3 depth``,
         ``mu_r, mu_g = 1 - c^((1 - depth) / 2)``; the decay offset (``w_lora.bias``)
