@@ -74,3 +74,46 @@ def test_bad_options_and_inputs_are_refused():
         layer(torch.randn(2, 3, 15))
     with pytest.raises(ValueError, match=r"state\['S'\] has shape"):
         layer(torch.randn(2, 3, 16), layer.new_state(3, torch.float32))
+
+
+@pytest.mark.parametrize("layer_idx", [0, 2])
+def test_equals_transformers_minimax_lightning_attention(layer_idx):
+    """transformers' MiniMax-01 layer (pure PyTorch, blocks of 4 tokens) with the same weights:
+    float64 (its float32 casts kept at float64), and our decoding in pieces against its forward."""
+    modeling = pytest.importorskip("transformers.models.minimax.modeling_minimax")
+    from transformers import MiniMaxConfig
+
+    from tests.layers.reference_layers import perturb, promoted
+
+    config = MiniMaxConfig(hidden_size=32, num_attention_heads=2, head_dim=8,
+                           num_hidden_layers=4, block_size=4)  # fmt: skip
+    torch.manual_seed(0)
+    theirs = modeling.MiniMaxLightningAttention(config, layer_idx).double()
+    perturb(theirs)
+    # its slopes are computed in float32 when it is built: recomputed in float64 (its formula)
+    h = torch.arange(1, 3, dtype=torch.float64)
+    rate = (2.0 ** (-8 / 2)) ** h * (1 - layer_idx / (4 - 1 + 1e-5) + 1e-5)
+    rate = rate[:, None, None]
+    theirs.slope_rate = rate
+    theirs.query_decay, theirs.key_decay, theirs.diagonal_decay = theirs.decay_factors(rate)
+    ours = LightningAttention.from_transformers(theirs)
+    assert ours.head_dim == 8 and ours.scale == 1.0 and ours.slopes == "minimax"
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    x = torch.randn(2, 11, 32, dtype=torch.float64)
+    with torch.no_grad(), promoted(modeling):
+        want, _ = theirs(x, None, None)
+    torch.testing.assert_close(ours(x)[0], want, rtol=0, atol=1e-12)
+    check_pieces(ours, x, [3, 4, 9])
+    with pytest.raises(TypeError, match="MiniMaxLightningAttention"):
+        LightningAttention.from_transformers(ours)
+
+
+def test_minimax_slopes_are_alibi_s_scaled_by_depth():
+    ours = lightning_log_decays(4, 1, 3, torch.float64, slopes="minimax")
+    depth = 1 - 1 / (2 + 1e-5) + 1e-5
+    want = -torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8], dtype=torch.float64) * depth
+    torch.testing.assert_close(ours, want, rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="slopes must be one of"):
+        LightningAttention(16, 2, slopes="alibi")
+    with pytest.raises(ValueError, match="scale must be a positive number"):
+        LightningAttention(16, 2, scale=0.0)

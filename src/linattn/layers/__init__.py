@@ -42,8 +42,9 @@ and in recurrent mode for a one-token decoding step.
   ``"forgetting"`` mixer of ``LMConfig``).
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
-- ``LightningAttention``: lightning attention (a constant decay per head, fla's slopes; the
-  MiniMax-01 layer: SiLU q, k, v, a norm and a sigmoid output gate; fla has no layer).
+- ``LightningAttention``: lightning attention (a constant decay per head, fla's slopes or
+  MiniMax-01's; the MiniMax-01 layer: SiLU q, k, v, a norm and a sigmoid output gate), built
+  with the weights of transformers' ``MiniMaxLightningAttention`` (fla has no layer).
 - ``HGRN``: HGRN's element-wise gated recurrence, as fla's ``HGRNAttention``.
 - ``Based``, ``ReBased``: normalised linear attention with Based's Taylor kernel / ReBased's
   learned squared kernel, as fla's ``BasedLinearAttention`` / ``ReBasedLinearAttention``.
