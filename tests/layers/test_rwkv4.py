@@ -73,3 +73,32 @@ def test_bad_options_and_inputs_are_refused():
     state = layer.new_state(2, torch.float32)
     with pytest.raises(ValueError, match=r"state\['shift'\] has dtype"):
         layer(torch.randn(2, 3, 16), {**state, "shift": state["shift"].double()})
+
+
+@pytest.mark.parametrize("attention_size", [None, 24])
+def test_equals_transformers_rwkv_self_attention(attention_size):
+    """transformers' RWKV-4 time mixing (its pure-PyTorch WKV loop) with the same weights:
+    float64 (its float32 casts kept at float64), whole and with its state carried in pieces."""
+    modeling = pytest.importorskip("transformers.models.rwkv.modeling_rwkv")
+    from transformers import RwkvConfig
+
+    from tests.layers.reference_layers import perturb, promoted
+
+    config = RwkvConfig(hidden_size=16, attention_hidden_size=attention_size, num_hidden_layers=1)
+    torch.manual_seed(0)
+    theirs = modeling.RwkvSelfAttention(config).double()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    perturb(theirs)
+    ours = RWKV4.from_transformers(theirs)
+    assert ours.attention_size == (attention_size or 16)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    with torch.no_grad(), promoted(modeling):
+        want, _ = theirs(x)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[0], want, rtol=0, atol=1e-12)
+    check_pieces(ours, x, [4, 5, 7])
+    with pytest.raises(TypeError, match="RwkvSelfAttention"):
+        RWKV4.from_transformers(ours)

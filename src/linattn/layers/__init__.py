@@ -48,7 +48,8 @@ and in recurrent mode for a one-token decoding step.
 - ``HGRN``: HGRN's element-wise gated recurrence, as fla's ``HGRNAttention``.
 - ``Based``, ``ReBased``: normalised linear attention with Based's Taylor kernel / ReBased's
   learned squared kernel, as fla's ``BasedLinearAttention`` / ``ReBasedLinearAttention``.
-- ``RWKV4``: RWKV-4's time mixing (token shift, WKV with its bonus, receptance; fla has no layer).
+- ``RWKV4``: RWKV-4's time mixing (token shift, WKV with its bonus, receptance), built with the
+  weights of transformers' ``RwkvSelfAttention`` (fla has no layer).
 - ``RWKV6``: RWKV-6 "Finch" time mixing (data-dependent token shift, LoRA decay, bonus, group
   norm and SiLU gate), as fla's ``RWKV6Attention``.
 - ``StickBreakingAttention``: stick-breaking attention with a KV cache, as fla's layer.
