@@ -1,8 +1,10 @@
 """The ``LMConfig.mixers`` that ``build_mixer`` takes from the registry (log-linear Gated DeltaNet,
-MesaNet, PaTH, FoX): built by their layers' ``from_config`` with no builder of their own, the
-config's options reaching the layers, FoX's cached mixer against its training layer, and their
-caches (fixed for the first two, a KV cache for PaTH and FoX). ``test_lm.py`` runs each in a
-``CausalLM`` (prefill and decoding against the full forward, splits, gradients, training)."""
+MesaNet, PaTH, FoX, lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking,
+IPLR, DPLR): built by their layers' ``from_config`` with no builder of their own, the config's
+options reaching the layers, FoX's cached mixer against its training layer, and their caches
+(fixed for log-linear Gated DeltaNet and MesaNet, a KV cache for PaTH and FoX). ``test_lm.py``
+runs each in a ``CausalLM`` (prefill and decoding against the full forward, splits, gradients,
+training)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,19 @@ import torch
 
 from linattn import registry
 from linattn.layers import (
+    DPLR,
+    HGRN,
+    IPLR,
+    RWKV4,
+    RWKV6,
+    Based,
     ForgettingAttentionMixer,
+    LightningAttention,
     LogLinearGatedDeltaNet,
     MesaNet,
     PaTHAttention,
+    ReBased,
+    StickBreakingAttention,
 )
 from linattn.layers.forgetting import ForgettingAttention
 from linattn.models import CausalLM, LMConfig, build_mixer
@@ -27,10 +38,19 @@ LAYERS = {
     "mesa": MesaNet,
     "path": PaTHAttention,
     "forgetting": ForgettingAttentionMixer,
+    "lightning": LightningAttention,
+    "hgrn": HGRN,
+    "based": Based,
+    "rebased": ReBased,
+    "rwkv4": RWKV4,
+    "rwkv6": RWKV6,
+    "iplr": IPLR,
+    "dplr": DPLR,
+    "stickbreaking": StickBreakingAttention,
 }
 
 
-def test_the_four_mixers_come_from_the_registry():
+def test_the_registry_s_mixers_come_from_the_registry():
     assert set(REGISTERED) == set(LAYERS)
     for name, cls in LAYERS.items():
         assert name not in _BUILDERS
@@ -38,7 +58,10 @@ def test_the_four_mixers_come_from_the_registry():
         assert entry is not None and hasattr(entry.layer, "from_config")
         assert type(build_mixer(name, tiny_config((name,)))) is cls
     mechanisms = {registry.with_mixer(n).name for n in LAYERS}
-    assert mechanisms == {"log_linear_gated_delta", "mesa", "path", "forgetting"}
+    assert mechanisms == {
+        "log_linear_gated_delta", "mesa", "path", "forgetting", "lightning", "hgrn", "based",
+        "rebased", "rwkv4", "rwkv6", "stickbreaking", "iplr", "dplr",
+    }  # fmt: skip
 
 
 def test_the_config_s_options_reach_the_layers():

@@ -42,8 +42,23 @@ and in recurrent mode for a one-token decoding step.
   ``"forgetting"`` mixer of ``LMConfig``).
 - ``GatedConvolution``: not a mechanism; a gated short convolution (Zoology's BaseConv), the
   block the MQAR models put in front of each mechanism.
+- ``LightningAttention``: lightning attention (a constant decay per head, fla's slopes or
+  MiniMax-01's; the MiniMax-01 layer: SiLU q, k, v, a norm and a sigmoid output gate), built
+  with the weights of transformers' ``MiniMaxLightningAttention`` (fla has no layer).
+- ``HGRN``: HGRN's element-wise gated recurrence, as fla's ``HGRNAttention``.
+- ``Based``, ``ReBased``: normalised linear attention with Based's Taylor kernel / ReBased's
+  learned squared kernel, as fla's ``BasedLinearAttention`` / ``ReBasedLinearAttention``.
+- ``RWKV4``: RWKV-4's time mixing (token shift, WKV with its bonus, receptance), built with the
+  weights of transformers' ``RwkvSelfAttention`` (fla has no layer).
+- ``RWKV6``: RWKV-6 "Finch" time mixing (data-dependent token shift, LoRA decay, bonus, group
+  norm and SiLU gate), as fla's ``RWKV6Attention``.
+- ``StickBreakingAttention``: stick-breaking attention with a KV cache, as fla's layer.
+- ``IPLR``, ``DPLR``: the generalized delta rule's identity / diagonal plus low rank transitions
+  as a delta rule with a learning rate per key channel (and KDA's decay: DPLR) in DeltaNet's
+  layer (fla has the ops only).
 """
 
+from linattn.layers.based import Based, ReBased
 from linattn.layers.conv import GatedConvolution
 from linattn.layers.cyfa import CyclicFlowAttention
 from linattn.layers.delta import DeltaNet, GatedDeltaNet, KimiDeltaAttention
@@ -52,8 +67,10 @@ from linattn.layers.deltaformer import DeltaFormer
 from linattn.layers.forgetting import ForgettingAttentionMixer
 from linattn.layers.gated_attention import GatedAttention
 from linattn.layers.generalized_delta import Comba, GatedDeltaNet2
+from linattn.layers.hgrn import HGRN
 from linattn.layers.hgrn2 import HGRN2
 from linattn.layers.lightnet import LightNet
+from linattn.layers.lightning import LightningAttention
 from linattn.layers.linear import GatedLinearAttention, LinearAttention
 from linattn.layers.log_linear import LogLinearGatedDeltaNet, LogLinearMamba2
 from linattn.layers.mamba2 import Mamba2
@@ -64,13 +81,17 @@ from linattn.layers.modules import DecayGate, GatedRMSNorm, LoRA, ShortConvoluti
 from linattn.layers.momentum import MomentumDeltaNet
 from linattn.layers.oja import GatedOja
 from linattn.layers.path import PaTHAttention
+from linattn.layers.plr import DPLR, IPLR
 from linattn.layers.precond import PrecondGatedDeltaNet, PrecondKDA
 from linattn.layers.recurrent import RecurrentMixer
 from linattn.layers.retention import MultiScaleRetention
 from linattn.layers.rule_mixer import RuleMixer
+from linattn.layers.rwkv4 import RWKV4
+from linattn.layers.rwkv6 import RWKV6
 from linattn.layers.rwkv7 import RWKV7
 from linattn.layers.slots import ABCAttention, GatedSlotAttention
 from linattn.layers.softmax import SoftmaxAttention
+from linattn.layers.stickbreaking import StickBreakingAttention
 from linattn.layers.ttt import Titans, TTTLinear
 
 __all__ = [
@@ -114,4 +135,15 @@ __all__ = [
     # test-time-training memories
     "TTTLinear",
     "Titans",
+    # lightning attention, HGRN, Based, ReBased, RWKV-4, RWKV-6, stick-breaking attention, IPLR,
+    # DPLR
+    "LightningAttention",
+    "HGRN",
+    "Based",
+    "ReBased",
+    "RWKV4",
+    "RWKV6",
+    "StickBreakingAttention",
+    "IPLR",
+    "DPLR",
 ]

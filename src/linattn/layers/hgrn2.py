@@ -23,18 +23,24 @@ from linattn.layers.recurrent import RecurrentMixer
 
 class WidthRMSNorm(nn.Module):
     """RMSNorm over all heads' outputs together ([B, T, H, V] normed over H V), times
-    silu(gate) when a gate [B, T, H, V] is given: fla's HGRN2 ``g_norm`` and LightNet's gated
-    one; the ``o_norm`` slot of ``RecurrentMixer``."""
+    act(gate) when a gate [B, T, H, V] is given (``activation`` "silu", default, or "sigmoid"):
+    fla's HGRN2 ``g_norm``, LightNet's gated one, lightning attention's (sigmoid); the ``o_norm``
+    slot of ``RecurrentMixer``."""
 
-    def __init__(self, width: int, eps: float) -> None:
+    def __init__(self, width: int, eps: float, activation: str = "silu") -> None:
         super().__init__()
+        if activation not in ("silu", "sigmoid"):
+            raise ValueError(f"activation must be 'silu' or 'sigmoid', got {activation!r}")
         self.weight = nn.Parameter(torch.ones(width))
         self.eps = eps
+        self.activation = activation
 
     def forward(self, o: Tensor, gate: Tensor | None) -> Tensor:
         flat = o.flatten(-2)
         out = F.rms_norm(flat, (flat.shape[-1],), self.weight, self.eps).view_as(o)
-        return out if gate is None else out * F.silu(gate)
+        if gate is None:
+            return out
+        return out * (F.silu(gate) if self.activation == "silu" else torch.sigmoid(gate))
 
 
 class HGRN2(RecurrentMixer):

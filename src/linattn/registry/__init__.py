@@ -271,6 +271,7 @@ for _entry in (
         "iplr", "generalized delta rule, identity plus low rank (IPLR)", "dplr", "none",
         "I + a_t b_t^T", "v_t", f"{_OPS}:generalized_delta_rule", _DPLR, dplr_case("none"),
         fla_names=("chunk_iplr_delta_rule", "fused_recurrent_iplr_delta_rule"),
+        layer_path="linattn.layers:IPLR", mixer="iplr",
         paper="Yang et al. (2024b); Peng et al. (2025)", section="8, 10",
     ),
     Entry(
@@ -278,6 +279,7 @@ for _entry in (
         "Diag(alpha_t) + a_t b_t^T", "v_t", f"{_OPS}:generalized_delta_rule", _DPLR,
         dplr_case("channel"),
         fla_names=("chunk_dplr_delta_rule", "fused_recurrent_dplr_delta_rule"),
+        layer_path="linattn.layers:DPLR", mixer="dplr",
         paper="Peng et al. (2025)", section="8, 10",
     ),
     Entry(
@@ -307,6 +309,7 @@ for _entry in (
         "Diag(exp w_t)", "v_t (read before the write, with the bonus u)", f"{_OPS}:rwkv6",
         "linattn.reference.rwkv6:recurrence", rwkv6_case(),
         fla_names=("chunk_rwkv6", "fused_recurrent_rwkv6"),
+        layer_path="linattn.layers:RWKV6", mixer="rwkv6",
         paper="Peng et al. (2024)", section=_SEC10,
     ),
     # test-time-training memories and CyFA
@@ -377,6 +380,7 @@ for _entry in (
         "gamma_h I, gamma_h = exp(-(8 / H) (1 - l / L) h)", "v_t", f"{_OPS}:linear_attention",
         "linattn.reference.retention:constant_decay", lightning_case(),
         fla_names=("chunk_lightning_attn", "fused_recurrent_lightning_attn"),
+        layer_path="linattn.layers:LightningAttention", mixer="lightning",
         paper="Qin et al. (2024)", section=_SEC10, nearest="scalar_decay",
     ),
     Entry(
@@ -384,6 +388,7 @@ for _entry in (
         "exp(g_t) per channel (a head of K = V = 1 each)", "x_t", f"{_OPS}:linear_attention",
         "linattn.reference.hgrn:hgrn", hgrn_case(),
         fla_names=("chunk_hgrn", "fused_recurrent_hgrn"),
+        layer_path="linattn.layers:HGRN", mixer="hgrn",
         paper="Qin, Yang and Zhong (2023)", section=_SEC10, nearest="scalar_decay",
     ),
     Entry(
@@ -405,6 +410,7 @@ for _entry in (
         "v_t and 1 (the normaliser), keys phi(k_t)", f"{_OPS}:linear_attention",
         "linattn.reference.based:based", kernel_case("based"),
         fla_names=("fused_chunk_based", "parallel_based"),
+        layer_path="linattn.layers:Based", mixer="based",
         paper="Arora et al. (2024)", section="3, 4", nearest="linear",
     ),
     Entry(
@@ -412,6 +418,7 @@ for _entry in (
         "v_t and 1 (the normaliser), keys vec(k_t k_t^T)", f"{_OPS}:linear_attention",
         "linattn.reference.based:rebased", kernel_case("rebased"),
         fla_names=("parallel_rebased",),
+        layer_path="linattn.layers:ReBased", mixer="rebased",
         paper="Aksenov et al. (2024)", section="3, 4", nearest="linear",
     ),
     Entry(
@@ -419,6 +426,7 @@ for _entry in (
         "exp(-exp(w)) per channel", "exp(k_t) v_t and exp(k_t) (read before, bonus exp(u))",
         f"{_OPS}:rwkv6", "linattn.reference.rwkv4:wkv", rwkv4_case(),
         fla_names=("fused_recurrent_rwkv4",),
+        layer_path="linattn.layers:RWKV4", mixer="rwkv4",
         paper="Peng et al. (2023)", section=_SEC10, nearest="rwkv6",
     ),
     # log-linear attention (a Fenwick tree of level states over Mamba-2's memory)
@@ -527,6 +535,7 @@ for _entry in (
         "linattn.ops.softmax_variants:stickbreaking_attention",
         "linattn.reference.stickbreaking:stickbreaking_attention", stickbreaking_case(),
         forms=("parallel", "chunk"), fla_names=("parallel_stickbreaking_attn",),
+        layer_path="linattn.layers:StickBreakingAttention", mixer="stickbreaking",
         paper="Tan et al. (2024)", section="2", nearest="softmax",
     ),
     Entry(

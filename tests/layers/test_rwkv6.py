@@ -1,0 +1,77 @@
+"""``RWKV6``: fla 0.6.0's ``RWKV6Attention`` with the same weights (on the CPU under
+``linattn.integrations.fla``), generation in pieces against one call (float64), its forms, what
+it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.layers import RWKV6
+from tests.layers.pieces import check_pieces
+
+pytestmark = pytest.mark.filterwarnings("ignore:According to Bo")  # fla's RWKV warning
+
+
+def _perturbed(layer: RWKV6) -> RWKV6:
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return layer
+
+
+def test_equals_fla_s_layer_with_its_weights():
+    from linattn.integrations import fla as fla_integration
+
+    fla_layers = pytest.importorskip("fla.layers")
+    from tests.layers.reference_layers import perturb
+
+    fla_integration.enable()
+    try:
+        torch.manual_seed(0)
+        theirs = fla_layers.RWKV6Attention(hidden_size=32, num_heads=2, proj_low_rank_dim=4,
+                                           gate_low_rank_dim=8, layer_idx=0)  # fmt: skip
+        perturb(theirs)
+        ours = RWKV6.from_fla(theirs)
+        assert sum(p.numel() for p in ours.parameters()) == sum(
+            p.numel() for p in theirs.parameters()
+        )
+        x = torch.randn(2, 9, 32)
+        torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
+    finally:
+        fla_integration.disable()
+
+
+def test_generation_in_pieces_equals_one_call_in_float64():
+    torch.manual_seed(1)
+    layer = _perturbed(RWKV6(16, 2, proj_low_rank_dim=4, gate_low_rank_dim=8, chunk_size=4))
+    layer = layer.double()
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    check_pieces(layer, x, [5, 6, 7, 11])
+    check_pieces(layer, x, [1, 2, 3])
+
+
+def test_chunk_and_recurrent_forms_agree_in_float64():
+    torch.manual_seed(2)
+    layer = _perturbed(RWKV6(16, 2, proj_low_rank_dim=4, gate_low_rank_dim=8, chunk_size=4))
+    layer = layer.double()
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    layer.mode = "chunk"
+    y_chunk, _ = layer(x)
+    layer.mode = "recurrent"
+    y_rec, _ = layer(x)
+    torch.testing.assert_close(y_chunk, y_rec, rtol=0, atol=1e-12)
+
+
+def test_bad_options_and_inputs_are_refused():
+    with pytest.raises(ValueError, match="expand_k \\* d_model must be a positive multiple"):
+        RWKV6(16, 3)
+    with pytest.raises(ValueError, match="proj_low_rank_dim must be an integer >= 1"):
+        RWKV6(16, 2, proj_low_rank_dim=0)
+    with pytest.raises(TypeError, match="fla's RWKV6Attention"):
+        RWKV6.from_fla(RWKV6(16, 2))
+    layer = RWKV6(16, 2)
+    with pytest.raises(ValueError, match="x must have shape"):
+        layer(torch.randn(2, 3, 15))
+    with pytest.raises(ValueError, match=r"state\['S'\] has shape"):
+        layer(torch.randn(2, 3, 16), RWKV6(16, 4).new_state(2, torch.float32))
