@@ -339,35 +339,47 @@ def mqar_figure(
     legend beside the axes (below them when ``narrow``: drawn for a phone). Series that share a
     state size are drawn side by side (``dodged``), so that none hides another."""
     plt = style.pyplot()
-    fig, ax = plt.subplots(
-        figsize=(NARROW_WIDTH, 7.0) if narrow else (9.0, 4.8), layout="constrained"
-    )
-    colours: dict[str, str] = {}
     points_by_name = mqar_points(rows)
+    # Narrow, the legend sits below the axes, a line a series: the figure grows with it.
+    height = 4.0 + 0.22 * len(points_by_name)
+    fig, ax = plt.subplots(
+        figsize=(NARROW_WIDTH, max(7.0, height))
+        if narrow
+        else (9.0, max(4.8, 0.2 * len(points_by_name))),
+        layout="constrained",
+    )
+    order: dict[str, int] = {}
     sharing: dict[float, list[str]] = defaultdict(list)
     for name, points in points_by_name.items():
         for x, _ in points:
             sharing[x].append(name)
     for name, points in points_by_name.items():
-        mechanism = name.split(",")[0]
-        colour = colours.setdefault(mechanism, PALETTE[len(colours) % len(PALETTE)])
+        # Past the palette's ten colours a mechanism repeats a colour with hollow markers, so
+        # that no two mechanisms are drawn alike.
+        index = order.setdefault(name.split(",")[0], len(order))
+        colour = PALETTE[index % len(PALETTE)]
+        face = colour if (index // len(PALETTE)) % 2 == 0 else "white"
         state = [dodged([x], sharing[x].index(name), len(sharing[x]))[0] for x, _ in points]
         mean = np.array([s["mean"] for _, s in points])
         low = mean - np.array([s["min"] for _, s in points])
         high = np.array([s["max"] for _, s in points]) - mean
         dashed = name.endswith("random fillers")
-        ax.errorbar(state, mean, yerr=(low, high), marker="s" if dashed else "o", color=colour,
-                    lw=1.8, ls="--" if dashed else "-", capsize=3, label=name)  # fmt: skip
+        ax.errorbar(state, mean, yerr=(low, high), marker="s" if dashed else "o", mfc=face,
+                    color=colour, lw=1.8, ls="--" if dashed else "-", capsize=3,
+                    label=name)  # fmt: skip
     ax.set_xscale("log")
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("state of one block (numbers; KV cache for softmax)")
     ax.set_ylabel("recall accuracy (mean; bars: min to max)")
     ax.set_title(title.replace(" associative", "\nassociative") if narrow else title)
     ax.grid(True, which="major", color="#dddddd", lw=0.6)
-    if narrow:
-        from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-        ax.xaxis.set_minor_formatter(NullFormatter())  # 3x10^3, 4x10^3, ... collide there
+    # Ticks at 1, 2 and 5 of each decade, written out: 3x10^3, 4x10^3, ... collide
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if narrow:
         ax.set_ylabel("recall accuracy\n(mean; bars: min to max)")
         ax.set_xlabel("state of one block\n(numbers; KV cache for softmax)")
     where = "outside lower center" if narrow else "outside right upper"
