@@ -135,7 +135,8 @@ def _factored_block(q, k, v, gv, beta, X, C: int, limit: float, eye: Tensor):
     dtype = q.dtype
     q, k, v, gv = (t.unflatten(2, (nb, C)) for t in (q, k, v, gv))  # [B, H, nb, C, .]
     beta = beta.unflatten(2, (nb, C)).unsqueeze(-1)  # [B, H, nb, C, 1]
-    G = gv.double().clamp(min=-limit).cumsum(3)
+    G = gv.double().cumsum(3)
+    # gv <= 0, so G_t >= G_C: a block that passes this check has every G_t above -limit
     if bool((G[..., -1, :] <= -limit).any()):
         return None
     eG64 = torch.exp(G)
