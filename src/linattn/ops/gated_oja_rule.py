@@ -37,7 +37,7 @@ from linattn.ops import _engine
 from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
-from linattn.ops._blockmath import unit_lower_inverse
+from linattn.ops._blockmath import unit_lower_inverse_of_strict
 
 CHUNK_SIZE = 64
 
@@ -116,18 +116,17 @@ def _factored_chunks(q, k, v, gv, beta, X, C: int, limit: float):
             torch.nn.functional.pad(t, (0, 0, 0, pad) if t.dim() == 4 else (0, pad)) for t in x
         )
     per_block = max(1, BLOCK_NUMBERS // (B * H * C * C))
-    eye = torch.eye(C, dtype=q.dtype, device=q.device)
     outs = []
     # the blocks as views of one split (its gradient is one concatenation; a slice per block
     # would make a zero tensor of the whole for each block's gradient)
     for block in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
-        found = _factored_block(*block, X, C, limit, eye)
+        found = _factored_block(*block, X, C, limit)
         o_b, X = _chunk(*block, X, C) if found is None else found
         outs.append(o_b)
     return torch.cat(outs, 2)[:, :, :T], X
 
 
-def _factored_block(q, k, v, gv, beta, X, C: int, limit: float, eye: Tensor):
+def _factored_block(q, k, v, gv, beta, X, C: int, limit: float):
     """One block of whole chunks ([B, H, nb C, .]) entering with X: (o, X), or None where a
     chunk's decay spans ``limit`` or more."""
     nb = q.shape[2] // C
@@ -143,7 +142,7 @@ def _factored_block(q, k, v, gv, beta, X, C: int, limit: float, eye: Tensor):
     eG, e_G = eG64.to(dtype), torch.reciprocal(eG64).to(dtype)
     D = eG[..., -1, :]  # [B, H, nb, V]: the chunk's decay of X's rows
     Vd, Vi = eG * v, e_G * v
-    T_inv = unit_lower_inverse(eye + beta * (Vd @ Vi.transpose(-1, -2)).tril(-1))
+    T_inv = unit_lower_inverse_of_strict(beta * (Vd @ Vi.transpose(-1, -2)))
     X_terms = T_inv @ (beta * torch.cat([Vd, k], dim=-1))  # [B, H, nb, C, V + K]: [W | U0]
     W, U0 = X_terms[..., :V], X_terms[..., V:]
     into = (D.unsqueeze(-2) * Vi).transpose(-1, -2)  # [B, H, nb, V, C]: exp(G_C - G_s) * v_s

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
-from linattn.ops._blockmath import unit_lower_inverse
+from linattn.ops._blockmath import unit_lower_inverse_of_strict
 from linattn.ops.functional import l2norm
 
 CHUNK_SIZE = 64
@@ -131,9 +131,7 @@ def _block(q, k, v, p, la, lm, beta, eta, S, M, strict):
     ekT = ek.transpose(-1, -2)
     prev, now = slice(0, C), slice(1, C + 1)  # positions t - 1 and t of tokens t = 1..C
     # the errors: (I + L) W = V - a(t-1, 0) P S_0 - c(t-1, 0) P M_0, for every chunk
-    T_inv = unit_lower_inverse(
-        (g[..., prev, 1:] * (p @ ekT)).tril_(-1)
-    )  # the unit diagonal implied
+    T_inv = unit_lower_inverse_of_strict(g[..., prev, 1:] * (p @ ekT))
     rhs = torch.cat([v, a[..., prev, 0, None] * p, cross[..., prev, 0, None] * p], dim=-1)
     X = T_inv @ rhs  # the inverse and a product: cheaper than a solve against the wide rhs
     U0, Ps, Pm = X.split([V, K, K], dim=-1)
