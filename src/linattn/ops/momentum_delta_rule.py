@@ -85,9 +85,9 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
 
     Every term that does not read the state is formed for a block of chunks at once ([nb, B H,
     C, .], the chunks first, so that each chunk's terms are one contiguous block): the decays
-    a, m, c, the errors' terms W_j = U0_j - Ps_j S_j - Pm_j M_j (one triangular solve). The loop
-    over the block's chunks then carries only the states (four products a chunk), and the
-    block's outputs follow from the states entering its chunks at once. The sequence is padded
+    a, m, c, the errors' terms W_j = U0_j - Ps_j S_j - Pm_j M_j (one unit-lower inverse). The
+    loop over the block's chunks then carries only the pair Z = [S; M] (three products a
+    chunk), and the block's outputs follow from the pairs entering its chunks at once. The sequence is padded
     to whole chunks with tokens that change nothing (zero keys, values, rates and log-decays:
     w = 0, M and S kept).
     """
@@ -101,16 +101,16 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
         x = tuple(torch.nn.functional.pad(t, (0, 0) * (t.dim() - 3) + (0, pad)) for t in x)
     per_block = max(1, BLOCK_NUMBERS // (B * H * (C + 1) * (C + 1)))
     strict = torch.ones(C + 1, C + 1, dtype=torch.bool, device=q.device).tril(-1)
-    S, M = S.flatten(0, 1), M.flatten(0, 1)  # [B H, K, V]
+    Z = torch.cat([S, M], dim=-2).flatten(0, 1)  # [B H, 2K, V]: the memory over the momentum
     outs = []
     # the blocks as views of one split (its gradient is one concatenation; a slice per block
     # would make a zero tensor of the whole for each block's gradient)
     for block in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
-        qb, kb, vb, pb, lab, lmb, bb, eb = (_chunks(t, C) for t in block)
-        o_b, S, M = _block(qb, kb, vb, pb, lab, lmb, bb, eb, S, M, strict)
+        o_b, Z = _block(*(_chunks(t, C) for t in block), Z, strict)
         outs.append(o_b.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3))  # [B, H, nb C, V]
     o = torch.cat(outs, 2)[:, :, :T]
-    return o, S.unflatten(0, (B, H)), M.unflatten(0, (B, H))
+    S, M = Z.unflatten(0, (B, H)).split(q.shape[3], dim=-2)
+    return o, S, M
 
 
 def _chunks(t: Tensor, C: int) -> Tensor:
@@ -119,9 +119,13 @@ def _chunks(t: Tensor, C: int) -> Tensor:
     return t.flatten(1, 2).contiguous()
 
 
-def _block(q, k, v, p, la, lm, beta, eta, S, M, strict):
-    """One block of chunks ([nb, P, C, .]) entering with S, M [P, K, V]: (o [nb, P, C, V], S, M)."""
-    C, K, V = q.shape[2], q.shape[3], v.shape[3]
+def _block(q, k, v, p, la, lm, beta, eta, Z, strict):
+    """One block of chunks ([nb, P, C, .]) entering with Z = [S; M] [P, 2K, V]: (o [nb, P, C,
+    V], Z). The pair is one state: a chunk's errors read it through [Ps | Pm], it enters the next
+    chunk through Phi(C, 0) (a 2 x 2 product over its halves) and the errors write it through
+    [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]."""
+    nb, P, C, K = q.shape
+    V = v.shape[3]
     a = _decays(la)  # [nb, P, C + 1, C + 1], positions 0..C
     m = _decays(lm)
     b0 = torch.nn.functional.pad(beta, (1, 0))  # beta at positions 0..C (none at 0)
@@ -134,28 +138,24 @@ def _block(q, k, v, p, la, lm, beta, eta, S, M, strict):
     T_inv = unit_lower_inverse_of_strict(g[..., prev, 1:] * (p @ ekT))
     rhs = torch.cat([v, a[..., prev, 0, None] * p, cross[..., prev, 0, None] * p], dim=-1)
     X = T_inv @ rhs  # the inverse and a product: cheaper than a solve against the wide rhs
-    U0, Ps, Pm = X.split([V, K, K], dim=-1)
-    into_S = (g[..., -1, 1:, None] * ek).transpose(-1, -2)  # [nb, P, K, C]
-    into_M = (m[..., -1, 1:, None] * ek).transpose(-1, -2)
-    aC, cC, mC = (t[..., -1, 0, None, None] for t in (a, cross, m))  # [nb, P, 1, 1]
-    Ss, Ms, errors = [], [], []
+    U0, PZ = X[..., :V], X[..., V:]  # W = U0 - [Ps | Pm] Z
+    into = torch.cat([g[..., -1, 1:, None] * ek, -m[..., -1, 1:, None] * ek], dim=-1)
+    into = into.transpose(-1, -2)  # [nb, P, 2K, C]
+    zero = torch.zeros_like(a[..., -1, 0])
+    phi = torch.stack([a[..., -1, 0], cross[..., -1, 0], zero, m[..., -1, 0]], dim=-1)
+    phi = phi.unflatten(-1, (2, 2))  # [nb, P, 2, 2]: Phi(C, 0)
+    states, errors = [], []
     # each chunk's terms as views of one unbind (its gradient is one stack; an index per chunk
     # would make a zero tensor of the whole for each chunk's gradient)
-    per_chunk = zip(*(t.unbind(0) for t in (U0, Ps, Pm, into_S, into_M, aC, cC, mC)), strict=True)
-    for U0_j, Ps_j, Pm_j, into_S_j, into_M_j, aC_j, cC_j, mC_j in per_chunk:
-        Ss.append(S)
-        Ms.append(M)
-        W = torch.baddbmm(U0_j, Ps_j, S, alpha=-1).baddbmm_(Pm_j, M, alpha=-1)
+    for U0_j, PZ_j, into_j, phi_j in zip(*(t.unbind(0) for t in (U0, PZ, into, phi)), strict=True):
+        states.append(Z)
+        W = torch.baddbmm(U0_j, PZ_j, Z, alpha=-1)
         errors.append(W)
-        S, M = (
-            torch.baddbmm(torch.addcmul(aC_j * S, cC_j, M), into_S_j, W),
-            torch.baddbmm(mC_j * M, into_M_j, W, alpha=-1),
-        )
-    S_all, M_all, W_all = (torch.stack(t) for t in (Ss, Ms, errors))  # [nb, P, ., V]
+        Z = torch.baddbmm((phi_j @ Z.view(P, 2, K * V)).view(P, 2 * K, V), into_j, W)
     scores = (g[..., now, 1:] * (q @ ekT)).tril_()
-    o = torch.cat([a[..., now, 0, None] * q, cross[..., now, 0, None] * q, scores], dim=-1)
-    o = o @ torch.cat([S_all, M_all, W_all], dim=-2)  # [nb, P, C, V]
-    return o, S, M
+    reads = torch.cat([a[..., now, 0, None] * q, cross[..., now, 0, None] * q, scores], dim=-1)
+    o = reads @ torch.cat([torch.stack(states), torch.stack(errors)], dim=-2)  # [nb, P, C, V]
+    return o, Z
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):
