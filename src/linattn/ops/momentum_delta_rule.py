@@ -87,9 +87,9 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     C, .], the chunks first, so that each chunk's terms are one contiguous block): the decays
     a, m, c, the errors' terms W_j = U0_j - Ps_j S_j - Pm_j M_j (one unit-lower inverse). The
     loop over the block's chunks then carries only the pair Z = [S; M] (three products a
-    chunk), and the block's outputs follow from the pairs entering its chunks at once. The sequence is padded
-    to whole chunks with tokens that change nothing (zero keys, values, rates and log-decays:
-    w = 0, M and S kept).
+    chunk), and the block's outputs follow from the pairs entering its chunks at once. The
+    sequence is padded to whole chunks with tokens that change nothing (zero keys, values,
+    rates and log-decays: w = 0, M and S kept).
     """
     B, H, T = q.shape[:3]
     if T == 0:
