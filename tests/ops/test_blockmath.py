@@ -160,3 +160,20 @@ def test_float64_gates_keep_float32_products_exact(F):
         ref = _exact(left, b, G, strict)
         assert A.dtype == torch.float32
         assert (A.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_unit_lower_inverse_of_strict_forward_and_backward():
+    """The inverse of I + tril(N, -1) whatever N's diagonal and upper triangle hold, and its
+    products backward equal to autograd through the inverse built whole (float64)."""
+    gen = torch.Generator().manual_seed(3)
+    N = torch.randn(2, 3, 6, 6, generator=gen, dtype=torch.float64) * 0.4
+    dY = torch.randn(2, 3, 6, 6, generator=gen, dtype=torch.float64)
+    a, b = N.clone().requires_grad_(), N.clone().requires_grad_()
+    got = _blockmath.unit_lower_inverse_of_strict(a)
+    want = torch.linalg.inv(torch.eye(6, dtype=torch.float64) + b.tril(-1))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    (got * dY).sum().backward()
+    (want * dY).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-12)
+    assert torch.count_nonzero(a.grad.triu()) == 0  # the implied entries get no gradient
+    assert torch.autograd.gradcheck(_blockmath.unit_lower_inverse_of_strict, (N.requires_grad_(),))

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from linattn.ops import gated_oja_rule as module
 from linattn.ops.gated_oja_rule import gated_oja_rule, gated_oja_rule_step
 from linattn.reference.gated_oja import recurrence
 
@@ -134,3 +135,30 @@ def test_a_steep_chunk_takes_the_exact_form(dtype):
     for a, b in zip(got, want, strict=True):
         tol = 1e-12 if dtype == torch.float64 else 1e-5
         torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("steep", [False, True])
+def test_the_chunk_form_in_blocks_equals_the_reference_and_its_gradients_autograd_s(
+    monkeypatch, steep
+):
+    """The factored chunk form two chunks a block (several blocks, the last one short), with
+    and without a steep chunk in a middle block (that block alone takes the per-pair form, from
+    the state the factored blocks before it leave): the reference's outputs and states, and the
+    recurrent form's gradients."""
+    C = 3
+    x = make()
+    if steep:
+        x["gv"][0, 13, :, :] = -700.0  # chunk 4 of 10: the third block
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+
+    def run(mode):
+        o, S = gated_oja_rule(**leaves, scale=0.4, mode=mode, chunk_size=C, output_final_state=True)
+        loss = (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum()
+        return (o, S), torch.autograd.grad(loss + S.square().sum(), list(leaves.values()))
+
+    monkeypatch.setattr(module, "BLOCK_NUMBERS", 2 * HV * C * C)  # two chunks a block
+    got, grads = run("chunk")
+    for a, b in zip(got, oracle(x, 0.4, [0, T]), strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=1e-12)
+    for a, b in zip(grads, run("recurrent")[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -76,6 +76,39 @@ def test_every_form_equals_the_reference_packed(mode, C):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("C", [3, 8])
+def test_the_chunk_form_in_blocks_equals_the_reference_and_its_gradients_autograd_s(monkeypatch, C):
+    """The chunk form a few chunks at a time (a block size small enough for several blocks,
+    one of them short): the reference's outputs and states, and the gradients of one block."""
+    cu = [0, 1, 12, 29]
+    x = make(N=3)
+    args = dict(
+        scale=0.4, chunk_size=C, output_final_state=True, cu_seqlens=torch.tensor(cu),
+    )  # fmt: skip
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+
+    def run(mode):
+        o, S, M = momentum_delta_rule(
+            *(leaves[n] for n in NAMES), mode=mode, **args,
+            initial_state=leaves["initial_state"], initial_momentum=leaves["initial_momentum"],
+        )  # fmt: skip
+        loss = (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum()
+        loss = loss + S.square().sum() + M.sum()
+        return (o, S, M), torch.autograd.grad(loss, list(leaves.values()))
+
+    whole, whole_grads = run("chunk")
+    monkeypatch.setattr(module, "BLOCK_NUMBERS", 2 * H * (C + 1) ** 2)  # two chunks a block
+    blocks, block_grads = run("chunk")
+    for a, b in zip(blocks, oracle(x, 0.4, cu), strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=1e-12)
+    for a, b in zip(blocks, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    for a, b in zip(block_grads, run("recurrent")[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    for a, b in zip(block_grads, whole_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_the_step_equals_the_recurrent_form():
     x = make()
     o, S, M = momentum_delta_rule(

@@ -505,3 +505,29 @@ def unit_lower_inverse(A: Tensor, out: Tensor | None = None) -> Tensor:
     """
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
     return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True, out=out)
+
+
+class _UnitLowerInverse(torch.autograd.Function):
+    """Y = (I + N)^{-1} of a strictly lower N, differentiated by products: dN = -tril(Y^T dY
+    Y^T, -1) (the diagonal and the upper triangle are implied, so they get no gradient)."""
+
+    @staticmethod
+    def forward(ctx, N: Tensor) -> Tensor:
+        Y = unit_lower_inverse(N)
+        ctx.save_for_backward(Y)
+        return Y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dY: Tensor) -> Tensor:
+        (Y,) = ctx.saved_tensors
+        Yt = Y.transpose(-1, -2)
+        return -(Yt @ dY @ Yt).tril_(-1)
+
+
+def unit_lower_inverse_of_strict(N: Tensor) -> Tensor:
+    """(I + N)^{-1} for a strictly lower N [..., C, C] (its diagonal and upper triangle are
+    read as the identity's): ``unit_lower_inverse`` whose backward is two batched products
+    (dN = -tril(Y^T dY Y^T, -1) with Y the inverse) instead of a second triangular solve.
+    Differentiable once."""
+    return _UnitLowerInverse.apply(N)

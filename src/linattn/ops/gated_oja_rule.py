@@ -37,7 +37,7 @@ from linattn.ops import _engine
 from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
-from linattn.ops._blockmath import unit_lower_inverse
+from linattn.ops._blockmath import unit_lower_inverse_of_strict
 
 CHUNK_SIZE = 64
 
@@ -86,46 +86,66 @@ def _chunk(q, k, v, gv, beta, X, C: int):
 # exp(G) shrinks to exp(-LIMIT), both far inside the compute dtype's range.
 _FACTOR_LIMIT = {torch.float32: 60.0, torch.float64: 600.0}
 
+# The factored form works a block of chunks at a time: a block's terms stay about this many
+# numbers, so they stay in the cache, and no intermediate is large enough for the allocator to
+# map fresh pages for it.
+BLOCK_NUMBERS = 1 << 18
+
 
 def _factored_chunks(q, k, v, gv, beta, X, C: int, limit: float):
-    """The chunk form with the gate factored out of each chunk, every chunk's state-independent
-    terms at once ([B, H, n, C, .]). With Vd = exp(G) * v and Vi = exp(-G) * v (G summed in
-    float64, each exponential rounded once), the module docstring's system for the errors is the
-    delta rule's UT transform,
+    """The chunk form with the gate factored out of each chunk, the state-independent terms of
+    a block of chunks at once ([B, H, nb, C, .]). With Vd = exp(G) * v and Vi = exp(-G) * v (G
+    summed in float64, each exponential rounded once), the module docstring's system for the
+    errors is the delta rule's UT transform,
 
         (I + diag(beta) tril(Vd Vi^T, -1)) U = diag(beta) (K - Vd X_0),   U = U0 - W X_0,
         [W | U0] = (I + L)^{-1} diag(beta) [Vd | K],
 
     the loop carries X alone (two products a chunk), X <- exp(G_C) * X + (exp(G_C) * Vi)^T U,
-    and O = exp(G) * (Q X_0^T + tril(Q U^T) Vi) follows after it. None where a chunk's decay
-    spans ``limit`` or more (exp(-G) would leave the dtype's range; a reset is one): the caller
-    then runs ``_chunk``."""
+    and the block's O = exp(G) * (Q X_0^T + tril(Q U^T) Vi) follows after it. A block with a
+    chunk whose decay spans ``limit`` or more (exp(-G) would leave the dtype's range; a reset
+    is one) runs ``_chunk`` instead, from the state entering it."""
     B, H, T, K = q.shape
-    V = v.shape[-1]
-    dtype = q.dtype
     if T == 0:
         return None
     n = -(-T // C)
     pad = n * C - T
+    x = (q, k, v, gv, beta)
     if pad:  # tokens that change nothing: no write (beta = 0), no decay, no read
-        q, k, v, gv, beta = (
-            torch.nn.functional.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
-            for x in (q, k, v, gv, beta)
+        x = tuple(
+            torch.nn.functional.pad(t, (0, 0, 0, pad) if t.dim() == 4 else (0, pad)) for t in x
         )
-    q, k, v, gv = (x.unflatten(2, (n, C)) for x in (q, k, v, gv))  # [B, H, n, C, .]
-    beta = beta.unflatten(2, (n, C)).unsqueeze(-1)  # [B, H, n, C, 1]
-    G = gv.double().clamp(min=-limit).cumsum(3)
+    per_block = max(1, BLOCK_NUMBERS // (B * H * C * C))
+    outs = []
+    # the blocks as views of one split (its gradient is one concatenation; a slice per block
+    # would make a zero tensor of the whole for each block's gradient)
+    for block in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
+        found = _factored_block(*block, X, C, limit)
+        o_b, X = _chunk(*block, X, C) if found is None else found
+        outs.append(o_b)
+    return torch.cat(outs, 2)[:, :, :T], X
+
+
+def _factored_block(q, k, v, gv, beta, X, C: int, limit: float):
+    """One block of whole chunks ([B, H, nb C, .]) entering with X: (o, X), or None where a
+    chunk's decay spans ``limit`` or more."""
+    nb = q.shape[2] // C
+    V = v.shape[-1]
+    dtype = q.dtype
+    q, k, v, gv = (t.unflatten(2, (nb, C)) for t in (q, k, v, gv))  # [B, H, nb, C, .]
+    beta = beta.unflatten(2, (nb, C)).unsqueeze(-1)  # [B, H, nb, C, 1]
+    G = gv.double().cumsum(3)
+    # gv <= 0, so G_t >= G_C: a block that passes this check has every G_t above -limit
     if bool((G[..., -1, :] <= -limit).any()):
         return None
     eG64 = torch.exp(G)
     eG, e_G = eG64.to(dtype), torch.reciprocal(eG64).to(dtype)
-    D = eG[..., -1, :]  # [B, H, n, V]: the chunk's decay of X's rows
+    D = eG[..., -1, :]  # [B, H, nb, V]: the chunk's decay of X's rows
     Vd, Vi = eG * v, e_G * v
-    eye = torch.eye(C, dtype=dtype, device=q.device)
-    T_inv = unit_lower_inverse(eye + beta * (Vd @ Vi.transpose(-1, -2)).tril(-1))
-    X_terms = T_inv @ (beta * torch.cat([Vd, k], dim=-1))  # [B, H, n, C, V + K]: [W | U0]
+    T_inv = unit_lower_inverse_of_strict(beta * (Vd @ Vi.transpose(-1, -2)))
+    X_terms = T_inv @ (beta * torch.cat([Vd, k], dim=-1))  # [B, H, nb, C, V + K]: [W | U0]
     W, U0 = X_terms[..., :V], X_terms[..., V:]
-    into = (D.unsqueeze(-2) * Vi).transpose(-1, -2)  # [B, H, n, V, C]: exp(G_C - G_s) * v_s
+    into = (D.unsqueeze(-2) * Vi).transpose(-1, -2)  # [B, H, nb, V, C]: exp(G_C - G_s) * v_s
     states, errors = [], []
     steps = zip(W.unbind(2), U0.unbind(2), into.unbind(2), D.unsqueeze(-1).unbind(2), strict=True)
     for W_j, U0_j, into_j, D_j in steps:
@@ -135,7 +155,7 @@ def _factored_chunks(q, k, v, gv, beta, X, C: int, limit: float):
         X = torch.addcmul(into_j @ U, D_j, X)
     X_all, U_all = torch.stack(states, 2), torch.stack(errors, 2)
     o = eG * (q @ X_all.transpose(-1, -2) + (q @ U_all.transpose(-1, -2)).tril_() @ Vi)
-    return o.flatten(2, 3)[:, :, :T], X
+    return o.flatten(2, 3), X
 
 
 def gated_oja_rule(

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
-from linattn.ops._blockmath import unit_lower_inverse
+from linattn.ops._blockmath import unit_lower_inverse_of_strict
 from linattn.ops.functional import l2norm
 
 CHUNK_SIZE = 64
@@ -74,69 +74,88 @@ def _decays(log_decay: Tensor) -> Tensor:
     return torch.exp((C[..., :, None] - C[..., None, :]).masked_fill(~causal, -math.inf))
 
 
+# The state-independent terms are formed a block of chunks at a time: a block's terms (its
+# [chunks, B H, C + 1, C + 1] decays above all) stay about this many numbers, so they stay in
+# the cache, and no intermediate is large enough for the allocator to map fresh pages for it.
+BLOCK_NUMBERS = 1 << 18
+
+
 def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, S, M).
 
-    Every term that does not read the state is formed for all chunks at once ([n, B H, C, .],
-    the chunks first, so that each chunk's terms are one contiguous block): the decays a, m, c,
-    the solve's inverse and the errors' terms, W_j = U0_j - Ps_j S_j - Pm_j M_j. The loop over
-    the chunks then carries only the states (four products a chunk), and the outputs follow
-    from the states entering every chunk at once. The sequence is padded to whole chunks with
-    tokens that change nothing (zero keys, values, rates and log-decays: w = 0, M and S kept).
+    Every term that does not read the state is formed for a block of chunks at once ([nb, B H,
+    C, .], the chunks first, so that each chunk's terms are one contiguous block): the decays
+    a, m, c, the errors' terms W_j = U0_j - Ps_j S_j - Pm_j M_j (one unit-lower inverse). The
+    loop over the block's chunks then carries only the pair Z = [S; M] (three products a
+    chunk), and the block's outputs follow from the pairs entering its chunks at once. The
+    sequence is padded to whole chunks with tokens that change nothing (zero keys, values,
+    rates and log-decays: w = 0, M and S kept).
     """
-    B, H, T, K = q.shape
-    V = v.shape[-1]
+    B, H, T = q.shape[:3]
     if T == 0:
         return v.new_zeros(v.shape), S, M
     n = -(-T // C)
     pad = n * C - T
+    x = (q, k, v, p, la, lm, beta, eta)
+    if pad:
+        x = tuple(torch.nn.functional.pad(t, (0, 0) * (t.dim() - 3) + (0, pad)) for t in x)
+    per_block = max(1, BLOCK_NUMBERS // (B * H * (C + 1) * (C + 1)))
+    strict = torch.ones(C + 1, C + 1, dtype=torch.bool, device=q.device).tril(-1)
+    Z = torch.cat([S, M], dim=-2).flatten(0, 1)  # [B H, 2K, V]: the memory over the momentum
+    outs = []
+    # the blocks as views of one split (its gradient is one concatenation; a slice per block
+    # would make a zero tensor of the whole for each block's gradient)
+    for block in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
+        o_b, Z = _block(*(_chunks(t, C) for t in block), Z, strict)
+        outs.append(o_b.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3))  # [B, H, nb C, V]
+    o = torch.cat(outs, 2)[:, :, :T]
+    S, M = Z.unflatten(0, (B, H)).split(q.shape[3], dim=-2)
+    return o, S, M
 
-    def chunks(x):  # [B, H, T, ...] -> [n, B H, C, ...], zeros after the last token
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-        x = x.unflatten(2, (n, C)).movedim(2, 0)  # [n, B, H, C, ...]
-        return x.flatten(1, 2).contiguous()
 
-    q, k, v, p, la, lm, beta, eta = (chunks(x) for x in (q, k, v, p, la, lm, beta, eta))
-    a = _decays(la)  # [n, B H, C + 1, C + 1], positions 0..C
+def _chunks(t: Tensor, C: int) -> Tensor:
+    """t [B, H, nb C, ...] as its chunks [nb, B H, C, ...], contiguous."""
+    t = t.unflatten(2, (t.shape[2] // C, C)).movedim(2, 0)
+    return t.flatten(1, 2).contiguous()
+
+
+def _block(q, k, v, p, la, lm, beta, eta, Z, strict):
+    """One block of chunks ([nb, P, C, .]) entering with Z = [S; M] [P, 2K, V]: (o [nb, P, C,
+    V], Z). The pair is one state: a chunk's errors read it through [Ps | Pm], it enters the next
+    chunk through Phi(C, 0) (a 2 x 2 product over its halves) and the errors write it through
+    [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]."""
+    nb, P, C, K = q.shape
+    V = v.shape[3]
+    a = _decays(la)  # [nb, P, C + 1, C + 1], positions 0..C
     m = _decays(lm)
     b0 = torch.nn.functional.pad(beta, (1, 0))  # beta at positions 0..C (none at 0)
-    strict = torch.ones(C + 1, C + 1, dtype=torch.bool, device=q.device).tril(-1)
     cross = -(a @ (b0[..., :, None] * m * strict))  # c(i, j)
     g = a * b0[..., None, :] - cross  # g(i, s) = a(i, s) beta_s - c(i, s)
     ek = eta[..., None] * k  # eta_s k_s
     ekT = ek.transpose(-1, -2)
     prev, now = slice(0, C), slice(1, C + 1)  # positions t - 1 and t of tokens t = 1..C
     # the errors: (I + L) W = V - a(t-1, 0) P S_0 - c(t-1, 0) P M_0, for every chunk
-    eye = torch.eye(C, dtype=q.dtype, device=q.device)
-    T_inv = unit_lower_inverse(eye + (g[..., prev, 1:] * (p @ ekT)).tril(-1))
+    T_inv = unit_lower_inverse_of_strict(g[..., prev, 1:] * (p @ ekT))
     rhs = torch.cat([v, a[..., prev, 0, None] * p, cross[..., prev, 0, None] * p], dim=-1)
-    X = T_inv @ rhs
-    U0, Ps, Pm = X[..., :V], X[..., V : V + K].contiguous(), X[..., V + K :].contiguous()
-    U0 = U0.contiguous()
-    into_S = (g[..., C, 1:, None] * ek).transpose(-1, -2).contiguous()  # [n, B H, K, C]
-    into_M = (m[..., C, 1:, None] * ek).transpose(-1, -2).contiguous()
-    aC, cC, mC = (x[..., C, 0, None, None] for x in (a, cross, m))  # [n, B H, 1, 1]
-    S, M = S.flatten(0, 1), M.flatten(0, 1)  # [B H, K, V]
-    Ss, Ms, errors = [], [], []
+    X = T_inv @ rhs  # the inverse and a product: cheaper than a solve against the wide rhs
+    U0, PZ = X[..., :V], X[..., V:]  # W = U0 - [Ps | Pm] Z
+    into = torch.cat([g[..., -1, 1:, None] * ek, -m[..., -1, 1:, None] * ek], dim=-1)
+    into = into.transpose(-1, -2)  # [nb, P, 2K, C]
+    zero = torch.zeros_like(a[..., -1, 0])
+    phi = torch.stack([a[..., -1, 0], cross[..., -1, 0], zero, m[..., -1, 0]], dim=-1)
+    phi = phi.unflatten(-1, (2, 2))  # [nb, P, 2, 2]: Phi(C, 0)
+    states, errors = [], []
     # each chunk's terms as views of one unbind (its gradient is one stack; an index per chunk
     # would make a zero tensor of the whole for each chunk's gradient)
-    per_chunk = zip(*(x.unbind(0) for x in (U0, Ps, Pm, into_S, into_M, aC, cC, mC)), strict=True)
-    for U0_j, Ps_j, Pm_j, into_S_j, into_M_j, aC_j, cC_j, mC_j in per_chunk:
-        Ss.append(S)
-        Ms.append(M)
-        W = torch.baddbmm(U0_j, Ps_j, S, alpha=-1).baddbmm_(Pm_j, M, alpha=-1)
+    for U0_j, PZ_j, into_j, phi_j in zip(*(t.unbind(0) for t in (U0, PZ, into, phi)), strict=True):
+        states.append(Z)
+        W = torch.baddbmm(U0_j, PZ_j, Z, alpha=-1)
         errors.append(W)
-        S, M = (
-            torch.baddbmm(torch.addcmul(aC_j * S, cC_j, M), into_S_j, W),
-            torch.baddbmm(mC_j * M, into_M_j, W, alpha=-1),
-        )
-    S_all, M_all, W_all = (torch.stack(x) for x in (Ss, Ms, errors))  # [n, B H, ., V]
-    scores = (g[..., now, 1:] * (q @ ekT)).tril()
-    o = (a[..., now, 0, None] * q) @ S_all + (cross[..., now, 0, None] * q) @ M_all
-    o = o + scores @ W_all  # [n, B H, C, V]
-    o = o.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3)[:, :, :T]
-    return o, S.unflatten(0, (B, H)), M.unflatten(0, (B, H))
+        Z = torch.baddbmm((phi_j @ Z.view(P, 2, K * V)).view(P, 2 * K, V), into_j, W)
+    scores = (g[..., now, 1:] * (q @ ekT)).tril_()
+    reads = torch.cat([a[..., now, 0, None] * q, cross[..., now, 0, None] * q, scores], dim=-1)
+    o = reads @ torch.cat([torch.stack(states), torch.stack(errors)], dim=-2)  # [nb, P, C, V]
+    return o, Z
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):
