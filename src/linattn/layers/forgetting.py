@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn.dtypes import compute_dtype
-from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim
+from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim, resolve_kv_heads
 from linattn.layers.modules import check_dt_range
 from linattn.layers.options import dt_options
 from linattn.ops.checks import flag
@@ -170,14 +170,7 @@ class ForgettingAttentionMixer(TokenMixer):
         if dt_init_range is not None:
             dt_init_range = check_dt_range("dt_init_range", dt_init_range)
         D = resolve_head_dim(d_model, n_heads, head_dim)
-        kv_heads = n_heads if num_kv_heads is None else num_kv_heads
-        if (
-            isinstance(kv_heads, bool)
-            or not isinstance(kv_heads, int)
-            or kv_heads < 1
-            or (n_heads % kv_heads)
-        ):
-            raise ValueError(f"num_kv_heads must divide n_heads ({n_heads}), got {num_kv_heads!r}")
+        kv_heads = resolve_kv_heads(n_heads, num_kv_heads)
         self.n_heads, self.num_kv_heads, self.head_dim = n_heads, kv_heads, D
         self.use_output_gate = flag("use_output_gate", use_output_gate)
         self.q_proj = nn.Linear(d_model, n_heads * D, bias=False)

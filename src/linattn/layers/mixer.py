@@ -45,6 +45,17 @@ def resolve_head_dim(d_model: int, n_heads: int, head_dim: int | None) -> int:
     return head_dim
 
 
+def resolve_kv_heads(n_heads: int, num_kv_heads: int | None) -> int:
+    """``num_kv_heads`` (grouped-query attention's key and value heads), or n_heads when None;
+    a ValueError naming it unless it is an integer >= 1 that divides n_heads."""
+    kv_heads = n_heads if num_kv_heads is None else num_kv_heads
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1:
+        raise ValueError(f"num_kv_heads must divide n_heads ({n_heads}), got {num_kv_heads!r}")
+    if n_heads % kv_heads:
+        raise ValueError(f"num_kv_heads must divide n_heads ({n_heads}), got {num_kv_heads!r}")
+    return kv_heads
+
+
 class TokenMixer(nn.Module):
     """Base of every mixer: ``forward(x, state=None) -> (y, new_state)``.
 

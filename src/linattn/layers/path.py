@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linattn.dtypes import compute_dtype
-from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim
+from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim, resolve_kv_heads
 from linattn.layers.modules import ShortConvolution
 from linattn.ops.functional import l2norm
 from linattn.ops.path import path_attention
@@ -52,14 +52,7 @@ class PaTHAttention(TokenMixer):
     ) -> None:
         super().__init__(d_model, chunk_size)
         D = resolve_head_dim(d_model, n_heads, None)
-        kv_heads = n_heads if num_kv_heads is None else num_kv_heads
-        if (
-            isinstance(kv_heads, bool)
-            or not isinstance(kv_heads, int)
-            or kv_heads < 1
-            or (n_heads % kv_heads)
-        ):
-            raise ValueError(f"num_kv_heads must divide n_heads ({n_heads}), got {num_kv_heads!r}")
+        kv_heads = resolve_kv_heads(n_heads, num_kv_heads)
         self.n_heads, self.num_kv_heads, self.head_dim = n_heads, kv_heads, D
         kv_dim = kv_heads * D
         self.q_proj = nn.Linear(d_model, d_model, bias=False)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from linattn.dtypes import compute_dtype
 from linattn.layers._reference import check_type, load
-from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim
+from linattn.layers.mixer import State, StateSpec, TokenMixer, resolve_head_dim, resolve_kv_heads
 from linattn.ops.checks import flag
 from linattn.ops.softmax_variants import stickbreaking_attention
 
@@ -57,14 +57,7 @@ class StickBreakingAttention(TokenMixer):
     ) -> None:
         super().__init__(d_model, chunk_size)
         D = resolve_head_dim(d_model, n_heads, head_dim)
-        kv_heads = n_heads if num_kv_heads is None else num_kv_heads
-        if (
-            isinstance(kv_heads, bool)
-            or not isinstance(kv_heads, int)
-            or kv_heads < 1
-            or (n_heads % kv_heads)
-        ):
-            raise ValueError(f"num_kv_heads must divide n_heads ({n_heads}), got {num_kv_heads!r}")
+        kv_heads = resolve_kv_heads(n_heads, num_kv_heads)
         qkv_bias = flag("qkv_bias", qkv_bias)
         self.qk_norm = flag("qk_norm", qk_norm)
         self.attend_current = flag("attend_current", attend_current)
