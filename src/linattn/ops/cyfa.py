@@ -29,9 +29,8 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
-from linattn.ops import _native, checks
+from linattn.ops import _engine, _native, checks, tuning
 from linattn.ops import backends as _backends
-from linattn.ops.linear_attention import linear_attention
 
 CyFAState = tuple[Tensor, Tensor, Tensor]
 
@@ -273,7 +272,7 @@ def cyfa(
         if chosen is not None:
             return _backends.run(chosen, q.dtype)
 
-    dtype = compute_dtype(q.dtype)
+    dtype, q_dtype = compute_dtype(q.dtype), q.dtype
     q, k, v, g, delta, beta, readout, wq, wk = (
         x.to(dtype) for x in (q, k, v, g, delta, beta, readout, q_norm_weight, k_norm_weight)
     )
@@ -291,19 +290,37 @@ def cyfa(
     c, s = _slot_rows(lam, M)
     w = _write_rows(c, s, beta).permute(0, 3, 1, 2)
     table = readout @ fourier_basis(M, dtype, q.device)
-    common = dict(mode=mode, chunk_size=chunk_size, output_final_state=output_final_state,
-                  cu_seqlens=cu_seqlens)  # fmt: skip
-    z, Hk = linear_attention(qw, kw, w * r_k[..., None], g, scale=scale, initial_state=Hk0,
-                             **common)  # fmt: skip
+    common = dict(mode=mode, chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+    # The key memory's values w r_k, contiguous and padded with zero slots to the fused chunk
+    # form's narrowest fast width (``tuning.NARROW_VALUES``): the padded slots stay zero in its
+    # state and read as zeros, so z and H^k are its first M slots.
+    width = max(M, tuning.NARROW_VALUES) if mode == "chunk" else M
+    values = w.new_zeros(B, T, H, width)
+    values[..., :M] = w * r_k[..., None]
+    if Hk0 is not None and width > M:
+        Hk0 = torch.nn.functional.pad(Hk0, (0, width - M))
+    z, Hk = _memory(qw, kw, values, g, scale, Hk0, **common)
+    if width > M:
+        z, Hk = z[..., :M], Hk[..., :M].contiguous()
     z = (z * r_q[..., None]).permute(0, 2, 3, 1)  # [B, H, M, T]
     u = _readout_rows(z, c, s, table).permute(0, 3, 1, 2)
-    o, Hv = linear_attention(u, w, v, g, scale=1.0, initial_state=Hv0, **common)
+    o, Hv = _memory(u, w, v, g, 1.0, Hv0, **common)
+    o = o.to(q_dtype)
     if not output_final_state:
         return o, None
     lam_final = _segment_sum(delta, cu_seqlens)
     if lam0 is not None:
         lam_final = lam_final + lam0
     return o, (Hk, Hv, lam_final)
+
+
+def _memory(q, k, v, g, scale, initial_state, *, mode, chunk_size, cu_seqlens):
+    """One of the two memories: ``linear_attention``'s scalar-decay form on tensors that ``cyfa``
+    has checked or made from checked ones (its checks, passes over every input, would repeat
+    them): (o [B, T, H, V], final state), both in the compute dtype."""
+    return _engine.run(q, k, v, None, g, scale=scale, mode=mode, chunk_size=chunk_size,
+                       initial_state=initial_state, cu_seqlens=cu_seqlens, rule="additive",
+                       keep_dtype=True)  # fmt: skip
 
 
 def _segment_sum(delta: Tensor, cu_seqlens: Tensor | None) -> Tensor:
