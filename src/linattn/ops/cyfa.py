@@ -114,8 +114,17 @@ def readout_weights(
 def _slot_rows(lam: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
     """``phases`` as rows: cos and sin [B, H, M / 2, T] for lambda [B, T, H] (the layout of
     ``_write_and_readout``, where every operation runs along the tokens)."""
-    c, s = phases(lam.transpose(1, 2).contiguous(), num_slots)  # [B, H, T, M / 2]
-    return c.transpose(-1, -2).contiguous(), s.transpose(-1, -2).contiguous()
+    # phases' steps, each on [B, H, M / 2, T] at once (no transposed copies afterwards)
+    P = num_slots - 1
+    j = torch.arange(num_slots // 2, device=lam.device)[:, None]
+    lam = lam.transpose(1, 2).contiguous().unsqueeze(-2)  # [B, H, 1, T]
+    whole = torch.floor(lam.detach())
+    frac = lam - whole
+    coordinate = (whole.long().remainder(P) * j).remainder(P).to(lam.dtype)
+    coordinate = coordinate + frac * j.to(lam.dtype)
+    coordinate = torch.where(coordinate > P / 2, coordinate - P, coordinate)
+    angle = coordinate * (2 * math.pi / P)
+    return torch.cos(angle), torch.sin(angle)
 
 
 def _rotate_rows(x: Tensor, c: Tensor, s: Tensor, sign: float) -> Tensor:
@@ -295,7 +304,8 @@ def cyfa(
     # form's narrowest fast width (``tuning.NARROW_VALUES``): the padded slots stay zero in its
     # state and read as zeros, so z and H^k are its first M slots.
     width = max(M, tuning.NARROW_VALUES) if mode == "chunk" else M
-    values = w.new_zeros(B, T, H, width)
+    values = _native.empty((B, T, H, width), w)
+    values[..., M:] = 0
     values[..., :M] = w * r_k[..., None]
     if Hk0 is not None and width > M:
         Hk0 = torch.nn.functional.pad(Hk0, (0, width - M))

@@ -97,7 +97,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logsumexp_gate_forward(
   float *kp = k.data_ptr<float>(), *gp = g.data_ptr<float>(), *zl = z_last.data_ptr<float>();
   constexpr float kNoMass = -std::numeric_limits<float>::infinity();
   for_columns(B, D, [&](int64_t b, int64_t d0, int64_t w) {
-    float z[kLseColumns];
+    // z is carried in double: a float z would round at every step, and those roundings add up
+    // over the tokens (the decay from token i to t is off by their sum over i..t, growing with
+    // t - i); in double each step's d, softplus and sigmoid are float32 computations from a z
+    // without that drift, so a decay's error is that of its log-decays' own roundings.
+    double z[kLseColumns];
     for (int64_t c = 0; c < w; ++c) z[c] = zp0 ? zp0[b * D + d0 + c] : kNoMass;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t at = (b * T + t) * D + d0;
@@ -105,17 +109,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logsumexp_gate_forward(
       float *kr = kp + at, *gr = gp + at;
 #pragma omp simd
       for (int64_t c = 0; c < w; ++c) {
-        const float prev = z[c], d = xr[c] - prev;
+        const double prev = z[c];
+        const float d = static_cast<float>(xr[c] - prev);
         const float e = exp_flush(-std::fabs(d));
         const float softplus = std::max(d, 0.0f) + log1p_unit(e);
         const float sigmoid = (d >= 0.0f ? 1.0f : e) / (1.0f + e);
         const bool start = prev == kNoMass;  // no prior mass: z_t = x_t, g_t = 0, k_t = 1
-        z[c] = start ? xr[c] : prev + softplus;
+        z[c] = start ? static_cast<double>(xr[c]) : prev + softplus;
         gr[c] = start ? 0.0f : -softplus;
         kr[c] = start ? 1.0f : sigmoid;
       }
     }
-    for (int64_t c = 0; c < w; ++c) zl[b * D + d0 + c] = z[c];
+    for (int64_t c = 0; c < w; ++c) zl[b * D + d0 + c] = static_cast<float>(z[c]);
   });
   return {k, g, z_last};
 }
