@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linattn.ops import abc_attention, abc_step, gated_slot_attention, slot_step
+from linattn.ops import abc_attention, abc_step, gated_slot_attention, logsumexp_gate, slot_step
+from linattn.ops.slots import additive_gate
 from linattn.reference.abc import abc as abc_reference
 from linattn.reference.gsa import gated_slot_attention as gsa_reference
 
@@ -212,3 +213,69 @@ def test_a_steep_chunk_takes_the_slot_by_slot_form(dtype):
     torch.testing.assert_close(got[0].double(), want[0], rtol=tol, atol=tol)
     for a, b in zip(got[1], want[1], strict=True):
         torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
+
+
+fused_gate = pytest.mark.skipif(
+    not logsumexp_gate.fused(torch.zeros(1)), reason="the fused kernels are not loaded"
+)
+
+
+@fused_gate
+@pytest.mark.parametrize("bounds", [None, [0, 5, 5, 40, 41, 300]], ids=["one", "packed"])
+def test_the_fused_control_equals_the_float64_sums(bounds):
+    # float32 logits on the fused running log-sum-exp against additive_gate's float64 path,
+    # values and gradients (of a loss through both outputs), an empty and a 1-token piece packed
+    gen = torch.Generator().manual_seed(3)
+    B = 2 if bounds is None else 1
+    s = 3 * torch.randn(B, 300, 2, 5, generator=gen, dtype=torch.float64)
+    cu = None if bounds is None else torch.tensor(bounds)
+    w_in, g_in = torch.randn(2, *s.shape, generator=gen, dtype=torch.float64)
+    s64, s32 = s.clone().requires_grad_(), s.float().requires_grad_()
+    w64, g64 = additive_gate(s64, cu)
+    w32, g32 = additive_gate(s32, cu)
+    assert w32.dtype == g32.dtype == torch.float32
+    torch.testing.assert_close(w32.double(), w64, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(g32.double(), g64, rtol=1e-6, atol=1e-7)
+    starts = [0] if bounds is None else bounds[:-1]
+    assert all(bool((g32[:, a] == 0).all()) for a in starts if a < s.shape[1])
+    ((w64 * w_in).sum() + (g64 * g_in).sum()).backward()
+    ((w32 * w_in.float()).sum() + (g32 * g_in.float()).sum()).backward()
+    torch.testing.assert_close(s32.grad.double(), s64.grad, rtol=1e-5, atol=1e-5)
+
+
+@fused_gate
+def test_the_fused_control_keeps_long_sequences_accurate():
+    # the decay from token i to t is exp(sum of g over (i, t]) = exp(z_i - z_t): its error must
+    # not grow with t - i (a float32 z would add one rounding a token)
+    gen = torch.Generator().manual_seed(4)
+    s = torch.randn(1, 8192, 1, 64, generator=gen, dtype=torch.float64)
+    w64, g64 = additive_gate(s)
+    w32, g32 = additive_gate(s.float())
+    drift = (g32.double().cumsum(1) - g64.cumsum(1)).abs().amax()
+    assert float(drift) < 2e-6, float(drift)
+    # each weight is a float32 sigmoid of s_t - z_{t-1} (near -9 here): off by a few of its ulp
+    error = ((w32.double() - w64) / w64).abs().amax()
+    assert float(error) < 3e-6, float(error)
+
+
+@fused_gate
+def test_abc_in_float32_on_the_fused_control_is_near_the_float64_reference():
+    # the whole op (gradients too) with the fused control against the float64 path
+    x = inputs(B=1, T=200, K=8, V=8, M=8)
+    x32 = {n: tuple(t.float() for t in v) if isinstance(v, tuple) else v.float()
+           for n, v in x.items()}  # fmt: skip
+    leaves64 = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "s")}
+    leaves32 = {n: x32[n].clone().requires_grad_() for n in ("q", "k", "v", "s")}
+    outs = []
+    for leaves, S0 in ((leaves64, x["S0"]), (leaves32, x32["S0"])):
+        o, (Sk, Sv) = abc_attention(*leaves.values(), scale=0.4, chunk_size=16, initial_state=S0,
+                                    output_final_state=True)  # fmt: skip
+        (o.sum() + Sk.sum() + Sv.sum()).backward()
+        outs.append((o, Sk, Sv))
+    for a, b in zip(*outs, strict=True):
+        assert float((a.detach().double() - b.detach()).norm() / b.detach().norm()) < 2e-6
+    for n in leaves64:
+        error = float(
+            (leaves32[n].grad.double() - leaves64[n].grad).norm() / leaves64[n].grad.norm()
+        )
+        assert error < 1e-5, (n, error)

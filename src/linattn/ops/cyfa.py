@@ -29,9 +29,8 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
-from linattn.ops import _native, checks
+from linattn.ops import _engine, _native, checks, tuning
 from linattn.ops import backends as _backends
-from linattn.ops.linear_attention import linear_attention
 
 CyFAState = tuple[Tensor, Tensor, Tensor]
 
@@ -115,8 +114,17 @@ def readout_weights(
 def _slot_rows(lam: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
     """``phases`` as rows: cos and sin [B, H, M / 2, T] for lambda [B, T, H] (the layout of
     ``_write_and_readout``, where every operation runs along the tokens)."""
-    c, s = phases(lam.transpose(1, 2).contiguous(), num_slots)  # [B, H, T, M / 2]
-    return c.transpose(-1, -2).contiguous(), s.transpose(-1, -2).contiguous()
+    # phases' steps, each on [B, H, M / 2, T] at once (no transposed copies afterwards)
+    P = num_slots - 1
+    j = torch.arange(num_slots // 2, device=lam.device)[:, None]
+    lam = lam.transpose(1, 2).contiguous().unsqueeze(-2)  # [B, H, 1, T]
+    whole = torch.floor(lam.detach())
+    frac = lam - whole
+    coordinate = (whole.long().remainder(P) * j).remainder(P).to(lam.dtype)
+    coordinate = coordinate + frac * j.to(lam.dtype)
+    coordinate = torch.where(coordinate > P / 2, coordinate - P, coordinate)
+    angle = coordinate * (2 * math.pi / P)
+    return torch.cos(angle), torch.sin(angle)
 
 
 def _rotate_rows(x: Tensor, c: Tensor, s: Tensor, sign: float) -> Tensor:
@@ -273,7 +281,7 @@ def cyfa(
         if chosen is not None:
             return _backends.run(chosen, q.dtype)
 
-    dtype = compute_dtype(q.dtype)
+    dtype, q_dtype = compute_dtype(q.dtype), q.dtype
     q, k, v, g, delta, beta, readout, wq, wk = (
         x.to(dtype) for x in (q, k, v, g, delta, beta, readout, q_norm_weight, k_norm_weight)
     )
@@ -291,19 +299,38 @@ def cyfa(
     c, s = _slot_rows(lam, M)
     w = _write_rows(c, s, beta).permute(0, 3, 1, 2)
     table = readout @ fourier_basis(M, dtype, q.device)
-    common = dict(mode=mode, chunk_size=chunk_size, output_final_state=output_final_state,
-                  cu_seqlens=cu_seqlens)  # fmt: skip
-    z, Hk = linear_attention(qw, kw, w * r_k[..., None], g, scale=scale, initial_state=Hk0,
-                             **common)  # fmt: skip
+    common = dict(mode=mode, chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+    # The key memory's values w r_k, contiguous and padded with zero slots to the fused chunk
+    # form's narrowest fast width (``tuning.NARROW_VALUES``): the padded slots stay zero in its
+    # state and read as zeros, so z and H^k are its first M slots.
+    width = max(M, tuning.NARROW_VALUES) if mode == "chunk" else M
+    values = _native.empty((B, T, H, width), w)
+    values[..., M:] = 0
+    values[..., :M] = w * r_k[..., None]
+    if Hk0 is not None and width > M:
+        Hk0 = torch.nn.functional.pad(Hk0, (0, width - M))
+    z, Hk = _memory(qw, kw, values, g, scale, Hk0, **common)
+    if width > M:
+        z, Hk = z[..., :M], Hk[..., :M].contiguous()
     z = (z * r_q[..., None]).permute(0, 2, 3, 1)  # [B, H, M, T]
     u = _readout_rows(z, c, s, table).permute(0, 3, 1, 2)
-    o, Hv = linear_attention(u, w, v, g, scale=1.0, initial_state=Hv0, **common)
+    o, Hv = _memory(u, w, v, g, 1.0, Hv0, **common)
+    o = o.to(q_dtype)
     if not output_final_state:
         return o, None
     lam_final = _segment_sum(delta, cu_seqlens)
     if lam0 is not None:
         lam_final = lam_final + lam0
     return o, (Hk, Hv, lam_final)
+
+
+def _memory(q, k, v, g, scale, initial_state, *, mode, chunk_size, cu_seqlens):
+    """One of the two memories: ``linear_attention``'s scalar-decay form on tensors that ``cyfa``
+    has checked or made from checked ones (its checks, passes over every input, would repeat
+    them): (o [B, T, H, V], final state), both in the compute dtype."""
+    return _engine.run(q, k, v, None, g, scale=scale, mode=mode, chunk_size=chunk_size,
+                       initial_state=initial_state, cu_seqlens=cu_seqlens, rule="additive",
+                       keep_dtype=True)  # fmt: skip
 
 
 def _segment_sum(delta: Tensor, cu_seqlens: Tensor | None) -> Tensor:

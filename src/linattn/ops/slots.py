@@ -45,6 +45,7 @@ from torch import Tensor
 from linattn.dtypes import compute_dtype
 from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
+from linattn.ops import logsumexp_gate
 from linattn.ops.linear_attention import linear_attention
 from linattn.ops.step import recurrent_step
 
@@ -105,8 +106,10 @@ def additive_gate(s: Tensor, cu_seqlens: Tensor | None = None) -> tuple[Tensor, 
     """ABC's slot control from the slot logits s [B, T, H, M]: (exp(s_t - z_t), z_{t-1} - z_t).
 
     z_t = log sum_{i <= t} exp(s_i) over each sequence (of ``cu_seqlens``), and the log-decay of
-    each sequence's first token is 0. Summed in float64, returned in s's compute dtype (float32
-    for half inputs).
+    each sequence's first token is 0. Returned in s's compute dtype (float32 for half inputs):
+    in float32 on the CPU with the fused kernels, by the running log-sum-exp of
+    ``linattn.ops.logsumexp_gate`` (LightNet's gate: each step in float32 from z carried in
+    float64, its backward fused too); otherwise summed in float64 by PyTorch.
     """
     dtype = compute_dtype(s.dtype)
     if cu_seqlens is None:
@@ -114,6 +117,11 @@ def additive_gate(s: Tensor, cu_seqlens: Tensor | None = None) -> tuple[Tensor, 
     else:
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
         pieces = list(s.split(lengths, dim=1))
+    if dtype == torch.float32 and logsumexp_gate.fused(s.to(dtype)[:0]):
+        found = [_Control.apply(x) if x.shape[1] else (x, x) for x in (p.to(dtype) for p in pieces)]
+        if len(found) == 1:
+            return found[0]
+        return torch.cat([w for w, _ in found], dim=1), torch.cat([g for _, g in found], dim=1)
     weights, gates = [], []
     for piece in pieces:
         x = piece.double()
@@ -138,6 +146,30 @@ def additive_gate(s: Tensor, cu_seqlens: Tensor | None = None) -> tuple[Tensor, 
 
 
 _LOGIT_SPAN = 600.0  # exp(-600) is a normal float64: the fast running sum of ``additive_gate``
+
+
+class _Control(torch.autograd.Function):
+    """``additive_gate`` of one sequence (or a batch of equal ones), s [B, T, H, M] float32 with
+    T >= 1, on the fused running log-sum-exp (``csrc/logsumexp.cpp``: no prior mass, so the
+    first token's log-decay is the constant 0): (weights, log-decays), and its fused backward."""
+
+    @staticmethod
+    def forward(ctx, s: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, H, M = s.shape
+        weights, g, _ = logsumexp_gate.forward(s.reshape(B, T, H * M).contiguous(), None)
+        ctx.save_for_backward(weights, g)
+        ctx.shape = (B, T, H, M)
+        return weights.view(B, T, H, M), g.view(B, T, H, M)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_weights: Tensor | None, d_g: Tensor | None) -> Tensor:
+        weights, g = ctx.saved_tensors
+        B, T, D = weights.shape
+        rows = [None if d is None else d.reshape(B, T, D) for d in (d_weights, d_g)]
+        no_mass = torch.ones(B, D, dtype=torch.bool)  # g_0 the constant 0: no gradient
+        ds, _ = logsumexp_gate.backward(weights, g, *rows, None, no_mass)
+        return ds.view(ctx.shape)
 
 
 def gated_slot_attention(

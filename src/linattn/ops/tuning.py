@@ -57,3 +57,10 @@ DECODE_TOKENS = 8
 # split one is faster. Its state pass stays one thread per head. Only 2 cores were at hand to
 # choose the value.
 SPLIT_IMBALANCE = 2.0
+
+# The narrowest value width an op that chooses its memory's width itself (CyFA's key memory, whose
+# values are its M slots) hands to the fused chunk form: a narrower one is padded with zero
+# columns up to it, which change no result. The fused loop's products on fewer value columns are
+# slower per column than on 16 (the BLAS's narrow-matrix paths), so that at M = 6 slots the padded
+# pass is the faster one, forward and backward; wider padding costs more than it saves.
+NARROW_VALUES = 16

@@ -97,25 +97,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logsumexp_gate_forward(
   float *kp = k.data_ptr<float>(), *gp = g.data_ptr<float>(), *zl = z_last.data_ptr<float>();
   constexpr float kNoMass = -std::numeric_limits<float>::infinity();
   for_columns(B, D, [&](int64_t b, int64_t d0, int64_t w) {
-    float z[kLseColumns];
-    for (int64_t c = 0; c < w; ++c) z[c] = zp0 ? zp0[b * D + d0 + c] : kNoMass;
+    // z is carried as an unevaluated sum z + lo of two floats (each step's rounding of z_{t-1}
+    // + softplus kept in lo by Knuth's TwoSum): a float z alone would round at every step, and
+    // those roundings add up over the tokens (the decay from token i to t is off by their sum
+    // over i..t, growing with t - i). The pair keeps every step in float32 lanes.
+    float z[kLseColumns], lo[kLseColumns];
+    for (int64_t c = 0; c < w; ++c) {
+      z[c] = zp0 ? zp0[b * D + d0 + c] : kNoMass;
+      lo[c] = 0.0f;
+    }
     for (int64_t t = 0; t < T; ++t) {
       const int64_t at = (b * T + t) * D + d0;
       const float* xr = xp + at;
       float *kr = kp + at, *gr = gp + at;
 #pragma omp simd
       for (int64_t c = 0; c < w; ++c) {
-        const float prev = z[c], d = xr[c] - prev;
+        const float prev = z[c], d = (xr[c] - prev) - lo[c];
         const float e = exp_flush(-std::fabs(d));
         const float softplus = std::max(d, 0.0f) + log1p_unit(e);
         const float sigmoid = (d >= 0.0f ? 1.0f : e) / (1.0f + e);
+        const float sum = prev + softplus, back = sum - prev;  // TwoSum: sum + error exactly
+        const float error = (prev - (sum - back)) + (softplus - back);
         const bool start = prev == kNoMass;  // no prior mass: z_t = x_t, g_t = 0, k_t = 1
-        z[c] = start ? xr[c] : prev + softplus;
+        z[c] = start ? xr[c] : sum;
+        lo[c] = start ? 0.0f : lo[c] + error;
         gr[c] = start ? 0.0f : -softplus;
         kr[c] = start ? 1.0f : sigmoid;
       }
     }
-    for (int64_t c = 0; c < w; ++c) zl[b * D + d0 + c] = z[c];
+    for (int64_t c = 0; c < w; ++c) zl[b * D + d0 + c] = z[c] + lo[c];
   });
   return {k, g, z_last};
 }
