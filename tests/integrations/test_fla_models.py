@@ -54,7 +54,8 @@ USES = {
     "mamba2": {"rmsnorm_fn", "rms_norm"},
     "retnet": {"rotary_embedding_fwdbwd", "rms_norm_gated"},
     "hgrn2": {"layer_norm_linear"},
-    "lightnet": {"fused_additive_gate", "rms_norm_swish_gate_linear"},
+    # LightNet: linattn serves its whole op (compat.lightnet), gate included
+    "lightnet": {"fused_recurrent_lightnet", "rms_norm_swish_gate_linear"},
 }
 # the default run keeps the cheapest references (HGRN2 and Mamba-2, 3 to 7 s each under the
 # interpreter); RetNet and LightNet take 8 to 17 s each on the loaded 2-core machine
