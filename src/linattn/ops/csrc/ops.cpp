@@ -67,4 +67,22 @@ TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
   m.impl("short_conv_backward", &short_conv_backward_meta);
 }
 
+// TTT-Linear's dual form, forward and backward (ttt.cpp; ``linattn.ops.ttt`` calls them eagerly on
+// float32 CPU tensors, outside a trace).
+TORCH_LIBRARY_FRAGMENT(linattn_native, m) {
+  m.def(
+      "ttt_forward(Tensor q, Tensor k, Tensor v, Tensor eta, Tensor w, Tensor b, Tensor W0,"
+      " Tensor h0, float scale, float eps, int size, bool keep)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "ttt_backward(Tensor q, Tensor k, Tensor v, Tensor eta, Tensor w, Tensor b, Tensor Ws,"
+      " Tensor hs, Tensor z, Tensor d_o, Tensor? dW, Tensor? dh, float scale, float eps, int size)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
+  m.impl("ttt_forward", &ttt_forward);
+  m.impl("ttt_backward", &ttt_backward);
+}
+
 }  // namespace linattn_native
