@@ -47,7 +47,9 @@ def _outputs_and_gradients(t, size, state, cu_seqlens=None, seed=0):
     return outs, torch.autograd.grad(loss, used)
 
 
-@pytest.mark.parametrize(("T", "size"), [(1, 4), (8, 4), (11, 4), (10, 3), (5, 1), (6, 16)])
+@pytest.mark.parametrize(
+    ("T", "size"), [(1, 4), (8, 4), (11, 4), (10, 3), (5, 1), (6, 16), (150, 4), (70, 16)]
+)
 @pytest.mark.parametrize("state", [True, False])
 def test_outputs_and_gradients_equal_the_float64_dual_form(T, size, state):
     t64 = _inputs(2, T, 3, 8, seed=T + size)
@@ -88,15 +90,15 @@ def test_no_grad_equals_the_recorded_forward():
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
 
 
-def test_saved_states_are_the_states_entering_each_mini_batch():
+def test_saved_states_are_the_states_entering_every_few_mini_batches():
     q, k, v, w, b, eta, W0, h0 = [x.float() for x in _inputs(2, 10, 3, 8, seed=4)]
     kernel = _native.kernel("ttt_forward")
-    _, _, _, _, Ws, hs = kernel(q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0].contiguous(),
-                                0.4, 1e-6, 4, True)  # fmt: skip
-    assert Ws.shape == (2, 3, 3, 8, 8) and hs.shape == (2, 3, 3, 8)
+    h0_rows = h0[:, :, 0].contiguous()
+    _, _, _, _, Ws, hs = kernel(q, k, v, eta[..., 0], w, b, W0, h0_rows, 0.4, 1e-6, 2, 2, True)
+    assert Ws.shape == (2, 3, 3, 8, 8) and hs.shape == (2, 3, 3, 8)  # 5 mini-batches, 2 a state
     for j in range(3):
         stop = 4 * j
-        _, W, h = _call([q[:, :stop], k[:, :stop], v[:, :stop], w, b, eta[:, :stop], W0, h0], 4)
+        _, W, h = _call([q[:, :stop], k[:, :stop], v[:, :stop], w, b, eta[:, :stop], W0, h0], 2)
         torch.testing.assert_close(Ws[:, :, j], W, rtol=0, atol=0)
         torch.testing.assert_close(hs[:, :, j], h[:, :, 0], rtol=0, atol=0)
 
@@ -130,24 +132,26 @@ def test_kernels_refuse_bad_input_by_name():
     e, h0 = eta[..., 0], h0[:, :, 0].contiguous()
     forward = _native.kernel("ttt_forward")
     with pytest.raises(RuntimeError, match="w must be of shape"):
-        forward(q, k, v, e, w[:1], b, W0, h0, 0.5, 1e-6, 4, False)
+        forward(q, k, v, e, w[:1], b, W0, h0, 0.5, 1e-6, 4, 1, False)
     with pytest.raises(RuntimeError, match="q must be float32"):
-        forward(q.double(), k, v, e, w, b, W0, h0, 0.5, 1e-6, 4, False)
+        forward(q.double(), k, v, e, w, b, W0, h0, 0.5, 1e-6, 4, 1, False)
     with pytest.raises(RuntimeError, match="size"):
-        forward(q, k, v, e, w, b, W0, h0, 0.5, 1e-6, 0, False)
+        forward(q, k, v, e, w, b, W0, h0, 0.5, 1e-6, 0, 1, False)
     with pytest.raises(RuntimeError, match="eps"):
-        forward(q, k, v, e, w, b, W0, h0, 0.5, -1.0, 4, False)
+        forward(q, k, v, e, w, b, W0, h0, 0.5, -1.0, 4, 1, False)
     k_strided = torch.zeros(1, 5, 2, 8)[..., ::2]  # stride 2 along D
     with pytest.raises(RuntimeError, match="k must have unit stride"):
-        forward(q, k_strided, v, e, w, b, W0, h0, 0.5, 1e-6, 4, False)
+        forward(q, k_strided, v, e, w, b, W0, h0, 0.5, 1e-6, 4, 1, False)
+    with pytest.raises(RuntimeError, match="every"):
+        forward(q, k, v, e, w, b, W0, h0, 0.5, 1e-6, 4, 0, False)
     with pytest.raises(RuntimeError, match="W0 must be of shape"):
-        forward(q, k, v, e, w, b, W0[..., :2], h0, 0.5, 1e-6, 4, False)
-    o, z, _, _, Ws, hs = forward(q, k, v, e, w, b, W0, h0, 0.5, 1e-6, 4, True)
+        forward(q, k, v, e, w, b, W0[..., :2], h0, 0.5, 1e-6, 4, 1, False)
+    o, z, _, _, Ws, hs = forward(q, k, v, e, w, b, W0, h0, 0.5, 1e-6, 4, 1, True)
     backward = _native.kernel("ttt_backward")
     with pytest.raises(RuntimeError, match="Ws must be of shape"):
-        backward(q, k, v, e, w, b, Ws[:, :, :1], hs, z, o, None, None, 0.5, 1e-6, 4)
+        backward(q, k, v, e, w, b, Ws[:, :, :1], hs, z, o, None, None, 0.5, 1e-6, 4, 1)
     with pytest.raises(RuntimeError, match="d_o must be of shape"):
-        backward(q, k, v, e, w, b, Ws, hs, z, o[:, :1], None, None, 0.5, 1e-6, 4)
+        backward(q, k, v, e, w, b, Ws, hs, z, o[:, :1], None, None, 0.5, 1e-6, 4, 1)
 
 
 def test_fused_is_chosen_only_for_the_dual_form_on_float32():

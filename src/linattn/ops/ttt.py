@@ -18,10 +18,11 @@ size is the method's (fla's ``chunk_size``), not a tiling choice: it changes the
 
 On float32 CPU tensors with the compiled kernels loaded (``linattn.ops._native``; eager, not
 traced), the dual form runs fused in C++, forward and backward (``csrc/ttt.cpp``, whose header
-gives the steps of both): per (sequence, head) a loop over the mini-batches, the forward saving
-the state entering each one and z (the final layer norm's input), the backward a reverse loop
-over them (``_FusedTTT``). float64, other dtypes and devices, and the recurrent form run the
-PyTorch code below, autograd's gradients.
+gives the steps of both): per (sequence, head) a loop over the mini-batches, the forward keeping
+z (the final layer norm's input) and the state entering every few mini-batches (one per
+``SAVED_TOKENS`` tokens), the backward a reverse loop over them that recomputes the states
+between (``_FusedTTT``). float64, other dtypes and devices, and the recurrent form run the PyTorch
+code below, autograd's gradients.
 """
 
 from __future__ import annotations
@@ -158,6 +159,17 @@ def _fused(mode: str, *tensors: Tensor | None) -> bool:
     )
 
 
+# The forward keeps the state entering every ``saved_every(b)``-th mini-batch, about one per
+# SAVED_TOKENS tokens (as the chunk form keeps one per chunk of 64), and the backward recomputes
+# those between: a state per mini-batch of a few tokens would be D / b times the size of q.
+SAVED_TOKENS = 64
+
+
+def saved_every(size: int) -> int:
+    """Mini-batches (or chunks) of ``size`` tokens per state the fused forward keeps."""
+    return max(1, SAVED_TOKENS // size)
+
+
 def _rows(x: Tensor) -> Tensor:
     """x with unit stride along its last dimension (how the kernels read rows), else a copy."""
     return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
@@ -167,12 +179,13 @@ class _FusedTTT(torch.autograd.Function):
     """The dual form on the compiled kernels (``csrc/ttt.cpp``: its header gives the forward's
     steps 1-6 and the backward's steps 7-11): q, k, v [B, T, H, D], w, b [H, D], eta
     [B, T, H, 1], W0 [B, H, D, D], h0 [B, H, 1, D] -> (o [B, T, H, D], W, h). The forward keeps
-    the state entering every mini-batch and z, which the backward's reverse loop reads."""
+    the state entering every ``saved_every(b)``-th mini-batch and z; the backward's reverse loop
+    recomputes the states between."""
 
     @staticmethod
     def forward(ctx, q, k, v, w, b, eta, W0, h0, scale: float, eps: float, size: int):
         o, z, W, h, Ws, hs = _native.kernel("ttt_forward")(
-            q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0], scale, eps, size, True
+            q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0], scale, eps, size, saved_every(size), True
         )
         ctx.save_for_backward(q, k, v, w, b, eta, z, Ws, hs)
         ctx.options = (scale, eps, size)
@@ -187,7 +200,8 @@ class _FusedTTT(torch.autograd.Function):
         dW = None if dW is None else dW.contiguous()
         dh = None if dh is None else dh[:, :, 0].contiguous()
         dq, dk, dv, deta, dw, db, dW0, dh0 = _native.kernel("ttt_backward")(
-            q, k, v, eta[..., 0], w, b, Ws, hs, z, _rows(d_o), dW, dh, scale, eps, size
+            *(q, k, v, eta[..., 0], w, b, Ws, hs, z, _rows(d_o), dW, dh),
+            *(scale, eps, size, saved_every(size)),
         )
         return dq, dk, dv, dw, db, deta.unsqueeze(-1), dW0, dh0.unsqueeze(2), None, None, None
 
@@ -200,7 +214,7 @@ def _fused_sequence(q, k, v, w, b, eta, W0, h0, scale: float, eps: float, size: 
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         return _FusedTTT.apply(*inputs, scale, eps, size)
     o, _, W, h, _, _ = _native.kernel("ttt_forward")(
-        q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0], scale, eps, size, False
+        q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0], scale, eps, size, 1, False
     )
     return o, W, h.unsqueeze(2)
 
