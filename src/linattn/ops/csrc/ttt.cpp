@@ -265,8 +265,9 @@ struct Batch {
     }
   }
 
-  // Steps 1-4 but Z: X (and R when ``reads``) from the state, the gradient G, A and Y = A G.
-  void gradient(const float* W, const float* hv, bool reads) {
+  // Steps 1-4 but Z: X (and R when ``reads``) from the state, the gradient G, and (``scores``)
+  // A and Y = A G.
+  void gradient(const float* W, const float* hv, bool reads, bool scores = true) {
     const int64_t rows = reads ? 2 * b : b;
     const float* in = reads ? Q() : K();
     float* out = reads ? XR.data() : XR.data() + b * D;
@@ -302,6 +303,7 @@ struct Batch {
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) Gr[d] = (gr[d] - ar - xh[d] * cr) * rs;
     }
+    if (!scores) return;
     small_gemm_nt(b, b, D, 1.0f, Q(), D, K(), D, 0.0f, A.data(), b);
     for (int64_t i = 0; i < b; ++i)
       for (int64_t j = 0; j < b; ++j) A[i * b + j] = j <= i ? A[i * b + j] + 1.0f : 0.0f;
@@ -319,6 +321,23 @@ struct Batch {
     }
   }
 };
+
+// out[c, r] = x[r, c] for x [rows, cols] (row stride ldx), out [cols, rows] (row stride ldo).
+void transpose(int64_t rows, int64_t cols, const float* x, int64_t ldx, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * ldo + r] = x[r * ldx + c];
+}
+
+// Ask for the rows [t0, t0 + m) of x (sequence s, head h) ahead of their use: a task walks one
+// head's rows, H D floats apart, which the hardware's prefetchers follow poorly across so many
+// streams.
+inline void prefetch_rows(const TttRows& x, int64_t s, int64_t h, int64_t t0, int64_t m,
+                          int64_t D) {
+  for (int64_t r = 0; r < m; ++r) {
+    const char* row = reinterpret_cast<const char*>(x.at(s, t0 + r, h));
+    for (int64_t off = 0; off < D * 4; off += 64) __builtin_prefetch(row + off);
+  }
+}
 
 // mean and 1 / sigma of a row of D (the biased variance).
 inline void moments(const float* x, int64_t D, float eps, float& mean, float& rs) {
@@ -381,6 +400,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         if (keep && j % every == 0) {
           std::copy(Wt, Wt + D * D, Wsp + (task * ns + j / every) * D * D);
           std::copy(ht, ht + D, hsp + (task * ns + j / every) * D);
+        }
+        if (j + 1 < n) {
+          const int64_t m1 = std::min(b, T - t0 - b);
+          for (const TttRows* x : {&qr, &kr, &vr}) prefetch_rows(*x, sq, hd, t0 + b, m1, D);
         }
         mb.load(qr, kr, vr, er, sq, hd, t0, m);
         mb.gradient(Wt, ht, true);
@@ -450,26 +473,41 @@ ttt_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
           dKu(b * D), dQK(2 * b * D), dg(b * D), dXh(D), dwa(D, 0.0f), dba(D, 0.0f), detar(b);
       float *dWt = dWp + task * D * D, *dht = dhp + task * D;
       float *dZ = DZX.data(), *dX = DZX.data() + b * D;
-      std::vector<float> segW(every * D * D), segh(every * D);
+      // the segment's states W, their transposes (for [dZ; dX] W^T as a product of rows) and h
+      std::vector<float> segW(every * D * D), segWT(every * D * D), segh(every * D);
       for (int64_t seg = ns - 1; seg >= 0; --seg) {
         // the states entering the segment's mini-batches, from its saved one
         const int64_t j0 = seg * every, j1 = std::min(n, j0 + every);
         const float* saved = Wsp + (task * ns + seg) * D * D;
         std::copy(saved, saved + D * D, segW.data());
+        transpose(D, D, saved, D, segWT.data(), D);
         std::copy(hsp + (task * ns + seg) * D, hsp + (task * ns + seg + 1) * D, segh.data());
         for (int64_t j = j0; j + 1 < j1; ++j) {
           const int64_t i = j - j0;
           float *Wi = segW.data() + i * D * D, *hi_ = segh.data() + i * D;
+          if (j + 2 < j1) {
+            const int64_t m1 = std::min(b, T - (j + 1) * b);
+            for (const TttRows* x : {&qr, &kr, &vr}) prefetch_rows(*x, sq, hd, (j + 1) * b, m1, D);
+          }
           mb.load(qr, kr, vr, er, sq, hd, j * b, std::min(b, T - j * b));
-          mb.gradient(Wi, hi_, false);
+          mb.gradient(Wi, hi_, false, false);
           std::copy(Wi, Wi + D * D, Wi + D * D);
           std::copy(hi_, hi_ + D, hi_ + D);
           mb.step(Wi + D * D, hi_ + D);
+          float* WTi = segWT.data() + i * D * D;  // W^T <- W^T - e G^T K
+          std::copy(WTi, WTi + D * D, WTi + D * D);
+          small_gemm(true, D, D, b, -mb.eta[b - 1], mb.G.data(), D, mb.K(), D, 1.0f, WTi + D * D,
+                     D);
         }
         for (int64_t j = j1 - 1; j >= j0; --j) {
           const int64_t t0 = j * b, m = std::min(b, T - t0);
           const float* Wt = segW.data() + (j - j0) * D * D;
+          const float* WTt = segWT.data() + (j - j0) * D * D;
           const float* ht = segh.data() + (j - j0) * D;
+          if (j > 0) {
+            for (const TttRows* x : {&qr, &kr, &vr, &zr, &dor})
+              prefetch_rows(*x, sq, hd, t0 - b, b, D);
+          }
           mb.load(qr, kr, vr, er, sq, hd, t0, m);
           mb.gradient(Wt, ht, false);
           const float e = mb.eta[b - 1];
@@ -561,7 +599,7 @@ ttt_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
               dXr[d] = (dXh[d] - t1 - xh[d] * t2) * rs - xh[d] * sGG * rs;
           }
           // step 11
-          small_gemm_nt(2 * b, D, D, 1.0f, DZX.data(), D, Wt, D, 0.0f, dQK.data(), D);
+          small_gemm(false, 2 * b, D, D, 1.0f, DZX.data(), D, WTt, D, 0.0f, dQK.data(), D);
           float *dQ = dQK.data(), *dK = dQK.data() + b * D;
           small_gemm(false, b, D, b, 1.0f, dA.data(), b, mb.K(), D, 1.0f, dQ, D);
           small_gemm(true, b, D, b, 1.0f, dA.data(), b, mb.Q(), D, 1.0f, dK, D);
@@ -677,13 +715,14 @@ struct Chunk {
     }
   }
 
-  // Steps 1-4 but Z, for m rows from MS [D, 2 D]: XR rows [2 m, 2 D] as [Q; K] [M0 | S0] (the
-  // K rows start at row m), u, the coefficients, Wu, QKt and P.
-  void surprise(const float* MS, int64_t m) {
-    // [Q; K] read as one block of 2 m rows: K's rows follow Q's m rows
+  // Steps 1-4 but Z, for m rows from MS [D, 2 D]: XR rows [2 m, 2 D], Q [M0 | S0] (``reads``)
+  // then X = K M0 from row m, u, the coefficients, Wu, and (``reads``) QKt and P.
+  void surprise(const float* MS, int64_t m, bool reads = true) {
+    // K's rows moved to follow Q's m rows (``K(m)``)
     float* Kd = Q() + m * D;
     if (Kd != K()) std::copy(K(), K() + m * D, Kd);
-    small_gemm(false, 2 * m, 2 * D, D, 1.0f, Q(), D, MS, 2 * D, 0.0f, XR.data(), 2 * D);
+    if (reads) small_gemm(false, m, 2 * D, D, 1.0f, Q(), D, MS, 2 * D, 0.0f, XR.data(), 2 * D);
+    small_gemm(false, m, D, D, 1.0f, Kd, D, MS, 2 * D, 0.0f, XR.data() + m * 2 * D, 2 * D);
     const float inv = 1.0f / static_cast<float>(D), Df = static_cast<float>(D);
     for (int64_t r = 0; r < m; ++r) {
       const float* x = XR.data() + (m + r) * 2 * D;
@@ -721,6 +760,7 @@ struct Chunk {
         CM[t * n + s] = f * mp + sv;
       }
     }
+    if (!reads) return;
     small_gemm_nt(m, m, D, 1.0f, Q(), D, Kd, D, 0.0f, QKt.data(), m);
     for (int64_t t = 0; t < m; ++t)
       for (int64_t j = 0; j < m; ++j)
@@ -805,6 +845,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
             std::copy(row, row + D, Msp + ((task * ns + j / every) * D + r) * D);
             std::copy(row + D, row + 2 * D, Ssp + ((task * ns + j / every) * D + r) * D);
           }
+        }
+        if (j + 1 < n) {
+          const int64_t m1 = std::min(L, T - t0 - L);
+          for (const TttRows* x : {&qr, &kr, &vr}) prefetch_rows(*x, sq, hd, t0 + L, m1, D);
         }
         ch.load(qr, kr, vr, thr, alr, er, sq, hd, t0, m);
         ch.surprise(MS.data(), m);
@@ -901,7 +945,9 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         if (dSp) std::copy(dSp + (task * D + r) * D, dSp + (task * D + r + 1) * D,
                            dMS.data() + r * 2 * D + D);
       }
-      std::vector<float> seg(every * D * 2 * D);
+      // the segment's memories [M | S] and their transposes [M^T; S^T] [2 D, D] (for the products
+      // with M^T and S^T as products of rows)
+      std::vector<float> seg(every * D * 2 * D), segT(every * 2 * D * D);
       for (int64_t sg = ns - 1; sg >= 0; --sg) {
         // the memories entering the segment's chunks, from its saved ones
         const int64_t j0 = sg * every, j1 = std::min(n, j0 + every);
@@ -911,18 +957,39 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           std::copy(Ssp + ((task * ns + sg) * D + r) * D, Ssp + ((task * ns + sg) * D + r + 1) * D,
                     seg.data() + r * 2 * D + D);
         }
+        transpose(D, 2 * D, seg.data(), 2 * D, segT.data(), D);
         for (int64_t j = j0; j + 1 < j1; ++j) {
           float* MSi = seg.data() + (j - j0) * D * 2 * D;
           const int64_t m = std::min(L, T - j * L);
+          if (j + 2 < j1) {
+            const int64_t m1 = std::min(L, T - (j + 1) * L);
+            for (const TttRows* x : {&qr, &kr, &vr}) prefetch_rows(*x, sq, hd, (j + 1) * L, m1, D);
+          }
           ch.load(qr, kr, vr, thr, alr, er, sq, hd, j * L, m);
-          ch.surprise(MSi, m);
+          ch.surprise(MSi, m, false);
           std::copy(MSi, MSi + D * 2 * D, MSi + D * 2 * D);
           ch.advance(MSi + D * 2 * D, m);
+          // M^T <- bL M^T + fL S^T + (diag(gM) Wu)^T K, S^T <- mL S^T + (diag(gS) Wu)^T K
+          const float* Ti = segT.data() + (j - j0) * 2 * D * D;
+          float* Tn = segT.data() + (j - j0 + 1) * 2 * D * D;
+          const float bL = ch.cm(m - 1, L), fL = ch.cm(m - 1, L + 1), mL = ch.cs(m - 1, L + 1);
+#pragma omp simd
+          for (int64_t x = 0; x < D * D; ++x) {
+            Tn[x] = bL * Ti[x] + fL * Ti[D * D + x];
+            Tn[D * D + x] = mL * Ti[D * D + x];
+          }
+          small_gemm(true, 2 * D, D, m, 1.0f, ch.WuMS.data(), 2 * D, ch.Q() + m * D, D, 1.0f, Tn,
+                     D);
         }
         for (int64_t j = j1 - 1; j >= j0; --j) {
           const int64_t t0 = j * L, m = std::min(L, T - t0);
           const float* MSj = seg.data() + (j - j0) * D * 2 * D;
+          const float* MST = segT.data() + (j - j0) * 2 * D * D;
           std::copy(MSj, MSj + D * 2 * D, MS.data());
+          if (j > 0) {
+            for (const TttRows* x : {&qr, &kr, &vr, &zr, &dor})
+              prefetch_rows(*x, sq, hd, t0 - L, L, D);
+          }
           ch.load(qr, kr, vr, thr, alr, er, sq, hd, t0, m);
           ch.surprise(MS.data(), m);
           const float* Kd = ch.Q() + m * D;
@@ -1059,11 +1126,10 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             det[t] = dE;
           }
           // step 12
-          small_gemm_nt(m, D, 2 * D, 1.0f, dZbf.data(), 2 * D, MS.data(), 2 * D, 0.0f,
-               dQ.data(), D);
+          small_gemm(false, m, D, 2 * D, 1.0f, dZbf.data(), 2 * D, MST, D, 0.0f, dQ.data(), D);
           small_gemm(false, m, D, m, 1.0f, dQKt.data(), m, Kd, D, 1.0f, dQ.data(), D);
           small_gemm(true, m, D, m, 1.0f, dQKt.data(), m, ch.Q(), D, 1.0f, dK.data(), D);
-          small_gemm_nt(m, D, D, 1.0f, dX.data(), D, MS.data(), 2 * D, 1.0f, dK.data(), D);
+          small_gemm(false, m, D, D, 1.0f, dX.data(), D, MST, D, 1.0f, dK.data(), D);
           const float bL = ch.cm(m - 1, L), fL = ch.cm(m - 1, L + 1), mL = ch.cs(m - 1, L + 1);
           for (int64_t r = 0; r < D; ++r) {
             float* row = dMS.data() + r * 2 * D;
