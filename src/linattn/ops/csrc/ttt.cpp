@@ -303,7 +303,11 @@ struct Batch {
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) Gr[d] = (gr[d] - ar - xh[d] * cr) * rs;
     }
-    if (!scores) return;
+    if (scores) score();
+  }
+
+  // Step 4's A and Y = A G, from the rows and G.
+  void score() {
     small_gemm_nt(b, b, D, 1.0f, Q(), D, K(), D, 0.0f, A.data(), b);
     for (int64_t i = 0; i < b; ++i)
       for (int64_t j = 0; j < b; ++j) A[i * b + j] = j <= i ? A[i * b + j] + 1.0f : 0.0f;
@@ -475,6 +479,10 @@ ttt_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
       float *dZ = DZX.data(), *dX = DZX.data() + b * D;
       // the segment's states W, their transposes (for [dZ; dX] W^T as a product of rows) and h
       std::vector<float> segW(every * D * D), segWT(every * D * D), segh(every * D);
+      // and the recomputed layer norm's rows (X_hat, g, G, 1 / sigma, mean(g X_hat)) of all but
+      // its last mini-batch, which the reverse pass reads again
+      std::vector<float> segXh(every * b * D), segg(every * b * D), segG(every * b * D),
+          segrs(every * b), segc(every * b);
       for (int64_t seg = ns - 1; seg >= 0; --seg) {
         // the states entering the segment's mini-batches, from its saved one
         const int64_t j0 = seg * every, j1 = std::min(n, j0 + every);
@@ -491,6 +499,11 @@ ttt_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
           }
           mb.load(qr, kr, vr, er, sq, hd, j * b, std::min(b, T - j * b));
           mb.gradient(Wi, hi_, false, false);
+          std::copy(mb.Xh.begin(), mb.Xh.end(), segXh.begin() + i * b * D);
+          std::copy(mb.g.begin(), mb.g.end(), segg.begin() + i * b * D);
+          std::copy(mb.G.begin(), mb.G.end(), segG.begin() + i * b * D);
+          std::copy(mb.rstd.begin(), mb.rstd.end(), segrs.begin() + i * b);
+          std::copy(mb.c.begin(), mb.c.end(), segc.begin() + i * b);
           std::copy(Wi, Wi + D * D, Wi + D * D);
           std::copy(hi_, hi_ + D, hi_ + D);
           mb.step(Wi + D * D, hi_ + D);
@@ -509,7 +522,17 @@ ttt_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
               prefetch_rows(*x, sq, hd, t0 - b, b, D);
           }
           mb.load(qr, kr, vr, er, sq, hd, t0, m);
-          mb.gradient(Wt, ht, false);
+          if (j + 1 < j1) {  // recomputed above
+            const int64_t i = j - j0;
+            std::copy(segXh.begin() + i * b * D, segXh.begin() + (i + 1) * b * D, mb.Xh.begin());
+            std::copy(segg.begin() + i * b * D, segg.begin() + (i + 1) * b * D, mb.g.begin());
+            std::copy(segG.begin() + i * b * D, segG.begin() + (i + 1) * b * D, mb.G.begin());
+            std::copy(segrs.begin() + i * b, segrs.begin() + (i + 1) * b, mb.rstd.begin());
+            std::copy(segc.begin() + i * b, segc.begin() + (i + 1) * b, mb.c.begin());
+            mb.score();
+          } else {
+            mb.gradient(Wt, ht, false);
+          }
           const float e = mb.eta[b - 1];
           // step 7
           for (int64_t r = 0; r < b; ++r) {
