@@ -127,6 +127,14 @@ def test_strided_inputs_and_gradients():
     _close(qkv.grad, qkv64.grad, 1e-4)
 
 
+def test_rows_keeps_a_broadcast_gradient_expanded():
+    ones = torch.ones(()).expand(2, 5, 3, 4)
+    rows = ttt_module._rows(ones)
+    assert rows.stride() == (0, 0, 0, 1) and torch.equal(rows, ones)
+    x = torch.randn(2, 3, 4).mT
+    assert ttt_module._rows(x).is_contiguous() and torch.equal(ttt_module._rows(x), x)
+
+
 def test_kernels_refuse_bad_input_by_name():
     q, k, v, w, b, eta, W0, h0 = [x.float() for x in _inputs(1, 5, 2, 4, seed=6)]
     e, h0 = eta[..., 0], h0[:, :, 0].contiguous()

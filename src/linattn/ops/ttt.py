@@ -171,8 +171,13 @@ def saved_every(size: int) -> int:
 
 
 def _rows(x: Tensor) -> Tensor:
-    """x with unit stride along its last dimension (how the kernels read rows), else a copy."""
-    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+    """x with unit stride along its last dimension (how the kernels read rows), else a copy of
+    its distinct rows: a broadcast one (``o.sum()``'s gradient, every stride 0) is copied along
+    its stride-0 dimensions once and expanded again (the kernels read rows at any stride, 0 too)."""
+    if x.shape[-1] <= 1 or x.stride(-1) == 1:
+        return x
+    distinct = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in x.stride()[:-1])
+    return x[distinct].contiguous().expand(x.shape)
 
 
 class _FusedTTT(torch.autograd.Function):
