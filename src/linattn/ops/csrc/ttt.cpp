@@ -783,11 +783,38 @@ struct Chunk {
         CM[t * n + s] = f * mp + sv;
       }
     }
-    if (!reads) return;
-    small_gemm_nt(m, m, D, 1.0f, Q(), D, Kd, D, 0.0f, QKt.data(), m);
+    if (reads) score(m);
+  }
+
+  // The reads of ``surprise`` (``reads``) after the rest was formed or restored: Q [M0 | S0],
+  // QKt and P.
+  void read(const float* MS, int64_t m) {
+    float* Kd = Q() + m * D;
+    if (Kd != K()) std::copy(K(), K() + m * D, Kd);
+    small_gemm(false, m, 2 * D, D, 1.0f, Q(), D, MS, 2 * D, 0.0f, XR.data(), 2 * D);
+    score(m);
+  }
+
+  void score(int64_t m) {
+    const int64_t n = L + 2;
+    small_gemm_nt(m, m, D, 1.0f, Q(), D, Q() + m * D, D, 0.0f, QKt.data(), m);
     for (int64_t t = 0; t < m; ++t)
       for (int64_t j = 0; j < m; ++j)
         P[t * m + j] = j <= t ? CM[t * n + j] * QKt[t * m + j] : 0.0f;
+  }
+
+  // The per-chunk rows ``surprise`` forms besides the reads, saved to and restored from a
+  // block of ``rows_size()`` floats.
+  int64_t rows_size() const { return 4 * L * D + 3 * L + 2 * L * (L + 2); }
+  void keep_rows(float* out) const {
+    for (const std::vector<float>* x : {&Xh, &g, &u, &Wu, &rstd, &a, &c, &CM, &CS})
+      out = std::copy(x->begin(), x->end(), out);
+  }
+  void restore_rows(const float* in) {
+    for (std::vector<float>* x : {&Xh, &g, &u, &Wu, &rstd, &a, &c, &CM, &CS}) {
+      std::copy(in, in + x->size(), x->begin());
+      in += x->size();
+    }
   }
 
   // Step 6 after ``surprise``: MS [D, 2 D] the state leaving the chunk, in place.
@@ -971,6 +998,7 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       // the segment's memories [M | S] and their transposes [M^T; S^T] [2 D, D] (for the products
       // with M^T and S^T as products of rows)
       std::vector<float> seg(every * D * 2 * D), segT(every * 2 * D * D);
+      std::vector<float> segRows;  // and the rows the recompute formed (``Chunk::keep_rows``)
       for (int64_t sg = ns - 1; sg >= 0; --sg) {
         // the memories entering the segment's chunks, from its saved ones
         const int64_t j0 = sg * every, j1 = std::min(n, j0 + every);
@@ -981,6 +1009,8 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     seg.data() + r * 2 * D + D);
         }
         transpose(D, 2 * D, seg.data(), 2 * D, segT.data(), D);
+        const int64_t rows = ch.rows_size();
+        segRows.resize(every * rows);
         for (int64_t j = j0; j + 1 < j1; ++j) {
           float* MSi = seg.data() + (j - j0) * D * 2 * D;
           const int64_t m = std::min(L, T - j * L);
@@ -990,6 +1020,7 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           }
           ch.load(qr, kr, vr, thr, alr, er, sq, hd, j * L, m);
           ch.surprise(MSi, m, false);
+          ch.keep_rows(segRows.data() + (j - j0) * rows);
           std::copy(MSi, MSi + D * 2 * D, MSi + D * 2 * D);
           ch.advance(MSi + D * 2 * D, m);
           // M^T <- bL M^T + fL S^T + (diag(gM) Wu)^T K, S^T <- mL S^T + (diag(gS) Wu)^T K
@@ -1014,7 +1045,12 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               prefetch_rows(*x, sq, hd, t0 - L, L, D);
           }
           ch.load(qr, kr, vr, thr, alr, er, sq, hd, t0, m);
-          ch.surprise(MS.data(), m);
+          if (j + 1 < j1) {  // recomputed above: the reads only
+            ch.restore_rows(segRows.data() + (j - j0) * rows);
+            ch.read(MS.data(), m);
+          } else {
+            ch.surprise(MS.data(), m);
+          }
           const float* Kd = ch.Q() + m * D;
           std::fill(dCM.begin(), dCM.end(), 0.0f);
           std::fill(dCS.begin(), dCS.end(), 0.0f);
