@@ -25,6 +25,12 @@ momentum S), a gradient through a layer norm: not one matrix updated per token. 
 
 K = V = D (the target ``v - k``). The chunk size is the method's (which tokens share a gradient
 point), not a tiling choice: it changes the result.
+
+On float32 CPU tensors with the compiled kernels loaded (eager, not traced), the chunk form runs
+fused in C++, forward and backward (``csrc/ttt.cpp``, beside TTT-Linear's, whose Titans header
+gives the steps: the chunk's scalar recurrence of (1 - alpha, eta) as coefficients of M0, S0 and
+the writes, and its adjoint), as TTT-Linear's does (``linattn.ops.ttt``; ``_FusedTitans``).
+float64, other dtypes and devices, and the recurrent form run the PyTorch code below.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
-from linattn.ops import checks
-from linattn.ops.ttt import layer_norm
+from linattn.ops import _native, checks
+from linattn.ops.ttt import _fused, _rows, layer_norm, saved_every
 
 TitansState = tuple[Tensor, Tensor]
 MODES = ("recurrent", "chunk")
@@ -148,6 +154,51 @@ def _chunks(q, k, v, theta, alpha, eta, w, b, M, S, eps, size):
     return z.flatten(2, 3), M, S
 
 
+class _FusedTitans(torch.autograd.Function):
+    """The chunk form on the compiled kernels (``csrc/ttt.cpp``, Titans' steps 1-12): q, k, v
+    [B, T, H, D], w, b [H, D], theta, alpha, eta [B, T, H, 1], M0, S0 [B, H, D, D] ->
+    (o [B, T, H, D], M, S). The forward keeps z and the memories entering every
+    ``saved_every(L)``-th chunk; the backward recomputes those between."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, b, theta, alpha, eta, M0, S0, eps: float, size: int):
+        rates = (theta[..., 0], alpha[..., 0], eta[..., 0])
+        o, z, M, S, Ms, Ss = _native.kernel("titans_forward")(
+            q, k, v, *rates, w, b, M0, S0, eps, size, saved_every(size), True
+        )
+        ctx.save_for_backward(q, k, v, w, b, theta, alpha, eta, z, Ms, Ss)
+        ctx.options = (eps, size)
+        return o, M, S
+
+    @staticmethod
+    def backward(ctx, d_o, dM, dS):
+        q, k, v, w, b, theta, alpha, eta, z, Ms, Ss = ctx.saved_tensors
+        eps, size = ctx.options
+        if d_o is None:
+            d_o = torch.zeros_like(z)
+        dM, dS = (None if x is None else x.contiguous() for x in (dM, dS))
+        rates = (theta[..., 0], alpha[..., 0], eta[..., 0])
+        dq, dk, dv, dtheta, dalpha, deta, dw, db, dM0, dS0 = _native.kernel("titans_backward")(
+            q, k, v, *rates, w, b, Ms, Ss, z, _rows(d_o), dM, dS, eps, size, saved_every(size)
+        )
+        drates = (x.unsqueeze(-1) for x in (dtheta, dalpha, deta))
+        return dq, dk, dv, dw, db, *drates, dM0, dS0, None, None
+
+
+def _fused_sequence(q, k, v, w, b, theta, alpha, eta, M0, S0, eps: float, size: int):
+    """One sequence (or a batch of equal ones) on the kernels: (o [B, T, H, D], M, S)."""
+    q, k, v = (_rows(x) for x in (q, k, v))
+    w, b, M0, S0 = (x.contiguous() for x in (w, b, M0, S0))
+    inputs = (q, k, v, w, b, theta, alpha, eta, M0, S0)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        return _FusedTitans.apply(*inputs, eps, size)
+    rates = (theta[..., 0], alpha[..., 0], eta[..., 0])
+    o, _, M, S, _, _ = _native.kernel("titans_forward")(
+        q, k, v, *rates, w, b, M0, S0, eps, size, 1, False
+    )
+    return o, M, S
+
+
 def titans_linear(
     q: Tensor,
     k: Tensor,
@@ -213,6 +264,22 @@ def titans_linear(
                 raise ValueError(f"{name} must have shape {(N, H, K, V)}, got {tuple(x.shape)}")
 
     in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
+    state = () if initial_state is None else tuple(initial_state)
+    if _fused(mode, q, k, v, w, b, theta, alpha, eta, *state):
+        M0, S0 = state if state else (q.new_zeros(N, H, K, V), q.new_zeros(N, H, K, V))
+        if cu_seqlens is None:
+            o, M, S = _fused_sequence(q, k, v, w, b, theta, alpha, eta, M0, S0, float(eps), size)
+        else:
+            bounds = cu_seqlens.tolist()
+            parts = []
+            for n, (a, c) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+                rows = (x[:, a:c] for x in (q, k, v))
+                rates = (x[:, a:c] for x in (theta, alpha, eta))
+                args = (*rows, w, b, *rates, M0[n : n + 1], S0[n : n + 1], float(eps), size)
+                parts.append(_fused_sequence(*args))
+            o = torch.cat([p[0] for p in parts], dim=1)
+            M, S = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+        return o, ((M, S) if output_final_state else None)
     q, k, v, theta, alpha, eta = (
         x.to(dtype).transpose(1, 2) for x in (q, k, v, theta, alpha, eta)
     )  # [B, H, T, D]

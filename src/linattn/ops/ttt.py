@@ -15,6 +15,14 @@ paper gives two forms of the same computation, both here (PyTorch, autograd grad
 
 Both end with ``o = z + LN_{w,b}(z)``. With K = V (the residual target ``v - k``). The mini-batch
 size is the method's (fla's ``chunk_size``), not a tiling choice: it changes the result.
+
+On float32 CPU tensors with the compiled kernels loaded (``linattn.ops._native``; eager, not
+traced), the dual form runs fused in C++, forward and backward (``csrc/ttt.cpp``, whose header
+gives the steps of both): per (sequence, head) a loop over the mini-batches, the forward keeping
+z (the final layer norm's input) and the state entering every few mini-batches (one per
+``SAVED_TOKENS`` tokens), the backward a reverse loop over them that recomputes the states
+between (``_FusedTTT``). float64, other dtypes and devices, and the recurrent form run the PyTorch
+code below, autograd's gradients.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import _native, checks
 from linattn.ops import backends as _backends
-from linattn.ops import checks
+from linattn.ops.library import tracing
 
 TTTState = tuple[Tensor, Tensor]
 MODES = ("recurrent", "chunk")
@@ -138,6 +147,83 @@ def _dual(q, k, v, eta, w, b, W, h, eps, size):
     return z.flatten(2, 3)[:, :, :T], W, h
 
 
+def _fused(mode: str, *tensors: Tensor | None) -> bool:
+    """Whether the fused kernels serve the call: the dual form on float32 CPU tensors, the
+    kernels loaded, eager (a trace holds the PyTorch ops)."""
+    present = [x for x in tensors if x is not None]
+    return (
+        mode == "chunk"
+        and all(x.dtype == torch.float32 and x.device.type == "cpu" for x in present)
+        and _native.applies(present[0])
+        and not tracing(present[0])
+    )
+
+
+# The forward keeps the state entering every ``saved_every(b)``-th mini-batch, about one per
+# SAVED_TOKENS tokens (as the chunk form keeps one per chunk of 64), and the backward recomputes
+# those between: a state per mini-batch of a few tokens would be D / b times the size of q.
+SAVED_TOKENS = 64
+
+
+def saved_every(size: int) -> int:
+    """Mini-batches (or chunks) of ``size`` tokens per state the fused forward keeps."""
+    return max(1, SAVED_TOKENS // size)
+
+
+def _rows(x: Tensor) -> Tensor:
+    """x with unit stride along its last dimension (how the kernels read rows), else a copy of
+    its distinct rows: a broadcast one (``o.sum()``'s gradient, every stride 0) is copied along
+    its stride-0 dimensions once and expanded again (the kernels read rows at any stride, 0 too)."""
+    if x.shape[-1] <= 1 or x.stride(-1) == 1:
+        return x
+    distinct = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in x.stride()[:-1])
+    return x[distinct].contiguous().expand(x.shape)
+
+
+class _FusedTTT(torch.autograd.Function):
+    """The dual form on the compiled kernels (``csrc/ttt.cpp``: its header gives the forward's
+    steps 1-6 and the backward's steps 7-11): q, k, v [B, T, H, D], w, b [H, D], eta
+    [B, T, H, 1], W0 [B, H, D, D], h0 [B, H, 1, D] -> (o [B, T, H, D], W, h). The forward keeps
+    the state entering every ``saved_every(b)``-th mini-batch and z; the backward's reverse loop
+    recomputes the states between."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, b, eta, W0, h0, scale: float, eps: float, size: int):
+        o, z, W, h, Ws, hs = _native.kernel("ttt_forward")(
+            q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0], scale, eps, size, saved_every(size), True
+        )
+        ctx.save_for_backward(q, k, v, w, b, eta, z, Ws, hs)
+        ctx.options = (scale, eps, size)
+        return o, W, h.unsqueeze(2)
+
+    @staticmethod
+    def backward(ctx, d_o, dW, dh):
+        q, k, v, w, b, eta, z, Ws, hs = ctx.saved_tensors
+        scale, eps, size = ctx.options
+        if d_o is None:
+            d_o = torch.zeros_like(z)
+        dW = None if dW is None else dW.contiguous()
+        dh = None if dh is None else dh[:, :, 0].contiguous()
+        dq, dk, dv, deta, dw, db, dW0, dh0 = _native.kernel("ttt_backward")(
+            *(q, k, v, eta[..., 0], w, b, Ws, hs, z, _rows(d_o), dW, dh),
+            *(scale, eps, size, saved_every(size)),
+        )
+        return dq, dk, dv, dw, db, deta.unsqueeze(-1), dW0, dh0.unsqueeze(2), None, None, None
+
+
+def _fused_sequence(q, k, v, w, b, eta, W0, h0, scale: float, eps: float, size: int):
+    """One sequence (or a batch of equal ones) on the kernels: (o [B, T, H, D], W, h)."""
+    q, k, v = (_rows(x) for x in (q, k, v))
+    w, b, W0, h0 = (x.contiguous() for x in (w, b, W0, h0))
+    inputs = (q, k, v, w, b, eta, W0, h0)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+        return _FusedTTT.apply(*inputs, scale, eps, size)
+    o, _, W, h, _, _ = _native.kernel("ttt_forward")(
+        q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0], scale, eps, size, 1, False
+    )
+    return o, W, h.unsqueeze(2)
+
+
 def ttt_linear(
     q: Tensor,
     k: Tensor,
@@ -206,6 +292,25 @@ def ttt_linear(
 
     in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     scale = K**-0.5 if scale is None else float(scale)
+    state = () if initial_state is None else tuple(initial_state)
+    if _fused(mode, q, k, v, w, b, eta, *state):
+        if initial_state is None:
+            W0, h0 = q.new_zeros(N, H, K, V), q.new_zeros(N, H, 1, V)
+        else:
+            W0, h0 = state
+        if cu_seqlens is None:
+            o, W, h = _fused_sequence(q, k, v, w, b, eta, W0, h0, scale, float(eps), size)
+        else:
+            bounds = cu_seqlens.tolist()
+            parts = []
+            for n, (a, c) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+                rows = (x[:, a:c] for x in (q, k, v))
+                state_n = (W0[n : n + 1], h0[n : n + 1])
+                args = (*rows, w, b, eta[:, a:c], *state_n, scale, float(eps), size)
+                parts.append(_fused_sequence(*args))
+            o = torch.cat([p[0] for p in parts], dim=1)
+            W, h = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+        return o, ((W, h) if output_final_state else None)
     q, k, v, eta = (x.to(dtype).transpose(1, 2) for x in (q, k, v, eta))  # [B, H, T, D]
     q = q * scale
     w, b = (x.to(dtype)[None, :, None, :] for x in (w, b))  # [1, H, 1, V]

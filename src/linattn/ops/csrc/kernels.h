@@ -160,4 +160,40 @@ std::tuple<at::Tensor, at::Tensor> logsumexp_gate_backward(
     const std::optional<at::Tensor>& dg, const std::optional<at::Tensor>& dz_last,
     const at::Tensor& first_constant);
 
+// TTT-Linear's dual form (ttt.cpp): q, k, v [B, T, H, D] (unit stride along D), eta [B, T, H],
+// the layer norm's w, b [H, D], the state W0 [B, H, D, D], h0 [B, H, D]; mini-batches of ``size``
+// tokens. The forward returns o [B, T, H, D], and with ``keep`` z (o's input to its layer norm)
+// and the state entering every ``every``-th mini-batch [B, H, n / every, D, D] and
+// [B, H, n / every, D] (else empty), and the final state. The backward returns dq, dk, dv, deta
+// [B, T, H], dw, db, dW0 and dh0 from them, the states between the saved ones recomputed.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ttt_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& eta,
+    const at::Tensor& w, const at::Tensor& bias, const at::Tensor& W0, const at::Tensor& h0,
+    double scale, double eps, int64_t size, int64_t every, bool keep);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor>
+ttt_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& eta,
+             const at::Tensor& w, const at::Tensor& bias, const at::Tensor& Ws,
+             const at::Tensor& hs, const at::Tensor& z, const at::Tensor& d_o,
+             const std::optional<at::Tensor>& dW, const std::optional<at::Tensor>& dh,
+             double scale, double eps, int64_t size, int64_t every);
+
+// Titans' chunk form (ttt.cpp), in TTT-Linear's layouts: theta, alpha, eta [B, T, H], the
+// memory and momentum M0, S0 [B, H, D, D], chunks of ``size`` tokens; with ``keep`` z and the
+// memories entering every ``every``-th chunk [B, H, n / every, D, D]. The backward returns dq,
+// dk, dv, dtheta, dalpha, deta, dw, db, dM0 and dS0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> titans_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& theta,
+    const at::Tensor& alpha, const at::Tensor& eta, const at::Tensor& w, const at::Tensor& bias,
+    const at::Tensor& M0, const at::Tensor& S0, double eps, int64_t size, int64_t every,
+    bool keep);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor, at::Tensor, at::Tensor>
+titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& theta, const at::Tensor& alpha, const at::Tensor& eta,
+                const at::Tensor& w, const at::Tensor& bias, const at::Tensor& Ms,
+                const at::Tensor& Ss, const at::Tensor& z, const at::Tensor& d_o,
+                const std::optional<at::Tensor>& dM, const std::optional<at::Tensor>& dS,
+                double eps, int64_t size, int64_t every);
+
 }  // namespace linattn_native

@@ -67,4 +67,34 @@ TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
   m.impl("short_conv_backward", &short_conv_backward_meta);
 }
 
+// TTT-Linear's dual form and Titans' chunk form, forward and backward (ttt.cpp; ``linattn.ops.ttt``
+// and ``linattn.ops.titans`` call them eagerly on float32 CPU tensors, outside a trace).
+TORCH_LIBRARY_FRAGMENT(linattn_native, m) {
+  m.def(
+      "ttt_forward(Tensor q, Tensor k, Tensor v, Tensor eta, Tensor w, Tensor b, Tensor W0,"
+      " Tensor h0, float scale, float eps, int size, int every, bool keep)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "ttt_backward(Tensor q, Tensor k, Tensor v, Tensor eta, Tensor w, Tensor b, Tensor Ws,"
+      " Tensor hs, Tensor z, Tensor d_o, Tensor? dW, Tensor? dh, float scale, float eps, int size,"
+      " int every)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "titans_forward(Tensor q, Tensor k, Tensor v, Tensor theta, Tensor alpha, Tensor eta,"
+      " Tensor w, Tensor b, Tensor M0, Tensor S0, float eps, int size, int every, bool keep)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "titans_backward(Tensor q, Tensor k, Tensor v, Tensor theta, Tensor alpha, Tensor eta,"
+      " Tensor w, Tensor b, Tensor Ms, Tensor Ss, Tensor z, Tensor d_o, Tensor? dM, Tensor? dS,"
+      " float eps, int size, int every)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
+  m.impl("ttt_forward", &ttt_forward);
+  m.impl("ttt_backward", &ttt_backward);
+  m.impl("titans_forward", &titans_forward);
+  m.impl("titans_backward", &titans_backward);
+}
+
 }  // namespace linattn_native
