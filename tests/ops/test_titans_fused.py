@@ -163,3 +163,17 @@ def test_kernels_refuse_bad_input_by_name():
         backward(q, k, v, *r, w, b, Ms, Ss[:, :1], z, o, None, None, 1e-6, 4, 1)
     with pytest.raises(RuntimeError, match="dM must be of shape"):
         backward(q, k, v, *r, w, b, Ms, Ss, z, o, M0[..., :1], None, 1e-6, 4, 1)
+
+
+@pytest.mark.parametrize("D", [16, 48, 64])
+@pytest.mark.parametrize(("T", "size"), [(37, 4), (70, 16)])
+def test_head_sizes_of_whole_vectors_take_the_register_tiles(D, T, size):
+    # D a multiple of the vector width (8 or 16 floats) runs the hand-written products, the
+    # other tests' D = 4 and 8 mostly the BLAS: both paths against float64
+    t64 = _inputs(1, T, 2, D, seed=D + T)
+    want, dwant = _outputs_and_gradients(t64, size, True)
+    got, dgot = _outputs_and_gradients([x.float() for x in t64], size, True)
+    for g, w in zip(got, want, strict=True):
+        _close(g, w)
+    for g, w in zip(dgot, dwant, strict=True):
+        _close(g, w, 1e-4)

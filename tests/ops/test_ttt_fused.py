@@ -167,3 +167,17 @@ def test_fused_is_chosen_only_for_the_dual_form_on_float32():
     assert ttt_module._fused("chunk", x, x)
     assert not ttt_module._fused("recurrent", x, x)
     assert not ttt_module._fused("chunk", x, x.double())
+
+
+@pytest.mark.parametrize("D", [16, 48, 64])
+@pytest.mark.parametrize(("T", "size"), [(37, 4), (70, 16)])
+def test_head_sizes_of_whole_vectors_take_the_register_tiles(D, T, size):
+    # D a multiple of the vector width (8 or 16 floats) runs the hand-written products, the
+    # other tests' D = 4 and 8 mostly the BLAS: both paths against float64
+    t64 = _inputs(1, T, 2, D, seed=D + T)
+    want, dwant = _outputs_and_gradients(t64, size, True)
+    got, dgot = _outputs_and_gradients([x.float() for x in t64], size, True)
+    for g, w in zip(got, want, strict=True):
+        _close(g, w)
+    for g, w in zip(dgot, dwant, strict=True):
+        _close(g, w, 1e-4)
