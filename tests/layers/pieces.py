@@ -29,3 +29,14 @@ def check_pieces(layer: TokenMixer, x: torch.Tensor, cuts: list[int], atol: floa
     for name in state:
         torch.testing.assert_close(state[name], state_once[name], rtol=0, atol=atol)
     return state
+
+
+def check_forms_agree(layer: TokenMixer, x: torch.Tensor, atol: float = 1e-12) -> None:
+    """``layer`` (float64) on x [B, T, d_model] in its chunk form and in its recurrent form: the
+    same outputs."""
+    outputs = []
+    for mode in ("chunk", "recurrent"):
+        layer.mode = mode
+        outputs.append(layer(x)[0])
+    layer.mode = None
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=atol)

@@ -16,6 +16,8 @@ from tests.layers.pieces import check_pieces
 def test_equals_fla_s_layer_with_its_weights(name):
     from linattn.integrations import fla as fla_integration
 
+    pytest.importorskip("tests.fla_interpreter")  # before fla
+
     fla_layers = pytest.importorskip("fla.layers")
     from tests.layers.reference_layers import perturb
 

@@ -13,6 +13,7 @@ from linattn.layers import DeltaFormer
 def fla_rotary_reference(monkeypatch):
     """fla's rotary embedding is a Triton kernel (ported to the CPU by another part of linattn);
     here fla's own torch reference, ``rotary_embedding_ref``, stands in for it."""
+    pytest.importorskip("tests.fla_interpreter")  # before fla
     ops = pytest.importorskip("fla.modules.rotary.ops")
 
     def reference(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0,
@@ -29,6 +30,8 @@ def fla_rotary_reference(monkeypatch):
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_equals_fla_s_layer_with_its_weights(fla_rotary_reference, qk_norm):
     from linattn.integrations import fla as fla_integration
+
+    pytest.importorskip("tests.fla_interpreter")  # before fla
 
     fla_layers = pytest.importorskip("fla.layers")
     fla_integration.enable()

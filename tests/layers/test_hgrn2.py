@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from linattn.layers.hgrn2 import HGRN2
+from tests.layers.pieces import check_forms_agree
 
 B, T, D = 1, 6, 32
 
@@ -33,12 +34,7 @@ def test_forward_gradients_and_decoding_equal_fla():
 def test_chunk_and_recurrent_forms_agree_in_float64():
     torch.manual_seed(1)
     layer = HGRN2(16, 2, expand_ratio=4, chunk_size=4).double()
-    x = torch.randn(2, 11, 16, dtype=torch.float64)
-    layer.mode = "chunk"
-    y_chunk, _ = layer(x)
-    layer.mode = "recurrent"
-    y_rec, _ = layer(x)
-    torch.testing.assert_close(y_chunk, y_rec, rtol=0, atol=1e-12)
+    check_forms_agree(layer, torch.randn(2, 11, 16, dtype=torch.float64))
 
 
 def test_bad_options_are_refused():

@@ -11,7 +11,7 @@ import torch
 from linattn.compat.simple_gla import lightning_gamma
 from linattn.layers import LightningAttention
 from linattn.layers.lightning import lightning_log_decays
-from tests.layers.pieces import check_pieces
+from tests.layers.pieces import check_forms_agree, check_pieces
 
 
 def test_decays_are_fla_s_slopes():
@@ -52,12 +52,7 @@ def test_generation_in_pieces_equals_one_call_in_float64():
 def test_chunk_and_recurrent_forms_agree_in_float64():
     torch.manual_seed(2)
     layer = LightningAttention(16, 4, chunk_size=4).double()
-    x = torch.randn(2, 11, 16, dtype=torch.float64)
-    layer.mode = "chunk"
-    y_chunk, _ = layer(x)
-    layer.mode = "recurrent"
-    y_rec, _ = layer(x)
-    torch.testing.assert_close(y_chunk, y_rec, rtol=0, atol=1e-12)
+    check_forms_agree(layer, torch.randn(2, 11, 16, dtype=torch.float64))
 
 
 def test_bad_options_and_inputs_are_refused():

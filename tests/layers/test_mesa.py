@@ -13,6 +13,8 @@ from linattn.layers import MesaNet
 def test_equals_fla_s_layer_with_its_weights(gate):
     from linattn.integrations import fla as fla_integration
 
+    pytest.importorskip("tests.fla_interpreter")  # before fla
+
     fla_layers = pytest.importorskip("fla.layers")
     fla_integration.enable()
     try:

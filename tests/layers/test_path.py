@@ -15,6 +15,8 @@ OPTIONS = [{}, {"use_forget_gate": True, "use_qk_norm": True, "num_kv_heads": 1}
 def test_equals_fla_s_layer_with_its_weights(options):
     from linattn.integrations import fla as fla_integration
 
+    pytest.importorskip("tests.fla_interpreter")  # before fla
+
     fla_layers = pytest.importorskip("fla.layers")
     fla_integration.enable()
     try:

@@ -8,7 +8,7 @@ import torch
 
 from linattn.layers import RWKV4
 from linattn.layers.rwkv4 import EMPTY_EPS
-from tests.layers.pieces import check_pieces
+from tests.layers.pieces import check_forms_agree, check_pieces
 
 
 def _layer(seed: int, C: int = 16, chunk_size: int = 4) -> RWKV4:
@@ -54,12 +54,7 @@ def test_generation_in_pieces_equals_one_call_in_float64():
 
 def test_chunk_and_recurrent_forms_agree_in_float64():
     layer = _layer(2)
-    x = torch.randn(2, 11, 16, dtype=torch.float64)
-    layer.mode = "chunk"
-    y_chunk, _ = layer(x)
-    layer.mode = "recurrent"
-    y_rec, _ = layer(x)
-    torch.testing.assert_close(y_chunk, y_rec, rtol=0, atol=1e-12)
+    check_forms_agree(layer, torch.randn(2, 11, 16, dtype=torch.float64))
 
 
 def test_bad_options_and_inputs_are_refused():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from linattn.layers import RWKV6
-from tests.layers.pieces import check_pieces
+from tests.layers.pieces import check_forms_agree, check_pieces
 
 pytestmark = pytest.mark.filterwarnings("ignore:According to Bo")  # fla's RWKV warning
 
@@ -22,6 +22,8 @@ def _perturbed(layer: RWKV6) -> RWKV6:
 
 def test_equals_fla_s_layer_with_its_weights():
     from linattn.integrations import fla as fla_integration
+
+    pytest.importorskip("tests.fla_interpreter")  # before fla
 
     fla_layers = pytest.importorskip("fla.layers")
     from tests.layers.reference_layers import perturb
@@ -55,12 +57,7 @@ def test_chunk_and_recurrent_forms_agree_in_float64():
     torch.manual_seed(2)
     layer = _perturbed(RWKV6(16, 2, proj_low_rank_dim=4, gate_low_rank_dim=8, chunk_size=4))
     layer = layer.double()
-    x = torch.randn(2, 11, 16, dtype=torch.float64)
-    layer.mode = "chunk"
-    y_chunk, _ = layer(x)
-    layer.mode = "recurrent"
-    y_rec, _ = layer(x)
-    torch.testing.assert_close(y_chunk, y_rec, rtol=0, atol=1e-12)
+    check_forms_agree(layer, torch.randn(2, 11, 16, dtype=torch.float64))
 
 
 def test_bad_options_and_inputs_are_refused():
