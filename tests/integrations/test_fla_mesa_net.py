@@ -11,6 +11,7 @@ import torch
 
 from linattn.integrations import fla as fla_integration
 
+pytest.importorskip("tests.fla_interpreter")  # before fla
 fla_models = pytest.importorskip("fla.models")
 
 

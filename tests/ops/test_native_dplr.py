@@ -302,6 +302,7 @@ def test_equals_flas_naive_recurrence(C):
     # fla's own token loop (fla/ops/generalized_delta_rule/dplr/naive.py, float32): its alpha
     # reads the state (our b) and its beta is the direction written (our a), [B, H, T, D], a
     # per-channel gate, q scaled by K^-0.5. The kernels on the same inputs give its o and state.
+    pytest.importorskip("tests.fla_interpreter")  # before fla
     naive = pytest.importorskip("fla.ops.generalized_delta_rule.dplr.naive")
     x = make(B=1, T=64, H=2, K=8, V=5, gate="channel", seed=12)
     o, S = fused(x, C, scale=8**-0.5)
