@@ -48,6 +48,19 @@ def copy_project(to: Path) -> Path:
     return to
 
 
+def see_site_packages(python: Path) -> None:
+    """The new environment of ``python`` sees this interpreter's site-packages (torch, numpy and
+    scipy), listed in a .pth file after its own: ``--system-site-packages`` reaches only the base
+    interpreter's, which lack torch when the tests run in a virtual environment (the README's
+    setup). Paths a .pth file lists are not scanned for .pth files themselves, so this tree's
+    editable install of linattn stays out of sight."""
+    import site
+
+    done = run(python, "-c", "import site; print(site.getsitepackages()[0])", cwd=python.parent)
+    own = Path(done.stdout.strip())
+    (own / "parent-site-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+
+
 def build_sdist_and_wheel(tmp: Path) -> tuple[Path, Path]:
     """An sdist of a copy of the tree, and the wheel pip builds from that sdist."""
     project, dist = copy_project(tmp / "project"), tmp / "dist"
@@ -77,6 +90,7 @@ def test_a_wheel_from_the_sdist_installs_and_builds_the_kernels(tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path)
     python, linattn = venv / "bin" / "python", venv / "bin" / "linattn"
+    see_site_packages(python)
     install = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall"]
     run(*install, wheel, cwd=tmp_path)
     env = clean_env(TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"))
