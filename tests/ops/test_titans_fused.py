@@ -10,6 +10,7 @@ import torch
 from linattn.ops import _native, backend
 from linattn.ops.titans import titans_linear
 from linattn.registry.cases import titans_case
+from tests.ops.weighted_gradients import close, outputs_and_gradients
 
 pytestmark = pytest.mark.skipif(
     not _native.available(), reason="the compiled kernels are not loaded"
@@ -33,20 +34,11 @@ def _call(t, size, state=True, cu_seqlens=None):
     return o, *S
 
 
-def _close(got, want, tol=2e-5):
-    """float32's rounding, relative to the largest entry of the float64 answer."""
-    err = (got.double() - want).abs().max().item()
-    assert err <= tol * max(1.0, want.abs().max().item()), (err, want.abs().max().item())
-
-
 def _outputs_and_gradients(t, size, state, cu_seqlens=None, seed=0):
-    leaves = [x.clone().requires_grad_(True) for x in t]
-    outs = _call(leaves, size, state=state, cu_seqlens=cu_seqlens)
-    gen = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
-    loss = sum((o * w.to(o.dtype)).sum() for o, w in zip(outs, weights, strict=True))
-    used = leaves if state else leaves[:8]
-    return outs, torch.autograd.grad(loss, used)
+    def call(leaves):
+        return _call(leaves, size, state=state, cu_seqlens=cu_seqlens)
+
+    return outputs_and_gradients(call, t, 8, state, seed)
 
 
 @pytest.mark.parametrize(
@@ -58,9 +50,9 @@ def test_outputs_and_gradients_equal_the_float64_chunk_form(T, size):
     got, dgot = _outputs_and_gradients([x.float() for x in t64], size, True)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.float32
-        _close(g, w)
+        close(g, w)
     for g, w in zip(dgot, dwant, strict=True):
-        _close(g, w, 1e-4)
+        close(g, w, 1e-4)
 
 
 @pytest.mark.parametrize(("T", "size"), [(8, 4), (150, 4), (70, 16)])
@@ -85,7 +77,7 @@ def test_gates_at_their_edges():
     want, dwant = _outputs_and_gradients(t64, 4, True)
     got, dgot = _outputs_and_gradients([x.float() for x in t64], 4, True)
     for g, w in zip((*got, *dgot), (*want, *dwant), strict=True):
-        _close(g, w, 1e-4)
+        close(g, w, 1e-4)
 
 
 def test_the_fused_kernels_run_for_float32_and_not_for_float64(monkeypatch):
@@ -140,7 +132,7 @@ def test_packed_sequences_equal_the_float64_chunk_form():
     want, dwant = _outputs_and_gradients(t64, 4, True, cu)
     got, dgot = _outputs_and_gradients([x.float() for x in t64], 4, True, cu)
     for g, w in zip((*got, *dgot), (*want, *dwant), strict=True):
-        _close(g, w, 1e-4)
+        close(g, w, 1e-4)
 
 
 def test_kernels_refuse_bad_input_by_name():
@@ -174,6 +166,6 @@ def test_head_sizes_of_whole_vectors_take_the_register_tiles(D, T, size):
     want, dwant = _outputs_and_gradients(t64, size, True)
     got, dgot = _outputs_and_gradients([x.float() for x in t64], size, True)
     for g, w in zip(got, want, strict=True):
-        _close(g, w)
+        close(g, w)
     for g, w in zip(dgot, dwant, strict=True):
-        _close(g, w, 1e-4)
+        close(g, w, 1e-4)

@@ -11,6 +11,7 @@ from linattn.ops import _native, backend
 from linattn.ops import ttt as ttt_module
 from linattn.ops.ttt import ttt_linear
 from linattn.registry.cases import ttt_case
+from tests.ops.weighted_gradients import close, outputs_and_gradients
 
 pytestmark = pytest.mark.skipif(
     not _native.available(), reason="the compiled kernels are not loaded"
@@ -31,20 +32,11 @@ def _call(t, size, scale=0.4, state=True, cu_seqlens=None):
     return o, *S
 
 
-def _close(got, want, tol=2e-5):
-    """float32's rounding, relative to the largest entry of the float64 answer."""
-    err = (got.double() - want).abs().max().item()
-    assert err <= tol * max(1.0, want.abs().max().item()), (err, want.abs().max().item())
-
-
 def _outputs_and_gradients(t, size, state, cu_seqlens=None, seed=0):
-    leaves = [x.clone().requires_grad_(True) for x in t]
-    outs = _call(leaves, size, state=state, cu_seqlens=cu_seqlens)
-    gen = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
-    loss = sum((o * w.to(o.dtype)).sum() for o, w in zip(outs, weights, strict=True))
-    used = leaves if state else leaves[:6]
-    return outs, torch.autograd.grad(loss, used)
+    def call(leaves):
+        return _call(leaves, size, state=state, cu_seqlens=cu_seqlens)
+
+    return outputs_and_gradients(call, t, 6, state, seed)
 
 
 @pytest.mark.parametrize(
@@ -57,9 +49,9 @@ def test_outputs_and_gradients_equal_the_float64_dual_form(T, size, state):
     got, dgot = _outputs_and_gradients([x.float() for x in t64], size, state)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.float32
-        _close(g, w)
+        close(g, w)
     for g, w in zip(dgot, dwant, strict=True):
-        _close(g, w, 1e-4)
+        close(g, w, 1e-4)
 
 
 def test_the_fused_kernels_run_for_float32_and_not_for_float64(monkeypatch):
@@ -111,7 +103,7 @@ def test_packed_sequences_equal_the_float64_dual_form():
     want, dwant = _outputs_and_gradients(t64, 4, True, cu)
     got, dgot = _outputs_and_gradients([x.float() for x in t64], 4, True, cu)
     for g, w in zip((*got, *dgot), (*want, *dwant), strict=True):
-        _close(g, w, 1e-4)
+        close(g, w, 1e-4)
 
 
 def test_strided_inputs_and_gradients():
@@ -123,8 +115,8 @@ def test_strided_inputs_and_gradients():
     qkv64 = qkv.detach().double().requires_grad_(True)
     o64, W64, _ = _call([*qkv64.split(8, -1), *(x.double() for x in (w, b, eta, W0, h0))], 4)
     (o64.sum() + W64.sum()).backward()
-    _close(o, o64)
-    _close(qkv.grad, qkv64.grad, 1e-4)
+    close(o, o64)
+    close(qkv.grad, qkv64.grad, 1e-4)
 
 
 def test_rows_keeps_a_broadcast_gradient_expanded():
@@ -178,6 +170,6 @@ def test_head_sizes_of_whole_vectors_take_the_register_tiles(D, T, size):
     want, dwant = _outputs_and_gradients(t64, size, True)
     got, dgot = _outputs_and_gradients([x.float() for x in t64], size, True)
     for g, w in zip(got, want, strict=True):
-        _close(g, w)
+        close(g, w)
     for g, w in zip(dgot, dwant, strict=True):
-        _close(g, w, 1e-4)
+        close(g, w, 1e-4)
