@@ -22,6 +22,26 @@ def enabled():
     fla_integration.disable()
 
 
+def assert_trains_like_its_float64_self(model_class, config) -> None:
+    """One training step of ``model_class(config)`` in float32 and in float64 (the same weights
+    and tokens): the losses within 1e-5, each parameter's gradient within 1e-3 of its largest
+    float64 entry."""
+    torch.manual_seed(0)
+    model = model_class(config)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model64 = model.double()
+    model64.zero_grad()
+    loss64 = model64(ids, labels=ids).loss
+    loss64.backward()
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
+    for name, p in model64.named_parameters():
+        scale = p.grad.abs().max().item() + 1e-12
+        assert (grads[name].double() - p.grad).abs().max() / scale < 1e-3, name
+
+
 def test_mesanet_model_trains_and_generates(enabled):
     config = fla_models.MesaNetConfig(
         hidden_size=32,
@@ -57,20 +77,7 @@ def test_path_model_trains_like_its_float64_self(enabled):
         fuse_cross_entropy=False,
         use_forget_gate=True,
     )
-    torch.manual_seed(0)
-    model = fla_models.PaTHAttentionForCausalLM(config)
-    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
-    loss = model(ids, labels=ids).loss
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model64 = model.double()
-    model64.zero_grad()
-    loss64 = model64(ids, labels=ids).loss
-    loss64.backward()
-    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
-    for name, p in model64.named_parameters():
-        scale = p.grad.abs().max().item() + 1e-12
-        assert (grads[name].double() - p.grad).abs().max() / scale < 1e-3, name
+    assert_trains_like_its_float64_self(fla_models.PaTHAttentionForCausalLM, config)
 
 
 def test_deltaformer_model_trains_like_its_float64_self(enabled, monkeypatch):
@@ -87,17 +94,4 @@ def test_deltaformer_model_trains_like_its_float64_self(enabled, monkeypatch):
     config = fla_models.DeltaFormerConfig(
         hidden_size=32, num_heads=2, num_hidden_layers=2, vocab_size=50, fuse_cross_entropy=False
     )
-    torch.manual_seed(0)
-    model = fla_models.DeltaFormerForCausalLM(config)
-    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
-    loss = model(ids, labels=ids).loss
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model64 = model.double()
-    model64.zero_grad()
-    loss64 = model64(ids, labels=ids).loss
-    loss64.backward()
-    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
-    for name, p in model64.named_parameters():
-        scale = p.grad.abs().max().item() + 1e-12
-        assert (grads[name].double() - p.grad).abs().max() / scale < 1e-3, name
+    assert_trains_like_its_float64_self(fla_models.DeltaFormerForCausalLM, config)
