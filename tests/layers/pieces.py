@@ -40,3 +40,29 @@ def check_forms_agree(layer: TokenMixer, x: torch.Tensor, atol: float = 1e-12) -
         outputs.append(layer(x)[0])
     layer.mode = None
     torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=atol)
+
+
+def check_from_fla(fla_layer: str, ours: type, d_model: int, **options) -> None:
+    """fla 0.6.0's layer ``fla_layer`` (``fla.layers``; hidden_size d_model and ``options``), its
+    weights perturbed off their initial values, run on the CPU under ``linattn.integrations.fla``,
+    against ``ours.from_fla`` of it: as many parameters, the same outputs in float32 (1e-5)."""
+    import pytest
+
+    from linattn.integrations import fla as fla_integration
+
+    pytest.importorskip("tests.fla_interpreter")  # before fla
+    fla_layers = pytest.importorskip("fla.layers")
+    from tests.layers.reference_layers import perturb
+
+    fla_integration.enable()
+    try:
+        torch.manual_seed(0)
+        theirs = getattr(fla_layers, fla_layer)(hidden_size=d_model, **options)
+        perturb(theirs)
+        converted = ours.from_fla(theirs)
+        count = sum(p.numel() for p in theirs.parameters())
+        assert sum(p.numel() for p in converted.parameters()) == count
+        x = torch.randn(2, 9, d_model)
+        torch.testing.assert_close(converted(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
+    finally:
+        fla_integration.disable()

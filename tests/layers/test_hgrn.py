@@ -8,30 +8,11 @@ import pytest
 import torch
 
 from linattn.layers import HGRN
-from tests.layers.pieces import check_forms_agree, check_pieces
+from tests.layers.pieces import check_forms_agree, check_from_fla, check_pieces
 
 
 def test_equals_fla_s_layer_with_its_weights():
-    from linattn.integrations import fla as fla_integration
-
-    pytest.importorskip("tests.fla_interpreter")  # before fla
-
-    fla_layers = pytest.importorskip("fla.layers")
-    from tests.layers.reference_layers import perturb
-
-    fla_integration.enable()
-    try:
-        torch.manual_seed(0)
-        theirs = fla_layers.HGRNAttention(hidden_size=16, expand_ratio=2, layer_idx=0)
-        perturb(theirs)
-        ours = HGRN.from_fla(theirs)
-        assert sum(p.numel() for p in ours.parameters()) == sum(
-            p.numel() for p in theirs.parameters()
-        )
-        x = torch.randn(2, 9, 16)
-        torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
-    finally:
-        fla_integration.disable()
+    check_from_fla("HGRNAttention", HGRN, 16, expand_ratio=2, layer_idx=0)
 
 
 def test_equals_its_formula_token_by_token():

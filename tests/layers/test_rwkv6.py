@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from linattn.layers import RWKV6
-from tests.layers.pieces import check_forms_agree, check_pieces
+from tests.layers.pieces import check_forms_agree, check_from_fla, check_pieces
 
 pytestmark = pytest.mark.filterwarnings("ignore:According to Bo")  # fla's RWKV warning
 
@@ -21,27 +21,8 @@ def _perturbed(layer: RWKV6) -> RWKV6:
 
 
 def test_equals_fla_s_layer_with_its_weights():
-    from linattn.integrations import fla as fla_integration
-
-    pytest.importorskip("tests.fla_interpreter")  # before fla
-
-    fla_layers = pytest.importorskip("fla.layers")
-    from tests.layers.reference_layers import perturb
-
-    fla_integration.enable()
-    try:
-        torch.manual_seed(0)
-        theirs = fla_layers.RWKV6Attention(hidden_size=32, num_heads=2, proj_low_rank_dim=4,
-                                           gate_low_rank_dim=8, layer_idx=0)  # fmt: skip
-        perturb(theirs)
-        ours = RWKV6.from_fla(theirs)
-        assert sum(p.numel() for p in ours.parameters()) == sum(
-            p.numel() for p in theirs.parameters()
-        )
-        x = torch.randn(2, 9, 32)
-        torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
-    finally:
-        fla_integration.disable()
+    check_from_fla("RWKV6Attention", RWKV6, 32, num_heads=2, proj_low_rank_dim=4,
+                   gate_low_rank_dim=8, layer_idx=0)  # fmt: skip
 
 
 def test_generation_in_pieces_equals_one_call_in_float64():

@@ -8,32 +8,13 @@ import pytest
 import torch
 
 from linattn.layers import StickBreakingAttention
-from tests.layers.pieces import check_pieces
+from tests.layers.pieces import check_from_fla, check_pieces
 
 
 @pytest.mark.parametrize("options", [{}, {"qk_norm": True, "attend_current": True,
                                           "num_kv_heads": 1, "qkv_bias": True}])  # fmt: skip
 def test_equals_fla_s_layer_with_its_weights(options):
-    from linattn.integrations import fla as fla_integration
-
-    pytest.importorskip("tests.fla_interpreter")  # before fla
-
-    fla_layers = pytest.importorskip("fla.layers")
-    from tests.layers.reference_layers import perturb
-
-    fla_integration.enable()
-    try:
-        torch.manual_seed(0)
-        theirs = fla_layers.StickBreakingAttention(hidden_size=32, num_heads=2, **options)
-        perturb(theirs)
-        ours = StickBreakingAttention.from_fla(theirs)
-        assert sum(p.numel() for p in ours.parameters()) == sum(
-            p.numel() for p in theirs.parameters()
-        )
-        x = torch.randn(2, 9, 32)
-        torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
-    finally:
-        fla_integration.disable()
+    check_from_fla("StickBreakingAttention", StickBreakingAttention, 32, num_heads=2, **options)
 
 
 @pytest.mark.parametrize("attend_current", [False, True])
