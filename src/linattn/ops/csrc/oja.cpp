@@ -49,6 +49,8 @@
 #include <vector>
 
 #include "blas.h"
+#include "block_cache.h"
+#include "gates.h"
 #include "triangular.h"
 
 namespace linattn_native {
@@ -126,6 +128,22 @@ void check_state(const char* op, const char* name, const at::Tensor& x, const Oj
   TORCH_CHECK(x.is_contiguous(), op, ": ", name, " must be contiguous");
 }
 
+// Ask for m rows of n floats, ld floats apart, ahead of their use (``write``: rows about to be
+// written): a task walks one head's rows, H D floats apart, which the hardware's prefetchers
+// follow poorly across so many streams.
+inline void prefetch_rows(const float* x, int64_t m, int64_t n, int64_t ld, bool write = false) {
+  for (int64_t r = 0; r < m; ++r) {
+    const char* row = reinterpret_cast<const char*>(x + r * ld);
+    for (int64_t off = 0; off < n * 4; off += 64) {
+      if (write) {
+        __builtin_prefetch(row + off, 1);
+      } else {
+        __builtin_prefetch(row + off);
+      }
+    }
+  }
+}
+
 // One chunk's recomputable terms (steps 1-3), in one thread's blocks.
 struct Chunk {
   int64_t C, K, V;
@@ -138,31 +156,39 @@ struct Chunk {
         O(C_ * V_) {}
 
   // Steps 1 and 2 for the c tokens at gv, v, k, beta (row strides ldv, ldk, ldb): false where
-  // the chunk's decay spans ``limit`` or more.
+  // the chunk's decay spans ``limit`` or more. G is summed in double and kept as a pair of floats
+  // (hi + lo, gates.h), whose exponentials ``exp_pair`` rounds once: the accuracy of a double
+  // exponential rounded to float, in vectorised float arithmetic.
   bool terms(int64_t c, const float* gv, const float* v, int64_t ldv, const float* k, int64_t ldk,
              const float* beta, int64_t ldb, double limit) {
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t i = 0; i < c; ++i) {
       const float* g = gv + i * ldv;
-      for (int64_t j = 0; j < V; ++j) acc[j] += static_cast<double>(g[j]);
-      if (i == c - 1) {
-        for (int64_t j = 0; j < V; ++j) {
-          if (!(acc[j] > -limit)) return false;
-        }
-      }
-    }
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t i = 0; i < c; ++i) {
-      const float* g = gv + i * ldv;
-      const float* vi = v + i * ldv;
+      float* hi = eG.data() + i * V;  // the pairs, in eG and eGi until their exponentials
+      float* lo = eGi.data() + i * V;
       for (int64_t j = 0; j < V; ++j) {
         acc[j] += static_cast<double>(g[j]);
-        const double e = std::exp(acc[j]);
-        const float ef = static_cast<float>(e), ei = static_cast<float>(1.0 / e);
-        eG[i * V + j] = ef;
-        eGi[i * V + j] = ei;
-        Vd[i * V + j] = ef * vi[j];
-        Vi[i * V + j] = ei * vi[j];
+        hi[j] = static_cast<float>(acc[j]);
+        lo[j] = static_cast<float>(acc[j] - static_cast<double>(hi[j]));
+      }
+    }
+    for (int64_t j = 0; j < V; ++j) {
+      if (!(acc[j] > -limit)) return false;
+    }
+    for (int64_t i = 0; i < c; ++i) {
+      const float* vi = v + i * ldv;
+      float* e = eG.data() + i * V;
+      float* ei = eGi.data() + i * V;
+      float* vd = Vd.data() + i * V;
+      float* vv = Vi.data() + i * V;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) {
+        const float hi = e[j], lo = ei[j];
+        const float ef = exp_pair(hi, lo), en = exp_pair(-hi, -lo);
+        e[j] = ef;
+        ei[j] = en;
+        vd[j] = ef * vi[j];
+        vv[j] = en * vi[j];
       }
     }
     for (int64_t j = 0; j < V; ++j) D[j] = eG[(c - 1) * V + j];
@@ -170,7 +196,7 @@ struct Chunk {
       for (int64_t j = 0; j < V; ++j) R[i * V + j] = D[j] * Vi[i * V + j];
     }
     // A = Vd Vi^T (its strictly lower part read), L = diag(beta) A there
-    gemm(false, true, c, c, V, 1.0f, Vd.data(), V, Vi.data(), V, 0.0f, A.data(), C);
+    lower_products(c, c, 1, V, 1.0f, Vd.data(), V, Vi.data(), V, A.data(), C);
     const int64_t W = V + K;
     for (int64_t i = 0; i < c; ++i) {
       const float b = beta[i * ldb];
@@ -195,7 +221,7 @@ struct Chunk {
 
   // P = tril(Q U^T) (Q = scale q, its rows at stride ldq), zero above the diagonal.
   void scores(int64_t c, const float* q, int64_t ldq, float scale) {
-    gemm(false, true, c, c, K, scale, q, ldq, U.data(), K, 0.0f, P.data(), C);
+    lower_products(c, c, 1, K, scale, q, ldq, U.data(), K, P.data(), C);
     for (int64_t i = 0; i < c; ++i) {
       std::fill(P.data() + i * C + i + 1, P.data() + i * C + c, 0.0f);
     }
@@ -212,9 +238,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> oja_forward(
   check_state(kForward, "S0", S0, s, c10::kCPU);
   TORCH_CHECK(limit > 0, kForward, ": limit must be > 0, got ", limit);
   const auto opts = q.options();
-  at::Tensor o = at::empty({s.TT, s.HV, s.V}, opts);
+  at::Tensor o = fresh({s.TT, s.HV, s.V}, opts);
   at::Tensor S = at::empty({s.N, s.HV, s.K, s.V}, opts);
-  at::Tensor states = at::empty({keep ? s.chunks : 0, s.HV, s.V, s.K}, opts);
+  at::Tensor states = fresh({keep ? s.chunks : 0, s.HV, s.V, s.K}, opts);
   std::atomic<int64_t> steep{0};
   const int64_t HV = s.HV, K = s.K, V = s.V, G = s.HV / s.H;
   const int64_t ldq = s.H * K, ldv = HV * V;
@@ -224,53 +250,74 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> oja_forward(
   const float* S0p = S0.data_ptr<float>();
   float *op = o.data_ptr<float>(), *Sp = S.data_ptr<float>();
   float* Xs = states.data_ptr<float>();
+  // A thread's (sequence, head)s: per sequence, the chunks in order and, inner, its heads (the
+  // rows of one chunk of all heads lie together in memory), each head's state X apart.
   at::parallel_for(0, s.N * HV, 1, [&](int64_t lo, int64_t hi) {
     SequentialBlas sequential;
     Chunk ch(C, K, V);
-    std::vector<float> X(V * K);
-    for (int64_t unit = lo; unit < hi; ++unit) {
-      const int64_t n = unit / HV, h = unit % HV, hk = h / G;
-      const float* S0u = S0p + unit * K * V;
-      for (int64_t a = 0; a < K; ++a) {
-        for (int64_t j = 0; j < V; ++j) X[j * K + a] = S0u[a * V + j];
+    std::vector<float> Xall(HV * V * K);
+    for (int64_t n = lo / HV; n * HV < hi; ++n) {
+      const int64_t h0 = std::max(lo, n * HV) - n * HV, h1 = std::min(hi, (n + 1) * HV) - n * HV;
+      const int64_t T1 = s.bounds[n + 1];
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* S0u = S0p + (n * HV + h) * K * V;
+        float* X = Xall.data() + h * V * K;
+        for (int64_t a = 0; a < K; ++a) {
+          for (int64_t j = 0; j < V; ++j) X[j * K + a] = S0u[a * V + j];
+        }
       }
+      const auto prefetch = [&](int64_t t0, int64_t h) {  // the rows of chunk t0 of head h
+        if (h == h1) {
+          t0 += C;
+          h = h0;
+        }
+        const int64_t m = std::min(C, T1 - t0), hk = h / G;
+        if (m <= 0) return;
+        prefetch_rows(qp + (t0 * s.H + hk) * K, m, K, ldq);
+        prefetch_rows(kp + (t0 * s.H + hk) * K, m, K, ldq);
+        prefetch_rows(vp + (t0 * HV + h) * V, m, V, ldv);
+        prefetch_rows(gp + (t0 * HV + h) * V, m, V, ldv);
+        prefetch_rows(op + (t0 * HV + h) * V, m, V, ldv, true);
+      };
       int64_t index = s.first_chunk[n];
-      bool ok = true;
-      for (int64_t t0 = s.bounds[n]; t0 < s.bounds[n + 1]; t0 += C, ++index) {
-        if (steep.load(std::memory_order_relaxed)) {
-          ok = false;
-          break;
+      for (int64_t t0 = s.bounds[n]; t0 < T1; t0 += C, ++index) {
+        if (steep.load(std::memory_order_relaxed)) return;  // the call's outputs are not used
+        const int64_t c = std::min(C, T1 - t0);
+        for (int64_t h = h0; h < h1; ++h) {
+          const int64_t hk = h / G;
+          float* X = Xall.data() + h * V * K;
+          const float* qc = qp + (t0 * s.H + hk) * K;
+          const float* kc = kp + (t0 * s.H + hk) * K;
+          const float* vc = vp + (t0 * HV + h) * V;
+          const float* gc = gp + (t0 * HV + h) * V;
+          prefetch(t0, h + 1);
+          if (!ch.terms(c, gc, vc, ldv, kc, ldq, bp + t0 * HV + h, HV, limit)) {
+            steep.fetch_add(1);
+            return;
+          }
+          if (keep) std::copy(X, X + V * K, Xs + (index * HV + h) * V * K);
+          ch.errors(c, X);
+          ch.scores(c, qc, ldq, sc);
+          // o = exp(G) (Q X^T + P Vi)
+          gemm(false, true, c, V, K, sc, qc, ldq, X, K, 0.0f, ch.O.data(), V);
+          lower_times(c, c, 1, V, 1.0f, ch.P.data(), C, ch.Vi.data(), V, 1.0f, ch.O.data(), V);
+          float* oc = op + (t0 * HV + h) * V;
+          for (int64_t i = 0; i < c; ++i) {
+            for (int64_t j = 0; j < V; ++j) oc[i * ldv + j] = ch.eG[i * V + j] * ch.O[i * V + j];
+          }
+          // X <- D X + R^T U
+          for (int64_t j = 0; j < V; ++j) {
+            for (int64_t a = 0; a < K; ++a) X[j * K + a] *= ch.D[j];
+          }
+          gemm(true, false, V, K, c, 1.0f, ch.R.data(), V, ch.U.data(), K, 1.0f, X, K);
         }
-        const int64_t c = std::min(C, s.bounds[n + 1] - t0);
-        const float* qc = qp + (t0 * s.H + hk) * K;
-        const float* kc = kp + (t0 * s.H + hk) * K;
-        const float* vc = vp + (t0 * HV + h) * V;
-        const float* gc = gp + (t0 * HV + h) * V;
-        if (!ch.terms(c, gc, vc, ldv, kc, ldq, bp + t0 * HV + h, HV, limit)) {
-          steep.fetch_add(1);
-          ok = false;
-          break;
-        }
-        if (keep) std::copy(X.begin(), X.end(), Xs + (index * HV + h) * V * K);
-        ch.errors(c, X.data());
-        ch.scores(c, qc, ldq, sc);
-        // o = exp(G) (Q X^T + P Vi)
-        gemm(false, true, c, V, K, sc, qc, ldq, X.data(), K, 0.0f, ch.O.data(), V);
-        gemm(false, false, c, V, c, 1.0f, ch.P.data(), C, ch.Vi.data(), V, 1.0f, ch.O.data(), V);
-        float* oc = op + (t0 * HV + h) * V;
-        for (int64_t i = 0; i < c; ++i) {
-          for (int64_t j = 0; j < V; ++j) oc[i * ldv + j] = ch.eG[i * V + j] * ch.O[i * V + j];
-        }
-        // X <- D X + R^T U
-        for (int64_t j = 0; j < V; ++j) {
-          for (int64_t a = 0; a < K; ++a) X[j * K + a] *= ch.D[j];
-        }
-        gemm(true, false, V, K, c, 1.0f, ch.R.data(), V, ch.U.data(), K, 1.0f, X.data(), K);
       }
-      if (!ok) continue;
-      float* Su = Sp + unit * K * V;
-      for (int64_t a = 0; a < K; ++a) {
-        for (int64_t j = 0; j < V; ++j) Su[a * V + j] = X[j * K + a];
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* X = Xall.data() + h * V * K;
+        float* Su = Sp + (n * HV + h) * K * V;
+        for (int64_t a = 0; a < K; ++a) {
+          for (int64_t j = 0; j < V; ++j) Su[a * V + j] = X[j * K + a];
+        }
       }
     }
   });
@@ -298,8 +345,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   if (dS.has_value()) check_state(kBackward, "dS", *dS, s, c10::kCPU);
   const auto opts = q.options();
   const int64_t HV = s.HV, K = s.K, V = s.V, G = s.HV / s.H, W = V + K;
-  at::Tensor dq = at::empty({s.TT, HV, K}, opts), dk = at::empty({s.TT, HV, K}, opts);
-  at::Tensor dv = at::empty({s.TT, HV, V}, opts), dgv = at::empty({s.TT, HV, V}, opts);
+  at::Tensor dq = fresh({s.TT, HV, K}, opts), dk = fresh({s.TT, HV, K}, opts);
+  at::Tensor dv = fresh({s.TT, HV, V}, opts), dgv = fresh({s.TT, HV, V}, opts);
   at::Tensor dbeta = at::empty({s.TT, HV}, opts), dS0 = at::empty({s.N, HV, K, V}, opts);
   const int64_t ldq = s.H * K, ldv = HV * V, ldd = HV * K;
   const float sc = static_cast<float>(scale);
@@ -315,116 +362,145 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::parallel_for(0, s.N * HV, 1, [&](int64_t lo, int64_t hi) {
     SequentialBlas sequential;
     Chunk ch(C, K, V);
-    std::vector<float> dX(V * K), dXp(V * K), dY(C * V), dP(C * C), dU(C * K), dVi(C * V),
+    std::vector<float> dXp(V * K), dY(C * V), dP(C * C), dU(C * K), dVi(C * V),
         dR(C * V), dD(V), dM(C * W), dL(C * C), dVd(C * V), dG(C * V);
-    for (int64_t unit = lo; unit < hi; ++unit) {
-      const int64_t n = unit / HV, h = unit % HV, hk = h / G;
-      if (dSp) {
-        const float* dSu = dSp + unit * K * V;
-        for (int64_t a = 0; a < K; ++a) {
-          for (int64_t j = 0; j < V; ++j) dX[j * K + a] = dSu[a * V + j];
+    std::vector<double> run(V);
+    std::vector<float> dXall(HV * V * K);
+    for (int64_t n = lo / HV; n * HV < hi; ++n) {
+      const int64_t h0 = std::max(lo, n * HV) - n * HV, h1 = std::min(hi, (n + 1) * HV) - n * HV;
+      for (int64_t h = h0; h < h1; ++h) {
+        float* dXh = dXall.data() + h * V * K;
+        if (dSp) {
+          const float* dSu = dSp + (n * HV + h) * K * V;
+          for (int64_t a = 0; a < K; ++a) {
+            for (int64_t j = 0; j < V; ++j) dXh[j * K + a] = dSu[a * V + j];
+          }
+        } else {
+          std::fill(dXh, dXh + V * K, 0.0f);
         }
-      } else {
-        std::fill(dX.begin(), dX.end(), 0.0f);
       }
       const int64_t T0 = s.bounds[n], T1 = s.bounds[n + 1];
       const int64_t nc = (T1 - T0 + C - 1) / C;
+      // the rows of chunk j of head h (the chunk before after the first head), read and written
+      const auto prefetch = [&](int64_t j, int64_t h) {
+        if (h < h0) {
+          j -= 1;
+          h = h1 - 1;
+        }
+        if (j < 0) return;
+        const int64_t t0 = T0 + j * C, m = std::min(C, T1 - t0), hk = h / G;
+        prefetch_rows(qp + (t0 * s.H + hk) * K, m, K, ldq);
+        prefetch_rows(kp + (t0 * s.H + hk) * K, m, K, ldq);
+        for (const float* x : {vp, gp, opo, dop}) prefetch_rows(x + (t0 * HV + h) * V, m, V, ldv);
+        prefetch_rows(Xs + ((s.first_chunk[n] + j) * HV + h) * V * K, 1, V * K, V * K);
+        for (float* x : {dqp, dkp}) prefetch_rows(x + (t0 * HV + h) * K, m, K, ldd, true);
+        for (float* x : {dvp, dgp}) prefetch_rows(x + (t0 * HV + h) * V, m, V, ldv, true);
+      };
       for (int64_t j = nc - 1; j >= 0; --j) {
         const int64_t t0 = T0 + j * C, c = std::min(C, T1 - t0);
-        const float* X = Xs + ((s.first_chunk[n] + j) * HV + h) * V * K;
-        const float* qc = qp + (t0 * s.H + hk) * K;
-        const float* kc = kp + (t0 * s.H + hk) * K;
-        const float* vc = vp + (t0 * HV + h) * V;
-        const float* gc = gp + (t0 * HV + h) * V;
-        const float* bc = bp + t0 * HV + h;
-        const float* oc = opo + (t0 * HV + h) * V;
-        const float* doc = dop + (t0 * HV + h) * V;
-        if (!ch.terms(c, gc, vc, ldv, kc, ldq, bc, HV, limit)) {  // not saved by the forward
-          steep.fetch_add(1);
-          break;
-        }
-        ch.errors(c, X);
-        ch.scores(c, qc, ldq, sc);
-        for (int64_t i = 0; i < c; ++i) {
-          for (int64_t a = 0; a < V; ++a) dY[i * V + a] = ch.eG[i * V + a] * doc[i * ldv + a];
-        }
-        // step 6
-        gemm(false, true, c, c, V, 1.0f, dY.data(), V, ch.Vi.data(), V, 0.0f, dP.data(), C);
-        for (int64_t i = 0; i < c; ++i) std::fill(dP.data() + i * C + i + 1, dP.data() + i * C + c, 0.0f);
-        gemm(false, false, c, K, V, 1.0f, ch.R.data(), V, dX.data(), K, 0.0f, dU.data(), K);
-        gemm(true, false, c, K, c, sc, dP.data(), C, qc, ldq, 1.0f, dU.data(), K);
-        float* dqc = dqp + (t0 * HV + h) * K;
-        gemm(false, false, c, K, V, sc, dY.data(), V, X, K, 0.0f, dqc, ldd);
-        gemm(false, false, c, K, c, sc, dP.data(), C, ch.U.data(), K, 1.0f, dqc, ldd);
-        gemm(true, false, c, V, c, 1.0f, ch.P.data(), C, dY.data(), V, 0.0f, dVi.data(), V);
-        gemm(false, true, c, V, K, 1.0f, ch.U.data(), K, dX.data(), K, 0.0f, dR.data(), V);
-        for (int64_t a = 0; a < V; ++a) {
-          float sum = 0.0f;
-          for (int64_t b = 0; b < K; ++b) sum += dX[a * K + b] * X[a * K + b];
-          dD[a] = sum;
-        }
-        // step 7
-        for (int64_t a = 0; a < V; ++a) {
-          for (int64_t b = 0; b < K; ++b) dXp[a * K + b] = ch.D[a] * dX[a * K + b];
-        }
-        gemm(true, false, V, K, c, sc, dY.data(), V, qc, ldq, 1.0f, dXp.data(), K);
-        gemm(true, false, V, K, c, -1.0f, ch.WU.data(), W, dU.data(), K, 1.0f, dXp.data(), K);
-        // step 8
-        gemm(false, true, c, V, K, -1.0f, dU.data(), K, X, K, 0.0f, dM.data(), W);
-        for (int64_t i = 0; i < c; ++i) {
-          std::copy(dU.data() + i * K, dU.data() + (i + 1) * K, dM.data() + i * W + V);
-        }
-        unit_lower_solve_transposed(c, W, ch.L.data(), C, dM.data(), W);
-        gemm(false, true, c, c, W, -1.0f, dM.data(), W, ch.WU.data(), W, 0.0f, dL.data(), C);
-        // step 9
-        float* dkc = dkp + (t0 * HV + h) * K;
-        for (int64_t i = 0; i < c; ++i) {
-          const float b = bc[i * HV];
-          const float* ki = kc + i * ldq;
-          const float* dMi = dM.data() + i * W;
-          float sum = 0.0f;
-          for (int64_t a = 0; a < V; ++a) sum += dMi[a] * ch.Vd[i * V + a];
-          for (int64_t a = 0; a < K; ++a) {
-            sum += dMi[V + a] * ki[a];
-            dkc[i * ldd + a] = b * dMi[V + a];
+        for (int64_t h = h1 - 1; h >= h0; --h) {
+          const int64_t hk = h / G;
+          float* dXh = dXall.data() + h * V * K;
+          const float* X = Xs + ((s.first_chunk[n] + j) * HV + h) * V * K;
+          const float* qc = qp + (t0 * s.H + hk) * K;
+          const float* kc = kp + (t0 * s.H + hk) * K;
+          const float* vc = vp + (t0 * HV + h) * V;
+          const float* gc = gp + (t0 * HV + h) * V;
+          const float* bc = bp + t0 * HV + h;
+          const float* oc = opo + (t0 * HV + h) * V;
+          const float* doc = dop + (t0 * HV + h) * V;
+          prefetch(j, h - 1);
+          if (!ch.terms(c, gc, vc, ldv, kc, ldq, bc, HV, limit)) {  // not saved by the forward
+            steep.fetch_add(1);
+            return;
           }
-          for (int64_t r = 0; r < i; ++r) {
-            sum += dL[i * C + r] * ch.A[i * C + r];
-            dL[i * C + r] *= b;  // dB
+          ch.errors(c, X);
+          ch.scores(c, qc, ldq, sc);
+          for (int64_t i = 0; i < c; ++i) {
+            for (int64_t a = 0; a < V; ++a) dY[i * V + a] = ch.eG[i * V + a] * doc[i * ldv + a];
           }
-          std::fill(dL.data() + i * C + i, dL.data() + i * C + c, 0.0f);
-          dbp[(t0 + i) * HV + h] = sum;
-        }
-        gemm(false, false, c, V, c, 1.0f, dL.data(), C, ch.Vi.data(), V, 0.0f, dVd.data(), V);
-        gemm(true, false, c, V, c, 1.0f, dL.data(), C, ch.Vd.data(), V, 1.0f, dVi.data(), V);
-        // steps 10 and 11
-        float* dvc = dvp + (t0 * HV + h) * V;
-        for (int64_t i = 0; i < c; ++i) {
-          const float b = bc[i * HV];
+          // step 6
+          lower_products(c, c, 1, V, 1.0f, dY.data(), V, ch.Vi.data(), V, dP.data(), C);
+          for (int64_t i = 0; i < c; ++i) std::fill(dP.data() + i * C + i + 1, dP.data() + i * C + c, 0.0f);
+          gemm(false, false, c, K, V, 1.0f, ch.R.data(), V, dXh, K, 0.0f, dU.data(), K);
+          lower_transposed_times(c, c, K, sc, dP.data(), C, qc, ldq, 1.0f, dU.data(), K);
+          float* dqc = dqp + (t0 * HV + h) * K;
+          gemm(false, false, c, K, V, sc, dY.data(), V, X, K, 0.0f, dqc, ldd);
+          lower_times(c, c, 1, K, sc, dP.data(), C, ch.U.data(), K, 1.0f, dqc, ldd);
+          lower_transposed_times(c, c, V, 1.0f, ch.P.data(), C, dY.data(), V, 0.0f, dVi.data(), V);
+          gemm(false, true, c, V, K, 1.0f, ch.U.data(), K, dXh, K, 0.0f, dR.data(), V);
           for (int64_t a = 0; a < V; ++a) {
-            const int64_t e = i * V + a;
-            const float dvd = dVd[e] + b * dM[i * W + a];
-            dvc[i * ldv + a] =
-                ch.eG[e] * dvd + ch.eGi[e] * dVi[e] + ch.D[a] * ch.eGi[e] * dR[e];
-            dG[e] = doc[i * ldv + a] * oc[i * ldv + a] + ch.Vd[e] * dvd - ch.Vi[e] * dVi[e] -
-                    ch.R[e] * dR[e];
+            float sum = 0.0f;
+            for (int64_t b = 0; b < K; ++b) sum += dXh[a * K + b] * X[a * K + b];
+            dD[a] = sum;
           }
-        }
-        float* dgc = dgp + (t0 * HV + h) * V;
-        for (int64_t a = 0; a < V; ++a) {
-          float last = ch.D[a] * dD[a];
-          for (int64_t i = 0; i < c; ++i) last += ch.R[i * V + a] * dR[i * V + a];
-          double run = 0.0;
+          // step 7
+          for (int64_t a = 0; a < V; ++a) {
+            for (int64_t b = 0; b < K; ++b) dXp[a * K + b] = ch.D[a] * dXh[a * K + b];
+          }
+          gemm(true, false, V, K, c, sc, dY.data(), V, qc, ldq, 1.0f, dXp.data(), K);
+          gemm(true, false, V, K, c, -1.0f, ch.WU.data(), W, dU.data(), K, 1.0f, dXp.data(), K);
+          // step 8
+          gemm(false, true, c, V, K, -1.0f, dU.data(), K, X, K, 0.0f, dM.data(), W);
+          for (int64_t i = 0; i < c; ++i) {
+            std::copy(dU.data() + i * K, dU.data() + (i + 1) * K, dM.data() + i * W + V);
+          }
+          unit_lower_solve_transposed(c, W, ch.L.data(), C, dM.data(), W);
+          lower_products(c, c, 1, W, -1.0f, dM.data(), W, ch.WU.data(), W, dL.data(), C);
+          // step 9
+          float* dkc = dkp + (t0 * HV + h) * K;
+          for (int64_t i = 0; i < c; ++i) {
+            const float b = bc[i * HV];
+            const float* ki = kc + i * ldq;
+            const float* dMi = dM.data() + i * W;
+            float sum = 0.0f;
+            for (int64_t a = 0; a < V; ++a) sum += dMi[a] * ch.Vd[i * V + a];
+            for (int64_t a = 0; a < K; ++a) {
+              sum += dMi[V + a] * ki[a];
+              dkc[i * ldd + a] = b * dMi[V + a];
+            }
+            for (int64_t r = 0; r < i; ++r) {
+              sum += dL[i * C + r] * ch.A[i * C + r];
+              dL[i * C + r] *= b;  // dB
+            }
+            std::fill(dL.data() + i * C + i, dL.data() + i * C + c, 0.0f);
+            dbp[(t0 + i) * HV + h] = sum;
+          }
+          lower_times(c, c, 1, V, 1.0f, dL.data(), C, ch.Vi.data(), V, 0.0f, dVd.data(), V);
+          lower_transposed_times(c, c, V, 1.0f, dL.data(), C, ch.Vd.data(), V, 1.0f, dVi.data(), V);
+          // steps 10 and 11
+          float* dvc = dvp + (t0 * HV + h) * V;
+          for (int64_t i = 0; i < c; ++i) {
+            const float b = bc[i * HV];
+            for (int64_t a = 0; a < V; ++a) {
+              const int64_t e = i * V + a;
+              const float dvd = dVd[e] + b * dM[i * W + a];
+              dvc[i * ldv + a] =
+                  ch.eG[e] * dvd + ch.eGi[e] * dVi[e] + ch.D[a] * ch.eGi[e] * dR[e];
+              dG[e] = doc[i * ldv + a] * oc[i * ldv + a] + ch.Vd[e] * dvd - ch.Vi[e] * dVi[e] -
+                      ch.R[e] * dR[e];
+            }
+          }
+          float* dgc = dgp + (t0 * HV + h) * V;
+          for (int64_t a = 0; a < V; ++a) run[a] = static_cast<double>(ch.D[a] * dD[a]);
+          for (int64_t i = 0; i < c; ++i) {
+            for (int64_t a = 0; a < V; ++a) run[a] += static_cast<double>(ch.R[i * V + a] * dR[i * V + a]);
+          }
           for (int64_t i = c - 1; i >= 0; --i) {
-            run += static_cast<double>(dG[i * V + a]) + (i == c - 1 ? last : 0.0f);
-            dgc[i * ldv + a] = static_cast<float>(run);
+            for (int64_t a = 0; a < V; ++a) {
+              run[a] += static_cast<double>(dG[i * V + a]);
+              dgc[i * ldv + a] = static_cast<float>(run[a]);
+            }
           }
+          std::copy(dXp.begin(), dXp.end(), dXh);
         }
-        std::swap(dX, dXp);
       }
-      float* dS0u = dS0p + unit * K * V;
-      for (int64_t a = 0; a < K; ++a) {
-        for (int64_t j = 0; j < V; ++j) dS0u[a * V + j] = dX[j * K + a];
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* dXh = dXall.data() + h * V * K;
+        float* dS0u = dS0p + (n * HV + h) * K * V;
+        for (int64_t a = 0; a < K; ++a) {
+          for (int64_t j = 0; j < V; ++j) dS0u[a * V + j] = dXh[j * K + a];
+        }
       }
     }
   });
