@@ -338,3 +338,21 @@ def test_the_compiled_ops_name_bad_input():
         op(q, k, v, gv, beta, S0[..., :2].contiguous(), [0, T], 0.4, 8, 60.0, False)
     with pytest.raises(RuntimeError, match="C .the chunk size. must be in"):
         op(q, k, v, gv, beta, S0, [0, T], 0.4, 0, 60.0, False)
+
+
+@native
+def test_the_compiled_form_gives_the_same_bits_on_two_threads():
+    """The kernels split the (sequence, head)s between threads, each computed alone: two
+    threads give one thread's numbers exactly, forward and backward."""
+    x = {n: t.float() for n, t in _packed([0, 1, 12, 29]).items()}
+    options = {"scale": 0.4, "chunk_size": 8, "cu_seqlens": torch.tensor([0, 1, 12, 29])}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _loss_and_grads(x, **options)
+        torch.set_num_threads(2)
+        two = _loss_and_grads(x, **options)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip([*one[0], *one[1]], [*two[0], *two[1]], strict=True):
+        assert torch.equal(a, b)

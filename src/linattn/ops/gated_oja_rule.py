@@ -24,6 +24,12 @@ state, the chunk's errors solve one unit-lower-triangular system
 and o_t = exp(G_t) * (X_0 q_t) + sum_{s <= t} (u_s . q_t) exp(G_t - G_s) * v_s, every exponent
 <= 0. Packed sequences, initial and final states ([N, HV, K, V], fla's layout), grouped value
 heads and gradients (autograd) in every form; ``gated_oja_rule_step`` is the decoding step.
+
+On float32 CPU tensors with the compiled kernels loaded (``linattn.ops._native``; eager, not
+under a trace) the chunk form runs fused in C++ (``csrc/oja.cpp``: the factored form below, chunk
+by chunk, forward and a hand-written backward from the state entering every chunk). A call with
+a chunk whose decay spans the factored form's limit runs the PyTorch forms instead (the kernel
+reports it), as does a reset (the token loop).
 """
 
 from __future__ import annotations
@@ -193,11 +199,11 @@ class _FusedOja(torch.autograd.Function):
 
 
 def _fused_applies(*tensors: Tensor | None) -> bool:
-    """Whether the compiled chunk form serves the call: float32 CPU tensors, the kernels
-    loaded, eager (a trace holds the PyTorch ops)."""
+    """Whether the compiled chunk form serves the call: float32 CPU tensors, none empty, the
+    kernels loaded, eager (a trace holds the PyTorch ops)."""
     present = [x for x in tensors if x is not None]
     return (
-        all(x.dtype == torch.float32 and x.device.type == "cpu" for x in present)
+        all(x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() for x in present)
         and _native.applies(present[0])
         and not tracing(present[0])
     )
@@ -282,7 +288,7 @@ def gated_oja_rule(
     T, H, HV, K, V = checked.T, checked.H, checked.HV, checked.K, checked.V
     scale = K**-0.5 if scale is None else scale
     G = HV // H if H else 1
-    if mode == "chunk" and q.numel() and v.numel() and _fused_applies(q, k, v, gv, beta, initial_state):
+    if mode == "chunk" and _fused_applies(q, k, v, gv, beta, initial_state):
         found = _fused(q, k, v, gv, beta, scale, checked.chunk_size, initial_state, cu_seqlens)
         if found is not None:
             return found[0], (found[1] if checked.output_final_state else None)

@@ -337,7 +337,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                   states.size(3) == s.K && states.is_contiguous(),
               kBackward, ": states must be contiguous float32 [", s.chunks, ", ", s.HV, ", ", s.V,
               ", ", s.K, "], got ", states.sizes());
-  for (const auto& [name, x] : {std::pair<const char*, const at::Tensor*>{"o", &o}, {"d_o", &d_o}}) {
+  using Named = std::pair<const char*, const at::Tensor*>;
+  for (const auto& [name, x] : {Named{"o", &o}, Named{"d_o", &d_o}}) {
     TORCH_CHECK(x->scalar_type() == at::kFloat && x->sizes() == v.sizes() && x->is_contiguous(),
                 kBackward, ": ", name, " must be contiguous float32 of v's shape ", v.sizes(),
                 ", got ", x->sizes());
@@ -421,7 +422,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           }
           // step 6
           lower_products(c, c, 1, V, 1.0f, dY.data(), V, ch.Vi.data(), V, dP.data(), C);
-          for (int64_t i = 0; i < c; ++i) std::fill(dP.data() + i * C + i + 1, dP.data() + i * C + c, 0.0f);
+          for (int64_t i = 0; i < c; ++i) {
+            std::fill(dP.data() + i * C + i + 1, dP.data() + i * C + c, 0.0f);
+          }
           gemm(false, false, c, K, V, 1.0f, ch.R.data(), V, dXh, K, 0.0f, dU.data(), K);
           lower_transposed_times(c, c, K, sc, dP.data(), C, qc, ldq, 1.0f, dU.data(), K);
           float* dqc = dqp + (t0 * HV + h) * K;
@@ -484,7 +487,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           float* dgc = dgp + (t0 * HV + h) * V;
           for (int64_t a = 0; a < V; ++a) run[a] = static_cast<double>(ch.D[a] * dD[a]);
           for (int64_t i = 0; i < c; ++i) {
-            for (int64_t a = 0; a < V; ++a) run[a] += static_cast<double>(ch.R[i * V + a] * dR[i * V + a]);
+            for (int64_t a = 0; a < V; ++a) {
+              run[a] += static_cast<double>(ch.R[i * V + a] * dR[i * V + a]);
+            }
           }
           for (int64_t i = c - 1; i >= 0; --i) {
             for (int64_t a = 0; a < V; ++a) {
