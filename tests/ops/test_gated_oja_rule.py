@@ -295,6 +295,17 @@ def test_a_chunk_beyond_the_limit_falls_back_to_the_pytorch_form(monkeypatch):
 
 
 @native
+def test_a_chunk_larger_than_the_kernels_take_runs_the_pytorch_form(monkeypatch):
+    x = _packed([0, T])
+    called = _calls(monkeypatch)
+    x32 = {n: t.float() for n, t in x.items()}
+    options = {"scale": 0.4, "chunk_size": module.FUSED_MAX_CHUNK + 1}
+    got = gated_oja_rule(**x32, **options, output_final_state=True)
+    assert called == []
+    _assert_float32_close(got, oracle(x, 0.4, [0, T]), 2e-6)
+
+
+@native
 def test_a_reset_in_float32_takes_the_token_loop(monkeypatch):
     x = _packed([0, T])
     x["gv"][0, 10] = -math.inf

@@ -165,6 +165,11 @@ def _factored_block(q, k, v, gv, beta, X, C: int, limit: float):
     return o.flatten(2, 3), X
 
 
+# The largest chunk the compiled kernels take (csrc/oja.cpp checks it too); a larger one runs the
+# PyTorch form.
+FUSED_MAX_CHUNK = 1024
+
+
 class _FusedOja(torch.autograd.Function):
     """The chunk form on the compiled kernels (``csrc/oja.cpp``: its header gives the forward's
     steps 1-5 and the backward's steps 6-11): q, k [TT, H, K], v, gv [TT, HV, V], beta [TT, HV]
@@ -288,7 +293,8 @@ def gated_oja_rule(
     T, H, HV, K, V = checked.T, checked.H, checked.HV, checked.K, checked.V
     scale = K**-0.5 if scale is None else scale
     G = HV // H if H else 1
-    if mode == "chunk" and _fused_applies(q, k, v, gv, beta, initial_state):
+    fits = checked.chunk_size <= FUSED_MAX_CHUNK
+    if mode == "chunk" and fits and _fused_applies(q, k, v, gv, beta, initial_state):
         found = _fused(q, k, v, gv, beta, scale, checked.chunk_size, initial_state, cu_seqlens)
         if found is not None:
             return found[0], (found[1] if checked.output_final_state else None)
