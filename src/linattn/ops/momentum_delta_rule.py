@@ -100,13 +100,12 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     if pad:
         x = tuple(torch.nn.functional.pad(t, (0, 0) * (t.dim() - 3) + (0, pad)) for t in x)
     per_block = max(1, BLOCK_NUMBERS // (B * H * (C + 1) * (C + 1)))
-    strict = torch.ones(C + 1, C + 1, dtype=torch.bool, device=q.device).tril(-1)
     Z = torch.cat([S, M], dim=-2).flatten(0, 1)  # [B H, 2K, V]: the memory over the momentum
     outs = []
     # the blocks as views of one split (its gradient is one concatenation; a slice per block
     # would make a zero tensor of the whole for each block's gradient)
     for block in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
-        o_b, Z = _block(*(_chunks(t, C) for t in block), Z, strict)
+        o_b, Z = _block(*(_chunks(t, C) for t in block), Z)
         outs.append(o_b.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3))  # [B, H, nb C, V]
     o = torch.cat(outs, 2)[:, :, :T]
     S, M = Z.unflatten(0, (B, H)).split(q.shape[3], dim=-2)
@@ -119,43 +118,111 @@ def _chunks(t: Tensor, C: int) -> Tensor:
     return t.flatten(1, 2).contiguous()
 
 
-def _block(q, k, v, p, la, lm, beta, eta, Z, strict):
+def _block(q, k, v, p, la, lm, beta, eta, Z):
     """One block of chunks ([nb, P, C, .]) entering with Z = [S; M] [P, 2K, V]: (o [nb, P, C,
     V], Z). The pair is one state: a chunk's errors read it through [Ps | Pm], it enters the next
     chunk through Phi(C, 0) (a 2 x 2 product over its halves) and the errors write it through
-    [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]."""
-    nb, P, C, K = q.shape
-    V = v.shape[3]
+    [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]. Every term that does not read the state is formed
+    here for all the block's chunks at once; ``_Scan`` carries the pair through them.
+    """
     a = _decays(la)  # [nb, P, C + 1, C + 1], positions 0..C
     m = _decays(lm)
+    C = q.shape[2]
     b0 = torch.nn.functional.pad(beta, (1, 0))  # beta at positions 0..C (none at 0)
-    cross = -(a @ (b0[..., :, None] * m * strict))  # c(i, j)
-    g = a * b0[..., None, :] - cross  # g(i, s) = a(i, s) beta_s - c(i, s)
+    # g(i, s) = a(i, s) beta_s - c(i, s) = sum_{s <= l <= i} a(i, l) beta_l m(l, s): the
+    # product with the diagonal kept; and c(i, 0) = -g(i, 0), since beta_0 = 0
+    g = a @ (b0[..., :, None] * m)
+    cross = -g[..., 0]  # c(i, 0)
     ek = eta[..., None] * k  # eta_s k_s
     ekT = ek.transpose(-1, -2)
     prev, now = slice(0, C), slice(1, C + 1)  # positions t - 1 and t of tokens t = 1..C
     # the errors: (I + L) W = V - a(t-1, 0) P S_0 - c(t-1, 0) P M_0, for every chunk
     T_inv = unit_lower_inverse_of_strict(g[..., prev, 1:] * (p @ ekT))
-    rhs = torch.cat([v, a[..., prev, 0, None] * p, cross[..., prev, 0, None] * p], dim=-1)
-    X = T_inv @ rhs  # the inverse and a product: cheaper than a solve against the wide rhs
-    U0, PZ = X[..., :V], X[..., V:]  # W = U0 - [Ps | Pm] Z
-    into = torch.cat([g[..., -1, 1:, None] * ek, -m[..., -1, 1:, None] * ek], dim=-1)
-    into = into.transpose(-1, -2)  # [nb, P, 2K, C]
-    zero = torch.zeros_like(a[..., -1, 0])
-    phi = torch.stack([a[..., -1, 0], cross[..., -1, 0], zero, m[..., -1, 0]], dim=-1)
-    phi = phi.unflatten(-1, (2, 2))  # [nb, P, 2, 2]: Phi(C, 0)
-    states, errors = [], []
-    # each chunk's terms as views of one unbind (its gradient is one stack; an index per chunk
-    # would make a zero tensor of the whole for each chunk's gradient)
-    for U0_j, PZ_j, into_j, phi_j in zip(*(t.unbind(0) for t in (U0, PZ, into, phi)), strict=True):
-        states.append(Z)
-        W = torch.baddbmm(U0_j, PZ_j, Z, alpha=-1)
-        errors.append(W)
-        Z = torch.baddbmm((phi_j @ Z.view(P, 2, K * V)).view(P, 2 * K, V), into_j, W)
+
+    def pair(x, first, second):  # [x * first | x * second], [nb, P, C, 2K], one product
+        coefficients = torch.stack([first, second], dim=-1)[..., None]  # [nb, P, C, 2, 1]
+        return (x[..., None, :] * coefficients).flatten(-2)
+
+    reads = pair(p, a[..., prev, 0], cross[..., prev])
+    into = pair(ek, g[..., -1, 1:], -m[..., -1, 1:]).transpose(-1, -2)  # [nb, P, 2K, C]
+    phi = torch.stack([a[..., -1, 0], cross[..., -1], m[..., -1, 0]], dim=-1)  # Phi(C, 0)
     scores = (g[..., now, 1:] * (q @ ekT)).tril_()
-    reads = torch.cat([a[..., now, 0, None] * q, cross[..., now, 0, None] * q, scores], dim=-1)
-    o = reads @ torch.cat([torch.stack(states), torch.stack(errors)], dim=-2)  # [nb, P, C, V]
-    return o, Z
+    outs = pair(q, a[..., now, 0], cross[..., now])
+    return _Scan.apply(v, reads, T_inv, into, phi, outs, scores, Z)
+
+
+def _enter(phi: Tensor, Z: Tensor) -> Tensor:
+    """Phi Z for phi = (a, c, m) [P, 3] (Phi = [[a, c], [0, m]]) and Z [P, 2K, V]."""
+    S, M = Z.unflatten(1, (2, -1)).unbind(1)
+    top = torch.addcmul(phi[:, 0, None, None] * S, phi[:, 1, None, None], M)
+    return torch.cat([top, phi[:, 2, None, None] * M], dim=1)
+
+
+class _Scan(torch.autograd.Function):
+    """The pair through a block's chunks (``_block``'s terms, [nb, P, ...]), and the outputs:
+
+        W_j = T_j^-1 (V_j - R_j Z_j),   Z_{j+1} = Phi_j Z_j + I_j W_j,
+        O_j = Q_j Z_j + A_j W_j
+
+    (R the reads [Ps | Pm], I the writes into the pair, Q the outputs' reads, A the chunk's
+    scores). The errors are solved in the loop against the C x V right side; solving T^-1 [V |
+    R] first would cost a C x C x 2K product a chunk more. The backward runs the loop in reverse
+    carrying only dZ, and forms every other gradient as one product over the block's chunks
+    (the per-chunk products of autograd's graph cost a small product and a copy each).
+    """
+
+    @staticmethod
+    def forward(ctx, v, reads, T_inv, into, phi, outs, scores, Z):
+        nb, P, C, V = v.shape
+        Zs = Z.new_empty((nb + 1, *Z.shape))  # the pair entering each chunk, and the last
+        Ws, Rs = v.new_empty(v.shape), v.new_empty(v.shape)  # the errors and their right sides
+        Zs[0] = Z
+        for j in range(nb):
+            torch.baddbmm(v[j], reads[j], Zs[j], alpha=-1, out=Rs[j])
+            torch.bmm(T_inv[j], Rs[j], out=Ws[j])
+            torch.baddbmm(_enter(phi[j], Zs[j]), into[j], Ws[j], out=Zs[j + 1])
+        o = torch.baddbmm(
+            (scores @ Ws).flatten(0, 1), outs.flatten(0, 1), Zs[:-1].flatten(0, 1)
+        ).unflatten(0, (nb, P))
+        ctx.save_for_backward(reads, T_inv, into, phi, outs, scores, Zs, Ws, Rs)
+        return o, Zs[-1].clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dZ):
+        reads, T_inv, into, phi, outs, scores, Zs, Ws, Rs = ctx.saved_tensors
+        Zin = Zs[:-1]
+        do = torch.zeros_like(Ws) if do is None else do.contiguous()
+        dZ = torch.zeros_like(Zs[-1]) if dZ is None else dZ.contiguous()
+        dWs = scores.transpose(-1, -2) @ do  # the outputs' part, the loop adds the pair's
+        dZin = outs.transpose(-1, -2) @ do  # [nb, P, 2K, V]
+        dZout = torch.empty_like(Zin)  # the gradient of the pair leaving each chunk
+        dRs = torch.empty_like(Ws)
+        for j in reversed(range(Ws.shape[0])):
+            dZout[j] = dZ
+            dWs[j].baddbmm_(into[j].transpose(-1, -2), dZ)
+            torch.bmm(T_inv[j].transpose(-1, -2), dWs[j], out=dRs[j])
+            dZ = dZin[j].baddbmm_(reads[j].transpose(-1, -2), dRs[j], alpha=-1)
+            dZ += _transposed_enter(phi[j], dZout[j])
+        dv = dRs
+        dreads = -(dRs @ Zin.transpose(-1, -2))
+        dT_inv = dWs @ Rs.transpose(-1, -2)
+        dinto = dZout @ Ws.transpose(-1, -2)
+        S, M = Zin.unflatten(2, (2, -1)).unbind(2)
+        dS, dM = dZout.unflatten(2, (2, -1)).unbind(2)
+        dphi = torch.stack(
+            [(dS * S).sum((-1, -2)), (dS * M).sum((-1, -2)), (dM * M).sum((-1, -2))], dim=-1
+        )
+        douts = do @ Zin.transpose(-1, -2)
+        dscores = do @ Ws.transpose(-1, -2)
+        return dv, dreads, dT_inv, dinto, dphi, douts, dscores, dZ
+
+
+def _transposed_enter(phi: Tensor, dZ: Tensor) -> Tensor:
+    """Phi^T dZ for phi = (a, c, m) [P, 3] and dZ [P, 2K, V]: [a dS; c dS + m dM]."""
+    dS, dM = dZ.unflatten(1, (2, -1)).unbind(1)
+    bottom = torch.addcmul(phi[:, 2, None, None] * dM, phi[:, 1, None, None], dS)
+    return torch.cat([phi[:, 0, None, None] * dS, bottom], dim=1)
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):
