@@ -71,7 +71,7 @@ def _decays(log_decay: Tensor) -> Tensor:
     C = torch.nn.functional.pad(log_decay.cumsum(-1), (1, 0))
     n = C.shape[-1]
     causal = torch.ones(n, n, dtype=torch.bool, device=C.device).tril()
-    return torch.exp((C[..., :, None] - C[..., None, :]).masked_fill(~causal, -math.inf))
+    return (C[..., :, None] - C[..., None, :]).masked_fill_(~causal, -math.inf).exp_()
 
 
 # The state-independent terms are formed a block of chunks at a time: a block's terms (its
@@ -80,7 +80,7 @@ def _decays(log_decay: Tensor) -> Tensor:
 BLOCK_NUMBERS = 1 << 18
 
 
-def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
+def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int, block=None):
     """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, S, M).
 
     Every term that does not read the state is formed for a block of chunks at once ([nb, B H,
@@ -104,8 +104,8 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     outs = []
     # the blocks as views of one split (its gradient is one concatenation; a slice per block
     # would make a zero tensor of the whole for each block's gradient)
-    for block in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
-        o_b, Z = _block(*(_chunks(t, C) for t in block), Z)
+    for pieces in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
+        o_b, Z = (block or _block)(*(_chunks(t, C) for t in pieces), Z)
         outs.append(o_b.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3))  # [B, H, nb C, V]
     o = torch.cat(outs, 2)[:, :, :T]
     S, M = Z.unflatten(0, (B, H)).split(q.shape[3], dim=-2)
@@ -120,10 +120,18 @@ def _chunks(t: Tensor, C: int) -> Tensor:
 
 def _block(q, k, v, p, la, lm, beta, eta, Z):
     """One block of chunks ([nb, P, C, .]) entering with Z = [S; M] [P, 2K, V]: (o [nb, P, C,
-    V], Z). The pair is one state: a chunk's errors read it through [Ps | Pm], it enters the next
-    chunk through Phi(C, 0) (a 2 x 2 product over its halves) and the errors write it through
-    [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]. Every term that does not read the state is formed
-    here for all the block's chunks at once; ``_Scan`` carries the pair through them.
+    V], Z) through ``_Block``, whose backward is written out (see there)."""
+    return _Block.apply(q, k, v, p, la, lm, beta, eta, Z)
+
+
+def _terms(q, k, p, la, lm, beta, eta):
+    """The state-independent terms of a block's chunks ([nb, P, C, .]): a dict of the decays a,
+    m, the weights g, the inverse Y = T^-1 and the scan's operands (``_Scan``).
+
+    The pair is one state: a chunk's errors read it through [Ps | Pm] (``reads``), it enters
+    the next chunk through Phi(C, 0) (a 2 x 2 product over its halves, ``phi`` = (a, c, m) of
+    [[a, c], [0, m]]), the errors write it through [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]
+    (``into``) and the outputs read it through [a(t, 0) q_t | c(t, 0) q_t] (``outs``).
     """
     a = _decays(la)  # [nb, P, C + 1, C + 1], positions 0..C
     m = _decays(lm)
@@ -131,24 +139,127 @@ def _block(q, k, v, p, la, lm, beta, eta, Z):
     b0 = torch.nn.functional.pad(beta, (1, 0))  # beta at positions 0..C (none at 0)
     # g(i, s) = a(i, s) beta_s - c(i, s) = sum_{s <= l <= i} a(i, l) beta_l m(l, s): the
     # product with the diagonal kept; and c(i, 0) = -g(i, 0), since beta_0 = 0
-    g = a @ (b0[..., :, None] * m)
+    bm = b0[..., :, None] * m
+    g = a @ bm
     cross = -g[..., 0]  # c(i, 0)
     ek = eta[..., None] * k  # eta_s k_s
     ekT = ek.transpose(-1, -2)
     prev, now = slice(0, C), slice(1, C + 1)  # positions t - 1 and t of tokens t = 1..C
     # the errors: (I + L) W = V - a(t-1, 0) P S_0 - c(t-1, 0) P M_0, for every chunk
-    T_inv = unit_lower_inverse_of_strict(g[..., prev, 1:] * (p @ ekT))
+    PK = p @ ekT
+    QK = q @ ekT
+    t = dict(a=a, m=m, b0=b0, bm=bm, g=g, ek=ek, PK=PK, QK=QK)
+    t["Y"] = unit_lower_inverse_of_strict(g[..., prev, 1:] * PK)
+    t["reads"] = _pair(p, a[..., prev, 0], cross[..., prev])
+    t["into"] = _pair(ek, g[..., -1, 1:], -m[..., -1, 1:]).transpose(-1, -2)  # [nb, P, 2K, C]
+    t["phi"] = torch.stack([a[..., -1, 0], cross[..., -1], m[..., -1, 0]], dim=-1)
+    t["scores"] = (g[..., now, 1:] * QK).tril_()
+    t["outs"] = _pair(q, a[..., now, 0], cross[..., now])
+    return t
 
-    def pair(x, first, second):  # [x * first | x * second], [nb, P, C, 2K], one product
-        coefficients = torch.stack([first, second], dim=-1)[..., None]  # [nb, P, C, 2, 1]
-        return (x[..., None, :] * coefficients).flatten(-2)
 
-    reads = pair(p, a[..., prev, 0], cross[..., prev])
-    into = pair(ek, g[..., -1, 1:], -m[..., -1, 1:]).transpose(-1, -2)  # [nb, P, 2K, C]
-    phi = torch.stack([a[..., -1, 0], cross[..., -1], m[..., -1, 0]], dim=-1)  # Phi(C, 0)
-    scores = (g[..., now, 1:] * (q @ ekT)).tril_()
-    outs = pair(q, a[..., now, 0], cross[..., now])
-    return _Scan.apply(v, reads, T_inv, into, phi, outs, scores, Z)
+def _pair(x: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    """[first * x | second * x] ([nb, P, C, 2K] from x [nb, P, C, K]), one product."""
+    coefficients = torch.stack([first, second], dim=-1)[..., None]  # [nb, P, C, 2, 1]
+    return (x[..., None, :] * coefficients).flatten(-2)
+
+
+def _pair_backward(d: Tensor, x: Tensor, first: Tensor, second: Tensor):
+    """The gradients (dx, dfirst, dsecond) of ``_pair(x, first, second)`` for its gradient d."""
+    d0, d1 = d.unflatten(-1, (2, -1)).unbind(-2)
+    dx = torch.addcmul(d0 * first[..., None], d1, second[..., None])
+    return dx, (d0 * x).sum(-1), (d1 * x).sum(-1)
+
+
+def _decays_backward(da: Tensor, a: Tensor) -> Tensor:
+    """The log-decays' gradient [.., c] from that of ``_decays`` (a [..., c + 1, c + 1]):
+    a(i, j) = exp(C_i - C_j) gives dC = rows - columns of da * a, and C_i = sum_{l <= i} x_l
+    gives dx_l = sum_{i >= l} dC_i."""
+    dD = da * a
+    dC = dD.sum(-1) - dD.sum(-2)
+    return dC[..., 1:].flip(-1).cumsum(-1).flip(-1)
+
+
+class _Block(torch.autograd.Function):
+    """A block of chunks with its backward written out: the terms (``_terms``), the scan
+    (``_Scan``), then the terms' gradients by the chain rule through each product, as batched
+    products over the block's chunks (autograd's graph of the same forward spends most of its
+    backward on broadcast products and their reductions). Differentiable once: mode="parallel"
+    keeps the composite graph (``_composite_block``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, p, la, lm, beta, eta, Z):
+        t = _terms(q, k, p, la, lm, beta, eta)
+        o, Zs, Ws, Rs = _scan(v, t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Z)
+        ctx.names = ("a", "m", "b0", "bm", "g", "ek", "PK", "QK", "Y", "reads", "into", "phi",
+                     "outs", "scores")  # fmt: skip
+        ctx.save_for_backward(q, k, p, eta, Zs, Ws, Rs, *(t[n] for n in ctx.names))
+        return o, Zs[-1].clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dZ):
+        q, k, p, eta, Zs, Ws, Rs, *rest = ctx.saved_tensors
+        t = dict(zip(ctx.names, rest, strict=True))
+        a, m, g, ek, PK, QK = t["a"], t["m"], t["g"], t["ek"], t["PK"], t["QK"]
+        C = q.shape[2]
+        prev, now = slice(0, C), slice(1, C + 1)
+        cross = -g[..., 0]
+        dv, dreads, dY, dinto, dphi, douts, dscores, dZ0 = _scan_backward(
+            t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Zs, Ws, Rs, do, dZ
+        )
+        Yt = t["Y"].transpose(-1, -2)
+        dL = -(Yt @ dY @ Yt).tril_(-1)  # (I + L)^-1's backward; L strictly lower
+        dscores = dscores.tril_()
+        dPK = dL * g[..., prev, 1:]
+        dQK = dscores * g[..., now, 1:]
+        dg = torch.zeros_like(g)
+        dg[..., prev, 1:] = dL * PK
+        dg[..., now, 1:] += dscores * QK
+        dp, da_prev, dc_prev = _pair_backward(dreads, p, a[..., prev, 0], cross[..., prev])
+        dp.add_(dPK @ ek)
+        dq, da_now, dc_now = _pair_backward(douts, q, a[..., now, 0], cross[..., now])
+        dq.add_(dQK @ ek)
+        dek, dg_last, dm_last = _pair_backward(
+            dinto.transpose(-1, -2), ek, g[..., -1, 1:], -m[..., -1, 1:]
+        )
+        dek += dPK.transpose(-1, -2) @ p + dQK.transpose(-1, -2) @ q
+        dg[..., -1, 1:] += dg_last
+        dm = torch.zeros_like(m)
+        dm[..., -1, 1:] = -dm_last
+        dm[..., -1, 0] += dphi[..., 2]
+        da = torch.zeros_like(a)
+        da[..., prev, 0] = da_prev
+        da[..., now, 0] += da_now
+        da[..., -1, 0] += dphi[..., 0]
+        dcross = torch.nn.functional.pad(dc_prev, (0, 1))
+        dcross[..., now] += dc_now
+        dcross[..., -1] += dphi[..., 1]
+        dg[..., 0] -= dcross
+        da.add_(dg @ t["bm"].transpose(-1, -2))
+        dbm = a.transpose(-1, -2) @ dg
+        dm.addcmul_(dbm, t["b0"][..., :, None])
+        dbeta = (dbm * m).sum(-1)[..., 1:]
+        dk = dek * eta[..., None]
+        deta = (dek * k).sum(-1)
+        dla, dlm = _decays_backward(da, a), _decays_backward(dm, m)
+        return dq, dk, dv, dp, dla, dlm, dbeta, deta, dZ0
+
+
+def _composite_block(q, k, v, p, la, lm, beta, eta, Z):
+    """``_block`` as one autograd graph (its terms, then the scan token chunk by chunk):
+    differentiable any number of times, for mode="parallel"."""
+    t = _terms(q, k, p, la, lm, beta, eta)
+    Z_in, errors = [], []
+    for v_j, r_j, Y_j, i_j, phi_j in zip(
+        *(x.unbind(0) for x in (v, t["reads"], t["Y"], t["into"], t["phi"])), strict=True
+    ):
+        Z_in.append(Z)
+        W = Y_j @ torch.baddbmm(v_j, r_j, Z, alpha=-1)
+        errors.append(W)
+        Z = torch.baddbmm(_enter(phi_j, Z), i_j, W)
+    o = t["outs"] @ torch.stack(Z_in) + t["scores"] @ torch.stack(errors)
+    return o, Z
 
 
 def _enter(phi: Tensor, Z: Tensor) -> Tensor:
@@ -158,71 +269,65 @@ def _enter(phi: Tensor, Z: Tensor) -> Tensor:
     return torch.cat([top, phi[:, 2, None, None] * M], dim=1)
 
 
-class _Scan(torch.autograd.Function):
-    """The pair through a block's chunks (``_block``'s terms, [nb, P, ...]), and the outputs:
+def _scan(v, reads, Y, into, phi, outs, scores, Z):
+    """The pair through a block's chunks (``_terms``, [nb, P, ...]), and the outputs:
 
-        W_j = T_j^-1 (V_j - R_j Z_j),   Z_{j+1} = Phi_j Z_j + I_j W_j,
+        W_j = Y_j (V_j - R_j Z_j),   Z_{j+1} = Phi_j Z_j + I_j W_j,
         O_j = Q_j Z_j + A_j W_j
 
-    (R the reads [Ps | Pm], I the writes into the pair, Q the outputs' reads, A the chunk's
-    scores). The errors are solved in the loop against the C x V right side; solving T^-1 [V |
-    R] first would cost a C x C x 2K product a chunk more. The backward runs the loop in reverse
-    carrying only dZ, and forms every other gradient as one product over the block's chunks
-    (the per-chunk products of autograd's graph cost a small product and a copy each).
+    (Y = T^-1, R the reads [Ps | Pm], I the writes into the pair, Q the outputs' reads, A the
+    chunk's scores). The errors are solved in the loop against the C x V right side; solving
+    T^-1 [V | R] first would cost a C x C x 2K product a chunk more. Returns (O, the pairs
+    entering each chunk and the last [nb + 1, P, 2K, V], the errors W, the right sides R Z).
     """
-
-    @staticmethod
-    def forward(ctx, v, reads, T_inv, into, phi, outs, scores, Z):
-        nb, P, C, V = v.shape
-        Zs = Z.new_empty((nb + 1, *Z.shape))  # the pair entering each chunk, and the last
-        Ws, Rs = v.new_empty(v.shape), v.new_empty(v.shape)  # the errors and their right sides
-        Zs[0] = Z
-        for j in range(nb):
-            torch.baddbmm(v[j], reads[j], Zs[j], alpha=-1, out=Rs[j])
-            torch.bmm(T_inv[j], Rs[j], out=Ws[j])
-            torch.baddbmm(_enter(phi[j], Zs[j]), into[j], Ws[j], out=Zs[j + 1])
-        o = torch.baddbmm(
-            (scores @ Ws).flatten(0, 1), outs.flatten(0, 1), Zs[:-1].flatten(0, 1)
-        ).unflatten(0, (nb, P))
-        ctx.save_for_backward(reads, T_inv, into, phi, outs, scores, Zs, Ws, Rs)
-        return o, Zs[-1].clone()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do, dZ):
-        reads, T_inv, into, phi, outs, scores, Zs, Ws, Rs = ctx.saved_tensors
-        Zin = Zs[:-1]
-        do = torch.zeros_like(Ws) if do is None else do.contiguous()
-        dZ = torch.zeros_like(Zs[-1]) if dZ is None else dZ.contiguous()
-        dWs = scores.transpose(-1, -2) @ do  # the outputs' part, the loop adds the pair's
-        dZin = outs.transpose(-1, -2) @ do  # [nb, P, 2K, V]
-        dZout = torch.empty_like(Zin)  # the gradient of the pair leaving each chunk
-        dRs = torch.empty_like(Ws)
-        for j in reversed(range(Ws.shape[0])):
-            dZout[j] = dZ
-            dWs[j].baddbmm_(into[j].transpose(-1, -2), dZ)
-            torch.bmm(T_inv[j].transpose(-1, -2), dWs[j], out=dRs[j])
-            dZ = dZin[j].baddbmm_(reads[j].transpose(-1, -2), dRs[j], alpha=-1)
-            dZ += _transposed_enter(phi[j], dZout[j])
-        dv = dRs
-        dreads = -(dRs @ Zin.transpose(-1, -2))
-        dT_inv = dWs @ Rs.transpose(-1, -2)
-        dinto = dZout @ Ws.transpose(-1, -2)
-        S, M = Zin.unflatten(2, (2, -1)).unbind(2)
-        dS, dM = dZout.unflatten(2, (2, -1)).unbind(2)
-        dphi = torch.stack(
-            [(dS * S).sum((-1, -2)), (dS * M).sum((-1, -2)), (dM * M).sum((-1, -2))], dim=-1
-        )
-        douts = do @ Zin.transpose(-1, -2)
-        dscores = do @ Ws.transpose(-1, -2)
-        return dv, dreads, dT_inv, dinto, dphi, douts, dscores, dZ
+    nb, P = v.shape[:2]
+    Zs = Z.new_empty((nb + 1, *Z.shape))
+    Ws, Rs = torch.empty_like(v), torch.empty_like(v)
+    Zs[0] = Z
+    for j in range(nb):
+        torch.baddbmm(v[j], reads[j], Zs[j], alpha=-1, out=Rs[j])
+        torch.bmm(Y[j], Rs[j], out=Ws[j])
+        (S, M), (S_next, M_next) = Zs[j].chunk(2, 1), Zs[j + 1].chunk(2, 1)
+        a, c, m = phi[j, :, :, None, None].unbind(1)  # Phi Z = [a S + c M; m M], in place
+        torch.mul(S, a, out=S_next).addcmul_(M, c)
+        torch.mul(M, m, out=M_next)
+        Zs[j + 1].baddbmm_(into[j], Ws[j])
+    o = torch.bmm(outs.flatten(0, 1), Zs[:-1].flatten(0, 1))
+    o.baddbmm_(scores.flatten(0, 1), Ws.flatten(0, 1))
+    return o.unflatten(0, (nb, P)), Zs, Ws, Rs
 
 
-def _transposed_enter(phi: Tensor, dZ: Tensor) -> Tensor:
-    """Phi^T dZ for phi = (a, c, m) [P, 3] and dZ [P, 2K, V]: [a dS; c dS + m dM]."""
-    dS, dM = dZ.unflatten(1, (2, -1)).unbind(1)
-    bottom = torch.addcmul(phi[:, 2, None, None] * dM, phi[:, 1, None, None], dS)
-    return torch.cat([phi[:, 0, None, None] * dS, bottom], dim=1)
+def _scan_backward(reads, Y, into, phi, outs, scores, Zs, Ws, Rs, do, dZ):
+    """``_scan``'s backward: the loop in reverse carrying only dZ; every other gradient is one
+    product over the block's chunks. Returns the gradients of (v, reads, Y, into, phi, outs,
+    scores, Z)."""
+    Zin = Zs[:-1]
+    do = torch.zeros_like(Ws) if do is None else do.contiguous()
+    dZ = torch.zeros_like(Zs[-1]) if dZ is None else dZ.contiguous()
+    dWs = scores.transpose(-1, -2) @ do  # the outputs' part, the loop adds the pair's
+    dZin = outs.transpose(-1, -2) @ do  # [nb, P, 2K, V]
+    dZout = torch.empty_like(Zin)  # the gradient of the pair leaving each chunk
+    dRs = torch.empty_like(Ws)
+    for j in reversed(range(Ws.shape[0])):
+        dZout[j] = dZ
+        dWs[j].baddbmm_(into[j].transpose(-1, -2), dZ)
+        torch.bmm(Y[j].transpose(-1, -2), dWs[j], out=dRs[j])
+        dZ = dZin[j].baddbmm_(reads[j].transpose(-1, -2), dRs[j], alpha=-1)
+        (dS, dM), (dS_next, dM_next) = dZ.chunk(2, 1), dZout[j].chunk(2, 1)
+        a, c, m = phi[j, :, :, None, None].unbind(1)  # Phi^T dZ = [a dS; c dS + m dM]
+        dS.addcmul_(dS_next, a)
+        dM.addcmul_(dS_next, c).addcmul_(dM_next, m)
+    dreads = -(dRs @ Zin.transpose(-1, -2))
+    dY = dWs @ Rs.transpose(-1, -2)
+    dinto = dZout @ Ws.transpose(-1, -2)
+    S, M = Zin.unflatten(2, (2, -1)).unbind(2)
+    dS, dM = dZout.unflatten(2, (2, -1)).unbind(2)
+    dphi = torch.stack(
+        [(dS * S).sum((-1, -2)), (dS * M).sum((-1, -2)), (dM * M).sum((-1, -2))], dim=-1
+    )
+    douts = do @ Zin.transpose(-1, -2)
+    dscores = do @ Ws.transpose(-1, -2)
+    return dRs, dreads, dY, dinto, dphi, douts, dscores, dZ
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):
@@ -324,10 +429,10 @@ def momentum_delta_rule(
     if mode == "recurrent":
         form = _recurrent
     else:
-        size = max(T, 1) if mode == "parallel" else C
+        size, block = (max(T, 1), _composite_block) if mode == "parallel" else (C, _block)
 
         def form(*x):
-            return _chunk(*x, size)
+            return _chunk(*x, size, block)
 
     if cu_seqlens is None:
         o, S, M = form(*tensors, S0, M0)
