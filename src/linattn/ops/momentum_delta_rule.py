@@ -37,8 +37,6 @@ the op never dispatches to fla.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -67,11 +65,12 @@ def _recurrent(q, k, v, p, la, lm, beta, eta, S, M):
 
 def _decays(log_decay: Tensor) -> Tensor:
     """exp(C_i - C_j) for positions 0..c (C the cumulative sum, C_0 = 0), zero where j > i:
-    [B, H, c + 1, c + 1]."""
+    [B, H, c + 1, c + 1]. C does not increase (log-decays <= 0, and rounding keeps a sum of
+    nonpositive terms from growing), so clamping at 0 changes only the entries above the
+    diagonal, which the mask then zeroes: no infinite exponent is formed (a mask of -inf costs
+    a masked fill over the whole block)."""
     C = torch.nn.functional.pad(log_decay.cumsum(-1), (1, 0))
-    n = C.shape[-1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=C.device).tril()
-    return (C[..., :, None] - C[..., None, :]).masked_fill_(~causal, -math.inf).exp_()
+    return torch.exp((C[..., :, None] - C[..., None, :]).clamp_(max=0)).tril()
 
 
 # The state-independent terms are formed a block of chunks at a time: a block's terms (its
@@ -80,7 +79,7 @@ def _decays(log_decay: Tensor) -> Tensor:
 BLOCK_NUMBERS = 1 << 18
 
 
-def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int, block=None):
+def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     """The chunk form (module docstring) on [B, H, T, .] tensors; returns (o, S, M).
 
     Every term that does not read the state is formed for a block of chunks at once ([nb, B H,
@@ -105,7 +104,7 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int, block=None):
     # the blocks as views of one split (its gradient is one concatenation; a slice per block
     # would make a zero tensor of the whole for each block's gradient)
     for pieces in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
-        o_b, Z = (block or _block)(*(_chunks(t, C) for t in pieces), Z)
+        o_b, Z = _block(*(_chunks(t, C) for t in pieces), Z)
         outs.append(o_b.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3))  # [B, H, nb C, V]
     o = torch.cat(outs, 2)[:, :, :T]
     S, M = Z.unflatten(0, (B, H)).split(q.shape[3], dim=-2)
@@ -159,9 +158,8 @@ def _terms(q, k, p, la, lm, beta, eta):
 
 
 def _pair(x: Tensor, first: Tensor, second: Tensor) -> Tensor:
-    """[first * x | second * x] ([nb, P, C, 2K] from x [nb, P, C, K]), one product."""
-    coefficients = torch.stack([first, second], dim=-1)[..., None]  # [nb, P, C, 2, 1]
-    return (x[..., None, :] * coefficients).flatten(-2)
+    """[first * x | second * x]: [nb, P, C, 2K] from x [nb, P, C, K]."""
+    return torch.cat([x * first[..., None], x * second[..., None]], dim=-1)
 
 
 def _pair_backward(d: Tensor, x: Tensor, first: Tensor, second: Tensor):
@@ -184,8 +182,8 @@ class _Block(torch.autograd.Function):
     """A block of chunks with its backward written out: the terms (``_terms``), the scan
     (``_Scan``), then the terms' gradients by the chain rule through each product, as batched
     products over the block's chunks (autograd's graph of the same forward spends most of its
-    backward on broadcast products and their reductions). Differentiable once: mode="parallel"
-    keeps the composite graph (``_composite_block``)."""
+    backward on broadcast products and their reductions). Differentiable once, as the
+    unit-lower inverse it replaces was."""
 
     @staticmethod
     def forward(ctx, q, k, v, p, la, lm, beta, eta, Z):
@@ -244,29 +242,6 @@ class _Block(torch.autograd.Function):
         deta = (dek * k).sum(-1)
         dla, dlm = _decays_backward(da, a), _decays_backward(dm, m)
         return dq, dk, dv, dp, dla, dlm, dbeta, deta, dZ0
-
-
-def _composite_block(q, k, v, p, la, lm, beta, eta, Z):
-    """``_block`` as one autograd graph (its terms, then the scan token chunk by chunk):
-    differentiable any number of times, for mode="parallel"."""
-    t = _terms(q, k, p, la, lm, beta, eta)
-    Z_in, errors = [], []
-    for v_j, r_j, Y_j, i_j, phi_j in zip(
-        *(x.unbind(0) for x in (v, t["reads"], t["Y"], t["into"], t["phi"])), strict=True
-    ):
-        Z_in.append(Z)
-        W = Y_j @ torch.baddbmm(v_j, r_j, Z, alpha=-1)
-        errors.append(W)
-        Z = torch.baddbmm(_enter(phi_j, Z), i_j, W)
-    o = t["outs"] @ torch.stack(Z_in) + t["scores"] @ torch.stack(errors)
-    return o, Z
-
-
-def _enter(phi: Tensor, Z: Tensor) -> Tensor:
-    """Phi Z for phi = (a, c, m) [P, 3] (Phi = [[a, c], [0, m]]) and Z [P, 2K, V]."""
-    S, M = Z.unflatten(1, (2, -1)).unbind(1)
-    top = torch.addcmul(phi[:, 0, None, None] * S, phi[:, 1, None, None], M)
-    return torch.cat([top, phi[:, 2, None, None] * M], dim=1)
 
 
 def _scan(v, reads, Y, into, phi, outs, scores, Z):
@@ -429,10 +404,10 @@ def momentum_delta_rule(
     if mode == "recurrent":
         form = _recurrent
     else:
-        size, block = (max(T, 1), _composite_block) if mode == "parallel" else (C, _block)
+        size = max(T, 1) if mode == "parallel" else C
 
         def form(*x):
-            return _chunk(*x, size, block)
+            return _chunk(*x, size)
 
     if cu_seqlens is None:
         o, S, M = form(*tensors, S0, M0)
