@@ -188,26 +188,27 @@ class _Block(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, p, la, lm, beta, eta, Z):
         t = _terms(q, k, p, la, lm, beta, eta)
-        o, Zs, Ws, Rs = _scan(v, t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Z)
+        o, Zs, Ws = _scan(v, t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Z)
         ctx.names = ("a", "m", "b0", "bm", "g", "ek", "PK", "QK", "Y", "reads", "into", "phi",
                      "outs", "scores")  # fmt: skip
-        ctx.save_for_backward(q, k, p, eta, Zs, Ws, Rs, *(t[n] for n in ctx.names))
+        ctx.save_for_backward(q, k, p, eta, Zs, Ws, *(t[n] for n in ctx.names))
         return o, Zs[-1].clone()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dZ):
-        q, k, p, eta, Zs, Ws, Rs, *rest = ctx.saved_tensors
+        q, k, p, eta, Zs, Ws, *rest = ctx.saved_tensors
         t = dict(zip(ctx.names, rest, strict=True))
         a, m, g, ek, PK, QK = t["a"], t["m"], t["g"], t["ek"], t["PK"], t["QK"]
         C = q.shape[2]
         prev, now = slice(0, C), slice(1, C + 1)
         cross = -g[..., 0]
-        dv, dreads, dY, dinto, dphi, douts, dscores, dZ0 = _scan_backward(
-            t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Zs, Ws, Rs, do, dZ
+        dv, dreads, dinto, dphi, douts, dscores, dZ0 = _scan_backward(
+            t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Zs, Ws, do, dZ
         )
-        Yt = t["Y"].transpose(-1, -2)
-        dL = -(Yt @ dY @ Yt).tril_(-1)  # (I + L)^-1's backward; L strictly lower
+        # (I + L)^-1's backward, -Y^T dY Y^T with dY = dW R^T, is -dR W^T (dR = Y^T dW and
+        # W = Y R): one product instead of three; L is strictly lower
+        dL = -(dv @ Ws.transpose(-1, -2)).tril_(-1)
         dscores = dscores.tril_()
         dPK = dL * g[..., prev, 1:]
         dQK = dscores * g[..., now, 1:]
@@ -253,15 +254,14 @@ def _scan(v, reads, Y, into, phi, outs, scores, Z):
     (Y = T^-1, R the reads [Ps | Pm], I the writes into the pair, Q the outputs' reads, A the
     chunk's scores). The errors are solved in the loop against the C x V right side; solving
     T^-1 [V | R] first would cost a C x C x 2K product a chunk more. Returns (O, the pairs
-    entering each chunk and the last [nb + 1, P, 2K, V], the errors W, the right sides R Z).
+    entering each chunk and the last [nb + 1, P, 2K, V], the errors W).
     """
     nb, P = v.shape[:2]
     Zs = Z.new_empty((nb + 1, *Z.shape))
-    Ws, Rs = torch.empty_like(v), torch.empty_like(v)
+    Ws = torch.empty_like(v)
     Zs[0] = Z
     for j in range(nb):
-        torch.baddbmm(v[j], reads[j], Zs[j], alpha=-1, out=Rs[j])
-        torch.bmm(Y[j], Rs[j], out=Ws[j])
+        torch.bmm(Y[j], torch.baddbmm(v[j], reads[j], Zs[j], alpha=-1), out=Ws[j])
         (S, M), (S_next, M_next) = Zs[j].chunk(2, 1), Zs[j + 1].chunk(2, 1)
         a, c, m = phi[j, :, :, None, None].unbind(1)  # Phi Z = [a S + c M; m M], in place
         torch.mul(S, a, out=S_next).addcmul_(M, c)
@@ -269,13 +269,13 @@ def _scan(v, reads, Y, into, phi, outs, scores, Z):
         Zs[j + 1].baddbmm_(into[j], Ws[j])
     o = torch.bmm(outs.flatten(0, 1), Zs[:-1].flatten(0, 1))
     o.baddbmm_(scores.flatten(0, 1), Ws.flatten(0, 1))
-    return o.unflatten(0, (nb, P)), Zs, Ws, Rs
+    return o.unflatten(0, (nb, P)), Zs, Ws
 
 
-def _scan_backward(reads, Y, into, phi, outs, scores, Zs, Ws, Rs, do, dZ):
+def _scan_backward(reads, Y, into, phi, outs, scores, Zs, Ws, do, dZ):
     """``_scan``'s backward: the loop in reverse carrying only dZ; every other gradient is one
-    product over the block's chunks. Returns the gradients of (v, reads, Y, into, phi, outs,
-    scores, Z)."""
+    product over the block's chunks. Returns the gradients of (v, reads, into, phi, outs, scores,
+    Z); Y's follows from v's (``_Block.backward``)."""
     Zin = Zs[:-1]
     do = torch.zeros_like(Ws) if do is None else do.contiguous()
     dZ = torch.zeros_like(Zs[-1]) if dZ is None else dZ.contiguous()
@@ -293,7 +293,6 @@ def _scan_backward(reads, Y, into, phi, outs, scores, Zs, Ws, Rs, do, dZ):
         dS.addcmul_(dS_next, a)
         dM.addcmul_(dS_next, c).addcmul_(dM_next, m)
     dreads = -(dRs @ Zin.transpose(-1, -2))
-    dY = dWs @ Rs.transpose(-1, -2)
     dinto = dZout @ Ws.transpose(-1, -2)
     S, M = Zin.unflatten(2, (2, -1)).unbind(2)
     dS, dM = dZout.unflatten(2, (2, -1)).unbind(2)
@@ -302,7 +301,7 @@ def _scan_backward(reads, Y, into, phi, outs, scores, Zs, Ws, Rs, do, dZ):
     )
     douts = do @ Zin.transpose(-1, -2)
     dscores = do @ Ws.transpose(-1, -2)
-    return dRs, dreads, dY, dinto, dphi, douts, dscores, dZ
+    return dRs, dreads, dinto, dphi, douts, dscores, dZ
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):
