@@ -196,7 +196,8 @@ def gradients(x, mode, C=8, cu=None, outputs=True, states=True):
         loss = loss + S.square().sum() + (M * torch.cos(torch.arange(M.numel()).view_as(M))).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     # an input the loss does not reach (q without the outputs) has a zero gradient
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(leaves.values(), grads)]
+    pairs = zip(leaves.values(), grads, strict=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in pairs]
 
 
 def steep(x):
