@@ -84,9 +84,10 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
 
     Every term that does not read the state is formed for a block of chunks at once ([nb, B H,
     C, .], the chunks first, so that each chunk's terms are one contiguous block): the decays
-    a, m, c, the errors' terms W_j = U0_j - Ps_j S_j - Pm_j M_j (one unit-lower inverse). The
-    loop over the block's chunks then carries only the pair Z = [S; M] (three products a
-    chunk), and the block's outputs follow from the pairs entering its chunks at once. The
+    a, m, the weights g, the inverse T^-1 of the errors' system (``_terms``). The loop over the
+    block's chunks then carries only the pair Z = [S; M] (W_j = T_j^-1 (V_j - [Ps_j | Pm_j] Z_j)
+    and Z_{j+1}: three products a chunk), and the block's outputs follow from the pairs
+    entering its chunks at once (``_scan``; ``_Block`` gives the backward). The
     sequence is padded to whole chunks with tokens that change nothing (zero keys, values,
     rates and log-decays: w = 0, M and S kept).
     """
