@@ -126,7 +126,7 @@ def _block(q, k, v, p, la, lm, beta, eta, Z):
 
 def _terms(q, k, p, la, lm, beta, eta):
     """The state-independent terms of a block's chunks ([nb, P, C, .]): a dict of the decays a,
-    m, the weights g, the inverse Y = T^-1 and the scan's operands (``_Scan``).
+    m, the weights g, the inverse Y = T^-1 and the scan's operands (``_scan``).
 
     The pair is one state: a chunk's errors read it through [Ps | Pm] (``reads``), it enters
     the next chunk through Phi(C, 0) (a 2 x 2 product over its halves, ``phi`` = (a, c, m) of
@@ -201,7 +201,7 @@ def _decays_backward(da: Tensor, a: Tensor) -> Tensor:
 
 class _Block(torch.autograd.Function):
     """A block of chunks with its backward written out: the terms (``_terms``), the scan
-    (``_Scan``), then the terms' gradients by the chain rule through each product, as batched
+    (``_scan``), then the terms' gradients by the chain rule through each product, as batched
     products over the block's chunks (autograd's graph of the same forward spends most of its
     backward on broadcast products and their reductions). Differentiable once, as the
     unit-lower inverse it replaces was."""
