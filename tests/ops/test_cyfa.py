@@ -249,3 +249,19 @@ def test_the_ops_refuse_bad_input_by_name():
         ops.cyfa_readout(z, r, lam.half(), table)
     with pytest.raises(RuntimeError, match="du must have 6 columns"):
         ops.cyfa_readout_backward(z, r, lam, table, z)
+
+
+@native
+@pytest.mark.parametrize("weight", [0.0, 1e-13])
+def test_query_weights_near_zero_are_not_folded_into_the_keys(weight, monkeypatch):
+    """A query-norm weight of 0 (or below ``FOLD_MIN_WEIGHT``) cannot be divided out of the key
+    memory's state: the kernels then scale q itself, with the same outputs and gradients."""
+    x = CASE.inputs(1, 9, 2, 5, 4, seed=11)
+    x["q_norm_weight"][1] = weight
+    assert not cyfa_op._foldable(x["q_norm_weight"])
+    kernels = _run(x, "chunk", 4)
+    monkeypatch.setattr(cyfa_op, "_token_kernels", lambda x: False)
+    formulas = _run(x, "chunk", 4)
+    for a, b in zip((kernels[0], *kernels[1], *kernels[2]),
+                    (formulas[0], *formulas[1], *formulas[2]), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -200,6 +200,36 @@ class _NormParts(torch.autograd.Function):
         return dx, dweight, None
 
 
+class _NormScale(torch.autograd.Function):
+    """``_NormParts`` without the weight: (x itself, r = 1 / sqrt(mean(x^2) + eps)), x handed on
+    as it is (a view, no copy); backward dx = dy - (dr r^3 / K) x in one pass (``csrc/cyfa.cpp``,
+    the norm's backward with a weight of ones)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, eps: float):
+        r = torch.linalg.vector_norm(x, dim=-1).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        ctx.save_for_backward(x, r)
+        return x, r
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy: Tensor | None, dr: Tensor | None):
+        x, r = ctx.saved_tensors
+        ones = x.new_ones(x.shape[-1])
+        dx, _ = _native.kernel("cyfa_norm_backward")(x, ones, r, dy, dr)
+        return dx, None
+
+
+# The smallest |w_q| that ``cyfa`` folds into the keys (and divides the key memory's final state
+# by): far above float32's normal range, so that w_q H^k and its quotient keep every digit.
+FOLD_MIN_WEIGHT = 2.0**-40
+
+
+def _foldable(wq: Tensor) -> bool:
+    """Whether every query-norm weight is at least ``FOLD_MIN_WEIGHT`` in magnitude."""
+    return bool(wq.abs().min() >= FOLD_MIN_WEIGHT) if wq.numel() else False
+
+
 def clock(delta: Tensor, lambda0: Tensor | None, cu_seqlens: Tensor | None) -> Tensor:
     """lambda_t = lambda_0 + delta_1 + ... + delta_t, per sequence: [B, T, H]."""
     if cu_seqlens is None:
@@ -301,8 +331,18 @@ def cyfa(
     scale = K**-0.5 if scale is None else float(scale)
     # q~ = r_q (q * w_q), k~ = r_k (k * w_k) with r one number a token: r_k goes into the
     # write w (the key memory's values), r_q onto its read z, so no normalised copy is made.
-    qw, r_q = _NormParts.apply(q, wq, float(q_norm_eps))
-    kw, r_k = _NormParts.apply(k, wk, float(k_norm_eps))
+    kernels = _token_kernels(q)
+    folded = kernels and _foldable(wq)
+    if folded:
+        # w_q moved onto the keys: q~ . k~ = r_q r_k q . (w_q w_k k), and the key memory then
+        # holds diag(w_q) H^k (its initial state scaled so, its final one scaled back), so that
+        # q is read in place, not copied (``_foldable``: every w_q far from zero).
+        qw, r_q = _NormScale.apply(q, float(q_norm_eps))
+        kw, r_k = _NormParts.apply(k, wq * wk, float(k_norm_eps))
+        Hk0 = None if Hk0 is None else Hk0 * wq[:, None]
+    else:
+        qw, r_q = _NormParts.apply(q, wq, float(q_norm_eps))
+        kw, r_k = _NormParts.apply(k, wk, float(k_norm_eps))
     lam = clock(delta, lam0, cu_seqlens)
     table = readout @ fourier_basis(M, dtype, q.device)
     common = dict(mode=mode, chunk_size=chunk_size, cu_seqlens=cu_seqlens)
@@ -312,7 +352,7 @@ def cyfa(
     width = max(M, tuning.NARROW_VALUES) if mode == "chunk" else M
     if Hk0 is not None and width > M:
         Hk0 = torch.nn.functional.pad(Hk0, (0, width - M))
-    if _token_kernels(q):
+    if kernels:
         # The write and the readout in C++ (``csrc/cyfa.cpp``), on contiguous [B, H, T, .]
         # rows: the memories read them in place, as the transposed views they are handed.
         keys, values = _Write.apply(lam, beta, r_k, M, width)
@@ -332,7 +372,8 @@ def cyfa(
         u = _readout_rows(z, c, s, table).permute(0, 3, 1, 2)
         o, Hv = _memory(u, w, v, g, 1.0, Hv0, **common)
     if width > M:
-        Hk = Hk[..., :M].contiguous()
+        Hk = Hk[..., :M]
+    Hk = Hk / wq[:, None] if folded else Hk.contiguous()
     o = o.to(q_dtype)
     if not output_final_state:
         return o, None

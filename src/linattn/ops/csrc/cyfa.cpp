@@ -192,30 +192,49 @@ void check_rows(const char* op, const char* name, const at::Tensor& x, const Sha
 
 // ---- the write ---------------------------------------------------------------------------------
 
+// The write's tile quantities: beta, r_k [kTile] of head h's tokens t0 + i (gathered from their
+// [B, T, H] columns), and n_j.
+template <typename T>
+void gather_tokens(const Shape& d, const T* x, int64_t b, int64_t h, int64_t t0, int64_t n,
+                   T* out) {
+  const T* column = x + (b * d.T + t0) * d.H + h;
+  for (int64_t i = 0; i < n; ++i) out[i] = column[i * d.H];
+}
+
 template <typename T>
 void write_forward(const Shape& d, const T* lam, const T* beta, const T* rk, int64_t width,
                    T* keys, T* values) {
   const int64_t M = 2 * d.J, P = M - 1;
-  at::parallel_for(0, d.B * d.H, 1, [&](int64_t first, int64_t last) {
-    std::vector<T> buf(2 * phase_rows(d) * kTile);
-    T* c = buf.data();
-    T* s = c + phase_rows(d) * kTile;
-    for (int64_t bh = first; bh < last; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      for (int64_t t0 = 0; t0 < d.T; t0 += kTile) {
-        const int64_t n = std::min(kTile, d.T - t0);
+  const int64_t tiles = (d.T + kTile - 1) / kTile;  // tasks: a tile of tokens, every head
+  at::parallel_for(0, d.B * tiles, 1, [&](int64_t first, int64_t last) {
+    std::vector<T> buf((2 * phase_rows(d) + M + 2) * kTile);
+    T *c = buf.data(), *s = c + phase_rows(d) * kTile, *w = s + phase_rows(d) * kTile;
+    T *bt_ = w + M * kTile, *r = bt_ + kTile;
+    for (int64_t bt = first; bt < last; ++bt) {
+      const int64_t b = bt / tiles, t0 = bt % tiles * kTile;
+      const int64_t n = std::min(kTile, d.T - t0);
+      for (int64_t h = 0; h < d.H; ++h) {
         phases(lam, d.T, d.H, b, h, t0, n, d.J, c, s);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t token = (b * d.T + t0 + i) * d.H + h;
-          T* key = keys + ((b * d.H + h) * d.T + t0 + i) * M;
-          T* value = values + ((b * d.H + h) * d.T + t0 + i) * width;
-          for (int64_t j = 0; j < d.J; ++j) {
-            const T scale = beta[token] * pair_norm<T>(j, P);
-            key[2 * j] = scale * c[j * kTile + i];
-            key[2 * j + 1] = -scale * s[j * kTile + i];
+        gather_tokens(d, beta, b, h, t0, n, bt_);
+        gather_tokens(d, rk, b, h, t0, n, r);
+        for (int64_t j = 0; j < d.J; ++j) {  // w = beta a, pair by pair
+          const T norm = pair_norm<T>(j, P);
+          const T *cj = c + j * kTile, *sj = s + j * kTile;
+          T *w0 = w + 2 * j * kTile, *w1 = w0 + kTile;
+#pragma omp simd
+          for (int64_t i = 0; i < n; ++i) {
+            w0[i] = norm * bt_[i] * cj[i];
+            w1[i] = -norm * bt_[i] * sj[i];
           }
-          for (int64_t m = 0; m < M; ++m) value[m] = key[m] * rk[token];
-          for (int64_t m = M; m < width; ++m) value[m] = 0;
+        }
+        T* key = keys + ((b * d.H + h) * d.T + t0) * M;
+        T* value = values + ((b * d.H + h) * d.T + t0) * width;
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t m = 0; m < M; ++m) {
+            key[i * M + m] = w[m * kTile + i];
+            value[i * width + m] = w[m * kTile + i] * r[i];
+          }
+          for (int64_t m = M; m < width; ++m) value[i * width + m] = 0;
         }
       }
     }
@@ -227,33 +246,48 @@ void write_backward(const Shape& d, const T* lam, const T* beta, const T* rk, Ro
                     Rows<const T> dv, T* dlam, T* dbeta, T* drk) {
   const int64_t M = 2 * d.J, P = M - 1;
   const T omega = static_cast<T>(2 * kPi / P);
-  at::parallel_for(0, d.B * d.H, 1, [&](int64_t first, int64_t last) {
-    std::vector<T> buf(2 * phase_rows(d) * kTile);
-    T* c = buf.data();
-    T* s = c + phase_rows(d) * kTile;
-    for (int64_t bh = first; bh < last; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      for (int64_t t0 = 0; t0 < d.T; t0 += kTile) {
-        const int64_t n = std::min(kTile, d.T - t0);
+  const int64_t tiles = (d.T + kTile - 1) / kTile;  // tasks: a tile of tokens, every head
+  at::parallel_for(0, d.B * tiles, 1, [&](int64_t first, int64_t last) {
+    std::vector<T> buf((2 * phase_rows(d) + 2 * M + 5) * kTile);
+    T *c = buf.data(), *s = c + phase_rows(d) * kTile, *gk = s + phase_rows(d) * kTile;
+    T *gv = gk + M * kTile, *bt_ = gv + M * kTile, *r = bt_ + kTile, *g_beta = r + kTile;
+    T *g_rk = g_beta + kTile, *g_lam = g_rk + kTile;
+    for (int64_t bt = first; bt < last; ++bt) {
+      const int64_t b = bt / tiles, t0 = bt % tiles * kTile;
+      const int64_t n = std::min(kTile, d.T - t0);
+      for (int64_t h = 0; h < d.H; ++h) {
         phases(lam, d.T, d.H, b, h, t0, n, d.J, c, s);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t token = (b * d.T + t0 + i) * d.H + h;
-          const T* gk = dk.row(b, h, t0 + i);
-          const T* gv = dv.row(b, h, t0 + i);
-          T g_beta = 0, g_rk = 0, g_lam = 0;
-          for (int64_t j = 0; j < d.J; ++j) {
-            const T norm = pair_norm<T>(j, P);
-            const T cj = c[j * kTile + i], sj = s[j * kTile + i];
-            const T a0 = norm * cj, a1 = -norm * sj;
-            const T d0 = gk[2 * j] + rk[token] * gv[2 * j];
-            const T d1 = gk[2 * j + 1] + rk[token] * gv[2 * j + 1];
-            g_beta += d0 * a0 + d1 * a1;
-            g_rk += beta[token] * (gv[2 * j] * a0 + gv[2 * j + 1] * a1);
-            g_lam -= static_cast<T>(j) * norm * (sj * d0 + cj * d1);
+        gather_tokens(d, beta, b, h, t0, n, bt_);
+        gather_tokens(d, rk, b, h, t0, n, r);
+        for (int64_t i = 0; i < n; ++i) {  // the gradients' rows into [slot][token]
+          const T* k_row = dk.row(b, h, t0 + i);
+          const T* v_row = dv.row(b, h, t0 + i);
+          for (int64_t m = 0; m < M; ++m) {
+            gk[m * kTile + i] = k_row[m];
+            gv[m * kTile + i] = v_row[m];
           }
-          dbeta[token] = g_beta;
-          drk[token] = g_rk;
-          dlam[token] = g_lam * beta[token] * omega;
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) g_beta[i] = g_rk[i] = g_lam[i] = 0;
+        for (int64_t j = 0; j < d.J; ++j) {
+          const T norm = pair_norm<T>(j, P), turn = static_cast<T>(j) * norm;
+          const T *cj = c + j * kTile, *sj = s + j * kTile;
+          const T *k0 = gk + 2 * j * kTile, *k1 = k0 + kTile;
+          const T *v0 = gv + 2 * j * kTile, *v1 = v0 + kTile;
+#pragma omp simd
+          for (int64_t i = 0; i < n; ++i) {
+            const T a0 = norm * cj[i], a1 = -norm * sj[i];
+            const T d0 = k0[i] + r[i] * v0[i], d1 = k1[i] + r[i] * v1[i];
+            g_beta[i] += d0 * a0 + d1 * a1;
+            g_rk[i] += v0[i] * a0 + v1[i] * a1;
+            g_lam[i] -= turn * (sj[i] * d0 + cj[i] * d1);
+          }
+        }
+        const int64_t token = (b * d.T + t0) * d.H + h;
+        for (int64_t i = 0; i < n; ++i) {
+          dbeta[token + i * d.H] = g_beta[i];
+          drk[token + i * d.H] = g_rk[i] * bt_[i];
+          dlam[token + i * d.H] = g_lam[i] * bt_[i] * omega;
         }
       }
     }
@@ -350,14 +384,15 @@ template <typename T>
 void readout_forward(const Shape& d, Rows<const T> zr, const T* rq, const T* lam, const T* table,
                      T* out) {
   const int64_t M = 2 * d.J, P = M - 1;
-  at::parallel_for(0, d.B * d.H, 1, [&](int64_t first, int64_t last) {
+  const int64_t tiles = (d.T + kTile - 1) / kTile;  // tasks: a tile of tokens, every head
+  at::parallel_for(0, d.B * tiles, 1, [&](int64_t first, int64_t last) {
     std::vector<T> buf((2 * phase_rows(d) + 3 * M + P) * kTile);
     T *c = buf.data(), *s = c + phase_rows(d) * kTile, *y = s + phase_rows(d) * kTile, *a = y + M * kTile;
     T *u = a + M * kTile, *l = u + M * kTile;
-    for (int64_t bh = first; bh < last; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      for (int64_t t0 = 0; t0 < d.T; t0 += kTile) {
-        const int64_t n = std::min(kTile, d.T - t0);
+    for (int64_t bt = first; bt < last; ++bt) {
+      const int64_t b = bt / tiles, t0 = bt % tiles * kTile;
+      const int64_t n = std::min(kTile, d.T - t0);
+      for (int64_t h = 0; h < d.H; ++h) {
         phases(lam, d.T, d.H, b, h, t0, n, d.J, c, s);
         readout_tile(d, b, h, t0, n, zr, rq, table, c, s, y, l, a, u);
         T* o = out + ((b * d.H + h) * d.T + t0) * M;
@@ -371,21 +406,23 @@ void readout_forward(const Shape& d, Rows<const T> zr, const T* rq, const T* lam
 template <typename T>
 void readout_backward(const Shape& d, Rows<const T> zr, const T* rq, const T* lam,
                       const T* table, Rows<const T> dur, int64_t width, T* dz, T* drq, T* dlam,
-                      double* dtable /* [B H, P, M] */) {
+                      double* dtable /* [threads, H, P, M], zeroed */) {
   const int64_t M = 2 * d.J, P = M - 1;
   const T omega = static_cast<T>(2 * kPi / P);
-  at::parallel_for(0, d.B * d.H, 1, [&](int64_t first, int64_t last) {
+  const int64_t tiles = (d.T + kTile - 1) / kTile;  // tasks: a tile of tokens, every head
+  at::parallel_for(0, d.B * tiles, 1, [&](int64_t first, int64_t last) {
     std::vector<T> buf((2 * phase_rows(d) + 6 * M + 2 * P + 2) * kTile);
     T *c = buf.data(), *s = c + phase_rows(d) * kTile, *y = s + phase_rows(d) * kTile, *a = y + M * kTile;
     T *u = a + M * kTile, *p = u + M * kTile, *du = p + P * kTile, *da = du + M * kTile;
     T *dp = da + M * kTile, *dy = dp + P * kTile, *th = dy + M * kTile, *pd = th + kTile;
     T* dl = dp;  // dl overwrites dp row by row
-    for (int64_t bh = first; bh < last; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      const T* E = table + h * P * M;
-      std::vector<double> gE(P * M, 0.0);
-      for (int64_t t0 = 0; t0 < d.T; t0 += kTile) {
-        const int64_t n = std::min(kTile, d.T - t0);
+    std::vector<double> gE_all(d.H * P * M, 0.0);  // this task's dE, every head
+    for (int64_t bt = first; bt < last; ++bt) {
+      const int64_t b = bt / tiles, t0 = bt % tiles * kTile;
+      const int64_t n = std::min(kTile, d.T - t0);
+      for (int64_t h = 0; h < d.H; ++h) {
+        const T* E = table + h * P * M;
+        double* gE = gE_all.data() + h * P * M;
         phases(lam, d.T, d.H, b, h, t0, n, d.J, c, s);
         readout_tile(d, b, h, t0, n, zr, rq, table, c, s, y, p, a, u);
         for (int64_t i = 0; i < n; ++i) {
@@ -483,9 +520,9 @@ void readout_backward(const Shape& d, Rows<const T> zr, const T* rq, const T* la
           dlam[token] = th[i];
         }
       }
-      double* out = dtable + bh * P * M;
-      for (int64_t e = 0; e < P * M; ++e) out[e] = gE[e];
     }
+    double* out = dtable + at::get_thread_num() * d.H * P * M;
+    for (int64_t e = 0; e < d.H * P * M; ++e) out[e] += gE_all[e];
   });
 }
 
@@ -675,8 +712,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> readout_backward_impl
   at::Tensor dz = fresh(z.sizes(), options);
   at::Tensor drq = at::empty(lam.sizes(), options);
   at::Tensor dlam = at::empty(lam.sizes(), options);
-  at::Tensor per_head = at::empty({d.B * d.H, table.size(1), table.size(2)},
-                                  options.dtype(at::kDouble));
+  at::Tensor per_thread = at::zeros({at::get_num_threads(), d.H, table.size(1), table.size(2)},
+                                    options.dtype(at::kDouble));
   const at::Tensor zr = unit_rows(z), rq = r_q.contiguous(), l = lam.contiguous();
   const at::Tensor E = table.contiguous(), g = unit_rows(du);
   AT_DISPATCH_FLOATING_TYPES(lam.scalar_type(), "cyfa", [&] {
@@ -684,10 +721,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> readout_backward_impl
                                l.data_ptr<scalar_t>(), E.data_ptr<scalar_t>(),
                                rows_of<const scalar_t>(g), z.size(3), dz.data_ptr<scalar_t>(),
                                drq.data_ptr<scalar_t>(), dlam.data_ptr<scalar_t>(),
-                               per_head.data_ptr<double>());
+                               per_thread.data_ptr<double>());
   });
-  // the heads' sums over the batch, in float64, then in the table's dtype
-  at::Tensor dtable = per_head.view({d.B, d.H, table.size(1), table.size(2)}).sum(0);
+  // the threads' sums, in float64, then in the table's dtype
+  at::Tensor dtable = per_thread.sum(0);
   return {dz, drq, dlam, dtable.to(table.scalar_type())};
 }
 
