@@ -265,3 +265,40 @@ def test_query_weights_near_zero_are_not_folded_into_the_keys(weight, monkeypatc
     for a, b in zip((kernels[0], *kernels[1], *kernels[2]),
                     (formulas[0], *formulas[1], *formulas[2]), strict=True):  # fmt: skip
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@native
+def test_the_kernels_equal_the_formulas_over_a_batch_and_several_tiles(monkeypatch):
+    """B = 2 sequences of 150 tokens (the kernels' tiles of 64 tokens: two whole, one partial)."""
+    x = CASE.inputs(2, 150, 3, 6, 5, seed=12)
+    kernels = _run(x, "chunk", 32)
+    monkeypatch.setattr(cyfa_op, "_token_kernels", lambda x: False)
+    formulas = _run(x, "chunk", 32)
+    for a, b in zip((kernels[0], *kernels[1], *kernels[2]),
+                    (formulas[0], *formulas[1], *formulas[2]), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@native
+def test_the_kernels_sums_over_threads_equal_one_threads():
+    """dtable and the norm's dw are summed per thread, then over the threads: two threads give
+    one thread's sums (float64, to rounding)."""
+    lam, beta, r, z, table, dkeys, _ = _op_args(torch.float64, B=2, T=300, H=3)
+    x, w = z.transpose(1, 2), z[0, 0, 0]
+    ops = torch.ops.linattn_native
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            _, rx = ops.cyfa_norm(x, w, 1e-5)
+            results.append(
+                (
+                    *ops.cyfa_readout_backward(z, r, lam, table, dkeys),
+                    *ops.cyfa_norm_backward(x, w, rx, x.flip(1), rx),
+                )  # fmt: skip
+            )
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
