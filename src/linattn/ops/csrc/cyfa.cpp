@@ -5,9 +5,9 @@
 //
 // Phases: with P = M - 1 (M slots, J = M / 2 pairs), the pair j turns by theta_j = j theta_1,
 // theta_1 = omega (lambda mod P) wrapped to (-pi, pi], omega = 2 pi / P: lambda's whole part is
-// reduced as an integer (a long clock keeps the precision of its fraction), and cos / sin of j
-// theta_1 follow from those of theta_1 by the angle-addition recurrence. d theta_j / d lambda =
-// j omega.
+// reduced exactly, in float64 (a long clock keeps the precision of its fraction), and cos / sin
+// of j theta_1 follow from those of theta_1 by the angle-addition recurrence.
+// d theta_j / d lambda = j omega.
 //
 //   write:   a_{2j} = c_j n_j,  a_{2j+1} = -s_j n_j   (n_0 = P^-1/2, n_j = (2 / P)^1/2),
 //            keys w = beta a [B, H, T, M], values w r_k, zero-padded to ``width`` [B, H, T, W]
@@ -22,9 +22,11 @@
 //   write: dw = dkeys + r_k dvalues,  dr_k = dvalues . w,  dbeta = dw . a,
 //          dtheta_j = -beta n_j (s_j dw_{2j} + c_j dw_{2j+1}).
 //
-// Work: a task per head (b, h), tokens in tiles of kTile, every token quantity in a [slot][token]
-// buffer, so that each loop runs over a tile's tokens and vectorises (float32: exp and sincos by
-// branch-free polynomials). float64 runs the same loops with the library's exp, sin and cos.
+// Work: a task per tile of kTile tokens of a sequence, every head in turn (the gradients arrive
+// as [B, T, H, .] rows: read in order), every token quantity in a [slot][token] buffer, so that
+// each loop runs over a tile's tokens and vectorises (float32: exp and sincos by branch-free
+// polynomials). float64 runs the same loops with the library's exp, sin and cos. Sums over the
+// tokens (dE, the norms' dw) are kept per thread in float64, then summed.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -387,7 +389,8 @@ void readout_forward(const Shape& d, Rows<const T> zr, const T* rq, const T* lam
   const int64_t tiles = (d.T + kTile - 1) / kTile;  // tasks: a tile of tokens, every head
   at::parallel_for(0, d.B * tiles, 1, [&](int64_t first, int64_t last) {
     std::vector<T> buf((2 * phase_rows(d) + 3 * M + P) * kTile);
-    T *c = buf.data(), *s = c + phase_rows(d) * kTile, *y = s + phase_rows(d) * kTile, *a = y + M * kTile;
+    T *c = buf.data(), *s = c + phase_rows(d) * kTile, *y = s + phase_rows(d) * kTile;
+    T* a = y + M * kTile;
     T *u = a + M * kTile, *l = u + M * kTile;
     for (int64_t bt = first; bt < last; ++bt) {
       const int64_t b = bt / tiles, t0 = bt % tiles * kTile;
@@ -412,7 +415,8 @@ void readout_backward(const Shape& d, Rows<const T> zr, const T* rq, const T* la
   const int64_t tiles = (d.T + kTile - 1) / kTile;  // tasks: a tile of tokens, every head
   at::parallel_for(0, d.B * tiles, 1, [&](int64_t first, int64_t last) {
     std::vector<T> buf((2 * phase_rows(d) + 6 * M + 2 * P + 2) * kTile);
-    T *c = buf.data(), *s = c + phase_rows(d) * kTile, *y = s + phase_rows(d) * kTile, *a = y + M * kTile;
+    T *c = buf.data(), *s = c + phase_rows(d) * kTile, *y = s + phase_rows(d) * kTile;
+    T* a = y + M * kTile;
     T *u = a + M * kTile, *p = u + M * kTile, *du = p + P * kTile, *da = du + M * kTile;
     T *dp = da + M * kTile, *dy = dp + P * kTile, *th = dy + M * kTile, *pd = th + kTile;
     T* dl = dp;  // dl overwrites dp row by row
