@@ -48,6 +48,7 @@ namespace linattn_native {
 namespace {
 
 constexpr int64_t kTile = 64;  // tokens of a tile: every buffer a few SIMD vectors per slot
+constexpr int64_t kFlushTiles = 16;  // tiles whose dE a token lane sums in T before float64
 constexpr double kPi = 3.14159265358979323846;
 
 // sin and cos of x for |x| <= pi (and a little beyond): x = q pi / 2 + r with |r| <= pi / 4, the
@@ -420,13 +421,28 @@ void readout_backward(const Shape& d, Rows<const T> zr, const T* rq, const T* la
     T *u = a + M * kTile, *p = u + M * kTile, *du = p + P * kTile, *da = du + M * kTile;
     T *dp = da + M * kTile, *dy = dp + P * kTile, *th = dy + M * kTile, *pd = th + kTile;
     T* dl = dp;  // dl overwrites dp row by row
-    std::vector<double> gE_all(d.H * P * M, 0.0);  // this task's dE, every head
+    // dE: per token lane in T over up to kFlushTiles tiles ([H, P, M][kTile], so that its sums
+    // vectorise), then over the lanes into this task's float64 sums
+    std::vector<double> gE_all(d.H * P * M, 0.0);
+    std::vector<T> lanes(d.H * P * M * kTile, T(0));
+    int64_t pending = 0;
+    const auto flush = [&] {
+      for (int64_t e = 0; e < d.H * P * M; ++e) {
+        double sum = 0;
+        for (int64_t i = 0; i < kTile; ++i) sum += lanes[e * kTile + i];
+        gE_all[e] += sum;
+      }
+      std::fill(lanes.begin(), lanes.end(), T(0));
+      pending = 0;
+    };
     for (int64_t bt = first; bt < last; ++bt) {
       const int64_t b = bt / tiles, t0 = bt % tiles * kTile;
       const int64_t n = std::min(kTile, d.T - t0);
+      if (pending == kFlushTiles) flush();
+      ++pending;
       for (int64_t h = 0; h < d.H; ++h) {
         const T* E = table + h * P * M;
-        double* gE = gE_all.data() + h * P * M;
+        T* gE = lanes.data() + h * P * M * kTile;
         phases(lam, d.T, d.H, b, h, t0, n, d.J, c, s);
         readout_tile(d, b, h, t0, n, zr, rq, table, c, s, y, p, a, u);
         for (int64_t i = 0; i < n; ++i) {
@@ -460,13 +476,12 @@ void readout_backward(const Shape& d, Rows<const T> zr, const T* rq, const T* la
           for (int64_t m = 0; m < M; ++m) {
             const T e = E[r * M + m];
             const T* dam = da + m * kTile;
-            T acc = 0;
-#pragma omp simd reduction(+ : acc)
+            T* lane = gE + (r * M + m) * kTile;
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
               dpr[i] += e * dam[i];
-              acc += pr[i] * dam[i];
+              lane[i] += pr[i] * dam[i];
             }
-            gE[r * M + m] += acc;
           }
         }
 #pragma omp simd  // p . dp
@@ -490,13 +505,12 @@ void readout_backward(const Shape& d, Rows<const T> zr, const T* rq, const T* la
           for (int64_t r = 0; r < P; ++r) {
             const T e = E[r * M + m];
             const T* dlr = dl + r * kTile;
-            T acc = 0;
-#pragma omp simd reduction(+ : acc)
+            T* lane = gE + (r * M + m) * kTile;
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
               dym[i] += e * dlr[i];
-              acc += dlr[i] * ym[i];
+              lane[i] += dlr[i] * ym[i];
             }
-            gE[r * M + m] += acc;
           }
         }
         for (int64_t j = 1; j < d.J; ++j) {  // dtheta from y = R x
@@ -525,6 +539,7 @@ void readout_backward(const Shape& d, Rows<const T> zr, const T* rq, const T* la
         }
       }
     }
+    flush();
     double* out = dtable + at::get_thread_num() * d.H * P * M;
     for (int64_t e = 0; e < d.H * P * M; ++e) out[e] += gE_all[e];
   });
