@@ -19,6 +19,10 @@ token's own row of the first memory's output, CyFA is (docs/design.md, "The one 
 so every form of linear attention (parallel, recurrent, chunk) is a form of CyFA, with its
 gradients, packed sequences and states. This is how fla's chunk kernel computes it too (a fused
 readout, then a scalar-decay chunk pass with ``q = u``, ``k = w``).
+
+On CPU tensors in the compute dtypes (float32, float64), eager, the token-by-token parts (the
+norms' factors, the write and the readout, forward and backward) run in C++
+(``csrc/cyfa.cpp``, ``_token_kernels``); traced, or on other devices, the PyTorch formulas below.
 """
 
 from __future__ import annotations
