@@ -19,6 +19,10 @@ token's own row of the first memory's output, CyFA is (docs/design.md, "The one 
 so every form of linear attention (parallel, recurrent, chunk) is a form of CyFA, with its
 gradients, packed sequences and states. This is how fla's chunk kernel computes it too (a fused
 readout, then a scalar-decay chunk pass with ``q = u``, ``k = w``).
+
+On CPU tensors in the compute dtypes (float32, float64), eager, the token-by-token parts (the
+norms' factors, the write and the readout, forward and backward) run in C++
+(``csrc/cyfa.cpp``, ``_token_kernels``); traced, or on other devices, the PyTorch formulas below.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from torch import Tensor
 from linattn.dtypes import compute_dtype
 from linattn.ops import _engine, _native, checks, tuning
 from linattn.ops import backends as _backends
+from linattn.ops.library import tracing
 
 CyFAState = tuple[Tensor, Tensor, Tensor]
 
@@ -161,10 +166,16 @@ class _NormParts(torch.autograd.Function):
     """The two factors of ``rms_norm``: (x * weight, r = 1 / sqrt(mean(x^2) + eps)), so that a
     caller multiplies r in where it is one number a token (the memories' reads and writes are
     linear in q~ and k~), not into a whole copy of x. Backward: dx = dy weight - (dr r^3 / K) x,
-    dweight = sum dy x; the [..., K] tensors on the extension's cached pages."""
+    dweight = sum dy x; the [..., K] tensors on the extension's cached pages. Where
+    ``_token_kernels`` holds, both ways are one pass each in ``csrc/cyfa.cpp``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float):
+        ctx.kernels = _token_kernels(x)
+        if ctx.kernels:  # one pass over x (``csrc/cyfa.cpp``)
+            y, r = _native.kernel("cyfa_norm")(x, weight, eps)
+            ctx.save_for_backward(x, weight, r)
+            return y, r
         K = x.shape[-1]
         r = torch.linalg.vector_norm(x, dim=-1).square_().div_(K).add_(eps).rsqrt_()
         y = _native.empty(tuple(x.shape), x)
@@ -176,6 +187,9 @@ class _NormParts(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy: Tensor | None, dr: Tensor | None):
         x, weight, r = ctx.saved_tensors
+        if ctx.kernels:  # dx and dweight in one pass over x and dy
+            dx, dweight = _native.kernel("cyfa_norm_backward")(x, weight, r, dy, dr)
+            return dx, (dweight if ctx.needs_input_grad[1] else None), None
         dx = _native.empty(tuple(x.shape), x)
         if dy is None:
             dx.zero_()
@@ -188,6 +202,36 @@ class _NormParts(torch.autograd.Function):
             scratch = _native.empty(tuple(x.shape), x)
             dweight = torch.mul(dy, x, out=scratch).flatten(0, -2).sum(0)
         return dx, dweight, None
+
+
+class _NormScale(torch.autograd.Function):
+    """``_NormParts`` without the weight: (x itself, r = 1 / sqrt(mean(x^2) + eps)), x handed on
+    as it is (a view, no copy); backward dx = dy - (dr r^3 / K) x in one pass (``csrc/cyfa.cpp``,
+    the norm's backward with a weight of ones)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, eps: float):
+        r = torch.linalg.vector_norm(x, dim=-1).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        ctx.save_for_backward(x, r)
+        return x, r
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy: Tensor | None, dr: Tensor | None):
+        x, r = ctx.saved_tensors
+        ones = x.new_ones(x.shape[-1])
+        dx, _ = _native.kernel("cyfa_norm_backward")(x, ones, r, dy, dr)
+        return dx, None
+
+
+# The smallest |w_q| that ``cyfa`` folds into the keys (and divides the key memory's final state
+# by): far above float32's normal range, so that w_q H^k and its quotient keep every digit.
+FOLD_MIN_WEIGHT = 2.0**-40
+
+
+def _foldable(wq: Tensor) -> bool:
+    """Whether every query-norm weight is at least ``FOLD_MIN_WEIGHT`` in magnitude."""
+    return bool(wq.abs().min() >= FOLD_MIN_WEIGHT) if wq.numel() else False
 
 
 def clock(delta: Tensor, lambda0: Tensor | None, cu_seqlens: Tensor | None) -> Tensor:
@@ -291,30 +335,49 @@ def cyfa(
     scale = K**-0.5 if scale is None else float(scale)
     # q~ = r_q (q * w_q), k~ = r_k (k * w_k) with r one number a token: r_k goes into the
     # write w (the key memory's values), r_q onto its read z, so no normalised copy is made.
-    qw, r_q = _NormParts.apply(q, wq, float(q_norm_eps))
-    kw, r_k = _NormParts.apply(k, wk, float(k_norm_eps))
+    kernels = _token_kernels(q)
+    folded = kernels and _foldable(wq)
+    if folded:
+        # w_q moved onto the keys: q~ . k~ = r_q r_k q . (w_q w_k k), and the key memory then
+        # holds diag(w_q) H^k (its initial state scaled so, its final one scaled back), so that
+        # q is read in place, not copied (``_foldable``: every w_q far from zero).
+        qw, r_q = _NormScale.apply(q, float(q_norm_eps))
+        kw, r_k = _NormParts.apply(k, wq * wk, float(k_norm_eps))
+        Hk0 = None if Hk0 is None else Hk0 * wq[:, None]
+    else:
+        qw, r_q = _NormParts.apply(q, wq, float(q_norm_eps))
+        kw, r_k = _NormParts.apply(k, wk, float(k_norm_eps))
     lam = clock(delta, lam0, cu_seqlens)
-    # The write and the readout token by token on slot rows [B, H, M, T] (``_slot_rows``),
-    # handed to the memories as [B, T, H, M] views.
-    c, s = _slot_rows(lam, M)
-    w = _write_rows(c, s, beta).permute(0, 3, 1, 2)
     table = readout @ fourier_basis(M, dtype, q.device)
     common = dict(mode=mode, chunk_size=chunk_size, cu_seqlens=cu_seqlens)
-    # The key memory's values w r_k, contiguous and padded with zero slots to the fused chunk
-    # form's narrowest fast width (``tuning.NARROW_VALUES``): the padded slots stay zero in its
-    # state and read as zeros, so z and H^k are its first M slots.
+    # The key memory's values w r_k, padded with zero slots to the fused chunk form's narrowest
+    # fast width (``tuning.NARROW_VALUES``): the padded slots stay zero in its state and read as
+    # zeros, so z and H^k are its first M slots.
     width = max(M, tuning.NARROW_VALUES) if mode == "chunk" else M
-    values = _native.empty((B, T, H, width), w)
-    values[..., M:] = 0
-    values[..., :M] = w * r_k[..., None]
     if Hk0 is not None and width > M:
         Hk0 = torch.nn.functional.pad(Hk0, (0, width - M))
-    z, Hk = _memory(qw, kw, values, g, scale, Hk0, **common)
+    if kernels:
+        # The write and the readout in C++ (``csrc/cyfa.cpp``), on contiguous [B, H, T, .]
+        # rows: the memories read them in place, as the transposed views they are handed.
+        keys, values = _Write.apply(lam, beta, r_k, M, width)
+        z, Hk = _memory(qw, kw, values.transpose(1, 2), g, scale, Hk0, **common)
+        u = _Readout.apply(z.transpose(1, 2), r_q, lam, table).transpose(1, 2)
+        o, Hv = _memory(u, keys.transpose(1, 2), v, g, 1.0, Hv0, **common)
+    else:
+        # The write and the readout token by token on slot rows [B, H, M, T]
+        # (``_slot_rows``), handed to the memories as [B, T, H, M] views.
+        c, s = _slot_rows(lam, M)
+        w = _write_rows(c, s, beta).permute(0, 3, 1, 2)
+        values = _native.empty((B, T, H, width), w)
+        values[..., M:] = 0
+        values[..., :M] = w * r_k[..., None]
+        z, Hk = _memory(qw, kw, values, g, scale, Hk0, **common)
+        z = (z[..., :M] * r_q[..., None]).permute(0, 2, 3, 1)  # [B, H, M, T]
+        u = _readout_rows(z, c, s, table).permute(0, 3, 1, 2)
+        o, Hv = _memory(u, w, v, g, 1.0, Hv0, **common)
     if width > M:
-        z, Hk = z[..., :M], Hk[..., :M].contiguous()
-    z = (z * r_q[..., None]).permute(0, 2, 3, 1)  # [B, H, M, T]
-    u = _readout_rows(z, c, s, table).permute(0, 3, 1, 2)
-    o, Hv = _memory(u, w, v, g, 1.0, Hv0, **common)
+        Hk = Hk[..., :M]
+    Hk = Hk / wq[:, None] if folded else Hk.contiguous()
     o = o.to(q_dtype)
     if not output_final_state:
         return o, None
@@ -322,6 +385,58 @@ def cyfa(
     if lam0 is not None:
         lam_final = lam_final + lam0
     return o, (Hk, Hv, lam_final)
+
+
+def _token_kernels(x: Tensor) -> bool:
+    """Whether ``csrc/cyfa.cpp`` serves the write and the readout: CPU tensors in float32 or
+    float64 (the compute dtypes), the extension loaded, eager (a trace records the PyTorch ops)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and _native.available()
+        and not tracing(x)
+    )
+
+
+class _Write(torch.autograd.Function):
+    """``write_direction`` on the kernels: lam, beta, r_k [B, T, H] -> (w [B, H, T, M], the key
+    memory's values w r_k zero-padded to [B, H, T, width]), contiguous; backward (dlam, dbeta,
+    dr_k) from both outputs' gradients (``csrc/cyfa.cpp`` states the formulas)."""
+
+    @staticmethod
+    def forward(ctx, lam: Tensor, beta: Tensor, r_k: Tensor, slots: int, width: int):
+        ctx.save_for_backward(lam, beta, r_k)
+        ctx.widths = (slots, width)
+        return _native.kernel("cyfa_write")(lam, beta, r_k, slots, width)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dkeys: Tensor | None, dvalues: Tensor | None):
+        lam, beta, r_k = ctx.saved_tensors
+        B, T, H = lam.shape
+        if dkeys is None:  # an output that reached no loss: a zero gradient
+            dkeys = lam.new_zeros(B, H, T, ctx.widths[0])
+        if dvalues is None:
+            dvalues = lam.new_zeros(B, H, T, ctx.widths[1])
+        dlam, dbeta, dr_k = _native.kernel("cyfa_write_backward")(lam, beta, r_k, dkeys, dvalues)
+        return dlam, dbeta, dr_k, None, None
+
+
+class _Readout(torch.autograd.Function):
+    """``readout_weights`` on the kernels: z [B, H, T, W] (the key memory's read, its first M
+    slots used), r_q, lam [B, T, H], table [H, P, M] -> u [B, H, T, M], contiguous (the product
+    r_q z made inside); backward (dz, dr_q, dlam, dtable), ``csrc/cyfa.cpp``'s formulas."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, r_q: Tensor, lam: Tensor, table: Tensor):
+        ctx.save_for_backward(z, r_q, lam, table)
+        return _native.kernel("cyfa_readout")(z, r_q, lam, table)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, du: Tensor):
+        z, r_q, lam, table = ctx.saved_tensors
+        return _native.kernel("cyfa_readout_backward")(z, r_q, lam, table, du)
 
 
 def _memory(q, k, v, g, scale, initial_state, *, mode, chunk_size, cu_seqlens):
