@@ -344,3 +344,25 @@ def test_the_fused_pass_one_is_near_float64(case, gated, monkeypatch):
         assert torch.isfinite(a).all(), label
         error = float((a - b).norm() / b.norm().clamp_min(1e-30))
         assert error < 1e-5, (label, error)
+
+
+@fused_scores
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_opcheck_the_fused_pass_one(packed):
+    # the ops' schemas, fake (meta) kernels and their shapes (the kept states' rows from the
+    # shapes alone) against the CPU kernels
+    x = inputs(B=1 if packed else 2, T=21, K=4, M=3, dtype=torch.float32)
+    cu = torch.tensor([0, 1, 1, 9, 21]) if packed else None
+    N = 4 if packed else 2
+    q, k, s = x["q"], x["k"], x["s"]
+    g = x["g"].contiguous()
+    S0 = torch.randn(N, 2, 4, 3)
+    op = torch.ops.linattn_native
+    args = (q, k, s, g, S0, cu, 0.5, 8, True)
+    torch.library.opcheck(op.slot_scores_forward.default, args)
+    _, _, states = op.slot_scores_forward(*args)
+    assert states.shape[0] == (3 + N - 1 if packed else N * 3)
+    d_y, dS = torch.randn_like(s), torch.randn_like(S0)
+    torch.library.opcheck(
+        op.slot_scores_backward.default, (q, k, s, g, states, cu, d_y, dS, 0.5, 8)
+    )

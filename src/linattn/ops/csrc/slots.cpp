@@ -52,12 +52,22 @@ namespace {
 // FLT_MAX^(1/2), so its products with inputs of modest size stay far inside float32's range.
 const float kSlotLimit = std::log(FLT_MAX) / 2.0f;
 
+// The chunks the kept states have room for, from the shapes alone (so that the fake kernel
+// knows them): B ceil(T / C) without cu_seqlens; with N sequences, ceil(T / C) + N - 1 (a
+// sequence's ceil(len / C) is floor((len - 1) / C) + 1, and those floors sum to at most
+// floor((T - 1) / C)), at least the chunks there are.
+int64_t chunk_room(int64_t B, int64_t T, int64_t C, int64_t N, bool packed) {
+  const int64_t per_row = (T + C - 1) / C;
+  return packed ? std::max<int64_t>(per_row + N - 1, 0) : B * per_row;
+}
+
 struct Slots {
   int64_t B, T, H, K, M, N, C;
   const float *q, *k, *s, *g;
   std::vector<int64_t> start, end, first_chunk;  // per sequence: tokens [start, end) of row b
   std::vector<int64_t> row;                       // per sequence: its batch row
   int64_t chunks;                                 // all sequences' chunks
+  int64_t room;                                   // ``chunk_room``: the kept states' rows
 };
 
 Slots prepare(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& s,
@@ -73,7 +83,7 @@ Slots prepare(const char* op, const at::Tensor& q, const at::Tensor& k, const at
   TORCH_CHECK(C >= 1, op, ": C must be >= 1, got ", C);
   Slots p{q.size(0), q.size(1), q.size(2), q.size(3), s.size(3), 0, C,
           q.data_ptr<float>(), k.data_ptr<float>(), s.data_ptr<float>(), g.data_ptr<float>(),
-          {}, {}, {}, {}, 0};
+          {}, {}, {}, {}, 0, 0};
   if (cu.has_value()) {
     const at::Tensor& b = *cu;
     TORCH_CHECK(b.scalar_type() == at::kLong && b.dim() == 1 && b.size(0) >= 2 && p.B == 1, op,
@@ -102,6 +112,8 @@ Slots prepare(const char* op, const at::Tensor& q, const at::Tensor& k, const at
     p.first_chunk.push_back(p.chunks);
     p.chunks += (p.end[n] - p.start[n] + C - 1) / C;
   }
+  p.room = chunk_room(p.B, p.T, C, p.N, cu.has_value());
+  TORCH_CHECK(p.chunks <= p.room, op, ": ", p.chunks, " chunks exceed the room ", p.room);
   return p;
 }
 
@@ -171,7 +183,7 @@ bool chunk_terms(const Slots& p, Blocks& w, int64_t b, int64_t h, int64_t t0, in
 }  // namespace
 
 // scores [B, T, H, M], the final state [N, H, K, M] and (keep) the state entering every chunk
-// [chunks, H, K, M] (else empty).
+// [room, H, K, M] (``chunk_room``; the rows past the chunks zero), else empty.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_scores_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& s, const at::Tensor& g,
     const at::Tensor& S0, const std::optional<at::Tensor>& cu, double scale_d, int64_t C,
@@ -182,7 +194,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_scores_forward(
   const float scale = static_cast<float>(scale_d);
   at::Tensor out = fresh(s.sizes(), s.options());
   at::Tensor Sfin = fresh(S0.sizes(), S0.options());
-  at::Tensor states = fresh({keep ? p.chunks : 0, H, K, M}, S0.options());
+  at::Tensor states = fresh({keep ? p.room : 0, H, K, M}, S0.options());
+  if (keep && p.room > p.chunks) states.narrow(0, p.chunks, p.room - p.chunks).zero_();
   float* o = out.data_ptr<float>();
   float* fin = Sfin.data_ptr<float>();
   float* st = states.data_ptr<float>();
@@ -249,9 +262,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
                   d_y.scalar_type() == at::kFloat,
               op, ": d_y must be a contiguous float32 tensor shaped as s");
   TORCH_CHECK(states.is_contiguous() && states.scalar_type() == at::kFloat && states.dim() == 4 &&
-                  states.size(0) == p.chunks && states.size(1) == H && states.size(2) == K &&
+                  states.size(0) == p.room && states.size(1) == H && states.size(2) == K &&
                   states.size(3) == M,
-              op, ": states must be the forward's [chunks, H, K, M]");
+              op, ": states must be the forward's [room, H, K, M]");
   const float scale = static_cast<float>(scale_d);
   at::Tensor dq = fresh(q.sizes(), q.options());
   at::Tensor dk = fresh(k.sizes(), k.options());
@@ -374,6 +387,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
   return {dq, dk, ds, dg, dS0};
 }
 
+// The fake (meta) kernels: the shapes from the inputs' shapes alone.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_scores_forward_meta(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& s, const at::Tensor& g,
+    const at::Tensor& S0, const std::optional<at::Tensor>& cu, double, int64_t C, bool keep) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && s.dim() == 4 && g.sizes() == s.sizes() &&
+                  S0.dim() == 4 && C >= 1,
+              "linattn_native.slot_scores_forward: q, k must be [B, T, H, K], s, g [B, T, H, M], "
+              "S0 [N, H, K, M] and C >= 1");
+  const int64_t N = cu.has_value() ? cu->size(0) - 1 : q.size(0);
+  const int64_t room = chunk_room(q.size(0), q.size(1), C, N, cu.has_value());
+  return {at::empty(s.sizes(), s.options()), at::empty(S0.sizes(), S0.options()),
+          at::empty({keep ? room : 0, q.size(2), q.size(3), s.size(3)}, S0.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scores_backward_meta(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& s, const at::Tensor& g,
+    const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+    const at::Tensor& dS_final, double, int64_t) {
+  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()),
+          at::empty(s.sizes(), s.options()), at::empty(g.sizes(), g.options()),
+          at::empty(dS_final.sizes(), dS_final.options())};
+}
+
 TORCH_LIBRARY_FRAGMENT(linattn_native, m) {
   m.def(
       "slot_scores_forward(Tensor q, Tensor k, Tensor s, Tensor g, Tensor S0, Tensor? cu_seqlens,"
@@ -387,6 +423,11 @@ TORCH_LIBRARY_FRAGMENT(linattn_native, m) {
 TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
   m.impl("slot_scores_forward", &slot_scores_forward);
   m.impl("slot_scores_backward", &slot_scores_backward);
+}
+
+TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
+  m.impl("slot_scores_forward", &slot_scores_forward_meta);
+  m.impl("slot_scores_backward", &slot_scores_backward_meta);
 }
 
 }  // namespace linattn_native
