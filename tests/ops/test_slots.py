@@ -360,9 +360,9 @@ def test_opcheck_the_fused_pass_one(packed):
     op = torch.ops.linattn_native
     args = (q, k, s, g, S0, cu, 0.5, 8, True)
     torch.library.opcheck(op.slot_scores_forward.default, args)
-    _, _, states = op.slot_scores_forward(*args)
+    y, _, states = op.slot_scores_forward(*args)
     assert states.shape[0] == (3 + N - 1 if packed else N * 3)
     d_y, dS = torch.randn_like(s), torch.randn_like(S0)
     torch.library.opcheck(
-        op.slot_scores_backward.default, (q, k, s, g, states, cu, d_y, dS, 0.5, 8)
+        op.slot_scores_backward.default, (q, k, s, g, states, cu, y, d_y, dS, 0.5, 8)
     )

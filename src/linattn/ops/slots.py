@@ -329,28 +329,29 @@ def _fused_scores(q, k, s, g, scale, chunk_size, initial_state, cu_seqlens):
 class _FusedScores(torch.autograd.Function):
     """Pass 1's chunk form on ``linattn_native.slot_scores_forward`` / ``_backward``: (scores
     [B, T, H, M], S_k [N, H, K, M]) from contiguous float32 q, k [B, T, H, K], s, g [B, T, H, M]
-    and S0 [N, H, K, M]; the backward recomputes each chunk from the state entering it."""
+    and S0 [N, H, K, M]; the backward recomputes each chunk from the state entering it and
+    reads the scores the forward kept."""
 
     @staticmethod
     def forward(ctx, q, k, s, g, S0, scale, C, cu):
         keep = any(ctx.needs_input_grad[:5])
         scores, S, states = _native.kernel("slot_scores_forward")(q, k, s, g, S0, cu, scale, C,
                                                                    keep)  # fmt: skip
-        ctx.save_for_backward(q, k, s, g, states)
+        ctx.save_for_backward(q, k, s, g, states, scores)
         ctx.setup = (scale, C, cu)
         return scores, S
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_scores, d_S):
-        q, k, s, g, states = ctx.saved_tensors
+        q, k, s, g, states, scores = ctx.saved_tensors
         scale, C, cu = ctx.setup
         B, T, H, K = q.shape
         N = B if cu is None else cu.numel() - 1
         d_scores = torch.zeros_like(s) if d_scores is None else d_scores.contiguous()
         d_S = s.new_zeros(N, H, K, s.shape[-1]) if d_S is None else d_S.contiguous()
         dq, dk, ds, dg, dS0 = _native.kernel("slot_scores_backward")(
-            q, k, s, g, states, cu, d_scores, d_S, scale, C
+            q, k, s, g, states, cu, scores, d_scores, d_S, scale, C
         )
         return dq, dk, ds, dg, dS0, None, None, None
 

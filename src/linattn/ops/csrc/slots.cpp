@@ -17,7 +17,7 @@
 // sum_{i <= t} A_ti exp(G_t - G_i) s_i, from the pairs of G. The state's update reads only
 // decays exp(G_c - G_i) <= 1 and needs no such care.
 //
-// The backward, chunk by chunk from the last from the states the forward kept, with dY =
+// The backward, chunk by chunk from the last from the states and scores the forward kept, dY =
 // exp(G) * dy and W = exp(-G) * s, Wd = exp(G_c - G) * s:
 //
 //   dQ = dY S^T + tril(dY W^T) K,   dK = tril(dY W^T)^T Q + Wd dS^T,
@@ -120,15 +120,15 @@ Slots prepare(const char* op, const at::Tensor& q, const at::Tensor& k, const at
 // One chunk's working blocks (a task's, reused from chunk to chunk).
 struct Blocks {
   int64_t C, K, M;
-  std::vector<float> Q, hi, lo, zeros, E, W, Wd, A, Y, S, D;
+  std::vector<float> Q, hi, lo, zeros, E, F, W, Wd, A, Y, S, D;
   std::vector<char> steep;
   Blocks(int64_t C_, int64_t K_, int64_t M_)
-      : C(C_), K(K_), M(M_), Q(C_ * K_), hi(C_ * M_), lo(C_ * M_), zeros(M_, 0.0f), E(C_ * M_),
+      : C(C_), K(K_), M(M_), Q(C_ * K_), hi(C_ * M_), lo(C_ * M_), zeros(M_, 0.0f), E(C_ * M_), F(C_ * M_),
         W(C_ * M_), Wd(C_ * M_), A(C_ * C_), Y(C_ * M_), S(K_ * M_), D(M_), steep(M_) {}
 };
 
 // Steps shared by both passes for a chunk of c rows from token t0 of head h, batch row b: the
-// scaled queries, the gates' pairs, exp(G), W = exp(-G) s (0 in steep slots), Wd and A.
+// scaled queries, the gates' pairs, exp(G), exp(-G), W = exp(-G) s (0 in steep slots), Wd and A.
 // Returns whether any slot is steep.
 bool chunk_terms(const Slots& p, Blocks& w, int64_t b, int64_t h, int64_t t0, int c,
                  float scale) {
@@ -157,12 +157,14 @@ bool chunk_terms(const Slots& p, Blocks& w, int64_t b, int64_t h, int64_t t0, in
     const float* lo = w.lo.data() + r * M;
     const float* sv = sr + r * rs;
     float* E = w.E.data() + r * M;
+    float* F = w.F.data() + r * M;
     float* W = w.W.data() + r * M;
     float* Wd = w.Wd.data() + r * M;
 #pragma omp simd
     for (int64_t m = 0; m < M; ++m) {
       E[m] = exp_pair(hi[m], lo[m]);
-      const float Fs = exp_pair(-hi[m], -lo[m]) * sv[m];
+      F[m] = exp_pair(-hi[m], -lo[m]);
+      const float Fs = F[m] * sv[m];
       W[m] = w.steep[m] ? 0.0f : Fs;
       Wd[m] = D[m] * Fs;
     }
@@ -250,17 +252,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_scores_forward(
 }
 
 // dq, dk [B, T, H, K], ds, dg [B, T, H, M] and dS0 [N, H, K, M] from the forward's states and
-// the gradients of the scores (d_y [B, T, H, M]) and the final state (dS [N, H, K, M]).
+// the scores y and their gradients d_y [B, T, H, M] and the final state's (dS [N, H, K, M]).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scores_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& s, const at::Tensor& g,
-    const at::Tensor& states, const std::optional<at::Tensor>& cu, const at::Tensor& d_y,
-    const at::Tensor& dS_final, double scale_d, int64_t C) {
+    const at::Tensor& states, const std::optional<at::Tensor>& cu, const at::Tensor& y,
+    const at::Tensor& d_y, const at::Tensor& dS_final, double scale_d, int64_t C) {
   const char* op = "linattn_native.slot_scores_backward";
   const Slots p = prepare(op, q, k, s, g, dS_final, cu, C);
   const int64_t K = p.K, M = p.M, H = p.H;
-  TORCH_CHECK(d_y.sizes() == s.sizes() && d_y.is_contiguous() &&
-                  d_y.scalar_type() == at::kFloat,
-              op, ": d_y must be a contiguous float32 tensor shaped as s");
+  for (const auto* t : {&y, &d_y}) {
+    TORCH_CHECK(t->sizes() == s.sizes() && t->is_contiguous() && t->scalar_type() == at::kFloat,
+                op, ": y and d_y must be contiguous float32 tensors shaped as s");
+  }
   TORCH_CHECK(states.is_contiguous() && states.scalar_type() == at::kFloat && states.dim() == 4 &&
                   states.size(0) == p.room && states.size(1) == H && states.size(2) == K &&
                   states.size(3) == M,
@@ -273,6 +276,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
   at::Tensor dS0 = fresh(dS_final.sizes(), dS_final.options());
   const float* st = states.data_ptr<float>();
   const float* dy = d_y.data_ptr<float>();
+  const float* yp = y.data_ptr<float>();
   const float* dSf = dS_final.data_ptr<float>();
   float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dsp = ds.data_ptr<float>(),
         *dgp = dg.data_ptr<float>(), *dS0p = dS0.data_ptr<float>();
@@ -280,7 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
   parallel_tasks(p.N * H, [&](int64_t lo_task, int64_t hi_task) {
     Blocks w(C, K, M);
     std::vector<float> dY(C * M), dG(C * M), dA(C * C), dQ(C * K), dK(C * K), dW(C * M),
-        dWd(C * M), dsl(C * M), dGC(M), run(M), dS(K * M), Y0(C * M);
+        dWd(C * M), dsl(C * M), dGC(M), run(M), dS(K * M);
     for (int64_t task = lo_task; task < hi_task; ++task) {
       const int64_t n = task / H, h = task % H, b = p.row[n];
       std::copy(dSf + task * K * M, dSf + (task + 1) * K * M, dS.data());
@@ -294,15 +298,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
         const float* sr = p.s + (b * p.T + t0) * rs + h * M;
         const float* gr = p.g + (b * p.T + t0) * rs + h * M;
         const float* dyr = dy + (b * p.T + t0) * rs + h * M;
-        float* Y = w.Y.data();
-        gemm(false, false, c, M, K, 1.0f, w.Q.data(), K, S, M, 0.0f, Y, M);
-        lower_times(c, c, 1, M, 1.0f, w.A.data(), C, w.W.data(), M, 1.0f, Y, M);
+        const float* yr = yp + (b * p.T + t0) * rs + h * M;
         for (int r = 0; r < c; ++r) {
 #pragma omp simd
           for (int64_t m = 0; m < M; ++m) {
-            const float e = w.E[r * M + m], d = dyr[r * rs + m];
-            dY[r * M + m] = e * d;
-            dG[r * M + m] = e * Y[r * M + m] * d;
+            const float d = dyr[r * rs + m];
+            dY[r * M + m] = w.E[r * M + m] * d;
+            dG[r * M + m] = yr[r * rs + m] * d;  // d y_t / d G_t = y_t (the pairwise sums too)
             dsl[r * M + m] = 0.0f;
           }
         }
@@ -313,7 +315,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
             if (!w.steep[m]) continue;
             for (int r = 0; r < c; ++r) {
               const float d = dyr[r * rs + m];
-              float row_sum = 0.0f;
               for (int x = 0; x <= r; ++x) {
                 const float e =
                     decay(w.hi[r * M + m], w.lo[r * M + m], w.hi[x * M + m], w.lo[x * M + m]);
@@ -321,10 +322,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
                 const float term = w.A[r * C + x] * es * d;
                 dA[r * C + x] += es * d;
                 dsl[x * M + m] += w.A[r * C + x] * e * d;
-                row_sum += term;
                 dG[x * M + m] -= term;
               }
-              dG[r * M + m] += row_sum;
             }
           }
         }
@@ -347,7 +346,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
 #pragma omp simd
           for (int64_t m = 0; m < M; ++m) {
             const int64_t at = r * M + m;
-            const float F = exp_pair(-hi[m], -lo[m]);
+            const float F = w.F[at];
             const float eC = w.steep[m] ? end_decay(hiC[m], loC[m], hi[m], lo[m]) : D[m] * F;
             dsr[r * rs + m] = (w.steep[m] ? 0.0f : F * dW[at]) + eC * dWd[at] + dsl[at];
             const float wd = w.Wd[at] * dWd[at];
@@ -403,7 +402,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_scores_forward_meta(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scores_backward_meta(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& s, const at::Tensor& g,
-    const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+    const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
     const at::Tensor& dS_final, double, int64_t) {
   return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()),
           at::empty(s.sizes(), s.options()), at::empty(g.sizes(), g.options()),
@@ -416,7 +415,7 @@ TORCH_LIBRARY_FRAGMENT(linattn_native, m) {
       " float scale, int C, bool keep) -> (Tensor, Tensor, Tensor)");
   m.def(
       "slot_scores_backward(Tensor q, Tensor k, Tensor s, Tensor g, Tensor states,"
-      " Tensor? cu_seqlens, Tensor d_y, Tensor dS_final, float scale, int C)"
+      " Tensor? cu_seqlens, Tensor y, Tensor d_y, Tensor dS_final, float scale, int C)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
