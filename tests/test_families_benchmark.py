@@ -69,3 +69,18 @@ def test_every_family_with_a_nearest_mechanism_gets_a_paired_row(tmp_path, capsy
 def test_an_unknown_mechanism_fails_before_any_work():
     with pytest.raises(ValueError, match="unknown mechanism 'nope'"):
         _bench().main(["--mechanisms", "nope"])
+
+
+def test_the_nearest_can_be_timed_as_several_passes(tmp_path, capsys, two_families):
+    # --nearest-calls 2: the nearest runs twice in each timed call (two passes of its memory)
+    bench = _bench()
+    out = tmp_path / "families.json"
+    argv = ["--T", "40", "--H", "2", "--K", "8", "--V", "8", "--repeats", "2", "--clock", "cpu",
+            "--mechanisms", "bench_family", "--nearest-calls", "2", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["setup"]["nearest_calls"] == 2
+    assert [row["nearest"] for row in data["rows"]] == ["gla x2"]
+    assert "| bench_family | gla x2 | chunk |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--nearest-calls", "0"])
