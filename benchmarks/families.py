@@ -114,7 +114,9 @@ def _repeated(calls, n: int):
     return tuple(times(f) for f in calls)
 
 
-def measure(names, T, H, K, V, repeats, threads, chunk=None, nearest_calls=1):
+def measure(names, T, H, K, V, repeats, threads, chunk=None, also_nearest_K=None, nearest_calls=1):
+    """The rows of the table; with ``also_nearest_K``, each pair is timed a second time against
+    the nearest fed keys of that width (its own row, labelled with the nearest's K and V)."""
     torch.set_num_threads(threads)
     rows = []
     for entry in registry.mechanisms():
@@ -126,22 +128,31 @@ def measure(names, T, H, K, V, repeats, threads, chunk=None, nearest_calls=1):
             print(f"| {entry.name} | {nearest.name} | no chunk or recurrent form in common |")
             continue
         nK, nV = _nearest_dims(entry, K, V)
-        own = _calls(entry, form, T, H, K, V, chunk)
-        base = _repeated(_calls(nearest, form, T, H, nK, nV, chunk), nearest_calls)
-        label = nearest.name if nearest_calls == 1 else f"{nearest.name} x{nearest_calls}"
-        row = {"mechanism": entry.name, "nearest": label, "form": form,
-               "nearest_K": nK, "nearest_V": nV, "line": _line(entry)}  # fmt: skip
-        for pass_, index in (("fwd", 0), ("fwdbwd", 1)):
-            own[index](), base[index]()  # warm-up: first-call costs stay out of the turns
-            mine, theirs = times_in_turns([own[index], base[index]], repeats)
-            ratio = paired_ratios(mine, theirs)
-            row[f"{pass_}_s"], row[f"{pass_}_nearest_s"] = median(mine), median(theirs)
-            row[f"{pass_}_ratio"] = ratio
-        row["ok"] = all(row[f"{p}_ratio"]["median"] <= row["line"] for p in ("fwd", "fwdbwd"))
-        rows.append(row)
-        print(_format(row, K, V), flush=True)
-        del own, base  # the inputs and their gradients, before the next pair's
+        widths = [(nK, nV)] + ([(also_nearest_K, nV)] if also_nearest_K else [])
+        for nK, nV in widths:
+            rows.append(
+                _pair(entry, nearest, form, T, H, K, V, nK, nV, repeats, chunk, nearest_calls)
+            )
     return rows
+
+
+def _pair(entry, nearest, form, T, H, K, V, nK, nV, repeats, chunk, nearest_calls=1) -> dict:
+    """One row: ``entry`` against ``nearest`` fed (nK, nV), forward and forward + backward."""
+    own = _calls(entry, form, T, H, K, V, chunk)
+    base = _repeated(_calls(nearest, form, T, H, nK, nV, chunk), nearest_calls)
+    label = nearest.name if nearest_calls == 1 else f"{nearest.name} x{nearest_calls}"
+    row = {"mechanism": entry.name, "nearest": label, "form": form,
+           "nearest_K": nK, "nearest_V": nV, "line": _line(entry)}  # fmt: skip
+    for pass_, index in (("fwd", 0), ("fwdbwd", 1)):
+        own[index](), base[index]()  # warm-up: first-call costs stay out of the turns
+        mine, theirs = times_in_turns([own[index], base[index]], repeats)
+        ratio = paired_ratios(mine, theirs)
+        row[f"{pass_}_s"], row[f"{pass_}_nearest_s"] = median(mine), median(theirs)
+        row[f"{pass_}_ratio"] = ratio
+    row["ok"] = all(row[f"{p}_ratio"]["median"] <= row["line"] for p in ("fwd", "fwdbwd"))
+    print(_format(row, K, V), flush=True)
+    del own, base  # the inputs and their gradients, before the next pair's
+    return row
 
 
 HEADER = (
@@ -181,6 +192,10 @@ def main(argv=None) -> int:
         help="run the nearest this many times a timed call (default 1)",
     )
     parser.add_argument("--clock", choices=sorted(_timing.CLOCKS), default="wall")
+    parser.add_argument(
+        "--also-nearest-K", type=int, default=None,
+        help="also time each pair against the nearest fed keys of this width (a second row)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     names = [n for n in args.mechanisms.split(",") if n]
     for name in names:
@@ -194,7 +209,7 @@ def main(argv=None) -> int:
     print(HEADER)
     print("|" + "---|" * 11)
     rows = measure(names, args.T, args.H, args.K, args.V, args.repeats, args.threads,
-                   args.chunk_size, args.nearest_calls)  # fmt: skip
+                   args.chunk_size, args.also_nearest_K, args.nearest_calls)  # fmt: skip
     if args.out is not None:
         keys = ("T", "H", "K", "V", "repeats", "threads", "clock", "nearest_calls")
         setup = {k: getattr(args, k) for k in keys}

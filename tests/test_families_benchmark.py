@@ -71,6 +71,24 @@ def test_an_unknown_mechanism_fails_before_any_work():
         _bench().main(["--mechanisms", "nope"])
 
 
+def test_also_nearest_K_adds_a_labelled_row_per_pair(tmp_path, capsys, two_families):
+    """``--also-nearest-K``: each pair timed a second time against the nearest fed keys of that
+    width, its own row after the pair's first."""
+    bench = _bench()
+    out = tmp_path / "families.json"
+    argv = ["--T", "40", "--H", "2", "--K", "8", "--V", "8", "--repeats", "1", "--clock", "cpu",
+            "--mechanisms", "bench_family", "--also-nearest-K", "16",
+            "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["mechanism"], r["nearest_K"], r["nearest_V"]) for r in rows] == [
+        ("bench_family", 8, 8), ("bench_family", 16, 8),
+    ]  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "| bench_family | gla | chunk |" in printed
+    assert "| bench_family | gla (K 16, V 8) | chunk |" in printed and "of 2 within" in printed
+
+
 def test_the_nearest_can_be_timed_as_several_passes(tmp_path, capsys, two_families):
     # --nearest-calls 2: the nearest runs twice in each timed call (two passes of its memory)
     bench = _bench()

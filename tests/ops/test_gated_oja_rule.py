@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from linattn.ops import _native
 from linattn.ops import gated_oja_rule as module
 from linattn.ops.gated_oja_rule import gated_oja_rule, gated_oja_rule_step
 from linattn.reference.gated_oja import recurrence
@@ -162,3 +163,207 @@ def test_the_chunk_form_in_blocks_equals_the_reference_and_its_gradients_autogra
         torch.testing.assert_close(a.detach(), b, rtol=0, atol=1e-12)
     for a, b in zip(grads, run("recurrent")[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+# --- the compiled chunk form (csrc/oja.cpp) on float32 CPU tensors --------------------------
+
+native = pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
+
+
+def _calls(monkeypatch) -> list[str]:
+    """The compiled ops that the calls after this one run, by name, in order."""
+    called: list[str] = []
+    fused = _native.fused
+
+    def counting(name):
+        called.append(name)
+        return fused(name)
+
+    monkeypatch.setattr(module._native, "fused", counting)
+    return called
+
+
+def _loss_and_grads(x, **options):
+    """The outputs (o, S) and the gradients of a weighted loss of both with respect to every
+    input (float64 weights, cast: the same loss for either dtype)."""
+    leaves = {n: None if t is None else t.clone().requires_grad_() for n, t in x.items()}
+    o, S = gated_oja_rule(**leaves, output_final_state=True, **options)
+    gen = torch.Generator().manual_seed(7)
+    w_o = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)
+    w_S = torch.randn(S.shape, generator=gen, dtype=torch.float64).to(S.dtype)
+    present = [t for t in leaves.values() if t is not None]
+    grads = torch.autograd.grad((o * w_o).sum() + (S * w_S).sum(), present)
+    return (o.detach(), S.detach()), grads
+
+
+def _assert_float32_close(got, want, bound):
+    """Each float32 tensor against its float64 counterpart: largest error relative to the
+    largest entry (or to 1, the inputs' size, where every entry is smaller: the gate's gradient
+    of a lone first token is 0, and float32 leaves its terms' rounding) below ``bound``."""
+    for a, b in zip(got, want, strict=True):
+        error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1.0))
+        assert error < bound, error
+
+
+def _packed(cu, gate=True, seed=0, steep=1.0):
+    """make()'s inputs over the tokens of ``cu`` (the module's T is 29), one state a piece."""
+    x = make(gate, seed=seed, N=len(cu) - 1)
+    if gate:
+        x["gv"] = x["gv"] * steep
+    return x
+
+
+@native
+@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize(
+    "C,cu",
+    [(8, None), (5, None), (64, None), (1, None), (8, [0, 1, 2, 12, 13, 29]), (4, [0, 28, 29])],
+)
+def test_the_compiled_form_equals_float64_and_its_gradients(monkeypatch, gate, C, cu):
+    """float32 through the compiled kernels against the float64 chunk form (itself the
+    reference's to 1e-12, the tests above): outputs, final states and every gradient, with
+    grouped value heads, an initial state, T not a multiple of C (and C = 1, C > T), packed
+    sequences with pieces of one token; the kernels run, forward and backward."""
+    x = _packed([0, T] if cu is None else cu, gate)
+    options = {"scale": 0.4, "mode": "chunk", "chunk_size": C}
+    if cu is not None:
+        options["cu_seqlens"] = torch.tensor(cu)
+    want, want_grads = _loss_and_grads(x, **options)
+    called = _calls(monkeypatch)
+    x32 = {n: None if t is None else t.float() for n, t in x.items()}
+    got, got_grads = _loss_and_grads(x32, **options)
+    assert called == ["oja_forward", "oja_backward"]
+    _assert_float32_close(got, want, 2e-6)
+    _assert_float32_close(got_grads, want_grads, 2e-6)
+
+
+@native
+@pytest.mark.parametrize("T_", [1, 3])
+def test_the_compiled_form_with_a_batch_and_few_tokens(monkeypatch, T_):
+    """B = 3 sequences of T_ tokens (no cu_seqlens), no initial state: float64's numbers."""
+    gen = torch.Generator().manual_seed(3)
+    x = {
+        "q": torch.randn(3, T_, 2, 5, generator=gen, dtype=torch.float64),
+        "k": torch.randn(3, T_, 2, 5, generator=gen, dtype=torch.float64),
+        "v": F.normalize(torch.randn(3, T_, 4, 6, generator=gen, dtype=torch.float64), dim=-1),
+        "gv": F.logsigmoid(torch.randn(3, T_, 4, 6, generator=gen, dtype=torch.float64)),
+        "beta": torch.rand(3, T_, 4, generator=gen, dtype=torch.float64),
+    }
+    want, want_grads = _loss_and_grads(x)
+    called = _calls(monkeypatch)
+    got, got_grads = _loss_and_grads({n: t.float() for n, t in x.items()})
+    assert called == ["oja_forward", "oja_backward"]
+    _assert_float32_close(got, want, 2e-6)
+    _assert_float32_close(got_grads, want_grads, 2e-6)
+
+
+@native
+def test_steep_gates_within_the_limit_stay_in_the_compiled_form(monkeypatch):
+    """Gates of about -6 a token (a chunk of 8 spans about 50 of the limit's 60: exp(-G) near
+    1e21): the compiled form still serves them, and keeps float32's accuracy."""
+    x = _packed([0, T])
+    x["gv"] = -6.0 - 0.5 * torch.rand(x["gv"].shape, generator=torch.Generator().manual_seed(1),
+                                       dtype=torch.float64)  # fmt: skip
+    options = {"scale": 0.4, "mode": "chunk", "chunk_size": 8}
+    want, want_grads = _loss_and_grads(x, **options)
+    called = _calls(monkeypatch)
+    got, got_grads = _loss_and_grads({n: t.float() for n, t in x.items()}, **options)
+    assert called == ["oja_forward", "oja_backward"]
+    _assert_float32_close(got, want, 1e-5)
+    _assert_float32_close(got_grads, want_grads, 1e-5)
+
+
+@native
+def test_a_chunk_beyond_the_limit_falls_back_to_the_pytorch_form(monkeypatch):
+    """A chunk whose decay spans float32's limit (a gate of -70, finite): the kernel says so
+    (steep > 0) and the op runs its PyTorch forms instead, outputs and gradients float64's."""
+    x = _packed([0, 12, 29])
+    x["gv"][0, 20, 1, :] = -70.0
+    x32 = {n: t.float() for n, t in x.items()}
+    flat = [x32[n][0].contiguous() for n in ("q", "k", "v", "gv", "beta")]
+    *_, steep = torch.ops.linattn_native.oja_forward(
+        *flat, x32["initial_state"], [0, 12, 29], 0.4, 8, 60.0, False
+    )
+    assert int(steep) > 0
+    options = {"scale": 0.4, "chunk_size": 8, "cu_seqlens": torch.tensor([0, 12, 29])}
+    want, want_grads = _loss_and_grads(x, **options)
+    called = _calls(monkeypatch)
+    got, got_grads = _loss_and_grads(x32, **options)
+    assert called == ["oja_forward"]  # the forward only: its result set aside
+    _assert_float32_close(got, want, 1e-5)
+    _assert_float32_close(got_grads, want_grads, 1e-5)
+
+
+@native
+def test_a_chunk_larger_than_the_kernels_take_runs_the_pytorch_form(monkeypatch):
+    x = _packed([0, T])
+    called = _calls(monkeypatch)
+    x32 = {n: t.float() for n, t in x.items()}
+    options = {"scale": 0.4, "chunk_size": module.FUSED_MAX_CHUNK + 1}
+    got = gated_oja_rule(**x32, **options, output_final_state=True)
+    assert called == []
+    _assert_float32_close(got, oracle(x, 0.4, [0, T]), 2e-6)
+
+
+@native
+def test_a_reset_in_float32_takes_the_token_loop(monkeypatch):
+    x = _packed([0, T])
+    x["gv"][0, 10] = -math.inf
+    called = _calls(monkeypatch)
+    got = gated_oja_rule(**{n: t.float() for n, t in x.items()}, scale=0.4,
+                         output_final_state=True)  # fmt: skip
+    assert called == []
+    _assert_float32_close(got, oracle(x, 0.4, [0, T]), 2e-6)
+
+
+@native
+def test_opcheck_the_compiled_ops():
+    """Schema, fake (Meta) kernels and the dispatcher's checks of both ops."""
+    x = {n: t.float() for n, t in _packed([0, 1, 12, 29]).items()}
+    flat = [x[n][0].contiguous() for n in ("q", "k", "v", "gv", "beta")]
+    bounds = [0, 1, 12, 29]
+    op = torch.ops.linattn_native
+    utils = ("test_schema", "test_faketensor")
+    args = (*flat, x["initial_state"], bounds, 0.4, 8, 60.0, True)
+    torch.library.opcheck(op.oja_forward.default, args, test_utils=utils)
+    o, _, states, _ = op.oja_forward(*args)
+    d_o, dS = torch.randn_like(o), torch.randn_like(x["initial_state"])
+    for d_state in (dS, None):
+        back = (*flat, states, o, d_o, d_state, bounds, 0.4, 8, 60.0)
+        torch.library.opcheck(op.oja_backward.default, back, test_utils=utils)
+
+
+@native
+def test_the_compiled_ops_name_bad_input():
+    x = {n: t.float() for n, t in _packed([0, T]).items()}
+    q, k, v, gv, beta = (x[n][0].contiguous() for n in ("q", "k", "v", "gv", "beta"))
+    S0 = x["initial_state"]
+    op = torch.ops.linattn_native.oja_forward
+    with pytest.raises(RuntimeError, match="bounds must run from 0 to 29"):
+        op(q, k, v, gv, beta, S0, [0, 28], 0.4, 8, 60.0, False)
+    with pytest.raises(RuntimeError, match="gv must be float32"):
+        op(q, k, v, gv.double(), beta, S0, [0, T], 0.4, 8, 60.0, False)
+    with pytest.raises(RuntimeError, match="gv must have v's shape"):
+        op(q, k, v, gv[:, :, :2].contiguous(), beta, S0, [0, T], 0.4, 8, 60.0, False)
+    with pytest.raises(RuntimeError, match="S0 must have shape"):
+        op(q, k, v, gv, beta, S0[..., :2].contiguous(), [0, T], 0.4, 8, 60.0, False)
+    with pytest.raises(RuntimeError, match="C .the chunk size. must be in"):
+        op(q, k, v, gv, beta, S0, [0, T], 0.4, 0, 60.0, False)
+
+
+@native
+def test_the_compiled_form_gives_the_same_bits_on_two_threads():
+    """The kernels split the (sequence, head)s between threads, each computed alone: two
+    threads give one thread's numbers exactly, forward and backward."""
+    x = {n: t.float() for n, t in _packed([0, 1, 12, 29]).items()}
+    options = {"scale": 0.4, "chunk_size": 8, "cu_seqlens": torch.tensor([0, 1, 12, 29])}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _loss_and_grads(x, **options)
+        torch.set_num_threads(2)
+        two = _loss_and_grads(x, **options)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip([*one[0], *one[1]], [*two[0], *two[1]], strict=True):
+        assert torch.equal(a, b)

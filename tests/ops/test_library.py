@@ -434,3 +434,41 @@ def test_a_call_without_a_graph_skips_the_autograd_function(rule, gate, backend,
     for outputs in (no_grad, no_inputs):
         assert not any(t.requires_grad for t in outputs)
         assert all(torch.equal(a, b.detach()) for a, b in zip(outputs, recorded, strict=True))
+
+
+def _saved_numbers(fn) -> list[tuple[int, ...]]:
+    """The shapes of the tensors autograd saves while ``fn()`` records its graph."""
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return shapes, out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rule", "gate"), MECHANISMS)
+@pytest.mark.parametrize("T", [1, 4, 9], ids=["T1", "one-chunk", "three-chunks"])
+def test_one_chunk_saves_the_entering_state_once(rule, gate, T, backend, monkeypatch):
+    # A call of one chunk (a decoding step with grad on) saves S0 and no chunk-state buffer
+    # beside it (the state entering its only chunk is S0); its gradients are the bits of the
+    # call that keeps the buffer. Longer calls keep the buffer of their chunks' states.
+    monkeypatch.setenv("LINATTN_NATIVE", backend)
+    names = ("q", "k", "v", "beta", "g", "S0")
+    x = _inputs(rule, gate, B=2, T=T)  # S0 [2, 2, 4, 3], the buffer [chunks, 4, 4, 3]
+    mech = library.mechanism(*_mechanism(x))
+    saved, (o, S) = _saved_numbers(lambda: library.chunk(*(x[n] for n in names), 4, 0.5, mech))
+    B, HV, K, V = x["S0"].shape
+    buffers = [s for s in saved if len(s) == 4 and s[1:] == (B * HV, K, V)]
+    assert buffers == ([] if T <= 4 else [(3, B * HV, K, V)]), saved
+    leaves = [x[n] for n in names if x[n] is not None]
+    grads = torch.autograd.grad(o.square().sum() + S.sum(), leaves)
+    y = {n: None if t is None else t.detach().requires_grad_() for n, t in x.items()}
+    kept = library._EagerChunk.apply(*_forward_args(y, C=4))
+    leaves = [y[n] for n in names if y[n] is not None]
+    expected = torch.autograd.grad(kept[0].square().sum() + kept[1].sum(), leaves)
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.equal(got, want)

@@ -6,6 +6,7 @@ error; bad input named before any work. (tests/registry runs the registry's case
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -200,3 +201,86 @@ def test_bad_input_is_named():
             state, torch.zeros(1, H, K + 1, dtype=torch.float64), x["q"][:, 0], x["k"][:, 0],
             x["v"][:, 0], x["g_atk"][:, 0], x["beta_atk"][:, 0], x["beta"][:, 0],
         )  # fmt: skip
+
+
+def _names_called(monkeypatch):
+    """The fused kernels ``_native.fused`` hands out from here on, by name (a spy)."""
+    called = []
+    real = _native.fused
+
+    def spy(name):
+        called.append(name)
+        return real(name)
+
+    monkeypatch.setattr(_native, "fused", spy)
+    return called
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused kernels are unavailable")
+@pytest.mark.parametrize("gate", ["head", "channel"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_fused_write_keys_equal_float64(gate, packed, monkeypatch):
+    """float32 chunk form on the CPU (the write keys beta kp straight from csrc/atk.cpp's scan,
+    k's read-key gradient added in its backward) against float64: o, both states and every
+    gradient within 1e-5 relative RMS (measured: at most 1.2e-6), grouped value heads,
+    packed sequences or not."""
+    cu = torch.tensor([0, 9, 9, 29]) if packed else None
+    x = make(gate, N=3 if packed else 1)
+    names = [n for n, t in x.items() if t is not None]
+    gen = torch.Generator().manual_seed(2)
+    weights = None
+
+    def run(dtype):
+        nonlocal weights
+        leaves = {n: x[n].to(dtype).detach().requires_grad_() for n in names}
+        out = precond_delta_rule(
+            **leaves, scale=0.4, mode="chunk", chunk_size=8, output_final_state=True,
+            cu_seqlens=cu,
+        )  # fmt: skip
+        if weights is None:
+            weights = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in out]
+        sum((t * w.to(dtype)).sum() for t, w in zip(out, weights, strict=True)).backward()
+        return [t.detach() for t in out] + [leaves[n].grad for n in names]
+
+    called = _names_called(monkeypatch)
+    got = run(torch.float32)
+    assert "atk_write_forward" in called and "atk_write_backward" in called
+    for a, b, what in zip(got, run(torch.float64), ["o", "S", "A", *names], strict=True):
+        error = float((a.double() - b).norm() / b.norm())
+        assert error < 1e-5, (what, error)
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused kernels are unavailable")
+def test_the_write_kernel_is_the_scan_times_beta():
+    """``atk_write_forward``: beta kp with kp bit for bit ``atk_forward``'s and each product
+    rounded once; its backward: ``atk_backward``'s gradients from dkp = sum_j beta_j dw_j, dbeta
+    = dw . kp, and dr added into dk (float32 against the same formulas in float64)."""
+    gen = torch.Generator().manual_seed(3)
+    B_, T_, H_, G, K_ = 2, 13, 3, 2, 8
+    k = torch.randn(B_, T_, H_, K_, generator=gen)
+    g = F.logsigmoid(torch.randn(B_, T_, H_, generator=gen))
+    beta_atk, A0 = torch.rand(B_, T_, H_, generator=gen), torch.rand(B_, H_, K_, generator=gen)
+    center, beta = torch.randn(H_, generator=gen), torch.rand(B_, T_, H_ * G, generator=gen)
+    scan = (k, g, beta_atk, A0, center)
+    log_x, eps = math.log(1.5), 1e-6
+    kp, A_end, A_all = _native.fused("atk_forward")(*scan, log_x, eps, True)
+    w, A_end_w, A_all_w = _native.fused("atk_write_forward")(*scan, beta, log_x, eps, True)
+    want = beta.view(B_, T_, H_, G, 1) * kp.unsqueeze(3)
+    assert torch.equal(w, want.reshape(B_, T_, H_ * G, K_))
+    assert torch.equal(A_end_w, A_end) and torch.equal(A_all_w, A_all)
+    dw = torch.randn(w.shape, generator=gen)
+    dA_end, dr = torch.randn(A0.shape, generator=gen), torch.randn(k.shape, generator=gen)
+    got = _native.fused("atk_write_backward")(*scan, beta, A_all, dw, dA_end, dr, log_x, eps)
+    dw64 = dw.double().view(B_, T_, H_, G, K_)
+    dkp = (beta.double().view(B_, T_, H_, G, 1) * dw64).sum(3)
+    plain = _native.fused("atk_backward")(*scan, A_all, dkp.float(), dA_end, log_x, eps)
+    dbeta = (dw64 * kp.double().unsqueeze(3)).sum(-1).reshape(B_, T_, H_ * G)
+    want = [plain[0].double() + dr.double(), *(t.double() for t in plain[1:]), dbeta]
+    for a, b in zip(got, want, strict=True):
+        assert float((a.double() - b).norm() / b.norm()) < 1e-6
+    without = _native.fused("atk_write_backward")(*scan, beta, A_all, dw, dA_end, None, log_x, eps)
+    torch.testing.assert_close(without[0] + dr, got[0], rtol=1e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="strength must be a"):
+        _native.fused("atk_write_forward")(*scan, beta[:, :, :2], log_x, eps, False)
+    with pytest.raises(RuntimeError, match=r"dr must be of shape \[B, T, H, K\]"):
+        _native.fused("atk_write_backward")(*scan, beta, A_all, dw, dA_end, dr[:, :2], log_x, eps)

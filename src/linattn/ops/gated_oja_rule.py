@@ -24,6 +24,12 @@ state, the chunk's errors solve one unit-lower-triangular system
 and o_t = exp(G_t) * (X_0 q_t) + sum_{s <= t} (u_s . q_t) exp(G_t - G_s) * v_s, every exponent
 <= 0. Packed sequences, initial and final states ([N, HV, K, V], fla's layout), grouped value
 heads and gradients (autograd) in every form; ``gated_oja_rule_step`` is the decoding step.
+
+On float32 CPU tensors with the compiled kernels loaded (``linattn.ops._native``; eager, not
+under a trace) the chunk form runs fused in C++ (``csrc/oja.cpp``: the factored form below, chunk
+by chunk, forward and a hand-written backward from the state entering every chunk). A call with
+a chunk whose decay spans the factored form's limit runs the PyTorch forms instead (the kernel
+reports it), as does a reset (the token loop).
 """
 
 from __future__ import annotations
@@ -33,11 +39,12 @@ import math
 import torch
 from torch import Tensor
 
-from linattn.ops import _engine
+from linattn.ops import _engine, _native
 from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
 from linattn.ops._blockmath import unit_lower_inverse_of_strict
+from linattn.ops.library import tracing
 
 CHUNK_SIZE = 64
 
@@ -158,6 +165,75 @@ def _factored_block(q, k, v, gv, beta, X, C: int, limit: float):
     return o.flatten(2, 3), X
 
 
+# The largest chunk the compiled kernels take (csrc/oja.cpp checks it too); a larger one runs the
+# PyTorch form.
+FUSED_MAX_CHUNK = 1024
+
+
+class _FusedOja(torch.autograd.Function):
+    """The chunk form on the compiled kernels (``csrc/oja.cpp``: its header gives the forward's
+    steps 1-5 and the backward's steps 6-11): q, k [TT, H, K], v, gv [TT, HV, V], beta [TT, HV]
+    (the sequences' tokens one after another, ``bounds`` their cumulative lengths), S0 [N, HV, K,
+    V] -> (o [TT, HV, V], S [N, HV, K, V], steep). The forward keeps the state entering every
+    chunk; ``steep`` > 0 says that a chunk's decay spans ``limit`` and the outputs are not the
+    rule's (the caller then runs the PyTorch form)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gv, beta, S0, bounds: list[int], scale: float, C: int, limit: float):
+        o, S, states, steep = _native.fused("oja_forward")(
+            q, k, v, gv, beta, S0, bounds, scale, C, limit, True
+        )
+        ctx.save_for_backward(q, k, v, gv, beta, states, o)
+        ctx.options = (bounds, scale, C, limit)
+        ctx.mark_non_differentiable(steep)
+        return o, S, steep
+
+    @staticmethod
+    def backward(ctx, d_o, dS, _):
+        q, k, v, gv, beta, states, o = ctx.saved_tensors
+        bounds, scale, C, limit = ctx.options
+        d_o = torch.zeros_like(o) if d_o is None else d_o.contiguous()
+        dS = None if dS is None else dS.contiguous()
+        dq, dk, dv, dgv, dbeta, dS0 = _native.fused("oja_backward")(
+            q, k, v, gv, beta, states, o, d_o, dS, bounds, scale, C, limit
+        )
+        H, HV = q.shape[1], v.shape[1]
+        if HV != H:  # value head j read q / k head j // (HV // H): their gradients summed
+            dq, dk = (x.unflatten(1, (H, HV // H)).sum(2) for x in (dq, dk))
+        return dq, dk, dv, dgv, dbeta, dS0, None, None, None, None
+
+
+def _fused_applies(*tensors: Tensor | None) -> bool:
+    """Whether the compiled chunk form serves the call: float32 CPU tensors, none empty, the
+    kernels loaded, eager (a trace holds the PyTorch ops)."""
+    present = [x for x in tensors if x is not None]
+    return (
+        all(x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() for x in present)
+        and _native.applies(present[0])
+        and not tracing(present[0])
+    )
+
+
+def _fused(q, k, v, gv, beta, scale: float, C: int, S0, cu_seqlens):
+    """The chunk form on the compiled kernels (``_FusedOja``) in the public layouts: (o [B, T,
+    HV, V], S [N, HV, K, V]), or None where a chunk's decay spans the factored form's limit."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    bounds = cu_seqlens.tolist() if cu_seqlens is not None else [b * T for b in range(B + 1)]
+    N = len(bounds) - 1
+    gv = torch.zeros_like(v) if gv is None else gv
+    x = [t.reshape(B * T, *t.shape[2:]).contiguous() for t in (q, k, v, gv, beta)]
+    S0 = v.new_zeros(N, HV, K, V) if S0 is None else S0.contiguous()
+    limit = _FACTOR_LIMIT[torch.float32]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*x, S0)):
+        o, S, steep = _FusedOja.apply(*x, S0, bounds, scale, C, limit)
+    else:
+        o, S, _, steep = _native.fused("oja_forward")(*x, S0, bounds, scale, C, limit, False)
+    if int(steep):
+        return None
+    return o.view(B, T, HV, V), S
+
+
 def gated_oja_rule(
     q: Tensor,
     k: Tensor,
@@ -217,6 +293,11 @@ def gated_oja_rule(
     T, H, HV, K, V = checked.T, checked.H, checked.HV, checked.K, checked.V
     scale = K**-0.5 if scale is None else scale
     G = HV // H if H else 1
+    fits = checked.chunk_size <= FUSED_MAX_CHUNK
+    if mode == "chunk" and fits and _fused_applies(q, k, v, gv, beta, initial_state):
+        found = _fused(q, k, v, gv, beta, scale, checked.chunk_size, initial_state, cu_seqlens)
+        if found is not None:
+            return found[0], (found[1] if checked.output_final_state else None)
 
     def heads(x, repeat=False):  # [B, T, h, ...] -> [B, HV, T, ...] in the compute dtype
         x = x.to(dtype)

@@ -343,6 +343,20 @@ def _setup_context(ctx, inputs, output) -> None:
 _NUMBERS = (None,) * 5  # no gradient for scale, C, keep, rule, gate
 
 
+def _one_chunk(T: int, C: int) -> bool:
+    """Whether an eager call of T tokens is one chunk, whose only entering state is S0."""
+    return _chunk_count(T, C) == 1
+
+
+def _entering_states(q, k, v, beta, g, S0, scale, C, mech, forward, *reads) -> Tensor:
+    """The states entering the chunks [ceil(T / C), B HV, K, V] for a backward whose forward
+    kept none (eager): S0 itself for one chunk (a view where S0 is contiguous), else the
+    forward run again with keep=True."""
+    if _one_chunk(k.shape[2], C):
+        return S0.reshape(1, -1, *S0.shape[-2:])
+    return forward(q, k, v, beta, g, S0, scale, C, True, *mech, *reads)[2]
+
+
 def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> tuple:
     q, k, v, beta, g, S0, states = ctx.saved_tensors
     if d_o is None:  # o unused: zeros in its layout, a view of [B, T, HV, V] (v's heads)
@@ -361,9 +375,10 @@ def _backward(ctx, d_o: Tensor | None, d_S: Tensor | None, _d_states: None) -> t
     # Traced: the ops, so that the graph holds them; eager: their kernels, without the
     # dispatcher's Python layers around a custom op (a cost per call that a short sequence feels).
     traced = tracing(d_o)
-    if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
-        forward = chunk_forward if traced else forward_kernel
-        _, _, states = forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True, *mech)
+    if states.dim() == 1 and not traced:  # a forward call with keep=False
+        states = _entering_states(q, k, v, beta, g, S0, ctx.scale, ctx.C, mech, forward_kernel)
+    elif states.dim() == 1:
+        _, _, states = chunk_forward(q, k, v, beta, g, S0, ctx.scale, ctx.C, True, *mech)
     args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C, *mech)
     if not traced:  # the loop computes only the gradients needed
         return (*backward_kernel(*args, ctx.needs_input_grad[:6]), *_NUMBERS)
@@ -430,9 +445,11 @@ class _QueryRowsChunk(torch.autograd.Function):
             dq, *grads, dS0 = differentiable_backward(*args, ctx.needs_input_grad)
             dq = None if dq is None else dq.unflatten(2, (-1, R)).sum(3)  # [B, H, T / R, K]
             return *_downcast((dq, *grads), inputs), dS0, *_NUMBERS, None
-        if states.dim() == 1:  # a forward call with keep=False: the chunk states computed now
-            args = (q, k, v, beta, g, S0, ctx.scale, ctx.C, True, rule, gate, R)
-            states = _native.fused("chunk_forward")(*args)[2]
+        if states.dim() == 1:  # a forward call with keep=False
+            forward = _native.fused("chunk_forward")
+            states = _entering_states(
+                q, k, v, beta, g, S0, ctx.scale, ctx.C, (rule, gate), forward, R
+            )
         args = (q, k, v, beta, g, states, d_o, d_S, ctx.scale, ctx.C, rule, gate, R)
         dq, dk, dv, dbeta, dg, dS0 = _native.fused("chunk_backward")(*args)
         dbeta, dg = None if beta is None else dbeta, None if g is None else dg
@@ -480,13 +497,18 @@ def chunk(
         q, k, v, beta, g = _upcast(q, k, v, beta, g)
         o, S = all_blocks_forward(q * scale, k, v, beta, g, S0, chunk_size, mech)
         return o.to(dtype), S
+    traced = tracing(q)
+    # One chunk, eager: the state entering it is S0, which the context saves anyway; the
+    # backward reads it there rather than from a copy the forward would keep beside it (twice
+    # the state's memory for every decoding step taken with grad on).
+    record, keep = keep, keep and (traced or not _one_chunk(T, C))
     args = (q, k, v, beta, g, S0, float(scale), C, keep, *schema_args(mech))
     if reads > 1:
         o, S, _ = _QueryRowsChunk.apply(*args, reads)
         return o, S
-    if tracing(q):
+    if traced:
         o, S, _ = chunk_forward(*args)
-    elif keep:
+    elif record:
         o, S, _ = _EagerChunk.apply(*args)
     else:  # no graph to record (as autograd.Function would decide): its kernel alone
         o, S, _ = forward_kernel(*args)

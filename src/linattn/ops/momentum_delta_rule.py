@@ -37,14 +37,12 @@ the op never dispatches to fla.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from linattn.ops import _engine
 from linattn.ops import checks as _checks
-from linattn.ops._blockmath import unit_lower_inverse_of_strict
+from linattn.ops._blockmath import unit_lower_inverse
 from linattn.ops.functional import l2norm
 
 CHUNK_SIZE = 64
@@ -67,11 +65,12 @@ def _recurrent(q, k, v, p, la, lm, beta, eta, S, M):
 
 def _decays(log_decay: Tensor) -> Tensor:
     """exp(C_i - C_j) for positions 0..c (C the cumulative sum, C_0 = 0), zero where j > i:
-    [B, H, c + 1, c + 1]."""
+    [B, H, c + 1, c + 1]. C does not increase (log-decays <= 0, and rounding keeps a sum of
+    nonpositive terms from growing), so clamping at 0 changes only the entries above the
+    diagonal, which the mask then zeroes: no infinite exponent is formed (a mask of -inf costs
+    a masked fill over the whole block)."""
     C = torch.nn.functional.pad(log_decay.cumsum(-1), (1, 0))
-    n = C.shape[-1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=C.device).tril()
-    return torch.exp((C[..., :, None] - C[..., None, :]).masked_fill(~causal, -math.inf))
+    return torch.exp((C[..., :, None] - C[..., None, :]).clamp_(max=0)).tril()
 
 
 # The state-independent terms are formed a block of chunks at a time: a block's terms (its
@@ -85,9 +84,10 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
 
     Every term that does not read the state is formed for a block of chunks at once ([nb, B H,
     C, .], the chunks first, so that each chunk's terms are one contiguous block): the decays
-    a, m, c, the errors' terms W_j = U0_j - Ps_j S_j - Pm_j M_j (one unit-lower inverse). The
-    loop over the block's chunks then carries only the pair Z = [S; M] (three products a
-    chunk), and the block's outputs follow from the pairs entering its chunks at once. The
+    a, m, the weights g, the inverse T^-1 of the errors' system (``_terms``). The loop over the
+    block's chunks then carries only the pair Z = [S; M] (W_j = T_j^-1 (V_j - [Ps_j | Pm_j] Z_j)
+    and Z_{j+1}: three products a chunk), and the block's outputs follow from the pairs
+    entering its chunks at once (``_scan``; ``_Block`` gives the backward). The
     sequence is padded to whole chunks with tokens that change nothing (zero keys, values,
     rates and log-decays: w = 0, M and S kept).
     """
@@ -100,13 +100,12 @@ def _chunk(q, k, v, p, la, lm, beta, eta, S, M, C: int):
     if pad:
         x = tuple(torch.nn.functional.pad(t, (0, 0) * (t.dim() - 3) + (0, pad)) for t in x)
     per_block = max(1, BLOCK_NUMBERS // (B * H * (C + 1) * (C + 1)))
-    strict = torch.ones(C + 1, C + 1, dtype=torch.bool, device=q.device).tril(-1)
     Z = torch.cat([S, M], dim=-2).flatten(0, 1)  # [B H, 2K, V]: the memory over the momentum
     outs = []
     # the blocks as views of one split (its gradient is one concatenation; a slice per block
     # would make a zero tensor of the whole for each block's gradient)
-    for block in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
-        o_b, Z = _block(*(_chunks(t, C) for t in block), Z, strict)
+    for pieces in zip(*(t.split(per_block * C, dim=2) for t in x), strict=True):
+        o_b, Z = _block(*(_chunks(t, C) for t in pieces), Z)
         outs.append(o_b.unflatten(1, (B, H)).movedim(0, 2).flatten(2, 3))  # [B, H, nb C, V]
     o = torch.cat(outs, 2)[:, :, :T]
     S, M = Z.unflatten(0, (B, H)).split(q.shape[3], dim=-2)
@@ -119,43 +118,211 @@ def _chunks(t: Tensor, C: int) -> Tensor:
     return t.flatten(1, 2).contiguous()
 
 
-def _block(q, k, v, p, la, lm, beta, eta, Z, strict):
+def _block(q, k, v, p, la, lm, beta, eta, Z):
     """One block of chunks ([nb, P, C, .]) entering with Z = [S; M] [P, 2K, V]: (o [nb, P, C,
-    V], Z). The pair is one state: a chunk's errors read it through [Ps | Pm], it enters the next
-    chunk through Phi(C, 0) (a 2 x 2 product over its halves) and the errors write it through
-    [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]."""
-    nb, P, C, K = q.shape
-    V = v.shape[3]
+    V], Z) through ``_Block``, whose backward is written out (see there)."""
+    return _Block.apply(q, k, v, p, la, lm, beta, eta, Z)
+
+
+def _terms(q, k, p, la, lm, beta, eta):
+    """The state-independent terms of a block's chunks ([nb, P, C, .]): a dict of the decays a,
+    m, the weights g, the inverse Y = T^-1 and the scan's operands (``_scan``).
+
+    The pair is one state: a chunk's errors read it through [Ps | Pm] (``reads``), it enters
+    the next chunk through Phi(C, 0) (a 2 x 2 product over its halves, ``phi`` = (a, c, m) of
+    [[a, c], [0, m]]), the errors write it through [g(C, s) eta_s k_s; -m(C, s) eta_s k_s]
+    (``into``) and the outputs read it through [a(t, 0) q_t | c(t, 0) q_t] (``outs``).
+    """
     a = _decays(la)  # [nb, P, C + 1, C + 1], positions 0..C
     m = _decays(lm)
+    C = q.shape[2]
     b0 = torch.nn.functional.pad(beta, (1, 0))  # beta at positions 0..C (none at 0)
-    cross = -(a @ (b0[..., :, None] * m * strict))  # c(i, j)
-    g = a * b0[..., None, :] - cross  # g(i, s) = a(i, s) beta_s - c(i, s)
+    # g(i, s) = a(i, s) beta_s - c(i, s) = sum_{s <= l <= i} a(i, l) beta_l m(l, s): the
+    # product with the diagonal kept; and c(i, 0) = -g(i, 0), since beta_0 = 0
+    bm = b0[..., :, None] * m
+    g = a @ bm
+    cross = -g[..., 0]  # c(i, 0)
     ek = eta[..., None] * k  # eta_s k_s
     ekT = ek.transpose(-1, -2)
     prev, now = slice(0, C), slice(1, C + 1)  # positions t - 1 and t of tokens t = 1..C
     # the errors: (I + L) W = V - a(t-1, 0) P S_0 - c(t-1, 0) P M_0, for every chunk
-    T_inv = unit_lower_inverse_of_strict(g[..., prev, 1:] * (p @ ekT))
-    rhs = torch.cat([v, a[..., prev, 0, None] * p, cross[..., prev, 0, None] * p], dim=-1)
-    X = T_inv @ rhs  # the inverse and a product: cheaper than a solve against the wide rhs
-    U0, PZ = X[..., :V], X[..., V:]  # W = U0 - [Ps | Pm] Z
-    into = torch.cat([g[..., -1, 1:, None] * ek, -m[..., -1, 1:, None] * ek], dim=-1)
-    into = into.transpose(-1, -2)  # [nb, P, 2K, C]
-    zero = torch.zeros_like(a[..., -1, 0])
-    phi = torch.stack([a[..., -1, 0], cross[..., -1, 0], zero, m[..., -1, 0]], dim=-1)
-    phi = phi.unflatten(-1, (2, 2))  # [nb, P, 2, 2]: Phi(C, 0)
-    states, errors = [], []
-    # each chunk's terms as views of one unbind (its gradient is one stack; an index per chunk
-    # would make a zero tensor of the whole for each chunk's gradient)
-    for U0_j, PZ_j, into_j, phi_j in zip(*(t.unbind(0) for t in (U0, PZ, into, phi)), strict=True):
-        states.append(Z)
-        W = torch.baddbmm(U0_j, PZ_j, Z, alpha=-1)
-        errors.append(W)
-        Z = torch.baddbmm((phi_j @ Z.view(P, 2, K * V)).view(P, 2 * K, V), into_j, W)
-    scores = (g[..., now, 1:] * (q @ ekT)).tril_()
-    reads = torch.cat([a[..., now, 0, None] * q, cross[..., now, 0, None] * q, scores], dim=-1)
-    o = reads @ torch.cat([torch.stack(states), torch.stack(errors)], dim=-2)  # [nb, P, C, V]
-    return o, Z
+    PK = p @ ekT
+    QK = q @ ekT
+    t = dict(a=a, m=m, b0=b0, bm=bm, g=g, ek=ek, PK=PK, QK=QK)
+    t["Y"] = _unit_lower_inverse(g[..., prev, 1:] * PK)
+    t["reads"] = _pair(p, a[..., prev, 0], cross[..., prev])
+    t["into"] = _pair(ek, g[..., -1, 1:], -m[..., -1, 1:]).transpose(-1, -2)  # [nb, P, 2K, C]
+    t["phi"] = torch.stack([a[..., -1, 0], cross[..., -1], m[..., -1, 0]], dim=-1)
+    t["scores"] = (g[..., now, 1:] * QK).tril_()
+    t["outs"] = _pair(q, a[..., now, 0], cross[..., now])
+    return t
+
+
+INVERSE_LEAF = 16  # the size of the diagonal blocks inverted by one triangular solve
+
+
+def _unit_lower_inverse(L: Tensor) -> Tensor:
+    """(I + L)^-1 for L [..., C, C] strictly lower (its diagonal and upper triangle ignored), by
+    halves: [[A, 0], [B, D]]^-1 = [[A^-1, 0], [-D^-1 B A^-1, D^-1]], both halves' inverses one
+    batch, down to blocks of ``INVERSE_LEAF`` (or of odd size) that one batched triangular solve
+    inverts. At C = 64 a batched solve against the identity runs far below the speed of a batched
+    product on this CPU, and the halving moves all but a sixteenth of its work into products."""
+    C = L.shape[-1]
+    if C <= INVERSE_LEAF or C % 2:
+        return unit_lower_inverse(L)
+    h = C // 2
+    halves = _unit_lower_inverse(torch.stack([L[..., :h, :h], L[..., h:, h:]]))
+    Y = L.new_zeros(L.shape)
+    Y[..., :h, :h], Y[..., h:, h:] = halves[0], halves[1]
+    Y[..., h:, :h] = -(halves[1] @ L[..., h:, :h] @ halves[0])
+    return Y
+
+
+def _pair(x: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    """[first * x | second * x]: [nb, P, C, 2K] from x [nb, P, C, K]."""
+    return torch.cat([x * first[..., None], x * second[..., None]], dim=-1)
+
+
+def _pair_backward(d: Tensor, x: Tensor, first: Tensor, second: Tensor):
+    """The gradients (dx, dfirst, dsecond) of ``_pair(x, first, second)`` for its gradient d."""
+    d0, d1 = d.unflatten(-1, (2, -1)).unbind(-2)
+    dx = torch.addcmul(d0 * first[..., None], d1, second[..., None])
+    return dx, (d0 * x).sum(-1), (d1 * x).sum(-1)
+
+
+def _decays_backward(da: Tensor, a: Tensor) -> Tensor:
+    """The log-decays' gradient [.., c] from that of ``_decays`` (a [..., c + 1, c + 1]):
+    a(i, j) = exp(C_i - C_j) gives dC = rows - columns of da * a, and C_i = sum_{l <= i} x_l
+    gives dx_l = sum_{i >= l} dC_i."""
+    dD = da * a
+    dC = dD.sum(-1) - dD.sum(-2)
+    return dC[..., 1:].flip(-1).cumsum(-1).flip(-1)
+
+
+class _Block(torch.autograd.Function):
+    """A block of chunks with its backward written out: the terms (``_terms``), the scan
+    (``_scan``), then the terms' gradients by the chain rule through each product, as batched
+    products over the block's chunks (autograd's graph of the same forward spends most of its
+    backward on broadcast products and their reductions). Differentiable once, as the
+    unit-lower inverse it replaces was."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, p, la, lm, beta, eta, Z):
+        t = _terms(q, k, p, la, lm, beta, eta)
+        o, Zs, Ws = _scan(v, t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Z)
+        ctx.names = ("a", "m", "b0", "bm", "g", "ek", "PK", "QK", "Y", "reads", "into", "phi",
+                     "outs", "scores")  # fmt: skip
+        ctx.save_for_backward(q, k, p, eta, Zs, Ws, *(t[n] for n in ctx.names))
+        return o, Zs[-1].clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dZ):
+        q, k, p, eta, Zs, Ws, *rest = ctx.saved_tensors
+        t = dict(zip(ctx.names, rest, strict=True))
+        a, m, g, ek, PK, QK = t["a"], t["m"], t["g"], t["ek"], t["PK"], t["QK"]
+        C = q.shape[2]
+        prev, now = slice(0, C), slice(1, C + 1)
+        cross = -g[..., 0]
+        dv, dreads, dinto, dphi, douts, dscores, dZ0 = _scan_backward(
+            t["reads"], t["Y"], t["into"], t["phi"], t["outs"], t["scores"], Zs, Ws, do, dZ
+        )
+        # (I + L)^-1's backward, -Y^T dY Y^T with dY = dW R^T, is -dR W^T (dR = Y^T dW and
+        # W = Y R): one product instead of three; L is strictly lower
+        dL = -(dv @ Ws.transpose(-1, -2)).tril_(-1)
+        dscores = dscores.tril_()
+        dPK = dL * g[..., prev, 1:]
+        dQK = dscores * g[..., now, 1:]
+        dg = torch.zeros_like(g)
+        dg[..., prev, 1:] = dL * PK
+        dg[..., now, 1:] += dscores * QK
+        dp, da_prev, dc_prev = _pair_backward(dreads, p, a[..., prev, 0], cross[..., prev])
+        dp.add_(dPK @ ek)
+        dq, da_now, dc_now = _pair_backward(douts, q, a[..., now, 0], cross[..., now])
+        dq.add_(dQK @ ek)
+        dek, dg_last, dm_last = _pair_backward(
+            dinto.transpose(-1, -2), ek, g[..., -1, 1:], -m[..., -1, 1:]
+        )
+        dek += dPK.transpose(-1, -2) @ p + dQK.transpose(-1, -2) @ q
+        dg[..., -1, 1:] += dg_last
+        dm = torch.zeros_like(m)
+        dm[..., -1, 1:] = -dm_last
+        dm[..., -1, 0] += dphi[..., 2]
+        da = torch.zeros_like(a)
+        da[..., prev, 0] = da_prev
+        da[..., now, 0] += da_now
+        da[..., -1, 0] += dphi[..., 0]
+        dcross = torch.nn.functional.pad(dc_prev, (0, 1))
+        dcross[..., now] += dc_now
+        dcross[..., -1] += dphi[..., 1]
+        dg[..., 0] -= dcross
+        da.add_(dg @ t["bm"].transpose(-1, -2))
+        dbm = a.transpose(-1, -2) @ dg
+        dm.addcmul_(dbm, t["b0"][..., :, None])
+        dbeta = (dbm * m).sum(-1)[..., 1:]
+        dk = dek * eta[..., None]
+        deta = (dek * k).sum(-1)
+        dla, dlm = _decays_backward(da, a), _decays_backward(dm, m)
+        return dq, dk, dv, dp, dla, dlm, dbeta, deta, dZ0
+
+
+def _scan(v, reads, Y, into, phi, outs, scores, Z):
+    """The pair through a block's chunks (``_terms``, [nb, P, ...]), and the outputs:
+
+        W_j = Y_j (V_j - R_j Z_j),   Z_{j+1} = Phi_j Z_j + I_j W_j,
+        O_j = Q_j Z_j + A_j W_j
+
+    (Y = T^-1, R the reads [Ps | Pm], I the writes into the pair, Q the outputs' reads, A the
+    chunk's scores). The errors are solved in the loop against the C x V right side; solving
+    T^-1 [V | R] first would cost a C x C x 2K product a chunk more. Returns (O, the pairs
+    entering each chunk and the last [nb + 1, P, 2K, V], the errors W).
+    """
+    nb, P = v.shape[:2]
+    Zs = Z.new_empty((nb + 1, *Z.shape))
+    Ws = torch.empty_like(v)
+    Zs[0] = Z
+    for j in range(nb):
+        torch.bmm(Y[j], torch.baddbmm(v[j], reads[j], Zs[j], alpha=-1), out=Ws[j])
+        (S, M), (S_next, M_next) = Zs[j].chunk(2, 1), Zs[j + 1].chunk(2, 1)
+        a, c, m = phi[j, :, :, None, None].unbind(1)  # Phi Z = [a S + c M; m M], in place
+        torch.mul(S, a, out=S_next).addcmul_(M, c)
+        torch.mul(M, m, out=M_next)
+        Zs[j + 1].baddbmm_(into[j], Ws[j])
+    o = torch.bmm(outs.flatten(0, 1), Zs[:-1].flatten(0, 1))
+    o.baddbmm_(scores.flatten(0, 1), Ws.flatten(0, 1))
+    return o.unflatten(0, (nb, P)), Zs, Ws
+
+
+def _scan_backward(reads, Y, into, phi, outs, scores, Zs, Ws, do, dZ):
+    """``_scan``'s backward: the loop in reverse carrying only dZ; every other gradient is one
+    product over the block's chunks. Returns the gradients of (v, reads, into, phi, outs, scores,
+    Z); Y's follows from v's (``_Block.backward``)."""
+    Zin = Zs[:-1]
+    do = torch.zeros_like(Ws) if do is None else do.contiguous()
+    dZ = torch.zeros_like(Zs[-1]) if dZ is None else dZ.contiguous()
+    dWs = scores.transpose(-1, -2) @ do  # the outputs' part, the loop adds the pair's
+    dZin = outs.transpose(-1, -2) @ do  # [nb, P, 2K, V]
+    dZout = torch.empty_like(Zin)  # the gradient of the pair leaving each chunk
+    dRs = torch.empty_like(Ws)
+    for j in reversed(range(Ws.shape[0])):
+        dZout[j] = dZ
+        dWs[j].baddbmm_(into[j].transpose(-1, -2), dZ)
+        torch.bmm(Y[j].transpose(-1, -2), dWs[j], out=dRs[j])
+        dZ = dZin[j].baddbmm_(reads[j].transpose(-1, -2), dRs[j], alpha=-1)
+        (dS, dM), (dS_next, dM_next) = dZ.chunk(2, 1), dZout[j].chunk(2, 1)
+        a, c, m = phi[j, :, :, None, None].unbind(1)  # Phi^T dZ = [a dS; c dS + m dM]
+        dS.addcmul_(dS_next, a)
+        dM.addcmul_(dS_next, c).addcmul_(dM_next, m)
+    dreads = -(dRs @ Zin.transpose(-1, -2))
+    dinto = dZout @ Ws.transpose(-1, -2)
+    S, M = Zin.unflatten(2, (2, -1)).unbind(2)
+    dS, dM = dZout.unflatten(2, (2, -1)).unbind(2)
+    dphi = torch.stack(
+        [(dS * S).sum((-1, -2)), (dS * M).sum((-1, -2)), (dM * M).sum((-1, -2))], dim=-1
+    )
+    douts = do @ Zin.transpose(-1, -2)
+    dscores = do @ Ws.transpose(-1, -2)
+    return dRs, dreads, dinto, dphi, douts, dscores, dZ
 
 
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):

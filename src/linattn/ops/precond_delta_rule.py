@@ -239,6 +239,57 @@ class _FusedAtk(torch.autograd.Function):
         return dk, dg, dbeta, dA0, dcenter, None, None
 
 
+class _FusedAtkWrite(torch.autograd.Function):
+    """The memory's write keys w = beta kp (per value head) on float32 CPU tensors: the scan, the
+    squash and the product by beta in one C++ pass (csrc/atk.cpp, ``atk_write_forward``), forward
+    and backward; (w [B, T, HV, K], A_T [N, H, K], k). k comes back as it went in, for the
+    memory's read key: its gradient there then reaches this backward, which adds it into dk in
+    its own pass (no separate sum of k's two gradients)."""
+
+    @staticmethod
+    def forward(ctx, k, g, beta_atk, A0, center, beta, log_x, eps):
+        keep = any(ctx.needs_input_grad[:6])
+        inputs = [t.contiguous() for t in (k, g, beta_atk, A0, center, beta)]
+        w, A_end, A_all = _native.fused("atk_write_forward")(*inputs, log_x, eps, keep)
+        if keep:
+            ctx.save_for_backward(*inputs, A_all)
+        ctx.log_x, ctx.eps = log_x, eps
+        return w, A_end, k
+
+    @staticmethod
+    def backward(ctx, dw, dA_end, dr):
+        k, g, beta_atk, A0, center, beta, A_all = ctx.saved_tensors
+        B, T, H, K = k.shape
+        dw = k.new_zeros((B, T, beta.shape[2], K)) if dw is None else dw.contiguous()
+        dA_end = torch.zeros_like(A0) if dA_end is None else dA_end.contiguous()
+        dr = None if dr is None else dr.contiguous()
+        args = (k, g, beta_atk, A0, center, beta, A_all, dw, dA_end, dr, ctx.log_x, ctx.eps)
+        return (*_native.fused("atk_write_backward")(*args), None, None)
+
+
+def _fused_write_keys(k, g_atk, beta_atk, beta, *, x, eps, log_atk_scale, initial_A_state,
+                      cu_seqlens):  # fmt: skip
+    """The write keys beta kp [B, T, HV, K], A_T [N, H, K] and the read key k (``_FusedAtkWrite``'s
+    alias of it, or k itself for packed sequences) by ``_FusedAtkWrite`` (float32 CPU k, the
+    chunk form), sequence by sequence for packed ones: ``atk_preconditioner``'s kp and its
+    product by beta, each rounded as there."""
+    B, T, H, K = k.shape
+    center = _center(log_atk_scale, H, k.dtype, k.device).reshape(H)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    A0 = k.new_zeros((N, H, K)) if initial_A_state is None else initial_A_state.to(k.dtype)
+    rest = (center, beta.to(k.dtype), math.log(x), float(eps))
+    g, b = g_atk.to(k.dtype), beta_atk.to(k.dtype)
+    if cu_seqlens is None:
+        return _FusedAtkWrite.apply(k, g, b, A0, *rest)  # (w, A, k)
+    parts = [
+        _FusedAtkWrite.apply(
+            k[:, s:e], g[:, s:e], b[:, s:e], A0[n : n + 1], center, rest[1][:, s:e], *rest[2:]
+        )
+        for n, (s, e) in enumerate(itertools.pairwise(cu_seqlens.tolist()))
+    ]
+    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 0), k
+
+
 def _per_value_head(t: Tensor, HV: int) -> Tensor:
     H = t.shape[2]
     return t if H in (0, HV) else t.repeat_interleave(HV // H, dim=2)
@@ -316,18 +367,26 @@ def precond_delta_rule(
             return _backends.run(chosen, v.dtype)  # (o, S, A)
     if _checks.flag("use_qk_l2norm", use_qk_l2norm):
         q, k = l2norm(q), l2norm(k)
-    kp, A = atk_preconditioner(
-        k, g_atk, beta_atk, x=x, eps=eps, log_atk_scale=log_atk_scale,
-        initial_A_state=initial_A_state, cu_seqlens=cu_seqlens, mode=mode,
-    )  # fmt: skip
     HV = checked.HV
     dtype = _engine.compute_dtype(v.dtype)
     # The memory is the oblique delta rule (``linattn.ops.rules.oblique``): written along
     # beta kp, read along k. Its write key is per value head (beta is): with grouped value heads
     # q and the read key are repeated onto them (the rule's keys and queries share heads).
-    write = beta.to(dtype).unsqueeze(-1) * _per_value_head(kp.to(dtype), HV)
+    if mode == "chunk" and _native.applies(k) and k.shape[1] > 0 and v.dtype == k.dtype:
+        # float32 on the CPU: the write keys straight from the scan (csrc/atk.cpp)
+        write, A, read = _fused_write_keys(
+            k, g_atk, beta_atk, beta, x=x, eps=eps, log_atk_scale=log_atk_scale,
+            initial_A_state=initial_A_state, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
+    else:
+        kp, A = atk_preconditioner(
+            k, g_atk, beta_atk, x=x, eps=eps, log_atk_scale=log_atk_scale,
+            initial_A_state=initial_A_state, cu_seqlens=cu_seqlens, mode=mode,
+        )  # fmt: skip
+        write = beta.to(dtype).unsqueeze(-1) * _per_value_head(kp.to(dtype), HV)
+        read = k
     o, S = _engine.run(
-        _per_value_head(q, HV), write, v, _per_value_head(k, HV).to(dtype), g, scale=scale,
+        _per_value_head(q, HV), write, v, _per_value_head(read, HV).to(dtype), g, scale=scale,
         mode=mode, chunk_size=checked.chunk_size, initial_state=initial_state,
         cu_seqlens=cu_seqlens, rule="oblique", keep_dtype=True,
     )  # fmt: skip

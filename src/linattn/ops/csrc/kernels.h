@@ -197,3 +197,20 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 double eps, int64_t size, int64_t every);
 
 }  // namespace linattn_native
+
+namespace linattn_native {
+
+// Preconditioned DeltaNet's write keys (atk.cpp): ``atk_forward`` with the write strengths
+// ``strength`` [B, T, HV] (HV = G H) applied, w [B, T, HV, K] = strength kp (value head h G + j
+// on key head h) in place of kp; the backward takes dw and dr (None, or [B, T, H, K]: k's
+// gradient from elsewhere, added into dk) and returns (dk, dg, dbeta, dA0, dcenter, dstrength).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> atk_write_forward(
+    const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& A0,
+    const at::Tensor& center, const at::Tensor& strength, double log_x, double eps, bool keep);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+atk_write_backward(const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta,
+                   const at::Tensor& A0, const at::Tensor& center, const at::Tensor& strength,
+                   const at::Tensor& A_all, const at::Tensor& dw, const at::Tensor& dA_end,
+                   const std::optional<at::Tensor>& dr, double log_x, double eps);
+
+}  // namespace linattn_native

@@ -98,3 +98,25 @@ TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
 }
 
 }  // namespace linattn_native
+
+// Preconditioned DeltaNet's write keys, the ATK scan with the write strengths applied (atk.cpp;
+// ``linattn.ops.precond_delta_rule`` calls them eagerly on float32 CPU tensors, outside a trace).
+namespace linattn_native {
+
+TORCH_LIBRARY_FRAGMENT(linattn_native, m) {
+  m.def(
+      "atk_write_forward(Tensor k, Tensor g, Tensor beta, Tensor A0, Tensor center,"
+      " Tensor strength, float log_x, float eps, bool keep) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "atk_write_backward(Tensor k, Tensor g, Tensor beta, Tensor A0, Tensor center,"
+      " Tensor strength, Tensor A_all, Tensor dw, Tensor dA_end, Tensor? dr, float log_x,"
+      " float eps)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(linattn_native, CPU, m) {
+  m.impl("atk_write_forward", &atk_write_forward);
+  m.impl("atk_write_backward", &atk_write_backward);
+}
+
+}  // namespace linattn_native
