@@ -120,11 +120,14 @@ Slots prepare(const char* op, const at::Tensor& q, const at::Tensor& k, const at
 // One chunk's working blocks (a task's, reused from chunk to chunk).
 struct Blocks {
   int64_t C, K, M;
-  std::vector<float> Q, hi, lo, zeros, E, F, W, Wd, A, Y, S, D;
+  std::vector<float> Q, hi, lo, zeros, E, F, W, Wd, A, Y, S, D, acc;
+  std::vector<float> gh, gl, gs, gd, gds, gdG;  // the steep slots' columns, gathered
   std::vector<char> steep;
+  std::vector<int64_t> idx;  // the steep slots
   Blocks(int64_t C_, int64_t K_, int64_t M_)
       : C(C_), K(K_), M(M_), Q(C_ * K_), hi(C_ * M_), lo(C_ * M_), zeros(M_, 0.0f), E(C_ * M_), F(C_ * M_),
-        W(C_ * M_), Wd(C_ * M_), A(C_ * C_), Y(C_ * M_), S(K_ * M_), D(M_), steep(M_) {}
+        W(C_ * M_), Wd(C_ * M_), A(C_ * C_), Y(C_ * M_), S(K_ * M_), D(M_), acc(M_), gh(C_ * M_), gl(C_ * M_), gs(C_ * M_), gd(C_ * M_),
+        gds(C_ * M_), gdG(C_ * M_), steep(M_), idx(M_) {}
 };
 
 // Steps shared by both passes for a chunk of c rows from token t0 of head h, batch row b: the
@@ -182,6 +185,27 @@ bool chunk_terms(const Slots& p, Blocks& w, int64_t b, int64_t h, int64_t t0, in
   return any;
 }
 
+// The steep slots' columns of G's pairs, of s and (d_y given) of d_y, side by side in ``w.g*``
+// ([c, ns] each, ``w.idx`` their slots), so that their pairwise sums run over ns lanes, not M;
+// returns ns.
+int64_t gather_steep(Blocks& w, int c, const float* sr, int64_t rs, const float* dyr) {
+  const int64_t M = w.M;
+  int64_t ns = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    if (w.steep[m]) w.idx[ns++] = m;
+  }
+  for (int r = 0; r < c; ++r) {
+    for (int64_t j = 0; j < ns; ++j) {
+      const int64_t m = w.idx[j];
+      w.gh[r * ns + j] = w.hi[r * M + m];
+      w.gl[r * ns + j] = w.lo[r * M + m];
+      w.gs[r * ns + j] = sr[r * rs + m];
+      if (dyr) w.gd[r * ns + j] = dyr[r * rs + m];
+    }
+  }
+  return ns;
+}
+
 }  // namespace
 
 // scores [B, T, H, M], the final state [N, H, K, M] and (keep) the state entering every chunk
@@ -224,18 +248,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_scores_forward(
 #pragma omp simd
           for (int64_t m = 0; m < M; ++m) orow[r * rs + m] = w.E[r * M + m] * Y[r * M + m];
         }
-        if (steep) {
-          for (int64_t m = 0; m < M; ++m) {
-            if (!w.steep[m]) continue;
-            for (int r = 0; r < c; ++r) {
-              float acc = 0.0f;
-              for (int i = 0; i <= r; ++i) {
-                acc += w.A[r * C + i] *
-                       decay(w.hi[r * M + m], w.lo[r * M + m], w.hi[i * M + m], w.lo[i * M + m]) *
-                       sr[i * rs + m];
-              }
-              orow[r * rs + m] += acc;
+        if (steep) {  // the steep slots pair by pair, gathered side by side (``gather_steep``)
+          const int64_t ns = gather_steep(w, c, sr, rs, nullptr);
+          float* acc = w.acc.data();
+          for (int r = 0; r < c; ++r) {
+            const float *hr = w.gh.data() + r * ns, *lr = w.gl.data() + r * ns;
+            std::fill(acc, acc + ns, 0.0f);
+            for (int i = 0; i <= r; ++i) {
+              const float a = w.A[r * C + i];
+              const float *hi = w.gh.data() + i * ns, *lo = w.gl.data() + i * ns;
+              const float* si = w.gs.data() + i * ns;
+#pragma omp simd
+              for (int64_t j = 0; j < ns; ++j) acc[j] += a * decay(hr[j], lr[j], hi[j], lo[j]) * si[j];
             }
+            for (int64_t j = 0; j < ns; ++j) orow[r * rs + w.idx[j]] += acc[j];
           }
         }
         const float* D = w.D.data();
@@ -310,20 +336,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
         }
         lower_products(c, c, 1, M, 1.0f, dY.data(), M, w.W.data(), M, dA.data(), C);
         for (int r = 0; r < c; ++r) std::fill(dA.data() + r * C + r + 1, dA.data() + r * C + c, 0.0f);
-        if (steep) {  // the pairwise sums of the steep slots
-          for (int64_t m = 0; m < M; ++m) {
-            if (!w.steep[m]) continue;
-            for (int r = 0; r < c; ++r) {
-              const float d = dyr[r * rs + m];
-              for (int x = 0; x <= r; ++x) {
-                const float e =
-                    decay(w.hi[r * M + m], w.lo[r * M + m], w.hi[x * M + m], w.lo[x * M + m]);
-                const float es = e * sr[x * rs + m];
-                const float term = w.A[r * C + x] * es * d;
-                dA[r * C + x] += es * d;
-                dsl[x * M + m] += w.A[r * C + x] * e * d;
-                dG[x * M + m] -= term;
+        if (steep) {  // the steep slots' pairwise sums, gathered side by side
+          const int64_t ns = gather_steep(w, c, sr, rs, dyr);
+          std::fill(w.gds.begin(), w.gds.begin() + c * ns, 0.0f);
+          std::fill(w.gdG.begin(), w.gdG.begin() + c * ns, 0.0f);
+          for (int r = 0; r < c; ++r) {
+            const float *hr = w.gh.data() + r * ns, *lr = w.gl.data() + r * ns;
+            const float* d = w.gd.data() + r * ns;
+            for (int x = 0; x <= r; ++x) {
+              const float a = w.A[r * C + x];
+              const float *hi = w.gh.data() + x * ns, *lo = w.gl.data() + x * ns;
+              const float* sx = w.gs.data() + x * ns;
+              float* dsx = w.gds.data() + x * ns;
+              float* dGx = w.gdG.data() + x * ns;
+              float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+              for (int64_t j = 0; j < ns; ++j) {
+                const float ed = decay(hr[j], lr[j], hi[j], lo[j]) * d[j];
+                sum += ed * sx[j];
+                dsx[j] += a * ed;
+                dGx[j] -= a * ed * sx[j];
               }
+              dA[r * C + x] += sum;
+            }
+          }
+          for (int r = 0; r < c; ++r) {
+            for (int64_t j = 0; j < ns; ++j) {
+              dsl[r * M + w.idx[j]] += w.gds[r * ns + j];
+              dG[r * M + w.idx[j]] += w.gdG[r * ns + j];
             }
           }
         }
