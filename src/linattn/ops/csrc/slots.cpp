@@ -32,7 +32,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -125,9 +124,10 @@ struct Blocks {
   std::vector<char> steep;
   std::vector<int64_t> idx;  // the steep slots
   Blocks(int64_t C_, int64_t K_, int64_t M_)
-      : C(C_), K(K_), M(M_), Q(C_ * K_), hi(C_ * M_), lo(C_ * M_), zeros(M_, 0.0f), E(C_ * M_), F(C_ * M_),
-        W(C_ * M_), Wd(C_ * M_), A(C_ * C_), Y(C_ * M_), S(K_ * M_), D(M_), acc(M_), gh(C_ * M_), gl(C_ * M_), gs(C_ * M_), gd(C_ * M_),
-        gds(C_ * M_), gdG(C_ * M_), steep(M_), idx(M_) {}
+      : C(C_), K(K_), M(M_), Q(C_ * K_), hi(C_ * M_), lo(C_ * M_), zeros(M_, 0.0f), E(C_ * M_),
+        F(C_ * M_), W(C_ * M_), Wd(C_ * M_), A(C_ * C_), Y(C_ * M_), S(K_ * M_), D(M_), acc(M_),
+        gh(C_ * M_), gl(C_ * M_), gs(C_ * M_), gd(C_ * M_), gds(C_ * M_), gdG(C_ * M_), steep(M_),
+        idx(M_) {}
 };
 
 // Steps shared by both passes for a chunk of c rows from token t0 of head h, batch row b: the
@@ -175,7 +175,8 @@ bool chunk_terms(const Slots& p, Blocks& w, int64_t b, int64_t h, int64_t t0, in
   for (int64_t m = 0; m < M && any; ++m) {
     if (!w.steep[m]) continue;
     for (int r = 0; r < c; ++r) {
-      w.Wd[r * M + m] = end_decay(hiC[m], loC[m], w.hi[r * M + m], w.lo[r * M + m]) * sr[r * rs + m];
+      const float e = end_decay(hiC[m], loC[m], w.hi[r * M + m], w.lo[r * M + m]);
+      w.Wd[r * M + m] = e * sr[r * rs + m];
     }
   }
   lower_products(c, c, 1, K, 1.0f, w.Q.data(), K, kr, rq, w.A.data(), C);
@@ -259,7 +260,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_scores_forward(
               const float *hi = w.gh.data() + i * ns, *lo = w.gl.data() + i * ns;
               const float* si = w.gs.data() + i * ns;
 #pragma omp simd
-              for (int64_t j = 0; j < ns; ++j) acc[j] += a * decay(hr[j], lr[j], hi[j], lo[j]) * si[j];
+              for (int64_t j = 0; j < ns; ++j) {
+                acc[j] += a * decay(hr[j], lr[j], hi[j], lo[j]) * si[j];
+              }
             }
             for (int64_t j = 0; j < ns; ++j) orow[r * rs + w.idx[j]] += acc[j];
           }
@@ -335,7 +338,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> slot_scor
           }
         }
         lower_products(c, c, 1, M, 1.0f, dY.data(), M, w.W.data(), M, dA.data(), C);
-        for (int r = 0; r < c; ++r) std::fill(dA.data() + r * C + r + 1, dA.data() + r * C + c, 0.0f);
+        for (int r = 0; r < c; ++r) {
+          std::fill(dA.data() + r * C + r + 1, dA.data() + r * C + c, 0.0f);
+        }
         if (steep) {  // the steep slots' pairwise sums, gathered side by side
           const int64_t ns = gather_steep(w, c, sr, rs, dyr);
           std::fill(w.gds.begin(), w.gds.begin() + c * ns, 0.0f);
