@@ -22,6 +22,11 @@ lightning attention's, against scalar decay), 1.3 for every other family.
     PYTHONPATH=src python benchmarks/families.py --T 256 --repeats 1  # a quick check
     PYTHONPATH=src python benchmarks/families.py --mechanisms retention,hgrn --threads 2
 
+``--nearest-calls n`` runs the nearest n times in each of its timed calls (one turn still times
+the two sides a moment apart): a family that makes n passes of its nearest's memory, as gated
+slot attention makes two of GLA's, is then compared with those n passes
+(``--mechanisms gsa,abc --nearest-calls 2``); the table names the nearest "x n".
+
 ``--clock cpu`` times with the process's CPU time instead of wall-clock time (on one thread, a
 machine shared with other jobs then slows neither side of a pair).
 
@@ -94,7 +99,22 @@ def _tensors(S) -> list[torch.Tensor]:
     return [t for part in S for t in _tensors(part)] if isinstance(S, (tuple, list)) else []
 
 
-def measure(names, T, H, K, V, repeats, threads, chunk=None, also_nearest_K=None):
+def _repeated(calls, n: int):
+    """``calls`` (forward, forward + backward), each run n times in a row as one call."""
+    if n == 1:
+        return calls
+
+    def times(f):
+        def call():
+            for _ in range(n):
+                f()
+
+        return call
+
+    return tuple(times(f) for f in calls)
+
+
+def measure(names, T, H, K, V, repeats, threads, chunk=None, also_nearest_K=None, nearest_calls=1):
     """The rows of the table; with ``also_nearest_K``, each pair is timed a second time against
     the nearest fed keys of that width (its own row, labelled with the nearest's K and V)."""
     torch.set_num_threads(threads)
@@ -110,15 +130,18 @@ def measure(names, T, H, K, V, repeats, threads, chunk=None, also_nearest_K=None
         nK, nV = _nearest_dims(entry, K, V)
         widths = [(nK, nV)] + ([(also_nearest_K, nV)] if also_nearest_K else [])
         for nK, nV in widths:
-            rows.append(_pair(entry, nearest, form, T, H, K, V, nK, nV, repeats, chunk))
+            rows.append(
+                _pair(entry, nearest, form, T, H, K, V, nK, nV, repeats, chunk, nearest_calls)
+            )
     return rows
 
 
-def _pair(entry, nearest, form, T, H, K, V, nK, nV, repeats, chunk) -> dict:
+def _pair(entry, nearest, form, T, H, K, V, nK, nV, repeats, chunk, nearest_calls=1) -> dict:
     """One row: ``entry`` against ``nearest`` fed (nK, nV), forward and forward + backward."""
     own = _calls(entry, form, T, H, K, V, chunk)
-    base = _calls(nearest, form, T, H, nK, nV, chunk)
-    row = {"mechanism": entry.name, "nearest": nearest.name, "form": form,
+    base = _repeated(_calls(nearest, form, T, H, nK, nV, chunk), nearest_calls)
+    label = nearest.name if nearest_calls == 1 else f"{nearest.name} x{nearest_calls}"
+    row = {"mechanism": entry.name, "nearest": label, "form": form,
            "nearest_K": nK, "nearest_V": nV, "line": _line(entry)}  # fmt: skip
     for pass_, index in (("fwd", 0), ("fwdbwd", 1)):
         own[index](), base[index]()  # warm-up: first-call costs stay out of the turns
@@ -162,6 +185,12 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk-size", type=int, default=None, help="default: 64")
     parser.add_argument("--mechanisms", default="", help="comma-separated registry names")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for every time")
+    parser.add_argument(
+        "--nearest-calls",
+        type=int,
+        default=1,
+        help="run the nearest this many times a timed call (default 1)",
+    )
     parser.add_argument("--clock", choices=sorted(_timing.CLOCKS), default="wall")
     parser.add_argument(
         "--also-nearest-K", type=int, default=None,
@@ -171,6 +200,8 @@ def main(argv=None) -> int:
     names = [n for n in args.mechanisms.split(",") if n]
     for name in names:
         registry.get(name)  # an unknown name fails here, before any work
+    if args.nearest_calls < 1:
+        parser.error(f"--nearest-calls must be >= 1, got {args.nearest_calls}")
     _timing.use_clock(args.clock)
     print(f"T {args.T:,}, H {args.H}, K {args.K}, V {args.V}, float32, {args.threads} thread(s), "
           f"{args.repeats} turns, {args.clock} clock; torch {torch.__version__}, "
@@ -178,9 +209,10 @@ def main(argv=None) -> int:
     print(HEADER)
     print("|" + "---|" * 11)
     rows = measure(names, args.T, args.H, args.K, args.V, args.repeats, args.threads,
-                   args.chunk_size, args.also_nearest_K)  # fmt: skip
+                   args.chunk_size, args.also_nearest_K, args.nearest_calls)  # fmt: skip
     if args.out is not None:
-        setup = {k: getattr(args, k) for k in ("T", "H", "K", "V", "repeats", "threads", "clock")}
+        keys = ("T", "H", "K", "V", "repeats", "threads", "clock", "nearest_calls")
+        setup = {k: getattr(args, k) for k in keys}
         setup["torch"] = torch.__version__
         args.out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=1) + "\n")
     failed = [row["mechanism"] for row in rows if not row["ok"]]

@@ -87,3 +87,18 @@ def test_also_nearest_K_adds_a_labelled_row_per_pair(tmp_path, capsys, two_famil
     printed = capsys.readouterr().out
     assert "| bench_family | gla | chunk |" in printed
     assert "| bench_family | gla (K 16, V 8) | chunk |" in printed and "of 2 within" in printed
+
+
+def test_the_nearest_can_be_timed_as_several_passes(tmp_path, capsys, two_families):
+    # --nearest-calls 2: the nearest runs twice in each timed call (two passes of its memory)
+    bench = _bench()
+    out = tmp_path / "families.json"
+    argv = ["--T", "40", "--H", "2", "--K", "8", "--V", "8", "--repeats", "2", "--clock", "cpu",
+            "--mechanisms", "bench_family", "--nearest-calls", "2", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["setup"]["nearest_calls"] == 2
+    assert [row["nearest"] for row in data["rows"]] == ["gla x2"]
+    assert "| bench_family | gla x2 | chunk |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--nearest-calls", "0"])

@@ -279,3 +279,90 @@ def test_abc_in_float32_on_the_fused_control_is_near_the_float64_reference():
             (leaves32[n].grad.double() - leaves64[n].grad).norm() / leaves64[n].grad.norm()
         )
         assert error < 1e-5, (n, error)
+
+
+fused_scores = pytest.mark.skipif(
+    not hasattr(torch.ops.linattn_native, "slot_scores_forward")
+    if logsumexp_gate.fused(torch.zeros(1))
+    else True,
+    reason="the fused kernels are not loaded",
+)
+
+# pass 1's fused chunks (csrc/slots.cpp) in float32 against the float64 op (whose every form is
+# the reference's to 1e-12): steep gates and resets (a slot of a chunk summed pair by pair),
+# one token, lengths that are no multiple of the chunk, packed pieces of 0 and 1 tokens
+FUSED_CASES = {
+    "plain": dict(B=2, T=70, chunk=16, bounds=None, steep=False),
+    "steep": dict(B=2, T=70, chunk=16, bounds=None, steep=True),
+    "one-token": dict(B=2, T=1, chunk=64, bounds=None, steep=False),
+    "ragged": dict(B=1, T=131, chunk=64, bounds=None, steep=True),
+    "packed": dict(B=1, T=45, chunk=8, bounds=[0, 1, 1, 13, 14, 40, 45], steep=True),
+}
+
+
+@fused_scores
+@pytest.mark.parametrize("gated", [True, False], ids=["gsa", "abc"])
+@pytest.mark.parametrize("case", list(FUSED_CASES), ids=list(FUSED_CASES))
+def test_the_fused_pass_one_is_near_float64(case, gated, monkeypatch):
+    setup = FUSED_CASES[case]
+    x = inputs(B=setup["B"], T=setup["T"], K=8, V=8, M=8, seed=5)
+    if setup["steep"]:
+        x["g"][:, ::7, :, 1] -= 6.0  # a slot that decays past the factored limit in a chunk
+        x["g"][:, setup["T"] // 2, :, 2] = -float("inf")  # a reset
+        x["g"][:, setup["T"] // 3, 0, :3] = -700.0
+        if not gated:
+            x["s"][:, setup["T"] // 2, :, 0] += 60.0  # ABC: a steep control, z jumps
+    cu = None if setup["bounds"] is None else torch.tensor(setup["bounds"])
+    if cu is not None:
+        N = len(setup["bounds"]) - 1
+        x["S0"] = tuple(S.repeat(N, 1, 1, 1) * torch.arange(1.0, N + 1).view(N, 1, 1, 1)
+                        for S in x["S0"])  # fmt: skip
+    names = ["q", "k", "v", "s"] + (["g"] if gated else [])
+    calls = []
+    kernel = torch.ops.linattn_native.slot_scores_forward
+
+    def counted(*args):
+        calls.append(1)
+        return kernel(*args)
+
+    def grads(dtype):
+        leaves = {n: x[n].to(dtype).detach().requires_grad_() for n in names}
+        S0 = tuple(S.to(dtype).detach().requires_grad_() for S in x["S0"])
+        o, (Sk, Sv) = run({**x, **leaves}, gated, scale=0.4, chunk_size=setup["chunk"],
+                          initial_state=S0, output_final_state=True, cu_seqlens=cu)  # fmt: skip
+        w = torch.linspace(-1, 1, o.numel(), dtype=torch.float64).view_as(o).to(dtype)
+        ((o * w).sum() + Sk.square().sum() + (Sv * 0.5).sum()).backward()
+        found = [o, Sk, Sv] + [leaves[n].grad for n in names] + [S.grad for S in S0]
+        return [t.detach().double() for t in found]
+
+    want = grads(torch.float64)
+    monkeypatch.setattr(torch.ops.linattn_native, "slot_scores_forward", counted, raising=False)
+    got = grads(torch.float32)
+    assert calls, "the float32 chunk form did not run the fused pass 1"
+    labels = ["o", "S_k", "S_v"] + [f"d{n}" for n in names] + ["dS_k0", "dS_v0"]
+    for label, a, b in zip(labels, got, want, strict=True):
+        assert torch.isfinite(a).all(), label
+        error = float((a - b).norm() / b.norm().clamp_min(1e-30))
+        assert error < 1e-5, (label, error)
+
+
+@fused_scores
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_opcheck_the_fused_pass_one(packed):
+    # the ops' schemas, fake (meta) kernels and their shapes (the kept states' rows from the
+    # shapes alone) against the CPU kernels
+    x = inputs(B=1 if packed else 2, T=21, K=4, M=3, dtype=torch.float32)
+    cu = torch.tensor([0, 1, 1, 9, 21]) if packed else None
+    N = 4 if packed else 2
+    q, k, s = x["q"], x["k"], x["s"]
+    g = x["g"].contiguous()
+    S0 = torch.randn(N, 2, 4, 3)
+    op = torch.ops.linattn_native
+    args = (q, k, s, g, S0, cu, 0.5, 8, True)
+    torch.library.opcheck(op.slot_scores_forward.default, args)
+    y, _, states = op.slot_scores_forward(*args)
+    assert states.shape[0] == (3 + N - 1 if packed else N * 3)
+    d_y, dS = torch.randn_like(s), torch.randn_like(S0)
+    torch.library.opcheck(
+        op.slot_scores_backward.default, (q, k, s, g, states, cu, y, d_y, dS, 0.5, 8)
+    )

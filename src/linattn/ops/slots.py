@@ -18,6 +18,9 @@ chosen form, so every form, packed sequences and the gradients come from it:
 - pass 1 decays the *value* dimension (the slots) of its memory: its m columns evolve
   independently, so slot j runs as a value head of its own (V = 1) with the per-head gate
   g[..., j] (linear attention's grouped value heads: H m value heads read the H q/k heads).
+  The chunk form runs it with the gate factored out of each chunk instead (``slot_scores``):
+  one product of a chunk's ungated scores tril(Q K^T) for all m slots, on the fused kernel
+  ``csrc/slots.cpp`` (forward and backward) in float32 on the CPU, in PyTorch otherwise.
 
 ABC (``g=None``): the slots are controlled by a cumulative softmax of s over time,
 
@@ -43,9 +46,9 @@ import torch
 from torch import Tensor
 
 from linattn.dtypes import compute_dtype
+from linattn.ops import _native, logsumexp_gate
 from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
-from linattn.ops import logsumexp_gate
 from linattn.ops.linear_attention import linear_attention
 from linattn.ops.step import recurrent_step
 
@@ -270,9 +273,13 @@ def slot_scores(
     chunks that carries S_k alone (one scaled add a chunk). q, k [B, T, H, K], s, g [B, T, H, M];
     returns (scores [B, T, H, M], S_k [N, H, K, M]) in the compute dtype, or None where a chunk's
     decay spans more than ``_FACTOR_LIMIT`` (exp(-G) would leave the dtype's range: the caller
-    then runs slot by slot) or the dtype is not float32 or float64.
+    then runs slot by slot) or the dtype is not float32 or float64. In float32 on the CPU with
+    the fused kernels loaded it runs ``csrc/slots.cpp`` instead, which never returns None: there
+    a slot whose decay over a chunk passes its limit is summed pair by pair in that chunk.
     """
     dtype = compute_dtype(q.dtype)
+    if dtype == torch.float32 and _native.applies(q.new_empty(0, dtype=dtype)):
+        return _fused_scores(q, k, s, g, scale, chunk_size, initial_state, cu_seqlens)
     limit = _FACTOR_LIMIT.get(dtype)
     B, T, H, K = q.shape
     M = s.shape[-1]
@@ -302,6 +309,51 @@ def slot_scores(
         finals.append(found[1])
     scores = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
     return scores.transpose(1, 2), torch.cat(finals) if len(finals) > 1 else finals[0]
+
+
+def _fused_scores(q, k, s, g, scale, chunk_size, initial_state, cu_seqlens):
+    """``slot_scores`` on the fused kernels (``csrc/slots.cpp``: the same factored chunks, a
+    steep slot of a chunk summed pair by pair there), float32 on the CPU."""
+    B, T, H, K = q.shape
+    M = s.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    q, k, s, g = (x.to(torch.float32).contiguous() for x in (q, k, s, g))
+    if initial_state is None:
+        S0 = q.new_zeros(N, H, K, M)
+    else:
+        S0 = initial_state.to(torch.float32).contiguous()
+    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
+    return _FusedScores.apply(q, k, s, g, S0, float(scale), max(1, int(chunk_size)), cu)
+
+
+class _FusedScores(torch.autograd.Function):
+    """Pass 1's chunk form on ``linattn_native.slot_scores_forward`` / ``_backward``: (scores
+    [B, T, H, M], S_k [N, H, K, M]) from contiguous float32 q, k [B, T, H, K], s, g [B, T, H, M]
+    and S0 [N, H, K, M]; the backward recomputes each chunk from the state entering it and
+    reads the scores the forward kept."""
+
+    @staticmethod
+    def forward(ctx, q, k, s, g, S0, scale, C, cu):
+        keep = any(ctx.needs_input_grad[:5])
+        scores, S, states = _native.kernel("slot_scores_forward")(q, k, s, g, S0, cu, scale, C,
+                                                                   keep)  # fmt: skip
+        ctx.save_for_backward(q, k, s, g, states, scores)
+        ctx.setup = (scale, C, cu)
+        return scores, S
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_scores, d_S):
+        q, k, s, g, states, scores = ctx.saved_tensors
+        scale, C, cu = ctx.setup
+        B, T, H, K = q.shape
+        N = B if cu is None else cu.numel() - 1
+        d_scores = torch.zeros_like(s) if d_scores is None else d_scores.contiguous()
+        d_S = s.new_zeros(N, H, K, s.shape[-1]) if d_S is None else d_S.contiguous()
+        dq, dk, ds, dg, dS0 = _native.kernel("slot_scores_backward")(
+            q, k, s, g, states, cu, scores, d_scores, d_S, scale, C
+        )
+        return dq, dk, ds, dg, dS0, None, None, None
 
 
 def _slot_scores(q, k, s, g, S, C: int, limit: float, dtype):
