@@ -127,18 +127,27 @@ void check_pair(const char* op, const char* name, const at::Tensor& x, const Mom
               "], got ", x.sizes());
 }
 
-// Ask for m rows of n floats, ld floats apart, ahead of their use (``write``: rows about to be
-// written): a task walks one head's rows, H D floats apart, which the hardware's prefetchers
-// follow poorly across so many streams.
-inline void prefetch_rows(const float* x, int64_t m, int64_t n, int64_t ld, bool write = false) {
-  for (int64_t r = 0; r < m; ++r) {
-    const char* row = reinterpret_cast<const char*>(x + r * ld);
-    for (int64_t off = 0; off < n * 4; off += 64) {
-      if (write) {
-        __builtin_prefetch(row + off, 1);
-      } else {
-        __builtin_prefetch(row + off);
-      }
+// Rows [t0, t0 + c) of heads [h0, h1) of x [TT, H, D] into buf [h1 - h0, C, D] (``gather``) or
+// back (``scatter``), in memory order: the rows of one chunk of all heads lie together, so this is
+// one sequential pass, where a head's own rows, H D floats apart, are streams that the hardware's
+// prefetchers follow poorly (the kernels then read and write a head's rows at stride D).
+void gather(const float* x, int64_t H, int64_t D, int64_t t0, int64_t c, int64_t h0, int64_t h1,
+            int64_t C, float* buf) {
+  for (int64_t t = 0; t < c; ++t) {
+    const float* row = x + ((t0 + t) * H + h0) * D;
+    for (int64_t h = h0; h < h1; ++h, row += D) {
+      std::copy(row, row + D, buf + ((h - h0) * C + t) * D);
+    }
+  }
+}
+
+void scatter(const float* buf, int64_t H, int64_t D, int64_t t0, int64_t c, int64_t h0,
+             int64_t h1, int64_t C, float* x) {
+  for (int64_t t = 0; t < c; ++t) {
+    float* row = x + ((t0 + t) * H + h0) * D;
+    for (int64_t h = h0; h < h1; ++h, row += D) {
+      const float* src = buf + ((h - h0) * C + t) * D;
+      std::copy(src, src + D, row);
     }
   }
 }
@@ -188,6 +197,7 @@ struct Chunk {
       const float e = eta[t * ldh];
       const float *qt = q + t * ldq, *kt = k + t * ldq, *pt = p + t * ldq;
       float *Pt = P.data() + t * K, *Qt = Q.data() + t * K, *Et = EK.data() + t * K;
+#pragma omp simd
       for (int64_t a = 0; a < K; ++a) {
         Pt[a] = pt[a];
         Qt[a] = scale * qt[a];
@@ -252,7 +262,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> momentum_forward(
   at::Tensor Z = at::empty({2, N, H, K, V}, opts);
   at::Tensor states = fresh({keep ? s.chunks : 0, H, 2 * K, V}, opts);
   at::Tensor errors = fresh({keep ? s.TT : 0, H, V}, opts);
-  const int64_t ldq = H * K, ldv = H * V;
   const float sc = static_cast<float>(scale);
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *pp = p.data_ptr<float>(), *lap = la.data_ptr<float>(), *lmp = lm.data_ptr<float>();
@@ -267,49 +276,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> momentum_forward(
     FlushSubnormals flush;
     Chunk ch(C, K, V);
     std::vector<float> Zall(H * 2 * KV), Y(2 * C * V), Wb(C * V);
+    // a chunk of the thread's heads: inputs and outputs ([heads, C, D]) and the 4 scalars a token
+    const int64_t HC = H * C;
+    std::vector<float> Qb(HC * K), Kb(HC * K), Pb(HC * K), Vb(HC * V), Ob(HC * V),
+        Eb(keep ? HC * V : 0), sb(4 * HC);
     for (int64_t n = lo / H; n * H < hi; ++n) {
       const int64_t h0 = std::max(lo, n * H) - n * H, h1 = std::min(hi, (n + 1) * H) - n * H;
       const int64_t T1 = s.bounds[n + 1];
       for (int64_t h = h0; h < h1; ++h) pair_in(Z0p, N, H, n, h, KV, Zall.data() + h * 2 * KV);
-      const auto prefetch = [&](int64_t t0, int64_t h) {  // the rows of chunk t0 of head h
-        if (h == h1) {
-          t0 += C;
-          h = h0;
-        }
-        const int64_t m = std::min(C, T1 - t0);
-        if (m <= 0) return;
-        for (const float* x : {qp, kp, pp}) prefetch_rows(x + (t0 * H + h) * K, m, K, ldq);
-        prefetch_rows(vp + (t0 * H + h) * V, m, V, ldv);
-        prefetch_rows(op + (t0 * H + h) * V, m, V, ldv, true);
-      };
       int64_t index = s.first_chunk[n];
       for (int64_t t0 = s.bounds[n]; t0 < T1; t0 += C, ++index) {
         const int64_t c = std::min(C, T1 - t0);
+        gather(qp, H, K, t0, c, h0, h1, C, Qb.data());
+        gather(kp, H, K, t0, c, h0, h1, C, Kb.data());
+        gather(pp, H, K, t0, c, h0, h1, C, Pb.data());
+        gather(vp, H, V, t0, c, h0, h1, C, Vb.data());
+        const float* scalars[] = {lap, lmp, bp, ep};
+        for (int64_t x = 0; x < 4; ++x) {
+          gather(scalars[x], H, 1, t0, c, h0, h1, C, sb.data() + x * HC);
+        }
         for (int64_t h = h0; h < h1; ++h) {
           float* Zh = Zall.data() + h * 2 * KV;
-          const int64_t r = t0 * H + h;
-          prefetch(t0, h + 1);
-          ch.terms(c, qp + r * K, kp + r * K, pp + r * K, ldq, lap + r, lmp + r, bp + r, ep + r,
-                   H, sc);
+          const int64_t u = h - h0, uK = u * C * K, uV = u * C * V;
+          const float* su = sb.data() + u * C;
+          ch.terms(c, Qb.data() + uK, Kb.data() + uK, Pb.data() + uK, K, su, su + HC,
+                   su + 2 * HC, su + 3 * HC, 1, sc);
           if (keep) std::copy(Zh, Zh + 2 * KV, Zs + (index * H + h) * 2 * KV);
           // step 3: Y = R Z; step 4: W = (I + L)^-1 (V - Y_reads)
           gemm(false, false, 2 * c, V, 2 * K, 1.0f, ch.R.data(), 2 * K, Zh, V, 0.0f, Y.data(), V);
-          const float* vc = vp + r * V;
-          for (int64_t t = 0; t < c; ++t) {
-            for (int64_t j = 0; j < V; ++j) Wb[t * V + j] = vc[t * ldv + j] - Y[t * V + j];
-          }
+          const float* vc = Vb.data() + uV;
+          for (int64_t e = 0; e < c * V; ++e) Wb[e] = vc[e] - Y[e];
           unit_lower_solve(c, V, ch.L.data(), C, Wb.data(), V);
           // step 5: O = Y_outs + A W
           float* Yo = Y.data() + c * V;
           lower_times(c, c, 1, V, 1.0f, ch.A.data(), C, Wb.data(), V, 1.0f, Yo, V);
-          float* oc = op + r * V;
-          for (int64_t t = 0; t < c; ++t) std::copy(Yo + t * V, Yo + (t + 1) * V, oc + t * ldv);
-          if (keep) {
-            float* wc = Ws + r * V;
-            for (int64_t t = 0; t < c; ++t) {
-              std::copy(Wb.data() + t * V, Wb.data() + (t + 1) * V, wc + t * ldv);
-            }
-          }
+          std::copy(Yo, Yo + c * V, Ob.data() + uV);
+          if (keep) std::copy(Wb.data(), Wb.data() + c * V, Eb.data() + uV);
           // step 6: S <- a0_c S + c0_c M, M <- m(c, 0) M, then Z += I^T W
           const float ac = ch.a0[c], cc = ch.c0(c), mc = ch.m[c * ch.D];
           float *S = Zh, *M = Zh + KV;
@@ -319,6 +321,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> momentum_forward(
           }
           gemm(true, false, 2 * K, V, c, 1.0f, ch.I.data(), 2 * K, Wb.data(), V, 1.0f, Zh, V);
         }
+        scatter(Ob.data(), H, V, t0, c, h0, h1, C, op);
+        if (keep) scatter(Eb.data(), H, V, t0, c, h0, h1, C, Ws);
       }
       for (int64_t h = h0; h < h1; ++h) pair_out(Zall.data() + h * 2 * KV, N, H, n, h, KV, Zp);
     }
@@ -351,7 +355,6 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
   at::Tensor dla = at::empty({s.TT, H}, opts), dlm = at::empty({s.TT, H}, opts);
   at::Tensor dbeta = at::empty({s.TT, H}, opts), deta = at::empty({s.TT, H}, opts);
   at::Tensor dZ0 = at::empty({2, N, H, K, V}, opts);
-  const int64_t ldq = H * K, ldv = H * V;
   const float sc = static_cast<float>(scale);
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *pp = p.data_ptr<float>();
   const float *lap = la.data_ptr<float>(), *lmp = lm.data_ptr<float>();
@@ -371,6 +374,10 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
     std::vector<float> dZall(H * 2 * KV), Wb(C * V), dO(C * V), dY(2 * C * V), dW(C * V),
         dI(C * W2), dA(C * C), dL(C * C), dR(2 * C * W2), dP(C * K), dQ(C * K), dEK(C * K),
         dG(D * D), dm(D * D), da0(D), dc0(D), dalpha(D + 1), dbpos(D), dMc(D);
+    // a chunk of the thread's heads: inputs and gradients ([heads, C, D]), 4 scalars a token each
+    const int64_t HC = H * C;
+    std::vector<float> Qb(HC * K), Kb(HC * K), Pb(HC * K), WB(HC * V), dOB(HC * V), sb(4 * HC),
+        dQB(HC * K), dKB(HC * K), dPB(HC * K), dVB(HC * V), dsb(4 * HC);
     for (int64_t n = lo / H; n * H < hi; ++n) {
       const int64_t h0 = std::max(lo, n * H) - n * H, h1 = std::min(hi, (n + 1) * H) - n * H;
       for (int64_t h = h0; h < h1; ++h) {
@@ -383,35 +390,28 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
       }
       const int64_t T0 = s.bounds[n], T1 = s.bounds[n + 1];
       const int64_t nc = (T1 - T0 + C - 1) / C;
-      // the rows of chunk j of head h (the chunk before after the first head), read and written
-      const auto prefetch = [&](int64_t j, int64_t h) {
-        if (h < h0) {
-          j -= 1;
-          h = h1 - 1;
-        }
-        if (j < 0) return;
-        const int64_t t0 = T0 + j * C, m = std::min(C, T1 - t0), r = t0 * H + h;
-        for (const float* x : {qp, kp, pp}) prefetch_rows(x + r * K, m, K, ldq);
-        for (const float* x : {Ws, dop}) prefetch_rows(x + r * V, m, V, ldv);
-        prefetch_rows(Zs + ((s.first_chunk[n] + j) * H + h) * 2 * KV, 1, 2 * KV, 2 * KV);
-        for (float* x : {dqp, dkp, dpp}) prefetch_rows(x + r * K, m, K, ldq, true);
-        prefetch_rows(dvp + r * V, m, V, ldv, true);
-      };
+      const float* scalars[] = {lap, lmp, bp, ep};
+      float* dscalars[] = {dlap, dlmp, dbp, dep};
       for (int64_t j = nc - 1; j >= 0; --j) {
         const int64_t t0 = T0 + j * C, c = std::min(C, T1 - t0);
+        gather(qp, H, K, t0, c, h0, h1, C, Qb.data());
+        gather(kp, H, K, t0, c, h0, h1, C, Kb.data());
+        gather(pp, H, K, t0, c, h0, h1, C, Pb.data());
+        gather(Ws, H, V, t0, c, h0, h1, C, WB.data());
+        gather(dop, H, V, t0, c, h0, h1, C, dOB.data());
+        for (int64_t x = 0; x < 4; ++x) {
+          gather(scalars[x], H, 1, t0, c, h0, h1, C, sb.data() + x * HC);
+        }
         for (int64_t h = h1 - 1; h >= h0; --h) {
           float* dZh = dZall.data() + h * 2 * KV;
           const float* Zh = Zs + ((s.first_chunk[n] + j) * H + h) * 2 * KV;
-          const int64_t r = t0 * H + h;
-          prefetch(j, h - 1);
-          ch.terms(c, qp + r * K, kp + r * K, pp + r * K, ldq, lap + r, lmp + r, bp + r, ep + r,
-                   H, sc);
-          const float* wc = Ws + r * V;
-          const float* doc = dop + r * V;
-          for (int64_t t = 0; t < c; ++t) {
-            std::copy(wc + t * ldv, wc + t * ldv + V, Wb.data() + t * V);
-            std::copy(doc + t * ldv, doc + t * ldv + V, dO.data() + t * V);
-          }
+          const int64_t u = h - h0, uK = u * C * K, uV = u * C * V;
+          const float* su = sb.data() + u * C;
+          float* dsu = dsb.data() + u * C;
+          ch.terms(c, Qb.data() + uK, Kb.data() + uK, Pb.data() + uK, K, su, su + HC,
+                   su + 2 * HC, su + 3 * HC, 1, sc);
+          std::copy(WB.data() + uV, WB.data() + uV + c * V, Wb.data());
+          std::copy(dOB.data() + uV, dOB.data() + uV + c * V, dO.data());
           const float *S = Zh, *M = Zh + KV, *dS = dZh, *dM = dZh + KV;
           // the gradients of the chunk's transition Phi: of a0_c, c0_c and m(c, 0)
           float phi_a = 0.0f, phi_c = 0.0f, phi_m = 0.0f;
@@ -426,10 +426,7 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
           gemm(false, true, c, W2, V, 1.0f, Wb.data(), V, dZh, V, 0.0f, dI.data(), W2);
           lower_products(c, c, 1, V, 1.0f, dO.data(), V, Wb.data(), V, dA.data(), C);
           unit_lower_solve_transposed(c, V, ch.L.data(), C, dW.data(), V);
-          float* dvc = dvp + r * V;
-          for (int64_t t = 0; t < c; ++t) {
-            std::copy(dW.data() + t * V, dW.data() + (t + 1) * V, dvc + t * ldv);
-          }
+          std::copy(dW.data(), dW.data() + c * V, dVB.data() + uV);
           lower_products(c, c, 1, V, -1.0f, dW.data(), V, Wb.data(), V, dL.data(), C);
           for (int64_t e = 0; e < c * V; ++e) {
             dY[e] = -dW[e];
@@ -513,20 +510,20 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
           dm[c * D] += phi_m;
           for (int64_t i = 0; i <= c; ++i) dG[i * D] -= dc0[i];
           // the token rows of dq, dk, dp, deta
-          float *dqc = dqp + r * K, *dkc = dkp + r * K, *dpc = dpp + r * K;
-          const float* kc = kp + r * K;
+          float *dqc = dQB.data() + uK, *dkc = dKB.data() + uK;
+          std::copy(dP.data(), dP.data() + c * K, dPB.data() + uK);
+          const float* kc = Kb.data() + uK;
           for (int64_t t = 0; t < c; ++t) {
-            const float e = ep[r + t * H];
+            const float e = su[3 * HC + t];
             const float* dEt = dEK.data() + t * K;
-            const float* kt = kc + t * ldq;
+            const float* kt = kc + t * K;
             float sum = 0.0f;
             for (int64_t a = 0; a < K; ++a) {
-              dqc[t * ldq + a] = sc * dQ[t * K + a];
-              dpc[t * ldq + a] = dP[t * K + a];
-              dkc[t * ldq + a] = e * dEt[a];
+              dqc[t * K + a] = sc * dQ[t * K + a];
+              dkc[t * K + a] = e * dEt[a];
               sum += dEt[a] * kt[a];
             }
-            dep[r + t * H] = sum;
+            dsu[3 * HC + t] = sum;
           }
           // g's recurrence backward, rows c down to 1: dG row i becomes the adjoint gamma_i of
           // g's row i (its own gradient plus alpha_{i+1} times the next row's adjoint)
@@ -570,11 +567,17 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
           for (int64_t i = c; i >= 1; --i) {
             run_a += static_cast<double>(da0[i] * ch.a0[i]);
             run_m += static_cast<double>(dMc[i]);
-            const int64_t e = r + (i - 1) * H;
-            dlap[e] = static_cast<float>(run_a) + dalpha[i] * ch.alpha[i];
-            dlmp[e] = static_cast<float>(run_m);
-            dbp[e] = dbpos[i];
+            dsu[i - 1] = static_cast<float>(run_a) + dalpha[i] * ch.alpha[i];
+            dsu[HC + i - 1] = static_cast<float>(run_m);
+            dsu[2 * HC + i - 1] = dbpos[i];
           }
+        }
+        scatter(dQB.data(), H, K, t0, c, h0, h1, C, dqp);
+        scatter(dKB.data(), H, K, t0, c, h0, h1, C, dkp);
+        scatter(dPB.data(), H, K, t0, c, h0, h1, C, dpp);
+        scatter(dVB.data(), H, V, t0, c, h0, h1, C, dvp);
+        for (int64_t x = 0; x < 4; ++x) {
+          scatter(dsb.data() + x * HC, H, 1, t0, c, h0, h1, C, dscalars[x]);
         }
       }
       for (int64_t h = h0; h < h1; ++h) pair_out(dZall.data() + h * 2 * KV, N, H, n, h, KV, dZ0p);
