@@ -371,7 +371,7 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
     FlushSubnormals flush;
     Chunk ch(C, K, V);
     const int64_t D = C + 1;
-    std::vector<float> dZall(H * 2 * KV), Wb(C * V), dO(C * V), dY(2 * C * V), dW(C * V),
+    std::vector<float> dZall(H * 2 * KV), dY(2 * C * V), dW(C * V),
         dI(C * W2), dA(C * C), dL(C * C), dR(2 * C * W2), dP(C * K), dQ(C * K), dEK(C * K),
         dG(D * D), dm(D * D), da0(D), dc0(D), dalpha(D + 1), dbpos(D), dMc(D);
     // a chunk of the thread's heads: inputs and gradients ([heads, C, D]), 4 scalars a token each
@@ -410,24 +410,25 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
           float* dsu = dsb.data() + u * C;
           ch.terms(c, Qb.data() + uK, Kb.data() + uK, Pb.data() + uK, K, su, su + HC,
                    su + 2 * HC, su + 3 * HC, 1, sc);
-          std::copy(WB.data() + uV, WB.data() + uV + c * V, Wb.data());
-          std::copy(dOB.data() + uV, dOB.data() + uV + c * V, dO.data());
+          const float *Wb = WB.data() + uV, *dO = dOB.data() + uV;
           const float *S = Zh, *M = Zh + KV, *dS = dZh, *dM = dZh + KV;
           // the gradients of the chunk's transition Phi: of a0_c, c0_c and m(c, 0)
+          // (the sums in vector lanes: a fixed order, whatever the thread)
           float phi_a = 0.0f, phi_c = 0.0f, phi_m = 0.0f;
+#pragma omp simd reduction(+ : phi_a, phi_c, phi_m)
           for (int64_t e = 0; e < KV; ++e) {
             phi_a += dS[e] * S[e];
             phi_c += dS[e] * M[e];
             phi_m += dM[e] * M[e];
           }
           // step 7
-          lower_transposed_times(c, c, V, 1.0f, ch.A.data(), C, dO.data(), V, 0.0f, dW.data(), V);
+          lower_transposed_times(c, c, V, 1.0f, ch.A.data(), C, dO, V, 0.0f, dW.data(), V);
           gemm(false, false, c, V, W2, 1.0f, ch.I.data(), W2, dZh, V, 1.0f, dW.data(), V);
-          gemm(false, true, c, W2, V, 1.0f, Wb.data(), V, dZh, V, 0.0f, dI.data(), W2);
-          lower_products(c, c, 1, V, 1.0f, dO.data(), V, Wb.data(), V, dA.data(), C);
+          gemm(false, true, c, W2, V, 1.0f, Wb, V, dZh, V, 0.0f, dI.data(), W2);
+          lower_products(c, c, 1, V, 1.0f, dO, V, Wb, V, dA.data(), C);
           unit_lower_solve_transposed(c, V, ch.L.data(), C, dW.data(), V);
           std::copy(dW.data(), dW.data() + c * V, dVB.data() + uV);
-          lower_products(c, c, 1, V, -1.0f, dW.data(), V, Wb.data(), V, dL.data(), C);
+          lower_products(c, c, 1, V, -1.0f, dW.data(), V, Wb, V, dL.data(), C);
           for (int64_t e = 0; e < c * V; ++e) {
             dY[e] = -dW[e];
             dY[c * V + e] = dO[e];
@@ -472,6 +473,7 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
             const float ap = ch.a0[t], cp = ch.c0(t), an = ch.a0[t + 1], cn = ch.c0(t + 1);
             float *dPt = dP.data() + t * K, *dQt = dQ.data() + t * K;
             float sap = 0.0f, scp = 0.0f, san = 0.0f, scn = 0.0f;
+#pragma omp simd reduction(+ : sap, scp, san, scn)
             for (int64_t a = 0; a < K; ++a) {
               dPt[a] = ap * drp[a] + cp * drp[K + a];
               dQt[a] = an * drq[a] + cn * drq[K + a];
@@ -497,6 +499,7 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
             float* dEu = dEK.data() + u * K;
             const float ig = ch.gw(c, u + 1), im = ch.m[c * D + u + 1];
             float sg = 0.0f, sm = 0.0f;
+#pragma omp simd reduction(+ : sg, sm)
             for (int64_t a = 0; a < K; ++a) {
               dEu[a] += ig * dIu[a] - im * dIu[K + a];
               sg += dIu[a] * Eu[a];
@@ -518,6 +521,7 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
             const float* dEt = dEK.data() + t * K;
             const float* kt = kc + t * K;
             float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
             for (int64_t a = 0; a < K; ++a) {
               dqc[t * K + a] = sc * dQ[t * K + a];
               dkc[t * K + a] = e * dEt[a];
@@ -540,7 +544,9 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
             float* dmi = dm.data() + i * D;
             const float bi = ch.b[i];
             float sa = 0.0f, sb = 0.0f;
+#pragma omp simd reduction(+ : sa)
             for (int64_t u = 0; u < i; ++u) sa += gi[u] * gp[u];
+#pragma omp simd reduction(+ : sb)
             for (int64_t u = 0; u <= i; ++u) {
               sb += gi[u] * mi[u];
               dmi[u] += bi * gi[u];
@@ -554,6 +560,7 @@ momentum_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& p,
             const float* mi = ch.m.data() + i * D;
             const float* dmi = dm.data() + i * D;
             float row = 0.0f;
+#pragma omp simd reduction(+ : row)
             for (int64_t u = 0; u < i; ++u) {
               const float x = dmi[u] * mi[u];
               row += x;
