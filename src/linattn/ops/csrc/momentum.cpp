@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -131,13 +132,25 @@ void check_pair(const char* op, const char* name, const at::Tensor& x, const Mom
 // back (``scatter``), in memory order: the rows of one chunk of all heads lie together, so this is
 // one sequential pass, where a head's own rows, H D floats apart, are streams that the hardware's
 // prefetchers follow poorly (the kernels then read and write a head's rows at stride D).
+// (A row of the common widths is copied inline: a call of memmove a row would cost about as much
+// as the copy.)
+inline void copy_row(const float* src, int64_t D, float* dst) {
+  if (D == 64) {
+    std::memcpy(dst, src, 64 * sizeof(float));
+  } else if (D == 128) {
+    std::memcpy(dst, src, 128 * sizeof(float));
+  } else if (D == 1) {
+    *dst = *src;
+  } else {
+    std::copy(src, src + D, dst);
+  }
+}
+
 void gather(const float* x, int64_t H, int64_t D, int64_t t0, int64_t c, int64_t h0, int64_t h1,
             int64_t C, float* buf) {
   for (int64_t t = 0; t < c; ++t) {
     const float* row = x + ((t0 + t) * H + h0) * D;
-    for (int64_t h = h0; h < h1; ++h, row += D) {
-      std::copy(row, row + D, buf + ((h - h0) * C + t) * D);
-    }
+    for (int64_t h = h0; h < h1; ++h, row += D) copy_row(row, D, buf + ((h - h0) * C + t) * D);
   }
 }
 
@@ -146,8 +159,7 @@ void scatter(const float* buf, int64_t H, int64_t D, int64_t t0, int64_t c, int6
   for (int64_t t = 0; t < c; ++t) {
     float* row = x + ((t0 + t) * H + h0) * D;
     for (int64_t h = h0; h < h1; ++h, row += D) {
-      const float* src = buf + ((h - h0) * C + t) * D;
-      std::copy(src, src + D, row);
+      copy_row(buf + ((h - h0) * C + t) * D, D, row);
     }
   }
 }
@@ -210,7 +222,9 @@ struct Chunk {
       float *Lt = L.data() + t * C, *At = A.data() + t * C;
       const float *PKt = PK.data() + t * C, *QKt = QK.data() + t * C;
       const float *gt = g.data() + t * D + 1, *gn = g.data() + (t + 1) * D + 1;
+#pragma omp simd
       for (int64_t s = 0; s < t; ++s) Lt[s] = gt[s] * PKt[s];
+#pragma omp simd
       for (int64_t s = 0; s <= t; ++s) At[s] = gn[s] * QKt[s];
       std::fill(At + t + 1, At + c, 0.0f);
     }
@@ -222,6 +236,7 @@ struct Chunk {
       const float ig = gw(c, t + 1), im = -m[c * D + t + 1];
       float* in = I.data() + t * W;
       const float *Pt = P.data() + t * K, *Qt = Q.data() + t * K, *Et = EK.data() + t * K;
+#pragma omp simd
       for (int64_t a = 0; a < K; ++a) {
         rp[a] = ap * Pt[a];
         rp[K + a] = cp * Pt[a];
