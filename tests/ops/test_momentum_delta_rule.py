@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from linattn.ops import _native
 from linattn.ops import momentum_delta_rule as module
 from linattn.ops.momentum_delta_rule import momentum_delta_rule_step
 from linattn.reference.momentum_delta import recurrence
@@ -257,3 +258,190 @@ def test_float32_chunk_gradients_against_float64():
         for name, a, b in zip(x, got, want, strict=True):
             error = float((a.double() - b).norm() / b.norm())
             assert error < 1e-4, (name, error)
+
+
+# --- the compiled chunk form (csrc/momentum.cpp) on float32 CPU tensors ---------------------
+
+native = pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
+
+
+def _calls(monkeypatch) -> list[str]:
+    """The compiled ops that the calls after this one run, by name, in order."""
+    called: list[str] = []
+    fused = _native.fused
+
+    def counting(name):
+        called.append(name)
+        return fused(name)
+
+    monkeypatch.setattr(module._native, "fused", counting)
+    return called
+
+
+def _loss_and_grads(x, **options):
+    """The op's outputs (o, the final pair) and the gradients of a weighted loss of both with
+    respect to every input (float64 weights, cast: the same loss for either dtype), through the
+    public entry point (q, k, p normalised, p times alpha: fla's defaults)."""
+    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+    state = torch.stack([leaves["initial_state"], leaves["initial_momentum"]])
+    o, Z = module.momentum_delta_rule(
+        *(leaves[n] for n in NAMES), initial_state=state, output_final_state=True, **options
+    )
+    gen = torch.Generator().manual_seed(7)
+    w_o = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)
+    w_Z = torch.randn(Z.shape, generator=gen, dtype=torch.float64).to(Z.dtype)
+    grads = torch.autograd.grad((o * w_o).sum() + (Z * w_Z).sum(), list(leaves.values()))
+    return (o.detach(), Z.detach()), grads
+
+
+def _assert_float32_close(got, want, bound):
+    """Each float32 tensor against its float64 counterpart: largest error relative to the
+    largest entry (or to 1, the inputs' size, where every entry is smaller) below ``bound``."""
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1.0))
+        assert error < bound, (i, error)
+
+
+def _float32(x):
+    return {n: t.float() for n, t in x.items()}
+
+
+@native
+@pytest.mark.parametrize(
+    "C,cu",
+    [(8, None), (5, None), (64, None), (1, None), (8, [0, 1, 2, 12, 13, 29]), (4, [0, 28, 29])],
+)
+def test_the_compiled_form_equals_float64_and_its_gradients(monkeypatch, C, cu):
+    """float32 through the compiled kernels against the float64 chunk form (itself the
+    reference's to 1e-12, the tests above): outputs, final pair and every gradient, with an
+    initial pair, T not a multiple of C (and C = 1, C > T), packed sequences with pieces of one
+    token; the kernels run, forward and backward."""
+    x = make(N=1 if cu is None else len(cu) - 1)
+    options = {"scale": 0.4, "mode": "chunk", "chunk_size": C}
+    if cu is not None:
+        options["cu_seqlens"] = torch.tensor(cu)
+    want, want_grads = _loss_and_grads(x, **options)
+    called = _calls(monkeypatch)
+    got, got_grads = _loss_and_grads(_float32(x), **options)
+    assert called == ["momentum_forward", "momentum_backward"]
+    _assert_float32_close(got, want, 2e-6)
+    _assert_float32_close(got_grads, want_grads, 2e-6)
+
+
+@native
+@pytest.mark.parametrize("T_", [1, 3])
+def test_the_compiled_form_with_a_batch_and_few_tokens(monkeypatch, T_):
+    """B = 2 sequences of T_ tokens (T = 1: one chunk of one token) through the kernels."""
+    x = make(N=2)
+    x = {
+        n: (t[:, :T_].expand(2, *[-1] * (t.dim() - 1)).clone() if n in NAMES else t)
+        for n, t in x.items()
+    }
+    x["q"] = x["q"] * torch.tensor([1.0, -0.5], dtype=torch.float64).view(2, 1, 1, 1)
+    options = {"scale": 0.4, "chunk_size": 2}
+    want, want_grads = _loss_and_grads(x, **options)
+    called = _calls(monkeypatch)
+    got, got_grads = _loss_and_grads(_float32(x), **options)
+    assert called == ["momentum_forward", "momentum_backward"]
+    _assert_float32_close(got, want, 2e-6)
+    _assert_float32_close(got_grads, want_grads, 2e-6)
+
+
+@native
+@pytest.mark.parametrize("C", [8, 64])
+def test_steep_gates_stay_in_the_compiled_form(monkeypatch, C):
+    """Log-decays from 0 to -1000 (decays of exactly 1, and ones that underflow): the kernels
+    form every decay as a product of decays <= 1, so no chunk is beyond float32's range and the
+    compiled form serves them all at float32's accuracy."""
+    x = steep(make())
+    options = {"scale": 0.4, "chunk_size": C}
+    want, want_grads = _loss_and_grads(x, **options)
+    called = _calls(monkeypatch)
+    got, got_grads = _loss_and_grads(_float32(x), **options)
+    assert called == ["momentum_forward", "momentum_backward"]
+    _assert_float32_close(got, want, 2e-6)
+    _assert_float32_close(got_grads, want_grads, 2e-6)
+
+
+@native
+def test_the_pytorch_forms_serve_what_the_kernels_do_not(monkeypatch):
+    """float64, the parallel and recurrent modes and a chunk larger than the kernels take run
+    the PyTorch forms; no gradient asked: the forward alone, nothing kept."""
+    x = make()
+    args = [x[n] for n in NAMES]
+    states = {n: x[n] for n in ("initial_state", "initial_momentum")}
+    called = _calls(monkeypatch)
+    momentum_delta_rule(*args, **states)
+    args32 = [t.float() for t in args]
+    states32 = {n: t.float() for n, t in states.items()}
+    for options in ({"mode": "parallel"}, {"mode": "recurrent"},
+                    {"chunk_size": module.FUSED_MAX_CHUNK + 1}):  # fmt: skip
+        momentum_delta_rule(*args32, **states32, **options)
+    assert called == []
+    want = momentum_delta_rule(*args, **states, output_final_state=True, scale=0.4)
+    got = momentum_delta_rule(*args32, **states32, output_final_state=True, scale=0.4)
+    assert called == ["momentum_forward"]
+    _assert_float32_close(got, want, 2e-6)
+
+
+def _flat(x):
+    """The kernels' arguments ([TT, H, .] rows and the pair) of make()'s float32 inputs."""
+    flat = [x[n][0].contiguous() for n in NAMES]
+    Z0 = torch.stack([x["initial_state"], x["initial_momentum"]])
+    return flat, Z0
+
+
+@native
+def test_opcheck_the_compiled_ops():
+    """Schema, fake (Meta) kernels and the dispatcher's checks of both ops."""
+    bounds = [0, 1, 12, 29]
+    x = _float32(make(N=3))
+    flat, Z0 = _flat(x)
+    op = torch.ops.linattn_native
+    utils = ("test_schema", "test_faketensor")
+    args = (*flat, Z0, bounds, 0.4, 8, True)
+    torch.library.opcheck(op.momentum_forward.default, args, test_utils=utils)
+    o, _, states, errors = op.momentum_forward(*args)
+    q, k, _, p, *rates = flat
+    d_o, dZ = torch.randn_like(o), torch.randn_like(Z0)
+    for d_pair in (dZ, None):
+        back = (q, k, p, *rates, states, errors, d_o, d_pair, bounds, 0.4, 8)
+        torch.library.opcheck(op.momentum_backward.default, back, test_utils=utils)
+
+
+@native
+def test_the_compiled_ops_name_bad_input():
+    x = _float32(make())
+    (q, k, v, p, la, lm, beta, eta), Z0 = _flat(x)
+    op = torch.ops.linattn_native.momentum_forward
+    with pytest.raises(RuntimeError, match="bounds must run from 0 to 29"):
+        op(q, k, v, p, la, lm, beta, eta, Z0, [0, 28], 0.4, 8, False)
+    with pytest.raises(RuntimeError, match="log_mu must be float32"):
+        op(q, k, v, p, la, lm.double(), beta, eta, Z0, [0, T], 0.4, 8, False)
+    with pytest.raises(RuntimeError, match="p must have q's shape"):
+        op(q, k, v, p[:, :, :2].contiguous(), la, lm, beta, eta, Z0, [0, T], 0.4, 8, False)
+    with pytest.raises(RuntimeError, match="eta must have shape"):
+        op(q, k, v, p, la, lm, beta, eta[:5].contiguous(), Z0, [0, T], 0.4, 8, False)
+    with pytest.raises(RuntimeError, match="Z0 must have shape"):
+        op(q, k, v, p, la, lm, beta, eta, Z0[..., :2].contiguous(), [0, T], 0.4, 8, False)
+    with pytest.raises(RuntimeError, match="C .the chunk size. must be in"):
+        op(q, k, v, p, la, lm, beta, eta, Z0, [0, T], 0.4, 0, False)
+
+
+@native
+def test_the_compiled_form_gives_the_same_bits_on_two_threads():
+    """The kernels split the (sequence, head)s between threads, each computed alone: two
+    threads give one thread's numbers exactly, forward and backward."""
+    cu = [0, 1, 12, 29]
+    x = _float32(make(N=3))
+    options = {"scale": 0.4, "chunk_size": 8, "cu_seqlens": torch.tensor(cu)}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _loss_and_grads(x, **options)
+        torch.set_num_threads(2)
+        two = _loss_and_grads(x, **options)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip([*one[0], *one[1]], [*two[0], *two[1]], strict=True):
+        assert torch.equal(a, b)

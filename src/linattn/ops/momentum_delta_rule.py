@@ -31,8 +31,11 @@ coefficients that change every token), so this module has its own forms:
 
 Packed sequences (``cu_seqlens``), the state pair in fla's layout ([2, N, H, K, V]: S and M
 stacked) and gradients (autograd) in every form; ``momentum_delta_rule_step`` is the decoding
-step. fla 0.6.0 has no kernel for this family (its entry points run PyTorch reference code), so
-the op never dispatches to fla.
+step. On float32 CPU tensors with the compiled kernels loaded (``linattn.ops._native``; eager,
+not traced), the chunk form runs fused in C++ (``csrc/momentum.cpp``: the same algebra, forward
+and backward, one (sequence, head) a chunk at a time); float64 and everything else run the
+PyTorch forms here. fla 0.6.0 has no kernel for this family (its entry points run PyTorch
+reference code), so the op never dispatches to fla.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from linattn.ops import _engine
+from linattn.ops import _engine, _native
 from linattn.ops import checks as _checks
 from linattn.ops._blockmath import unit_lower_inverse
 from linattn.ops.functional import l2norm
+from linattn.ops.library import tracing
 
 CHUNK_SIZE = 64
 MODES = ("parallel", "recurrent", "chunk")
@@ -325,6 +329,68 @@ def _scan_backward(reads, Y, into, phi, outs, scores, Zs, Ws, do, dZ):
     return dRs, dreads, dinto, dphi, douts, dscores, dZ
 
 
+# The largest chunk the compiled kernels take (csrc/momentum.cpp checks it too); a larger one runs
+# the PyTorch form.
+FUSED_MAX_CHUNK = 1024
+
+
+class _FusedMomentum(torch.autograd.Function):
+    """The chunk form on the compiled kernels (``csrc/momentum.cpp``: its header gives the
+    forward's steps 1-6 and the backward's 7-9): q, k, p [TT, H, K], v [TT, H, V], the
+    log-decays and rates [TT, H] (the sequences' tokens one after another, ``bounds`` their
+    cumulative lengths), the pair Z0 [2, N, H, K, V] -> (o [TT, H, V], Z [2, N, H, K, V]). The
+    forward keeps the pair entering every chunk and the errors w; every decay is a product of
+    decays <= 1, so no chunk is too steep for float32."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, p, la, lm, beta, eta, Z0, bounds: list[int], scale: float, C: int):
+        o, Z, states, errors = _native.fused("momentum_forward")(
+            q, k, v, p, la, lm, beta, eta, Z0, bounds, scale, C, True
+        )
+        ctx.save_for_backward(q, k, p, la, lm, beta, eta, states, errors)
+        ctx.options = (bounds, scale, C)
+        return o, Z
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, dZ):
+        q, k, p, la, lm, beta, eta, states, errors = ctx.saved_tensors
+        bounds, scale, C = ctx.options
+        d_o = torch.zeros_like(errors) if d_o is None else d_o.contiguous()
+        dZ = None if dZ is None else dZ.contiguous()
+        grads = _native.fused("momentum_backward")(
+            q, k, p, la, lm, beta, eta, states, errors, d_o, dZ, bounds, scale, C
+        )
+        dq, dk, dv, dp, dla, dlm, dbeta, deta, dZ0 = grads
+        return dq, dk, dv, dp, dla, dlm, dbeta, deta, dZ0, None, None, None
+
+
+def _fused_applies(*tensors: Tensor | None) -> bool:
+    """Whether the compiled chunk form serves the call: float32 CPU tensors, none empty, the
+    kernels loaded, eager (a trace holds the PyTorch ops)."""
+    present = [x for x in tensors if x is not None]
+    return (
+        all(x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() for x in present)
+        and _native.applies(present[0])
+        and not tracing(present[0])
+    )
+
+
+def _fused(q, k, v, p, la, lm, beta, eta, scale: float, C: int, Z0, N: int, cu_seqlens):
+    """The chunk form on the compiled kernels (``_FusedMomentum``) in the public layouts: (o
+    [B, T, H, V], the final pair [2, N, H, K, V])."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    bounds = cu_seqlens.tolist() if cu_seqlens is not None else [b * T for b in range(B + 1)]
+    x = [t.reshape(B * T, *t.shape[2:]).contiguous() for t in (q, k, v, p, la, lm, beta, eta)]
+    Z0 = v.new_zeros(2, N, H, K, V) if Z0 is None else Z0.contiguous()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*x, Z0)):
+        o, Z = _FusedMomentum.apply(*x, Z0, bounds, scale, C)
+    else:
+        o, Z, _, _ = _native.fused("momentum_forward")(*x, Z0, bounds, scale, C, False)
+    return o.view(B, T, H, V), Z
+
+
 def _check(q, k, v, p, log_alpha, log_mu, beta, eta, mode, chunk_size, scale, S0, M0, cu_seqlens):
     B, T, H, K, V = _checks.qkv(q, k, v)
     _checks.tensor("p", p, 4)
@@ -413,6 +479,11 @@ def momentum_delta_rule(
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
+    rates = (log_alpha, log_mu, beta, eta)
+    fits = mode == "chunk" and C <= FUSED_MAX_CHUNK
+    if fits and _fused_applies(q, k, v, p, *rates, initial_state):
+        o, state = _fused(q, k, v, p, *rates, scale, C, initial_state, N, cu_seqlens)
+        return o, (state if output_final_state else None)
 
     def heads(x):  # [B, T, H, ...] -> [B, H, T, ...] in the compute dtype
         return x.to(dtype).transpose(1, 2)
