@@ -284,3 +284,73 @@ def test_the_write_kernel_is_the_scan_times_beta():
         _native.fused("atk_write_forward")(*scan, beta[:, :, :2], log_x, eps, False)
     with pytest.raises(RuntimeError, match=r"dr must be of shape \[B, T, H, K\]"):
         _native.fused("atk_write_backward")(*scan, beta, A_all, dw, dA_end, dr[:, :2], log_x, eps)
+
+
+# opcheck's checks of the compiled ATK ops: the schema, the registered autograd (none: the
+# autograd.Functions above the ops own it) and the fake (Meta) kernels against the real outputs'
+# shapes, dtypes and strides
+OPCHECK = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def _atk_op_inputs(B_, T_, packed, G=2, H_=3, K_=8):
+    """The scan ops' float32 tensors as ``atk_preconditioner`` passes them: k [B, T, H, K], g,
+    beta_atk [B, T, H], A0 [B, H, K], center [H], and the write strengths [B, T, G H]; packed:
+    one sequence's rows of a packed batch (B = 1), as the ops take them, contiguous. Every tensor
+    requires grad (the ops themselves record none)."""
+    gen = torch.Generator().manual_seed(5)
+    rows = T_ + 4 if packed else T_
+    k = torch.randn(B_, rows, H_, K_, generator=gen)
+    g = F.logsigmoid(torch.randn(B_, rows, H_, generator=gen))
+    beta_atk = torch.rand(B_, rows, H_, generator=gen)
+    beta = torch.rand(B_, rows, G * H_, generator=gen)
+    if packed:
+        k, g, beta_atk, beta = (x[:, 3 : 3 + T_].contiguous() for x in (k, g, beta_atk, beta))
+    A0, center = torch.rand(B_, H_, K_, generator=gen), torch.randn(H_, generator=gen)
+    x = [k, g, beta_atk, A0, center, beta]
+    return [t.requires_grad_(True) for t in x]
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused kernels are unavailable")
+@pytest.mark.parametrize(
+    ("B_", "T_", "packed"), [(2, 9, False), (1, 1, False), (1, 6, True), (1, 1, True)]
+)
+@pytest.mark.parametrize("keep", [True, False])
+def test_opcheck_the_compiled_atk_ops(B_, T_, packed, keep):
+    """atk_forward's and atk_write_forward's fake kernels give A_all [B, T, H, K] only when keep
+    (else [0]); the backward ops', every gradient, atk_write_backward's with and without dr."""
+    k, g, beta_atk, A0, center, beta = _atk_op_inputs(B_, T_, packed)
+    scan, log_x, eps = (k, g, beta_atk, A0, center), math.log(1.5), 1e-6
+    op = torch.ops.linattn_native
+    torch.library.opcheck(op.atk_forward.default, (*scan, log_x, eps, keep), test_utils=OPCHECK)
+    write = (*scan, beta, log_x, eps, keep)
+    torch.library.opcheck(op.atk_write_forward.default, write, test_utils=OPCHECK)
+    if not keep:
+        return
+    with torch.no_grad():
+        kp, A_end, A_all = op.atk_forward(*scan, log_x, eps, True)
+        w, _, _ = op.atk_write_forward(*write)
+    assert A_all.shape == k.shape and w.shape == (B_, T_, 2 * k.shape[2], k.shape[3])
+    back = (*scan, A_all, torch.randn_like(kp), torch.randn_like(A_end), log_x, eps)
+    torch.library.opcheck(op.atk_backward.default, back, test_utils=OPCHECK)
+    for dr in (torch.randn_like(kp), None):
+        back = (*scan, beta, A_all, torch.randn_like(w), torch.randn_like(A_end), dr, log_x, eps)
+        torch.library.opcheck(op.atk_write_backward.default, back, test_utils=OPCHECK)
+
+
+@pytest.mark.skipif(not _native.available(), reason="the fused kernels are unavailable")
+def test_the_atk_fake_kernels_refuse_bad_input_by_name():
+    k, g, beta_atk, A0, center, beta = (t.detach().to("meta") for t in _atk_op_inputs(2, 5, False))
+    op = torch.ops.linattn_native
+    with pytest.raises(RuntimeError, match="center must be of shape"):
+        op.atk_forward(k, g, beta_atk, A0, center[:1], 0.4, 1e-6, False)
+    with pytest.raises(RuntimeError, match="strength must be a"):
+        op.atk_write_forward(k, g, beta_atk, A0, center, beta[:, :, :2], 0.4, 1e-6, False)
+    kp, A_end, A_all = op.atk_forward(k, g, beta_atk, A0, center, 0.4, 1e-6, True)
+    assert kp.device.type == "meta" and A_all.shape == k.shape
+    with pytest.raises(RuntimeError, match="dA_end must be of shape"):
+        op.atk_backward(k, g, beta_atk, A0, center, A_all, kp, A_end[:1], 0.4, 1e-6)
+    w, _, _ = op.atk_write_forward(k, g, beta_atk, A0, center, beta, 0.4, 1e-6, True)
+    with pytest.raises(RuntimeError, match="dr must be of shape"):
+        op.atk_write_backward(
+            k, g, beta_atk, A0, center, beta, A_all, w, A_end, kp[:, :2], 0.4, 1e-6
+        )

@@ -169,3 +169,64 @@ def test_head_sizes_of_whole_vectors_take_the_register_tiles(D, T, size):
         close(g, w)
     for g, w in zip(dgot, dwant, strict=True):
         close(g, w, 1e-4)
+
+
+# opcheck's checks of the compiled ops: the schema, the registered autograd (none: the
+# autograd.Function above the ops owns it) and the fake (Meta) kernels against the real outputs'
+# shapes, dtypes and strides
+OPCHECK = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def _op_inputs(B, T, packed, strided=False):
+    """The forward op's tensors as ``titans_linear`` passes them: B sequences of T tokens, or
+    (packed) one sequence's rows sliced from a packed batch of three; strided: q, k, v rows at
+    twice D's stride. Every tensor requires grad (the ops themselves record none)."""
+    t = [x.float() for x in _inputs(B, T + 5 if packed else T, 2, 4, 11)]
+    q, k, v, w, b, theta, alpha, eta, M0, S0 = t
+    if packed:
+        q, k, v, theta, alpha, eta = (x[:, 2 : 2 + T] for x in (q, k, v, theta, alpha, eta))
+    if strided:
+        q, k, v = (torch.cat([x, x], -1)[..., :4] for x in (q, k, v))
+    x = [q, k, v, theta[..., 0], alpha[..., 0], eta[..., 0], w, b, M0, S0]
+    return [t.detach().requires_grad_(True) for t in x]
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "packed", "strided"),
+    [(2, 7, False, False), (2, 5, False, True), (1, 1, False, False), (1, 6, True, False),
+     (1, 1, True, False)],
+)  # fmt: skip
+@pytest.mark.parametrize("keep", [True, False])
+def test_opcheck_the_compiled_ops(B, T, packed, strided, keep):
+    """titans_forward's fake kernel gives z and the saved memories [B, H, ceil(n / every), D, D]
+    only when keep (n = ceil(T / size) chunks); titans_backward's, the gradients with and
+    without the final memories' gradients (a broadcast d_o: stride 0 but along D)."""
+    x = _op_inputs(B, T, packed, strided)
+    op = torch.ops.linattn_native
+    size, every = 2, 2
+    forward = (*x, 1e-6, size, every, keep)
+    torch.library.opcheck(op.titans_forward.default, forward, test_utils=OPCHECK)
+    if not keep:
+        return
+    with torch.no_grad():
+        o, z, M, S, Ms, Ss = op.titans_forward(*forward)
+    assert Ms.shape == Ss.shape == (B, 2, (T + 3) // 4, 4, 4)
+    d_o = torch.randn(1, 1, 1, 4).expand(o.shape) if strided else torch.randn_like(o)
+    for dM, dS in ((torch.randn_like(M), torch.randn_like(S)), (None, None)):
+        back = (*x[:8], Ms, Ss, z, d_o, dM, dS, 1e-6, size, every)
+        torch.library.opcheck(op.titans_backward.default, back, test_utils=OPCHECK)
+
+
+def test_the_fake_kernels_refuse_bad_input_by_name():
+    q, k, v, th, al, e, w, b, M0, S0 = (t.detach().to("meta") for t in _op_inputs(1, 5, False))
+    forward = torch.ops.linattn_native.titans_forward
+    with pytest.raises(RuntimeError, match="alpha must be of shape"):
+        forward(q, k, v, th, al[:, :2], e, w, b, M0, S0, 1e-6, 4, 1, False)
+    with pytest.raises(RuntimeError, match="v must be float32"):
+        forward(q, k, v.double(), th, al, e, w, b, M0, S0, 1e-6, 4, 1, False)
+    o, z, _, _, Ms, Ss = forward(q, k, v, th, al, e, w, b, M0, S0, 1e-6, 4, 1, True)
+    assert o.device.type == "meta" and Ms.shape == (1, 2, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="dM must be of shape"):
+        torch.ops.linattn_native.titans_backward(
+            q, k, v, th, al, e, w, b, Ms, Ss, z, o, M0[..., :1], None, 1e-6, 4, 1
+        )

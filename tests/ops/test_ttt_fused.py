@@ -173,3 +173,63 @@ def test_head_sizes_of_whole_vectors_take_the_register_tiles(D, T, size):
         close(g, w)
     for g, w in zip(dgot, dwant, strict=True):
         close(g, w, 1e-4)
+
+
+# opcheck's checks of the compiled ops: the schema, the registered autograd (none: the
+# autograd.Function above the ops owns it) and the fake (Meta) kernels against the real outputs'
+# shapes, dtypes and strides
+OPCHECK = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def _op_inputs(B, T, packed, strided=False):
+    """The forward op's tensors as ``ttt_linear`` passes them: B sequences of T tokens, or (packed)
+    one sequence's rows sliced from a packed batch of three; strided: q, k, v rows at twice D's
+    stride. Every tensor requires grad (the ops themselves record none)."""
+    q, k, v, w, b, eta, W0, h0 = [x.float() for x in _inputs(B, T + 5 if packed else T, 2, 4, 11)]
+    if packed:
+        q, k, v, eta = (x[:, 2 : 2 + T] for x in (q, k, v, eta))
+    if strided:
+        q, k, v = (torch.cat([x, x], -1)[..., :4] for x in (q, k, v))
+    x = [q, k, v, eta[..., 0], w, b, W0, h0[:, :, 0].contiguous()]
+    return [t.detach().requires_grad_(True) for t in x]
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "packed", "strided"),
+    [(2, 7, False, False), (2, 5, False, True), (1, 1, False, False), (1, 6, True, False),
+     (1, 1, True, False)],
+)  # fmt: skip
+@pytest.mark.parametrize("keep", [True, False])
+def test_opcheck_the_compiled_ops(B, T, packed, strided, keep):
+    """ttt_forward's fake kernel gives z and the saved states [B, H, ceil(n / every), ...] only
+    when keep (n = ceil(T / size) mini-batches); ttt_backward's, the gradients with and without
+    the final states' gradients (a broadcast d_o: stride 0 but along D)."""
+    x = _op_inputs(B, T, packed, strided)
+    op = torch.ops.linattn_native
+    size, every = 2, 2
+    forward = (*x, 0.4, 1e-6, size, every, keep)
+    torch.library.opcheck(op.ttt_forward.default, forward, test_utils=OPCHECK)
+    if not keep:
+        return
+    with torch.no_grad():
+        o, z, W, h, Ws, hs = op.ttt_forward(*forward)
+    assert Ws.shape == (B, 2, (T + 3) // 4, 4, 4)
+    d_o = torch.randn(1, 1, 1, 4).expand(o.shape) if strided else torch.randn_like(o)
+    for dW, dh in ((torch.randn_like(W), torch.randn_like(h)), (None, None)):
+        back = (*x[:6], Ws, hs, z, d_o, dW, dh, 0.4, 1e-6, size, every)
+        torch.library.opcheck(op.ttt_backward.default, back, test_utils=OPCHECK)
+
+
+def test_the_fake_kernels_refuse_bad_input_by_name():
+    q, k, v, e, w, b, W0, h0 = (t.detach().to("meta") for t in _op_inputs(1, 5, False))
+    forward = torch.ops.linattn_native.ttt_forward
+    with pytest.raises(RuntimeError, match="w must be of shape"):
+        forward(q, k, v, e, w[:1], b, W0, h0, 0.5, 1e-6, 4, 1, False)
+    with pytest.raises(RuntimeError, match="every"):
+        forward(q, k, v, e, w, b, W0, h0, 0.5, 1e-6, 4, 0, True)
+    o, z, _, _, Ws, hs = forward(q, k, v, e, w, b, W0, h0, 0.5, 1e-6, 4, 1, True)
+    assert o.device.type == "meta" and Ws.shape == (1, 2, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="Ws must be of shape"):
+        torch.ops.linattn_native.ttt_backward(
+            q, k, v, e, w, b, Ws[:, :, :1], hs, z, o, None, None, 0.5, 1e-6, 4, 1
+        )

@@ -25,6 +25,7 @@
 // lanes token by token, so that the rows it reads stream in order. log and exp are written out
 // (``log_positive``, ``exp_flush``) so that each channel loop vectorises.
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -89,8 +90,12 @@ Scan prepare(const Checks& check, const at::Tensor& k, const at::Tensor& g,
   TORCH_CHECK(center.is_contiguous(), check.op, ": center must be contiguous");
   TORCH_CHECK(std::isfinite(log_x) && std::isfinite(eps) && eps > 0, check.op,
               ": log_x must be finite and eps a finite number > 0");
-  return {B, T, H, K, k.data_ptr<float>(), g.data_ptr<float>(), beta.data_ptr<float>(),
-          A0.data_ptr<float>(), center.data_ptr<float>(), static_cast<float>(log_x),
+  // meta tensors (the fake kernels' checks) have no data
+  const auto data = [&](const at::Tensor& x) {
+    return check.device == c10::kCPU ? x.data_ptr<float>() : nullptr;
+  };
+  return {B, T, H, K, data(k), data(g), data(beta), data(A0), data(center),
+          static_cast<float>(log_x),
           std::max(static_cast<float>(eps), FLT_MIN)};  // A >= 0: A + eps is a normal number
 }
 
@@ -323,6 +328,70 @@ atk_write_backward(const at::Tensor& k, const at::Tensor& g, const at::Tensor& b
                 dstrength.data_ptr<float>(), dr ? dr->data_ptr<float>() : nullptr);
   at::Tensor dcenter = dc_lanes.view({s.B, s.H}).sum(0).to(at::kFloat);
   return {dk, dg, dbeta, dA0, dcenter, dstrength};
+}
+
+namespace {
+
+// The fake (shape-only) kernels: the CPU kernels' checks on meta tensors and their outputs'
+// shapes, every output contiguous (A_all empty unless ``keep``).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> atk_forward_meta(
+    const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& A0,
+    const at::Tensor& center, double log_x, double eps, bool keep) {
+  const Checks check{"linattn_native.atk_forward", c10::kMeta};
+  prepare(check, k, g, beta, A0, center, log_x, eps);
+  return {at::empty(k.sizes(), k.options()), at::empty(A0.sizes(), A0.options()),
+          keep ? at::empty(k.sizes(), k.options()) : at::empty({0}, k.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> atk_backward_meta(
+    const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& A0,
+    const at::Tensor& center, const at::Tensor& A_all, const at::Tensor& dkp,
+    const at::Tensor& dA_end, double log_x, double eps) {
+  const Checks check{"linattn_native.atk_backward", c10::kMeta};
+  const Scan s = prepare(check, k, g, beta, A0, center, log_x, eps);
+  check_backward(check, s, s.H, A_all, "dkp", dkp, dA_end);
+  return {at::empty(k.sizes(), k.options()), at::empty(g.sizes(), g.options()),
+          at::empty(beta.sizes(), g.options()), at::empty(A0.sizes(), A0.options()),
+          at::empty({s.H}, A0.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> atk_write_forward_meta(
+    const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta, const at::Tensor& A0,
+    const at::Tensor& center, const at::Tensor& strength, double log_x, double eps, bool keep) {
+  const Checks check{"linattn_native.atk_write_forward", c10::kMeta};
+  const Scan s = prepare(check, k, g, beta, A0, center, log_x, eps);
+  const int64_t G = strength_groups(check, s, strength);
+  return {at::empty({s.B, s.T, s.H * G, s.K}, k.options()), at::empty(A0.sizes(), A0.options()),
+          keep ? at::empty(k.sizes(), k.options()) : at::empty({0}, k.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+atk_write_backward_meta(const at::Tensor& k, const at::Tensor& g, const at::Tensor& beta,
+                        const at::Tensor& A0, const at::Tensor& center,
+                        const at::Tensor& strength, const at::Tensor& A_all,
+                        const at::Tensor& dw, const at::Tensor& dA_end,
+                        const std::optional<at::Tensor>& dr, double log_x, double eps) {
+  const Checks check{"linattn_native.atk_write_backward", c10::kMeta};
+  const Scan s = prepare(check, k, g, beta, A0, center, log_x, eps);
+  const int64_t G = strength_groups(check, s, strength);
+  check_backward(check, s, s.H * G, A_all, "dw", dw, dA_end);
+  if (dr) {
+    check.float32_cpu("dr", *dr);
+    check.shape("dr", *dr, {s.B, s.T, s.H, s.K}, "[B, T, H, K]");
+    TORCH_CHECK(dr->is_contiguous(), check.op, ": dr must be contiguous");
+  }
+  return {at::empty(k.sizes(), k.options()),      at::empty(g.sizes(), g.options()),
+          at::empty(beta.sizes(), g.options()),   at::empty(A0.sizes(), A0.options()),
+          at::empty({s.H}, A0.options()),         at::empty(strength.sizes(), strength.options())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
+  m.impl("atk_forward", &atk_forward_meta);
+  m.impl("atk_backward", &atk_backward_meta);
+  m.impl("atk_write_forward", &atk_write_forward_meta);
+  m.impl("atk_write_backward", &atk_write_backward_meta);
 }
 
 }  // namespace linattn_native

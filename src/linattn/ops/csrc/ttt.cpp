@@ -39,6 +39,8 @@
 // mini-batches (steps 1-3 and 6) into a block of its own, then runs steps 7-11 over them. Work:
 // one task per (sequence, head), spread over the threads.
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -379,7 +381,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const auto opts = q.options();
   at::Tensor o = fresh({B, T, H, D}, opts);
   at::Tensor z = keep ? fresh({B, T, H, D}, opts) : at::empty({0}, opts);
-  at::Tensor W = W0.clone(), hv = h0.clone();
+  // copies of the data only (``detach``): a call with inputs that require grad records no
+  // autograd graph on the outputs (the ops have no autograd of their own)
+  at::Tensor W = W0.detach().clone(), hv = h0.detach().clone();
   TORCH_CHECK(every >= 1, check.op, ": every (mini-batches per saved state) must be >= 1, got ",
               every);
   const int64_t ns = (n + every - 1) / every;
@@ -450,8 +454,10 @@ ttt_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   check_state(check, "hs", hs, {B, H, ns, D}, "[B, H, n / every, D]");
   check_rows(check, "z", z, B, T, H, D);
   check_rows(check, "d_o", d_o, B, T, H, D);
-  at::Tensor dW = dW_opt.has_value() ? dW_opt->clone() : at::zeros({B, H, D, D}, q.options());
-  at::Tensor dh = dh_opt.has_value() ? dh_opt->clone() : at::zeros({B, H, D}, q.options());
+  at::Tensor dW =
+      dW_opt.has_value() ? dW_opt->detach().clone() : at::zeros({B, H, D, D}, q.options());
+  at::Tensor dh =
+      dh_opt.has_value() ? dh_opt->detach().clone() : at::zeros({B, H, D}, q.options());
   check_state(check, "dW", dW, {B, H, D, D}, "[B, H, D, D]");
   check_state(check, "dh", dh, {B, H, D}, "[B, H, D]");
   const float scale = checked_scale(check, scale_d), eps = static_cast<float>(eps_d);
@@ -1229,6 +1235,136 @@ titans_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     }
   });
   return {dq, dk, dv, dtheta, dalpha, deta, dwb.sum(0), dbb.sum(0), dM0, dS0};
+}
+
+namespace {
+
+// The fake (shape-only) kernels: the CPU kernels' checks on meta tensors and their outputs'
+// shapes. Every output is contiguous but the final states, which copy W0, h0 (``clone``) or the
+// incoming dW, dh and so keep their strides; z and the saved states are empty unless ``keep``.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ttt_forward_meta(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& eta,
+    const at::Tensor& w, const at::Tensor& bias, const at::Tensor& W0, const at::Tensor& h0,
+    double scale_d, double eps_d, int64_t size, int64_t every, bool keep) {
+  const Checks check{"linattn_native.ttt_forward", c10::kMeta};
+  const TttSizes s(check, q, k, v, eta, w, bias, size, eps_d);
+  const int64_t B = s.B, T = s.T, H = s.H, D = s.D;
+  TORCH_CHECK(w.is_contiguous() && bias.is_contiguous(), check.op,
+              ": w and b must be contiguous");
+  check_state(check, "W0", W0, {B, H, D, D}, "[B, H, D, D]");
+  check_state(check, "h0", h0, {B, H, D}, "[B, H, D]");
+  checked_scale(check, scale_d);
+  TORCH_CHECK(every >= 1, check.op, ": every (mini-batches per saved state) must be >= 1, got ",
+              every);
+  const int64_t ns = (s.n + every - 1) / every;
+  const auto opts = q.options();
+  const auto kept = [&](at::IntArrayRef sizes) {
+    return keep ? at::empty(sizes, opts) : at::empty({0}, opts);
+  };
+  return {at::empty({B, T, H, D}, opts), kept({B, T, H, D}), at::empty_like(W0),
+          at::empty_like(h0),            kept({B, H, ns, D, D}), kept({B, H, ns, D})};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor>
+ttt_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& eta, const at::Tensor& w, const at::Tensor& bias,
+                  const at::Tensor& Ws, const at::Tensor& hs, const at::Tensor& z,
+                  const at::Tensor& d_o, const std::optional<at::Tensor>& dW_opt,
+                  const std::optional<at::Tensor>& dh_opt, double scale_d, double eps_d,
+                  int64_t size, int64_t every) {
+  const Checks check{"linattn_native.ttt_backward", c10::kMeta};
+  const TttSizes s(check, q, k, v, eta, w, bias, size, eps_d);
+  const int64_t B = s.B, T = s.T, H = s.H, D = s.D;
+  TORCH_CHECK(w.is_contiguous() && bias.is_contiguous(), check.op,
+              ": w and b must be contiguous");
+  TORCH_CHECK(every >= 1, check.op, ": every (mini-batches per saved state) must be >= 1, got ",
+              every);
+  const int64_t ns = (s.n + every - 1) / every;
+  check_state(check, "Ws", Ws, {B, H, ns, D, D}, "[B, H, n / every, D, D]");
+  check_state(check, "hs", hs, {B, H, ns, D}, "[B, H, n / every, D]");
+  check_rows(check, "z", z, B, T, H, D);
+  check_rows(check, "d_o", d_o, B, T, H, D);
+  const auto opts = q.options();
+  at::Tensor dW = dW_opt.has_value() ? at::empty_like(*dW_opt) : at::empty({B, H, D, D}, opts);
+  at::Tensor dh = dh_opt.has_value() ? at::empty_like(*dh_opt) : at::empty({B, H, D}, opts);
+  check_state(check, "dW", dW, {B, H, D, D}, "[B, H, D, D]");
+  check_state(check, "dh", dh, {B, H, D}, "[B, H, D]");
+  checked_scale(check, scale_d);
+  const at::Tensor rows = at::empty({B, T, H, D}, opts);
+  return {rows,
+          at::empty_like(rows),
+          at::empty_like(rows),
+          at::empty({B, T, H}, opts),
+          at::empty({H, D}, opts),
+          at::empty({H, D}, opts),
+          dW,
+          dh};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+titans_forward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& theta, const at::Tensor& alpha, const at::Tensor& eta,
+                    const at::Tensor& w, const at::Tensor& bias, const at::Tensor& M0,
+                    const at::Tensor& S0, double eps_d, int64_t size, int64_t every, bool keep) {
+  const Checks check{"linattn_native.titans_forward", c10::kMeta};
+  const TttSizes s(check, q, k, v, eta, w, bias, size, eps_d);
+  const int64_t B = s.B, T = s.T, H = s.H, D = s.D;
+  check.shape("theta", theta, {B, T, H}, "[B, T, H]");
+  check.shape("alpha", alpha, {B, T, H}, "[B, T, H]");
+  TORCH_CHECK(w.is_contiguous() && bias.is_contiguous(), check.op,
+              ": w and b must be contiguous");
+  check_state(check, "M0", M0, {B, H, D, D}, "[B, H, D, D]");
+  check_state(check, "S0", S0, {B, H, D, D}, "[B, H, D, D]");
+  TORCH_CHECK(every >= 1, check.op, ": every (chunks per saved state) must be >= 1, got ", every);
+  const int64_t ns = (s.n + every - 1) / every;
+  const auto opts = q.options();
+  const auto kept = [&](at::IntArrayRef sizes) {
+    return keep ? at::empty(sizes, opts) : at::empty({0}, opts);
+  };
+  return {at::empty({B, T, H, D}, opts), kept({B, T, H, D}),    at::empty({B, H, D, D}, opts),
+          at::empty({B, H, D, D}, opts), kept({B, H, ns, D, D}), kept({B, H, ns, D, D})};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor, at::Tensor, at::Tensor>
+titans_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& theta, const at::Tensor& alpha, const at::Tensor& eta,
+                     const at::Tensor& w, const at::Tensor& bias, const at::Tensor& Ms,
+                     const at::Tensor& Ss, const at::Tensor& z, const at::Tensor& d_o,
+                     const std::optional<at::Tensor>& dM_opt,
+                     const std::optional<at::Tensor>& dS_opt, double eps_d, int64_t size,
+                     int64_t every) {
+  const Checks check{"linattn_native.titans_backward", c10::kMeta};
+  const TttSizes s(check, q, k, v, eta, w, bias, size, eps_d);
+  const int64_t B = s.B, T = s.T, H = s.H, D = s.D;
+  check.shape("theta", theta, {B, T, H}, "[B, T, H]");
+  check.shape("alpha", alpha, {B, T, H}, "[B, T, H]");
+  TORCH_CHECK(w.is_contiguous() && bias.is_contiguous(), check.op,
+              ": w and b must be contiguous");
+  TORCH_CHECK(every >= 1, check.op, ": every (chunks per saved state) must be >= 1, got ", every);
+  const int64_t ns = (s.n + every - 1) / every;
+  check_state(check, "Ms", Ms, {B, H, ns, D, D}, "[B, H, n / every, D, D]");
+  check_state(check, "Ss", Ss, {B, H, ns, D, D}, "[B, H, n / every, D, D]");
+  check_rows(check, "z", z, B, T, H, D);
+  check_rows(check, "d_o", d_o, B, T, H, D);
+  if (dM_opt.has_value()) check_state(check, "dM", *dM_opt, {B, H, D, D}, "[B, H, D, D]");
+  if (dS_opt.has_value()) check_state(check, "dS", *dS_opt, {B, H, D, D}, "[B, H, D, D]");
+  const auto opts = q.options();
+  const auto rows = [&] { return at::empty({B, T, H, D}, opts); };
+  const auto gates = [&] { return at::empty({B, T, H}, opts); };
+  const auto state = [&] { return at::empty({B, H, D, D}, opts); };
+  return {rows(), rows(), rows(), gates(), gates(), gates(), at::empty({H, D}, opts),
+          at::empty({H, D}, opts), state(), state()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(linattn_native, Meta, m) {
+  m.impl("ttt_forward", &ttt_forward_meta);
+  m.impl("ttt_backward", &ttt_backward_meta);
+  m.impl("titans_forward", &titans_forward_meta);
+  m.impl("titans_backward", &titans_backward_meta);
 }
 
 }  // namespace linattn_native
