@@ -348,6 +348,26 @@ def test_the_compiled_form_with_a_batch_and_few_tokens(monkeypatch, T_):
 
 
 @native
+@pytest.mark.parametrize("C,cu", [(8, None), (5, [0, 1, 2, 12, 13, 29])])
+def test_the_compiled_forward_without_grad_gives_the_same_bits(monkeypatch, C, cu):
+    """Without grad the forward keeps neither the pairs nor the errors (the op's keep=False): its
+    outputs and final pair are bit for bit those of the forward that keeps them."""
+    x = _float32(make(N=1 if cu is None else len(cu) - 1))
+    options = {"scale": 0.4, "mode": "chunk", "chunk_size": C, "output_final_state": True}
+    if cu is not None:
+        options["cu_seqlens"] = torch.tensor(cu)
+    state = torch.stack([x["initial_state"], x["initial_momentum"]])
+    called = _calls(monkeypatch)
+    leaves = [x[n].clone().requires_grad_() for n in NAMES]
+    kept = module.momentum_delta_rule(*leaves, initial_state=state, **options)
+    with torch.no_grad():
+        bare = module.momentum_delta_rule(*(x[n] for n in NAMES), initial_state=state, **options)
+    assert called == ["momentum_forward", "momentum_forward"]
+    for a, b in zip(kept, bare, strict=True):
+        assert torch.equal(a.detach(), b)
+
+
+@native
 @pytest.mark.parametrize("C", [8, 64])
 def test_steep_gates_stay_in_the_compiled_form(monkeypatch, C):
     """Log-decays from 0 to -1000 (decays of exactly 1, and ones that underflow): the kernels

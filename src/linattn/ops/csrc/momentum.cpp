@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <tuple>
@@ -164,24 +165,44 @@ void scatter(const float* buf, int64_t H, int64_t D, int64_t t0, int64_t c, int6
   }
 }
 
+// Asks for the rows [t0, t0 + c) of head h of x [TT, H, D] (and, with ``D`` 1, of all heads: the
+// per-token scalars) to be brought into the cache, while the chunk before is computed: the next
+// ``gather`` then copies from the cache instead of waiting on memory, as the compiled forward of
+// the other rules reads its next chunk's rows (layout.h's ``prefetch_rows``).
+inline void prefetch_head_rows(const float* x, int64_t H, int64_t D, int64_t t0, int64_t c,
+                               int64_t h, bool write = false) {
+  const int64_t width = D == 1 ? H : D, first = D == 1 ? 0 : h;
+  for (int64_t t = t0; t < t0 + c; ++t) {
+    const uintptr_t row = reinterpret_cast<uintptr_t>(x + (t * H + first) * D);
+    const uintptr_t end = row + width * sizeof(float);
+    for (uintptr_t line = row & ~uintptr_t{63}; line < end; line += 64) {
+      const void* address = reinterpret_cast<const void*>(line);
+      write ? __builtin_prefetch(address, 1, 2) : __builtin_prefetch(address, 0, 2);
+    }
+  }
+}
+
 // One chunk's recomputable terms (steps 1-3 but the product Y), in one thread's blocks. The
 // (c + 1) x (c + 1) tables m and g are row-major with stride C + 1; the c x c ones with stride C.
 struct Chunk {
   int64_t C, K, V, D;  // D = C + 1
-  std::vector<float> alpha, mu, b, a0, m, g, P, Q, EK, PK, QK, L, A, R, I;
+  std::vector<float> alpha, mu, b, a0, m, g, P, Q, EK, PK, QK, L, A, R, I, es;
 
   Chunk(int64_t C_, int64_t K_, int64_t V_)
       : C(C_), K(K_), V(V_), D(C_ + 1), alpha(C_ + 2), mu(C_ + 2), b(C_ + 1), a0(C_ + 1),
         m(D * D), g(D * D), P(C_ * K_), Q(C_ * K_), EK(C_ * K_), PK(C_ * C_), QK(C_ * C_),
-        L(C_ * C_), A(C_ * C_), R(2 * C_ * 2 * K_), I(C_ * 2 * K_) {}
+        L(C_ * C_), A(C_ * C_), R(2 * C_ * 2 * K_), I(C_ * 2 * K_), es(C_) {}
 
   float gw(int64_t i, int64_t s) const { return g[i * D + s]; }
   float c0(int64_t i) const { return -g[i * D]; }
 
   // The c tokens at the given rows (strides ldq for q, k, p and ldh for the per-head scalars).
+  // With ``factors`` the factors P, Q and EK are kept (the backward's step 9 reads them); without
+  // (the forward), the products read q, k and p where they lie, scale and eta applied to the
+  // products' entries instead of to copies of the rows.
   void terms(int64_t c, const float* q, const float* k, const float* p, int64_t ldq,
              const float* la, const float* lm, const float* beta, const float* eta, int64_t ldh,
-             float scale) {
+             float scale, bool factors = true) {
     alpha[c + 1] = 0.0f;  // no position after the chunk: the backward's recurrences stop here
     b[0] = 0.0f;
     a0[0] = 1.0f;
@@ -205,37 +226,49 @@ struct Chunk {
       mi[i] = 1.0f;
       gi[i] = bi;
     }
-    for (int64_t t = 0; t < c; ++t) {
-      const float e = eta[t * ldh];
-      const float *qt = q + t * ldq, *kt = k + t * ldq, *pt = p + t * ldq;
-      float *Pt = P.data() + t * K, *Qt = Q.data() + t * K, *Et = EK.data() + t * K;
+    // the factors (P, Q, EK, their row stride ld) and what is left to apply: qs to Q's rows and
+    // es_s to EK's (1 where the factors carry them)
+    const float *Pf = p, *Qf = q, *Ef = k;
+    int64_t ld = ldq;
+    float qs = scale;
+    if (factors) {
+      for (int64_t t = 0; t < c; ++t) {
+        const float e = eta[t * ldh];
+        const float *qt = q + t * ldq, *kt = k + t * ldq, *pt = p + t * ldq;
+        float *Pt = P.data() + t * K, *Qt = Q.data() + t * K, *Et = EK.data() + t * K;
 #pragma omp simd
-      for (int64_t a = 0; a < K; ++a) {
-        Pt[a] = pt[a];
-        Qt[a] = scale * qt[a];
-        Et[a] = e * kt[a];
+        for (int64_t a = 0; a < K; ++a) {
+          Pt[a] = pt[a];
+          Qt[a] = scale * qt[a];
+          Et[a] = e * kt[a];
+        }
       }
+      Pf = P.data(), Qf = Q.data(), Ef = EK.data(), ld = K, qs = 1.0f;
+      std::fill(es.begin(), es.begin() + c, 1.0f);
+    } else {
+      for (int64_t t = 0; t < c; ++t) es[t] = eta[t * ldh];
     }
-    lower_products(c, c, 1, K, 1.0f, P.data(), K, EK.data(), K, PK.data(), C);
-    lower_products(c, c, 1, K, 1.0f, Q.data(), K, EK.data(), K, QK.data(), C);
+    lower_products(c, c, 1, K, 1.0f, Pf, ld, Ef, ld, PK.data(), C);
+    lower_products(c, c, 1, K, qs, Qf, ld, Ef, ld, QK.data(), C);
+    const float* e = es.data();
     for (int64_t t = 0; t < c; ++t) {
       float *Lt = L.data() + t * C, *At = A.data() + t * C;
       const float *PKt = PK.data() + t * C, *QKt = QK.data() + t * C;
       const float *gt = g.data() + t * D + 1, *gn = g.data() + (t + 1) * D + 1;
 #pragma omp simd
-      for (int64_t s = 0; s < t; ++s) Lt[s] = gt[s] * PKt[s];
+      for (int64_t s = 0; s < t; ++s) Lt[s] = gt[s] * e[s] * PKt[s];
 #pragma omp simd
-      for (int64_t s = 0; s <= t; ++s) At[s] = gn[s] * QKt[s];
+      for (int64_t s = 0; s <= t; ++s) At[s] = gn[s] * e[s] * QKt[s];
       std::fill(At + t + 1, At + c, 0.0f);
     }
     const int64_t W = 2 * K;
     for (int64_t t = 0; t < c; ++t) {
       float* rp = R.data() + t * W;
       float* rq = R.data() + (c + t) * W;
-      const float ap = a0[t], cp = c0(t), an = a0[t + 1], cn = c0(t + 1);
-      const float ig = gw(c, t + 1), im = -m[c * D + t + 1];
+      const float ap = a0[t], cp = c0(t), an = a0[t + 1] * qs, cn = c0(t + 1) * qs;
+      const float ig = gw(c, t + 1) * es[t], im = -m[c * D + t + 1] * es[t];
       float* in = I.data() + t * W;
-      const float *Pt = P.data() + t * K, *Qt = Q.data() + t * K, *Et = EK.data() + t * K;
+      const float *Pt = Pf + t * ld, *Qt = Qf + t * ld, *Et = Ef + t * ld;
 #pragma omp simd
       for (int64_t a = 0; a < K; ++a) {
         rp[a] = ap * Pt[a];
@@ -290,11 +323,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> momentum_forward(
     SequentialBlas sequential;
     FlushSubnormals flush;
     Chunk ch(C, K, V);
-    std::vector<float> Zall(H * 2 * KV), Y(2 * C * V), Wb(C * V);
-    // a chunk of the thread's heads: inputs and outputs ([heads, C, D]) and the 4 scalars a token
+    std::vector<float> Zall(H * 2 * KV);
+    // a chunk of the thread's heads: inputs and outputs ([heads, C, D]; the values' rows turn
+    // into the errors W) and the 4 scalars a token
     const int64_t HC = H * C;
-    std::vector<float> Qb(HC * K), Kb(HC * K), Pb(HC * K), Vb(HC * V), Ob(HC * V),
-        Eb(keep ? HC * V : 0), sb(4 * HC);
+    std::vector<float> Qb(HC * K), Kb(HC * K), Pb(HC * K), Vb(HC * V), Ob(HC * V), sb(4 * HC);
     for (int64_t n = lo / H; n * H < hi; ++n) {
       const int64_t h0 = std::max(lo, n * H) - n * H, h1 = std::min(hi, (n + 1) * H) - n * H;
       const int64_t T1 = s.bounds[n + 1];
@@ -310,23 +343,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> momentum_forward(
         for (int64_t x = 0; x < 4; ++x) {
           gather(scalars[x], H, 1, t0, c, h0, h1, C, sb.data() + x * HC);
         }
+        // the next chunk's rows of this sequence, a head's share while each head is computed
+        const int64_t tn = t0 + C, cn = std::min(C, T1 - tn);
         for (int64_t h = h0; h < h1; ++h) {
+          if (cn > 0) {
+            prefetch_head_rows(qp, H, K, tn, cn, h);
+            prefetch_head_rows(kp, H, K, tn, cn, h);
+            prefetch_head_rows(pp, H, K, tn, cn, h);
+            prefetch_head_rows(vp, H, V, tn, cn, h);
+            if (h == h0) {
+              for (const float* x : {lap, lmp, bp, ep}) prefetch_head_rows(x, H, 1, tn, cn, h);
+            }
+          }
           float* Zh = Zall.data() + h * 2 * KV;
           const int64_t u = h - h0, uK = u * C * K, uV = u * C * V;
           const float* su = sb.data() + u * C;
           ch.terms(c, Qb.data() + uK, Kb.data() + uK, Pb.data() + uK, K, su, su + HC,
-                   su + 2 * HC, su + 3 * HC, 1, sc);
+                   su + 2 * HC, su + 3 * HC, 1, sc, false);
           if (keep) std::copy(Zh, Zh + 2 * KV, Zs + (index * H + h) * 2 * KV);
-          // step 3: Y = R Z; step 4: W = (I + L)^-1 (V - Y_reads)
-          gemm(false, false, 2 * c, V, 2 * K, 1.0f, ch.R.data(), 2 * K, Zh, V, 0.0f, Y.data(), V);
-          const float* vc = Vb.data() + uV;
-          for (int64_t e = 0; e < c * V; ++e) Wb[e] = vc[e] - Y[e];
-          unit_lower_solve(c, V, ch.L.data(), C, Wb.data(), V);
-          // step 5: O = Y_outs + A W
-          float* Yo = Y.data() + c * V;
-          lower_times(c, c, 1, V, 1.0f, ch.A.data(), C, Wb.data(), V, 1.0f, Yo, V);
-          std::copy(Yo, Yo + c * V, Ob.data() + uV);
-          if (keep) std::copy(Wb.data(), Wb.data() + c * V, Eb.data() + uV);
+          // steps 3-4: W = (I + L)^-1 (V - R_reads Z), in place of the chunk's values (the
+          // product subtracted into them, not written apart and subtracted in a pass of its own)
+          float* Wb = Vb.data() + uV;
+          gemm(false, false, c, V, 2 * K, -1.0f, ch.R.data(), 2 * K, Zh, V, 1.0f, Wb, V);
+          unit_lower_solve(c, V, ch.L.data(), C, Wb, V);
+          // step 5: O = R_outs Z + A W, into the output rows
+          float* Ou = Ob.data() + uV;
+          gemm(false, false, c, V, 2 * K, 1.0f, ch.R.data() + c * 2 * K, 2 * K, Zh, V, 0.0f, Ou,
+               V);
+          lower_times(c, c, 1, V, 1.0f, ch.A.data(), C, Wb, V, 1.0f, Ou, V);
           // step 6: S <- a0_c S + c0_c M, M <- m(c, 0) M, then Z += I^T W
           const float ac = ch.a0[c], cc = ch.c0(c), mc = ch.m[c * ch.D];
           float *S = Zh, *M = Zh + KV;
@@ -334,10 +378,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> momentum_forward(
             S[e] = ac * S[e] + cc * M[e];
             M[e] *= mc;
           }
-          gemm(true, false, 2 * K, V, c, 1.0f, ch.I.data(), 2 * K, Wb.data(), V, 1.0f, Zh, V);
+          gemm(true, false, 2 * K, V, c, 1.0f, ch.I.data(), 2 * K, Wb, V, 1.0f, Zh, V);
         }
         scatter(Ob.data(), H, V, t0, c, h0, h1, C, op);
-        if (keep) scatter(Eb.data(), H, V, t0, c, h0, h1, C, Ws);
+        if (keep) scatter(Vb.data(), H, V, t0, c, h0, h1, C, Ws);  // the errors W
       }
       for (int64_t h = h0; h < h1; ++h) pair_out(Zall.data() + h * 2 * KV, N, H, n, h, KV, Zp);
     }
