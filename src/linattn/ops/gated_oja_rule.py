@@ -44,7 +44,7 @@ from linattn.ops import backends as _backends
 from linattn.ops import checks as _checks
 from linattn.ops._arguments import check_op
 from linattn.ops._blockmath import unit_lower_inverse_of_strict
-from linattn.ops.library import tracing
+from linattn.ops.library import eager_float32_cpu
 
 CHUNK_SIZE = 64
 
@@ -203,17 +203,6 @@ class _FusedOja(torch.autograd.Function):
         return dq, dk, dv, dgv, dbeta, dS0, None, None, None, None
 
 
-def _fused_applies(*tensors: Tensor | None) -> bool:
-    """Whether the compiled chunk form serves the call: float32 CPU tensors, none empty, the
-    kernels loaded, eager (a trace holds the PyTorch ops)."""
-    present = [x for x in tensors if x is not None]
-    return (
-        all(x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() for x in present)
-        and _native.applies(present[0])
-        and not tracing(present[0])
-    )
-
-
 def _fused(q, k, v, gv, beta, scale: float, C: int, S0, cu_seqlens):
     """The chunk form on the compiled kernels (``_FusedOja``) in the public layouts: (o [B, T,
     HV, V], S [N, HV, K, V]), or None where a chunk's decay spans the factored form's limit."""
@@ -294,7 +283,7 @@ def gated_oja_rule(
     scale = K**-0.5 if scale is None else scale
     G = HV // H if H else 1
     fits = checked.chunk_size <= FUSED_MAX_CHUNK
-    if mode == "chunk" and fits and _fused_applies(q, k, v, gv, beta, initial_state):
+    if mode == "chunk" and fits and eager_float32_cpu(q, k, v, gv, beta, initial_state):
         found = _fused(q, k, v, gv, beta, scale, checked.chunk_size, initial_state, cu_seqlens)
         if found is not None:
             return found[0], (found[1] if checked.output_final_state else None)

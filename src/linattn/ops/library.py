@@ -190,6 +190,18 @@ def tracing(x: Tensor) -> bool:
     )
 
 
+def eager_float32_cpu(*tensors: Tensor | None) -> bool:
+    """Whether a family's own compiled chunk kernel (a file of csrc/ that works in float32) serves
+    a call on ``tensors`` (None skipped): every one a non-empty float32 CPU tensor, the kernels
+    loaded, and the call eager (a trace holds the family's PyTorch ops)."""
+    present = [x for x in tensors if x is not None]
+    return (
+        all(x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() for x in present)
+        and _native.applies(present[0])
+        and not tracing(present[0])
+    )
+
+
 def _public(x: Tensor | None) -> Tensor | None:
     """x [B, H, T, ...] as a view of a [B, T, H, ...] tensor (the layout the fake kernels give):
     x itself when it is one (or None), else a copy."""

@@ -47,7 +47,7 @@ from linattn.ops import _engine, _native
 from linattn.ops import checks as _checks
 from linattn.ops._blockmath import unit_lower_inverse
 from linattn.ops.functional import l2norm
-from linattn.ops.library import tracing
+from linattn.ops.library import eager_float32_cpu
 
 CHUNK_SIZE = 64
 MODES = ("parallel", "recurrent", "chunk")
@@ -365,17 +365,6 @@ class _FusedMomentum(torch.autograd.Function):
         return dq, dk, dv, dp, dla, dlm, dbeta, deta, dZ0, None, None, None
 
 
-def _fused_applies(*tensors: Tensor | None) -> bool:
-    """Whether the compiled chunk form serves the call: float32 CPU tensors, none empty, the
-    kernels loaded, eager (a trace holds the PyTorch ops)."""
-    present = [x for x in tensors if x is not None]
-    return (
-        all(x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() for x in present)
-        and _native.applies(present[0])
-        and not tracing(present[0])
-    )
-
-
 def _fused(q, k, v, p, la, lm, beta, eta, scale: float, C: int, Z0, N: int, cu_seqlens):
     """The chunk form on the compiled kernels (``_FusedMomentum``) in the public layouts: (o
     [B, T, H, V], the final pair [2, N, H, K, V])."""
@@ -481,7 +470,7 @@ def momentum_delta_rule(
     scale = K**-0.5 if scale is None else scale
     rates = (log_alpha, log_mu, beta, eta)
     fits = mode == "chunk" and C <= FUSED_MAX_CHUNK
-    if fits and _fused_applies(q, k, v, p, *rates, initial_state):
+    if fits and eager_float32_cpu(q, k, v, p, *rates, initial_state):
         o, state = _fused(q, k, v, p, *rates, scale, C, initial_state, N, cu_seqlens)
         return o, (state if output_final_state else None)
 
