@@ -17,6 +17,8 @@ from linattn.ops import gated_oja_rule as module
 from linattn.ops.gated_oja_rule import gated_oja_rule, gated_oja_rule_step
 from linattn.reference.gated_oja import recurrence
 
+from .native_calls import fused_calls
+
 B, T, H, HV, K, V = 1, 29, 1, 2, 8, 4
 
 
@@ -170,19 +172,6 @@ def test_the_chunk_form_in_blocks_equals_the_reference_and_its_gradients_autogra
 native = pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
 
 
-def _calls(monkeypatch) -> list[str]:
-    """The compiled ops that the calls after this one run, by name, in order."""
-    called: list[str] = []
-    fused = _native.fused
-
-    def counting(name):
-        called.append(name)
-        return fused(name)
-
-    monkeypatch.setattr(module._native, "fused", counting)
-    return called
-
-
 def _loss_and_grads(x, **options):
     """The outputs (o, S) and the gradients of a weighted loss of both with respect to every
     input (float64 weights, cast: the same loss for either dtype)."""
@@ -229,7 +218,7 @@ def test_the_compiled_form_equals_float64_and_its_gradients(monkeypatch, gate, C
     if cu is not None:
         options["cu_seqlens"] = torch.tensor(cu)
     want, want_grads = _loss_and_grads(x, **options)
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     x32 = {n: None if t is None else t.float() for n, t in x.items()}
     got, got_grads = _loss_and_grads(x32, **options)
     assert called == ["oja_forward", "oja_backward"]
@@ -250,7 +239,7 @@ def test_the_compiled_form_with_a_batch_and_few_tokens(monkeypatch, T_):
         "beta": torch.rand(3, T_, 4, generator=gen, dtype=torch.float64),
     }
     want, want_grads = _loss_and_grads(x)
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     got, got_grads = _loss_and_grads({n: t.float() for n, t in x.items()})
     assert called == ["oja_forward", "oja_backward"]
     _assert_float32_close(got, want, 2e-6)
@@ -266,7 +255,7 @@ def test_steep_gates_within_the_limit_stay_in_the_compiled_form(monkeypatch):
                                        dtype=torch.float64)  # fmt: skip
     options = {"scale": 0.4, "mode": "chunk", "chunk_size": 8}
     want, want_grads = _loss_and_grads(x, **options)
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     got, got_grads = _loss_and_grads({n: t.float() for n, t in x.items()}, **options)
     assert called == ["oja_forward", "oja_backward"]
     _assert_float32_close(got, want, 1e-5)
@@ -287,7 +276,7 @@ def test_a_chunk_beyond_the_limit_falls_back_to_the_pytorch_form(monkeypatch):
     assert int(steep) > 0
     options = {"scale": 0.4, "chunk_size": 8, "cu_seqlens": torch.tensor([0, 12, 29])}
     want, want_grads = _loss_and_grads(x, **options)
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     got, got_grads = _loss_and_grads(x32, **options)
     assert called == ["oja_forward"]  # the forward only: its result set aside
     _assert_float32_close(got, want, 1e-5)
@@ -297,7 +286,7 @@ def test_a_chunk_beyond_the_limit_falls_back_to_the_pytorch_form(monkeypatch):
 @native
 def test_a_chunk_larger_than_the_kernels_take_runs_the_pytorch_form(monkeypatch):
     x = _packed([0, T])
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     x32 = {n: t.float() for n, t in x.items()}
     options = {"scale": 0.4, "chunk_size": module.FUSED_MAX_CHUNK + 1}
     got = gated_oja_rule(**x32, **options, output_final_state=True)
@@ -309,7 +298,7 @@ def test_a_chunk_larger_than_the_kernels_take_runs_the_pytorch_form(monkeypatch)
 def test_a_reset_in_float32_takes_the_token_loop(monkeypatch):
     x = _packed([0, T])
     x["gv"][0, 10] = -math.inf
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     got = gated_oja_rule(**{n: t.float() for n, t in x.items()}, scale=0.4,
                          output_final_state=True)  # fmt: skip
     assert called == []

@@ -15,6 +15,8 @@ from linattn.ops import momentum_delta_rule as module
 from linattn.ops.momentum_delta_rule import momentum_delta_rule_step
 from linattn.reference.momentum_delta import recurrence
 
+from .native_calls import fused_calls
+
 
 def momentum_delta_rule(*args, initial_state=None, initial_momentum=None, **kwargs):
     """The op on the reference's q, k, p as given, with the two states apart: (o, S, M)."""
@@ -265,19 +267,6 @@ def test_float32_chunk_gradients_against_float64():
 native = pytest.mark.skipif(not _native.available(), reason="the fused CPU code is unavailable")
 
 
-def _calls(monkeypatch) -> list[str]:
-    """The compiled ops that the calls after this one run, by name, in order."""
-    called: list[str] = []
-    fused = _native.fused
-
-    def counting(name):
-        called.append(name)
-        return fused(name)
-
-    monkeypatch.setattr(module._native, "fused", counting)
-    return called
-
-
 def _loss_and_grads(x, **options):
     """The op's outputs (o, the final pair) and the gradients of a weighted loss of both with
     respect to every input (float64 weights, cast: the same loss for either dtype), through the
@@ -321,7 +310,7 @@ def test_the_compiled_form_equals_float64_and_its_gradients(monkeypatch, C, cu):
     if cu is not None:
         options["cu_seqlens"] = torch.tensor(cu)
     want, want_grads = _loss_and_grads(x, **options)
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     got, got_grads = _loss_and_grads(_float32(x), **options)
     assert called == ["momentum_forward", "momentum_backward"]
     _assert_float32_close(got, want, 2e-6)
@@ -340,7 +329,7 @@ def test_the_compiled_form_with_a_batch_and_few_tokens(monkeypatch, T_):
     x["q"] = x["q"] * torch.tensor([1.0, -0.5], dtype=torch.float64).view(2, 1, 1, 1)
     options = {"scale": 0.4, "chunk_size": 2}
     want, want_grads = _loss_and_grads(x, **options)
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     got, got_grads = _loss_and_grads(_float32(x), **options)
     assert called == ["momentum_forward", "momentum_backward"]
     _assert_float32_close(got, want, 2e-6)
@@ -357,7 +346,7 @@ def test_the_compiled_forward_without_grad_gives_the_same_bits(monkeypatch, C, c
     if cu is not None:
         options["cu_seqlens"] = torch.tensor(cu)
     state = torch.stack([x["initial_state"], x["initial_momentum"]])
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     leaves = [x[n].clone().requires_grad_() for n in NAMES]
     kept = module.momentum_delta_rule(*leaves, initial_state=state, **options)
     with torch.no_grad():
@@ -376,7 +365,7 @@ def test_steep_gates_stay_in_the_compiled_form(monkeypatch, C):
     x = steep(make())
     options = {"scale": 0.4, "chunk_size": C}
     want, want_grads = _loss_and_grads(x, **options)
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     got, got_grads = _loss_and_grads(_float32(x), **options)
     assert called == ["momentum_forward", "momentum_backward"]
     _assert_float32_close(got, want, 2e-6)
@@ -390,7 +379,7 @@ def test_the_pytorch_forms_serve_what_the_kernels_do_not(monkeypatch):
     x = make()
     args = [x[n] for n in NAMES]
     states = {n: x[n] for n in ("initial_state", "initial_momentum")}
-    called = _calls(monkeypatch)
+    called = fused_calls(monkeypatch)
     momentum_delta_rule(*args, **states)
     args32 = [t.float() for t in args]
     states32 = {n: t.float() for n, t in states.items()}
