@@ -3,6 +3,8 @@ their float32 calls reached them (and that the others did not)."""
 
 from __future__ import annotations
 
+import torch
+
 from linattn.ops import _native
 
 
@@ -18,3 +20,16 @@ def fused_calls(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(_native, "fused", counting)
     return called
+
+
+def on_threads(fn, *counts: int) -> list:
+    """``fn()`` run once under each of ``counts`` intra-op threads, the caller's count restored."""
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in counts:
+            torch.set_num_threads(n)
+            results.append(fn())
+        return results
+    finally:
+        torch.set_num_threads(threads)

@@ -17,7 +17,7 @@ from linattn.ops import gated_oja_rule as module
 from linattn.ops.gated_oja_rule import gated_oja_rule, gated_oja_rule_step
 from linattn.reference.gated_oja import recurrence
 
-from .native_calls import fused_calls
+from .native_calls import fused_calls, on_threads
 
 B, T, H, HV, K, V = 1, 29, 1, 2, 8, 4
 
@@ -346,13 +346,6 @@ def test_the_compiled_form_gives_the_same_bits_on_two_threads():
     threads give one thread's numbers exactly, forward and backward."""
     x = {n: t.float() for n, t in _packed([0, 1, 12, 29]).items()}
     options = {"scale": 0.4, "chunk_size": 8, "cu_seqlens": torch.tensor([0, 1, 12, 29])}
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = _loss_and_grads(x, **options)
-        torch.set_num_threads(2)
-        two = _loss_and_grads(x, **options)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_threads(lambda: _loss_and_grads(x, **options), 1, 2)
     for a, b in zip([*one[0], *one[1]], [*two[0], *two[1]], strict=True):
         assert torch.equal(a, b)

@@ -15,7 +15,7 @@ from linattn.ops import momentum_delta_rule as module
 from linattn.ops.momentum_delta_rule import momentum_delta_rule_step
 from linattn.reference.momentum_delta import recurrence
 
-from .native_calls import fused_calls
+from .native_calls import fused_calls, on_threads
 
 
 def momentum_delta_rule(*args, initial_state=None, initial_momentum=None, **kwargs):
@@ -295,6 +295,17 @@ def _float32(x):
     return {n: t.float() for n, t in x.items()}
 
 
+def _assert_compiled_equals_float64(monkeypatch, x, options) -> None:
+    """x's call in float32, which must run the compiled forward and backward, against its
+    float64 call: outputs and every gradient within 2e-6 (``_assert_float32_close``)."""
+    want, want_grads = _loss_and_grads(x, **options)
+    called = fused_calls(monkeypatch)
+    got, got_grads = _loss_and_grads(_float32(x), **options)
+    assert called == ["momentum_forward", "momentum_backward"]
+    _assert_float32_close(got, want, 2e-6)
+    _assert_float32_close(got_grads, want_grads, 2e-6)
+
+
 @native
 @pytest.mark.parametrize(
     "C,cu",
@@ -309,12 +320,7 @@ def test_the_compiled_form_equals_float64_and_its_gradients(monkeypatch, C, cu):
     options = {"scale": 0.4, "mode": "chunk", "chunk_size": C}
     if cu is not None:
         options["cu_seqlens"] = torch.tensor(cu)
-    want, want_grads = _loss_and_grads(x, **options)
-    called = fused_calls(monkeypatch)
-    got, got_grads = _loss_and_grads(_float32(x), **options)
-    assert called == ["momentum_forward", "momentum_backward"]
-    _assert_float32_close(got, want, 2e-6)
-    _assert_float32_close(got_grads, want_grads, 2e-6)
+    _assert_compiled_equals_float64(monkeypatch, x, options)
 
 
 @native
@@ -328,12 +334,7 @@ def test_the_compiled_form_with_a_batch_and_few_tokens(monkeypatch, T_):
     }
     x["q"] = x["q"] * torch.tensor([1.0, -0.5], dtype=torch.float64).view(2, 1, 1, 1)
     options = {"scale": 0.4, "chunk_size": 2}
-    want, want_grads = _loss_and_grads(x, **options)
-    called = fused_calls(monkeypatch)
-    got, got_grads = _loss_and_grads(_float32(x), **options)
-    assert called == ["momentum_forward", "momentum_backward"]
-    _assert_float32_close(got, want, 2e-6)
-    _assert_float32_close(got_grads, want_grads, 2e-6)
+    _assert_compiled_equals_float64(monkeypatch, x, options)
 
 
 @native
@@ -364,12 +365,7 @@ def test_steep_gates_stay_in_the_compiled_form(monkeypatch, C):
     compiled form serves them all at float32's accuracy."""
     x = steep(make())
     options = {"scale": 0.4, "chunk_size": C}
-    want, want_grads = _loss_and_grads(x, **options)
-    called = fused_calls(monkeypatch)
-    got, got_grads = _loss_and_grads(_float32(x), **options)
-    assert called == ["momentum_forward", "momentum_backward"]
-    _assert_float32_close(got, want, 2e-6)
-    _assert_float32_close(got_grads, want_grads, 2e-6)
+    _assert_compiled_equals_float64(monkeypatch, x, options)
 
 
 @native
@@ -444,13 +440,6 @@ def test_the_compiled_form_gives_the_same_bits_on_two_threads():
     cu = [0, 1, 12, 29]
     x = _float32(make(N=3))
     options = {"scale": 0.4, "chunk_size": 8, "cu_seqlens": torch.tensor(cu)}
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = _loss_and_grads(x, **options)
-        torch.set_num_threads(2)
-        two = _loss_and_grads(x, **options)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_threads(lambda: _loss_and_grads(x, **options), 1, 2)
     for a, b in zip([*one[0], *one[1]], [*two[0], *two[1]], strict=True):
         assert torch.equal(a, b)
